@@ -1,0 +1,117 @@
+"""The run configuration: a frozen, validated dataclass with defaults that solve CartPole."""
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, Callable, Union
+
+from jes.strategy import FITNESS_SHAPINGS
+
+Schedule = Callable[[Any], Any]
+FloatOrSchedule = Union[float, Schedule]
+
+
+@dataclasses.dataclass(frozen=True)
+class ESConfig:
+    """Hyperparameters of an OpenAI-ES run.
+
+    Attributes:
+        num_members: population size (perturbed policies per generation). Must be
+            even with ``antithetic``.
+        num_generations: generations to run.
+        noise_std: perturbation std sigma, a constant or an optax-style schedule of the generation.
+        learning_rate: optimizer step size (constant or schedule); ``None`` takes the
+            named optimizer's default. Ignored for a ``GradientTransformation`` you pass.
+        episodes_per_member: episodes averaged into one member's fitness, each with its own key.
+        fitness_shaping: ``"centered_ranks"`` (default), ``"z_score"`` or ``"raw"``.
+        antithetic: mirrored sampling, members ``2p``/``2p+1`` use ``+eps``/``-eps``.
+        weight_decay: L2 coefficient; adds ``weight_decay * theta`` to the loss gradient.
+        eval_every: evaluate the unperturbed centre every this many generations (0: never,
+            except the last generation).
+        eval_episodes: fresh episodes per centre evaluation.
+        max_episode_steps: episode step limit; ``None`` uses the env's own.
+        chunk_size: members evaluated together in one compiled chunk. Results do not
+            depend on how chunks are spread over devices or hosts, so this is part of
+            the run's identity. ``None`` picks ``min(num_members, 256)`` (rounded to pairs).
+        normalize_observations: running mean/std observation normalisation (OpenAI ES),
+            updated from member rollouts.
+        stop_at_return: stop once a centre evaluation reaches this mean return
+            (``None``: run all generations).
+    """
+
+    num_members: int = 512
+    num_generations: int = 25
+    noise_std: FloatOrSchedule = 0.1
+    learning_rate: FloatOrSchedule | None = None
+    episodes_per_member: int = 1
+    fitness_shaping: str = "centered_ranks"
+    antithetic: bool = True
+    weight_decay: float = 0.0
+    eval_every: int = 1
+    eval_episodes: int = 64
+    max_episode_steps: int | None = None
+    chunk_size: int | None = None
+    normalize_observations: bool = False
+    stop_at_return: float | None = None
+
+    def __post_init__(self):
+        def positive_int(name):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+
+        for name in ("num_members", "num_generations", "episodes_per_member", "eval_episodes"):
+            positive_int(name)
+        if self.antithetic and self.num_members % 2:
+            raise ValueError(
+                f"num_members={self.num_members} is odd, but antithetic sampling evaluates mirrored pairs; "
+                f"use an even population (e.g. {self.num_members + 1}) or antithetic=False"
+            )
+        if self.antithetic and self.num_members < 2:
+            raise ValueError("antithetic sampling needs num_members >= 2")
+        for name in ("noise_std", "learning_rate"):
+            value = getattr(self, name)
+            if value is None and name == "learning_rate":
+                continue
+            if callable(value):
+                continue
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+                raise ValueError(f"{name} must be a positive number or a schedule, got {value!r}")
+        if self.fitness_shaping not in FITNESS_SHAPINGS:
+            raise ValueError(
+                f"unknown fitness_shaping {self.fitness_shaping!r}; choose one of {', '.join(FITNESS_SHAPINGS)}"
+            )
+        if not isinstance(self.weight_decay, (int, float)) or self.weight_decay < 0:
+            raise ValueError(f"weight_decay must be >= 0, got {self.weight_decay!r}")
+        if not isinstance(self.eval_every, int) or self.eval_every < 0:
+            raise ValueError(f"eval_every must be an integer >= 0, got {self.eval_every!r}")
+        if self.max_episode_steps is not None and (not isinstance(self.max_episode_steps, int) or self.max_episode_steps <= 0):
+            raise ValueError(f"max_episode_steps must be a positive integer or None, got {self.max_episode_steps!r}")
+        if self.chunk_size is not None:
+            positive_int("chunk_size")
+            if self.antithetic and self.chunk_size % 2:
+                raise ValueError(f"chunk_size={self.chunk_size} must be even with antithetic sampling (whole pairs)")
+
+    @property
+    def resolved_chunk_size(self) -> int:
+        """Members per compiled chunk."""
+        if self.chunk_size is not None:
+            return self.chunk_size
+        size = min(self.num_members, 256)
+        return size + (size % 2 if self.antithetic else 0)
+
+    def replace(self, **changes) -> "ESConfig":
+        """A copy with fields changed (validated again)."""
+        unknown = sorted(set(changes) - {f.name for f in dataclasses.fields(self)})
+        if unknown:
+            valid = ", ".join(f.name for f in dataclasses.fields(self))
+            raise TypeError(f"unknown ESConfig field(s) {', '.join(unknown)}; valid fields are: {valid}")
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict:
+        """Plain-data view (schedules shown by their repr)."""
+        out = {}
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            out[f.name] = repr(value) if callable(value) else value
+        return out

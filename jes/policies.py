@@ -1,0 +1,189 @@
+"""Flax policies for ES: a GRU (with a PyTorch-layout variant) and an MLP.
+
+Policies see ONE observation (no batch axis); jes vmaps them over members and
+episodes. Two call conventions are supported:
+
+* feed-forward: ``out = module.apply(params, obs)``
+* recurrent (Flax ``RNNCellBase`` convention): the module has
+  ``initialize_carry(rng, input_shape)`` and ``carry, out = module.apply(params, carry, obs)``.
+
+``out`` is the raw head output; :mod:`jes.envs` turns it into an action
+(argmax for discrete spaces, a tanh squash into the bounds for boxes).
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Callable, Sequence
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+
+def _torch_uniform(bound: float):
+    """PyTorch's default init for RNN and Linear layers: U(-bound, bound)."""
+
+    def init(key, shape, dtype=jnp.float32):
+        return jax.random.uniform(key, shape, dtype, -bound, bound)
+
+    return init
+
+
+class TorchGRUCell(nn.Module):
+    """GRU cell with PyTorch's parameter layout (``weight_ih``, ``weight_hh``, ``bias_ih``, ``bias_hh``).
+
+    Both bias sets are kept, as in ``torch.nn.GRU``, so parameter counts match
+    PyTorch models exactly. Gate order is (reset, update, new), as in PyTorch.
+    """
+
+    features: int
+
+    @nn.compact
+    def __call__(self, h: jax.Array, x: jax.Array) -> jax.Array:
+        hidden = self.features
+        init = _torch_uniform(1.0 / math.sqrt(hidden))
+        w_ih = self.param("weight_ih", init, (3 * hidden, x.shape[-1]))
+        w_hh = self.param("weight_hh", init, (3 * hidden, hidden))
+        b_ih = self.param("bias_ih", init, (3 * hidden,))
+        b_hh = self.param("bias_hh", init, (3 * hidden,))
+        gi = w_ih @ x + b_ih
+        gh = w_hh @ h + b_hh
+        i_r, i_z, i_n = jnp.split(gi, 3)
+        h_r, h_z, h_n = jnp.split(gh, 3)
+        reset = jax.nn.sigmoid(i_r + h_r)
+        update = jax.nn.sigmoid(i_z + h_z)
+        new = jnp.tanh(i_n + reset * h_n)
+        return (1.0 - update) * new + update * h
+
+
+class TorchLinear(nn.Module):
+    """Dense layer with PyTorch's default init, U(±1/sqrt(fan_in)) for weight and bias."""
+
+    features: int
+
+    @nn.compact
+    def __call__(self, x: jax.Array) -> jax.Array:
+        init = _torch_uniform(1.0 / math.sqrt(x.shape[-1]))
+        weight = self.param("weight", init, (self.features, x.shape[-1]))
+        bias = self.param("bias", init, (self.features,))
+        return weight @ x + bias
+
+
+class GRUPolicy(nn.Module):
+    """Stacked GRU policy, the reference recurrent policy of jes.
+
+    With ``torch_layout=True`` (default) it is the portable-es ``RNNClassifier``:
+    PyTorch-layout GRU layers (both bias sets) and a linear head that reads the
+    hidden states of *all* layers concatenated. Hidden 5 x 2 layers on CartPole
+    (4 obs, 2 actions) has 367 parameters; hidden 5 x 3 layers on Acrobot
+    (6 obs, 3 actions) has 603. With ``torch_layout=False`` it uses
+    ``flax.linen.GRUCell`` and a head on the last layer only.
+
+    Attributes:
+        hidden: hidden units per layer.
+        layers: number of stacked GRU layers.
+        num_outputs: head size; ``None`` lets :func:`jes.train` fill it in from
+            the environment's action space.
+        torch_layout: PyTorch parameter layout and init (see above).
+    """
+
+    hidden: int = 5
+    layers: int = 2
+    num_outputs: int | None = None
+    torch_layout: bool = True
+
+    @nn.nowrap
+    def initialize_carry(self, rng: jax.Array, input_shape: tuple[int, ...]) -> jax.Array:
+        """Zero hidden state, shape ``(layers, hidden)``; the GRU is reset to it at episode start."""
+        del rng, input_shape
+        return jnp.zeros((self.layers, self.hidden), jnp.float32)
+
+    @nn.compact
+    def __call__(self, carry: jax.Array, obs: jax.Array) -> tuple[jax.Array, jax.Array]:
+        if self.num_outputs is None:
+            raise ValueError(
+                "GRUPolicy.num_outputs is None: pass num_outputs=..., or let jes.train set it from the env"
+            )
+        x = jnp.ravel(obs).astype(jnp.float32)
+        states = []
+        for layer in range(self.layers):
+            if self.torch_layout:
+                h = TorchGRUCell(self.hidden, name=f"gru_{layer}")(carry[layer], x)
+            else:
+                h, _ = nn.GRUCell(self.hidden, name=f"gru_{layer}")(carry[layer], x)
+            states.append(h)
+            x = h
+        new_carry = jnp.stack(states)
+        if self.torch_layout:
+            out = TorchLinear(self.num_outputs, name="head")(jnp.ravel(new_carry))
+        else:
+            out = nn.Dense(self.num_outputs, name="head")(x)
+        return new_carry, out
+
+
+class MLPPolicy(nn.Module):
+    """Feed-forward policy: ``hidden_sizes`` dense layers with ``activation``, then a linear head.
+
+    Attributes:
+        hidden_sizes: widths of the hidden layers.
+        num_outputs: head size; ``None`` lets :func:`jes.train` fill it in.
+        activation: nonlinearity between layers.
+    """
+
+    hidden_sizes: Sequence[int] = (32, 32)
+    num_outputs: int | None = None
+    activation: Callable[[jax.Array], jax.Array] = jnp.tanh
+
+    @nn.compact
+    def __call__(self, obs: jax.Array) -> jax.Array:
+        if self.num_outputs is None:
+            raise ValueError(
+                "MLPPolicy.num_outputs is None: pass num_outputs=..., or let jes.train set it from the env"
+            )
+        x = jnp.ravel(obs).astype(jnp.float32)
+        for width in self.hidden_sizes:
+            x = self.activation(nn.Dense(width)(x))
+        return nn.Dense(self.num_outputs, name="head")(x)
+
+
+def is_recurrent(policy: nn.Module) -> bool:
+    """True when ``policy`` follows the recurrent convention (has ``initialize_carry``)."""
+    return callable(getattr(policy, "initialize_carry", None))
+
+
+def fit_to_outputs(policy: nn.Module, num_outputs: int) -> nn.Module:
+    """Return ``policy`` with ``num_outputs`` filled in when it has such a field left as ``None``."""
+    if not isinstance(policy, nn.Module):
+        raise TypeError(
+            f"policy must be a flax.linen.Module (e.g. jes.GRUPolicy(), jes.MLPPolicy()), got {type(policy).__name__}"
+        )
+    if getattr(policy, "num_outputs", 0) is None:
+        return policy.clone(num_outputs=num_outputs)
+    return policy
+
+
+class PolicyFns:
+    """Uniform ``(params, carry, obs) -> (carry, out)`` view of a feed-forward or recurrent module."""
+
+    def __init__(self, policy: nn.Module, obs_shape: tuple[int, ...]):
+        self.policy = policy
+        self.obs_shape = tuple(obs_shape)
+        self.recurrent = is_recurrent(policy)
+
+    def initial_carry(self) -> Any:
+        """Carry at episode start for one env (``()`` for feed-forward policies)."""
+        if self.recurrent:
+            return self.policy.initialize_carry(jax.random.key(0), self.obs_shape)
+        return ()
+
+    def init(self, key: jax.Array) -> Any:
+        """Initial Flax variables for one observation of ``obs_shape``."""
+        obs = jnp.zeros(self.obs_shape, jnp.float32)
+        if self.recurrent:
+            return self.policy.init(key, self.initial_carry(), obs)
+        return self.policy.init(key, obs)
+
+    def apply(self, params: Any, carry: Any, obs: jax.Array) -> tuple[Any, jax.Array]:
+        if self.recurrent:
+            return self.policy.apply(params, carry, obs)
+        return carry, self.policy.apply(params, obs)

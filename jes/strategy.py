@@ -1,0 +1,135 @@
+"""OpenAI-ES (Salimans et al. 2017) as pure functions: keys -> noise, fitness shaping, gradient.
+
+Every random quantity is a pure function of (run key, generation, member):
+
+    gen_key     = fold_in(es_key, generation)
+    noise(i)    = sign(i) * normal(fold_in(fold_in(gen_key, NOISE), i // 2))   # antithetic
+    episode(i,e)= fold_in(fold_in(fold_in(gen_key, EPISODES), i // 2), e)
+
+so any device or host can regenerate member ``i``'s perturbation and
+episodes from three numbers, with no noise table and no integer seeds.
+Antithetic pairs (2p, 2p+1) share their episode keys (common random numbers),
+so the pair's fitness difference measures the perturbation, not the env.
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+# Stream tags folded into a generation key so noise, episodes and centre evaluation never share keys.
+NOISE_STREAM = 0
+EPISODE_STREAM = 1
+CENTRE_STREAM = 2
+
+FITNESS_SHAPINGS = ("centered_ranks", "z_score", "raw")
+
+
+def generation_key(es_key: jax.Array, generation: jax.Array | int) -> jax.Array:
+    """Key of one generation."""
+    return jax.random.fold_in(es_key, generation)
+
+
+def _noise_source(member: jax.Array, antithetic: bool) -> tuple[jax.Array, jax.Array]:
+    """Index of the Gaussian draw a member uses, and its sign."""
+    member = jnp.asarray(member, jnp.int32)
+    if antithetic:
+        return member // 2, jnp.where(member % 2 == 0, 1.0, -1.0).astype(jnp.float32)
+    return member, jnp.float32(1.0)
+
+
+def member_noise(gen_key: jax.Array, member: jax.Array | int, num_params: int, antithetic: bool = True) -> jax.Array:
+    """Unit-variance perturbation of one member, shape ``[num_params]``.
+
+    With ``antithetic``, members ``2p`` and ``2p+1`` get ``+eps_p`` and ``-eps_p``.
+    """
+    source, sign = _noise_source(member, antithetic)
+    key = jax.random.fold_in(jax.random.fold_in(gen_key, NOISE_STREAM), source)
+    return sign * jax.random.normal(key, (num_params,), jnp.float32)
+
+
+def chunk_noise(gen_key: jax.Array, start: jax.Array | int, size: int, num_params: int, antithetic: bool = True) -> jax.Array:
+    """Noise of members ``start .. start+size-1``, ``[size, num_params]``.
+
+    jes evaluates populations in chunks of whole antithetic pairs (``start``
+    and ``size`` even), so each Gaussian is drawn once per pair. Values equal
+    :func:`member_noise` member by member.
+    """
+    members = jnp.asarray(start, jnp.int32) + jnp.arange(size, dtype=jnp.int32)
+    if antithetic:
+        _check_pairs(size)
+        pairs = jax.vmap(lambda m: member_noise(gen_key, m, num_params, True))(members[0::2])
+        return jnp.stack([pairs, -pairs], axis=1).reshape(size, num_params)
+    return jax.vmap(lambda m: member_noise(gen_key, m, num_params, False))(members)
+
+
+def _check_pairs(size: int) -> None:
+    if size % 2:
+        raise ValueError(f"antithetic chunks must hold whole pairs; got an odd chunk size {size}")
+
+
+def episode_keys(gen_key: jax.Array, members: jax.Array, num_episodes: int, antithetic: bool = True) -> jax.Array:
+    """Keys of each member's episodes, ``[len(members), num_episodes]``; antithetic pairs share them."""
+    stream = jax.random.fold_in(gen_key, EPISODE_STREAM)
+
+    def one(member):
+        source, _ = _noise_source(member, antithetic)
+        member_key = jax.random.fold_in(stream, source)
+        return jax.vmap(lambda e: jax.random.fold_in(member_key, e))(jnp.arange(num_episodes))
+
+    return jax.vmap(one)(jnp.asarray(members, jnp.int32))
+
+
+def centre_episode_keys(gen_key: jax.Array, num_episodes: int) -> jax.Array:
+    """Fresh keys for evaluating the unperturbed centre, ``[num_episodes]``."""
+    stream = jax.random.fold_in(gen_key, CENTRE_STREAM)
+    return jax.vmap(lambda e: jax.random.fold_in(stream, e))(jnp.arange(num_episodes))
+
+
+def centered_ranks(fitness: jax.Array) -> jax.Array:
+    """Centered ranks in ``[-0.5, 0.5]`` summing to 0; tied values share their average rank.
+
+    Args:
+        fitness: ``[n]`` raw fitness values, ``n >= 2``.
+    """
+    n = fitness.shape[0]
+    ordered = jnp.sort(fitness)
+    low = jnp.searchsorted(ordered, fitness, side="left")
+    high = jnp.searchsorted(ordered, fitness, side="right") - 1
+    ranks = (low + high).astype(jnp.float32) * 0.5
+    return ranks / (n - 1) - 0.5
+
+
+def z_score(fitness: jax.Array, eps: float = 1e-8) -> jax.Array:
+    """``(f - mean) / (std + eps)``."""
+    return (fitness - fitness.mean()) / (fitness.std() + eps)
+
+
+def shape_fitness(fitness: jax.Array, method: str) -> jax.Array:
+    """Apply a named fitness shaping (see :data:`FITNESS_SHAPINGS`)."""
+    if method == "centered_ranks":
+        return centered_ranks(fitness)
+    if method == "z_score":
+        return z_score(fitness)
+    if method == "raw":
+        return fitness.astype(jnp.float32)
+    raise ValueError(f"unknown fitness_shaping {method!r}; choose one of {', '.join(FITNESS_SHAPINGS)}")
+
+
+def chunk_weighted_noise(gen_key: jax.Array, start: jax.Array | int, weights: jax.Array, num_params: int, antithetic: bool) -> jax.Array:
+    """``sum_i weights[i] * noise(start + i)`` over one chunk, shape ``[num_params]``.
+
+    With antithetic pairs each pair is folded first, ``(w+ - w-) * eps``: half
+    the work, and a pair with equal weights cancels exactly.
+    """
+    size = weights.shape[0]
+    members = jnp.asarray(start, jnp.int32) + jnp.arange(size, dtype=jnp.int32)
+    if antithetic:
+        _check_pairs(size)
+        eps = jax.vmap(lambda m: member_noise(gen_key, m, num_params, True))(members[0::2])
+        return (weights[0::2] - weights[1::2]) @ eps
+    return weights @ chunk_noise(gen_key, start, size, num_params, False)
+
+
+def es_gradient(weighted_sum: jax.Array, num_members: int, noise_std: jax.Array) -> jax.Array:
+    """The paper's ascent direction: ``sum_i F_i eps_i / (n * sigma)``."""
+    return weighted_sum / (num_members * noise_std)

@@ -1,0 +1,80 @@
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jes
+from jes.envs import make_env
+from jes.policies import PolicyFns
+from jes.rollout import run_episodes
+from envs_for_tests import Countdown
+
+
+@pytest.mark.parametrize("name,discrete,outputs", [
+    ("CartPole-v1", True, 2), ("Acrobot-v1", True, 3), ("MountainCar-v0", True, 3),
+    ("Pendulum-v1", False, 1), ("MountainCarContinuous-v0", False, 1),
+])
+def test_classic_control_envs_resolve(name, discrete, outputs):
+    spec = make_env(name)
+    assert spec.discrete == discrete and spec.num_outputs == outputs and spec.max_steps > 0
+
+
+def test_unknown_env_lists_valid_names():
+    with pytest.raises(ValueError, match="CartPole-v1"):
+        make_env("CartPole-v0")
+    with pytest.raises(TypeError, match="reset_env"):
+        make_env(object())
+
+
+def test_continuous_actions_stay_in_bounds():
+    spec = make_env("Pendulum-v1")
+    for value in (-1e6, -0.3, 0.0, 2.0, 1e6):
+        action = float(spec.action(jnp.array([value]))[0])
+        assert spec.action_low[0] <= action <= spec.action_high[0]
+    assert int(make_env("CartPole-v1").action(jnp.array([0.1, 0.7]))) == 1
+
+
+def rollout(env, params_value=None, episodes=3, members=2, active=None, env_params=None):
+    spec = make_env(env, env_params)
+    fns = PolicyFns(jes.MLPPolicy(hidden_sizes=(4,), num_outputs=spec.num_outputs), spec.obs_shape)
+    params = jax.vmap(fns.init)(jax.random.split(jax.random.key(0), members))
+    keys = jax.random.split(jax.random.key(1), members * episodes).reshape(members, episodes)
+    active = jnp.ones(members, bool) if active is None else active
+    return jax.jit(lambda p, k, a: run_episodes(fns, spec, p, k, a))(params, keys, active)
+
+
+def test_rewards_after_done_never_count():
+    out = rollout(Countdown())
+    np.testing.assert_array_equal(out.returns, 5.0)   # 5 steps of reward 1, never the 1000 after done
+    np.testing.assert_array_equal(out.steps, 5)
+
+
+def test_truncation_by_time_limit_and_padding_members():
+    env = Countdown()
+    params = env.default_params.replace(episode_length=100, max_steps_in_episode=7)
+    out = rollout(env, env_params=params, active=jnp.array([True, False]))
+    np.testing.assert_array_equal(out.returns[0], 7.0)
+    np.testing.assert_array_equal(out.returns[1], 0.0)   # padding member never steps
+    np.testing.assert_array_equal(out.steps[1], 0)
+
+
+def test_cartpole_returns_match_a_plain_gymnax_loop():
+    spec = make_env("CartPole-v1")
+    fns = PolicyFns(jes.MLPPolicy(hidden_sizes=(4,), num_outputs=2), spec.obs_shape)
+    params = fns.init(jax.random.key(3))
+    keys = jax.random.split(jax.random.key(4), 3)
+    out = jax.jit(lambda p, k: run_episodes(fns, spec, p, k, jnp.ones(1, bool)))(
+        jax.tree.map(lambda x: x[None], params), keys[None])
+    env, env_params = spec.env, spec.params
+    step = jax.jit(env.step)
+    for e, key in enumerate(keys):
+        obs, state = env.reset(jax.random.fold_in(key, 0), env_params)
+        total, t = 0.0, 0
+        while True:
+            _, logits = fns.apply(params, (), obs)
+            obs, state, reward, terminated, truncated, _ = step(jax.random.fold_in(key, t + 1), state, spec.action(logits), env_params)
+            total += float(reward)
+            t += 1
+            if bool(terminated) or bool(truncated):
+                break
+        assert float(out.returns[0, e]) == total and int(out.steps[0, e]) == t

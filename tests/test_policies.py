@@ -1,0 +1,62 @@
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.flatten_util import ravel_pytree
+
+import jes
+from jes.policies import PolicyFns
+
+
+def count(policy, obs_dim):
+    fns = PolicyFns(policy, (obs_dim,))
+    return ravel_pytree(fns.init(jax.random.key(0)))[0].size
+
+
+def test_portable_es_parameter_counts():
+    assert count(jes.GRUPolicy(hidden=5, layers=2, num_outputs=2), 4) == 367   # CartPole
+    assert count(jes.GRUPolicy(hidden=5, layers=3, num_outputs=3), 6) == 603   # Acrobot
+
+
+def test_trainer_fills_in_output_size_and_counts_match():
+    assert jes.Trainer(jes.GRUPolicy(hidden=5, layers=2), "CartPole-v1").num_params == 367
+    assert jes.Trainer(jes.GRUPolicy(hidden=5, layers=3), "Acrobot-v1").num_params == 603
+
+
+def test_torch_gru_cell_matches_pytorch_equations():
+    cell = jes.TorchGRUCell(3)
+    x, h = jnp.array([0.5, -1.0]), jnp.array([0.1, 0.2, -0.3])
+    params = cell.init(jax.random.key(1), h, x)["params"]
+    w_ih, w_hh, b_ih, b_hh = (np.asarray(params[k], np.float64) for k in ("weight_ih", "weight_hh", "bias_ih", "bias_hh"))
+    gi, gh = w_ih @ np.asarray(x) + b_ih, w_hh @ np.asarray(h) + b_hh
+    sig = lambda v: 1 / (1 + np.exp(-v))
+    r, z = sig(gi[:3] + gh[:3]), sig(gi[3:6] + gh[3:6])
+    n = np.tanh(gi[6:] + r * gh[6:])
+    expected = (1 - z) * n + z * np.asarray(h)
+    np.testing.assert_allclose(cell.apply({"params": params}, h, x), expected, rtol=1e-5, atol=1e-6)
+
+
+def test_gru_carry_is_used_and_starts_at_zero():
+    policy = jes.GRUPolicy(hidden=4, layers=2, num_outputs=2)
+    fns = PolicyFns(policy, (3,))
+    params = fns.init(jax.random.key(0))
+    carry = fns.initial_carry()
+    np.testing.assert_array_equal(carry, np.zeros((2, 4)))
+    obs = jnp.ones(3)
+    c1, out1 = fns.apply(params, carry, obs)
+    _, out2 = fns.apply(params, c1, obs)
+    assert not np.allclose(out1, out2)  # same observation, different memory
+
+
+def test_flax_layout_variant_and_mlp():
+    flax_gru = jes.GRUPolicy(hidden=5, layers=2, num_outputs=2, torch_layout=False)
+    assert count(flax_gru, 4) != 367
+    mlp = jes.MLPPolicy(hidden_sizes=(8,), num_outputs=3)
+    assert count(mlp, 4) == 4 * 8 + 8 + 8 * 3 + 3
+    assert not PolicyFns(mlp, (4,)).recurrent
+
+
+def test_missing_output_size_is_explained():
+    with pytest.raises(ValueError, match="num_outputs"):
+        PolicyFns(jes.MLPPolicy(), (4,)).init(jax.random.key(0))

@@ -1,0 +1,91 @@
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jes import strategy
+
+D = 37
+
+
+def gen_key(g=3):
+    return strategy.generation_key(jax.random.key(42), g)
+
+
+def test_antithetic_pairs_cancel_exactly():
+    noise = strategy.chunk_noise(gen_key(), 0, 16, D, antithetic=True)
+    np.testing.assert_array_equal(noise[0::2] + noise[1::2], 0.0)
+    assert np.abs(noise).min() > 0  # not trivially zero
+
+
+def test_member_noise_alone_equals_noise_within_population():
+    chunk = strategy.chunk_noise(gen_key(), 8, 8, D, antithetic=True)
+    for i in range(8):
+        alone = strategy.member_noise(gen_key(), 8 + i, D, antithetic=True)
+        np.testing.assert_array_equal(alone, chunk[i])
+    plain = strategy.chunk_noise(gen_key(), 4, 4, D, antithetic=False)
+    np.testing.assert_array_equal(strategy.member_noise(gen_key(), 6, D, antithetic=False), plain[2])
+
+
+def test_noise_depends_on_generation_and_member():
+    a = strategy.member_noise(gen_key(3), 0, D)
+    b = strategy.member_noise(gen_key(4), 0, D)
+    c = strategy.member_noise(gen_key(3), 2, D)
+    assert not np.allclose(a, b) and not np.allclose(a, c)
+    assert abs(float(jnp.std(strategy.chunk_noise(gen_key(), 0, 512, D))) - 1.0) < 0.05
+
+
+def test_episode_keys_shared_within_pair_and_distinct_across_episodes():
+    keys = jax.random.key_data(strategy.episode_keys(gen_key(), jnp.arange(4), 3, antithetic=True))
+    np.testing.assert_array_equal(keys[0], keys[1])
+    assert not np.array_equal(keys[0], keys[2])
+    assert not np.array_equal(keys[0, 0], keys[0, 1])
+
+
+@pytest.mark.parametrize("fitness", [
+    np.random.default_rng(0).normal(size=101),
+    np.array([3.0, 3.0, 3.0, 1.0, 9.0, 9.0]),      # ties
+    np.array([5.0, 5.0]),
+])
+def test_centered_ranks_bounded_centered_and_ordered(fitness):
+    ranks = np.asarray(strategy.centered_ranks(jnp.asarray(fitness, jnp.float32)))
+    assert ranks.min() >= -0.5 and ranks.max() <= 0.5
+    assert abs(ranks.sum()) < 1e-5
+    order = np.argsort(fitness, kind="stable")
+    assert np.all(np.diff(ranks[order]) >= 0)
+    for value in np.unique(fitness):  # equal fitness, equal weight
+        assert np.ptp(ranks[fitness == value]) == 0
+
+
+def test_centered_ranks_of_distinct_values_span_the_interval():
+    ranks = np.asarray(strategy.centered_ranks(jnp.array([2.0, -1.0, 7.0, 0.5])))
+    np.testing.assert_allclose(ranks, [1 / 6, -0.5, 0.5, -1 / 6], atol=1e-6)
+
+
+def test_z_score_and_unknown_shaping():
+    z = strategy.shape_fitness(jnp.array([1.0, 2.0, 3.0]), "z_score")
+    np.testing.assert_allclose([float(z.mean()), float(z.std())], [0.0, 1.0], atol=1e-5)
+    with pytest.raises(ValueError, match="centered_ranks"):
+        strategy.shape_fitness(jnp.ones(3), "ranks")
+
+
+@pytest.mark.parametrize("antithetic", [True, False])
+@pytest.mark.parametrize("shaping", ["centered_ranks", "z_score", "raw"])
+def test_gradient_estimate_points_uphill_on_quadratic(antithetic, shaping):
+    target = jnp.linspace(-1.0, 1.0, D)
+    theta = jnp.zeros(D)
+    sigma, n = 0.05, 256
+    key = gen_key()
+    eps = strategy.chunk_noise(key, 0, n, D, antithetic)
+    fitness = -jnp.sum((theta + sigma * eps - target) ** 2, axis=1)
+    weights = strategy.shape_fitness(fitness, shaping)
+    grad = strategy.es_gradient(strategy.chunk_weighted_noise(key, 0, weights, D, antithetic), n, sigma)
+    true_grad = -2 * (theta - target)
+    cosine = float(grad @ true_grad / (jnp.linalg.norm(grad) * jnp.linalg.norm(true_grad)))
+    # Raw, non-mirrored fitness has no baseline and is the noisiest estimator; all must clearly point uphill.
+    assert cosine > (0.25 if (shaping == "raw" and not antithetic) else 0.6), cosine
+
+
+def test_odd_antithetic_chunk_rejected():
+    with pytest.raises(ValueError, match="whole pairs"):
+        strategy.chunk_noise(gen_key(), 0, 3, D, antithetic=True)

@@ -1,0 +1,156 @@
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+import jes
+from jes.trainer import run
+from envs_for_tests import Countdown
+
+SMALL = dict(num_members=16, chunk_size=8, num_generations=3, eval_episodes=4)
+
+
+@pytest.fixture(scope="module")
+def small_trainer():
+    """A small CartPole trainer whose compiled step the tests share."""
+    return jes.Trainer(jes.GRUPolicy(hidden=3, layers=1), "CartPole-v1", "adam", jes.ESConfig(**SMALL))
+
+
+def test_same_key_gives_bit_identical_params_and_history(small_trainer):
+    a = run(small_trainer, small_trainer.init_state(7), key=7)
+    b = run(small_trainer, small_trainer.init_state(7), key=7)
+    c = run(small_trainer, small_trainer.init_state(8), key=8)
+    np.testing.assert_array_equal(a.flat_params, b.flat_params)
+    np.testing.assert_array_equal(a.history["pop_mean"], b.history["pop_mean"])
+    np.testing.assert_array_equal(a.history["centre_return"], b.history["centre_return"])
+    assert not np.array_equal(a.flat_params, c.flat_params)
+
+
+def test_train_with_a_fresh_trainer_reproduces_the_run(small_trainer):
+    a = run(small_trainer, small_trainer.init_state(7), key=7)
+    b = jes.train(jes.GRUPolicy(hidden=3, layers=1), "CartPole-v1", "adam", key=7, **SMALL)
+    np.testing.assert_array_equal(a.flat_params, b.flat_params)
+    np.testing.assert_array_equal(b.key, jax.random.key_data(jax.random.key(7)))
+
+
+def test_no_recompilation_after_first_generation(small_trainer):
+    state = small_trainer.init_state(0)
+    for gen in range(4):
+        state, metrics = small_trainer.step(state, jnp.bool_(gen % 2 == 0))
+    jax.block_until_ready(state)
+    assert small_trainer.compile_count() == 1
+    assert int(state.generation) == 4
+
+
+def test_fused_generation_equals_evaluate_then_apply_fitness(small_trainer):
+    """What a distributed master does (chunks evaluated apart, then apply_fitness) equals the fused step bit for bit."""
+    state = small_trainer.init_state(3)
+    fused, metrics = small_trainer.step(state, jnp.bool_(False))
+    fitness, steps, _, _ = jax.jit(small_trainer.evaluate_chunks)(state, jnp.array([1, 0]))
+    fitness = jnp.concatenate([fitness[1], fitness[0]])          # evaluated out of order, reassembled
+    split, split_metrics = jax.jit(small_trainer.apply_fitness)(state, fitness, steps.sum())
+    np.testing.assert_array_equal(fused.params, split.params)
+    assert float(metrics["pop_mean"]) == float(split_metrics["pop_mean"])
+    assert int(metrics["env_steps"]) == int(split_metrics["env_steps"])
+
+
+def test_result_params_are_a_flax_pytree_usable_with_apply(small_trainer):
+    result = run(small_trainer, small_trainer.init_state(1), key=1)
+    carry = result.policy.initialize_carry(jax.random.key(0), (4,))
+    _, logits = result.policy.apply(result.params, carry, jnp.zeros(4))
+    assert logits.shape == (2,)
+    hist = result.history
+    assert len(hist["generation"]) == 3 and list(hist["generation"]) == [1, 2, 3]
+    assert np.all(np.diff(hist["env_steps"]) > 0) and np.all(hist["pop_max"] >= hist["pop_mean"])
+    assert np.isfinite(hist["centre_return"][-1])
+    assert result.evaluate(num_episodes=4).shape == (4,)
+
+
+def test_centre_evaluated_every_n_generations():
+    result = jes.train(jes.MLPPolicy(hidden_sizes=(4,)), "CartPole-v1", "sgd",
+                       **dict(SMALL, num_generations=5, eval_every=2))
+    evaluated = np.isfinite(result.history["centre_return"])
+    assert list(evaluated) == [False, True, False, True, True]   # every 2nd, and always the last
+
+
+@pytest.mark.slow
+def test_learns_cartpole_end_to_end():
+    result = jes.train(jes.GRUPolicy(hidden=5, layers=2), "CartPole-v1", "adam", key=0,
+                       num_members=128, num_generations=25, eval_episodes=16, stop_at_return=475.0)
+    assert result.solved_generation is not None, result.history["centre_return"]
+    assert result.history["pop_mean"][-1] > 5 * result.history["pop_mean"][0]
+    assert np.mean(result.evaluate(num_episodes=32)) >= 400
+
+
+def test_custom_flax_module_and_optax_transform():
+    class Linear(nn.Module):
+        @nn.compact
+        def __call__(self, obs):
+            return nn.Dense(2)(obs)
+
+    result = jes.train(Linear(), "CartPole-v1", optax.chain(optax.clip(1.0), optax.adam(0.05)), **SMALL)
+    assert result.flat_params.shape == (4 * 2 + 2,)
+
+
+def test_schedules_for_noise_std_and_learning_rate():
+    result = jes.train(jes.MLPPolicy(hidden_sizes=(4,)), "CartPole-v1", "adam",
+                       noise_std=optax.linear_schedule(0.2, 0.1, 2), learning_rate=optax.exponential_decay(0.1, 1, 0.5),
+                       **SMALL)
+    np.testing.assert_allclose(result.history["noise_std"], [0.2, 0.15, 0.1], rtol=1e-6)
+    np.testing.assert_allclose(result.history["learning_rate"], [0.1, 0.05, 0.025], rtol=1e-6)
+
+
+def test_weight_decay_shrinks_parameters():
+    base = dict(SMALL, num_generations=4)
+    plain = jes.train(jes.MLPPolicy(hidden_sizes=(4,)), "CartPole-v1", "sgd", **base)
+    decayed = jes.train(jes.MLPPolicy(hidden_sizes=(4,)), "CartPole-v1", "sgd", weight_decay=0.5, **base)
+    assert np.linalg.norm(decayed.flat_params) < np.linalg.norm(plain.flat_params)
+
+
+# ---------------------------------------------------------------- bad input
+@pytest.mark.parametrize("overrides,match", [
+    (dict(num_members=7), "odd"),
+    (dict(num_members=0), "num_members must be a positive integer"),
+    (dict(noise_std=0.0), "noise_std must be a positive"),
+    (dict(noise_std=-1.0), "noise_std must be a positive"),
+    (dict(learning_rate=0.0), "learning_rate must be a positive"),
+    (dict(fitness_shaping="rank"), "centered_ranks"),
+    (dict(episodes_per_member=0), "episodes_per_member"),
+])
+def test_bad_config_values_raise_clear_errors(overrides, match):
+    with pytest.raises(ValueError, match=match):
+        jes.ESConfig(**overrides)
+
+
+def test_unknown_config_field():
+    with pytest.raises(TypeError, match="valid fields"):
+        jes.train(jes.MLPPolicy(), "CartPole-v1", "adam", population=8)
+
+
+def test_unknown_env_and_optimizer_names_list_valid_ones():
+    with pytest.raises(ValueError, match="Acrobot-v1"):
+        jes.train(jes.MLPPolicy(), "Cartpole", "adam")
+    with pytest.raises(ValueError, match="novograd"):
+        jes.train(jes.MLPPolicy(), "CartPole-v1", "adamw2")
+    with pytest.raises(TypeError, match="GradientTransformation"):
+        jes.train(jes.MLPPolicy(), "CartPole-v1", 0.1)
+
+
+def test_policy_output_not_fitting_action_space():
+    with pytest.raises(ValueError, match=r"outputs shape \(3,\) but env 'CartPole-v1' needs \(2,\)"):
+        jes.Trainer(jes.MLPPolicy(hidden_sizes=(4,), num_outputs=3), "CartPole-v1")
+    with pytest.raises(TypeError, match="flax.linen.Module"):
+        jes.Trainer(lambda obs: obs, "CartPole-v1")
+
+
+def test_nan_fitness_names_member_and_generation_and_keeps_last_good_state():
+    env = Countdown()
+    params = env.default_params.replace(nan_reward=True)
+    with pytest.raises(jes.NonFiniteFitnessError, match=r"member \d+ of generation 0") as info:
+        jes.train(jes.MLPPolicy(hidden_sizes=(4,)), (env, params), "adam", **SMALL)
+    err = info.value
+    assert err.generation == 0 and 0 <= err.member < 16
+    assert int(err.result.state.generation) == 0 and len(err.result.history["generation"]) == 0
+    assert np.all(np.isfinite(err.result.flat_params))
