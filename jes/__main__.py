@@ -1,0 +1,33 @@
+"""``python -m jes``: train the reference GRU on CartPole-v1 until solved and print the result."""
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m jes", description=__doc__)
+    parser.add_argument("--optimizer", default="adam", help="adam, adabelief, novograd, radam, amsgrad or sgd")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--generations", type=int, default=25)
+    args = parser.parse_args(argv)
+
+    import numpy as np
+
+    import jes
+
+    result = jes.train(
+        jes.GRUPolicy(hidden=5, layers=2), "CartPole-v1", args.optimizer,
+        key=args.seed, num_generations=args.generations, stop_at_return=475.0,
+    )
+    for gen, mean, best, centre in zip(result.history["generation"], result.history["pop_mean"],
+                                       result.history["pop_max"], result.history["centre_return"]):
+        print(f"generation {gen:3d}  population mean {mean:6.1f}  max {best:6.1f}  centre {centre:6.1f}")
+    score = float(np.mean(result.evaluate(num_episodes=100)))
+    print(result.summary())
+    print(f"centre policy over 100 fresh episodes: {score:.1f} (solved is >= 475)")
+    return 0 if result.solved_generation else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
