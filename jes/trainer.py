@@ -514,9 +514,23 @@ def train(
     return run(trainer, trainer.init_state(key), key=key, callbacks=callbacks)
 
 
+StepFn = Callable[[TrainState, bool], "tuple[TrainState, dict]"]
+
+
 def run(trainer: Trainer, state: TrainState, *, key: Any = 0, callbacks: Iterable[Callback] = (),
-        history: dict | None = None, num_generations: int | None = None) -> TrainResult:
-    """Host loop: call the compiled step until ``num_generations`` (default: config's) are done."""
+        history: dict | None = None, num_generations: int | None = None, step_fn: StepFn | None = None) -> TrainResult:
+    """Host loop: call the generation step until ``num_generations`` (default: config's) are done.
+
+    Args:
+        trainer: the trainer whose compiled step runs.
+        state: the state to continue from (fresh, or restored).
+        key: the run key (recorded in the result).
+        callbacks: called with each generation's metrics record.
+        history: history of earlier generations, when continuing a run.
+        num_generations: total generations (including those already in ``state``).
+        step_fn: replaces the local compiled step, ``(state, evaluate_centre) -> (state, metrics)``
+            with the same metrics; a distributed master farms the population out through it.
+    """
     cfg = trainer.config
     total = cfg.num_generations if num_generations is None else num_generations
     history = {k: list(v) for k, v in (history or {}).items()} or {k: [] for k in HISTORY_KEYS}
@@ -527,13 +541,17 @@ def run(trainer: Trainer, state: TrainState, *, key: Any = 0, callbacks: Iterabl
     t_start = time.perf_counter()
 
     state = trainer.place(state)
-    compiled, compile_time = trainer.compiled_step(state)
+    if step_fn is None:
+        compiled, compile_time = trainer.compiled_step(state)
+        step_fn = lambda s, evaluate: compiled(s, jnp.bool_(evaluate))
+    else:
+        compile_time = 0.0
     loop_start = time.perf_counter()
     for gen in range(start_gen, total):
         last = gen + 1 == total
         evaluate = last or (cfg.eval_every > 0 and (gen + 1) % cfg.eval_every == 0)
         t_gen = time.perf_counter()
-        new_state, metrics = compiled(state, jnp.bool_(evaluate))
+        new_state, metrics = step_fn(state, evaluate)
         metrics = {k: v.item() for k, v in jax.device_get(metrics).items()}
         if metrics["bad_member"] >= 0:
             member = metrics["bad_member"]
