@@ -51,7 +51,7 @@ class ESConfig:
     eval_episodes: int = 64
     max_episode_steps: int | None = None
     chunk_size: int | None = None
-    normalize_observations: bool = False
+    normalize_observations: bool = True
     stop_at_return: float | None = None
 
     def __post_init__(self):

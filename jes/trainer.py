@@ -270,7 +270,7 @@ class Trainer:
         return jax.lax.map(one, (chunks, weights))
 
     def shaped_weights(self, fitness: jax.Array) -> jax.Array:
-        """Shaped fitness padded to whole chunks, ``[padded_chunks, C]``, zeros for padding."""
+        """Shaped fitness padded to whole chunks (device padding included), ``[padded_chunks, C]``, zeros for padding."""
         n = self.config.num_members
         safe = jnp.where(jnp.isfinite(fitness), fitness, 0.0)
         shaped = strategy.shape_fitness(safe, self.config.fitness_shaping)
@@ -288,8 +288,7 @@ class Trainer:
         """
         cfg = self.config
         sigma = self.noise_std(state)
-        # A sequential sum in chunk order: the same additions in the same order however chunks were spread.
-        total, _ = jax.lax.scan(lambda acc, p: (acc + p, None), jnp.zeros(self.num_params, jnp.float32), partials)
+        total = self.reduce_chunks(partials)
         grad = strategy.es_gradient(total, cfg.num_members, sigma)
         loss_grad = -grad + cfg.weight_decay * state.params
         updates, opt_state = self.optimizer.update(loss_grad, state.opt_state, state.params)
@@ -327,19 +326,41 @@ class Trainer:
         }
         return new_state, metrics
 
+    def reduce_chunks(self, values: jax.Array) -> jax.Array:
+        """Sum per-chunk values ``[k, ...]`` one chunk after another, in chunk order.
+
+        A fixed sequential order makes the float32 sum the same wherever the chunks were computed.
+        """
+        return jax.lax.scan(lambda acc, v: (acc + v, None), jnp.zeros_like(values[0]), values)[0]
+
     def apply_fitness(self, state: TrainState, fitness: jax.Array, env_steps: jax.Array | int = 0,
                       obs_sum: jax.Array | None = None, obs_sumsq: jax.Array | None = None) -> tuple[TrainState, dict]:
-        """The ES update from a full fitness vector ``[num_members]`` (what a distributed master runs).
+        """The ES update from a full fitness vector ``[num_members]``.
 
-        Bit-identical to the update inside :meth:`generation_step` for the same fitness.
+        ``env_steps``, ``obs_sum`` and ``obs_sumsq`` are generation totals (see
+        :meth:`apply_chunk_results` to reduce per-chunk results exactly as the fused step does).
         """
         zeros = jnp.zeros(self.spec.obs_shape, jnp.float32)
-        weights = self.shaped_weights(fitness)
-        partials = self.chunk_partials(state, jnp.arange(self.padded_chunks, dtype=jnp.int32), weights)
+        weights = self.shaped_weights(fitness)[: self.num_chunks]
+        partials = self.chunk_partials(state, jnp.arange(self.num_chunks, dtype=jnp.int32), weights)
         return self.update_from_partials(
             state, fitness, partials, jnp.asarray(env_steps, jnp.int32),
             zeros if obs_sum is None else obs_sum, zeros if obs_sumsq is None else obs_sumsq,
         )
+
+    def apply_chunk_results(self, state: TrainState, fitness: jax.Array, env_steps: jax.Array,
+                            obs_sum: jax.Array, obs_sumsq: jax.Array) -> tuple[TrainState, dict]:
+        """The update from every chunk's results, as :meth:`evaluate_chunks` returns them for chunks ``0..num_chunks-1``.
+
+        This is what a distributed master runs once all chunks are in; it is bit-identical to
+        :meth:`generation_step` for the same generation, however the chunks were spread.
+
+        Args:
+            fitness: ``[num_chunks, C]``; env_steps: ``[num_chunks]``; obs_sum, obs_sumsq: ``[num_chunks, *obs_shape]``.
+        """
+        flat = fitness.reshape(-1)[: self.config.num_members]
+        return self.apply_fitness(state, flat, self.reduce_chunks(env_steps), self.reduce_chunks(obs_sum),
+                                  self.reduce_chunks(obs_sumsq))
 
     def evaluate_centre(self, state: TrainState, num_episodes: int | None = None, key: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
         """Returns and steps of the unperturbed centre on fresh episodes, each ``[num_episodes]``."""
@@ -361,16 +382,18 @@ class Trainer:
         per_device = self.padded_chunks // devices
 
         def sharded(state, chunk_ids):
+            real = self.num_chunks  # device padding chunks are dropped before any reduction
+            gather = lambda x: jax.lax.all_gather(x, AXIS, tiled=True)[:real]
             fitness, steps, obs_sum, obs_sumsq = self.evaluate_chunks(state, chunk_ids)
-            fitness_all = jax.lax.all_gather(fitness, AXIS, tiled=True).reshape(-1)[: self.config.num_members]
+            fitness_all = gather(fitness).reshape(-1)[: self.config.num_members]
             weights = self.shaped_weights(fitness_all)
             index = jax.lax.axis_index(AXIS)
             local_weights = jax.lax.dynamic_slice_in_dim(weights, index * per_device, per_device)
-            partials = jax.lax.all_gather(self.chunk_partials(state, chunk_ids, local_weights), AXIS, tiled=True)
+            partials = gather(self.chunk_partials(state, chunk_ids, local_weights))
             # Per-chunk values gathered in chunk order, then reduced sequentially: device count cannot change the sums.
-            gather_sum = lambda x: jax.lax.scan(lambda a, v: (a + v, None), jnp.zeros_like(x[0]), jax.lax.all_gather(x, AXIS, tiled=True))[0]
             return self.update_from_partials(
-                state, fitness_all, partials, gather_sum(steps), gather_sum(obs_sum), gather_sum(obs_sumsq)
+                state, fitness_all, partials, self.reduce_chunks(gather(steps)),
+                self.reduce_chunks(gather(obs_sum)), self.reduce_chunks(gather(obs_sumsq)),
             )
 
         chunk_ids = jnp.arange(self.padded_chunks, dtype=jnp.int32)

@@ -44,14 +44,21 @@ def test_no_recompilation_after_first_generation(small_trainer):
     assert int(state.generation) == 4
 
 
-def test_fused_generation_equals_evaluate_then_apply_fitness(small_trainer):
-    """What a distributed master does (chunks evaluated apart, then apply_fitness) equals the fused step bit for bit."""
-    state = small_trainer.init_state(3)
-    fused, metrics = small_trainer.step(state, jnp.bool_(False))
-    fitness, steps, _, _ = jax.jit(small_trainer.evaluate_chunks)(state, jnp.array([1, 0]))
-    fitness = jnp.concatenate([fitness[1], fitness[0]])          # evaluated out of order, reassembled
-    split, split_metrics = jax.jit(small_trainer.apply_fitness)(state, fitness, steps.sum())
+def test_fused_generation_equals_chunks_evaluated_apart(small_trainer):
+    """What a distributed master does (chunks evaluated one by one, out of order, then
+    apply_chunk_results) equals the fused step bit for bit, with normalisation statistics."""
+    trainer = jes.Trainer(jes.GRUPolicy(hidden=3, layers=1), "CartPole-v1", "adam",
+                          jes.ESConfig(**dict(SMALL, num_members=24, normalize_observations=True)))
+    state = trainer.init_state(3)
+    state, _ = trainer.step(state, jnp.bool_(False))            # non-trivial observation statistics
+    fused, metrics = trainer.step(state, jnp.bool_(False))
+    evaluate = jax.jit(trainer.evaluate_chunks)
+    parts = {c: evaluate(state, jnp.array([c])) for c in (2, 0, 1)}
+    stacked = [jnp.concatenate([parts[c][i] for c in range(3)]) for i in range(4)]
+    split, split_metrics = jax.jit(trainer.apply_chunk_results)(state, *stacked)
     np.testing.assert_array_equal(fused.params, split.params)
+    np.testing.assert_array_equal(fused.obs_sum, split.obs_sum)
+    np.testing.assert_array_equal(fused.obs_sumsq, split.obs_sumsq)
     assert float(metrics["pop_mean"]) == float(split_metrics["pop_mean"])
     assert int(metrics["env_steps"]) == int(split_metrics["env_steps"])
 
