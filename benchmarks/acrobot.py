@@ -1,0 +1,16 @@
+"""portable-es Acrobot table: GRU hidden 5 x 3 layers (603 params), 256 antithetic pairs, 25 generations.
+
+    python benchmarks/acrobot.py [--seeds 5] [--optimizers adam,novograd]
+
+"Solved" is the centre policy's mean return over 64 fresh episodes reaching -100 (Gym's threshold).
+"""
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(__file__))
+
+import jes  # noqa: E402
+from portable_es import benchmark, parse_args  # noqa: E402
+
+if __name__ == "__main__":
+    benchmark("Acrobot-v1", jes.GRUPolicy(hidden=5, layers=3), parse_args(__doc__))

@@ -1,0 +1,51 @@
+"""Sharding a population over local devices must not change a single bit of the result."""
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+SCRIPT = textwrap.dedent("""
+    import json, sys
+    import jax, numpy as np
+    import jes
+    assert len(jax.devices()) == 2, jax.devices()
+    out = {}
+    for members, chunk in ((12, 4), (10, 2), (8, 8)):   # 3 chunks (odd, padded), 5 chunks, 1 chunk
+        cfg = dict(num_members=members, chunk_size=chunk, num_generations=3, eval_episodes=4)
+        runs = {d: jes.train(jes.GRUPolicy(hidden=3, layers=1), "CartPole-v1", "adam", key=5, devices=d, **cfg)
+                for d in (1, 2)}
+        out[f"{members}/{chunk}"] = {
+            d: {"params": r.flat_params.tolist(), "pop_mean": r.history["pop_mean"].tolist(),
+                "centre": r.history["centre_return"].tolist(), "steps": r.history["env_steps"].tolist(),
+                "chunks": r.trainer.padded_chunks}
+            for d, r in runs.items()}
+    print(json.dumps(out))
+""")
+
+
+@pytest.fixture(scope="module")
+def two_device_runs():
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2", JAX_PLATFORMS="cpu")
+    proc = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, env=env, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("case", ["12/4", "10/2", "8/8"])
+def test_two_devices_equal_one_device_bit_for_bit(two_device_runs, case):
+    one, two = two_device_runs[case]["1"], two_device_runs[case]["2"]
+    assert one["params"] == two["params"]          # exact float equality, element by element
+    assert one["pop_mean"] == two["pop_mean"]
+    assert one["centre"] == two["centre"]
+    assert one["steps"] == two["steps"]
+    assert two["chunks"] % 2 == 0 and two["chunks"] >= one["chunks"]
+
+
+def test_bad_device_count_is_explained():
+    import jes
+
+    with pytest.raises(ValueError, match="local device"):
+        jes.Trainer(jes.MLPPolicy(), "CartPole-v1", devices=64)
