@@ -41,7 +41,7 @@ class ESConfig:
 
     num_members: int = 512
     num_generations: int = 25
-    noise_std: FloatOrSchedule = 0.1
+    noise_std: FloatOrSchedule = 0.2
     learning_rate: FloatOrSchedule | None = None
     episodes_per_member: int = 1
     fitness_shaping: str = "centered_ranks"
