@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import time
 from typing import Any, Callable, Iterable, Sequence
 
@@ -510,6 +511,11 @@ def train(
     env_params: Any = None,
     devices: Any = None,
     callbacks: Sequence[Callback] = (),
+    log_dir: str | None = "runs/<auto>",
+    progress: bool | None = None,
+    checkpoint_path: str | None = "<log_dir>/checkpoint.ckpt",
+    checkpoint_every: int = 10,
+    resume: str | None = None,
     **overrides: Any,
 ) -> TrainResult:
     """Train ``policy`` on ``env`` with OpenAI-ES.
@@ -527,21 +533,56 @@ def train(
         config: an :class:`ESConfig`; keyword ``overrides`` (e.g. ``num_members=256``) replace its fields.
         env_params: gymnax env params.
         devices: local devices to shard the population over (``None``: all local devices).
-        callbacks: functions called with each generation's metrics dict (host side).
+        callbacks: functions called with each generation's metrics dict (host side); see :mod:`jes.logging`.
+        log_dir: TensorBoard directory; the default is ``runs/<env>-<policy>-<optimizer>-<time>``;
+            ``None`` turns TensorBoard logging off.
+        progress: tqdm progress bar; ``None`` shows it only when stdout is a terminal.
+        checkpoint_path: checkpoint file, written every ``checkpoint_every`` generations, at the end,
+            and on Ctrl-C. The default is ``checkpoint.ckpt`` in ``log_dir`` (the ``resume`` file when
+            resuming); ``None`` turns checkpoints off.
+        checkpoint_every: generations between checkpoints (0: only at the end and on Ctrl-C).
+        resume: a checkpoint to continue from; the run then ends bit-identical to one never
+            interrupted. The run key comes from the checkpoint (``key`` is ignored); the policy, env,
+            optimizer and config must match it (``num_generations`` may grow).
 
     Returns:
         A :class:`TrainResult`.
     """
+    from jes import checkpoint as ckpt, logging as jes_logging  # host-side modules that import this one
+
     config = (config or ESConfig()).replace(**overrides) if overrides else (config or ESConfig())
     trainer = Trainer(policy, env, optimizer, config, env_params=env_params, devices=devices)
-    return run(trainer, trainer.init_state(key), key=key, callbacks=callbacks)
+    history = None
+    if resume is not None:
+        restored = ckpt.read(resume)
+        state, history, key = restored.restore_state(trainer), restored.history, restored.key
+    else:
+        state = trainer.init_state(key)
+    if log_dir == "runs/<auto>":
+        name = jes_logging.default_run_name(trainer.spec.name, type(trainer.policy).__name__, trainer.optimizer_name)
+        log_dir = jes_logging.unique_dir(os.path.join("runs", name))
+    if checkpoint_path == "<log_dir>/checkpoint.ckpt":
+        checkpoint_path = resume if resume is not None else (
+            os.path.join(log_dir, "checkpoint.ckpt") if log_dir is not None else None)
+    loggers = [jes_logging.ProgressBar(config.num_generations, int(state.generation), enabled=progress)]
+    if log_dir is not None:
+        hparams = dict(config.to_dict(), env=trainer.spec.name, policy=type(trainer.policy).__name__,
+                       optimizer=trainer.optimizer_name, num_params=trainer.num_params,
+                       key=str(np.asarray(jax.random.key_data(as_key(key))).tolist()))
+        loggers.append(jes_logging.TensorBoardLogger(log_dir, hparams))
+    try:
+        return run(trainer, state, key=key, callbacks=[*loggers, *callbacks], history=history,
+                   checkpoint_path=checkpoint_path, checkpoint_every=checkpoint_every)
+    finally:
+        jes_logging.close_all(loggers)
 
 
 StepFn = Callable[[TrainState, bool], "tuple[TrainState, dict]"]
 
 
 def run(trainer: Trainer, state: TrainState, *, key: Any = 0, callbacks: Iterable[Callback] = (),
-        history: dict | None = None, num_generations: int | None = None, step_fn: StepFn | None = None) -> TrainResult:
+        history: dict | None = None, num_generations: int | None = None, step_fn: StepFn | None = None,
+        checkpoint_path: str | None = None, checkpoint_every: int = 0) -> TrainResult:
     """Host loop: call the generation step until ``num_generations`` (default: config's) are done.
 
     Args:
@@ -553,7 +594,17 @@ def run(trainer: Trainer, state: TrainState, *, key: Any = 0, callbacks: Iterabl
         num_generations: total generations (including those already in ``state``).
         step_fn: replaces the local compiled step, ``(state, evaluate_centre) -> (state, metrics)``
             with the same metrics; a distributed master farms the population out through it.
+        checkpoint_path: where to save checkpoints (``jes.checkpoint``): every ``checkpoint_every``
+            generations (0: never periodically), after the last generation, and on KeyboardInterrupt
+            (then re-raised). ``None``: no checkpoints.
     """
+    if checkpoint_every < 0:
+        raise ValueError(f"checkpoint_every must be >= 0, got {checkpoint_every}")
+
+    def save_checkpoint():
+        from jes import checkpoint  # host-side module that imports this one
+        checkpoint.save(checkpoint_path, trainer, state, history, key)
+
     cfg = trainer.config
     total = cfg.num_generations if num_generations is None else num_generations
     history = {k: list(v) for k, v in (history or {}).items()} or {k: [] for k in HISTORY_KEYS}
@@ -570,33 +621,46 @@ def run(trainer: Trainer, state: TrainState, *, key: Any = 0, callbacks: Iterabl
     else:
         compile_time = 0.0
     loop_start = time.perf_counter()
-    for gen in range(start_gen, total):
-        last = gen + 1 == total
-        evaluate = last or (cfg.eval_every > 0 and (gen + 1) % cfg.eval_every == 0)
-        t_gen = time.perf_counter()
-        new_state, metrics = step_fn(state, evaluate)
-        metrics = {k: v.item() for k, v in jax.device_get(metrics).items()}
-        if metrics["bad_member"] >= 0:
-            member = metrics["bad_member"]
-            partial = _result(trainer, state, history, key, solved_generation, compile_time, t_start)
-            raise NonFiniteFitnessError(
-                f"member {member} of generation {gen} has non-finite fitness (NaN or inf); the update was not "
-                f"applied. Check the env's rewards and the policy's outputs (a too-large noise_std or learning rate "
-                f"can overflow them). error.result holds the run up to generation {gen}.",
-                generation=gen, member=member, result=partial,
-            )
-        state = new_state
-        now = time.perf_counter()
-        env_steps += int(metrics["env_steps"]) + int(metrics["centre_steps"])
-        record = dict(metrics, generation=gen + 1, wall_time=now - loop_start, generation_time=now - t_gen, env_steps=env_steps)
-        for k in HISTORY_KEYS:
-            history[k].append(record[k])
-        for callback in callbacks:
-            callback(record)
-        if solved_generation is None and solved_return is not None and metrics["centre_return"] >= solved_return:
-            solved_generation = gen + 1
-            if cfg.stop_at_return is not None:
-                break
+    saved_generation = None
+    try:
+        for gen in range(start_gen, total):
+            last = gen + 1 == total
+            evaluate = last or (cfg.eval_every > 0 and (gen + 1) % cfg.eval_every == 0)
+            t_gen = time.perf_counter()
+            new_state, metrics = step_fn(state, evaluate)
+            metrics = {k: v.item() for k, v in jax.device_get(metrics).items()}
+            if metrics["bad_member"] >= 0:
+                member = metrics["bad_member"]
+                partial = _result(trainer, state, history, key, solved_generation, compile_time, t_start)
+                raise NonFiniteFitnessError(
+                    f"member {member} of generation {gen} has non-finite fitness (NaN or inf); the update was not "
+                    f"applied. Check the env's rewards and the policy's outputs (a too-large noise_std or learning rate "
+                    f"can overflow them). error.result holds the run up to generation {gen}.",
+                    generation=gen, member=member, result=partial,
+                )
+            now = time.perf_counter()
+            generation_steps = int(metrics["env_steps"]) + int(metrics["centre_steps"])
+            env_steps += generation_steps
+            record = dict(metrics, generation=gen + 1, wall_time=now - loop_start, generation_time=now - t_gen, env_steps=env_steps,
+                          env_steps_per_second=generation_steps / max(now - t_gen, 1e-9))
+            for k in HISTORY_KEYS:
+                history[k].append(record[k])
+            state = new_state  # after the history row, so an interrupt never leaves history behind the state
+            for callback in callbacks:
+                callback(record)
+            if checkpoint_path is not None and checkpoint_every and (gen + 1) % checkpoint_every == 0:
+                save_checkpoint()
+                saved_generation = gen + 1
+            if solved_generation is None and solved_return is not None and metrics["centre_return"] >= solved_return:
+                solved_generation = gen + 1
+                if cfg.stop_at_return is not None:
+                    break
+    except KeyboardInterrupt:
+        if checkpoint_path is not None:
+            save_checkpoint()
+        raise
+    if checkpoint_path is not None and saved_generation != int(state.generation):
+        save_checkpoint()
     return _result(trainer, state, history, key, solved_generation, compile_time, t_start)
 
 

@@ -1,0 +1,336 @@
+"""Save and restore the full training state, atomically, without pickle.
+
+File layout (one file per checkpoint)::
+
+    b"JESCKPT1" | payload length (u64, little endian) | sha256(payload) (32 bytes) | payload
+
+The payload is msgpack (``flax.serialization``) of ``{"meta": <JSON text>,
+"state": <TrainState as a state dict of arrays>, "history": {name: array},
+"key": <uint32 run key data>}``. ``meta`` describes the run (policy class and
+fields, env name, optimizer name, config, parameter count, generation) so a
+checkpoint can be verified against a trainer, or a trainer rebuilt from it.
+
+A save writes a temporary file in the same directory, fsyncs it and
+``os.replace``\\ s it over the target, so a crash or an error midway leaves the
+previous checkpoint as it was. A truncated or corrupted file fails the length
+or checksum test and :func:`read` says so, naming the file.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import importlib
+import json
+import os
+import struct
+import tempfile
+import time
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import serialization
+
+from jes.config import ESConfig
+from jes.trainer import Trainer, TrainState, as_key
+
+MAGIC = b"JESCKPT1"
+FORMAT_VERSION = 1
+_HEADER = struct.Struct("<8sQ32s")
+# Config fields that do not change what the parameters become, so a resumed run may change them.
+RESUMABLE_CONFIG_CHANGES = frozenset({"num_generations", "stop_at_return", "eval_every", "eval_episodes"})
+
+
+class CheckpointError(ValueError):
+    """A checkpoint file is unreadable, corrupt, or does not match the run it is loaded into."""
+
+
+# ------------------------------------------------------------------ description
+def _plain(value: Any) -> Any:
+    """A JSON-able stand-in for a policy field value (callables by name)."""
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, (tuple, list)):
+        return [_plain(v) for v in value]
+    if callable(value):
+        return {"callable": f"{getattr(value, '__module__', '')}:{getattr(value, '__qualname__', repr(value))}"}
+    return {"repr": repr(value)}
+
+
+def describe_policy(policy: nn.Module) -> dict:
+    """``{"class": "module:QualName", "fields": {...}}`` of a Flax module, JSON-able."""
+    fields = {
+        f.name: _plain(getattr(policy, f.name))
+        for f in dataclasses.fields(policy)
+        if f.name not in ("parent", "name") and f.init
+    }
+    cls = type(policy)
+    return {"class": f"{cls.__module__}:{cls.__qualname__}", "fields": fields}
+
+
+def _unplain(value: Any, where: str) -> Any:
+    if isinstance(value, list):
+        return tuple(_unplain(v, where) for v in value)
+    if isinstance(value, dict) and "callable" in value:
+        module_name, _, qualname = value["callable"].partition(":")
+        try:
+            obj = importlib.import_module(module_name)
+            for part in qualname.split("."):
+                obj = getattr(obj, part)
+            return obj
+        except (ImportError, AttributeError) as err:
+            raise CheckpointError(f"{where}: cannot import {value['callable']} ({err})") from err
+    if isinstance(value, dict):
+        raise CheckpointError(f"{where}: field value {value['repr']} cannot be rebuilt from its description")
+    return value
+
+
+def build_policy(description: dict, path: str = "<checkpoint>") -> nn.Module:
+    """The policy module a :func:`describe_policy` description names (importing its class)."""
+    module_name, _, qualname = description["class"].partition(":")
+    try:
+        cls = importlib.import_module(module_name)
+        for part in qualname.split("."):
+            cls = getattr(cls, part)
+    except (ImportError, AttributeError) as err:
+        raise CheckpointError(
+            f"{path}: policy class {description['class']} cannot be imported ({err}); build the Trainer yourself "
+            f"and use jes.checkpoint.read(path).restore_state(trainer)"
+        ) from err
+    kwargs = {k: _unplain(v, f"{path}: policy field {k}") for k, v in description["fields"].items()}
+    return cls(**kwargs)
+
+
+def describe_run(trainer: Trainer) -> dict:
+    """What a checkpoint records about the run, to verify or rebuild it."""
+    config = trainer.config
+    return {
+        "policy": describe_policy(trainer.policy),
+        "env_name": trainer.spec.name,
+        "obs_shape": list(trainer.spec.obs_shape),
+        "optimizer": trainer.optimizer_name,
+        "num_params": trainer.num_params,
+        "config": config.to_dict(),
+        "config_schedules": sorted(f.name for f in dataclasses.fields(config) if callable(getattr(config, f.name))),
+    }
+
+
+# ------------------------------------------------------------------ file format
+def _state_dict(state: TrainState) -> dict:
+    host = jax.device_get(state.replace(es_key=jax.random.key_data(state.es_key)))
+    return serialization.to_state_dict(jax.tree.map(np.asarray, host))
+
+
+def _write_payload(f, payload: bytes) -> None:
+    """Write header and payload to an open file (a seam the tests use to simulate a failing disk)."""
+    f.write(_HEADER.pack(MAGIC, len(payload), hashlib.sha256(payload).digest()))
+    f.write(payload)
+
+
+def save(path: str, trainer: Trainer, state: TrainState, history: dict | None = None, key: Any = 0) -> str:
+    """Write a checkpoint of ``state`` (and the run's history and key) to ``path``, atomically.
+
+    Args:
+        path: target file; its directory is created if missing.
+        trainer: the trainer that produced ``state`` (its description goes into the file).
+        state: the :class:`TrainState` after ``state.generation`` generations.
+        history: per-generation lists or arrays (rows past ``state.generation`` are dropped).
+        key: the run key (int seed, typed key or ``uint32`` key data).
+
+    Returns:
+        ``path``. If anything fails, the previous file at ``path`` is left untouched.
+    """
+    generation = int(state.generation)
+    history = history or {}
+    gens = np.asarray(history.get("generation", []))
+    keep = gens <= generation if gens.size else slice(None)
+    history_arrays = {k: np.asarray(v)[keep] if len(v) == len(gens) else np.asarray(v) for k, v in history.items()}
+    run_key = as_key(key)
+    meta = dict(
+        describe_run(trainer), format="jes-checkpoint", version=FORMAT_VERSION, generation=generation,
+        key_impl=str(jax.random.key_impl(run_key)), es_key_impl=str(jax.random.key_impl(state.es_key)),
+        saved_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    )
+    payload = serialization.msgpack_serialize({
+        "meta": json.dumps(meta),
+        "state": _state_dict(state),
+        "history": history_arrays,
+        "key": np.asarray(jax.random.key_data(run_key)),
+    })
+
+    directory = os.path.dirname(os.path.abspath(path))
+    os.makedirs(directory, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=directory)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            _write_payload(f, payload)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+    try:  # make the rename itself durable
+        dir_fd = os.open(directory, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
+    except OSError:
+        pass  # some filesystems cannot fsync a directory; the file itself is synced
+    return path
+
+
+@dataclasses.dataclass
+class Checkpoint:
+    """A checkpoint as read from disk (integrity checked, not yet matched to a trainer).
+
+    Attributes:
+        path: the file.
+        meta: the run description (see :func:`describe_run`) plus ``generation``, ``version``.
+        state_dict: the training state as nested dicts of numpy arrays.
+        history: per-generation numpy arrays (as in ``TrainResult.history``).
+        key: ``uint32`` data of the run key.
+    """
+
+    path: str
+    meta: dict
+    state_dict: dict
+    history: dict
+    key: np.ndarray
+
+    @property
+    def generation(self) -> int:
+        return int(self.meta["generation"])
+
+    @property
+    def env_name(self) -> str:
+        return self.meta["env_name"]
+
+    @property
+    def optimizer(self) -> str:
+        return self.meta["optimizer"]
+
+    @property
+    def run_key(self) -> jax.Array:
+        """The run key as a typed key."""
+        return jax.random.wrap_key_data(jnp.asarray(self.key), impl=self.meta["key_impl"])
+
+    def config(self) -> ESConfig:
+        """The run's :class:`ESConfig` (fails for runs that used schedules, which cannot be stored)."""
+        if self.meta["config_schedules"]:
+            raise CheckpointError(
+                f"{self.path}: the run used schedule(s) for {', '.join(self.meta['config_schedules'])}, which a "
+                f"checkpoint cannot store; build the Trainer with the same config yourself and call "
+                f"jes.checkpoint.read(path).restore_state(trainer)"
+            )
+        return ESConfig(**self.meta["config"])
+
+    def policy(self) -> nn.Module:
+        """The policy module, rebuilt from its recorded class and fields."""
+        return build_policy(self.meta["policy"], self.path)
+
+    def build_trainer(self, devices: Any = None, **config_changes: Any) -> Trainer:
+        """A :class:`Trainer` for the recorded policy, env, optimizer and config (``config_changes`` applied)."""
+        config = self.config()
+        if config_changes:
+            config = config.replace(**config_changes)
+        return Trainer(self.policy(), self.env_name, self.optimizer, config, devices=devices)
+
+    def check_compatible(self, trainer: Trainer) -> None:
+        """Raise :class:`CheckpointError` naming every difference that would change the resumed parameters."""
+        mine, theirs = describe_run(trainer), self.meta
+        problems = []
+        for field, label in (("env_name", "env"), ("policy", "policy"), ("optimizer", "optimizer"),
+                             ("num_params", "parameter count"), ("obs_shape", "observation shape")):
+            if json.loads(json.dumps(mine[field])) != theirs[field]:
+                problems.append(f"{label}: checkpoint has {theirs[field]}, this run has {mine[field]}")
+        schedules = set(theirs["config_schedules"]) | set(mine["config_schedules"])
+        for name, value in theirs["config"].items():
+            if name in RESUMABLE_CONFIG_CHANGES or name in schedules:
+                continue
+            if mine["config"].get(name) != value:
+                problems.append(f"config.{name}: checkpoint has {value!r}, this run has {mine['config'].get(name)!r}")
+        if set(theirs["config_schedules"]) != set(mine["config_schedules"]):
+            problems.append(f"schedules: checkpoint has {theirs['config_schedules']}, this run has {mine['config_schedules']}")
+        if problems:
+            raise CheckpointError(
+                f"checkpoint {self.path} does not match this run:\n  " + "\n  ".join(problems)
+                + "\nResume with the same policy, env, optimizer and config, or start a fresh run."
+            )
+
+    def restore_state(self, trainer: Trainer) -> TrainState:
+        """The :class:`TrainState`, checked against ``trainer`` and placed on its devices."""
+        self.check_compatible(trainer)
+        template = trainer.init_state(0)
+        raw_template = jax.device_get(template.replace(es_key=jax.random.key_data(template.es_key)))
+        try:
+            restored = serialization.from_state_dict(raw_template, self.state_dict)
+        except (ValueError, KeyError, TypeError) as err:
+            raise CheckpointError(f"checkpoint {self.path}: training state does not fit this run's structure: {err}") from err
+        problems = []
+
+        def check(path, want, got):
+            want, got = np.asarray(want), np.asarray(got)
+            if want.shape != got.shape or want.dtype != got.dtype:
+                problems.append(f"{jax.tree_util.keystr(path)}: expected {want.dtype}{list(want.shape)}, "
+                                f"file has {got.dtype}{list(got.shape)}")
+            return jnp.asarray(got)
+
+        restored = jax.tree_util.tree_map_with_path(check, raw_template, restored)
+        if problems:
+            raise CheckpointError(f"checkpoint {self.path} holds arrays of other shapes than this run:\n  "
+                                  + "\n  ".join(problems))
+        es_key = jax.random.wrap_key_data(restored.es_key, impl=self.meta["es_key_impl"])
+        return trainer.place(restored.replace(es_key=es_key))
+
+
+def read(path: str) -> Checkpoint:
+    """Read and integrity-check a checkpoint file.
+
+    Raises:
+        FileNotFoundError: no file at ``path``.
+        CheckpointError: not a jes checkpoint, truncated, corrupted, or from a newer format.
+    """
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"no checkpoint at {path!r}")
+    with open(path, "rb") as f:
+        data = f.read()
+    if len(data) < _HEADER.size:
+        raise CheckpointError(f"checkpoint {path} is truncated: {len(data)} bytes, shorter than the {_HEADER.size}-byte header")
+    magic, length, digest = _HEADER.unpack_from(data)
+    if magic != MAGIC:
+        raise CheckpointError(f"{path} is not a jes checkpoint (starts with {magic!r}, expected {MAGIC!r})")
+    payload = data[_HEADER.size:]
+    if len(payload) != length:
+        raise CheckpointError(f"checkpoint {path} is truncated or padded: payload is {len(payload)} bytes, header says "
+                              f"{length}; use an earlier checkpoint")
+    if hashlib.sha256(payload).digest() != digest:
+        raise CheckpointError(f"checkpoint {path} is corrupt: its sha256 checksum does not match; use an earlier checkpoint")
+    try:
+        content = serialization.msgpack_restore(payload)
+        meta = json.loads(content["meta"])
+    except Exception as err:  # a checksum-valid file that still does not decode: written by something else
+        raise CheckpointError(f"checkpoint {path} cannot be decoded: {err}") from err
+    if meta.get("version", 0) > FORMAT_VERSION:
+        raise CheckpointError(f"checkpoint {path} has format version {meta['version']}; this jes reads up to "
+                              f"{FORMAT_VERSION}; upgrade jes")
+    history = {k: np.asarray(v) for k, v in content["history"].items()}
+    return Checkpoint(path=path, meta=meta, state_dict=content["state"], history=history, key=np.asarray(content["key"]))
+
+
+def load(path: str, trainer: Trainer | None = None, devices: Any = None) -> tuple[Trainer, TrainState, Checkpoint]:
+    """Read ``path`` and restore its state into ``trainer`` (rebuilt from the file when ``None``).
+
+    Returns:
+        ``(trainer, state, checkpoint)``.
+    """
+    checkpoint = read(path)
+    if trainer is None:
+        trainer = checkpoint.build_trainer(devices=devices)
+    return trainer, checkpoint.restore_state(trainer), checkpoint

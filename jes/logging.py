@@ -1,0 +1,225 @@
+"""Host-side watchers of a run: TensorBoard scalars and a console progress bar.
+
+A *logger* is any callable taking one generation's metrics record (the dict
+:func:`jes.train` hands to ``callbacks``); it may also have ``close()``,
+which :func:`jes.train` calls when the run ends, however it ends. Nothing here
+runs inside compiled code: the host loop reads a few scalars back per
+generation and passes them on.
+
+Add your own sink by passing a function (or a :class:`Logger` subclass) in
+``callbacks=``::
+
+    jes.train(policy, "CartPole-v1", callbacks=[lambda record: print(record["pop_mean"])])
+"""
+from __future__ import annotations
+
+import datetime
+import glob
+import math
+import os
+import struct
+import sys
+from typing import Any, Iterable, Mapping
+
+# record key -> TensorBoard tag. Everything in a record is a plain Python scalar.
+SCALAR_TAGS = {
+    "pop_mean": "population/mean_return",
+    "pop_max": "population/max_return",
+    "pop_min": "population/min_return",
+    "pop_std": "population/std_return",
+    "centre_return": "centre/return",
+    "noise_std": "es/noise_std",
+    "learning_rate": "es/learning_rate",
+    "grad_norm": "es/grad_norm",
+    "update_norm": "es/update_norm",
+    "param_norm": "es/param_norm",
+    "env_steps": "perf/env_steps",
+    "env_steps_per_second": "perf/env_steps_per_second",
+    "generation_time": "perf/generation_time",
+    "wall_time": "perf/wall_time",
+}
+
+
+class Logger:
+    """The logger interface: called with each generation's record, closed once at the end.
+
+    Subclass it (or pass any plain callable) to send metrics elsewhere.
+    """
+
+    def __call__(self, record: Mapping[str, Any]) -> None:
+        """Handle one generation's metrics record (plain Python scalars, ``generation`` 1-based)."""
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """Flush and release resources; called once when the run ends."""
+
+
+def default_run_name(env_name: str, policy_name: str, optimizer_name: str) -> str:
+    """``<env>-<policy>-<optimizer>-<YYYYmmdd-HHMMSS>``, the directory name under ``runs/``."""
+    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+    safe = lambda s: "".join(c if c.isalnum() or c in "-_." else "_" for c in str(s))
+    return f"{safe(env_name)}-{safe(policy_name)}-{safe(optimizer_name)}-{stamp}"
+
+
+def unique_dir(path: str) -> str:
+    """``path``, or ``path_1``, ``path_2``... if it already exists (two runs started in the same second)."""
+    candidate, n = path, 0
+    while os.path.exists(candidate):
+        n += 1
+        candidate = f"{path}_{n}"
+    return candidate
+
+
+def _hparam_value(value: Any) -> bool | str | float | int:
+    if isinstance(value, (bool, int, float, str)):
+        return value
+    return "None" if value is None else repr(value)
+
+
+class TensorBoardLogger(Logger):
+    """Writes each generation's scalars to a TensorBoard event file in ``log_dir`` (tensorboardX).
+
+    The centre return is written only on generations that evaluated the centre.
+    ``hparams`` (e.g. ``config.to_dict()`` plus env/policy/optimizer) are written
+    as a text table at the start and as a TensorBoard HPARAMS entry, with the final
+    metrics, at :meth:`close`.
+
+    Args:
+        log_dir: directory for the event file (created if missing).
+        hparams: flat mapping of hyperparameter names to values.
+    """
+
+    def __init__(self, log_dir: str, hparams: Mapping[str, Any] | None = None):
+        from tensorboardX import SummaryWriter
+
+        self.log_dir = log_dir
+        self.hparams = {k: _hparam_value(v) for k, v in (hparams or {}).items()}
+        self.writer = SummaryWriter(log_dir)
+        self._last: dict = {}
+        self._best_centre = -math.inf
+        if self.hparams:
+            table = "| hyperparameter | value |\n|---|---|\n" + "\n".join(
+                f"| {k} | {v} |" for k, v in sorted(self.hparams.items())
+            )
+            self.writer.add_text("hparams", table, 0)
+
+    def __call__(self, record: Mapping[str, Any]) -> None:
+        step = int(record["generation"])
+        for key, tag in SCALAR_TAGS.items():
+            value = record.get(key)
+            if value is None or not math.isfinite(float(value)):
+                continue  # centre_return is NaN on generations without a centre evaluation
+            self.writer.add_scalar(tag, float(value), step)
+        centre = record.get("centre_return")
+        if centre is not None and math.isfinite(centre):
+            self._best_centre = max(self._best_centre, float(centre))
+        self._last = dict(record)
+
+    def close(self) -> None:
+        if self.hparams and self._last:
+            from tensorboardX.summary import hparams as hparams_summary
+
+            metrics = {
+                "hparams/final_pop_mean": float(self._last.get("pop_mean", math.nan)),
+                "hparams/best_centre_return": self._best_centre if math.isfinite(self._best_centre) else math.nan,
+                "hparams/generations": float(self._last.get("generation", 0)),
+            }
+            # Written into this run's own event file (SummaryWriter.add_hparams would start a sub-run).
+            for summary in hparams_summary(self.hparams, metrics):
+                self.writer.file_writer.add_summary(summary)
+            step = int(self._last.get("generation", 0))
+            for tag, value in metrics.items():
+                if math.isfinite(value):
+                    self.writer.add_scalar(tag, value, step)
+        self.writer.close()
+
+
+class ProgressBar(Logger):
+    """A tqdm bar over generations showing best/mean return, env steps/s and the ETA.
+
+    Args:
+        total: the run's total generations.
+        initial: generations already done (when resuming).
+        enabled: ``None`` shows the bar only when stdout is a terminal.
+    """
+
+    def __init__(self, total: int, initial: int = 0, enabled: bool | None = None, desc: str = "generations"):
+        self.enabled = sys.stdout.isatty() if enabled is None else bool(enabled)
+        self.bar = None
+        if self.enabled:
+            from tqdm.auto import tqdm
+
+            self.bar = tqdm(total=total, initial=initial, desc=desc, unit="gen", dynamic_ncols=True)
+        self._best = -math.inf
+
+    def __call__(self, record: Mapping[str, Any]) -> None:
+        if self.bar is None:
+            return
+        self._best = max(self._best, float(record["pop_max"]))
+        postfix = {"best": f"{self._best:.1f}", "mean": f"{record['pop_mean']:.1f}"}
+        centre = record.get("centre_return")
+        if centre is not None and math.isfinite(centre):
+            postfix["centre"] = f"{centre:.1f}"
+        if "env_steps_per_second" in record:
+            postfix["steps/s"] = f"{record['env_steps_per_second']:.3g}"
+        self.bar.set_postfix(postfix, refresh=False)
+        self.bar.update(int(record["generation"]) - self.bar.n)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
+
+
+def close_all(loggers: Iterable[Any]) -> None:
+    """Call ``close()`` on every logger that has one, even if an earlier one fails."""
+    error = None
+    for logger in loggers:
+        close = getattr(logger, "close", None)
+        if callable(close):
+            try:
+                close()
+            except Exception as err:  # keep closing the others; report the first failure
+                error = error or err
+    if error is not None:
+        raise error
+
+
+def iter_events(log_dir: str):
+    """Yield every ``Event`` protobuf in the TensorBoard event files of ``log_dir`` (not its subdirectories).
+
+    Reads the TFRecord framing (u64 length, u32 crc, payload, u32 crc) directly, so it needs only
+    tensorboardX's protobufs, not TensorFlow or TensorBoard.
+    """
+    from tensorboardX.proto import event_pb2
+
+    files = sorted(glob.glob(os.path.join(log_dir, "events.out.tfevents.*")))
+    if not files:
+        raise FileNotFoundError(f"no TensorBoard event files in {log_dir!r}")
+    for path in files:
+        with open(path, "rb") as f:
+            data = f.read()
+        offset = 0
+        while offset + 12 <= len(data):
+            (length,) = struct.unpack_from("<Q", data, offset)
+            payload = data[offset + 12: offset + 12 + length]
+            if len(payload) < length:
+                break  # a record still being written
+            offset += 12 + length + 4
+            yield event_pb2.Event.FromString(payload)
+
+
+def read_scalars(log_dir: str) -> dict[str, list[tuple[int, float]]]:
+    """All scalars in ``log_dir``'s event files: ``{tag: [(step, value), ...]}`` in file order."""
+    scalars: dict[str, list[tuple[int, float]]] = {}
+    for event in iter_events(log_dir):
+        for value in event.summary.value:
+            if value.HasField("simple_value"):
+                scalars.setdefault(value.tag, []).append((int(event.step), float(value.simple_value)))
+    return scalars
+
+
+def read_summary_tags(log_dir: str) -> list[str]:
+    """Tags of every non-scalar summary (text, hparams plugin entries) in ``log_dir``'s event files."""
+    return [value.tag for event in iter_events(log_dir) for value in event.summary.value
+            if not value.HasField("simple_value")]
