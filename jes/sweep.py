@@ -1,0 +1,391 @@
+"""Grid search over run configurations and seeds, batched with ``jax.vmap``.
+
+Any :class:`~jes.ESConfig` field (and ``optimizer``) may be given a list of
+values; the Cartesian product runs. Values that change the compiled program's
+shapes (population, chunk size, optimizer, ...) each get their own
+:class:`~jes.Trainer`; within one of those, every seed and every value of the
+*batchable* hyperparameters -- ``learning_rate`` (kept in
+``opt_state.hyperparams``) and ``noise_std`` (kept in ``state.noise_std``) --
+runs together: the generation step is ``jax.vmap``-ed over a stacked batch of
+:class:`~jes.TrainState`\\ s and compiled once.
+
+Results come back as one row per configuration (seeds aggregated), written as
+CSV and JSON, and as one TensorBoard run per configuration.
+"""
+from __future__ import annotations
+
+import csv
+import dataclasses
+import itertools
+import json
+import math
+import os
+import time
+from typing import Any, Mapping, Sequence
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jes.config import ESConfig
+from jes.logging import TensorBoardLogger, default_run_name, unique_dir
+from jes.policies import GRUPolicy, MLPPolicy
+from jes.trainer import HISTORY_KEYS, NonFiniteFitnessError, Trainer, TrainState
+
+# Hyperparameters that live in the TrainState, so different values share one compiled program.
+BATCHABLE = ("learning_rate", "noise_std")
+GRID_KEYS = tuple(f.name for f in dataclasses.fields(ESConfig)) + ("optimizer",)
+
+
+@dataclasses.dataclass
+class SweepRun:
+    """One (configuration, seed) of a sweep."""
+
+    config_index: int
+    seed: int
+    config: ESConfig
+    optimizer: str
+    flat_params: np.ndarray
+    history: dict
+    state: TrainState
+
+
+@dataclasses.dataclass
+class SweepResult:
+    """What :func:`sweep` returns.
+
+    Attributes:
+        rows: one dict per configuration: the grid values, seeds, and final/best returns
+            aggregated over seeds (``*_mean``/``*_std``), timings.
+        runs: every (configuration, seed) with its final parameters and history.
+        csv_path, json_path: where the table was written (``None`` without ``out_dir``).
+    """
+
+    rows: list[dict]
+    runs: list[SweepRun]
+    csv_path: str | None = None
+    json_path: str | None = None
+
+    def run(self, config_index: int, seed: int) -> SweepRun:
+        """The run of configuration ``config_index`` (row order) and ``seed``."""
+        for r in self.runs:
+            if r.config_index == config_index and r.seed == seed:
+                return r
+        raise KeyError(f"no run for configuration {config_index} and seed {seed}")
+
+
+def expand_grid(grid: Mapping[str, Any]) -> list[dict]:
+    """The Cartesian product of ``grid``: a value that is a list is swept, anything else is fixed.
+
+    Raises:
+        ValueError: an unknown key or an empty list.
+    """
+    unknown = sorted(set(grid) - set(GRID_KEYS))
+    if unknown:
+        raise ValueError(f"unknown sweep key(s) {', '.join(unknown)}; sweepable keys are: {', '.join(GRID_KEYS)}")
+    axes = []
+    for name, values in grid.items():
+        values = list(values) if isinstance(values, (list, tuple)) else [values]
+        if not values:
+            raise ValueError(f"sweep key {name!r} has an empty list of values; give at least one")
+        axes.append([(name, v) for v in values])
+    return [dict(combo) for combo in itertools.product(*axes)]
+
+
+def _run_name(values: Mapping[str, Any]) -> str:
+    text = ",".join(f"{k}={v}" for k, v in values.items()) or "base"
+    return "".join(c if c.isalnum() or c in "-_.=," else "_" for c in text)
+
+
+def _with_hyperparams(state: TrainState, values: Mapping[str, Any]) -> TrainState:
+    if "noise_std" in values:
+        state = state.replace(noise_std=jnp.float32(values["noise_std"]))
+    if "learning_rate" in values:
+        hyper = dict(state.opt_state.hyperparams, learning_rate=jnp.float32(values["learning_rate"]))
+        state = state.replace(opt_state=state.opt_state._replace(hyperparams=hyper))
+    return state
+
+
+def _batchable(name: str, base: ESConfig, optimizer: Any, values: list) -> bool:
+    """Whether ``name`` can vary inside one compiled program for this sweep."""
+    if name not in BATCHABLE or any(callable(v) for v in values):
+        return False
+    if name == "learning_rate":  # only named optimizers keep the rate in opt_state (inject_hyperparams)
+        optimizers = optimizer if isinstance(optimizer, (list, tuple)) else [optimizer]
+        return all(isinstance(o, str) for o in optimizers) and all(v is not None for v in values)
+    return not callable(base.noise_std)
+
+
+def run_batch(trainer: Trainer, states: TrainState, num_generations: int | None = None,
+              vmap: bool = True) -> tuple[TrainState, dict, float]:
+    """Run a stacked batch of states (leading axis ``B``) for ``num_generations`` generations.
+
+    With ``vmap`` the generation step is vmapped over the batch and compiled once; without,
+    each member runs one after another through the trainer's own compiled step.
+
+    Returns:
+        ``(final states [B, ...], history {name: [generations, B]}, compile seconds)``.
+    """
+    cfg = trainer.config
+    total = cfg.num_generations if num_generations is None else num_generations
+    size = jax.tree.leaves(states)[0].shape[0]
+    t0 = time.perf_counter()
+    if vmap:
+        compiled = jax.jit(jax.vmap(trainer.generation_step, in_axes=(0, None))).lower(states, jnp.bool_(True)).compile()
+        step = lambda s, evaluate: compiled(s, jnp.bool_(evaluate))
+    else:
+        single, _ = trainer.compiled_step(trainer.place(jax.tree.map(lambda x: x[0], states)))
+
+        def step(s, evaluate):
+            outs = [single(trainer.place(jax.tree.map(lambda x: x[i], s)), jnp.bool_(evaluate)) for i in range(size)]
+            return jax.tree.map(lambda *x: jnp.stack(x), *outs)
+    compile_time = time.perf_counter() - t0
+
+    history = {k: [] for k in HISTORY_KEYS}
+    env_steps = np.zeros(size, np.int64)
+    loop_start = time.perf_counter()
+    for gen in range(int(states.generation[0]), total):
+        evaluate = gen + 1 == total or (cfg.eval_every > 0 and (gen + 1) % cfg.eval_every == 0)
+        t_gen = time.perf_counter()
+        states, metrics = step(states, evaluate)
+        metrics = {k: np.asarray(v) for k, v in jax.device_get(metrics).items()}
+        bad = np.flatnonzero(metrics["bad_member"] >= 0)
+        if bad.size:
+            raise NonFiniteFitnessError(
+                f"batch entry {bad[0]} has non-finite fitness at generation {gen} (member "
+                f"{metrics['bad_member'][bad[0]]}); lower its noise_std/learning_rate or check the env's rewards",
+                generation=gen, member=int(metrics["bad_member"][bad[0]]),
+            )
+        now = time.perf_counter()
+        env_steps += metrics["env_steps"] + metrics["centre_steps"]
+        if not evaluate:
+            metrics["centre_return"] = np.full(size, np.nan, np.float32)
+        record = dict(metrics, generation=np.full(size, gen + 1), wall_time=np.full(size, now - loop_start),
+                      generation_time=np.full(size, now - t_gen), env_steps=env_steps.copy())
+        for k in HISTORY_KEYS:
+            history[k].append(record[k])
+    return states, {k: np.stack(v) if v else np.zeros((0, size)) for k, v in history.items()}, compile_time
+
+
+def sweep(
+    policy: nn.Module,
+    env: Any,
+    optimizer: Any = "adam",
+    *,
+    grid: Mapping[str, Any],
+    seeds: Sequence[int] = (0,),
+    config: ESConfig | None = None,
+    env_params: Any = None,
+    devices: Any = None,
+    vmap: bool = True,
+    log_dir: str | None = "runs/<auto>",
+    out_dir: str | None = None,
+) -> SweepResult:
+    """Run every configuration of ``grid`` for every seed.
+
+    Example:
+        >>> result = jes.sweep.sweep(jes.GRUPolicy(5, 2), "CartPole-v1", "adam", seeds=[0, 1, 2, 3],
+        ...                          grid={"num_members": [128, 256], "learning_rate": [0.01, 0.03]})
+        >>> result.rows  # 4 rows, each aggregated over 4 seeds
+
+    Args:
+        policy, env, optimizer, env_params, devices: as for :func:`jes.train`.
+        grid: ``{ESConfig field or "optimizer": value or list of values}``.
+        seeds: run keys; all seeds of a configuration run in one vmapped program.
+        config: the base :class:`ESConfig` the grid values replace fields of.
+        vmap: batch seeds and ``learning_rate``/``noise_std`` values in one compiled program
+            (``False`` runs them one after another through one compiled step).
+        log_dir: parent directory of one TensorBoard run per configuration (seed means);
+            default ``runs/sweep-<time>``; ``None`` turns it off.
+        out_dir: where ``sweep.csv`` and ``sweep.json`` go (``None``: not written).
+
+    Early stopping (``stop_at_return``) does not apply: every run does all its generations.
+    """
+    base = config or ESConfig()
+    seeds = [int(s) for s in seeds]
+    if not seeds or len(set(seeds)) != len(seeds):
+        raise ValueError(f"seeds must be a non-empty list of distinct integers, got {seeds}")
+    points = expand_grid(dict(grid))
+    swept = [k for k, v in grid.items() if isinstance(v, (list, tuple)) and len(v) > 1]
+    varying = {k: [p[k] for p in points] for k in grid}
+    batched = [k for k in grid if vmap and _batchable(k, base, grid.get("optimizer", optimizer), varying[k])]
+    if log_dir == "runs/<auto>":
+        log_dir = unique_dir(os.path.join("runs", "sweep-" + default_run_name("", "", "").strip("-")))
+
+    # Group grid points by everything that changes the compiled program.
+    groups: dict[tuple, list[int]] = {}
+    for index, point in enumerate(points):
+        shape_key = tuple((k, repr(v)) for k, v in point.items() if k not in batched)
+        groups.setdefault(shape_key, []).append(index)
+
+    rows: list[dict] = [{} for _ in points]
+    runs: list[SweepRun] = []
+    for indices in groups.values():
+        first = points[indices[0]]
+        opt = first.get("optimizer", optimizer)
+        group_config = base.replace(**{k: v for k, v in first.items() if k != "optimizer"})
+        trainer = Trainer(policy, env, opt, group_config, env_params=env_params, devices=devices)
+        members = [(i, seed) for i in indices for seed in seeds]
+        states = [_with_hyperparams(trainer.init_state(seed), {k: points[i][k] for k in batched})
+                  for i, seed in members]
+        stacked = jax.tree.map(lambda *x: jnp.stack(x), *states)
+        t0 = time.perf_counter()
+        final, history, compile_time = run_batch(trainer, stacked, vmap=vmap)
+        wall = time.perf_counter() - t0 - compile_time
+        final = jax.device_get(final)
+        for b, (i, seed) in enumerate(members):
+            member_state = jax.tree.map(lambda x: x[b], final)
+            runs.append(SweepRun(
+                config_index=i, seed=seed, config=base.replace(**{k: v for k, v in points[i].items() if k != "optimizer"}),
+                optimizer=trainer.optimizer_name, flat_params=np.asarray(member_state.params),
+                history={k: v[:, b] for k, v in history.items()}, state=member_state,
+            ))
+        for i in indices:
+            cols = [b for b, (j, _) in enumerate(members) if j == i]
+            rows[i] = _row(points[i], swept, seeds, {k: v[:, cols] for k, v in history.items()},
+                           compile_time, wall, len(members), trainer)
+            if log_dir is not None:
+                _log_configuration(os.path.join(log_dir, _run_name({k: points[i][k] for k in swept})),
+                                   {k: v[:, cols] for k, v in history.items()}, points[i], base, trainer, seeds)
+
+    runs.sort(key=lambda r: (r.config_index, r.seed))
+    result = SweepResult(rows=rows, runs=runs)
+    if out_dir is not None:
+        result.csv_path, result.json_path = write_table(rows, out_dir)
+    return result
+
+
+def _final_centre(history: dict) -> np.ndarray:
+    centre = history["centre_return"]
+    out = np.full(centre.shape[1], np.nan)
+    for b in range(centre.shape[1]):
+        finite = centre[:, b][np.isfinite(centre[:, b])]
+        if finite.size:
+            out[b] = finite[-1]
+    return out
+
+
+def _row(point: dict, swept: list, seeds: list, history: dict, compile_time: float, wall: float,
+         batch_size: int, trainer: Trainer) -> dict:
+    final_centre = _final_centre(history)
+    best_centre = np.nanmax(np.where(np.isfinite(history["centre_return"]), history["centre_return"], -np.inf), axis=0)
+    solved = trainer.spec.solved_return
+    row = {k: (v if isinstance(v, (bool, int, float, str)) or v is None else repr(v)) for k, v in point.items()}
+    row.update(
+        seeds=" ".join(map(str, seeds)),
+        generations=int(history["generation"][-1, 0]) if len(history["generation"]) else 0,
+        final_centre_return_mean=float(np.mean(final_centre)),
+        final_centre_return_std=float(np.std(final_centre)),
+        best_centre_return_mean=float(np.mean(best_centre)),
+        final_pop_mean_mean=float(np.mean(history["pop_mean"][-1])),
+        best_pop_max=float(np.max(history["pop_max"])),
+        solved_fraction=float(np.mean(final_centre >= solved)) if solved is not None else math.nan,
+        env_steps_per_seed=int(history["env_steps"][-1, 0]) if len(history["env_steps"]) else 0,
+        compile_time=compile_time,
+        group_run_time=wall,
+        group_batch_size=batch_size,
+    )
+    return row
+
+
+def _log_configuration(log_dir: str, history: dict, point: dict, base: ESConfig, trainer: Trainer, seeds: list) -> None:
+    """One TensorBoard run: each generation's metrics averaged over seeds."""
+    hparams = dict(base.replace(**{k: v for k, v in point.items() if k != "optimizer"}).to_dict(),
+                   env=trainer.spec.name, policy=type(trainer.policy).__name__, optimizer=trainer.optimizer_name,
+                   seeds=" ".join(map(str, seeds)))
+    logger = TensorBoardLogger(log_dir, hparams)
+    try:
+        for g in range(len(history["generation"])):
+            record = {}
+            for k, v in history.items():
+                row = v[g].astype(np.float64)
+                record[k] = float(np.nanmean(row)) if np.isfinite(row).any() else math.nan
+            record["generation"] = int(history["generation"][g, 0])
+            logger(record)
+    finally:
+        logger.close()
+
+
+def write_table(rows: list[dict], out_dir: str) -> tuple[str, str]:
+    """Write ``rows`` as ``sweep.csv`` and ``sweep.json`` in ``out_dir``; returns both paths."""
+    os.makedirs(out_dir, exist_ok=True)
+    csv_path, json_path = os.path.join(out_dir, "sweep.csv"), os.path.join(out_dir, "sweep.json")
+    columns = list(dict.fromkeys(k for row in rows for k in row))
+    with open(csv_path, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=columns)
+        writer.writeheader()
+        writer.writerows(rows)
+    with open(json_path, "w") as f:
+        json.dump([{k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in row.items()}
+                   for row in rows], f, indent=2)
+    return csv_path, json_path
+
+
+# ----------------------------------------------------------------- sweep files
+def build_policy(spec: Mapping[str, Any]) -> nn.Module:
+    """A policy from ``{"type": "gru", "hidden": 5, "layers": 2}`` or ``{"type": "mlp", "hidden": 32, "layers": 2}``."""
+    spec = dict(spec)
+    kind = str(spec.pop("type", "gru")).lower()
+    hidden, layers = int(spec.pop("hidden", 5)), int(spec.pop("layers", 2))
+    if spec:
+        raise ValueError(f"unknown policy key(s) {', '.join(sorted(spec))}; a policy takes type, hidden, layers")
+    if kind == "gru":
+        return GRUPolicy(hidden=hidden, layers=layers)
+    if kind == "mlp":
+        return MLPPolicy(hidden_sizes=(hidden,) * layers)
+    raise ValueError(f"unknown policy type {kind!r}; use 'gru' or 'mlp'")
+
+
+def load_sweep_file(path: str) -> dict:
+    """Read a JSON or TOML sweep description into :func:`sweep` keyword arguments.
+
+    The file has ``env``, ``optimizer`` (a name or list), ``seeds``, optional ``log_dir`` and
+    ``out_dir``, a ``policy`` table (``type``, ``hidden``, ``layers``) and a ``config`` table of
+    :class:`ESConfig` fields whose values may be lists. For example (TOML)::
+
+        env = "CartPole-v1"
+        optimizer = ["adam", "novograd"]
+        seeds = [0, 1, 2, 3]
+        out_dir = "sweeps/cartpole"
+        [policy]
+        type = "gru"
+        hidden = 5
+        layers = 2
+        [config]
+        num_members = 256
+        learning_rate = [0.01, 0.03]
+    """
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"no sweep file at {path!r}")
+    with open(path, "rb") as f:
+        raw = f.read()
+    try:
+        if path.endswith(".toml"):
+            try:
+                import tomllib
+            except ImportError:  # Python < 3.11
+                import tomli as tomllib
+            spec = tomllib.loads(raw.decode())
+        elif path.endswith(".json"):
+            spec = json.loads(raw)
+        else:
+            raise ValueError(f"sweep file {path} must end in .json or .toml")
+    except (ValueError, UnicodeDecodeError) as err:
+        raise ValueError(f"sweep file {path} cannot be parsed: {err}") from err
+    allowed = {"env", "optimizer", "seeds", "log_dir", "out_dir", "policy", "config"}
+    unknown = sorted(set(spec) - allowed)
+    if unknown:
+        raise ValueError(f"sweep file {path}: unknown key(s) {', '.join(unknown)}; allowed: {', '.join(sorted(allowed))}")
+    if "env" not in spec:
+        raise ValueError(f"sweep file {path} needs an env, e.g. env = \"CartPole-v1\"")
+    grid = dict(spec.get("config", {}))
+    optimizer = spec.get("optimizer", "adam")
+    if isinstance(optimizer, list):
+        grid["optimizer"] = optimizer
+        optimizer = optimizer[0]
+    kwargs = dict(policy=build_policy(spec.get("policy", {})), env=spec["env"], optimizer=optimizer, grid=grid,
+                  seeds=spec.get("seeds", [0]), out_dir=spec.get("out_dir", "sweep_results"))
+    if "log_dir" in spec:
+        kwargs["log_dir"] = spec["log_dir"]
+    return kwargs
