@@ -1,0 +1,162 @@
+"""The ``jes`` command: ``jes train``, ``jes eval CHECKPOINT``, ``jes sweep CONFIG``.
+
+Examples::
+
+    jes train --env CartPole-v1 --policy gru --hidden 5 --layers 2 --optimizer novograd --population 256
+    jes train --resume runs/<name>/checkpoint.ckpt        # same flags as the interrupted run
+    jes eval runs/<name>/checkpoint.ckpt --episodes 100
+    jes sweep sweep.toml
+"""
+from __future__ import annotations
+
+import argparse
+import inspect
+import math
+import sys
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="jes", description="JAX-accelerated OpenAI Evolution Strategies.",
+                                     formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    commands = parser.add_subparsers(dest="command", required=True, metavar="{train,eval,sweep}")
+
+    train = commands.add_parser("train", help="train a policy with OpenAI-ES",
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    train.add_argument("--env", default="CartPole-v1", help="gymnax environment id")
+    train.add_argument("--policy", choices=("gru", "mlp"), default="gru", help="policy architecture")
+    train.add_argument("--hidden", type=int, default=5, help="hidden units per layer")
+    train.add_argument("--layers", type=int, default=2, help="number of GRU (or MLP hidden) layers")
+    train.add_argument("--optimizer", default="adam", help="adam, adabelief, novograd, radam, amsgrad or sgd")
+    train.add_argument("--population", type=int, default=None, help="population size (ESConfig.num_members)")
+    train.add_argument("--generations", type=int, default=None, help="generations to run")
+    train.add_argument("--learning-rate", type=float, default=None, help="optimizer step size (default: per optimizer)")
+    train.add_argument("--noise-std", type=float, default=None, help="perturbation std sigma")
+    train.add_argument("--episodes-per-member", type=int, default=None)
+    train.add_argument("--eval-every", type=int, default=None, help="evaluate the centre every N generations")
+    train.add_argument("--eval-episodes", type=int, default=None, help="episodes per centre evaluation")
+    train.add_argument("--chunk-size", type=int, default=None, help="members per compiled chunk")
+    train.add_argument("--max-episode-steps", type=int, default=None)
+    train.add_argument("--stop-at-return", type=float, default=None, help="stop once the centre reaches this return")
+    train.add_argument("--no-normalize-observations", action="store_true", help="turn off observation normalisation")
+    train.add_argument("--seed", type=int, default=0, help="run key seed")
+    train.add_argument("--log-dir", default="runs/<auto>",
+                       help="TensorBoard directory (default runs/<env>-<policy>-<optimizer>-<time>); 'none' turns it off")
+    train.add_argument("--checkpoint", default=None,
+                       help="checkpoint file (default: checkpoint.ckpt in the log dir, or the --resume file); 'none' turns it off")
+    train.add_argument("--checkpoint-every", type=int, default=10, help="generations between checkpoints")
+    train.add_argument("--resume", default=None, help="continue from this checkpoint (give the run's original flags)")
+    train.add_argument("--devices", type=int, default=None, help="number of local devices to use (default: all)")
+    train.add_argument("--listen", default=None, metavar="HOST:PORT", help="be a distributed master listening here")
+    train.add_argument("--secret-file", default=None, help="file holding the shared secret workers authenticate with")
+    progress = train.add_mutually_exclusive_group()
+    progress.add_argument("--progress", dest="progress", action="store_true", default=None, help="always show the progress bar")
+    progress.add_argument("--no-progress", dest="progress", action="store_false", help="never show the progress bar")
+
+    evaluate = commands.add_parser("eval", help="evaluate a checkpoint's centre policy",
+                                   formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    evaluate.add_argument("checkpoint", help="a checkpoint file written by jes train")
+    evaluate.add_argument("--episodes", type=int, default=100, help="fresh episodes to average")
+    evaluate.add_argument("--seed", type=int, default=12345, help="key of the evaluation episodes")
+
+    sweep = commands.add_parser("sweep", help="grid search described by a JSON or TOML file")
+    sweep.add_argument("config", help="sweep file (.json or .toml); see jes.sweep.load_sweep_file")
+    sweep.add_argument("--out-dir", default=None, help="where sweep.csv/sweep.json go (overrides the file)")
+    sweep.add_argument("--no-vmap", action="store_true", help="run seeds one after another instead of vmapped")
+    return parser
+
+
+def _none(value: str | None) -> str | None:
+    return None if value is not None and value.lower() == "none" else value
+
+
+def _train(args: argparse.Namespace) -> int:
+    import jes
+    from jes.sweep import build_policy
+
+    overrides = {
+        name: value for name, value in (
+            ("num_members", args.population), ("num_generations", args.generations),
+            ("learning_rate", args.learning_rate), ("noise_std", args.noise_std),
+            ("episodes_per_member", args.episodes_per_member), ("eval_every", args.eval_every),
+            ("eval_episodes", args.eval_episodes), ("chunk_size", args.chunk_size),
+            ("max_episode_steps", args.max_episode_steps), ("stop_at_return", args.stop_at_return),
+        ) if value is not None
+    }
+    if args.no_normalize_observations:
+        overrides["normalize_observations"] = False
+    kwargs = dict(key=args.seed, devices=args.devices, log_dir=_none(args.log_dir), progress=args.progress,
+                  checkpoint_every=args.checkpoint_every, resume=args.resume, **overrides)
+    if args.checkpoint is not None:
+        kwargs["checkpoint_path"] = _none(args.checkpoint)
+    if args.listen is not None or args.secret_file is not None:
+        accepted = inspect.signature(jes.train).parameters
+        if "master" not in accepted or "secret" not in accepted:
+            print("jes train: --listen/--secret-file need distributed training (jes.train(master=..., secret=...)), "
+                  "which this installation of jes does not have; run without them", file=sys.stderr)
+            return 2
+        if args.listen is None or args.secret_file is None:
+            print("jes train: --listen and --secret-file go together (the master needs a secret for its workers)",
+                  file=sys.stderr)
+            return 2
+        with open(args.secret_file, "rb") as f:
+            secret = f.read().strip()
+        if not secret:
+            print(f"jes train: secret file {args.secret_file} is empty", file=sys.stderr)
+            return 2
+        kwargs.update(master=args.listen, secret=secret)
+
+    policy = build_policy({"type": args.policy, "hidden": args.hidden, "layers": args.layers})
+    result = jes.train(policy, args.env, args.optimizer, **kwargs)
+    print(result.summary())
+    return 0
+
+
+def _eval(args: argparse.Namespace) -> int:
+    import jax
+    import numpy as np
+
+    from jes import checkpoint
+    from jes.trainer import as_key
+
+    trainer, state, ckpt = checkpoint.load(args.checkpoint)
+    returns, _ = jax.jit(trainer.evaluate_centre, static_argnums=1)(state, args.episodes, as_key(args.seed))
+    returns = np.asarray(returns)
+    print(f"{args.checkpoint}: {ckpt.env_name}, {type(trainer.policy).__name__}, {ckpt.optimizer}, generation "
+          f"{ckpt.generation}: centre return {returns.mean():.2f} +/- {returns.std():.2f} over {args.episodes} episodes")
+    return 0
+
+
+def _sweep(args: argparse.Namespace) -> int:
+    from jes.sweep import load_sweep_file, sweep
+
+    kwargs = load_sweep_file(args.config)
+    if args.out_dir is not None:
+        kwargs["out_dir"] = args.out_dir
+    result = sweep(**kwargs, vmap=not args.no_vmap)
+    keys = [k for k in result.rows[0] if k in kwargs["grid"]]
+    for row in result.rows:
+        values = ", ".join(f"{k}={row[k]}" for k in keys) or "base"
+        score = row["final_centre_return_mean"]
+        print(f"{values}: final centre return {score:.1f} +/- {row['final_centre_return_std']:.1f}"
+              if math.isfinite(score) else f"{values}: no centre evaluation")
+    print(f"table: {result.csv_path} and {result.json_path}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the ``jes`` console script."""
+    args = _parser().parse_args(argv)
+    handler = {"train": _train, "eval": _eval, "sweep": _sweep}[args.command]
+    try:
+        return handler(args)
+    except KeyboardInterrupt:
+        print("\ninterrupted (jes train saved a checkpoint unless --checkpoint none; continue with --resume)",
+              file=sys.stderr)
+        return 130
+    except (FileNotFoundError, ValueError) as err:
+        print(f"jes {args.command}: {err}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
