@@ -1,0 +1,137 @@
+"""jes.checkpoint: atomic saves, bit-identical resume, clear errors for bad files."""
+import os
+
+import jax
+import numpy as np
+import pytest
+
+import jes
+from jes import checkpoint
+from jes.trainer import run
+
+SMALL = dict(num_members=16, chunk_size=8, num_generations=4, eval_episodes=4, eval_every=2)
+POLICY = jes.GRUPolicy(hidden=3, layers=1)
+
+
+@pytest.fixture(scope="module")
+def trainer():
+    return jes.Trainer(POLICY, "CartPole-v1", "adam", jes.ESConfig(**SMALL))
+
+
+@pytest.fixture(scope="module")
+def full_run(trainer):
+    """The uninterrupted 4-generation run every resumed run must equal bit for bit."""
+    return run(trainer, trainer.init_state(5), key=5)
+
+
+@pytest.fixture(scope="module")
+def saved(trainer, tmp_path_factory):
+    """A checkpoint after 2 of 4 generations."""
+    path = str(tmp_path_factory.mktemp("ckpt") / "run.ckpt")
+    run(trainer, trainer.init_state(5), key=5, num_generations=2, checkpoint_path=path)
+    return path
+
+
+def test_resume_with_train_is_bit_identical(saved, full_run, tmp_path):
+    path = str(tmp_path / "copy.ckpt")
+    with open(saved, "rb") as src, open(path, "wb") as dst:
+        dst.write(src.read())
+    resumed = jes.train(POLICY, "CartPole-v1", "adam", key=999, resume=path, log_dir=None, progress=False, **SMALL)
+    np.testing.assert_array_equal(resumed.flat_params, full_run.flat_params)
+    np.testing.assert_array_equal(resumed.state.obs_sumsq, full_run.state.obs_sumsq)
+    np.testing.assert_array_equal(resumed.history["pop_mean"], full_run.history["pop_mean"])
+    np.testing.assert_array_equal(resumed.history["generation"], [1, 2, 3, 4])
+    np.testing.assert_array_equal(resumed.key, full_run.key)  # the run key came from the file, not key=999
+    assert checkpoint.read(path).generation == 4  # the resume file is updated by default
+
+
+def test_checkpoint_holds_everything(saved, trainer):
+    ckpt = checkpoint.read(saved)
+    with open(saved, "rb") as f:
+        assert f.read(8) == checkpoint.MAGIC
+    assert ckpt.generation == 2 and ckpt.env_name == "CartPole-v1" and ckpt.optimizer == "adam"
+    assert ckpt.meta["policy"]["class"] == "jes.policies:GRUPolicy"
+    assert ckpt.meta["policy"]["fields"]["hidden"] == 3 and ckpt.meta["num_params"] == trainer.num_params
+    assert list(ckpt.history["generation"]) == [1, 2]
+    np.testing.assert_array_equal(ckpt.key, jax.random.key_data(jax.random.key(5)))
+    rebuilt, state, _ = checkpoint.load(saved)  # trainer rebuilt from the description alone
+    assert rebuilt.num_params == trainer.num_params and int(state.generation) == 2
+    assert float(state.obs_count) > 1.0  # observation statistics travelled
+    assert float(state.opt_state.hyperparams["learning_rate"]) == pytest.approx(float(
+        trainer.init_state(0).opt_state.hyperparams["learning_rate"]))
+
+
+def test_keyboard_interrupt_saves_then_resume_is_bit_identical(trainer, full_run, tmp_path):
+    path = str(tmp_path / "interrupted.ckpt")
+
+    def ctrl_c_after_second(record):
+        if record["generation"] == 2:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        run(trainer, trainer.init_state(5), key=5, callbacks=[ctrl_c_after_second], checkpoint_path=path)
+    ckpt = checkpoint.read(path)
+    assert ckpt.generation == 2
+    resumed = run(trainer, ckpt.restore_state(trainer), key=ckpt.key, history=ckpt.history)
+    np.testing.assert_array_equal(resumed.flat_params, full_run.flat_params)
+
+
+def test_periodic_checkpoints(trainer, tmp_path):
+    path = str(tmp_path / "periodic.ckpt")
+    seen = []
+    run(trainer, trainer.init_state(5), key=5, checkpoint_path=path, checkpoint_every=1, num_generations=3,
+        callbacks=[lambda r: seen.append(checkpoint.read(path).generation if os.path.exists(path) else None)])
+    # Each callback runs before that generation's save: it sees the previous generation's checkpoint.
+    assert seen == [None, 1, 2] and checkpoint.read(path).generation == 3
+
+
+@pytest.mark.parametrize("damage, message", [
+    (lambda data: data[: len(data) // 2], "truncated"),
+    (lambda data: data[:100] + bytes([data[100] ^ 0xFF]) + data[101:], "corrupt"),
+    (lambda data: b"\x80\x04pickle" + data[10:], "not a jes checkpoint"),
+    (lambda data: data[:10], "truncated"),
+])
+def test_damaged_file_gives_clear_error_and_good_file_survives(saved, tmp_path, damage, message):
+    with open(saved, "rb") as f:
+        good = f.read()
+    bad = tmp_path / "bad.ckpt"
+    bad.write_bytes(damage(good))
+    with pytest.raises(checkpoint.CheckpointError, match=message) as err:
+        checkpoint.read(str(bad))
+    assert str(bad) in str(err.value)
+    assert checkpoint.read(saved).generation == 2
+
+
+def test_failed_save_leaves_previous_checkpoint_intact(trainer, saved, tmp_path, monkeypatch):
+    path = str(tmp_path / "run.ckpt")
+    with open(saved, "rb") as src:
+        good = src.read()
+    with open(path, "wb") as dst:
+        dst.write(good)
+
+    def disk_full(f, payload):
+        f.write(payload[: len(payload) // 3])
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(checkpoint, "_write_payload", disk_full)
+    state = trainer.init_state(9)
+    with pytest.raises(OSError, match="No space"):
+        checkpoint.save(path, trainer, state, {}, key=9)
+    with open(path, "rb") as f:
+        assert f.read() == good
+    assert os.listdir(tmp_path) == ["run.ckpt"]  # the temporary file was removed
+
+
+def test_mismatching_run_is_refused_with_the_differences(saved):
+    other_policy = jes.Trainer(jes.GRUPolicy(hidden=4, layers=1), "CartPole-v1", "adam", jes.ESConfig(**SMALL))
+    with pytest.raises(checkpoint.CheckpointError, match="parameter count") as err:
+        checkpoint.read(saved).restore_state(other_policy)
+    assert saved in str(err.value) and "policy" in str(err.value)
+    other_env = jes.Trainer(POLICY, "Acrobot-v1", "adam", jes.ESConfig(**SMALL))
+    with pytest.raises(checkpoint.CheckpointError, match="env: checkpoint has CartPole-v1"):
+        checkpoint.read(saved).restore_state(other_env)
+    other_config = jes.Trainer(POLICY, "CartPole-v1", "adam", jes.ESConfig(**dict(SMALL, num_members=24)))
+    with pytest.raises(checkpoint.CheckpointError, match="config.num_members"):
+        checkpoint.read(saved).restore_state(other_config)
+    with pytest.raises(FileNotFoundError, match="no checkpoint"):
+        checkpoint.read(saved + ".missing")

@@ -1,0 +1,89 @@
+"""jes.cli: the jes command as a subprocess (help, a short train, eval) and in-process (sweep, errors)."""
+import csv
+import inspect
+import os
+import subprocess
+import sys
+
+import pytest
+
+import jes
+from jes import checkpoint, cli
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SMALL_FLAGS = ["--population", "16", "--chunk-size", "8", "--hidden", "3", "--layers", "1", "--eval-episodes", "4"]
+
+
+def jes_cmd(*args, cwd=ROOT):
+    return subprocess.run([sys.executable, "-m", "jes.cli", *args], capture_output=True, text=True, cwd=cwd, timeout=300)
+
+
+def test_train_help():
+    out = jes_cmd("train", "--help")
+    assert out.returncode == 0
+    for flag in ("--env", "--policy", "--hidden", "--layers", "--optimizer", "--population", "--generations", "--seed",
+                 "--log-dir", "--checkpoint", "--resume", "--devices", "--listen", "--secret-file"):
+        assert flag in out.stdout
+
+
+def test_quickstart_module_help():
+    out = subprocess.run([sys.executable, "-m", "jes", "--help"], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert out.returncode == 0 and "--optimizer" in out.stdout
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    root = tmp_path_factory.mktemp("cli")
+    out = jes_cmd("train", *SMALL_FLAGS, "--generations", "2", "--optimizer", "novograd", "--seed", "4",
+                  "--log-dir", str(root / "run"), cwd=str(root))
+    assert out.returncode == 0, out.stderr
+    return root, out
+
+
+def test_short_train_run_writes_logs_and_checkpoint(trained):
+    root, out = trained
+    assert "CartPole-v1 with novograd: 2 generations" in out.stdout
+    ckpt = checkpoint.read(str(root / "run" / "checkpoint.ckpt"))
+    assert ckpt.generation == 2 and ckpt.optimizer == "novograd" and ckpt.meta["config"]["num_members"] == 16
+    assert any(name.startswith("events.out.tfevents") for name in os.listdir(root / "run"))
+
+
+def test_eval_checkpoint(trained, capsys):
+    root, _ = trained
+    assert cli.main(["eval", str(root / "run" / "checkpoint.ckpt"), "--episodes", "4"]) == 0
+    line = capsys.readouterr().out
+    assert "generation 2: centre return" in line and "over 4 episodes" in line
+
+
+def test_eval_missing_or_bad_checkpoint(tmp_path, capsys):
+    assert cli.main(["eval", str(tmp_path / "none.ckpt")]) == 2
+    assert "no checkpoint" in capsys.readouterr().err
+    (tmp_path / "junk.ckpt").write_bytes(b"junk" * 20)
+    assert cli.main(["eval", str(tmp_path / "junk.ckpt")]) == 2
+    assert "not a jes checkpoint" in capsys.readouterr().err
+
+
+def test_distributed_flags(tmp_path, capsys):
+    secret = tmp_path / "secret"
+    secret.write_text("s3cret\n")
+    if "master" in inspect.signature(jes.train).parameters:
+        assert cli.main(["train", "--listen", "127.0.0.1:1"]) == 2  # a secret is required with --listen
+        assert "go together" in capsys.readouterr().err
+    else:
+        assert cli.main(["train", "--listen", "127.0.0.1:5555", "--secret-file", str(secret)]) == 2
+        assert "does not have" in capsys.readouterr().err
+
+
+def test_sweep_command(tmp_path, capsys):
+    config = tmp_path / "sweep.toml"
+    config.write_text(
+        'env = "CartPole-v1"\nseeds = [0, 1]\n'
+        f'out_dir = "{tmp_path / "out"}"\nlog_dir = "{tmp_path / "tb"}"\n'
+        '[policy]\ntype = "gru"\nhidden = 3\nlayers = 1\n'
+        '[config]\nnum_members = 16\nchunk_size = 8\nnum_generations = 2\neval_episodes = 4\n'
+        'learning_rate = [0.01, 0.03]\n'
+    )
+    assert cli.main(["sweep", str(config)]) == 0
+    assert "learning_rate=0.03: final centre return" in capsys.readouterr().out
+    with open(tmp_path / "out" / "sweep.csv") as f:
+        assert len(list(csv.DictReader(f))) == 2

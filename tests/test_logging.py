@@ -1,0 +1,81 @@
+"""jes.logging: TensorBoard scalars and hparams written by jes.train, custom sinks, the progress bar."""
+import math
+import os
+
+import numpy as np
+import pytest
+
+import jes
+from jes import logging as jes_logging
+
+SMALL = dict(num_members=16, chunk_size=8, num_generations=3, eval_episodes=4, eval_every=2)
+
+
+@pytest.fixture(scope="module")
+def logged_run(tmp_path_factory):
+    """One small run with the default log_dir (runs/<auto> under a temporary working directory)."""
+    workdir = tmp_path_factory.mktemp("cwd")
+    records = []
+    old = os.getcwd()
+    os.chdir(workdir)
+    try:
+        result = jes.train(jes.GRUPolicy(hidden=3, layers=1), "CartPole-v1", "adam", key=1,
+                           callbacks=[records.append], progress=False, checkpoint_path=None, **SMALL)
+    finally:
+        os.chdir(old)
+    runs = os.listdir(workdir / "runs")
+    assert len(runs) == 1 and runs[0].startswith("CartPole-v1-GRUPolicy-adam-")
+    return result, records, str(workdir / "runs" / runs[0])
+
+
+def test_event_file_holds_every_scalar_per_generation(logged_run):
+    result, _, log_dir = logged_run
+    scalars = jes_logging.read_scalars(log_dir)
+    for key, tag in jes_logging.SCALAR_TAGS.items():
+        assert tag in scalars, f"{tag} missing from the event file"
+        if key != "centre_return":
+            assert [step for step, _ in scalars[tag]] == [1, 2, 3]
+    # The centre is only logged on generations that evaluated it (every 2nd and the last).
+    assert [step for step, _ in scalars["centre/return"]] == [2, 3]
+    np.testing.assert_allclose([v for _, v in scalars["population/mean_return"]], result.history["pop_mean"], rtol=1e-6)
+    np.testing.assert_allclose([v for _, v in scalars["es/param_norm"]], result.history["param_norm"], rtol=1e-6)
+    assert all(v > 0 for _, v in scalars["perf/env_steps_per_second"])
+
+
+def test_hyperparameters_are_recorded(logged_run):
+    _, _, log_dir = logged_run
+    tags = jes_logging.read_summary_tags(log_dir)
+    assert "hparams/text_summary" in tags
+    assert "_hparams_/experiment" in tags and "_hparams_/session_start_info" in tags
+
+
+def test_user_callback_gets_each_generation_record(logged_run):
+    result, records, _ = logged_run
+    assert [r["generation"] for r in records] == [1, 2, 3]
+    assert math.isnan(records[0]["centre_return"]) and math.isfinite(records[1]["centre_return"])
+    for key in ("pop_mean", "pop_max", "noise_std", "learning_rate", "update_norm", "env_steps_per_second"):
+        assert all(isinstance(r[key], (int, float)) for r in records), key
+    assert records[-1]["env_steps"] == result.history["env_steps"][-1]
+
+
+def test_logger_skips_unevaluated_centre(tmp_path):
+    logger = jes_logging.TensorBoardLogger(str(tmp_path / "tb"), {"lr": 0.1})
+    logger({"generation": 1, "pop_mean": 1.0, "centre_return": float("nan")})
+    logger.close()
+    scalars = jes_logging.read_scalars(str(tmp_path / "tb"))
+    assert scalars["population/mean_return"] == [(1, 1.0)] and "centre/return" not in scalars
+    with pytest.raises(FileNotFoundError, match="no TensorBoard event files"):
+        jes_logging.read_scalars(str(tmp_path / "nothing"))
+
+
+def test_progress_bar_quiet_unless_asked(capsys):
+    record = {"generation": 1, "pop_max": 12.0, "pop_mean": 3.5, "centre_return": 9.0, "env_steps_per_second": 1e4}
+    quiet = jes_logging.ProgressBar(total=3, enabled=None)  # pytest's stdout is not a terminal
+    quiet(record)
+    quiet.close()
+    assert quiet.bar is None and capsys.readouterr().err == ""
+    shown = jes_logging.ProgressBar(total=3, enabled=True)
+    shown(record)
+    shown.close()
+    err = capsys.readouterr().err
+    assert "best=12.0" in err and "mean=3.5" in err and "1/3" in err
