@@ -47,6 +47,14 @@ def _select(mask: jax.Array, new: Any, old: Any) -> Any:
     return jax.tree.map(pick, new, old)
 
 
+def compaction_sizes(num_slots: int, min_slots: int = 32, factor: int = 4) -> list[int]:
+    """Batch sizes the rollout steps through: ``num_slots``, then /4 while at least ``min_slots``."""
+    sizes = [num_slots]
+    while sizes[-1] // factor >= min_slots:
+        sizes.append(sizes[-1] // factor)
+    return sizes
+
+
 def run_episodes(
     policy: PolicyFns,
     spec: EnvSpec,
@@ -55,8 +63,16 @@ def run_episodes(
     active: jax.Array,
     obs_norm: tuple[jax.Array, jax.Array] | None = None,
     collect_obs_stats: bool = False,
+    min_slots: int = 32,
 ) -> RolloutOutput:
     """Roll out ``M`` parameter sets on ``E`` episodes each.
+
+    Episodes run in ``M * E`` slots. Once at most a quarter of the slots are
+    still running, the running ones are gathered into a batch a quarter the
+    size and stepping continues there (down to ``min_slots``), so long episodes
+    do not make every finished slot pay for their remaining steps. Each
+    episode's return is still summed step by step in time order, so the
+    returns do not depend on compaction.
 
     Args:
         policy: the policy functions.
@@ -67,59 +83,82 @@ def run_episodes(
         obs_norm: optional ``(mean, std)`` of shape ``obs_shape`` applied to observations
             before the policy sees them.
         collect_obs_stats: also sum observations (for running normalisation).
+        min_slots: smallest batch compaction goes down to.
 
     Returns:
         A :class:`RolloutOutput`.
     """
     num_members, num_episodes = episode_keys.shape
+    num_slots = num_members * num_episodes
     env, env_params = spec.env, spec.params
-    reset_keys = jax.vmap(jax.vmap(lambda k: jax.random.fold_in(k, 0)))(episode_keys)
-    obs, env_state = jax.vmap(jax.vmap(lambda k: env.reset_env(k, env_params)))(reset_keys)
+    keys = episode_keys.reshape(num_slots)
+    slot_params = jax.tree.map(lambda p: jnp.repeat(p, num_episodes, axis=0), params) if num_episodes > 1 else params
+    obs, env_state = jax.vmap(lambda k: env.reset_env(jax.random.fold_in(k, 0), env_params))(keys)
     carry0 = policy.initial_carry()
-    carry = jax.tree.map(lambda c: jnp.broadcast_to(c, (num_members, num_episodes) + c.shape), carry0)
-    done = jnp.broadcast_to(~active[:, None], (num_members, num_episodes))
-    zeros = jnp.zeros((num_members, num_episodes), jnp.float32)
+    carry = jax.tree.map(lambda c: jnp.broadcast_to(c, (num_slots,) + c.shape), carry0)
+    done = jnp.repeat(~active, num_episodes)
     obs_zero = jnp.zeros(spec.obs_shape, jnp.float32)
+    obs_axes = (1,) * len(spec.obs_shape)
 
-    def act(member_params, member_carry, member_obs):
-        def one(c, o):
-            if obs_norm is not None:
-                o = (o - obs_norm[0]) / obs_norm[1]
-            c, out = policy.apply(member_params, c, o)
-            return c, spec.action(out)
+    def act(p, c, o):
+        if obs_norm is not None:
+            o = (o - obs_norm[0]) / obs_norm[1]
+        c, out = policy.apply(p, c, o)
+        return c, spec.action(out)
 
-        return jax.vmap(one)(member_carry, member_obs)
-
-    def step(t, loop):
-        obs, env_state, carry, done, returns, steps, obs_sum, obs_sumsq = loop
-        new_carry, action = jax.vmap(act)(params, carry, obs)
-        step_keys = jax.vmap(jax.vmap(lambda k: jax.random.fold_in(k, t + 1)))(episode_keys)
+    def step(t, slots, totals):
+        p, k, obs, env_state, carry, done, returns, steps = slots
+        obs_sum, obs_sumsq = totals
+        new_carry, action = jax.vmap(act)(p, carry, obs)
+        step_keys = jax.vmap(lambda key: jax.random.fold_in(key, t + 1))(k)
         new_obs, new_state, reward, terminated, _ = jax.vmap(
-            jax.vmap(lambda k, s, a: env.step_env(k, s, a, env_params))
+            lambda key, st, a: env.step_env(key, st, a, env_params)
         )(step_keys, env_state, action)
         live = ~done
         if collect_obs_stats:
-            live_obs = jnp.where(live.reshape(live.shape + (1,) * len(spec.obs_shape)), obs, 0.0)
-            obs_sum = obs_sum + live_obs.sum((0, 1))
-            obs_sumsq = obs_sumsq + (live_obs * live_obs).sum((0, 1))
+            live_obs = jnp.where(live.reshape(live.shape + obs_axes), obs.astype(jnp.float32), 0.0)
+            obs_sum = obs_sum + live_obs.sum(0)
+            obs_sumsq = obs_sumsq + (live_obs * live_obs).sum(0)
         returns = returns + jnp.where(live, reward.astype(jnp.float32), 0.0)
         steps = steps + live.astype(jnp.int32)
-        now_done = jax.vmap(jax.vmap(spec.done_after))(terminated, new_state)
-        # Finished episodes keep their last state: no wasted NaN/inf drift, rewards stay masked.
+        now_done = jax.vmap(spec.done_after)(terminated, new_state)
+        # Finished episodes keep their last state: no NaN/inf drift, rewards stay masked.
         obs = _select(live, new_obs, obs)
         env_state = _select(live, new_state, env_state)
         carry = _select(live, new_carry, carry)
         done = done | now_done
-        return obs, env_state, carry, done, returns, steps, obs_sum, obs_sumsq
+        return (p, k, obs, env_state, carry, done, returns, steps), (obs_sum, obs_sumsq)
 
-    def cond(state):
-        t, loop = state
-        return (t < spec.max_steps) & ~jnp.all(loop[3])
+    slot_ids = jnp.arange(num_slots, dtype=jnp.int32)
+    slots = (slot_params, keys, obs, env_state, carry, done,
+             jnp.zeros(num_slots, jnp.float32), jnp.zeros(num_slots, jnp.int32))
+    totals = (obs_zero, obs_zero)
+    all_returns = jnp.zeros(num_slots, jnp.float32)
+    all_steps = jnp.zeros(num_slots, jnp.int32)
+    t = jnp.int32(0)
+    sizes = compaction_sizes(num_slots, min_slots)
+    for level, size in enumerate(sizes):
+        if level > 0:
+            # Record every slot's result, then keep the running ones (at most `size` of them).
+            all_returns = all_returns.at[slot_ids].set(slots[6])
+            all_steps = all_steps.at[slot_ids].set(slots[7])
+            keep = jnp.argsort(slots[5], stable=True)[:size]
+            slots = jax.tree.map(lambda x: x[keep], slots)
+            slot_ids = slot_ids[keep]
+        leave_at = sizes[level + 1] if level + 1 < len(sizes) else 0
 
-    def body(state):
-        t, loop = state
-        return t + 1, step(t, loop)
+        def cond(state, leave_at=leave_at):
+            t, slots, _ = state
+            return (t < spec.max_steps) & (jnp.sum(~slots[5]) > leave_at)
 
-    loop0 = (obs, env_state, carry, done, zeros, zeros.astype(jnp.int32), obs_zero, obs_zero)
-    _, final = jax.lax.while_loop(cond, body, (jnp.int32(0), loop0))
-    return RolloutOutput(returns=final[4], steps=final[5], obs_sum=final[6], obs_sumsq=final[7])
+        def body(state):
+            t, slots, totals = state
+            slots, totals = step(t, slots, totals)
+            return t + 1, slots, totals
+
+        t, slots, totals = jax.lax.while_loop(cond, body, (t, slots, totals))
+    all_returns = all_returns.at[slot_ids].set(slots[6])
+    all_steps = all_steps.at[slot_ids].set(slots[7])
+    shape = (num_members, num_episodes)
+    return RolloutOutput(returns=all_returns.reshape(shape), steps=all_steps.reshape(shape),
+                         obs_sum=totals[0], obs_sumsq=totals[1])

@@ -1,0 +1,35 @@
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import jes
+from jes.envs import make_env
+from jes.policies import PolicyFns
+from jes.rollout import compaction_sizes, run_episodes
+
+
+def test_compaction_sizes():
+    assert compaction_sizes(256) == [256, 64]
+    assert compaction_sizes(1024, min_slots=16) == [1024, 256, 64, 16]
+    assert compaction_sizes(8) == [8]
+
+
+def test_compacted_rollout_returns_equal_uncompacted():
+    """Gathering running episodes into smaller batches must not change any episode's return or length."""
+    spec = make_env("CartPole-v1")
+    fns = PolicyFns(jes.GRUPolicy(hidden=3, layers=1, num_outputs=2), spec.obs_shape)
+    members, episodes = 32, 4
+    params = jax.vmap(fns.init)(jax.random.split(jax.random.key(0), members))
+    keys = jax.random.split(jax.random.key(1), members * episodes).reshape(members, episodes)
+    active = jnp.arange(members) < 30     # two padding members too
+
+    def go(min_slots):
+        return jax.jit(lambda p, k, a: run_episodes(fns, spec, p, k, a, min_slots=min_slots))(params, keys, active)
+
+    compacted, plain = go(8), go(10_000)
+    assert len(compaction_sizes(members * episodes, 8)) == 3
+    np.testing.assert_array_equal(compacted.returns, plain.returns)
+    np.testing.assert_array_equal(compacted.steps, plain.steps)
+    lengths = np.asarray(plain.steps[:30])
+    assert lengths.max() > 3 * lengths.min(), lengths   # episodes end at very different times
+    np.testing.assert_array_equal(plain.steps[30:], 0)
