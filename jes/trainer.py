@@ -516,6 +516,8 @@ def train(
     checkpoint_path: str | None = "<log_dir>/checkpoint.ckpt",
     checkpoint_every: int = 10,
     resume: str | None = None,
+    master: str | None = None,
+    secret: bytes | str | None = None,
     **overrides: Any,
 ) -> TrainResult:
     """Train ``policy`` on ``env`` with OpenAI-ES.
@@ -544,6 +546,11 @@ def train(
         resume: a checkpoint to continue from; the run then ends bit-identical to one never
             interrupted. The run key comes from the checkpoint (``key`` is ignored); the policy, env,
             optimizer and config must match it (``num_generations`` may grow).
+        master: listen address (``":5555"``, ``"0.0.0.0:5555"``) to spread each generation over
+            ``jes-worker --master HOST:PORT`` processes (:mod:`jes.distributed`); the result is
+            bit-identical to a local run. The policy, env, optimizer (by name) and config must be
+            describable as plain data.
+        secret: shared HMAC key for ``master`` (``None``: the ``JES_SECRET`` environment variable).
 
     Returns:
         A :class:`TrainResult`.
@@ -571,6 +578,11 @@ def train(
                        key=str(np.asarray(jax.random.key_data(as_key(key))).tolist()))
         loggers.append(jes_logging.TensorBoardLogger(log_dir, hparams))
     try:
+        if master is not None:
+            from jes.distributed.master import Master  # host-side module that imports this one
+            with Master(trainer, master, secret=secret, env=env, optimizer=optimizer, env_params=env_params) as server:
+                return run(trainer, state, key=key, callbacks=[*loggers, *callbacks], history=history,
+                           checkpoint_path=checkpoint_path, checkpoint_every=checkpoint_every, step_fn=server.step)
         return run(trainer, state, key=key, callbacks=[*loggers, *callbacks], history=history,
                    checkpoint_path=checkpoint_path, checkpoint_every=checkpoint_every)
     finally:

@@ -1,0 +1,420 @@
+"""``jes-worker``: evaluate chunks of a distributed run's population for a master.
+
+A worker connects a ZeroMQ DEALER to the master's ROUTER and asks for work.
+It rebuilds the run from the master's plain-data description, keeps its own
+copy of the training state (advanced each generation with the per-chunk
+results the master sends along with the next work item, checked against the
+master's state hash, replaced by a snapshot when it drifted), evaluates its
+chunk range with the same compiled chunk program the master would use, and
+sends back only fitness, env steps and observation sums.
+
+Two threads: the main thread computes; a link thread owns the socket, sends
+heartbeats while the main thread is busy (compiling or evaluating), and
+reconnects when the master goes quiet (e.g. it restarted). Ctrl-C (or
+SIGTERM) hands the current range back to the master and exits cleanly.
+
+Usage::
+
+    JES_SECRET=... jes-worker --master trainhost:5555 [--name gpu0] [--devices 1] [--cores 0]
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import queue
+import signal
+import socket
+import sys
+import threading
+import time
+import uuid
+from typing import Any
+
+import numpy as np
+import zmq
+
+from jes.distributed import protocol
+from jes.distributed.protocol import ProtocolError, field
+
+log = logging.getLogger("jes.distributed.worker")
+
+
+def connect_address(master: str) -> str:
+    """``"host:port"`` -> ``tcp://host:port`` (``tcp://...`` as is)."""
+    if not isinstance(master, str):
+        raise ValueError(f"--master must be 'host:port', got {master!r}")
+    if master.startswith(("tcp://", "ipc://", "inproc://")):
+        return master
+    host, sep, port = master.rpartition(":")
+    if not host or not sep or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"--master must be 'host:port' (e.g. trainhost:5555), got {master!r}")
+    return f"tcp://{host}:{port}"
+
+
+def parse_cores(text: str) -> set[int]:
+    """``"0"``, ``"0,2"``, ``"0-3"`` -> a set of CPU ids."""
+    cores: set[int] = set()
+    try:
+        for part in text.split(","):
+            lo, _, hi = part.strip().partition("-")
+            cores.update(range(int(lo), int(hi or lo) + 1))
+    except ValueError:
+        raise ValueError(f"--cores must look like '0', '0,2' or '0-3', got {text!r}") from None
+    if not cores:
+        raise ValueError("--cores names no core")
+    return cores
+
+
+class _Link(threading.Thread):
+    """Owns the DEALER socket: forwards outgoing frames, queues incoming messages, heartbeats, reconnects."""
+
+    def __init__(self, endpoint: str, key: bytes, name: str, heartbeat_interval: float, master_timeout: float):
+        super().__init__(name="jes-worker-link", daemon=True)
+        self.endpoint, self.key, self.name = endpoint, key, name
+        self.heartbeat_interval = heartbeat_interval
+        self.master_timeout = master_timeout
+        self.inbox: queue.Queue = queue.Queue()
+        self.idle = True
+        self.context = zmq.Context()
+        self._pipe_address = f"inproc://jes-worker-{uuid.uuid4().hex}"
+        self._pipe_in = self.context.socket(zmq.PAIR)
+        self._pipe_in.bind(self._pipe_address)
+        self._pipe_out = self.context.socket(zmq.PAIR)  # used by the main thread only
+        self._pipe_out.connect(self._pipe_address)
+        self._stopping = threading.Event()
+        self._socket = None
+        self.connected = False
+
+    def send(self, message: dict) -> None:
+        """Queue ``message`` for the master (main thread)."""
+        self._pipe_out.send_multipart(protocol.encode(message, self.key))
+
+    def stop(self, flush_seconds: float = 1.0) -> None:
+        self._flush_seconds = flush_seconds
+        self._stopping.set()
+        self.join(timeout=flush_seconds + 2)
+        self._pipe_out.close(0)
+
+    def _connect(self) -> None:
+        if self._socket is not None:
+            self._socket.close(0)
+        sock = self.context.socket(zmq.DEALER)
+        sock.setsockopt(zmq.IDENTITY, f"{self.name}-{uuid.uuid4().hex[:8]}".encode()[:255])
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.IMMEDIATE, 1)            # never queue messages for a master that is not there
+        sock.setsockopt(zmq.MAXMSGSIZE, protocol.MAX_TO_WORKER_BYTES + 4096)
+        sock.setsockopt(zmq.RECONNECT_IVL, 200)
+        sock.setsockopt(zmq.RECONNECT_IVL_MAX, 2000)
+        sock.setsockopt(zmq.HEARTBEAT_IVL, 2000)     # transport-level: a vanished master host is noticed
+        sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, 10000)
+        sock.connect(self.endpoint)
+        self._socket = sock
+
+    def _forward(self, frames: list[bytes]) -> None:
+        try:
+            self._socket.send_multipart(frames, flags=zmq.NOBLOCK)
+        except zmq.Again:
+            log.debug("master not reachable; dropped an outgoing message")
+
+    def run(self) -> None:
+        self._connect()
+        poller = zmq.Poller()
+        poller.register(self._pipe_in, zmq.POLLIN)
+        poller.register(self._socket, zmq.POLLIN)
+        last_sent = last_heard = time.monotonic()
+        while not self._stopping.is_set():
+            events = dict(poller.poll(50))
+            now = time.monotonic()
+            if self._pipe_in in events:
+                while self._pipe_in.poll(0):
+                    self._forward(self._pipe_in.recv_multipart())
+                last_sent = now
+            if self._socket in events:
+                while self._socket.poll(0):
+                    frames = self._socket.recv_multipart()
+                    try:
+                        message = protocol.decode(frames, self.key, protocol.MAX_TO_WORKER_BYTES)
+                    except ProtocolError as err:
+                        log.warning("dropped a message from the master: %s", err)
+                        continue
+                    last_heard = now
+                    if not self.connected:
+                        self.connected = True
+                        log.info("connected to master %s", self.endpoint)
+                    self.inbox.put(message)
+            if now - last_sent > self.heartbeat_interval and not self.idle:
+                self._forward(protocol.encode({"type": "heartbeat", "name": self.name}, self.key))
+                last_sent = now
+            if self.idle and now - last_heard > self.master_timeout:
+                if self.connected:
+                    log.warning("master %s silent for %.0fs; reconnecting", self.endpoint, now - last_heard)
+                else:
+                    log.warning("no answer from master %s for %.0fs (not started yet, or a wrong secret?); "
+                                "still trying", self.endpoint, now - last_heard)
+                self.connected = False
+                poller.unregister(self._socket)
+                self._connect()
+                poller.register(self._socket, zmq.POLLIN)
+                last_heard = now
+                self.inbox.put({"type": "reconnected"})
+        # Flush what the main thread queued last (its 'bye'), then close.
+        deadline = time.monotonic() + getattr(self, "_flush_seconds", 1.0)
+        while self._pipe_in.poll(0):
+            self._forward(self._pipe_in.recv_multipart())
+        self._socket.setsockopt(zmq.LINGER, int(max(0.0, deadline - time.monotonic()) * 1000))
+        self._socket.close()
+        self._pipe_in.close(0)
+
+
+class Worker:
+    """Serve chunk evaluations to the master at ``master`` until interrupted.
+
+    Args:
+        master: ``host:port`` of the master.
+        secret: the shared HMAC key.
+        name: shown in the master's logs (default ``hostname-pid``).
+        devices: local devices to evaluate on (``None``: the first; an int n: the first n; or a list).
+        master_timeout: reconnect after this long without a word from the master while idle.
+    """
+
+    def __init__(self, master: str, secret: bytes | str, *, name: str | None = None, devices: Any = None,
+                 master_timeout: float = 30.0):
+        self.endpoint = connect_address(master)
+        self.key = protocol.load_secret(secret)
+        self.name = name or f"{socket.gethostname()}-{os.getpid()}"
+        self.devices_arg = devices
+        self.link = _Link(self.endpoint, self.key, self.name, 1.0, master_timeout)
+        self.request_interval = 1.0
+        self.run: str | None = None
+        self.trainer = None
+        self.state = None
+        self.device_states: list = []
+        self.generation = -1
+        self.state_hash = ""
+        self.last_aid = 0
+        self.current_aid: int | None = None
+        self.members_done = 0
+        self._last_assign_log = 0.0
+
+    # ---------------------------------------------------------------- loop
+    def serve(self) -> None:
+        """Run until Ctrl-C/SIGTERM (or :meth:`stop`)."""
+        log.info("worker %s connecting to %s", self.name, self.endpoint)
+        self.link.start()
+        try:
+            self._request()
+            while True:
+                try:
+                    message = self.link.inbox.get(timeout=self.request_interval)
+                except queue.Empty:
+                    if self.link.idle:
+                        self._request()
+                    continue
+                self._handle(message)
+        except KeyboardInterrupt:
+            note = f", returning assignment {self.current_aid}" if self.current_aid is not None else ""
+            log.info("worker %s interrupted%s; disconnecting after %d members", self.name, note, self.members_done)
+            self.link.send({"type": "bye", "name": self.name, "aid": self.current_aid})
+        finally:
+            self.link.stop()
+            log.info("worker %s disconnected", self.name)
+
+    def _request(self, abandon: int | None = None) -> None:
+        self.link.idle = True
+        self.current_aid = None
+        self.link.send({"type": "request", "name": self.name, "run": self.run, "gen": self.generation,
+                        "hash": self.state_hash, "last_aid": self.last_aid, "abandon": abandon})
+
+    def _handle(self, message: dict) -> None:
+        kind = message["type"]
+        try:
+            if kind == "setup":
+                self._setup(message)
+            elif kind == "snapshot":
+                self._snapshot(message)
+            elif kind == "work":
+                self._work(message)
+            elif kind == "reconnected":
+                self._request()
+            elif kind != "wait":
+                raise ProtocolError(f"unexpected message type {kind!r}")
+        except ProtocolError as err:
+            log.warning("dropped a %s message from the master: %s", kind, err)
+            self._request()
+
+    # ------------------------------------------------------------ handlers
+    def _setup(self, message: dict) -> None:
+        run = field(message, "run", str)
+        self.link.heartbeat_interval = float(field(message, "heartbeat_interval", (int, float)))
+        self.request_interval = max(0.2, 2 * self.link.heartbeat_interval)
+        if run == self.run:
+            self._request()
+            return
+        self.link.idle = False
+        self.run, self.state, self.generation, self.state_hash = None, None, -1, ""
+        t0 = time.perf_counter()
+        try:
+            self._build(message.get("description"))
+        except (protocol.DescriptionError, ValueError, TypeError) as err:
+            log.error("cannot build run %s sent by the master: %s", run, err)
+            self._request()
+            return
+        self.run = run
+        log.info("built run %s: %s on %s, %d members in chunks of %d, %d params (%.1fs incl. compile)", run,
+                 type(self.trainer.policy).__name__, self.trainer.spec.name, self.trainer.config.num_members,
+                 self.trainer.chunk_size, self.trainer.num_params, time.perf_counter() - t0)
+        self._request()
+
+    def _build(self, description: Any) -> None:
+        import jax
+        import jax.numpy as jnp
+
+        from jes.trainer import resolve_devices
+
+        devices = resolve_devices(self.devices_arg)
+        trainer = protocol.build_run(description, devices=devices[:1])
+        self.devices = devices
+        self.evaluate = jax.jit(trainer.evaluate_chunks)
+        self.apply = jax.jit(trainer.apply_chunk_results)
+        # Compile now, while the link heartbeats, so no assignment waits on a compiler.
+        warm = trainer.init_state(0)
+        for device in devices:
+            jax.block_until_ready(self.evaluate(jax.device_put(warm, device), jax.device_put(jnp.zeros(1, jnp.int32), device)))
+        n, obs = trainer.num_chunks, trainer.spec.obs_shape
+        zeros = (jnp.zeros((n, trainer.chunk_size)), jnp.zeros(n, jnp.int32), jnp.zeros((n, *obs)), jnp.zeros((n, *obs)))
+        jax.block_until_ready(self.apply(warm, *zeros))
+        self.trainer = trainer
+
+    def _set_state(self, state: Any, state_hash: str) -> None:
+        import jax
+
+        self.state = state
+        self.generation = int(state.generation)
+        self.state_hash = state_hash
+        self.device_states = [state] + [jax.device_put(state, d) for d in self.devices[1:]]
+
+    def _snapshot(self, message: dict) -> None:
+        if field(message, "run", str) != self.run or self.trainer is None:
+            return
+        state = protocol.unpack_state(self.trainer, message.get("state"))
+        expected = field(message, "hash", str)
+        actual = protocol.state_hash(state)
+        if actual != expected:
+            raise ProtocolError(f"snapshot hash {actual} differs from the master's {expected}")
+        self._set_state(state, actual)
+        log.info("received state snapshot of generation %d", self.generation)
+
+    def _work(self, message: dict) -> None:
+        import jax
+        import jax.numpy as jnp
+
+        aid = field(message, "aid", int)
+        self.last_aid = max(self.last_aid, aid)
+        if field(message, "run", str) != self.run or self.trainer is None:
+            self._request(abandon=aid)
+            return
+        generation, expected = field(message, "gen", int), field(message, "hash", str)
+        start, stop = field(message, "start", int), field(message, "stop", int)
+        if not 0 <= start < stop <= self.trainer.num_chunks:
+            raise ProtocolError(f"chunk range [{start}, {stop}) outside the population")
+        self.link.idle = False
+        self.current_aid = aid
+        if (generation, expected) != (self.generation, self.state_hash):
+            update = message.get("update")
+            if isinstance(update, dict) and (update.get("gen"), update.get("hash")) == (self.generation, self.state_hash):
+                n, size, obs = self.trainer.num_chunks, self.trainer.chunk_size, self.trainer.spec.obs_shape
+                results = (
+                    protocol.unpack_array(update.get("fitness"), "float32", (n, size)),
+                    protocol.unpack_array(update.get("env_steps"), "int32", (n,)),
+                    protocol.unpack_array(update.get("obs_sum"), "float32", (n, *obs)),
+                    protocol.unpack_array(update.get("obs_sumsq"), "float32", (n, *obs)),
+                )
+                state, _ = self.apply(self.state, *(jnp.asarray(r) for r in results))
+                state_hash = protocol.state_hash(state)
+                if state_hash == expected:
+                    self._set_state(state, state_hash)
+                else:
+                    log.warning("my state after generation %d differs from the master's (hash %s vs %s); "
+                                "asking for a snapshot", generation, state_hash, expected)
+            if (generation, expected) != (self.generation, self.state_hash):
+                self.generation, self.state_hash = -1, ""  # unknown: the master answers with a snapshot
+                self._request(abandon=aid)
+                return
+        now = time.monotonic()
+        if now - self._last_assign_log > 5.0:
+            log.info("assigned chunks %d..%d of generation %d", start, stop - 1, generation)
+            self._last_assign_log = now
+        t0 = time.perf_counter()
+        outs = []
+        for i, chunk in enumerate(range(start, stop)):
+            device = self.devices[i % len(self.devices)]
+            ids = jax.device_put(np.array([chunk], np.int32), device)
+            outs.append(self.evaluate(self.device_states[i % len(self.devices)], ids))
+        fitness, env_steps, obs_sum, obs_sumsq = (np.concatenate([np.asarray(o[j]) for o in outs]) for j in range(4))
+        seconds = time.perf_counter() - t0
+        self.members_done += (stop - start) * self.trainer.chunk_size
+        self.current_aid = None
+        self.link.idle = True
+        self.link.send({
+            "type": "result", "name": self.name, "run": self.run, "gen": generation, "hash": expected,
+            "aid": aid, "last_aid": self.last_aid, "start": start, "stop": stop, "seconds": seconds,
+            "fitness": protocol.pack_array(fitness), "env_steps": protocol.pack_array(env_steps),
+            "obs_sum": protocol.pack_array(obs_sum), "obs_sumsq": protocol.pack_array(obs_sumsq),
+        })
+
+
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Console entry point of ``jes-worker``."""
+    parser = argparse.ArgumentParser(
+        prog="jes-worker",
+        description="Evaluate population chunks for a jes master (jes.train(..., master=':5555') or "
+                    "`jes train --listen`). The secret comes from --secret-file or the JES_SECRET variable.",
+    )
+    parser.add_argument("--master", required=True, help="host:port of the master, e.g. trainhost:5555")
+    parser.add_argument("--secret-file", help="file holding the shared secret (default: $JES_SECRET)")
+    parser.add_argument("--name", help="name shown in the master's log (default: hostname-pid)")
+    parser.add_argument("--devices", help="local devices to use: a count (e.g. 2) or ids (e.g. 0,1); default: the first")
+    parser.add_argument("--cores", help="pin this process to these CPU cores, e.g. 0 or 0-3 (Linux)")
+    parser.add_argument("--master-timeout", type=float, default=30.0,
+                        help="reconnect after this many seconds without a word from the master (default 30)")
+    parser.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING (default INFO)")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    try:
+        if args.cores:
+            cores = parse_cores(args.cores)
+            # Before the XLA CPU client exists: it sizes its thread pools from the schedulable CPUs.
+            os.sched_setaffinity(0, cores)
+            for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+                os.environ.setdefault(var, str(len(cores)))
+            log.info("pinned to cores %s", sorted(cores))
+        secret = protocol.load_secret(None, args.secret_file)
+        devices: Any = None
+        if args.devices:
+            import jax
+
+            if "," in args.devices or not args.devices.isdigit() or args.devices == "0":
+                ids = [int(x) for x in args.devices.split(",")]
+                by_id = {d.id: d for d in jax.local_devices()}
+                missing = [i for i in ids if i not in by_id]
+                if missing:
+                    raise ValueError(f"--devices names device ids {missing}; this host has {sorted(by_id)}")
+                devices = [by_id[i] for i in ids]
+            else:
+                devices = int(args.devices)
+        worker = Worker(args.master, secret, name=args.name, devices=devices, master_timeout=args.master_timeout)
+    except (ValueError, OSError) as err:
+        print(f"jes-worker: error: {err}", file=sys.stderr)
+        return 2
+    signal.signal(signal.SIGTERM, _interrupt)
+    worker.serve()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
