@@ -161,3 +161,14 @@ def test_nan_fitness_names_member_and_generation_and_keeps_last_good_state():
     assert err.generation == 0 and 0 <= err.member < 16
     assert int(err.result.state.generation) == 0 and len(err.result.history["generation"]) == 0
     assert np.all(np.isfinite(err.result.flat_params))
+
+
+@pytest.mark.parametrize("env", ["Acrobot-v1", "Pendulum-v1", "MountainCar-v0", "MountainCarContinuous-v0"])
+def test_trains_on_each_classic_control_env(env):
+    result = jes.train(jes.MLPPolicy(hidden_sizes=(4,)), env, "adam", max_episode_steps=40,
+                       **dict(SMALL, num_generations=2))
+    hist = result.history
+    assert np.all(np.isfinite(hist["pop_mean"])) and np.isfinite(hist["centre_return"][-1])
+    assert hist["env_steps"][-1] > 0 and np.all(np.isfinite(result.flat_params))
+    # Every episode is cut at 40 steps: returns are per-episode scalars, not broadcast sums.
+    assert abs(hist["pop_mean"][-1]) <= 40 * (17 if env == "Pendulum-v1" else 1.0) + 100
