@@ -117,12 +117,40 @@ def _batchable(name: str, base: ESConfig, optimizer: Any, values: list) -> bool:
     return not callable(base.noise_std)
 
 
+def compile_batch(trainer: Trainer, states: TrainState) -> tuple[Any, Any, float]:
+    """Compile the batched programs for stacked ``states`` (leading axis ``B``).
+
+    The generation is assembled from :meth:`Trainer.evaluate_chunks` and
+    :meth:`Trainer.apply_chunk_results` (bit-identical to the fused step) and vmapped; the centre
+    evaluation is a second vmapped program run only on evaluation generations. (``jax.vmap`` also
+    works through the ``shard_map`` of :meth:`Trainer.generation_step`, but there the batched
+    ``lax.cond`` becomes a select that evaluates the centre on every generation.)
+
+    Returns:
+        ``(generation(states) -> (states, metrics), centre(states) -> (mean return [B], steps [B]), seconds)``.
+    """
+    chunks = jnp.arange(trainer.num_chunks, dtype=jnp.int32)
+
+    def generation(state):
+        return trainer.apply_chunk_results(state, *trainer.evaluate_chunks(state, chunks))
+
+    def centre(state):
+        returns, steps = trainer.evaluate_centre(state)
+        return returns.mean(), steps.sum()
+
+    t0 = time.perf_counter()
+    generation_fn = jax.jit(jax.vmap(generation)).lower(states).compile()
+    centre_fn = jax.jit(jax.vmap(centre)).lower(states).compile()
+    return generation_fn, centre_fn, time.perf_counter() - t0
+
+
 def run_batch(trainer: Trainer, states: TrainState, num_generations: int | None = None,
-              vmap: bool = True) -> tuple[TrainState, dict, float]:
+              vmap: bool = True, compiled: tuple | None = None) -> tuple[TrainState, dict, float]:
     """Run a stacked batch of states (leading axis ``B``) for ``num_generations`` generations.
 
-    With ``vmap`` the generation step is vmapped over the batch and compiled once; without,
-    each member runs one after another through the trainer's own compiled step.
+    With ``vmap`` the batch runs as one program (see :func:`compile_batch`; pass its result as
+    ``compiled`` to reuse it); without, each entry runs one after another through the trainer's
+    own compiled step.
 
     Returns:
         ``(final states [B, ...], history {name: [generations, B]}, compile seconds)``.
@@ -130,17 +158,24 @@ def run_batch(trainer: Trainer, states: TrainState, num_generations: int | None 
     cfg = trainer.config
     total = cfg.num_generations if num_generations is None else num_generations
     size = jax.tree.leaves(states)[0].shape[0]
-    t0 = time.perf_counter()
     if vmap:
-        compiled = jax.jit(jax.vmap(trainer.generation_step, in_axes=(0, None))).lower(states, jnp.bool_(True)).compile()
-        step = lambda s, evaluate: compiled(s, jnp.bool_(evaluate))
+        generation_fn, centre_fn, compile_time = compiled if compiled is not None else compile_batch(trainer, states)
+
+        def step(s, evaluate):
+            s, metrics = generation_fn(s)
+            if evaluate:
+                centre_return, centre_steps = centre_fn(s)
+            else:
+                centre_return, centre_steps = jnp.full(size, jnp.nan, jnp.float32), jnp.zeros(size, jnp.int32)
+            return s, dict(metrics, centre_return=centre_return, centre_steps=centre_steps)
     else:
+        t0 = time.perf_counter()
         single, _ = trainer.compiled_step(trainer.place(jax.tree.map(lambda x: x[0], states)))
+        compile_time = time.perf_counter() - t0
 
         def step(s, evaluate):
             outs = [single(trainer.place(jax.tree.map(lambda x: x[i], s)), jnp.bool_(evaluate)) for i in range(size)]
             return jax.tree.map(lambda *x: jnp.stack(x), *outs)
-    compile_time = time.perf_counter() - t0
 
     history = {k: [] for k in HISTORY_KEYS}
     env_steps = np.zeros(size, np.int64)
@@ -159,7 +194,7 @@ def run_batch(trainer: Trainer, states: TrainState, num_generations: int | None 
             )
         now = time.perf_counter()
         env_steps += metrics["env_steps"] + metrics["centre_steps"]
-        if not evaluate:
+        if not evaluate:  # the fused step reports NaN too; keep the history alike in both modes
             metrics["centre_return"] = np.full(size, np.nan, np.float32)
         record = dict(metrics, generation=np.full(size, gen + 1), wall_time=np.full(size, now - loop_start),
                       generation_time=np.full(size, now - t_gen), env_steps=env_steps.copy())
