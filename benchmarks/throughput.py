@@ -70,10 +70,10 @@ def ceiling(env_name: str, n: int, repeats: int) -> tuple[float, float]:
     return n * STEPS / seconds, compile_s
 
 
-def jes_generation(env_name: str, n: int, repeats: int, train_gens: int) -> dict:
+def jes_generation(env_name: str, n: int, repeats: int, train_gens: int, devices: int | None = None) -> dict:
     layers = 3 if env_name.startswith("Acrobot") else 2
     config = jes.ESConfig(num_members=n, eval_every=0)
-    trainer = jes.Trainer(jes.GRUPolicy(hidden=5, layers=layers), env_name, "adam", config)
+    trainer = jes.Trainer(jes.GRUPolicy(hidden=5, layers=layers), env_name, "adam", config, devices=devices)
     state = trainer.init_state(0)
     compiled, compile_s = trainer.compiled_step(state)
     temp_mb = compiled.memory_analysis().temp_size_in_bytes / 2**20
@@ -94,7 +94,12 @@ def main():
     parser.add_argument("--sizes", default="256,1024,4096")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--train-gens", type=int, default=5, help="generations trained before the 'trained' row")
+    parser.add_argument("--compare-devices", action="store_true",
+                        help="instead: jes on 1 device vs all local devices, side by side (set "
+                             "XLA_FLAGS=--xla_force_host_platform_device_count=2 for two CPU devices)")
     args = parser.parse_args()
+    if args.compare_devices:
+        return compare_devices(args)
     print(f"# jax {jax.__version__}, backend {jax.default_backend()}, {len(jax.devices())} device(s): "
           f"{jax.devices()[0].device_kind}; {platform.processor() or platform.machine()}")
     print("| env | N | params | ceiling steps/s | jes steps/s (init) | ratio | real-step fraction | "
@@ -110,6 +115,21 @@ def main():
                   f"{j['compile_s']:.1f} / {ceil_compile:.1f} | {j['temp_mb']:.1f} |", flush=True)
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print(f"\npeak RSS of this process: {peak:.0f} MB")
+
+
+def compare_devices(args):
+    """Trained-policy generation throughput on 1 device vs all local devices (results are bit-identical)."""
+    count = len(jax.devices())
+    print(f"# jax {jax.__version__}, {count} local device(s)")
+    print("| env | N | devices | jes steps/s (trained) | s/generation | speed-up |")
+    print("|---|---|---|---|---|---|")
+    for env_name in args.envs.split(","):
+        for n in (int(s) for s in args.sizes.split(",")):
+            base = None
+            for devices in sorted({1, count}):
+                sps, _, seconds = jes_generation(env_name, n, args.repeats, args.train_gens, devices)["trained"]
+                base = base or sps
+                print(f"| {env_name} | {n} | {devices} | {sps:,.0f} | {seconds:.3f} | {sps / base:.2f}x |", flush=True)
 
 
 if __name__ == "__main__":
