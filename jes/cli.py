@@ -47,7 +47,8 @@ def _parser() -> argparse.ArgumentParser:
     train.add_argument("--resume", default=None, help="continue from this checkpoint (give the run's original flags)")
     train.add_argument("--devices", type=int, default=None, help="number of local devices to use (default: all)")
     train.add_argument("--listen", default=None, metavar="HOST:PORT", help="be a distributed master listening here")
-    train.add_argument("--secret-file", default=None, help="file holding the shared secret workers authenticate with")
+    train.add_argument("--secret-file", default=None,
+                       help="file holding the shared secret workers authenticate with (default: $JES_SECRET)")
     progress = train.add_mutually_exclusive_group()
     progress.add_argument("--progress", dest="progress", action="store_true", default=None, help="always show the progress bar")
     progress.add_argument("--no-progress", dest="progress", action="store_false", help="never show the progress bar")
@@ -94,15 +95,13 @@ def _train(args: argparse.Namespace) -> int:
             print("jes train: --listen/--secret-file need distributed training (jes.train(master=..., secret=...)), "
                   "which this installation of jes does not have; run without them", file=sys.stderr)
             return 2
-        if args.listen is None or args.secret_file is None:
-            print("jes train: --listen and --secret-file go together (the master needs a secret for its workers)",
-                  file=sys.stderr)
+        if args.listen is None:
+            print("jes train: --secret-file is for a distributed master; add --listen HOST:PORT", file=sys.stderr)
             return 2
-        with open(args.secret_file, "rb") as f:
-            secret = f.read().strip()
-        if not secret:
-            print(f"jes train: secret file {args.secret_file} is empty", file=sys.stderr)
-            return 2
+        from jes.distributed.protocol import load_secret  # same reading rules as jes-worker --secret-file
+
+        # No --secret-file: secret=None makes jes.train read the JES_SECRET environment variable.
+        secret = load_secret(secret_file=args.secret_file) if args.secret_file is not None else None
         kwargs.update(master=args.listen, secret=secret)
 
     policy = build_policy({"type": args.policy, "hidden": args.hidden, "layers": args.layers})

@@ -65,11 +65,14 @@ def test_eval_missing_or_bad_checkpoint(tmp_path, capsys):
 
 def test_distributed_flags(tmp_path, capsys):
     secret = tmp_path / "secret"
-    secret.write_text("s3cret\n")
     if "master" in inspect.signature(jes.train).parameters:
-        assert cli.main(["train", "--listen", "127.0.0.1:1"]) == 2  # a secret is required with --listen
-        assert "go together" in capsys.readouterr().err
+        assert cli.main(["train", "--secret-file", str(secret)]) == 2  # a secret without a master
+        assert "add --listen" in capsys.readouterr().err
+        secret.write_text("\n")
+        assert cli.main(["train", "--listen", "127.0.0.1:1", "--secret-file", str(secret)]) == 2
+        assert "use at least 16" in capsys.readouterr().err
     else:
+        secret.write_text("s3cret\n")
         assert cli.main(["train", "--listen", "127.0.0.1:5555", "--secret-file", str(secret)]) == 2
         assert "does not have" in capsys.readouterr().err
 
@@ -87,3 +90,33 @@ def test_sweep_command(tmp_path, capsys):
     assert "learning_rate=0.03: final centre return" in capsys.readouterr().out
     with open(tmp_path / "out" / "sweep.csv") as f:
         assert len(list(csv.DictReader(f))) == 2
+
+
+@pytest.mark.slow
+def test_train_as_distributed_master_with_a_worker(tmp_path):
+    if "master" not in inspect.signature(jes.train).parameters:
+        pytest.skip("this jes has no distributed training")
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    secret = tmp_path / "secret"
+    secret.write_text("a-test-secret-of-32-bytes-length\n")
+    master = subprocess.Popen(
+        [sys.executable, "-m", "jes.cli", "train", *SMALL_FLAGS, "--generations", "2", "--seed", "4",
+         "--log-dir", str(tmp_path / "run"), "--listen", f"127.0.0.1:{port}", "--secret-file", str(secret)],
+        cwd=str(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    worker = subprocess.Popen(
+        [sys.executable, "-m", "jes.distributed.worker", "--master", f"127.0.0.1:{port}", "--secret-file", str(secret)],
+        cwd=str(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        out, err = master.communicate(timeout=240)
+        assert master.returncode == 0, err
+        assert "2 generations" in out
+        assert checkpoint.read(str(tmp_path / "run" / "checkpoint.ckpt")).generation == 2
+    finally:
+        for proc in (master, worker):
+            if proc.poll() is None:
+                proc.terminate()
+                proc.wait(timeout=30)
