@@ -15,7 +15,9 @@ def main(argv: list[str] | None = None) -> int:
     import numpy as np
 
     import jes
+    from jes.compilation_cache import enable_compilation_cache
 
+    enable_compilation_cache()
     result = jes.train(
         jes.GRUPolicy(hidden=5, layers=2), "CartPole-v1", args.optimizer,
         key=args.seed, num_generations=args.generations, stop_at_return=475.0,
