@@ -623,7 +623,9 @@ def run(trainer: Trainer, state: TrainState, *, key: Any = 0, callbacks: Iterabl
     start_gen = int(state.generation)
     env_steps = int(history["env_steps"][-1]) if history.get("env_steps") else 0
     solved_return = cfg.stop_at_return if cfg.stop_at_return is not None else trainer.spec.solved_return
-    solved_generation = None
+    solved_generation = _first_solved(history, solved_return)
+    if solved_generation is not None and cfg.stop_at_return is not None:
+        total = start_gen  # a resumed run that had already stopped at its target stays stopped
     t_start = time.perf_counter()
 
     state = trainer.place(state)
@@ -674,6 +676,16 @@ def run(trainer: Trainer, state: TrainState, *, key: Any = 0, callbacks: Iterabl
     if checkpoint_path is not None and saved_generation != int(state.generation):
         save_checkpoint()
     return _result(trainer, state, history, key, solved_generation, compile_time, t_start)
+
+
+def _first_solved(history: dict, solved_return: float | None) -> int | None:
+    """First generation in ``history`` whose centre return reached ``solved_return``."""
+    if solved_return is None:
+        return None
+    for generation, score in zip(history.get("generation", []), history.get("centre_return", [])):
+        if score >= solved_return:
+            return int(generation)
+    return None
 
 
 def _result(trainer, state, history, key, solved_generation, compile_time, t_start) -> TrainResult:

@@ -15,7 +15,7 @@ SCRIPT = textwrap.dedent("""
     out = {}
     for members, chunk in ((12, 4), (10, 2), (8, 8)):   # 3 chunks (odd, padded), 5 chunks, 1 chunk
         cfg = dict(num_members=members, chunk_size=chunk, num_generations=3, eval_episodes=4)
-        runs = {d: jes.train(jes.GRUPolicy(hidden=3, layers=1), "CartPole-v1", "adam", key=5, devices=d, **cfg)
+        runs = {d: jes.train(jes.GRUPolicy(hidden=3, layers=1), "CartPole-v1", "adam", key=5, devices=d, log_dir=None, **cfg)
                 for d in (1, 2)}
         out[f"{members}/{chunk}"] = {
             d: {"params": r.flat_params.tolist(), "pop_mean": r.history["pop_mean"].tolist(),

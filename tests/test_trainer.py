@@ -172,3 +172,13 @@ def test_trains_on_each_classic_control_env(env):
     assert hist["env_steps"][-1] > 0 and np.all(np.isfinite(result.flat_params))
     # Every episode is cut at 40 steps: returns are per-episode scalars, not broadcast sums.
     assert abs(hist["pop_mean"][-1]) <= 40 * (17 if env == "Pendulum-v1" else 1.0) + 100
+
+
+def test_resumed_run_keeps_its_solved_generation_and_stays_stopped(tmp_path):
+    path = str(tmp_path / "run.ckpt")
+    common = dict(SMALL, num_generations=4, stop_at_return=5.0, log_dir=None, progress=False)  # CartPole scores >= 8
+    first = jes.train(jes.MLPPolicy(hidden_sizes=(4,)), "CartPole-v1", "adam", checkpoint_path=path, **common)
+    assert first.solved_generation == 1 and len(first.history["generation"]) == 1
+    again = jes.train(jes.MLPPolicy(hidden_sizes=(4,)), "CartPole-v1", "adam", resume=path, **common)
+    assert again.solved_generation == 1 and len(again.history["generation"]) == 1
+    np.testing.assert_array_equal(again.flat_params, first.flat_params)
