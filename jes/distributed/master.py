@@ -69,6 +69,7 @@ class _Worker:
     assignment: _Assignment | None = None
     chunks_per_second: float | None = None
     members_done: int = 0
+    abandons: tuple = (-1, 0)  # (generation, ranges handed back unevaluated in it)
     interval_members: int = 0
 
 
@@ -337,6 +338,9 @@ class Master:
                 return  # this request crossed our work message in flight; the worker will get it
             if abandon is not None or worker.assignment is not None:
                 self._release(worker, "returned")
+            if abandon is not None:
+                count = worker.abandons[1] + 1 if worker.abandons[0] == self._generation else 1
+                worker.abandons = (self._generation, count)
         worker.run, worker.generation, worker.state_hash = run, generation, state_hash
         worker.idle = True
         self._assign(worker)  # between generations the queue is empty: set up, or 'wait'
@@ -424,7 +428,8 @@ class Master:
             worker.idle = False
             return
         worker.setup_sent = True
-        if not self._pending:
+        if not self._pending or (worker.abandons[0] == self._generation and worker.abandons[1] >= 3):
+            # Nothing to do, or a worker that keeps failing to sync: it sits this generation out.
             self._send(worker, {"type": "wait"})
             return
         update = None

@@ -125,7 +125,7 @@ def field(message: dict, name: str, kind: type | tuple, *, optional: bool = Fals
 # ------------------------------------------------------------------- arrays
 def pack_array(array: Any) -> dict:
     """``{"dtype", "shape", "data"}`` of a numpy/JAX array (C order, little endian)."""
-    arr = np.ascontiguousarray(np.asarray(array))
+    arr = np.asarray(array)  # tobytes() is C order; ascontiguousarray would turn scalars into [1]
     if arr.dtype.name not in ALLOWED_DTYPES:
         raise TypeError(f"cannot send arrays of dtype {arr.dtype}")
     return {"dtype": arr.dtype.name, "shape": list(arr.shape), "data": arr.astype(arr.dtype.newbyteorder("<")).tobytes()}

@@ -241,6 +241,7 @@ class Worker:
                 raise ProtocolError(f"unexpected message type {kind!r}")
         except ProtocolError as err:
             log.warning("dropped a %s message from the master: %s", kind, err)
+            time.sleep(self.request_interval)  # never spin against a master whose messages we reject
             self._request()
 
     # ------------------------------------------------------------ handlers
