@@ -412,7 +412,12 @@ class Master:
         if rate is None:
             return 1
         ready = self._ready_workers()
-        total = sum(w.chunks_per_second or rate for w in ready) or rate
+        fastest = max([w.chunks_per_second or rate for w in ready] + [rate])
+        # Rates floored at a quarter of the fastest: one slow measurement (a cold first range) must not
+        # starve a worker of the work that would correct it.
+        floor = 0.25 * fastest
+        rate = max(rate, floor)
+        total = sum(max(w.chunks_per_second or rate, floor) for w in ready) or rate
         share = math.ceil(len(self._pending) * rate / total)
         return max(1, min(share, round(rate * self.target_range_seconds)))
 
