@@ -4,13 +4,18 @@ The worker processes are shared by the module (starting JAX costs seconds); each
 test starts its own master on the same port, so every test after the first also
 exercises workers reconnecting to a restarted master.
 """
+import contextlib
+import logging
 import os
+import re
 import signal
 import socket
 import subprocess
 import sys
 import time
 
+import gymnax
+import jax
 import msgpack
 import numpy as np
 import optax
@@ -53,13 +58,14 @@ class WorkerPool:
         self.port, self.log_dir = port, log_dir
         self.procs: dict[str, subprocess.Popen] = {}
 
-    def start(self, name: str, secret: bytes = SECRET) -> subprocess.Popen:
-        env = dict(os.environ, JES_SECRET=secret.decode())
-        log = open(self.log_dir / f"{name}.log", "wb")
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "jes.distributed.worker", "--master", f"127.0.0.1:{self.port}", "--name", name],
-            env=env, stdout=log, stderr=subprocess.STDOUT,
-        )
+    def start(self, name: str, secret: bytes = SECRET, args: tuple = (), env: dict | None = None) -> subprocess.Popen:
+        env = dict(os.environ, JES_SECRET=secret.decode(), **(env or {}))
+        with open(self.log_dir / f"{name}.log", "wb") as log:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "jes.distributed.worker", "--master", f"127.0.0.1:{self.port}", "--name", name,
+                 *args],
+                env=env, stdout=log, stderr=subprocess.STDOUT,
+            )
         self.procs[name] = proc
         return proc
 
@@ -97,12 +103,45 @@ def pool(tmp_path_factory):
         workers.close()
 
 
-def make_master(trainer, port, **options):
-    return Master(trainer, f"127.0.0.1:{port}", secret=SECRET, env="CartPole-v1", optimizer="adam", **dict(FAST, **options))
+def make_master(trainer, port, env="CartPole-v1", env_params=None, **options):
+    return Master(trainer, f"127.0.0.1:{port}", secret=SECRET, env=env, env_params=env_params, optimizer="adam",
+                  **dict(FAST, **options))
 
 
 def contributed(master) -> dict:
     return {w.name: w.members_done for w in master.workers.values()}
+
+
+class _Recorder(logging.Handler):
+    def __init__(self, on_message):
+        super().__init__(logging.DEBUG)
+        self.messages: list[str] = []
+        self.on_message = on_message
+
+    def emit(self, record):
+        message = record.getMessage()
+        self.messages.append(message)
+        if self.on_message is not None:
+            self.on_message(message)
+
+
+@contextlib.contextmanager
+def master_log(on_message=None):
+    """Record the master's log (debug included); ``on_message(text)`` runs in the master's thread as it logs."""
+    logger = logging.getLogger("jes.distributed.master")
+    recorder, level = _Recorder(on_message), logger.level
+    logger.addHandler(recorder)
+    logger.setLevel(logging.DEBUG)
+    try:
+        yield recorder
+    finally:
+        logger.removeHandler(recorder)
+        logger.setLevel(level)
+
+
+def chunk_ranges(messages, pattern: str) -> list[tuple]:
+    """The groups of each message matching ``pattern``, digits as ints."""
+    return [tuple(int(g) if g.isdigit() else g for g in m.groups()) for m in map(re.compile(pattern).fullmatch, messages) if m]
 
 
 # ------------------------------------------------------------- no workers
@@ -166,6 +205,77 @@ def test_worker_killed_mid_run_loses_no_member(trainer, reference, pool):
         result = run(trainer, state, key=KEY, step_fn=master.step, callbacks=[kill_after_second_generation])
     np.testing.assert_array_equal(result.flat_params, reference)
     assert master.stats["reissued_chunks"] > 0  # the victim's range went back to the queue
+
+
+# Pendulum never terminates early, so every episode runs all its steps: ~0.1s per chunk on a CPU, long
+# enough to catch a worker in the middle of a range.
+SLOW_ENV_PARAMS = gymnax.make("Pendulum-v1")[1].replace(max_steps_in_episode=200_000)
+SLOW_CONFIG = jes.ESConfig(num_members=32, chunk_size=4, num_generations=3, eval_episodes=4, noise_std=0.1)
+
+
+@pytest.mark.slow
+def test_worker_killed_while_evaluating_loses_no_member(pool):
+    trainer = jes.Trainer(jes.MLPPolicy(hidden_sizes=(4,)), "Pendulum-v1", "adam", SLOW_CONFIG,
+                          env_params=SLOW_ENV_PARAMS)
+    reference = run(trainer, trainer.init_state(KEY), key=KEY).flat_params
+    pool.ensure(2)
+    for extra in pool.live()[2:]:  # exactly two workers, so both hold part of every generation
+        pool.kill(extra, signal.SIGINT)
+    victim, survivor = pool.live()
+    killed = {}
+
+    def kill_while_evaluating(message):
+        # The master logs a range's first heartbeat: the worker has it and is evaluating it right now.
+        m = re.fullmatch(r"worker (\S+): evaluating chunks (\d+)\.\.(\d+) of generation (\d+)", message)
+        if m and not killed and m[1] == victim and int(m[4]) >= 1:  # from generation 1 ranges span chunks
+            pool.kill(victim)  # kill -9, mid-range
+            killed.update(chunks=set(range(int(m[2]), int(m[3]) + 1)), generation=int(m[4]),
+                          at=len(recorder.messages))
+
+    with master_log(kill_while_evaluating) as recorder, \
+            make_master(trainer, pool.port, env="Pendulum-v1", env_params=SLOW_ENV_PARAMS,
+                        heartbeat_interval=0.05) as master:
+        state = trainer.init_state(KEY)
+        assert master.wait_for_workers(state, 2, READY_TIMEOUT) >= 2, [pool.log(n) for n in pool.live()]
+        result = run(trainer, state, key=KEY, step_fn=master.step)
+    np.testing.assert_array_equal(result.flat_params, reference)
+    assert killed, "the victim was never seen evaluating a range"
+    assert pool.procs[victim].returncode == -signal.SIGKILL
+    # Its range went back to the queue exactly once, and the survivor (or the master) evaluated all of it.
+    after = recorder.messages[killed["at"]:]
+    requeued = chunk_ranges(after, r"worker (\S+) overran its deadline on chunks (\d+)\.\.(\d+); re-issuing them")
+    requeued += chunk_ranges(after, r"worker (\S+) lost \(silent for \S+\); chunks (\d+)\.\.(\d+) back to the queue")
+    assert [r for r in requeued if r[0] == victim] == [(victim, min(killed["chunks"]), max(killed["chunks"]))], after
+    g = killed["generation"]
+    redone = {c for name, a, b, gen in chunk_ranges(after, r"worker (\S+): assigned chunks (\d+)\.\.(\d+) of generation (\d+)")
+              if name == survivor and gen == g for c in range(a, b + 1)}
+    redone |= {c for _, c, gen in chunk_ranges(after, r"(master): evaluated chunk (\d+) of generation (\d+) itself")
+               if gen == g}
+    assert killed["chunks"] <= redone, after
+    assert master.stats["reissued_chunks"] >= len(killed["chunks"])
+
+
+@pytest.mark.slow
+def test_worker_on_two_local_devices_is_bit_identical(trainer, reference, tmp_path):
+    if jax.default_backend() != "cpu":
+        pytest.skip("compares a worker on two forced host CPU devices with training on this process's CPU")
+    workers = WorkerPool(free_port(), tmp_path)
+    try:
+        flags = f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count=2".strip()
+        workers.start("two", args=("--devices", "2"), env={"XLA_FLAGS": flags, "JAX_PLATFORMS": "cpu"})
+        with master_log() as recorder, make_master(trainer, workers.port) as master:
+            state = trainer.init_state(KEY)
+            assert master.wait_for_workers(state, 1, READY_TIMEOUT) >= 1, workers.log("two")
+            result = run(trainer, state, key=KEY, step_fn=master.step)
+        np.testing.assert_array_equal(result.flat_params, reference)
+        assert master.stats["master_chunks"] == 0
+        assert contributed(master) == {"two": CONFIG.num_generations * CONFIG.num_members}
+        assert "on 2 device(s) cpu:0, cpu:1" in workers.log("two"), workers.log("two")
+        # The worker puts chunk i of a range on device i % 2: ranges of several chunks used both devices.
+        ranges = chunk_ranges(recorder.messages, r"worker (two): assigned chunks (\d+)\.\.(\d+) of generation (\d+)")
+        assert any(last > first for _, first, last, _ in ranges), ranges
+    finally:
+        workers.close()
 
 
 @pytest.mark.slow

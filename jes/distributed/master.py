@@ -53,7 +53,8 @@ class _Assignment:
     chunks: list
     issued: float
     deadline: float
-    expired: bool = False
+    expired: bool = False   # overran its deadline: its chunks were re-queued then
+    heard: bool = False     # a heartbeat came while it was outstanding: the worker is evaluating it
 
 
 @dataclasses.dataclass
@@ -258,6 +259,7 @@ class Master:
         self._store([chunk], *(np.asarray(x) for x in out))
         self._master_members += self.trainer.chunk_size
         self.stats["master_chunks"] += 1
+        log.debug("master: evaluated chunk %d of generation %d itself", chunk, self._generation)
 
     def _store(self, chunks: list, fitness, env_steps, obs_sum, obs_sumsq) -> int:
         stored = 0
@@ -326,6 +328,12 @@ class Master:
             log.info("worker %s connected (%d connected)", name, len(self.workers))
         worker.last_seen = now
         if kind == "heartbeat":
+            assignment = worker.assignment
+            if assignment is not None and not assignment.heard:
+                # Workers heartbeat only while busy, so this is the first sign it is evaluating the range.
+                assignment.heard = True
+                log.debug("worker %s: evaluating chunks %d..%d of generation %d", worker.name, assignment.chunks[0],
+                          assignment.chunks[-1], assignment.generation)
             return
         if kind == "bye":
             log.info("worker %s left%s", worker.name, self._release(worker, "returned"))
@@ -376,6 +384,10 @@ class Master:
         """Put the worker's unfinished chunks back in the queue; returns a note for the log."""
         assignment, worker.assignment = worker.assignment, None
         if assignment is None or not self._active or assignment.generation != self._generation:
+            return ""
+        if assignment.expired:
+            # Its chunks went back to the queue at the deadline; whoever took them owns them now, and
+            # queueing them again would evaluate them twice.
             return ""
         back = [c for c in assignment.chunks if not self._have[c] and c not in self._pending]
         if not back:

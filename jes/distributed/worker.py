@@ -262,9 +262,10 @@ class Worker:
             self._request()
             return
         self.run = run
-        log.info("built run %s: %s on %s, %d members in chunks of %d, %d params (%.1fs incl. compile)", run,
-                 type(self.trainer.policy).__name__, self.trainer.spec.name, self.trainer.config.num_members,
-                 self.trainer.chunk_size, self.trainer.num_params, time.perf_counter() - t0)
+        log.info("built run %s: %s on %s, %d members in chunks of %d, %d params, on %d device(s) %s "
+                 "(%.1fs incl. compile)", run, type(self.trainer.policy).__name__, self.trainer.spec.name,
+                 self.trainer.config.num_members, self.trainer.chunk_size, self.trainer.num_params,
+                 len(self.devices), ", ".join(str(d) for d in self.devices), time.perf_counter() - t0)
         self._request()
 
     def _build(self, description: Any) -> None:
