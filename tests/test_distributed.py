@@ -24,7 +24,7 @@ import zmq
 
 import jes
 from jes.distributed import protocol
-from jes.distributed.master import Master
+from jes.distributed.master import Master, _Assignment, _Worker
 from jes.trainer import run
 
 SECRET = b"test-secret-0123456789abcdef"
@@ -205,6 +205,22 @@ def test_worker_killed_mid_run_loses_no_member(trainer, reference, pool):
         result = run(trainer, state, key=KEY, step_fn=master.step, callbacks=[kill_after_second_generation])
     np.testing.assert_array_equal(result.flat_params, reference)
     assert master.stats["reissued_chunks"] > 0  # the victim's range went back to the queue
+
+
+def test_range_past_its_deadline_is_requeued_once_even_when_its_worker_is_lost(trainer):
+    """The deadline re-queues a slow worker's range; losing that worker later must not queue it a second time."""
+    with make_master(trainer, 0, worker_timeout=2.0) as master:
+        now = time.monotonic()
+        master._run, master._generation, master._active = "run", 0, True
+        master._have, master._pending = np.zeros(trainer.num_chunks, bool), []
+        slow = master.workers[b"slow"] = _Worker(b"slow", "slow", now, run="run", setup_sent=True)
+        slow.assignment = _Assignment(aid=1, generation=0, chunks=[2, 3], issued=now - 5, deadline=now - 1)
+        master._expire(now)
+        assert master._pending == [2, 3] and master.stats["reissued_chunks"] == 2
+        del master._pending[:]  # another worker took them and is evaluating them
+        master._expire(now + 3)  # the slow one is now silent past worker_timeout
+        assert b"slow" not in master.workers
+        assert master._pending == [] and master.stats["reissued_chunks"] == 2
 
 
 # Pendulum never terminates early, so every episode runs all its steps: ~0.1s per chunk on a CPU, long
