@@ -28,7 +28,9 @@ class RolloutOutput(NamedTuple):
         returns: undiscounted episode returns (rewards after ``done`` excluded).
         steps: real (un-padded) env steps taken in each episode.
         obs_sum, obs_sumsq: sums of observations and their squares over real
-            steps and all episodes, shape ``obs_shape`` (zeros unless requested).
+            steps and all episodes, shape ``obs_shape`` (zeros unless requested);
+            summed per episode, then over episodes in order, so they do not depend on
+            compaction either.
     """
 
     returns: jax.Array
@@ -106,9 +108,8 @@ def run_episodes(
         c, out = policy.apply(p, c, o)
         return c, spec.action(out)
 
-    def step(t, slots, totals):
-        p, k, obs, env_state, carry, done, returns, steps = slots
-        obs_sum, obs_sumsq = totals
+    def step(t, slots):
+        p, k, obs, env_state, carry, done, returns, steps, obs_sum, obs_sumsq = slots
         new_carry, action = jax.vmap(act)(p, carry, obs)
         step_keys = jax.vmap(lambda key: jax.random.fold_in(key, t + 1))(k)
         new_obs, new_state, reward, terminated, _ = jax.vmap(
@@ -117,8 +118,8 @@ def run_episodes(
         live = ~done
         if collect_obs_stats:
             live_obs = jnp.where(live.reshape(live.shape + obs_axes), obs.astype(jnp.float32), 0.0)
-            obs_sum = obs_sum + live_obs.sum(0)
-            obs_sumsq = obs_sumsq + (live_obs * live_obs).sum(0)
+            obs_sum = obs_sum + live_obs
+            obs_sumsq = obs_sumsq + live_obs * live_obs
         returns = returns + jnp.where(live, reward.astype(jnp.float32), 0.0)
         steps = steps + live.astype(jnp.int32)
         now_done = jax.vmap(spec.done_after)(terminated, new_state)
@@ -127,38 +128,46 @@ def run_episodes(
         env_state = _select(live, new_state, env_state)
         carry = _select(live, new_carry, carry)
         done = done | now_done
-        return (p, k, obs, env_state, carry, done, returns, steps), (obs_sum, obs_sumsq)
+        return p, k, obs, env_state, carry, done, returns, steps, obs_sum, obs_sumsq
 
+    # Per-episode results (returns, steps, observation sums) live with their slot and are written
+    # back by slot id, so nothing depends on how slots were compacted.
+    results = (jnp.zeros(num_slots, jnp.float32), jnp.zeros(num_slots, jnp.int32))
+    if collect_obs_stats:
+        results += (jnp.zeros((num_slots,) + spec.obs_shape, jnp.float32),) * 2
     slot_ids = jnp.arange(num_slots, dtype=jnp.int32)
-    slots = (slot_params, keys, obs, env_state, carry, done,
-             jnp.zeros(num_slots, jnp.float32), jnp.zeros(num_slots, jnp.int32))
-    totals = (obs_zero, obs_zero)
-    all_returns = jnp.zeros(num_slots, jnp.float32)
-    all_steps = jnp.zeros(num_slots, jnp.int32)
+    slots = (slot_params, keys, obs, env_state, carry, done, *results)
+    if not collect_obs_stats:
+        slots += (obs_zero, obs_zero)  # unused placeholders keep one step() for both cases
+
+    def write_back(results, slots, slot_ids):
+        return tuple(r.at[slot_ids].set(v) for r, v in zip(results, slots[6:6 + len(results)]))
+
     t = jnp.int32(0)
     sizes = compaction_sizes(num_slots, min_slots)
     for level, size in enumerate(sizes):
         if level > 0:
-            # Record every slot's result, then keep the running ones (at most `size` of them).
-            all_returns = all_returns.at[slot_ids].set(slots[6])
-            all_steps = all_steps.at[slot_ids].set(slots[7])
+            # Record every slot's results, then keep the running ones (at most `size` of them).
+            results = write_back(results, slots, slot_ids)
             keep = jnp.argsort(slots[5], stable=True)[:size]
-            slots = jax.tree.map(lambda x: x[keep], slots)
+            if collect_obs_stats:
+                slots = jax.tree.map(lambda x: x[keep], slots)
+            else:
+                slots = (*jax.tree.map(lambda x: x[keep], slots[:8]), obs_zero, obs_zero)
             slot_ids = slot_ids[keep]
         leave_at = sizes[level + 1] if level + 1 < len(sizes) else 0
 
         def cond(state, leave_at=leave_at):
-            t, slots, _ = state
+            t, slots = state
             return (t < spec.max_steps) & (jnp.sum(~slots[5]) > leave_at)
 
         def body(state):
-            t, slots, totals = state
-            slots, totals = step(t, slots, totals)
-            return t + 1, slots, totals
+            t, slots = state
+            return t + 1, step(t, slots)
 
-        t, slots, totals = jax.lax.while_loop(cond, body, (t, slots, totals))
-    all_returns = all_returns.at[slot_ids].set(slots[6])
-    all_steps = all_steps.at[slot_ids].set(slots[7])
+        t, slots = jax.lax.while_loop(cond, body, (t, slots))
+    results = write_back(results, slots, slot_ids)
     shape = (num_members, num_episodes)
-    return RolloutOutput(returns=all_returns.reshape(shape), steps=all_steps.reshape(shape),
-                         obs_sum=totals[0], obs_sumsq=totals[1])
+    obs_sum, obs_sumsq = (results[2].sum(0), results[3].sum(0)) if collect_obs_stats else (obs_zero, obs_zero)
+    return RolloutOutput(returns=results[0].reshape(shape), steps=results[1].reshape(shape),
+                         obs_sum=obs_sum, obs_sumsq=obs_sumsq)

@@ -124,6 +124,10 @@ class Trainer:
         config: the :class:`ESConfig`.
         env_params: gymnax env params overriding the env's defaults.
         devices: local devices to shard the population over (``None``: all).
+        rollout_min_batch: smallest batch the rollout compacts still-running episodes into
+            (see :func:`jes.rollout.run_episodes`). Purely a speed/compile-time trade-off:
+            results are bit-identical for any value. 16 runs long-tailed generations ~1.2-1.3x
+            faster than 32 but compiles ~0.8 s longer.
     """
 
     def __init__(
@@ -134,8 +138,12 @@ class Trainer:
         config: ESConfig | None = None,
         env_params: Any = None,
         devices: Any = None,
+        rollout_min_batch: int = 32,
     ):
         self.config = config = config or ESConfig()
+        if isinstance(rollout_min_batch, bool) or not isinstance(rollout_min_batch, int) or rollout_min_batch < 1:
+            raise ValueError(f"rollout_min_batch must be a positive integer, got {rollout_min_batch!r}")
+        self.rollout_min_batch = rollout_min_batch
         self.spec: EnvSpec = make_env(env, env_params, config.max_episode_steps)
         self.policy = fit_to_outputs(policy, self.spec.num_outputs)
         self.fns = PolicyFns(self.policy, self.spec.obs_shape)
@@ -248,6 +256,7 @@ class Trainer:
         out = run_episodes(
             self.fns, self.spec, params, keys, active,
             obs_norm=self.obs_norm(state), collect_obs_stats=cfg.normalize_observations,
+            min_slots=self.rollout_min_batch,
         )
         fitness = jnp.where(active, out.returns.mean(axis=1), 0.0)
         return fitness, out.steps.sum(), out.obs_sum, out.obs_sumsq
@@ -370,7 +379,8 @@ class Trainer:
             key = strategy.generation_key(state.es_key, state.generation)
         keys = strategy.centre_episode_keys(key, num_episodes)[None]
         params = jax.tree.map(lambda x: x[None], self.unravel(state.params))
-        out = run_episodes(self.fns, self.spec, params, keys, jnp.ones((1,), bool), obs_norm=self.obs_norm(state))
+        out = run_episodes(self.fns, self.spec, params, keys, jnp.ones((1,), bool), obs_norm=self.obs_norm(state),
+                           min_slots=self.rollout_min_batch)
         return out.returns[0], out.steps[0]
 
     def generation_step(self, state: TrainState, evaluate_centre: jax.Array) -> tuple[TrainState, dict]:

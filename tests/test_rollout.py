@@ -24,12 +24,26 @@ def test_compacted_rollout_returns_equal_uncompacted():
     active = jnp.arange(members) < 30     # two padding members too
 
     def go(min_slots):
-        return jax.jit(lambda p, k, a: run_episodes(fns, spec, p, k, a, min_slots=min_slots))(params, keys, active)
+        return jax.jit(lambda p, k, a: run_episodes(fns, spec, p, k, a, min_slots=min_slots,
+                                                    collect_obs_stats=True))(params, keys, active)
 
     compacted, plain = go(8), go(10_000)
     assert len(compaction_sizes(members * episodes, 8)) == 3
     np.testing.assert_array_equal(compacted.returns, plain.returns)
     np.testing.assert_array_equal(compacted.steps, plain.steps)
+    np.testing.assert_array_equal(compacted.obs_sum, plain.obs_sum)       # bit for bit, not just close
+    np.testing.assert_array_equal(compacted.obs_sumsq, plain.obs_sumsq)
+    assert np.all(np.asarray(plain.obs_sumsq) > 0)
     lengths = np.asarray(plain.steps[:30])
     assert lengths.max() > 3 * lengths.min(), lengths   # episodes end at very different times
     np.testing.assert_array_equal(plain.steps[30:], 0)
+
+
+def test_trainer_results_do_not_depend_on_rollout_min_batch():
+    def params(min_batch):
+        trainer = jes.Trainer(jes.GRUPolicy(hidden=3, layers=1), "CartPole-v1", "adam",
+                              jes.ESConfig(num_members=64, chunk_size=64, num_generations=2, eval_episodes=4),
+                              rollout_min_batch=min_batch)
+        return jes.trainer.run(trainer, trainer.init_state(1), key=1).flat_params
+
+    np.testing.assert_array_equal(params(4), params(64))
