@@ -16,7 +16,9 @@ def main(argv: list[str] | None = None) -> int:
 
     import jes
     from jes.compilation_cache import enable_compilation_cache
+    from jes.cpu import use_cpu_cores
 
+    use_cpu_cores()  # one CPU device per core: same result, faster generations
     enable_compilation_cache()
     result = jes.train(
         jes.GRUPolicy(hidden=5, layers=2), "CartPole-v1", args.optimizer,

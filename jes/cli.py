@@ -145,6 +145,11 @@ def _sweep(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``jes`` console script."""
     args = _parser().parse_args(argv)
+    from jes.compilation_cache import enable_compilation_cache
+    from jes.cpu import use_cpu_cores
+
+    use_cpu_cores()  # one CPU device per core (results are identical for any device count)
+    enable_compilation_cache()
     handler = {"train": _train, "eval": _eval, "sweep": _sweep}[args.command]
     try:
         return handler(args)

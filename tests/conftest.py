@@ -1,10 +1,13 @@
 import os
 import sys
+import tempfile
+
+import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))
 
-
-import pytest
+# `jes` CLI subprocesses use a persistent compilation cache; keep it out of the user's home.
+os.environ.setdefault("JES_COMPILATION_CACHE", tempfile.mkdtemp(prefix="jes-xla-"))
 
 
 @pytest.fixture(autouse=True)

@@ -1,0 +1,57 @@
+"""One XLA CPU device per usable core, for jes's own entry points.
+
+XLA's CPU backend keeps a second core poorly busy from one device. Because a
+jes population sharded over several devices gives bit-identical results, the
+``jes`` CLI and ``python -m jes`` expose one CPU device per usable core before
+JAX starts (measured on 2 vCPUs: 1.8-2.1x more env steps/s, see
+benchmarks/README.md). The library never does this on its own: call
+:func:`use_cpu_cores` at the top of your script to get the same.
+"""
+from __future__ import annotations
+
+import os
+
+import jax
+
+ENV = "JES_CPU_DEVICES"
+_FLAG = "--xla_force_host_platform_device_count"
+
+
+def usable_cores() -> int:
+    """Cores this process may run on (its affinity mask where the OS has one)."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
+def _backends_initialized() -> bool:
+    try:
+        from jax._src import xla_bridge
+    except ImportError:  # pragma: no cover - layout of other jax versions
+        return False
+    check = getattr(xla_bridge, "backends_are_initialized", None)
+    return bool(check()) if check is not None else False
+
+
+def use_cpu_cores(count: int | None = None) -> int | None:
+    """Ask JAX for ``count`` CPU devices (default: ``$JES_CPU_DEVICES``, else one per usable core).
+
+    Returns the device count asked for, or ``None`` when nothing was changed: fewer than two
+    devices asked for, the count already set by the user (``XLA_FLAGS`` or ``jax_num_cpu_devices``),
+    or JAX's backends already running (the setting only takes effect before the first computation).
+    """
+    if count is None and os.environ.get(ENV):
+        try:
+            count = int(os.environ[ENV])
+        except ValueError as err:
+            raise ValueError(f"{ENV} must be an integer number of CPU devices, got {os.environ[ENV]!r}") from err
+    count = usable_cores() if count is None else count
+    if count < 2 or _FLAG in os.environ.get("XLA_FLAGS", "") or _backends_initialized():
+        return None
+    if hasattr(jax.config, "jax_num_cpu_devices"):
+        if jax.config.jax_num_cpu_devices not in (-1, None):
+            return None
+        jax.config.update("jax_num_cpu_devices", count)
+    else:  # older jax: the XLA flag, read when the CPU backend starts
+        os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {_FLAG}={count}".strip()
+    return count
