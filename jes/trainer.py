@@ -126,8 +126,8 @@ class Trainer:
         devices: local devices to shard the population over (``None``: all).
         rollout_min_batch: smallest batch the rollout compacts still-running episodes into
             (see :func:`jes.rollout.run_episodes`). Purely a speed/compile-time trade-off:
-            results are bit-identical for any value. 16 runs long-tailed generations ~1.2-1.3x
-            faster than 32 but compiles ~0.8 s longer.
+            results are bit-identical for any value. 16 runs long-tailed generations 1.1-1.3x
+            faster than 32 but compiles ~1 s longer (benchmarks/README.md).
     """
 
     def __init__(
