@@ -67,8 +67,8 @@ class ESConfig:
                 f"num_members={self.num_members} is odd, but antithetic sampling evaluates mirrored pairs; "
                 f"use an even population (e.g. {self.num_members + 1}) or antithetic=False"
             )
-        if self.antithetic and self.num_members < 2:
-            raise ValueError("antithetic sampling needs num_members >= 2")
+        if self.num_members < 2:
+            raise ValueError(f"num_members must be at least 2 (fitness is shaped across the population), got {self.num_members}")
         for name in ("noise_std", "learning_rate"):
             value = getattr(self, name)
             if value is None and name == "learning_rate":
@@ -81,7 +81,8 @@ class ESConfig:
             raise ValueError(
                 f"unknown fitness_shaping {self.fitness_shaping!r}; choose one of {', '.join(FITNESS_SHAPINGS)}"
             )
-        if not isinstance(self.weight_decay, (int, float)) or self.weight_decay < 0:
+        if isinstance(self.weight_decay, bool) or not isinstance(self.weight_decay, (int, float)) \
+                or not math.isfinite(self.weight_decay) or self.weight_decay < 0:
             raise ValueError(f"weight_decay must be >= 0, got {self.weight_decay!r}")
         if not isinstance(self.eval_every, int) or self.eval_every < 0:
             raise ValueError(f"eval_every must be an integer >= 0, got {self.eval_every!r}")

@@ -147,6 +147,11 @@ def make_env(env: Any, env_params: Any = None, max_steps: int | None = None) -> 
         max_steps = int(env_limit)
     if int(max_steps) <= 0:
         raise ValueError(f"max_episode_steps must be positive, got {max_steps}")
+    if env_limit is not None and int(max_steps) != int(env_limit):
+        # gymnax truncates at params.max_steps_in_episode: move the env's own limit along with ours.
+        if not hasattr(params, "replace"):
+            raise ValueError(f"env {name!r} params cannot be given max_episode_steps={max_steps}; set it in env_params")
+        params = params.replace(max_steps_in_episode=int(max_steps))
     return EnvSpec(
         env=env_obj,
         params=params,

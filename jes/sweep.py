@@ -31,7 +31,7 @@ import numpy as np
 from jes.config import ESConfig
 from jes.logging import TensorBoardLogger, default_run_name, unique_dir
 from jes.policies import GRUPolicy, MLPPolicy
-from jes.trainer import HISTORY_KEYS, NonFiniteFitnessError, Trainer, TrainState
+from jes.trainer import HISTORY_KEYS, NonFiniteFitnessError, NonFiniteUpdateError, Trainer, TrainState
 
 # Hyperparameters that live in the TrainState, so different values share one compiled program.
 BATCHABLE = ("learning_rate", "noise_std")
@@ -188,9 +188,15 @@ def run_batch(trainer: Trainer, states: TrainState, num_generations: int | None 
         bad = np.flatnonzero(metrics["bad_member"] >= 0)
         if bad.size:
             raise NonFiniteFitnessError(
-                f"batch entry {bad[0]} has non-finite fitness at generation {gen} (member "
+                f"batch entry {bad[0]} has non-finite fitness at generation {gen + 1} (member "
                 f"{metrics['bad_member'][bad[0]]}); lower its noise_std/learning_rate or check the env's rewards",
-                generation=gen, member=int(metrics["bad_member"][bad[0]]),
+                generation=gen + 1, member=int(metrics["bad_member"][bad[0]]),
+            )
+        bad = np.flatnonzero(metrics["bad_update"])
+        if bad.size:
+            raise NonFiniteUpdateError(
+                f"batch entry {bad[0]} has a non-finite ES update at generation {gen + 1}; lower its "
+                f"learning_rate or keep its noise_std schedule above 0", generation=gen + 1,
             )
         now = time.perf_counter()
         env_steps += metrics["env_steps"] + metrics["centre_steps"]

@@ -71,7 +71,7 @@ class NonFiniteFitnessError(ValueError):
     """A member's fitness was NaN or infinite; training stopped before using it.
 
     Attributes:
-        generation: the generation being evaluated.
+        generation: the generation being evaluated (1-based, as in the history).
         member: index of the first offending member.
         result: the :class:`TrainResult` up to the last good generation.
     """
@@ -80,6 +80,20 @@ class NonFiniteFitnessError(ValueError):
         super().__init__(message)
         self.generation = generation
         self.member = member
+        self.result = result
+
+
+class NonFiniteUpdateError(ValueError):
+    """A generation's ES update (or the parameters it would give) was not finite; it was not applied.
+
+    Attributes:
+        generation: the generation whose update failed (1-based, as in the history).
+        result: the :class:`TrainResult` up to the last good generation.
+    """
+
+    def __init__(self, message: str, generation: int, result: "TrainResult | None" = None):
+        super().__init__(message)
+        self.generation = generation
         self.result = result
 
 
@@ -126,7 +140,8 @@ class Trainer:
         devices: local devices to shard the population over (``None``: all).
         rollout_min_batch: smallest batch the rollout compacts still-running episodes into
             (see :func:`jes.rollout.run_episodes`). Purely a speed/compile-time trade-off:
-            results are bit-identical for any value. 16 runs long-tailed generations 1.1-1.3x
+            results are bit-identical for any value (tested on CPU; other backends may pick
+            other kernels for other batch shapes). 16 runs long-tailed generations 1.1-1.3x
             faster than 32 but compiles ~1 s longer (benchmarks/README.md).
     """
 
@@ -294,7 +309,9 @@ class Trainer:
         """Sum the chunk partials in chunk order, take the optax step, and build the metrics.
 
         A generation with a non-finite fitness leaves the state unchanged and
-        reports the first bad member in ``metrics["bad_member"]`` (else -1).
+        reports the first bad member in ``metrics["bad_member"]`` (else -1); one whose
+        update or new parameters are not finite leaves it unchanged too and sets
+        ``metrics["bad_update"]``.
         """
         cfg = self.config
         sigma = self.noise_std(state)
@@ -305,7 +322,11 @@ class Trainer:
         params = optax.apply_updates(state.params, updates)
 
         bad = ~jnp.isfinite(fitness)
-        any_bad = bad.any()
+        bad_fitness = bad.any()
+        # Finite fitness can still give a non-finite step (a sigma schedule reaching 0, overflowing raw
+        # fitness): never apply it either.
+        bad_update = ~bad_fitness & ~(jnp.isfinite(updates).all() & jnp.isfinite(params).all())
+        any_bad = bad_fitness | bad_update
         keep = lambda new, old: jax.tree.map(lambda n, o: jnp.where(any_bad, o, n), new, old)
         obs_count = state.obs_count + env_steps.astype(jnp.float32)
         new_state = state.replace(
@@ -332,7 +353,8 @@ class Trainer:
             "grad_norm": jnp.linalg.norm(grad),
             "update_norm": jnp.linalg.norm(updates),
             "param_norm": jnp.linalg.norm(new_state.params),
-            "bad_member": jnp.where(any_bad, jnp.argmax(bad), -1).astype(jnp.int32),
+            "bad_member": jnp.where(bad_fitness, jnp.argmax(bad), -1).astype(jnp.int32),
+            "bad_update": bad_update,
         }
         return new_state, metrics
 
@@ -418,7 +440,7 @@ class Trainer:
             return returns.mean(), steps.sum()
 
         centre_return, centre_steps = jax.lax.cond(
-            evaluate_centre & (metrics["bad_member"] < 0),
+            evaluate_centre & (metrics["bad_member"] < 0) & ~metrics["bad_update"],
             centre,
             lambda s: (jnp.float32(jnp.nan), jnp.int32(0)),
             new_state,
@@ -528,6 +550,7 @@ def train(
     resume: str | None = None,
     master: str | None = None,
     secret: bytes | str | None = None,
+    rollout_min_batch: int = 32,
     **overrides: Any,
 ) -> TrainResult:
     """Train ``policy`` on ``env`` with OpenAI-ES.
@@ -561,6 +584,7 @@ def train(
             bit-identical to a local run. The policy, env, optimizer (by name) and config must be
             describable as plain data.
         secret: shared HMAC key for ``master`` (``None``: the ``JES_SECRET`` environment variable).
+        rollout_min_batch: see :class:`Trainer` (a speed/compile-time knob; results do not depend on it).
 
     Returns:
         A :class:`TrainResult`.
@@ -568,7 +592,8 @@ def train(
     from jes import checkpoint as ckpt, logging as jes_logging  # host-side modules that import this one
 
     config = (config or ESConfig()).replace(**overrides) if overrides else (config or ESConfig())
-    trainer = Trainer(policy, env, optimizer, config, env_params=env_params, devices=devices)
+    trainer = Trainer(policy, env, optimizer, config, env_params=env_params, devices=devices,
+                      rollout_min_batch=rollout_min_batch)
     history = None
     if resume is not None:
         restored = ckpt.read(resume)
@@ -653,14 +678,25 @@ def run(trainer: Trainer, state: TrainState, *, key: Any = 0, callbacks: Iterabl
             t_gen = time.perf_counter()
             new_state, metrics = step_fn(state, evaluate)
             metrics = {k: v.item() for k, v in jax.device_get(metrics).items()}
-            if metrics["bad_member"] >= 0:
-                member = metrics["bad_member"]
+            if metrics["bad_member"] >= 0 or metrics["bad_update"]:
+                # Keep what was achieved: the last good state goes to the checkpoint and into the error.
+                if checkpoint_path is not None:
+                    save_checkpoint()
                 partial = _result(trainer, state, history, key, solved_generation, compile_time, t_start)
-                raise NonFiniteFitnessError(
-                    f"member {member} of generation {gen} has non-finite fitness (NaN or inf); the update was not "
-                    f"applied. Check the env's rewards and the policy's outputs (a too-large noise_std or learning rate "
-                    f"can overflow them). error.result holds the run up to generation {gen}.",
-                    generation=gen, member=member, result=partial,
+                if metrics["bad_member"] >= 0:
+                    member = metrics["bad_member"]
+                    raise NonFiniteFitnessError(
+                        f"member {member} of generation {gen + 1} has non-finite fitness (NaN or inf); the update was "
+                        f"not applied. Check the env's rewards and the policy's outputs (a too-large noise_std or "
+                        f"learning rate can overflow them). error.result holds the {gen} generation(s) completed.",
+                        generation=gen + 1, member=member, result=partial,
+                    )
+                raise NonFiniteUpdateError(
+                    f"the ES update of generation {gen + 1} is not finite (noise_std={metrics['noise_std']:g}, "
+                    f"learning_rate={metrics['learning_rate']:g}) and was not applied. A noise_std schedule that reaches "
+                    f"0, a too-large learning rate, or raw fitness that overflows cause this. error.result holds the "
+                    f"{gen} generation(s) completed.",
+                    generation=gen + 1, result=partial,
                 )
             now = time.perf_counter()
             generation_steps = int(metrics["env_steps"]) + int(metrics["centre_steps"])

@@ -125,6 +125,8 @@ def test_weight_decay_shrinks_parameters():
     (dict(learning_rate=0.0), "learning_rate must be a positive"),
     (dict(fitness_shaping="rank"), "centered_ranks"),
     (dict(episodes_per_member=0), "episodes_per_member"),
+    (dict(num_members=1, antithetic=False), "at least 2"),
+    (dict(weight_decay=float("nan")), "weight_decay"),
 ])
 def test_bad_config_values_raise_clear_errors(overrides, match):
     with pytest.raises(ValueError, match=match):
@@ -155,10 +157,10 @@ def test_policy_output_not_fitting_action_space():
 def test_nan_fitness_names_member_and_generation_and_keeps_last_good_state():
     env = Countdown()
     params = env.default_params.replace(nan_reward=True)
-    with pytest.raises(jes.NonFiniteFitnessError, match=r"member \d+ of generation 0") as info:
-        jes.train(jes.MLPPolicy(hidden_sizes=(4,)), (env, params), "adam", **SMALL)
+    with pytest.raises(jes.NonFiniteFitnessError, match=r"member \d+ of generation 1 ") as info:
+        jes.train(jes.MLPPolicy(hidden_sizes=(4,)), (env, params), "adam", log_dir=None, **SMALL)
     err = info.value
-    assert err.generation == 0 and 0 <= err.member < 16
+    assert err.generation == 1 and 0 <= err.member < 16
     assert int(err.result.state.generation) == 0 and len(err.result.history["generation"]) == 0
     assert np.all(np.isfinite(err.result.flat_params))
 
@@ -182,3 +184,27 @@ def test_resumed_run_keeps_its_solved_generation_and_stays_stopped(tmp_path):
     again = jes.train(jes.MLPPolicy(hidden_sizes=(4,)), "CartPole-v1", "adam", resume=path, **common)
     assert again.solved_generation == 1 and len(again.history["generation"]) == 1
     np.testing.assert_array_equal(again.flat_params, first.flat_params)
+
+
+def test_non_finite_update_is_not_applied_and_named(tmp_path):
+    """A sigma schedule that reaches 0 makes the antithetic estimate 0/0: finite fitness, NaN step."""
+    path = str(tmp_path / "run.ckpt")
+    with pytest.raises(jes.NonFiniteUpdateError, match=r"generation 3 is not finite \(noise_std=0") as info:
+        jes.train(jes.MLPPolicy(hidden_sizes=(4,)), "CartPole-v1", "adam", noise_std=optax.linear_schedule(0.2, 0.0, 2),
+                  log_dir=None, checkpoint_path=path, **dict(SMALL, num_generations=5))
+    err = info.value
+    assert err.generation == 3 and int(err.result.state.generation) == 2
+    assert np.all(np.isfinite(err.result.flat_params)) and len(err.result.history["generation"]) == 2
+    from jes import checkpoint
+    assert checkpoint.read(path).generation == 2   # the last good state was saved before raising
+
+
+def test_max_episode_steps_moves_the_envs_own_limit():
+    from envs_for_tests import Countdown
+
+    env = Countdown()
+    long = env.default_params.replace(episode_length=100)        # env's own limit is 20 steps
+    for limit in (7, 30):
+        result = jes.train(jes.MLPPolicy(hidden_sizes=(4,)), (env, long), "adam", max_episode_steps=limit,
+                           log_dir=None, **dict(SMALL, num_generations=1))
+        assert result.history["pop_mean"][-1] == limit and result.trainer.spec.params.max_steps_in_episode == limit

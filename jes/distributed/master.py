@@ -207,7 +207,7 @@ class Master:
             self._pending = []
         fitness, env_steps, obs_sum, obs_sumsq = (jnp.asarray(r) for r in self._results)
         new_state, metrics = self._apply(state, fitness, env_steps, obs_sum, obs_sumsq)
-        if evaluate_centre and int(metrics["bad_member"]) < 0:
+        if evaluate_centre and int(metrics["bad_member"]) < 0 and not bool(metrics["bad_update"]):
             centre_return, centre_steps = self._centre(new_state)
         else:
             centre_return, centre_steps = jnp.float32(jnp.nan), jnp.int32(0)
