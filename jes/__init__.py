@@ -12,6 +12,6 @@ __version__ = "0.1.0"
 
 __all__ = [
     "ESConfig", "EnvSpec", "GRUPolicy", "MLPPolicy", "NonFiniteFitnessError", "NonFiniteUpdateError", "TorchGRUCell",
-    "TrainResult", "TrainState", "Trainer", "enable_compilation_cache", "make_env", "make_optimizer",
+    "TrainResult", "TrainState", "Trainer", "compilation_cache", "cpu", "enable_compilation_cache", "make_env", "make_optimizer",
     "optimizer_names", "registered_env_names", "run", "train", "use_cpu_cores",
 ]

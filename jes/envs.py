@@ -16,7 +16,7 @@ rewards after ``done`` never count.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp

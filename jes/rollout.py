@@ -108,66 +108,60 @@ def run_episodes(
         c, out = policy.apply(p, c, o)
         return c, spec.action(out)
 
-    def step(t, slots):
-        p, k, obs, env_state, carry, done, returns, steps, obs_sum, obs_sumsq = slots
+    def step(t, running, results):
+        p, k, obs, env_state, carry, done = running
         new_carry, action = jax.vmap(act)(p, carry, obs)
         step_keys = jax.vmap(lambda key: jax.random.fold_in(key, t + 1))(k)
         new_obs, new_state, reward, terminated, _ = jax.vmap(
             lambda key, st, a: env.step_env(key, st, a, env_params)
         )(step_keys, env_state, action)
         live = ~done
+        results = dict(results, returns=results["returns"] + jnp.where(live, reward.astype(jnp.float32), 0.0),
+                       steps=results["steps"] + live.astype(jnp.int32))
         if collect_obs_stats:
             live_obs = jnp.where(live.reshape(live.shape + obs_axes), obs.astype(jnp.float32), 0.0)
-            obs_sum = obs_sum + live_obs
-            obs_sumsq = obs_sumsq + live_obs * live_obs
-        returns = returns + jnp.where(live, reward.astype(jnp.float32), 0.0)
-        steps = steps + live.astype(jnp.int32)
+            results["obs_sum"] = results["obs_sum"] + live_obs
+            results["obs_sumsq"] = results["obs_sumsq"] + live_obs * live_obs
         now_done = jax.vmap(spec.done_after)(terminated, new_state)
         # Finished episodes keep their last state: no NaN/inf drift, rewards stay masked.
         obs = _select(live, new_obs, obs)
         env_state = _select(live, new_state, env_state)
         carry = _select(live, new_carry, carry)
-        done = done | now_done
-        return p, k, obs, env_state, carry, done, returns, steps, obs_sum, obs_sumsq
+        return (p, k, obs, env_state, carry, done | now_done), results
 
-    # Per-episode results (returns, steps, observation sums) live with their slot and are written
+    # Per-episode results (returns, steps, observation sums) travel with their slot and are written
     # back by slot id, so nothing depends on how slots were compacted.
-    results = (jnp.zeros(num_slots, jnp.float32), jnp.zeros(num_slots, jnp.int32))
+    results = {"returns": jnp.zeros(num_slots, jnp.float32), "steps": jnp.zeros(num_slots, jnp.int32)}
     if collect_obs_stats:
-        results += (jnp.zeros((num_slots,) + spec.obs_shape, jnp.float32),) * 2
+        results["obs_sum"] = results["obs_sumsq"] = jnp.zeros((num_slots,) + spec.obs_shape, jnp.float32)
+    final = results
+    running = (slot_params, keys, obs, env_state, carry, done)
     slot_ids = jnp.arange(num_slots, dtype=jnp.int32)
-    slots = (slot_params, keys, obs, env_state, carry, done, *results)
-    if not collect_obs_stats:
-        slots += (obs_zero, obs_zero)  # unused placeholders keep one step() for both cases
 
-    def write_back(results, slots, slot_ids):
-        return tuple(r.at[slot_ids].set(v) for r, v in zip(results, slots[6:6 + len(results)]))
+    def write_back(final, results, slot_ids):
+        return jax.tree.map(lambda f, r: f.at[slot_ids].set(r), final, results)
 
     t = jnp.int32(0)
     sizes = compaction_sizes(num_slots, min_slots)
     for level, size in enumerate(sizes):
         if level > 0:
             # Record every slot's results, then keep the running ones (at most `size` of them).
-            results = write_back(results, slots, slot_ids)
-            keep = jnp.argsort(slots[5], stable=True)[:size]
-            if collect_obs_stats:
-                slots = jax.tree.map(lambda x: x[keep], slots)
-            else:
-                slots = (*jax.tree.map(lambda x: x[keep], slots[:8]), obs_zero, obs_zero)
-            slot_ids = slot_ids[keep]
+            final = write_back(final, results, slot_ids)
+            keep = jnp.argsort(running[5], stable=True)[:size]
+            running, results, slot_ids = jax.tree.map(lambda x: x[keep], (running, results, slot_ids))
         leave_at = sizes[level + 1] if level + 1 < len(sizes) else 0
 
         def cond(state, leave_at=leave_at):
-            t, slots = state
-            return (t < spec.max_steps) & (jnp.sum(~slots[5]) > leave_at)
+            t, running, _ = state
+            return (t < spec.max_steps) & (jnp.sum(~running[5]) > leave_at)
 
         def body(state):
-            t, slots = state
-            return t + 1, step(t, slots)
+            t, running, results = state
+            return (t + 1, *step(t, running, results))
 
-        t, slots = jax.lax.while_loop(cond, body, (t, slots))
-    results = write_back(results, slots, slot_ids)
+        t, running, results = jax.lax.while_loop(cond, body, (t, running, results))
+    final = write_back(final, results, slot_ids)
     shape = (num_members, num_episodes)
-    obs_sum, obs_sumsq = (results[2].sum(0), results[3].sum(0)) if collect_obs_stats else (obs_zero, obs_zero)
-    return RolloutOutput(returns=results[0].reshape(shape), steps=results[1].reshape(shape),
+    obs_sum, obs_sumsq = (final["obs_sum"].sum(0), final["obs_sumsq"].sum(0)) if collect_obs_stats else (obs_zero, obs_zero)
+    return RolloutOutput(returns=final["returns"].reshape(shape), steps=final["steps"].reshape(shape),
                          obs_sum=obs_sum, obs_sumsq=obs_sumsq)

@@ -1,7 +1,5 @@
 """Tiny gymnax-protocol environments used by the tests (real envs are used wherever behaviour allows)."""
-from typing import Any
 
-import jax
 import jax.numpy as jnp
 from flax import struct
 from gymnax.environments import environment, spaces

@@ -1,4 +1,3 @@
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
