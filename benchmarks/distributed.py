@@ -24,7 +24,7 @@ import numpy as np
 
 import jes
 from jes.distributed.master import Master
-from jes.trainer import run
+from jes.loop import run
 
 SECRET = os.urandom(32).hex()
 

@@ -15,7 +15,7 @@ import jax
 import numpy as np
 
 import jes
-from jes.trainer import run
+from jes.loop import run
 
 OPTIMIZERS = ("novograd", "adabelief", "adam", "radam", "amsgrad")
 

@@ -26,7 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import jes
-from jes.trainer import run
+from jes.loop import run
 
 STEPS = 500
 

@@ -34,10 +34,10 @@ import numpy as np
 from flax import serialization
 
 from jes.config import ESConfig
-from jes.trainer import Trainer, TrainState, as_key
+from jes.generation import Trainer, TrainState, as_key
 
 MAGIC = b"JESCKPT1"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: the strategy's state under state['strategy'] (1: OpenAI-ES fields at the top, migrated on read)
 _HEADER = struct.Struct("<8sQ32s")
 # Config fields that do not change what the parameters become, so a resumed run may change them.
 RESUMABLE_CONFIG_CHANGES = frozenset({"num_generations", "stop_at_return", "eval_every", "eval_episodes"})
@@ -103,10 +103,25 @@ def build_policy(description: dict, path: str = "<checkpoint>") -> nn.Module:
     return cls(**kwargs)
 
 
+def describe_strategy(strategy: Any) -> dict:
+    """``{"name": "pgpe", "fields": {...}}``: a registered strategy by name with its hyperparameters."""
+    return {"name": strategy.name, "fields": {f.name: _plain(getattr(strategy, f.name)) for f in dataclasses.fields(strategy)}}
+
+
+def build_strategy(description: dict | None) -> Any:
+    """The strategy a :func:`describe_strategy` description names (``None``: OpenAI-ES, as in format 1)."""
+    from jes import strategies
+
+    if description is None:
+        return strategies.get("openai_es")
+    return strategies.get(description["name"], **{k: _unplain(v, "strategy") for k, v in description["fields"].items()})
+
+
 def describe_run(trainer: Trainer) -> dict:
     """What a checkpoint records about the run, to verify or rebuild it."""
     config = trainer.config
     return {
+        "strategy": describe_strategy(trainer.strategy),
         "policy": describe_policy(trainer.policy),
         "env_name": trainer.spec.name,
         "obs_shape": list(trainer.spec.obs_shape),
@@ -240,12 +255,16 @@ class Checkpoint:
         config = self.config()
         if config_changes:
             config = config.replace(**config_changes)
-        return Trainer(self.policy(), self.env_name, self.optimizer, config, devices=devices)
+        return Trainer(self.policy(), self.env_name, self.optimizer, config, devices=devices,
+                       strategy=build_strategy(self.meta.get("strategy")))
 
     def check_compatible(self, trainer: Trainer) -> None:
         """Raise :class:`CheckpointError` naming every difference that would change the resumed parameters."""
         mine, theirs = describe_run(trainer), self.meta
         problems = []
+        their_strategy = theirs.get("strategy") or describe_strategy(build_strategy(None))
+        if json.loads(json.dumps(mine["strategy"])) != their_strategy:
+            problems.append(f"strategy: checkpoint has {their_strategy}, this run has {mine['strategy']}")
         for field, label in (("env_name", "env"), ("policy", "policy"), ("optimizer", "optimizer"),
                              ("num_params", "parameter count"), ("obs_shape", "observation shape")):
             if json.loads(json.dumps(mine[field])) != theirs[field]:
@@ -270,7 +289,7 @@ class Checkpoint:
         template = trainer.init_state(0)
         raw_template = jax.device_get(template.replace(es_key=jax.random.key_data(template.es_key)))
         try:
-            restored = serialization.from_state_dict(raw_template, self.state_dict)
+            restored = serialization.from_state_dict(raw_template, _migrate(self.state_dict, self.meta))
         except (ValueError, KeyError, TypeError) as err:
             raise CheckpointError(f"checkpoint {self.path}: training state does not fit this run's structure: {err}") from err
         problems = []
@@ -288,6 +307,16 @@ class Checkpoint:
                                   + "\n  ".join(problems))
         es_key = jax.random.wrap_key_data(restored.es_key, impl=self.meta["es_key_impl"])
         return trainer.place(restored.replace(es_key=es_key))
+
+
+def _migrate(state_dict: dict, meta: dict) -> dict:
+    """Format 1 (before strategies) kept OpenAI-ES's params/opt_state/noise_std at the top of the state."""
+    if meta.get("version", 1) >= 2 or "strategy" in state_dict:
+        return state_dict
+    state_dict = dict(state_dict)
+    state_dict["strategy"] = {"mean": state_dict.pop("params"), "opt_state": state_dict.pop("opt_state"),
+                              "noise_std": state_dict.pop("noise_std")}
+    return state_dict
 
 
 def read(path: str) -> Checkpoint:

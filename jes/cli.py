@@ -115,7 +115,7 @@ def _eval(args: argparse.Namespace) -> int:
     import numpy as np
 
     from jes import checkpoint
-    from jes.trainer import as_key
+    from jes.generation import as_key
 
     trainer, state, ckpt = checkpoint.load(args.checkpoint)
     returns, _ = jax.jit(trainer.evaluate_centre, static_argnums=1)(state, args.episodes, as_key(args.seed))

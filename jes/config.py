@@ -5,7 +5,7 @@ import dataclasses
 import math
 from typing import Any, Callable, Union
 
-from jes.strategy import FITNESS_SHAPINGS
+from jes.strategies.noise import FITNESS_SHAPINGS
 
 Schedule = Callable[[Any], Any]
 FloatOrSchedule = Union[float, Schedule]

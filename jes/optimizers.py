@@ -6,7 +6,10 @@ vmapped over in a sweep without recompiling.
 """
 from __future__ import annotations
 
-from typing import Callable, Union
+from typing import Any, Callable, NamedTuple, Union
+
+import jax
+import jax.numpy as jnp
 
 import optax
 
@@ -23,6 +26,7 @@ DEFAULT_LEARNING_RATES = {
     "radam": 0.8,
     "amsgrad": 0.2,
     "sgd": 1.0,
+    "clipup": 0.15,
 }
 ALIASES = {"adamm": "amsgrad"}
 
@@ -36,7 +40,39 @@ def _builders() -> dict[str, Callable[..., optax.GradientTransformation]]:
         "radam": lambda learning_rate: optax.radam(learning_rate, b2=0.9),
         "amsgrad": optax.amsgrad,
         "sgd": lambda learning_rate: optax.sgd(learning_rate, momentum=0.9),
+        "clipup": clipup,
     }
+
+
+class ClipUpState(NamedTuple):
+    velocity: Any
+
+
+def clipup(learning_rate: LearningRate, max_speed: float | None = None, momentum: float = 0.9) -> optax.GradientTransformation:
+    """ClipUp (Toklu et al. 2020): a normalised gradient step with heavy-ball momentum, speed clipped.
+
+    ``v <- momentum * v - learning_rate * g / |g|``; if ``|v| > max_speed``, ``v`` is rescaled to
+    ``max_speed``; the update is ``v``. ``max_speed`` defaults to twice the learning rate, the
+    paper's recommendation. Norms are over the whole parameter pytree.
+    """
+    max_speed_value = None if max_speed is None else float(max_speed)
+
+    def init(params):
+        return ClipUpState(velocity=jax.tree.map(jnp.zeros_like, params))
+
+    def update(grads, state, params=None):
+        del params
+        lr = learning_rate(0) if callable(learning_rate) else learning_rate
+        limit = 2.0 * lr if max_speed_value is None else max_speed_value
+        norm = optax.global_norm(grads)
+        scale = jnp.where(norm > 0, lr / jnp.where(norm > 0, norm, 1.0), 0.0)
+        velocity = jax.tree.map(lambda v, g: momentum * v - scale * g, state.velocity, grads)
+        speed = optax.global_norm(velocity)
+        clip = jnp.where(speed > limit, limit / jnp.where(speed > 0, speed, 1.0), 1.0)
+        velocity = jax.tree.map(lambda v: v * clip, velocity)
+        return velocity, ClipUpState(velocity=velocity)
+
+    return optax.GradientTransformation(init, update)
 
 
 def optimizer_names() -> list[str]:

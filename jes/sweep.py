@@ -31,7 +31,8 @@ import numpy as np
 from jes.config import ESConfig
 from jes.logging import TensorBoardLogger, default_run_name, unique_dir
 from jes.policies import GRUPolicy, MLPPolicy
-from jes.trainer import HISTORY_KEYS, NonFiniteFitnessError, NonFiniteUpdateError, Trainer, TrainState
+from jes.generation import Trainer, TrainState
+from jes.loop import HISTORY_KEYS, NonFiniteFitnessError, NonFiniteUpdateError
 
 # Hyperparameters that live in the TrainState, so different values share one compiled program.
 BATCHABLE = ("learning_rate", "noise_std")
@@ -99,12 +100,13 @@ def _run_name(values: Mapping[str, Any]) -> str:
 
 
 def _with_hyperparams(state: TrainState, values: Mapping[str, Any]) -> TrainState:
+    strategy = state.strategy
     if "noise_std" in values:
-        state = state.replace(noise_std=jnp.float32(values["noise_std"]))
+        strategy = strategy.replace(noise_std=jnp.float32(values["noise_std"]))
     if "learning_rate" in values:
-        hyper = dict(state.opt_state.hyperparams, learning_rate=jnp.float32(values["learning_rate"]))
-        state = state.replace(opt_state=state.opt_state._replace(hyperparams=hyper))
-    return state
+        hyper = dict(strategy.opt_state.hyperparams, learning_rate=jnp.float32(values["learning_rate"]))
+        strategy = strategy.replace(opt_state=strategy.opt_state._replace(hyperparams=hyper))
+    return state.replace(strategy=strategy)
 
 
 def _batchable(name: str, base: ESConfig, optimizer: Any, values: list) -> bool:
@@ -132,7 +134,7 @@ def compile_batch(trainer: Trainer, states: TrainState) -> tuple[Any, Any, float
     chunks = jnp.arange(trainer.num_chunks, dtype=jnp.int32)
 
     def generation(state):
-        return trainer.apply_chunk_results(state, *trainer.evaluate_chunks(state, chunks))
+        return trainer.apply_chunk_results(state, trainer.evaluate_chunks(state, chunks))
 
     def centre(state):
         returns, steps = trainer.evaluate_centre(state)

@@ -7,7 +7,7 @@ import pytest
 
 import jes
 from jes import checkpoint
-from jes.trainer import run
+from jes.loop import run
 
 SMALL = dict(num_members=16, chunk_size=8, num_generations=4, eval_episodes=4, eval_every=2)
 POLICY = jes.GRUPolicy(hidden=3, layers=1)
@@ -57,8 +57,8 @@ def test_checkpoint_holds_everything(saved, trainer):
     rebuilt, state, _ = checkpoint.load(saved)  # trainer rebuilt from the description alone
     assert rebuilt.num_params == trainer.num_params and int(state.generation) == 2
     assert float(state.obs_count) > 1.0  # observation statistics travelled
-    assert float(state.opt_state.hyperparams["learning_rate"]) == pytest.approx(float(
-        trainer.init_state(0).opt_state.hyperparams["learning_rate"]))
+    assert float(state.strategy.opt_state.hyperparams["learning_rate"]) == pytest.approx(float(
+        trainer.init_state(0).strategy.opt_state.hyperparams["learning_rate"]))
 
 
 def test_keyboard_interrupt_saves_then_resume_is_bit_identical(trainer, full_run, tmp_path):

@@ -25,7 +25,7 @@ import zmq
 import jes
 from jes.distributed import protocol
 from jes.distributed.master import Master, _Assignment, _Worker
-from jes.trainer import run
+from jes.loop import run
 
 SECRET = b"test-secret-0123456789abcdef"
 KEY = 11

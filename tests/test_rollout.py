@@ -44,6 +44,6 @@ def test_trainer_results_do_not_depend_on_rollout_min_batch():
         trainer = jes.Trainer(jes.GRUPolicy(hidden=3, layers=1), "CartPole-v1", "adam",
                               jes.ESConfig(num_members=64, chunk_size=64, num_generations=2, eval_episodes=4),
                               rollout_min_batch=min_batch)
-        return jes.trainer.run(trainer, trainer.init_state(1), key=1).flat_params
+        return jes.loop.run(trainer, trainer.init_state(1), key=1).flat_params
 
     np.testing.assert_array_equal(params(4), params(64))

@@ -9,7 +9,7 @@ import pytest
 import jes
 from jes import logging as jes_logging
 from jes import sweep as jes_sweep
-from jes.trainer import run
+from jes.loop import run
 
 BASE = jes.ESConfig(num_members=16, chunk_size=8, num_generations=3, eval_episodes=4)
 POLICY = jes.GRUPolicy(hidden=3, layers=1)

@@ -6,7 +6,7 @@ import optax
 import pytest
 
 import jes
-from jes.trainer import run
+from jes.loop import run
 from envs_for_tests import Countdown
 
 SMALL = dict(num_members=16, chunk_size=8, num_generations=3, eval_episodes=4)
@@ -54,8 +54,8 @@ def test_fused_generation_equals_chunks_evaluated_apart(small_trainer):
     fused, metrics = trainer.step(state, jnp.bool_(False))
     evaluate = jax.jit(trainer.evaluate_chunks)
     parts = {c: evaluate(state, jnp.array([c])) for c in (2, 0, 1)}
-    stacked = [jnp.concatenate([parts[c][i] for c in range(3)]) for i in range(4)]
-    split, split_metrics = jax.jit(trainer.apply_chunk_results)(state, *stacked)
+    stacked = jax.tree.map(lambda *xs: jnp.concatenate(xs), *(parts[c] for c in range(3)))
+    split, split_metrics = jax.jit(trainer.apply_chunk_results)(state, stacked)
     np.testing.assert_array_equal(fused.params, split.params)
     np.testing.assert_array_equal(fused.obs_sum, split.obs_sum)
     np.testing.assert_array_equal(fused.obs_sumsq, split.obs_sumsq)

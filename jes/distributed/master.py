@@ -29,6 +29,7 @@ import numpy as np
 import zmq
 
 from jes.distributed import protocol
+from jes.generation import ChunkResults
 from jes.distributed.protocol import ProtocolError, field
 
 log = logging.getLogger("jes.distributed.master")
@@ -75,7 +76,7 @@ class _Worker:
 
 
 class Master:
-    """Serve one training run to workers; :meth:`step` is a ``step_fn`` for :func:`jes.trainer.run`.
+    """Serve one training run to workers; :meth:`step` is a ``step_fn`` for :func:`jes.loop.run`.
 
     Args:
         trainer: the run's :class:`jes.Trainer`.
@@ -136,8 +137,8 @@ class Master:
         self._results = None
         self._last_status = time.monotonic()
         self._master_members = 0
-        self._evaluate = jax.jit(trainer.evaluate_chunks)
-        self._apply = jax.jit(trainer.apply_chunk_results)
+        self._evaluate = jax.jit(lambda s, c: ChunkResults.as_tuple(trainer.evaluate_chunks(s, c)))
+        self._apply = jax.jit(lambda s, *r: trainer.apply_chunk_results(s, ChunkResults(*r)))
         self._centre = jax.jit(lambda s: tuple(f(x) for f, x in zip((jnp.mean, jnp.sum), trainer.evaluate_centre(s))))
 
         self.context = zmq.Context()
@@ -497,8 +498,8 @@ class Master:
 
 def train_with_master(trainer: Any, state: Any, *, address: str, secret: bytes | str | None, env: Any,
                       optimizer: Any, env_params: Any = None, run_kwargs: dict | None = None, **options: Any) -> Any:
-    """Run :func:`jes.trainer.run` with a :class:`Master` listening on ``address`` as its step function."""
-    from jes.trainer import run
+    """Run :func:`jes.loop.run` with a :class:`Master` listening on ``address`` as its step function."""
+    from jes.loop import run
 
     with Master(trainer, address, secret=secret, env=env, optimizer=optimizer, env_params=env_params,
                 **options) as master:

@@ -297,7 +297,7 @@ def describe_run(trainer: Any, env: Any, optimizer: Any, env_params: Any = None)
         DescriptionError: a part that cannot travel as data (an optax transformation you built,
             a schedule, a lambda, a class defined in ``__main__`` or a notebook...).
     """
-    if not isinstance(optimizer, str):
+    if optimizer is not None and not isinstance(optimizer, str):
         raise DescriptionError(
             f"distributed runs need the optimizer by name ({type(optimizer).__name__} given): workers rebuild "
             f"it from its name; use e.g. optimizer='adam' and config.learning_rate"
@@ -327,6 +327,9 @@ def describe_run(trainer: Any, env: Any, optimizer: Any, env_params: Any = None)
         "env": env_desc,
         "env_params": None if env_params is None else describe_object(env_params, "env_params"),
         "optimizer": optimizer,
+        "strategy": {"name": trainer.strategy.name,
+                     "fields": {f.name: describe_value(getattr(trainer.strategy, f.name), f"strategy.{f.name}")
+                                for f in dataclasses.fields(trainer.strategy)}},
         "config": config,
     }
 
@@ -334,7 +337,8 @@ def describe_run(trainer: Any, env: Any, optimizer: Any, env_params: Any = None)
 def build_run(description: dict, devices: Any = None) -> Any:
     """A :class:`jes.Trainer` from :func:`describe_run` output."""
     from jes.config import ESConfig
-    from jes.trainer import Trainer
+    from jes import strategies
+    from jes.generation import Trainer
 
     if not isinstance(description, dict) or description.get("version") != PROTOCOL_VERSION:
         raise DescriptionError(f"run description of another protocol version ({description.get('version')!r})")
@@ -343,9 +347,17 @@ def build_run(description: dict, devices: Any = None) -> Any:
         env = description["env"] if isinstance(description["env"], str) else build_object(description["env"])
         env_params = None if description["env_params"] is None else build_object(description["env_params"])
         config = ESConfig(**{k: build_value(v) for k, v in description["config"].items()})
+        strategy_desc = description.get("strategy") or {"name": "openai_es", "fields": {}}
+        strategy_fields = {k: v for k, v in strategy_desc["fields"].items()}
+        if any(isinstance(v, dict) for v in strategy_fields.values()):
+            raise DescriptionError("strategy hyperparameters must be plain numbers or strings")
+        strategy = strategies.get(str(strategy_desc["name"]), **strategy_fields)
     except (KeyError, TypeError) as err:
         raise DescriptionError(f"malformed run description: {err}") from err
-    return Trainer(policy, env, description["optimizer"], config, env_params=env_params, devices=devices)
+    except ValueError as err:
+        raise DescriptionError(f"invalid run description: {err}") from err
+    return Trainer(policy, env, description["optimizer"], config, env_params=env_params, devices=devices,
+                   strategy=strategy)
 
 
 def run_id(description: dict, state_key_data: bytes) -> str:

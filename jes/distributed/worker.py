@@ -35,6 +35,7 @@ import numpy as np
 import zmq
 
 from jes.distributed import protocol
+from jes.generation import ChunkResults
 from jes.distributed.protocol import ProtocolError, field
 
 log = logging.getLogger("jes.distributed.worker")
@@ -272,13 +273,13 @@ class Worker:
         import jax
         import jax.numpy as jnp
 
-        from jes.trainer import resolve_devices
+        from jes.generation import resolve_devices
 
         devices = resolve_devices(self.devices_arg)
         trainer = protocol.build_run(description, devices=devices[:1])
         self.devices = devices
-        self.evaluate = jax.jit(trainer.evaluate_chunks)
-        self.apply = jax.jit(trainer.apply_chunk_results)
+        self.evaluate = jax.jit(lambda s, c: ChunkResults.as_tuple(trainer.evaluate_chunks(s, c)))
+        self.apply = jax.jit(lambda s, *r: trainer.apply_chunk_results(s, ChunkResults(*r)))
         # Compile now, while the link heartbeats, so no assignment waits on a compiler.
         warm = trainer.init_state(0)
         for device in devices:

@@ -3,7 +3,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jes import strategy
+from jes.strategies import noise as strategy
 
 D = 37
 

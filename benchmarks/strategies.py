@@ -1,0 +1,145 @@
+"""Every strategy side by side: RL envs (jes.train) and black-box functions (jes.optimize).
+
+    python benchmarks/strategies.py                       # everything (long)
+    python benchmarks/strategies.py --part rl --envs CartPole-v1 --seeds 0,1,2,3,4
+    python benchmarks/strategies.py --part functions --dims 10,100
+
+RL: per strategy and env, generations and evaluations (members + centre episodes) until the
+centre reaches the env's threshold on fresh episodes, final centre return mean +- std over seeds,
+and steady-state s/generation (compile excluded; one compile per strategy and env, shared by seeds).
+
+Functions: sphere and Rosenbrock (evaluations until f(mean) < 1e-6, within a budget) and
+Rastrigin (f(mean) after the budget) at several dimensions.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+
+import jes  # noqa: E402
+from jes.loop import run  # noqa: E402
+
+ENVS = {
+    # env: (policy, threshold, generations, members)
+    "CartPole-v1": (lambda: jes.GRUPolicy(hidden=5, layers=2), 475.0, 50, 512),
+    "Acrobot-v1": (lambda: jes.GRUPolicy(hidden=5, layers=3), -100.0, 50, 512),
+    "Pendulum-v1": (lambda: jes.MLPPolicy(hidden_sizes=(32, 32)), -200.0, 100, 512),
+}
+
+
+def rl(strategies, envs, seeds, generations_override):
+    rows = []
+    for env in envs:
+        make_policy, threshold, generations, members = ENVS[env]
+        generations = generations_override or generations
+        for name in strategies:
+            config = jes.ESConfig(num_members=members, num_generations=generations, stop_at_return=threshold)
+            trainer = jes.Trainer(make_policy(), env, None, config, strategy=name)
+            solved, finals, gen_times, evals = [], [], [], []
+            compile_time = None
+            for seed in seeds:
+                result = run(trainer, trainer.init_state(seed), key=seed)
+                compile_time = result.compile_time
+                h = result.history
+                solved.append(result.solved_generation)
+                finals.append(result.final_centre_return)
+                gen_times.extend(h["generation_time"][1:])
+                n = len(h["generation"]) if result.solved_generation is None else result.solved_generation
+                evals.append(n * (members + config.eval_episodes))
+                print(f"  {env} {name} seed {seed}: solved at {result.solved_generation}, centre "
+                      f"{result.final_centre_return:.1f}", flush=True)
+            ok = [g for g in solved if g is not None]
+            rows.append(dict(env=env, strategy=name, solved=f"{len(ok)}/{len(seeds)}",
+                             gens=f"{np.median(ok):.0f} ({min(ok)}-{max(ok)})" if ok else "-",
+                             evals=f"{np.median([e for e, g in zip(evals, solved) if g is not None]):.0f}" if ok else "-",
+                             final=f"{np.mean(finals):.1f} +- {np.std(finals):.1f}",
+                             s_per_gen=f"{np.median(gen_times):.3f}" if gen_times else "-",
+                             compile=f"{compile_time:.1f}"))
+    print("\n| env | strategy | solved | generations to solve, median (range) | evaluations to solve (median) "
+          "| final centre return | s/generation (median) | compile s |")
+    print("|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['env']} | {r['strategy']} | {r['solved']} | {r['gens']} | {r['evals']} | {r['final']} | "
+              f"{r['s_per_gen']} | {r['compile']} |")
+
+
+def sphere(x):
+    return jnp.sum(x * x)
+
+
+def rosenbrock(x):
+    return jnp.sum(100.0 * (x[1:] - x[:-1] ** 2) ** 2 + (1.0 - x[:-1]) ** 2)
+
+
+def rastrigin(x):
+    return 10.0 * x.shape[0] + jnp.sum(x * x - 10.0 * jnp.cos(2 * jnp.pi * x))
+
+
+FUNCTIONS = {
+    # name: (fn, x0 value, noise_std, target or None)
+    "sphere": (sphere, 3.0, 0.2, 1e-6),
+    "rosenbrock": (rosenbrock, 0.0, 0.1, 1e-6),
+    "rastrigin": (rastrigin, 3.0, 2.0, None),
+}
+
+
+def functions(strategies, dims, seeds, budget):
+    print("\n| function | d | strategy | population | evaluations to f < 1e-6 (median, runs that reached it) "
+          "| final f(mean) (median) | s |")
+    print("|---|---|---|---|---|---|---|")
+    for fname, (fn, start, sigma, target) in FUNCTIONS.items():
+        for d in dims:
+            for name in strategies:
+                reached, finals, walls, pop = [], [], [], None
+                for seed in seeds:
+                    strategy = jes.strategies.get(name)
+                    members = strategy.default_population(d)
+                    members += members % 2 if strategy.antithetic(True) else 0
+                    generations = max(1, budget(d) // (members + 1))
+                    t0 = time.perf_counter()
+                    r = jes.optimize(fn, start * jnp.ones(d), name, minimize=True, num_generations=generations,
+                                     key=seed, noise_std=sigma, target=target)
+                    walls.append(time.perf_counter() - t0)
+                    pop = members
+                    finals.append(r.value)
+                    if target is not None and r.value < target:
+                        reached.append(int(r.history["evaluations"][-1]))
+                ev = f"{np.median(reached):.0f} ({len(reached)}/{len(seeds)})" if reached else f"- (0/{len(seeds)})"
+                if target is None:
+                    ev = "n/a"
+                print(f"| {fname} | {d} | {name} | {pop} | {ev} | {np.median(finals):.3g} | {np.median(walls):.1f} |",
+                      flush=True)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--part", choices=("rl", "functions", "all"), default="all")
+    parser.add_argument("--strategies", default=",".join(jes.strategies.names()))
+    parser.add_argument("--envs", default=",".join(ENVS))
+    parser.add_argument("--seeds", default="0,1,2,3,4")
+    parser.add_argument("--generations", type=int, default=0, help="override the per-env generation budget")
+    parser.add_argument("--dims", default="10,100,1000")
+    parser.add_argument("--budget", type=int, default=0, help="function evaluations per run (default 2e4 * sqrt(d/10))")
+    args = parser.parse_args(argv)
+    jes.use_cpu_cores()
+    strategies = args.strategies.split(",")
+    seeds = [int(s) for s in args.seeds.split(",")]
+    print(f"jax {jax.__version__} on {jax.devices()}")
+    if args.part in ("rl", "all"):
+        rl(strategies, args.envs.split(","), seeds, args.generations)
+    if args.part in ("functions", "all"):
+        budget = (lambda d: args.budget) if args.budget else (lambda d: int(20000 * math.sqrt(d / 10)))
+        functions(strategies, [int(d) for d in args.dims.split(",")], seeds, budget)
+
+
+if __name__ == "__main__":
+    main()

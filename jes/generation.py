@@ -1,0 +1,524 @@
+"""Device code: the training state and THE compiled generation step.
+
+The function compiled per generation is :meth:`Generation.generation_step`.
+Inside it, a ``shard_map`` over a 1-D mesh of local devices gives each device
+a slice of fixed-size member chunks; each device evaluates its chunks one
+after another with the same compiled chunk program; fitness is all-gathered,
+the strategy turns the whole population's fitness into per-member weights,
+each device computes its chunks' sufficient statistics from regenerated noise,
+those are all-gathered and summed in chunk order, and the strategy's update
+and the centre evaluation run replicated. Because every chunk is computed by
+the same program and the reduction order is fixed, the result is
+bit-identical whether a population is evaluated on one device, several
+devices, or several hosts.
+
+:class:`Generation` holds everything that does not depend on what a member
+is evaluated on; :class:`Trainer` evaluates members as policies on
+environment episodes, :class:`jes.blackbox.FunctionProblem` on a function.
+"""
+from __future__ import annotations
+
+import math
+import time
+from typing import Any, Callable
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import struct
+from jax.flatten_util import ravel_pytree
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+from jes import strategies
+from jes.config import ESConfig
+from jes.envs import EnvSpec, make_env
+from jes.optimizers import make_optimizer
+from jes.policies import PolicyFns, fit_to_outputs
+from jes.rollout import run_episodes
+from jes.strategies import noise
+from jes.strategies.base import Context, Strategy
+
+try:  # jax >= 0.7
+    from jax import shard_map as _shard_map
+except ImportError:  # pragma: no cover - older jax
+    from jax.experimental.shard_map import shard_map as _shard_map
+
+AXIS = "members"
+# Initial pseudo-count of the running observation statistics (OpenAI ES's RunningStat).
+_OBS_EPS = 1e-2
+
+
+@struct.dataclass
+class TrainState:
+    """Everything that changes from one generation to the next.
+
+    Attributes:
+        strategy: the strategy's state (its ``mean`` is the centre, ``[num_params]`` float32).
+        generation: generations completed, int32 scalar.
+        es_key: typed PRNG key from which every generation's noise and episodes derive.
+        obs_count, obs_sum, obs_sumsq: running observation statistics.
+    """
+
+    strategy: Any
+    generation: jax.Array
+    es_key: jax.Array
+    obs_count: jax.Array
+    obs_sum: jax.Array
+    obs_sumsq: jax.Array
+
+    @property
+    def params(self) -> jax.Array:
+        """The centre of the search distribution, a flat ``[num_params]`` vector."""
+        return self.strategy.mean
+
+
+@struct.dataclass
+class ChunkResults:
+    """What evaluating chunks of members gives, one row per chunk.
+
+    A new per-chunk quantity is one field here: it travels from devices, workers and
+    sweeps to :meth:`Generation.apply_chunk_results` without touching the code between.
+
+    Attributes:
+        fitness: ``[..., C]`` (0 for padding members).
+        env_steps: ``[...]`` int32 env steps (function evaluations for :func:`jes.optimize`).
+        obs_sum, obs_sumsq: ``[..., *obs_shape]`` sums of observations and their squares.
+    """
+
+    fitness: jax.Array
+    env_steps: jax.Array
+    obs_sum: jax.Array
+    obs_sumsq: jax.Array
+
+    def as_tuple(self) -> tuple:
+        """``(fitness, env_steps, obs_sum, obs_sumsq)``: the wire protocol's field order."""
+        return self.fitness, self.env_steps, self.obs_sum, self.obs_sumsq
+
+
+def as_key(key: Any) -> jax.Array:
+    """A typed PRNG key from an int seed, a typed key, or raw ``uint32[2]`` key data."""
+    if isinstance(key, (int, np.integer)) and not isinstance(key, bool):
+        return jax.random.key(int(key))
+    arr = jnp.asarray(key)
+    if jnp.issubdtype(arr.dtype, jax.dtypes.prng_key):
+        return arr
+    if arr.dtype == jnp.uint32 and arr.shape == (2,):
+        return jax.random.wrap_key_data(arr)
+    raise TypeError(f"key must be an int seed or a jax.random key, got {type(key).__name__} {getattr(arr, 'shape', '')}")
+
+
+def resolve_devices(devices: Any) -> list:
+    """``None`` -> all local devices; an int n -> the first n; or an explicit list of devices."""
+    local = jax.local_devices()
+    if devices is None:
+        return list(local)
+    if isinstance(devices, int) and not isinstance(devices, bool):
+        if not 1 <= devices <= len(local):
+            raise ValueError(f"devices={devices}, but this process sees {len(local)} local device(s): {local}")
+        return list(local[:devices])
+    devices = list(devices)
+    if not devices:
+        raise ValueError("devices must name at least one device")
+    return devices
+
+
+def build_context(strategy: Strategy, optimizer: Any, config: ESConfig, num_params: int) -> tuple[Context, str | None]:
+    """The strategy's :class:`Context` for ``config``, its optimizer built; and the optimizer's name.
+
+    Raises:
+        ValueError: an optimizer given to a strategy that does not use one, or a run the
+            strategy cannot serve (e.g. an odd population for mirrored sampling).
+    """
+    if strategy.uses_optimizer:
+        optimizer = strategy.default_optimizer if optimizer is None else optimizer
+        learning_rate = getattr(strategy, "center_lr", None)
+        learning_rate = config.learning_rate if learning_rate is None else learning_rate
+        built = make_optimizer(optimizer, learning_rate)
+        name = optimizer if isinstance(optimizer, str) else type(optimizer).__name__
+    else:
+        strategies.base.check_optimizer_free(strategy, optimizer)
+        built, name = None, None
+    antithetic = strategy.antithetic(config.antithetic)
+    ctx = Context(num_params=num_params, num_members=config.num_members, noise_std=config.noise_std,
+                  optimizer=built, fitness_shaping=config.fitness_shaping, weight_decay=config.weight_decay,
+                  antithetic=antithetic)
+    if callable(config.noise_std) and strategy.name != "openai_es":
+        raise ValueError(f"a noise_std schedule is an openai_es feature; {strategy.name} adapts its own sigma "
+                         f"(give a number: its initial sigma)")
+    if antithetic and config.num_members % 2:
+        raise ValueError(f"num_members={config.num_members} is odd, but {strategy.name} evaluates mirrored pairs; "
+                         f"use an even population")
+    if antithetic and config.chunk_size is not None and config.chunk_size % 2:
+        raise ValueError(f"chunk_size={config.chunk_size} must be even: {strategy.name} evaluates whole mirrored pairs")
+    strategy.validate(ctx)
+    return ctx, name
+
+
+class Generation:
+    """The compiled generation of an ES run over any member evaluation (subclasses define it).
+
+    Subclasses set, before calling :meth:`_setup`: ``self.config`` and the flat-parameter
+    ``self.unravel``/``self.num_params``, and implement :meth:`evaluate_members` and
+    :meth:`centre_score`.
+    """
+
+    config: ESConfig
+    strategy: Strategy
+    ctx: Context
+    num_params: int
+    obs_shape: tuple[int, ...] = ()
+    normalize_observations: bool = False
+
+    def _setup(self, strategy: Any, optimizer: Any, devices: Any) -> None:
+        config = self.config
+        self.strategy = strategies.get(strategy)
+        self.ctx, self.optimizer_name = build_context(self.strategy, optimizer, config, self.num_params)
+        self.optimizer = self.ctx.optimizer
+        self.antithetic = self.ctx.antithetic
+        self.devices = resolve_devices(devices)
+        self.mesh = Mesh(np.array(self.devices), (AXIS,))
+        if config.chunk_size is not None:
+            self.chunk_size = config.chunk_size
+        else:
+            size = min(config.num_members, 256)
+            self.chunk_size = size + (size % 2 if self.antithetic else 0)
+        self.num_chunks = math.ceil(config.num_members / self.chunk_size)
+        per_device = math.ceil(self.num_chunks / len(self.devices))
+        self.padded_chunks = per_device * len(self.devices)
+        self.replicated = NamedSharding(self.mesh, P())
+        self.step = jax.jit(self.generation_step)
+        self.member = jax.jit(self.member_params)
+        self._compiled = None
+        self._compile_time = 0.0
+
+    # ----------------------------------------------------------------- state
+    def init_state(self, key: Any = 0) -> TrainState:
+        """Fresh training state: the initial mean from ``split(run_key)[0]``, ES streams from ``split(run_key)[1]``."""
+        run_key = as_key(key)
+        init_key, es_key = jax.random.split(run_key)
+        zeros = jnp.zeros(self.obs_shape, jnp.float32)
+        return self.place(TrainState(
+            strategy=self.strategy.init(self.ctx, self.initial_mean(init_key)),
+            generation=jnp.int32(0),
+            es_key=es_key,
+            obs_count=jnp.float32(_OBS_EPS),
+            obs_sum=zeros,
+            obs_sumsq=jnp.full(self.obs_shape, _OBS_EPS, jnp.float32),
+        ))
+
+    def initial_mean(self, init_key: jax.Array) -> jax.Array:
+        raise NotImplementedError
+
+    @property
+    def run_label(self) -> str:
+        """``"adam"`` for OpenAI-ES (as before strategies existed), else ``"pgpe-clipup"``, ``"snes"``, ..."""
+        if self.strategy.name == "openai_es":
+            return self.optimizer_name
+        return f"{self.strategy.name}-{self.optimizer_name}" if self.optimizer_name else self.strategy.name
+
+    def place(self, state: TrainState) -> TrainState:
+        """Put a state (fresh, restored, or from another process) replicated on this run's devices.
+
+        The compiled step returns replicated state; feeding it the same placement keeps it at one compilation.
+        """
+        return jax.device_put(state, self.replicated)
+
+    def params_tree(self, flat_params: jax.Array) -> Any:
+        """The parameter pytree of a flat parameter vector."""
+        return self.unravel(jnp.asarray(flat_params, jnp.float32))
+
+    def obs_norm(self, state: TrainState) -> tuple[jax.Array, jax.Array] | None:
+        """``(mean, std)`` of observations so far, or ``None`` without normalisation."""
+        if not self.normalize_observations:
+            return None
+        mean = state.obs_sum / state.obs_count
+        var = state.obs_sumsq / state.obs_count - mean * mean
+        return mean, jnp.sqrt(jnp.maximum(var, _OBS_EPS))
+
+    def noise_std(self, state: TrainState) -> jax.Array:
+        """Mean sigma of the search distribution at the state's generation."""
+        return self.strategy.noise_std(self.ctx, state.strategy, state.generation)
+
+    # -------------------------------------------------------- device pieces
+    def evaluate_members(self, state: TrainState, flat: jax.Array, members: jax.Array, gen_key: jax.Array,
+                         active: jax.Array) -> ChunkResults:
+        """Fitness (and counters) of one chunk of members with flat parameters ``flat`` ``[C, P]``."""
+        raise NotImplementedError
+
+    def centre_score(self, state: TrainState) -> tuple[jax.Array, jax.Array]:
+        """``(score, steps)`` of the unperturbed centre, reported apart from the population."""
+        raise NotImplementedError
+
+    def sample_chunk(self, state: TrainState, chunk: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+        """Flat parameters ``[C, P]`` of chunk ``chunk``'s members, their indices ``[C]``, and which are real."""
+        size = self.chunk_size
+        gen_key = noise.generation_key(state.es_key, state.generation)
+        start = chunk * size
+        members = start + jnp.arange(size, dtype=jnp.int32)
+        flat = self.strategy.sample(self.ctx, state.strategy, gen_key, state.generation, start, size)
+        return flat, members, members < self.config.num_members
+
+    def member_params(self, state: TrainState, member: jax.Array) -> jax.Array:
+        """Flat parameters ``[P]`` of one member of the state's generation, regenerated from its key."""
+        flat, _, _ = self.sample_chunk(state, member // self.chunk_size)
+        return flat[member % self.chunk_size]
+
+    def evaluate_chunk(self, state: TrainState, chunk: jax.Array) -> ChunkResults:
+        """Evaluate members ``[chunk*C, (chunk+1)*C)`` of the state's generation (padding members get fitness 0)."""
+        flat, members, active = self.sample_chunk(state, chunk)
+        gen_key = noise.generation_key(state.es_key, state.generation)
+        return self.evaluate_members(state, flat, members, gen_key, active)
+
+    def evaluate_chunks(self, state: TrainState, chunks: jax.Array) -> ChunkResults:
+        """Evaluate several chunks one after another (``lax.map``): the unit of work of a device or worker."""
+        return jax.lax.map(lambda c: self.evaluate_chunk(state, c), chunks)
+
+    def weights(self, state: TrainState, fitness: jax.Array) -> Any:
+        """The strategy's per-member weights padded to whole chunks (device padding included): leaves ``[padded_chunks, C]``."""
+        n = self.config.num_members
+        safe = jnp.where(jnp.isfinite(fitness), fitness, 0.0)
+        shaped = self.strategy.weights(self.ctx, state.strategy, safe)
+
+        def pad(leaf):
+            padded = jnp.zeros(self.padded_chunks * self.chunk_size, jnp.float32).at[:n].set(leaf)
+            return padded.reshape(self.padded_chunks, self.chunk_size)
+
+        return jax.tree.map(pad, shaped)
+
+    def chunk_stats(self, state: TrainState, chunks: jax.Array, weights: Any) -> Any:
+        """The strategy's sufficient statistics of each chunk, leaves ``[k, ...]``; ``weights`` leaves are ``[k, C]``."""
+        gen_key = noise.generation_key(state.es_key, state.generation)
+
+        def one(args):
+            chunk, w = args
+            return self.strategy.chunk_stats(self.ctx, state.strategy, gen_key, state.generation,
+                                             chunk * self.chunk_size, w)
+
+        return jax.lax.map(one, (chunks, weights))
+
+    @staticmethod
+    def reduce_chunks(values: Any) -> Any:
+        """Sum per-chunk values (leaves ``[k, ...]``) one chunk after another, in chunk order.
+
+        A fixed sequential order makes the float32 sum the same wherever the chunks were computed.
+        """
+        def one(v):
+            return jax.lax.scan(lambda acc, x: (acc + x, None), jnp.zeros_like(v[0]), v)[0]
+
+        return jax.tree.map(one, values)
+
+    def update_from_stats(self, state: TrainState, fitness: jax.Array, stats: Any, totals: ChunkResults) -> tuple[TrainState, dict]:
+        """The strategy's update from chunk-ordered statistics, and the generation's metrics.
+
+        A generation with a non-finite fitness leaves the state unchanged and reports the
+        first bad member in ``metrics["bad_member"]`` (else -1); one whose update gives a
+        non-finite strategy state leaves it unchanged too and sets ``metrics["bad_update"]``.
+
+        Args:
+            fitness: ``[num_members]``; stats: the summed statistics; totals: generation totals
+                of the other per-chunk fields (``fitness`` unused).
+        """
+        new_strategy, info = self.strategy.update(self.ctx, state.strategy, stats, fitness, state.generation)
+        bad = ~jnp.isfinite(fitness)
+        bad_fitness = bad.any()
+        finite = jnp.stack([jnp.isfinite(x).all() for x in jax.tree.leaves(new_strategy)
+                            if jnp.issubdtype(x.dtype, jnp.floating)])
+        # Finite fitness can still give a non-finite step (a sigma schedule reaching 0, overflowing raw
+        # fitness): never apply it either.
+        bad_update = ~bad_fitness & ~finite.all()
+        any_bad = bad_fitness | bad_update
+        keep = lambda new, old: jax.tree.map(lambda n, o: jnp.where(any_bad, o, n), new, old)
+        new_state = state.replace(
+            strategy=keep(new_strategy, state.strategy),
+            generation=jnp.where(any_bad, state.generation, state.generation + 1),
+        )
+        if self.normalize_observations:
+            new_state = new_state.replace(
+                obs_count=keep(state.obs_count + totals.env_steps.astype(jnp.float32), state.obs_count),
+                obs_sum=keep(state.obs_sum + totals.obs_sum, state.obs_sum),
+                obs_sumsq=keep(state.obs_sumsq + totals.obs_sumsq, state.obs_sumsq),
+            )
+        safe = jnp.where(bad, jnp.nan, fitness)
+        metrics = {
+            "pop_mean": jnp.nanmean(safe),
+            "pop_max": jnp.nanmax(safe),
+            "pop_min": jnp.nanmin(safe),
+            "pop_std": jnp.nanstd(safe),
+            "env_steps": totals.env_steps,
+            **info,
+            "param_norm": jnp.linalg.norm(new_state.params),
+            "best_member": jnp.argmax(jnp.where(bad, -jnp.inf, fitness)).astype(jnp.int32),
+            "bad_member": jnp.where(bad_fitness, jnp.argmax(bad), -1).astype(jnp.int32),
+            "bad_update": bad_update,
+        }
+        return new_state, metrics
+
+    def apply_fitness(self, state: TrainState, fitness: jax.Array, totals: ChunkResults | None = None) -> tuple[TrainState, dict]:
+        """The update from a full fitness vector ``[num_members]`` (``totals``: generation totals of the other fields)."""
+        if totals is None:
+            zeros = jnp.zeros(self.obs_shape, jnp.float32)
+            totals = ChunkResults(fitness=fitness, env_steps=jnp.int32(0), obs_sum=zeros, obs_sumsq=zeros)
+        weights = jax.tree.map(lambda w: w[: self.num_chunks], self.weights(state, fitness))
+        stats = self.chunk_stats(state, jnp.arange(self.num_chunks, dtype=jnp.int32), weights)
+        return self.update_from_stats(state, fitness, self.reduce_chunks(stats), totals)
+
+    def apply_chunk_results(self, state: TrainState, results: ChunkResults) -> tuple[TrainState, dict]:
+        """The update from every chunk's results, as :meth:`evaluate_chunks` returns them for chunks ``0..num_chunks-1``.
+
+        This is what a distributed master runs once all chunks are in; it is bit-identical to
+        :meth:`generation_step` for the same generation, however the chunks were spread.
+        """
+        flat = results.fitness.reshape(-1)[: self.config.num_members]
+        return self.apply_fitness(state, flat, self.reduce_chunks(results))
+
+    def generation_step(self, state: TrainState, evaluate_centre: jax.Array) -> tuple[TrainState, dict]:
+        """One whole generation: sample, evaluate every member, weigh, update, maybe evaluate the centre.
+
+        This is the function jes compiles (``self.step``); ``evaluate_centre`` is a
+        traced bool so turning the centre evaluation on or off never recompiles.
+        """
+        per_device = self.padded_chunks // len(self.devices)
+
+        def sharded(state, chunk_ids):
+            real = self.num_chunks  # device padding chunks are dropped before any reduction
+            gather = lambda tree: jax.tree.map(lambda x: jax.lax.all_gather(x, AXIS, tiled=True)[:real], tree)
+            results = gather(self.evaluate_chunks(state, chunk_ids))
+            fitness_all = results.fitness.reshape(-1)[: self.config.num_members]
+            weights = self.weights(state, fitness_all)
+            index = jax.lax.axis_index(AXIS)
+            local = jax.tree.map(lambda w: jax.lax.dynamic_slice_in_dim(w, index * per_device, per_device), weights)
+            stats = gather(self.chunk_stats(state, chunk_ids, local))
+            # Per-chunk values gathered in chunk order, then reduced sequentially: device count cannot change the sums.
+            return self.update_from_stats(state, fitness_all, self.reduce_chunks(stats), self.reduce_chunks(results))
+
+        chunk_ids = jnp.arange(self.padded_chunks, dtype=jnp.int32)
+        chunk_ids = jax.lax.with_sharding_constraint(chunk_ids, NamedSharding(self.mesh, P(AXIS)))
+        new_state, metrics = _shard_map(
+            sharded, mesh=self.mesh, in_specs=(P(), P(AXIS)), out_specs=(P(), P()), check_vma=False,
+        )(state, chunk_ids)
+        centre_return, centre_steps = jax.lax.cond(
+            evaluate_centre & (metrics["bad_member"] < 0) & ~metrics["bad_update"],
+            self.centre_score,
+            lambda s: (jnp.float32(jnp.nan), jnp.int32(0)),
+            new_state,
+        )
+        return new_state, dict(metrics, centre_return=centre_return, centre_steps=centre_steps)
+
+    def compiled_step(self, state: TrainState) -> tuple[Callable, float]:
+        """The generation step compiled ahead of time for ``state``'s shapes, and the seconds it took.
+
+        Compiled once per run object and reused by every run (seeds, resumes) it serves.
+        """
+        if self._compiled is None:
+            t0 = time.perf_counter()
+            self._compiled = self.step.lower(state, jnp.bool_(True)).compile()
+            self._compile_time = time.perf_counter() - t0
+        return self._compiled, self._compile_time
+
+    def compile_count(self) -> int:
+        """How many programs ``self.step`` has compiled (1 after any number of generations)."""
+        return self.step._cache_size()
+
+
+class Trainer(Generation):
+    """The compiled pieces of an ES run of a policy on an env, for one (policy, env, strategy, optimizer, config).
+
+    Most users call :func:`jes.train`; the trainer's pieces are what distributed
+    workers and sweeps reuse: :meth:`init_state`, :meth:`generation_step`
+    (compiled as :attr:`step`), :meth:`evaluate_chunks` and :meth:`apply_chunk_results`.
+
+    Args:
+        policy: a Flax module (``jes.GRUPolicy``, ``jes.MLPPolicy`` or your own).
+        env: a gymnax env id, env object, or ``(env, env_params)``.
+        optimizer: an optimizer name or an optax ``GradientTransformation`` for strategies that
+            use one (``None``: the strategy's default, ``"adam"`` for OpenAI-ES).
+        config: the :class:`ESConfig`.
+        env_params: gymnax env params overriding the env's defaults.
+        devices: local devices to shard the population over (``None``: all).
+        rollout_min_batch: smallest batch the rollout compacts still-running episodes into
+            (see :func:`jes.rollout.run_episodes`). Purely a speed/compile-time trade-off:
+            results are bit-identical for any value (tested on CPU).
+        strategy: a strategy name (``jes.strategies.names()``) or object; default OpenAI-ES.
+    """
+
+    def __init__(
+        self,
+        policy: nn.Module,
+        env: Any,
+        optimizer: Any = None,
+        config: ESConfig | None = None,
+        env_params: Any = None,
+        devices: Any = None,
+        rollout_min_batch: int = 32,
+        strategy: Any = "openai_es",
+    ):
+        self.config = config = config or ESConfig()
+        if isinstance(rollout_min_batch, bool) or not isinstance(rollout_min_batch, int) or rollout_min_batch < 1:
+            raise ValueError(f"rollout_min_batch must be a positive integer, got {rollout_min_batch!r}")
+        self.rollout_min_batch = rollout_min_batch
+        self.spec: EnvSpec = make_env(env, env_params, config.max_episode_steps)
+        self.obs_shape = self.spec.obs_shape
+        self.policy = fit_to_outputs(policy, self.spec.num_outputs)
+        self.fns = PolicyFns(self.policy, self.spec.obs_shape)
+        variables = self._init_variables(jax.random.key(0), abstract=True)
+        template = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), variables)
+        flat, self.unravel = ravel_pytree(template)
+        if flat.dtype != jnp.float32:
+            raise TypeError(f"policy parameters must be float32, got {flat.dtype}")
+        self.num_params = int(flat.shape[0])
+        self._setup(strategy, optimizer, devices)
+        self.normalize_observations = self.strategy.uses_obs_norm(config.normalize_observations)
+
+    def _init_variables(self, key: jax.Array, abstract: bool = False) -> Any:
+        init = jax.eval_shape if abstract else (lambda f, *a: f(*a))
+        try:
+            variables = init(self.fns.init, key)
+            carry = self.fns.initial_carry()
+            obs = jax.ShapeDtypeStruct(self.spec.obs_shape, jnp.float32)
+            _, out = jax.eval_shape(self.fns.apply, variables, carry, obs)
+        except (TypeError, ValueError) as err:
+            raise ValueError(
+                f"policy {type(self.policy).__name__} cannot be applied to one observation of env "
+                f"{self.spec.name!r} (shape {self.spec.obs_shape}): {err}"
+            ) from err
+        expected = (self.spec.num_outputs,)
+        if tuple(out.shape) != expected:
+            kind = "one logit per discrete action" if self.spec.discrete else f"one value per action dimension {self.spec.action_shape}"
+            raise ValueError(
+                f"policy {type(self.policy).__name__} outputs shape {tuple(out.shape)} but env {self.spec.name!r} needs "
+                f"{expected} ({kind}); set the policy's output size to {self.spec.num_outputs} "
+                f"(jes.GRUPolicy/MLPPolicy do this when num_outputs=None)"
+            )
+        return variables
+
+    def initial_mean(self, init_key: jax.Array) -> jax.Array:
+        flat, _ = ravel_pytree(self._init_variables(init_key))
+        return flat
+
+    def evaluate_members(self, state, flat, members, gen_key, active):
+        cfg = self.config
+        params = jax.vmap(self.unravel)(flat)
+        keys = noise.episode_keys(gen_key, members, cfg.episodes_per_member, self.antithetic)
+        out = run_episodes(
+            self.fns, self.spec, params, keys, active,
+            obs_norm=self.obs_norm(state), collect_obs_stats=self.normalize_observations,
+            min_slots=self.rollout_min_batch,
+        )
+        fitness = jnp.where(active, out.returns.mean(axis=1), 0.0)
+        return ChunkResults(fitness=fitness, env_steps=out.steps.sum(), obs_sum=out.obs_sum, obs_sumsq=out.obs_sumsq)
+
+    def evaluate_centre(self, state: TrainState, num_episodes: int | None = None, key: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
+        """Returns and steps of the unperturbed centre on fresh episodes, each ``[num_episodes]``."""
+        num_episodes = num_episodes or self.config.eval_episodes
+        if key is None:
+            key = noise.generation_key(state.es_key, state.generation)
+        keys = noise.centre_episode_keys(key, num_episodes)[None]
+        params = jax.tree.map(lambda x: x[None], self.unravel(state.params))
+        out = run_episodes(self.fns, self.spec, params, keys, jnp.ones((1,), bool), obs_norm=self.obs_norm(state),
+                           min_slots=self.rollout_min_batch)
+        return out.returns[0], out.steps[0]
+
+    def centre_score(self, state):
+        returns, steps = self.evaluate_centre(state)
+        return returns.mean(), steps.sum()

@@ -1,0 +1,348 @@
+"""Host loop: ``jes.train`` and ``jes.run``, results, and the wiring to host services.
+
+The compiled generation step lives in :mod:`jes.generation`; this module calls it once
+per generation, reads back a handful of scalars, and hands each generation's record
+to callbacks (TensorBoard, progress, console), checkpoints and, for distributed runs,
+the ZeroMQ master. Host services are imported here, never by the core.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+from typing import Any, Callable, Iterable, Sequence
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jes import checkpoint, logging as jes_logging
+from jes.config import ESConfig
+from jes.generation import Trainer, TrainState, as_key
+
+
+class NonFiniteFitnessError(ValueError):
+    """A member's fitness was NaN or infinite; training stopped before using it.
+
+    Attributes:
+        generation: the generation being evaluated (1-based, as in the history).
+        member: index of the first offending member.
+        result: the :class:`TrainResult` up to the last good generation.
+    """
+
+    def __init__(self, message: str, generation: int, member: int, result: "TrainResult | None" = None):
+        super().__init__(message)
+        self.generation = generation
+        self.member = member
+        self.result = result
+
+
+class NonFiniteUpdateError(ValueError):
+    """A generation's ES update (or the parameters it would give) was not finite; it was not applied.
+
+    Attributes:
+        generation: the generation whose update failed (1-based, as in the history).
+        result: the :class:`TrainResult` up to the last good generation.
+    """
+
+    def __init__(self, message: str, generation: int, result: "TrainResult | None" = None):
+        super().__init__(message)
+        self.generation = generation
+        self.result = result
+
+
+@dataclasses.dataclass
+class TrainResult:
+    """What :func:`train` returns.
+
+    Attributes:
+        params: final centre as Flax variables, usable with ``result.policy.apply``.
+        flat_params: the same as one numpy vector.
+        policy: the policy module as trained (output size filled in).
+        history: per-generation arrays: ``generation``, ``pop_mean``, ``pop_max``, ``pop_min``,
+            ``pop_std``, ``centre_return`` (NaN where not evaluated), ``wall_time`` (s since start,
+            compile excluded), ``generation_time``, ``env_steps`` (cumulative), ``noise_std``,
+            ``learning_rate``, ``grad_norm``, ``update_norm``, ``param_norm``.
+        config: the :class:`ESConfig`.
+        key: raw ``uint32`` data of the run key (``jes.train(..., key=result.key)`` reproduces the run).
+        env_name: the environment id.
+        optimizer: the optimizer's name (or type name); ``None`` for strategies without one.
+        strategy: the strategy's name.
+        solved_generation: first generation (1-based) whose centre evaluation reached the
+            env's solved return, or ``None``.
+        compile_time: seconds spent compiling the generation step.
+        wall_time: seconds of the whole run including compile.
+        state: the final :class:`TrainState` (to continue training).
+        trainer: the :class:`Trainer` that ran it.
+    """
+
+    params: Any
+    flat_params: np.ndarray
+    policy: nn.Module
+    history: dict
+    config: ESConfig
+    key: np.ndarray
+    env_name: str
+    optimizer: str | None
+    strategy: str
+    solved_generation: int | None
+    compile_time: float
+    wall_time: float
+    state: TrainState
+    trainer: Trainer
+
+    @property
+    def final_centre_return(self) -> float:
+        """The last centre evaluation's mean return (NaN if none ran)."""
+        scores = self.history["centre_return"]
+        finite = scores[np.isfinite(scores)]
+        return float(finite[-1]) if finite.size else float("nan")
+
+    def evaluate(self, num_episodes: int = 64, key: Any = 12345) -> np.ndarray:
+        """Returns of the final centre on ``num_episodes`` fresh episodes drawn from ``key``."""
+        fn = jax.jit(self.trainer.evaluate_centre, static_argnums=1)
+        returns, _ = fn(self.state, num_episodes, as_key(key))
+        return np.asarray(returns)
+
+    def summary(self) -> str:
+        """One readable line about the run."""
+        solved = f"solved at generation {self.solved_generation}" if self.solved_generation else "not solved"
+        return (
+            f"{self.env_name} with {self.trainer.run_label}: {len(self.history['generation'])} generations, "
+            f"centre return {self.final_centre_return:.1f}, {solved}; "
+            f"{self.trainer.num_params} params, {self.wall_time:.1f}s wall ({self.compile_time:.1f}s compile)"
+        )
+
+
+HISTORY_KEYS = (
+    "generation", "pop_mean", "pop_max", "pop_min", "pop_std", "centre_return", "wall_time",
+    "generation_time", "env_steps", "noise_std", "learning_rate", "grad_norm", "update_norm", "param_norm",
+)
+
+Callback = Callable[[dict], Any]
+
+
+def train(
+    policy: nn.Module,
+    env: Any,
+    optimizer: Any = None,
+    *,
+    strategy: Any = "openai_es",
+    key: Any = 0,
+    config: ESConfig | None = None,
+    env_params: Any = None,
+    devices: Any = None,
+    callbacks: Sequence[Callback] = (),
+    log_dir: str | None = "runs/<auto>",
+    progress: bool | None = None,
+    checkpoint_path: str | None = "<log_dir>/checkpoint.ckpt",
+    checkpoint_every: int = 10,
+    resume: str | None = None,
+    master: str | None = None,
+    secret: bytes | str | None = None,
+    rollout_min_batch: int = 32,
+    **overrides: Any,
+) -> TrainResult:
+    """Train ``policy`` on ``env`` with an evolution strategy (OpenAI-ES by default).
+
+    Example:
+        >>> result = jes.train(jes.GRUPolicy(hidden=5, layers=2), "CartPole-v1", "novograd")
+        >>> result = jes.train(jes.GRUPolicy(), "CartPole-v1", strategy="pgpe")   # ClipUp by default
+        >>> result = jes.train(jes.GRUPolicy(), "CartPole-v1", strategy=jes.strategies.SNES(sigma_lr=0.05))
+
+    Args:
+        policy: a Flax module mapping one observation to action outputs.
+        env: a gymnax env id (``"CartPole-v1"``), env object, or ``(env, env_params)``.
+        optimizer: for strategies that move their mean with an optimizer (openai_es, pgpe):
+            ``"adam"``, ``"adabelief"``, ``"novograd"``, ``"radam"``, ``"amsgrad"``, ``"sgd"``,
+            ``"clipup"``, or any optax ``GradientTransformation``; ``None`` takes the strategy's
+            default (adam for openai_es, clipup for pgpe). snes, sep_cma_es and ars have their own
+            update rules and refuse an optimizer.
+        strategy: ``"openai_es"`` (default), ``"pgpe"``, ``"snes"``, ``"sep_cma_es"``, ``"ars"``
+            (``jes.strategies.names()``) or a strategy object with its hyperparameters.
+        key: int seed or ``jax.random`` key; same key and config give bit-identical results.
+        config: an :class:`ESConfig`; keyword ``overrides`` (e.g. ``num_members=256``) replace its fields.
+        env_params: gymnax env params.
+        devices: local devices to shard the population over (``None``: all local devices).
+        callbacks: functions called with each generation's metrics dict (host side); see :mod:`jes.logging`.
+        log_dir: TensorBoard directory; the default is ``runs/<env>-<policy>-<optimizer>-<time>``;
+            ``None`` turns TensorBoard logging off.
+        progress: tqdm progress bar; ``None`` shows it only when stdout is a terminal.
+        checkpoint_path: checkpoint file, written every ``checkpoint_every`` generations, at the end,
+            and on Ctrl-C. The default is ``checkpoint.ckpt`` in ``log_dir`` (the ``resume`` file when
+            resuming); ``None`` turns checkpoints off.
+        checkpoint_every: generations between checkpoints (0: only at the end and on Ctrl-C).
+        resume: a checkpoint to continue from; the run then ends bit-identical to one never
+            interrupted. The run key comes from the checkpoint (``key`` is ignored); the policy, env,
+            optimizer and config must match it (``num_generations`` may grow).
+        master: listen address (``":5555"``, ``"0.0.0.0:5555"``) to spread each generation over
+            ``jes-worker --master HOST:PORT`` processes (:mod:`jes.distributed`); the result is
+            bit-identical to a local run. The policy, env, optimizer (by name) and config must be
+            describable as plain data.
+        secret: shared HMAC key for ``master`` (``None``: the ``JES_SECRET`` environment variable).
+        rollout_min_batch: see :class:`Trainer` (a speed/compile-time knob; results do not depend on it).
+
+    Returns:
+        A :class:`TrainResult`.
+    """
+    config = (config or ESConfig()).replace(**overrides) if overrides else (config or ESConfig())
+    trainer = Trainer(policy, env, optimizer, config, env_params=env_params, devices=devices,
+                      rollout_min_batch=rollout_min_batch, strategy=strategy)
+    history = None
+    if resume is not None:
+        restored = checkpoint.read(resume)
+        state, history, key = restored.restore_state(trainer), restored.history, restored.key
+    else:
+        state = trainer.init_state(key)
+    if log_dir == "runs/<auto>":
+        name = jes_logging.default_run_name(trainer.spec.name, type(trainer.policy).__name__, trainer.run_label)
+        log_dir = jes_logging.unique_dir(os.path.join("runs", name))
+    if checkpoint_path == "<log_dir>/checkpoint.ckpt":
+        checkpoint_path = resume if resume is not None else (
+            os.path.join(log_dir, "checkpoint.ckpt") if log_dir is not None else None)
+    loggers = [jes_logging.ProgressBar(config.num_generations, int(state.generation), enabled=progress)]
+    if log_dir is not None:
+        hparams = dict(config.to_dict(), env=trainer.spec.name, policy=type(trainer.policy).__name__,
+                       optimizer=trainer.optimizer_name or "", strategy=trainer.strategy.describe(), num_params=trainer.num_params,
+                       key=str(np.asarray(jax.random.key_data(as_key(key))).tolist()))
+        loggers.append(jes_logging.TensorBoardLogger(log_dir, hparams))
+    try:
+        if master is not None:
+            from jes.distributed.master import Master  # host-side module that imports this one
+            with Master(trainer, master, secret=secret, env=env, optimizer=optimizer, env_params=env_params) as server:
+                return run(trainer, state, key=key, callbacks=[*loggers, *callbacks], history=history,
+                           checkpoint_path=checkpoint_path, checkpoint_every=checkpoint_every, step_fn=server.step)
+        return run(trainer, state, key=key, callbacks=[*loggers, *callbacks], history=history,
+                   checkpoint_path=checkpoint_path, checkpoint_every=checkpoint_every)
+    finally:
+        jes_logging.close_all(loggers)
+
+
+StepFn = Callable[[TrainState, bool], "tuple[TrainState, dict]"]
+
+
+def run(trainer: Trainer, state: TrainState, *, key: Any = 0, callbacks: Iterable[Callback] = (),
+        history: dict | None = None, num_generations: int | None = None, step_fn: StepFn | None = None,
+        checkpoint_path: str | None = None, checkpoint_every: int = 0) -> TrainResult:
+    """Host loop: call the generation step until ``num_generations`` (default: config's) are done.
+
+    Args:
+        trainer: the trainer whose compiled step runs.
+        state: the state to continue from (fresh, or restored).
+        key: the run key (recorded in the result).
+        callbacks: called with each generation's metrics record.
+        history: history of earlier generations, when continuing a run.
+        num_generations: total generations (including those already in ``state``).
+        step_fn: replaces the local compiled step, ``(state, evaluate_centre) -> (state, metrics)``
+            with the same metrics; a distributed master farms the population out through it.
+        checkpoint_path: where to save checkpoints (``jes.checkpoint``): every ``checkpoint_every``
+            generations (0: never periodically), after the last generation, and on KeyboardInterrupt
+            (then re-raised). ``None``: no checkpoints.
+    """
+    if checkpoint_every < 0:
+        raise ValueError(f"checkpoint_every must be >= 0, got {checkpoint_every}")
+
+    def save_checkpoint():
+        checkpoint.save(checkpoint_path, trainer, state, history, key)
+
+    cfg = trainer.config
+    total = cfg.num_generations if num_generations is None else num_generations
+    history = {k: list(v) for k, v in (history or {}).items()} or {k: [] for k in HISTORY_KEYS}
+    start_gen = int(state.generation)
+    env_steps = int(history["env_steps"][-1]) if history.get("env_steps") else 0
+    solved_return = cfg.stop_at_return if cfg.stop_at_return is not None else trainer.spec.solved_return
+    solved_generation = _first_solved(history, solved_return)
+    if solved_generation is not None and cfg.stop_at_return is not None:
+        total = start_gen  # a resumed run that had already stopped at its target stays stopped
+    t_start = time.perf_counter()
+
+    state = trainer.place(state)
+    if step_fn is None:
+        compiled, compile_time = trainer.compiled_step(state)
+        step_fn = lambda s, evaluate: compiled(s, jnp.bool_(evaluate))
+    else:
+        compile_time = 0.0
+    loop_start = time.perf_counter()
+    saved_generation = None
+    try:
+        for gen in range(start_gen, total):
+            last = gen + 1 == total
+            evaluate = last or (cfg.eval_every > 0 and (gen + 1) % cfg.eval_every == 0)
+            t_gen = time.perf_counter()
+            new_state, metrics = step_fn(state, evaluate)
+            metrics = {k: v.item() for k, v in jax.device_get(metrics).items()}
+            if metrics["bad_member"] >= 0 or metrics["bad_update"]:
+                # Keep what was achieved: the last good state goes to the checkpoint and into the error.
+                if checkpoint_path is not None:
+                    save_checkpoint()
+                partial = _result(trainer, state, history, key, solved_generation, compile_time, t_start)
+                if metrics["bad_member"] >= 0:
+                    member = metrics["bad_member"]
+                    raise NonFiniteFitnessError(
+                        f"member {member} of generation {gen + 1} has non-finite fitness (NaN or inf); the update was "
+                        f"not applied. Check the env's rewards and the policy's outputs (a too-large noise_std or "
+                        f"learning rate can overflow them). error.result holds the {gen} generation(s) completed.",
+                        generation=gen + 1, member=member, result=partial,
+                    )
+                raise NonFiniteUpdateError(
+                    f"the ES update of generation {gen + 1} is not finite (noise_std={metrics['noise_std']:g}, "
+                    f"learning_rate={metrics['learning_rate']:g}) and was not applied. A noise_std schedule that reaches "
+                    f"0, a too-large learning rate, or raw fitness that overflows cause this. error.result holds the "
+                    f"{gen} generation(s) completed.",
+                    generation=gen + 1, result=partial,
+                )
+            now = time.perf_counter()
+            generation_steps = int(metrics["env_steps"]) + int(metrics["centre_steps"])
+            env_steps += generation_steps
+            record = dict(metrics, generation=gen + 1, wall_time=now - loop_start, generation_time=now - t_gen, env_steps=env_steps,
+                          env_steps_per_second=generation_steps / max(now - t_gen, 1e-9))
+            for k in HISTORY_KEYS:
+                history[k].append(record[k])
+            state = new_state  # after the history row, so an interrupt never leaves history behind the state
+            for callback in callbacks:
+                callback(record)
+            if checkpoint_path is not None and checkpoint_every and (gen + 1) % checkpoint_every == 0:
+                save_checkpoint()
+                saved_generation = gen + 1
+            if solved_generation is None and solved_return is not None and metrics["centre_return"] >= solved_return:
+                solved_generation = gen + 1
+                if cfg.stop_at_return is not None:
+                    break
+    except KeyboardInterrupt:
+        if checkpoint_path is not None:
+            save_checkpoint()
+        raise
+    if checkpoint_path is not None and saved_generation != int(state.generation):
+        save_checkpoint()
+    return _result(trainer, state, history, key, solved_generation, compile_time, t_start)
+
+
+def _first_solved(history: dict, solved_return: float | None) -> int | None:
+    """First generation in ``history`` whose centre return reached ``solved_return``."""
+    if solved_return is None:
+        return None
+    for generation, score in zip(history.get("generation", []), history.get("centre_return", [])):
+        if score >= solved_return:
+            return int(generation)
+    return None
+
+
+def _result(trainer, state, history, key, solved_generation, compile_time, t_start) -> TrainResult:
+    flat = np.asarray(jax.device_get(state.params))
+    return TrainResult(
+        params=trainer.params_tree(flat),
+        flat_params=flat,
+        policy=trainer.policy,
+        history={k: np.asarray(v) for k, v in history.items()},
+        config=trainer.config,
+        key=np.asarray(jax.random.key_data(as_key(key))),
+        env_name=trainer.spec.name,
+        optimizer=trainer.optimizer_name,
+        strategy=trainer.strategy.name,
+        solved_generation=solved_generation,
+        compile_time=compile_time,
+        wall_time=time.perf_counter() - t_start,
+        state=state,
+        trainer=trainer,
+    )

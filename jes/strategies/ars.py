@@ -1,0 +1,94 @@
+"""ARS: augmented random search, V1-t and V2-t (Mania, Guy & Recht 2018)."""
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+from flax import struct
+
+from jes.strategies import noise
+from jes.strategies.base import Context, Strategy, check_optimizer_free, info
+
+
+@struct.dataclass
+class ARSState:
+    """``mean`` ``[P]`` and the exploration noise ``noise_std`` (fixed, as in the paper)."""
+
+    mean: jax.Array
+    noise_std: jax.Array
+
+
+@dataclasses.dataclass(frozen=True)
+class ARS(Strategy):
+    """Augmented random search: mirrored directions ``mean +/- nu * delta_p``; the best ``b`` directions,
+    ranked by ``max(r+, r-)``, step the mean by ``step_size / (b * sigma_R) * sum (r+ - r-) delta``,
+    ``sigma_R`` the std of those ``2b`` rewards (raw rewards, no shaping).
+
+    Args:
+        step_size: ``alpha``.
+        top_directions: ``b`` (``None``: half the directions; ``b`` = all directions is ARS V1/V2
+            without "-t").
+        version: ``"v2"`` (observations normalised by the run's running statistics, V2-t) or
+            ``"v1"`` (raw observations, V1-t; overrides ``ESConfig.normalize_observations``).
+        noise_std: ``nu`` (``None``: ``ESConfig.noise_std``).
+    """
+
+    step_size: float = 0.1
+    top_directions: int | None = None
+    version: str = "v2"
+    noise_std_init: float | None = None
+
+    name = "ars"
+
+    def antithetic(self, requested: bool) -> bool:
+        return True
+
+    def uses_obs_norm(self, requested: bool) -> bool:
+        return requested and self.version == "v2"
+
+    def default_population(self, num_params: int) -> int:
+        return 64
+
+    def validate(self, ctx: Context) -> None:
+        check_optimizer_free(self, ctx.optimizer)
+        if self.version not in ("v1", "v2"):
+            raise ValueError(f"ars version must be 'v1' or 'v2', got {self.version!r}")
+        if ctx.num_members % 2:
+            raise ValueError(f"ars samples mirrored directions; num_members={ctx.num_members} must be even")
+        pairs = ctx.num_members // 2
+        if self.top_directions is not None and not 1 <= self.top_directions <= pairs:
+            raise ValueError(f"ars top_directions must be in 1..{pairs} (the number of directions), "
+                             f"got {self.top_directions}")
+
+    def _top(self, num_members: int) -> int:
+        return max(1, num_members // 4) if self.top_directions is None else self.top_directions
+
+    def init(self, ctx, mean):
+        nu = ctx.initial_noise_std if self.noise_std_init is None else float(self.noise_std_init)
+        return ARSState(mean=mean, noise_std=jnp.float32(nu))
+
+    def noise_std(self, ctx, state, generation):
+        return state.noise_std
+
+    def sample(self, ctx, state, gen_key, generation, start, size):
+        return state.mean[None, :] + state.noise_std * noise.chunk_noise(gen_key, start, size, ctx.num_params, True)
+
+    def weights(self, ctx, state, fitness):
+        plus, minus = fitness[0::2], fitness[1::2]
+        b = self._top(fitness.shape[0])
+        order = jnp.argsort(-jnp.maximum(plus, minus), stable=True)
+        selected = jnp.zeros(plus.shape, bool).at[order[:b]].set(True)
+        used = jnp.concatenate([jnp.where(selected, plus, 0.0), jnp.where(selected, minus, 0.0)])
+        mean = used.sum() / (2 * b)
+        reward_std = jnp.sqrt(jnp.maximum((used * used).sum() / (2 * b) - mean * mean, 0.0))
+        scale = jnp.where(reward_std > 0, 1.0 / (b * jnp.where(reward_std > 0, reward_std, 1.0)), 0.0)
+        pair_w = jnp.stack([jnp.where(selected, plus, 0.0), jnp.where(selected, minus, 0.0)], axis=1)
+        return (pair_w * scale).reshape(-1)
+
+    def chunk_stats(self, ctx, state, gen_key, generation, start, weights):
+        return noise.chunk_weighted_noise(gen_key, start, weights, ctx.num_params, True)
+
+    def update(self, ctx, state, stats, fitness, generation):
+        step = self.step_size * stats
+        return state.replace(mean=state.mean + step), info(stats, step, state.noise_std, self.step_size)

@@ -1,0 +1,185 @@
+"""The strategy seam: what every ES algorithm in jes implements.
+
+A strategy is a frozen dataclass of hyperparameters with pure methods over its
+own state pytree (a ``flax.struct`` dataclass with at least a ``mean`` field,
+the centre of the search distribution). One generation, however it is spread
+over devices, processes or ``jes-worker`` hosts, is::
+
+    gen_key  = fold_in(es_key, generation)
+    members  = sample(ctx, state, gen_key, generation, start, size)   # per chunk, [size, P]
+    fitness  = evaluate(members)                                       # per chunk, anywhere
+    weights  = weights(ctx, state, fitness)                            # whole population, every host
+    stats_c  = chunk_stats(ctx, state, gen_key, generation, start, weights[chunk])   # per chunk
+    stats    = stats_0 + stats_1 + ...                                 # in chunk order
+    state'   = update(ctx, state, stats, fitness, generation)
+
+Member ``i``'s perturbation is a pure function of ``(gen_key, i)``: ``sample``
+and ``chunk_stats`` regenerate it from the key rather than keeping it, so a
+chunk's statistics can be computed wherever its weights are known, and the
+chunk-ordered sum is the same bits whoever computed which chunk.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, Callable, ClassVar
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from jes.strategies import noise
+
+
+@dataclasses.dataclass(frozen=True)
+class Context:
+    """What a strategy needs to know about the run it serves (static: part of the compiled program).
+
+    Attributes:
+        num_params: length ``P`` of the flat parameter vector.
+        num_members: population size ``n``.
+        noise_std: initial (or, for OpenAI-ES, constant or scheduled) perturbation std.
+        optimizer: the optax transformation for strategies that use one, else ``None``.
+        fitness_shaping: ``"centered_ranks"``, ``"z_score"`` or ``"raw"`` (strategies that shape fitness).
+        weight_decay: L2 coefficient (strategies that take a gradient step).
+        antithetic: whether members ``2p``/``2p+1`` are mirrored pairs.
+    """
+
+    num_params: int
+    num_members: int
+    noise_std: Any = 0.2
+    optimizer: optax.GradientTransformation | None = None
+    fitness_shaping: str = "centered_ranks"
+    weight_decay: float = 0.0
+    antithetic: bool = True
+
+    def sigma_at(self, generation: jax.Array) -> jax.Array | None:
+        """The scheduled noise std of ``generation``, or ``None`` when ``noise_std`` is a constant."""
+        if callable(self.noise_std):
+            return jnp.asarray(self.noise_std(generation), jnp.float32)
+        return None
+
+    @property
+    def initial_noise_std(self) -> float:
+        return 0.0 if callable(self.noise_std) else float(self.noise_std)
+
+
+class Strategy:
+    """Base class of jes strategies (subclasses are frozen dataclasses of hyperparameters).
+
+    Class attributes:
+        name: registry name (``jes.strategies.get(name)``).
+        uses_optimizer: whether the mean is moved by an optax optimizer (``jes.train``'s
+            ``optimizer`` argument); strategies without one refuse an optimizer.
+        default_optimizer: optimizer name used when none is given.
+    """
+
+    name: ClassVar[str] = ""
+    uses_optimizer: ClassVar[bool] = False
+    default_optimizer: ClassVar[str | None] = None
+    # Optimizer jes.optimize/AskTell use when none is given (None: default_optimizer).
+    blackbox_optimizer: ClassVar[str | None] = None
+
+    # ------------------------------------------------------------- run shape
+    def antithetic(self, requested: bool) -> bool:
+        """Whether this strategy samples mirrored pairs; ``requested`` is ``ESConfig.antithetic``."""
+        return requested
+
+    def uses_obs_norm(self, requested: bool) -> bool:
+        """Whether policies are fed normalised observations; ``requested`` is ``ESConfig.normalize_observations``."""
+        return requested
+
+    def default_population(self, num_params: int) -> int:
+        """Population size for :func:`jes.optimize` when none is given."""
+        return 4 + int(3 * math.log(max(num_params, 1)))
+
+    def validate(self, ctx: Context) -> None:
+        """Raise ``ValueError`` for a run this strategy cannot serve."""
+
+    # ------------------------------------------------------------- algorithm
+    def init(self, ctx: Context, mean: jax.Array) -> Any:
+        raise NotImplementedError
+
+    def sample(self, ctx: Context, state: Any, gen_key: jax.Array, generation: jax.Array, start: jax.Array,
+               size: int) -> jax.Array:
+        """Flat parameters of members ``start .. start+size-1``, ``[size, P]``."""
+        raise NotImplementedError
+
+    def weights(self, ctx: Context, state: Any, fitness: jax.Array) -> Any:
+        """Per-member weights from the whole population's fitness ``[n]`` (maximised): a pytree of ``[n]`` arrays."""
+        raise NotImplementedError
+
+    def chunk_stats(self, ctx: Context, state: Any, gen_key: jax.Array, generation: jax.Array, start: jax.Array,
+                    weights: Any) -> Any:
+        """Sufficient statistics of one chunk from its members' weights (leaves ``[size]``); summed over chunks."""
+        raise NotImplementedError
+
+    def update(self, ctx: Context, state: Any, stats: Any, fitness: jax.Array, generation: jax.Array) -> tuple[Any, dict]:
+        """New state from the chunk-ordered sum of :meth:`chunk_stats`.
+
+        Returns:
+            ``(state, info)``; ``info`` holds scalars ``grad_norm``, ``update_norm``, ``noise_std``
+            (mean sigma) and ``learning_rate`` (NaN where they do not apply).
+        """
+        raise NotImplementedError
+
+    def noise_std(self, ctx: Context, state: Any, generation: jax.Array) -> jax.Array:
+        """Mean sigma of the search distribution at ``generation`` (a scalar, for metrics)."""
+        raise NotImplementedError
+
+    def describe(self) -> str:
+        fields = ", ".join(f"{f.name}={getattr(self, f.name)!r}" for f in dataclasses.fields(self))
+        return f"{type(self).__name__}({fields})"
+
+
+# ------------------------------------------------------------------ shared pieces
+NAN = jnp.float32(jnp.nan)
+
+
+def info(grad: jax.Array | None = None, update: jax.Array | None = None, noise_std: jax.Array | None = None,
+         learning_rate: Any = None) -> dict:
+    """The metrics dict every :meth:`Strategy.update` returns."""
+    norm = lambda x: NAN if x is None else jnp.linalg.norm(x)
+    return {
+        "grad_norm": norm(grad),
+        "update_norm": norm(update),
+        "noise_std": NAN if noise_std is None else jnp.asarray(noise_std, jnp.float32),
+        "learning_rate": NAN if learning_rate is None else jnp.asarray(learning_rate, jnp.float32),
+    }
+
+
+def unit_noise(gen_key: jax.Array, start: jax.Array, size: int, num_params: int, antithetic: bool) -> jax.Array:
+    """Standard-normal perturbations of members ``start..start+size-1`` (:func:`jes.strategies.noise.chunk_noise`)."""
+    return noise.chunk_noise(gen_key, start, size, num_params, antithetic)
+
+
+def pair_noise(gen_key: jax.Array, start: jax.Array, size: int, num_params: int) -> jax.Array:
+    """The ``size // 2`` Gaussian draws of the mirrored pairs in a chunk, ``[size // 2, P]`` (member ``2p`` gets ``+eps_p``)."""
+    members = jnp.asarray(start, jnp.int32) + jnp.arange(0, size, 2, dtype=jnp.int32)
+    return jax.vmap(lambda m: noise.member_noise(gen_key, m, num_params, True))(members)
+
+
+def sorted_utilities(fitness: jax.Array, utilities: jax.Array) -> jax.Array:
+    """Assign ``utilities`` (best first, ``[n]``) to members by fitness rank; ties share their utility's mean.
+
+    Averaging tied utilities makes members with equal fitness weigh the same, so an
+    all-equal population moves nothing.
+    """
+    n = fitness.shape[0]
+    ordered = jnp.sort(-fitness)
+    low = jnp.searchsorted(ordered, -fitness, side="left")
+    high = jnp.searchsorted(ordered, -fitness, side="right")
+    cumulative = jnp.concatenate([jnp.zeros(1, utilities.dtype), jnp.cumsum(utilities)])
+    return (cumulative[high] - cumulative[low]) / jnp.maximum(high - low, 1).astype(utilities.dtype)
+
+
+def check_optimizer_free(strategy: Strategy, optimizer: Any) -> None:
+    if optimizer is not None:
+        raise ValueError(
+            f"strategy {strategy.name!r} does not use an optax optimizer (it moves its mean by its own rule); "
+            f"drop the optimizer argument, or use a strategy that takes one "
+            f"(openai_es, pgpe)"
+        )
+
+
+Fn = Callable[..., Any]

@@ -1,0 +1,109 @@
+"""sep-CMA-ES: CMA-ES with a diagonal covariance matrix (Ros & Hansen 2008), linear in the dimension."""
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import jax
+import jax.numpy as jnp
+from flax import struct
+
+from jes.strategies.base import Context, Strategy, check_optimizer_free, info, sorted_utilities, unit_noise
+
+
+@struct.dataclass
+class SepCMAState:
+    """``mean`` ``[P]``, global step size ``sigma``, diagonal covariance ``diag_c`` ``[P]``, evolution paths."""
+
+    mean: jax.Array
+    sigma: jax.Array
+    diag_c: jax.Array
+    path_sigma: jax.Array
+    path_c: jax.Array
+
+
+@dataclasses.dataclass(frozen=True)
+class SepCMAES(Strategy):
+    """Separable CMA-ES with the standard default weights, cumulative step-size adaptation and evolution paths.
+
+    ``x_k = mean + sigma * sqrt(diag_c) * z_k``; the best ``mu = n // 2`` members get
+    the log-linear recombination weights; the rank-one and rank-mu learning rates are
+    the full CMA-ES defaults multiplied by ``(d + 2) / 3`` (Ros & Hansen 2008).
+
+    Args:
+        sigma_init: initial step size (``None``: ``ESConfig.noise_std``).
+        mean_lr: ``c_m`` (1 in the standard algorithm).
+    """
+
+    sigma_init: float | None = None
+    mean_lr: float = 1.0
+
+    name = "sep_cma_es"
+
+    def antithetic(self, requested: bool) -> bool:
+        return False
+
+    def validate(self, ctx: Context) -> None:
+        check_optimizer_free(self, ctx.optimizer)
+        if ctx.num_members < 4:
+            raise ValueError(f"sep_cma_es needs num_members >= 4 (it recombines the best half), got {ctx.num_members}")
+
+    # The standard constants, functions of the dimension d and population n only (static).
+    def constants(self, d: int, n: int) -> dict:
+        mu = n // 2
+        raw = [math.log(mu + 0.5) - math.log(i + 1) for i in range(mu)]
+        total = sum(raw)
+        weights = [w / total for w in raw]
+        mu_eff = 1.0 / sum(w * w for w in weights)
+        c_sigma = (mu_eff + 2) / (d + mu_eff + 5)
+        d_sigma = 1 + 2 * max(0.0, math.sqrt((mu_eff - 1) / (d + 1)) - 1) + c_sigma
+        c_c = 4 / (d + 4)
+        c_1 = 2 / ((d + 1.3) ** 2 + mu_eff)
+        c_mu = min(1 - c_1, 2 * (mu_eff - 2 + 1 / mu_eff) / ((d + 2) ** 2 + mu_eff))
+        scale = (d + 2) / 3
+        c_1, c_mu = c_1 * scale, min(1 - c_1 * scale, c_mu * scale)
+        chi_n = math.sqrt(d) * (1 - 1 / (4 * d) + 1 / (21 * d * d))
+        return dict(weights=weights + [0.0] * (n - mu), mu_eff=mu_eff, c_sigma=c_sigma, d_sigma=d_sigma, c_c=c_c,
+                    c_1=c_1, c_mu=c_mu, chi_n=chi_n)
+
+    def init(self, ctx, mean):
+        sigma = ctx.initial_noise_std if self.sigma_init is None else float(self.sigma_init)
+        zeros = jnp.zeros_like(mean)
+        return SepCMAState(mean=mean, sigma=jnp.float32(sigma), diag_c=jnp.ones_like(mean), path_sigma=zeros,
+                           path_c=zeros)
+
+    def noise_std(self, ctx, state, generation):
+        return state.sigma * jnp.sqrt(state.diag_c).mean()
+
+    def sample(self, ctx, state, gen_key, generation, start, size):
+        z = unit_noise(gen_key, start, size, ctx.num_params, False)
+        return state.mean[None, :] + (state.sigma * jnp.sqrt(state.diag_c))[None, :] * z
+
+    def weights(self, ctx, state, fitness):
+        c = self.constants(ctx.num_params, fitness.shape[0])
+        return sorted_utilities(fitness, jnp.asarray(c["weights"], jnp.float32))
+
+    def chunk_stats(self, ctx, state, gen_key, generation, start, weights):
+        z = unit_noise(gen_key, start, weights.shape[0], ctx.num_params, False)
+        return {"z": weights @ z, "z2": weights @ (z * z)}
+
+    def update(self, ctx, state, stats, fitness, generation):
+        d = ctx.num_params
+        c = self.constants(d, ctx.num_members)
+        scale = jnp.sqrt(state.diag_c)
+        y_w = scale * stats["z"]
+        step = self.mean_lr * state.sigma * y_w
+        mean = state.mean + step
+        c_s, c_c = c["c_sigma"], c["c_c"]
+        path_sigma = (1 - c_s) * state.path_sigma + math.sqrt(c_s * (2 - c_s) * c["mu_eff"]) * stats["z"]
+        norm = jnp.linalg.norm(path_sigma)
+        t = (generation + 1).astype(jnp.float32)
+        h_sigma = (norm / jnp.sqrt(1 - (1 - c_s) ** (2 * t)) < (1.4 + 2 / (d + 1)) * c["chi_n"]).astype(jnp.float32)
+        path_c = (1 - c_c) * state.path_c + h_sigma * math.sqrt(c_c * (2 - c_c) * c["mu_eff"]) * y_w
+        rank_mu = state.diag_c * stats["z2"]  # sum_k w_k y_k^2 with y_k = sqrt(diag_c) z_k
+        diag_c = ((1 - c["c_1"] - c["c_mu"]) * state.diag_c
+                  + c["c_1"] * (path_c * path_c + (1 - h_sigma) * c_c * (2 - c_c) * state.diag_c)
+                  + c["c_mu"] * rank_mu)
+        sigma = state.sigma * jnp.exp((c_s / c["d_sigma"]) * (norm / c["chi_n"] - 1))
+        new = SepCMAState(mean=mean, sigma=sigma, diag_c=diag_c, path_sigma=path_sigma, path_c=path_c)
+        return new, info(y_w, step, sigma * jnp.sqrt(diag_c).mean(), self.mean_lr)
