@@ -26,6 +26,7 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 import jes  # noqa: E402
+from jes import blackbox  # noqa: E402
 from jes.loop import run  # noqa: E402
 
 ENVS = {
@@ -99,17 +100,17 @@ def functions(strategies, dims, seeds, budget):
     for fname, (fn, start, sigma, target) in FUNCTIONS.items():
         for d in dims:
             for name in strategies:
-                reached, finals, walls, pop = [], [], [], None
-                for seed in seeds:
-                    strategy = jes.strategies.get(name)
-                    members = strategy.default_population(d)
-                    members += members % 2 if strategy.antithetic(True) else 0
-                    generations = max(1, budget(d) // (members + 1))
+                reached, finals, walls = [], [], []
+                strategy = jes.strategies.get(name)
+                pop = strategy.default_population(d)
+                pop += pop % 2 if strategy.antithetic(True) else 0
+                generations = max(1, budget(d) // (pop + 1))
+                config = blackbox._config(pop, generations, sigma, None, "centered_ranks", 0.0, None, strategy)
+                problem = blackbox.FunctionProblem(fn, start * jnp.ones(d), strategy, config, minimize=True)
+                for seed in seeds:  # one compiled program per (function, d, strategy), shared by the seeds
                     t0 = time.perf_counter()
-                    r = jes.optimize(fn, start * jnp.ones(d), name, minimize=True, num_generations=generations,
-                                     key=seed, noise_std=sigma, target=target)
+                    r = blackbox.run_optimization(problem, seed, target=target)
                     walls.append(time.perf_counter() - t0)
-                    pop = members
                     finals.append(r.value)
                     if target is not None and r.value < target:
                         reached.append(int(r.history["evaluations"][-1]))

@@ -187,13 +187,21 @@ def optimize(
     config = _config(num_members, num_generations, noise_std, learning_rate, fitness_shaping, weight_decay,
                      chunk_size, strategy)
     problem = FunctionProblem(fitness_fn, x0, strategy, config, optimizer=optimizer, minimize=minimize, devices=devices)
+    return run_optimization(problem, key, num_generations, target=target, callbacks=callbacks)
+
+
+def run_optimization(problem: FunctionProblem, key: Any = 0, num_generations: int | None = None, *,
+                     target: float | None = None, callbacks: Sequence[Callable[[dict], Any]] = ()) -> OptimizeResult:
+    """The host loop of :func:`optimize` for a built problem (reuse one problem, and its compiled step, over seeds)."""
+    num_generations = problem.config.num_generations if num_generations is None else num_generations
+    minimize, num_members = problem.minimize, problem.config.num_members
     state = problem.init_state(key)
     t_start = time.perf_counter()
     compiled, compile_time = problem.compiled_step(state)
     sign = problem.sign
     history = {k: [] for k in ("generation", "mean_value", "best_value", "pop_mean", "noise_std", "evaluations")}
     best_value, best_flat = -np.inf, np.asarray(state.params)
-    evaluations = 1
+    evaluations = 0
     for gen in range(num_generations):
         new_state, metrics = compiled(state, jnp.bool_(True))
         m = {k: v.item() for k, v in jax.device_get(metrics).items()}
@@ -201,7 +209,7 @@ def optimize(
             what = (f"member {m['bad_member']} has a non-finite value" if m["bad_member"] >= 0
                     else "the strategy's update is not finite")
             raise FloatingPointError(f"generation {gen + 1}: {what}; the update was not applied. Check fitness_fn "
-                                     f"for NaN/inf in the region searched (noise_std={noise_std}).")
+                                     f"for NaN/inf in the region searched (noise_std={problem.config.noise_std}).")
         evaluations += num_members + 1
         if m["pop_max"] > best_value:  # regenerate the generation's best member from its key
             best_value = m["pop_max"]
@@ -220,7 +228,7 @@ def optimize(
     x = problem.params_tree(state.params)
     return OptimizeResult(
         direction="minimize" if minimize else "maximize",
-        x=x, value=float(problem.objective(state.params)),
+        x=x, value=float(jax.jit(problem.objective)(state.params)),
         best_x=problem.params_tree(jnp.asarray(best_flat)), best_value=sign * best_value,
         history={k: np.asarray(v) for k, v in history.items()}, num_evaluations=evaluations,
         strategy=problem.strategy.name, wall_time=time.perf_counter() - t_start, compile_time=compile_time,
