@@ -33,6 +33,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import serialization
 
+from jes import strategies
 from jes.config import ESConfig
 from jes.generation import Trainer, TrainState, as_key
 
@@ -110,8 +111,6 @@ def describe_strategy(strategy: Any) -> dict:
 
 def build_strategy(description: dict | None) -> Any:
     """The strategy a :func:`describe_strategy` description names (``None``: OpenAI-ES, as in format 1)."""
-    from jes import strategies
-
     if description is None:
         return strategies.get("openai_es")
     return strategies.get(description["name"], **{k: _unplain(v, "strategy") for k, v in description["fields"].items()})

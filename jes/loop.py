@@ -18,6 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jes import checkpoint, logging as jes_logging
+from jes.distributed.master import Master
 from jes.config import ESConfig
 from jes.generation import Trainer, TrainState, as_key
 
@@ -209,7 +210,6 @@ def train(
         loggers.append(jes_logging.TensorBoardLogger(log_dir, hparams))
     try:
         if master is not None:
-            from jes.distributed.master import Master  # host-side module that imports this one
             with Master(trainer, master, secret=secret, env=env, optimizer=optimizer, env_params=env_params) as server:
                 return run(trainer, state, key=key, callbacks=[*loggers, *callbacks], history=history,
                            checkpoint_path=checkpoint_path, checkpoint_every=checkpoint_every, step_fn=server.step)

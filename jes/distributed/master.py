@@ -495,12 +495,3 @@ class Master:
         self._master_members = 0
         self._last_status = now
 
-
-def train_with_master(trainer: Any, state: Any, *, address: str, secret: bytes | str | None, env: Any,
-                      optimizer: Any, env_params: Any = None, run_kwargs: dict | None = None, **options: Any) -> Any:
-    """Run :func:`jes.loop.run` with a :class:`Master` listening on ``address`` as its step function."""
-    from jes.loop import run
-
-    with Master(trainer, address, secret=secret, env=env, optimizer=optimizer, env_params=env_params,
-                **options) as master:
-        return run(trainer, state, step_fn=master.step, **(run_kwargs or {}))

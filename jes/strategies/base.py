@@ -133,18 +133,19 @@ class Strategy:
 
 
 # ------------------------------------------------------------------ shared pieces
-NAN = jnp.float32(jnp.nan)
+NAN = float("nan")  # a Python float: importing jes must not start a JAX backend (jes.use_cpu_cores relies on it)
 
 
 def info(grad: jax.Array | None = None, update: jax.Array | None = None, noise_std: jax.Array | None = None,
          learning_rate: Any = None) -> dict:
     """The metrics dict every :meth:`Strategy.update` returns."""
-    norm = lambda x: NAN if x is None else jnp.linalg.norm(x)
+    nan = jnp.float32(NAN)
+    norm = lambda x: nan if x is None else jnp.linalg.norm(x)
     return {
         "grad_norm": norm(grad),
         "update_norm": norm(update),
-        "noise_std": NAN if noise_std is None else jnp.asarray(noise_std, jnp.float32),
-        "learning_rate": NAN if learning_rate is None else jnp.asarray(learning_rate, jnp.float32),
+        "noise_std": nan if noise_std is None else jnp.asarray(noise_std, jnp.float32),
+        "learning_rate": nan if learning_rate is None else jnp.asarray(learning_rate, jnp.float32),
     }
 
 
