@@ -16,17 +16,20 @@ import sys
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="jes", description="JAX-accelerated OpenAI Evolution Strategies.",
+    parser = argparse.ArgumentParser(prog="jes", description="JAX-accelerated Evolution Strategies.",
                                      formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
     commands = parser.add_subparsers(dest="command", required=True, metavar="{train,eval,sweep}")
 
-    train = commands.add_parser("train", help="train a policy with OpenAI-ES",
+    train = commands.add_parser("train", help="train a policy with an evolution strategy",
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     train.add_argument("--env", default="CartPole-v1", help="gymnax environment id")
     train.add_argument("--policy", choices=("gru", "mlp"), default="gru", help="policy architecture")
     train.add_argument("--hidden", type=int, default=5, help="hidden units per layer")
     train.add_argument("--layers", type=int, default=2, help="number of GRU (or MLP hidden) layers")
-    train.add_argument("--optimizer", default="adam", help="adam, adabelief, novograd, radam, amsgrad or sgd")
+    train.add_argument("--strategy", default="openai_es", help="openai_es, pgpe, snes, sep_cma_es or ars")
+    train.add_argument("--optimizer", default=None,
+                       help="adam, adabelief, novograd, radam, amsgrad, sgd or clipup, for openai_es and pgpe "
+                            "(default: adam for openai_es, clipup for pgpe)")
     train.add_argument("--population", type=int, default=None, help="population size (ESConfig.num_members)")
     train.add_argument("--generations", type=int, default=None, help="generations to run")
     train.add_argument("--learning-rate", type=float, default=None, help="optimizer step size (default: per optimizer)")
@@ -105,7 +108,7 @@ def _train(args: argparse.Namespace) -> int:
         kwargs.update(master=args.listen, secret=secret)
 
     policy = build_policy({"type": args.policy, "hidden": args.hidden, "layers": args.layers})
-    result = jes.train(policy, args.env, args.optimizer, **kwargs)
+    result = jes.train(policy, args.env, args.optimizer, strategy=args.strategy, **kwargs)
     print(result.summary())
     return 0
 

@@ -28,6 +28,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jes import strategies as jes_strategies
 from jes.config import ESConfig
 from jes.logging import TensorBoardLogger, default_run_name, unique_dir
 from jes.policies import GRUPolicy, MLPPolicy
@@ -36,7 +37,8 @@ from jes.loop import HISTORY_KEYS, NonFiniteFitnessError, NonFiniteUpdateError
 
 # Hyperparameters that live in the TrainState, so different values share one compiled program.
 BATCHABLE = ("learning_rate", "noise_std")
-GRID_KEYS = tuple(f.name for f in dataclasses.fields(ESConfig)) + ("optimizer",)
+GRID_KEYS = tuple(f.name for f in dataclasses.fields(ESConfig)) + ("optimizer", "strategy")
+NOT_CONFIG = ("optimizer", "strategy")
 
 
 @dataclasses.dataclass
@@ -214,9 +216,10 @@ def run_batch(trainer: Trainer, states: TrainState, num_generations: int | None 
 def sweep(
     policy: nn.Module,
     env: Any,
-    optimizer: Any = "adam",
+    optimizer: Any = None,
     *,
     grid: Mapping[str, Any],
+    strategy: Any = "openai_es",
     seeds: Sequence[int] = (0,),
     config: ESConfig | None = None,
     env_params: Any = None,
@@ -234,7 +237,8 @@ def sweep(
 
     Args:
         policy, env, optimizer, env_params, devices: as for :func:`jes.train`.
-        grid: ``{ESConfig field or "optimizer": value or list of values}``.
+        grid: ``{ESConfig field, "optimizer" or "strategy": value or list of values}``.
+        strategy: the strategy (name or object) where the grid does not sweep ``"strategy"``.
         seeds: run keys; all seeds of a configuration run in one vmapped program.
         config: the base :class:`ESConfig` the grid values replace fields of.
         vmap: batch seeds and ``learning_rate``/``noise_std`` values in one compiled program
@@ -252,7 +256,11 @@ def sweep(
     points = expand_grid(dict(grid))
     swept = [k for k, v in grid.items() if isinstance(v, (list, tuple)) and len(v) > 1]
     varying = {k: [p[k] for p in points] for k in grid}
-    batched = [k for k in grid if vmap and _batchable(k, base, grid.get("optimizer", optimizer), varying[k])]
+    strategy_names = {jes_strategies.get(s).name for s in (grid.get("strategy", strategy) if isinstance(
+        grid.get("strategy", strategy), (list, tuple)) else [grid.get("strategy", strategy)])}
+    # Only OpenAI-ES keeps sigma and the learning rate as plain state fields that can differ inside one program.
+    batched = [k for k in grid if vmap and strategy_names == {"openai_es"}
+               and _batchable(k, base, grid.get("optimizer", optimizer), varying[k])]
     if log_dir == "runs/<auto>":
         log_dir = unique_dir(os.path.join("runs", "sweep-" + default_run_name("", "", "").strip("-")))
 
@@ -267,8 +275,9 @@ def sweep(
     for indices in groups.values():
         first = points[indices[0]]
         opt = first.get("optimizer", optimizer)
-        group_config = base.replace(**{k: v for k, v in first.items() if k != "optimizer"})
-        trainer = Trainer(policy, env, opt, group_config, env_params=env_params, devices=devices)
+        group_config = base.replace(**{k: v for k, v in first.items() if k not in NOT_CONFIG})
+        trainer = Trainer(policy, env, opt, group_config, env_params=env_params, devices=devices,
+                          strategy=first.get("strategy", strategy))
         members = [(i, seed) for i in indices for seed in seeds]
         states = [_with_hyperparams(trainer.init_state(seed), {k: points[i][k] for k in batched})
                   for i, seed in members]
@@ -280,7 +289,7 @@ def sweep(
         for b, (i, seed) in enumerate(members):
             member_state = jax.tree.map(lambda x: x[b], final)
             runs.append(SweepRun(
-                config_index=i, seed=seed, config=base.replace(**{k: v for k, v in points[i].items() if k != "optimizer"}),
+                config_index=i, seed=seed, config=base.replace(**{k: v for k, v in points[i].items() if k not in NOT_CONFIG}),
                 optimizer=trainer.optimizer_name, flat_params=np.asarray(member_state.params),
                 history={k: v[:, b] for k, v in history.items()}, state=member_state,
             ))
@@ -334,8 +343,9 @@ def _row(point: dict, swept: list, seeds: list, history: dict, compile_time: flo
 
 def _log_configuration(log_dir: str, history: dict, point: dict, base: ESConfig, trainer: Trainer, seeds: list) -> None:
     """One TensorBoard run: each generation's metrics averaged over seeds."""
-    hparams = dict(base.replace(**{k: v for k, v in point.items() if k != "optimizer"}).to_dict(),
-                   env=trainer.spec.name, policy=type(trainer.policy).__name__, optimizer=trainer.optimizer_name,
+    hparams = dict(base.replace(**{k: v for k, v in point.items() if k not in NOT_CONFIG}).to_dict(),
+                   env=trainer.spec.name, policy=type(trainer.policy).__name__, optimizer=trainer.optimizer_name or "",
+                   strategy=trainer.strategy.name,
                    seeds=" ".join(map(str, seeds)))
     logger = TensorBoardLogger(log_dir, hparams)
     try:
@@ -416,18 +426,23 @@ def load_sweep_file(path: str) -> dict:
             raise ValueError(f"sweep file {path} must end in .json or .toml")
     except (ValueError, UnicodeDecodeError) as err:
         raise ValueError(f"sweep file {path} cannot be parsed: {err}") from err
-    allowed = {"env", "optimizer", "seeds", "log_dir", "out_dir", "policy", "config"}
+    allowed = {"env", "optimizer", "strategy", "seeds", "log_dir", "out_dir", "policy", "config"}
     unknown = sorted(set(spec) - allowed)
     if unknown:
         raise ValueError(f"sweep file {path}: unknown key(s) {', '.join(unknown)}; allowed: {', '.join(sorted(allowed))}")
     if "env" not in spec:
         raise ValueError(f"sweep file {path} needs an env, e.g. env = \"CartPole-v1\"")
     grid = dict(spec.get("config", {}))
-    optimizer = spec.get("optimizer", "adam")
+    optimizer = spec.get("optimizer")
     if isinstance(optimizer, list):
         grid["optimizer"] = optimizer
         optimizer = optimizer[0]
+    strategy = spec.get("strategy", "openai_es")
+    if isinstance(strategy, list):
+        grid["strategy"] = strategy
+        strategy = strategy[0]
     kwargs = dict(policy=build_policy(spec.get("policy", {})), env=spec["env"], optimizer=optimizer, grid=grid,
+                  strategy=strategy,
                   seeds=spec.get("seeds", [0]), out_dir=spec.get("out_dir", "sweep_results"))
     if "log_dir" in spec:
         kwargs["log_dir"] = spec["log_dir"]
