@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 import jes
+from jes import describe
 from jes.distributed import protocol
 from jes.distributed.protocol import DescriptionError, ProtocolError
 
@@ -63,8 +64,11 @@ def test_run_description_rebuilds_the_same_trainer_and_refuses_what_cannot_trave
     lam = jes.Trainer(jes.MLPPolicy(hidden_sizes=(3,), activation=lambda x: x), "CartPole-v1", "adam", config)
     with pytest.raises(DescriptionError, match="lambda"):
         protocol.describe_run(lam, "CartPole-v1", "adam")
-    with pytest.raises(DescriptionError, match="cannot import"):
+    with pytest.raises(DescriptionError, match="outside the allowed modules"):
         protocol.build_run(dict(description, policy={"class": "no.such.module:Policy", "fields": {}}))
+    with pytest.raises(DescriptionError, match="cannot import"):
+        protocol.build_run(dict(description, policy={"class": "no.such.module:Policy", "fields": {}}),
+                           allow=describe.allowlist(["no.such.module"]))
 
 
 def test_secret_sources(tmp_path, monkeypatch):
