@@ -170,7 +170,9 @@ def describe_object(obj: Any, what: str, *, lenient: bool = False) -> dict:
     """
     cls = type(obj)
     path = _importable(cls)
-    if path is None or cls.__module__ == "__main__":
+    if path is None and lenient:
+        path = _path_of(cls) or f"{cls.__module__}:{cls.__qualname__}"  # recorded; building it will fail
+    elif path is None or cls.__module__ == "__main__":
         raise DescriptionError(
             f"{what} is a {cls.__qualname__} from {cls.__module__}, which cannot be imported by name; define it at "
             f"module level in an importable module (not __main__ or a notebook)"
