@@ -10,9 +10,19 @@ the parameters are bit-identical whoever evaluated which chunk.
 Parameters never travel per generation: a worker keeps its own copy of the
 state and advances it with the previous generation's per-chunk results, which
 ride along with its next work item; the state hash in every message catches a
-worker that drifted, and it gets a full snapshot. A worker that stops
-answering (heartbeats) or overruns its deadline has its chunks re-queued; when
-no worker can take queued chunks the master evaluates them itself.
+worker that drifted, and it gets a full snapshot.
+
+Bookkeeping (why a generation always finishes): every chunk is either stored,
+queued, or held by a live assignment, and every assignment has a deadline.
+An assignment ends when its result arrives, when its worker says it is idle
+(a ``request`` whose ``last_aid`` covers it), leaves (``bye``), falls silent for
+``worker_timeout``, or when its deadline passes; whatever it held that is not
+stored and not held by another live assignment goes back to the queue. Queued
+chunks go to idle workers; the master evaluates them itself when no worker can
+take them (none connected, all busy with expired ranges, all benched), or when
+they were re-queued once already. Assignment ids are unique per master and
+``last_aid`` is per session, so a worker of a previous master can never make
+this one release ranges it has just handed out.
 """
 from __future__ import annotations
 
@@ -49,11 +59,11 @@ def bind_address(address: str) -> str:
 @dataclasses.dataclass
 class _Assignment:
     aid: int
+    worker: bytes
     generation: int
     chunks: list
     issued: float
     deadline: float
-    expired: bool = False   # overran its deadline: its chunks were re-queued then
     heard: bool = False     # a heartbeat came while it was outstanding: the worker is evaluating it
 
 
@@ -62,12 +72,15 @@ class _Worker:
     identity: bytes
     name: str
     last_seen: float
+    session: protocol.Session | None = None
+    nonce: str = ""
     run: str | None = None
     generation: int = -1
     state_hash: str = ""
     idle: bool = False
     setup_sent: bool = False
-    assignment: _Assignment | None = None
+    refused: str | None = None  # the run this worker said it cannot build
+    aids: set = dataclasses.field(default_factory=set)  # its live assignments
     chunks_per_second: float | None = None
     members_done: int = 0
     abandons: tuple = (-1, 0)  # (generation, ranges handed back unevaluated in it)
@@ -82,13 +95,18 @@ class Master:
         address: where to listen (``":5555"``, ``"0.0.0.0:5555"``, ``"127.0.0.1:0"`` for a free port).
         secret: HMAC key (bytes/str); ``None`` reads ``JES_SECRET``.
         env, optimizer, env_params: as given to :func:`jes.train`, described to workers as plain data.
-        heartbeat_interval: seconds between worker heartbeats (told to workers).
-        worker_timeout: a worker silent this long is dropped and its chunks re-queued.
-        assign_timeout: deadline of a worker's first range (before its speed is known).
-        min_deadline: shortest deadline of any range; later ranges get 4x their expected time.
-        target_range_seconds: a worker gets about this much work per range (at its measured speed).
-        status_interval: seconds between status log lines.
+        heartbeat_interval: seconds between worker heartbeats (told to workers). Default 1.
+        worker_timeout: a worker silent this long is dropped and its chunks re-queued. Default 10.
+        assign_timeout: deadline of a worker's first range, before its speed is known. Default 60.
+        min_deadline: shortest deadline of any later range. Default 5.
+        deadline_factor: later ranges get this many times their expected time (at the worker's
+            measured speed) before they are re-queued. Default 4.
+        target_range_seconds: a worker gets about this much work per range (at its measured speed). Default 1.
+        max_range_chunks: most chunks in one range (``None``: no cap beyond the worker's share).
+        status_interval: seconds between status log lines. Default 10.
         max_message_bytes: larger incoming messages are dropped (ZeroMQ cuts the peer off).
+        description_extra: further parts of the run described to workers and passed to their
+            ``Trainer`` by name (e.g. ``{"strategy": jes.strategies.PGPE(...)}``).
     """
 
     def __init__(
@@ -104,21 +122,39 @@ class Master:
         worker_timeout: float = 10.0,
         assign_timeout: float = 60.0,
         min_deadline: float = 5.0,
+        deadline_factor: float = 4.0,
         target_range_seconds: float = 1.0,
+        max_range_chunks: int | None = None,
         status_interval: float = 10.0,
         max_message_bytes: int = protocol.MAX_TO_MASTER_BYTES,
+        description_extra: dict | None = None,
     ):
         self.trainer = trainer
         self.key = protocol.load_secret(secret)
-        self.description = protocol.describe_run(trainer, env, optimizer, env_params)
+        self.description = protocol.describe_run(trainer, env, optimizer, env_params, **(description_extra or {}))
+        for name, value in (("heartbeat_interval", heartbeat_interval), ("worker_timeout", worker_timeout),
+                            ("assign_timeout", assign_timeout), ("min_deadline", min_deadline),
+                            ("deadline_factor", deadline_factor), ("target_range_seconds", target_range_seconds)):
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+                raise ValueError(f"Master {name} must be a positive number of seconds, got {value!r}")
+        if max_range_chunks is not None and (isinstance(max_range_chunks, bool) or not isinstance(max_range_chunks, int)
+                                             or max_range_chunks < 1):
+            raise ValueError(f"Master max_range_chunks must be a positive integer or None, got {max_range_chunks!r}")
+        if worker_timeout <= heartbeat_interval:
+            raise ValueError(f"Master worker_timeout ({worker_timeout}) must exceed heartbeat_interval "
+                             f"({heartbeat_interval}), or every worker would be dropped between heartbeats")
         self.heartbeat_interval = float(heartbeat_interval)
         self.worker_timeout = float(worker_timeout)
         self.assign_timeout = float(assign_timeout)
         self.min_deadline = float(min_deadline)
+        self.deadline_factor = float(deadline_factor)
         self.target_range_seconds = float(target_range_seconds)
+        self.max_range_chunks = max_range_chunks
         self.status_interval = float(status_interval)
         self.max_message_bytes = int(max_message_bytes)
+        self.clock = time.monotonic  # a seam for tests of the bookkeeping
         self.workers: dict[bytes, _Worker] = {}
+        self.assignments: dict[int, _Assignment] = {}
         self.stats = collections.Counter()
         self._next_aid = 1
         self._run: str | None = None
@@ -184,27 +220,18 @@ class Master:
         current = self._last_hash if state is self._last_state else protocol.state_hash(state)
         if current != self._last_hash:
             self._update = None  # not the state our last update produced (a resume): workers get snapshots
-        self._state, self._generation, self._hash, self._snapshot = state, generation, current, None
-        n, size = trainer.num_chunks, trainer.chunk_size
-        obs = trainer.spec.obs_shape
-        self._results = (np.zeros((n, size), np.float32), np.zeros((n,), np.int32),
-                         np.zeros((n, *obs), np.float32), np.zeros((n, *obs), np.float32))
-        self._have = np.zeros(n, bool)
-        self._pending = list(range(n))
-        self._reissued = set()
-        self._active = True
+        self._begin(state, generation, current)
         try:
             self._assign_idle()
             while not self._have.all():
                 busy_here = bool(self._pending) and self._should_evaluate_here()
                 self._poll(0 if busy_here else 20)
-                self._expire(time.monotonic())
+                self._expire(self.clock())
                 self._assign_idle()
                 if self._pending and self._should_evaluate_here():
-                    self._evaluate_here(self._pending.pop(0))
+                    self._evaluate_here(self._pending[0])
         finally:
-            self._active = False
-            self._pending = []
+            self._end()
         fitness, env_steps, obs_sum, obs_sumsq = (jnp.asarray(r) for r in self._results)
         new_state, metrics = self._apply(state, fitness, env_steps, obs_sum, obs_sumsq)
         if evaluate_centre and int(metrics["bad_member"]) < 0 and not bool(metrics["bad_update"]):
@@ -219,6 +246,27 @@ class Master:
         self._last_state, self._last_hash = new_state, protocol.state_hash(new_state)
         self._status(generation + 1)
         return new_state, metrics
+
+    def _begin(self, state: Any, generation: int, state_hash: str) -> None:
+        """Open a generation: every chunk queued, none stored."""
+        trainer = self.trainer
+        self._state, self._generation, self._hash, self._snapshot = state, generation, state_hash, None
+        n, size = trainer.num_chunks, trainer.chunk_size
+        obs = trainer.spec.obs_shape
+        self._results = (np.zeros((n, size), np.float32), np.zeros((n,), np.int32),
+                         np.zeros((n, *obs), np.float32), np.zeros((n, *obs), np.float32))
+        self._have = np.zeros(n, bool)
+        self._pending = list(range(n))
+        self._reissued = set()
+        self._active = True
+
+    def _end(self) -> None:
+        """Close the generation: assignments still out are void (their late results are stale)."""
+        self._active = False
+        self._pending = []
+        for worker in self.workers.values():
+            worker.aids.clear()
+        self.assignments.clear()
 
     def _set_run(self, state: Any) -> None:
         if self._run is None:
@@ -240,19 +288,28 @@ class Master:
         deadline = time.monotonic() + timeout
         while len(self._ready_workers()) < count and time.monotonic() < deadline:
             self._poll(50)
-            self._expire(time.monotonic())
+            self._expire(self.clock())
         return len(self._ready_workers())
 
+    def _benched(self, worker: _Worker) -> bool:
+        return worker.abandons[0] == self._generation and worker.abandons[1] >= 3
+
     def _should_evaluate_here(self) -> bool:
-        """Evaluate a queued chunk locally when no worker can take it: none ready, or it was re-issued."""
-        if any(w.idle for w in self._ready_workers()):
+        """Evaluate the first queued chunk here when no worker can take it soon.
+
+        No idle worker can take it (idle ones were just given work), so: when no worker holds a live
+        assignment (none connected, all benched, all past their deadlines), or when the chunk was
+        re-queued once already (its first taker failed; don't bet the generation on a second one).
+        """
+        ready = self._ready_workers()
+        if any(w.idle and not self._benched(w) for w in ready):
             return False
-        if not self._ready_workers():
+        if not any(w.aids for w in ready):
             return True
         return self._pending[0] in self._reissued
 
     def _ready_workers(self) -> list[_Worker]:
-        return [w for w in self.workers.values() if w.run == self._run and w.setup_sent and (w.idle or w.assignment)]
+        return [w for w in self.workers.values() if w.run == self._run and w.setup_sent and (w.idle or w.aids)]
 
     def _evaluate_here(self, chunk: int) -> None:
         out = self._evaluate(self._state, jnp.array([chunk], jnp.int32))
@@ -276,12 +333,17 @@ class Master:
 
     # ------------------------------------------------------------- network
     def _send(self, worker: _Worker, message: dict) -> None:
-        frames = protocol.encode(message, self.key)
+        if worker.session is None:
+            return
+        frames = worker.session.seal(message)
+        self._send_frames(worker.identity, frames, message["type"], worker.name)
+
+    def _send_frames(self, identity: bytes, frames: list[bytes], kind: str, name: str) -> None:
         try:
-            self.socket.send_multipart([worker.identity, *frames], flags=zmq.NOBLOCK)
+            self.socket.send_multipart([identity, *frames], flags=zmq.NOBLOCK)
             self.stats["bytes_sent"] += sum(len(f) for f in frames)
         except zmq.Again:
-            log.warning("dropping %s to worker %s: its send queue is full", message["type"], worker.name)
+            log.warning("dropping %s to worker %s: its send queue is full", kind, name)
 
     def _poll(self, timeout_ms: int) -> None:
         if not self.socket.poll(timeout_ms):
@@ -298,6 +360,23 @@ class Master:
         identity = frames[0]
         try:
             message = protocol.decode(frames[1:], self.key, self.max_message_bytes)
+            if message["type"] == "hello":
+                self._hello(identity, message)
+                return
+            worker = self.workers.get(identity)
+            if worker is None or worker.session is None:
+                # Authenticated, but of a session we do not know: a worker of our previous incarnation
+                # (or a replay; answering it creates nothing).
+                sid = message.get("sid")
+                if isinstance(sid, str) and message["type"] != "bye":
+                    self._send_frames(identity, protocol.encode({"type": "rehello", "sid": sid[:64]}, self.key),
+                                      "rehello", identity.hex()[:12])
+                raise ProtocolError(f"{message['type']!r} message outside any session")
+            try:
+                worker.session.accept(message)
+            except ProtocolError:
+                self.stats["replayed"] += 1
+                raise
             self._handle(identity, message)
         except ProtocolError as err:
             self.stats["dropped"] += 1
@@ -308,48 +387,69 @@ class Master:
             self.stats["dropped"] += 1
             log.exception("error handling a message from peer %s; dropped", identity.hex()[:12])
 
-    def _handle(self, identity: bytes, message: dict) -> None:
-        kind = message["type"]
-        now = time.monotonic()
-        if kind not in ("request", "result", "heartbeat", "bye"):
-            raise ProtocolError(f"unexpected message type {kind!r}")
-        if kind in ("request", "result"):  # validated before the peer counts as a worker
-            run = field(message, "run", str, optional=True)
-            generation = field(message, "gen", int)
-            state_hash = field(message, "hash", str)
-            last_aid = field(message, "last_aid", int)
-            abandon = field(message, "abandon", int, optional=True)
+    def _hello(self, identity: bytes, message: dict) -> None:
+        nonce = field(message, "nonce", str)
+        if not 16 <= len(nonce) <= 64:
+            raise ProtocolError("hello nonce of a bad length")
+        name = str(field(message, "name", str, optional=True) or identity.hex()[:8])[:64]
         worker = self.workers.get(identity)
-        if worker is None:
-            if kind == "bye":
-                return
-            name = str(field(message, "name", str, optional=True) or identity.hex()[:8])[:64]
-            worker = self.workers[identity] = _Worker(identity, name, now)
+        if worker is None or worker.nonce != nonce:
+            if worker is not None:  # the same connection opens a new session: the old one is over
+                self._drop_worker(worker, "opened a new session")
+            worker = self.workers[identity] = _Worker(identity, name, self.clock(), nonce=nonce,
+                                                      session=protocol.Session(self.key, protocol.new_nonce()))
             log.info("worker %s connected (%d connected)", name, len(self.workers))
-        worker.last_seen = now
+        # A repeated hello (its first welcome was lost) gets the same session.
+        self._send_frames(identity, protocol.encode({"type": "welcome", "nonce": nonce, "sid": worker.session.sid},
+                                                    self.key), "welcome", name)
+
+    def _handle(self, identity: bytes, message: dict) -> None:
+        """Act on an authenticated, in-session message from a known worker."""
+        kind = message["type"]
+        if kind not in ("request", "result", "heartbeat", "bye", "refused"):
+            raise ProtocolError(f"unexpected message type {kind!r}")
+        worker = self.workers[identity]
+        worker.last_seen = self.clock()
         if kind == "heartbeat":
-            assignment = worker.assignment
-            if assignment is not None and not assignment.heard:
-                # Workers heartbeat only while busy, so this is the first sign it is evaluating the range.
-                assignment.heard = True
-                log.debug("worker %s: evaluating chunks %d..%d of generation %d", worker.name, assignment.chunks[0],
-                          assignment.chunks[-1], assignment.generation)
+            for aid in worker.aids:
+                assignment = self.assignments[aid]
+                if not assignment.heard:
+                    # Workers heartbeat only while busy, so this is the first sign it is evaluating the range.
+                    assignment.heard = True
+                    log.debug("worker %s: evaluating chunks %d..%d of generation %d", worker.name,
+                              assignment.chunks[0], assignment.chunks[-1], assignment.generation)
+            self._send(worker, {"type": "pong"})
             return
         if kind == "bye":
-            log.info("worker %s left%s", worker.name, self._release(worker, "returned"))
-            del self.workers[identity]
+            self._drop_worker(worker, "left")
             return
+        if kind == "refused":
+            run = field(message, "run", str)
+            reason = str(field(message, "reason", str))[:2000]
+            if run == self._run and worker.refused != run:
+                worker.refused = run
+                log.error("worker %s refused run %s: %s", worker.name, run, reason)
+            self.stats["refused"] += 1
+            return
+        run = field(message, "run", str, optional=True)
+        generation = field(message, "gen", int)
+        state_hash = field(message, "hash", str)
         if kind == "result":
             self._handle_result(worker, message, run, generation, state_hash)
         else:
-            if worker.assignment is not None and worker.assignment.aid > last_aid:
-                return  # this request crossed our work message in flight; the worker will get it
-            if abandon is not None or worker.assignment is not None:
-                self._release(worker, "returned")
+            last_aid = field(message, "last_aid", int)
+            abandon = field(message, "abandon", int, optional=True)
+            done = sorted(aid for aid in worker.aids if aid <= last_aid)
+            for aid in done:  # it is idle, so it finished (result already in) or abandoned these
+                self._end_assignment(aid, "returned")
+            if worker.aids:
+                return  # this request crossed a work message in flight; the worker will get it
             if abandon is not None:
                 count = worker.abandons[1] + 1 if worker.abandons[0] == self._generation else 1
                 worker.abandons = (self._generation, count)
         worker.run, worker.generation, worker.state_hash = run, generation, state_hash
+        if worker.aids:
+            return
         worker.idle = True
         self._assign(worker)  # between generations the queue is empty: set up, or 'wait'
 
@@ -357,66 +457,71 @@ class Master:
         aid = field(message, "aid", int)
         start, stop = field(message, "start", int), field(message, "stop", int)
         seconds = field(message, "seconds", (float, int))
-        assignment = worker.assignment
-        if assignment is not None and assignment.aid == aid:
-            worker.assignment = None
         current = self._active and run == self._run and generation == self._generation and state_hash == self._hash
-        if not current:
-            self.stats["stale_results"] += 1
-            return
-        n, size, obs = self.trainer.num_chunks, self.trainer.chunk_size, self.trainer.spec.obs_shape
-        if not 0 <= start < stop <= n:
-            raise ProtocolError(f"result chunk range [{start}, {stop}) outside [0, {n})")
-        k = stop - start
-        fitness = protocol.unpack_array(message.get("fitness"), "float32", (k, size))
-        env_steps = protocol.unpack_array(message.get("env_steps"), "int32", (k,))
-        obs_sum = protocol.unpack_array(message.get("obs_sum"), "float32", (k, *obs))
-        obs_sumsq = protocol.unpack_array(message.get("obs_sumsq"), "float32", (k, *obs))
-        stored = self._store(list(range(start, stop)), fitness, env_steps, obs_sum, obs_sumsq)
-        worker.members_done += stored * size
-        worker.interval_members += stored * size
-        if seconds > 0:
-            rate = k / seconds
-            worker.chunks_per_second = rate if worker.chunks_per_second is None else 0.5 * (worker.chunks_per_second + rate)
+        try:
+            if not current:
+                self.stats["stale_results"] += 1
+                return
+            n, size, obs = self.trainer.num_chunks, self.trainer.chunk_size, self.trainer.spec.obs_shape
+            if not 0 <= start < stop <= n:
+                raise ProtocolError(f"result chunk range [{start}, {stop}) outside [0, {n})")
+            k = stop - start
+            fitness = protocol.unpack_array(message.get("fitness"), "float32", (k, size))
+            env_steps = protocol.unpack_array(message.get("env_steps"), "int32", (k,))
+            obs_sum = protocol.unpack_array(message.get("obs_sum"), "float32", (k, *obs))
+            obs_sumsq = protocol.unpack_array(message.get("obs_sumsq"), "float32", (k, *obs))
+            stored = self._store(list(range(start, stop)), fitness, env_steps, obs_sum, obs_sumsq)
+            worker.members_done += stored * size
+            worker.interval_members += stored * size
+            if seconds > 0:
+                rate = k / seconds
+                worker.chunks_per_second = rate if worker.chunks_per_second is None else 0.5 * (worker.chunks_per_second + rate)
+        finally:
+            if aid in worker.aids:  # whatever it held and did not deliver goes back to the queue
+                self._end_assignment(aid, "not delivered, back")
 
     # ------------------------------------------------------------ scheduling
-    def _release(self, worker: _Worker, why: str) -> str:
-        """Put the worker's unfinished chunks back in the queue; returns a note for the log."""
-        assignment, worker.assignment = worker.assignment, None
-        if assignment is None or not self._active or assignment.generation != self._generation:
-            return ""
-        if assignment.expired:
-            # Its chunks went back to the queue at the deadline; whoever took them owns them now, and
-            # queueing them again would evaluate them twice.
-            return ""
-        back = [c for c in assignment.chunks if not self._have[c] and c not in self._pending]
-        if not back:
-            return ""
-        self._pending = sorted(self._pending + back)
-        self._reissued.update(back)
-        self.stats["reissued_chunks"] += len(back)
-        return f"; chunks {back[0]}..{back[-1]} {why} to the queue"
+    def _end_assignment(self, aid: int, why: str, level: int = logging.INFO) -> list[int]:
+        """Forget assignment ``aid``; queue again its chunks that nobody has delivered or holds. Returns them."""
+        assignment = self.assignments.pop(aid, None)
+        if assignment is None:
+            return []
+        worker = self.workers.get(assignment.worker)
+        if worker is not None:
+            worker.aids.discard(aid)
+        if not self._active or assignment.generation != self._generation:
+            return []
+        held = {c for a in self.assignments.values() for c in a.chunks}
+        back = [c for c in assignment.chunks if not self._have[c] and c not in self._pending and c not in held]
+        if back:
+            self._pending = sorted(self._pending + back)
+            self._reissued.update(back)
+            self.stats["reissued_chunks"] += len(back)
+            name = worker.name if worker is not None else assignment.worker.hex()[:12]
+            log.log(level, "worker %s: chunks %d..%d %s to the queue", name, back[0], back[-1], why)
+        return back
+
+    def _drop_worker(self, worker: _Worker, why: str) -> None:
+        for aid in sorted(worker.aids):
+            self._end_assignment(aid, "back", logging.WARNING)
+        self.workers.pop(worker.identity, None)
+        log.info("worker %s %s (%d connected)", worker.name, why, len(self.workers))
 
     def _expire(self, now: float) -> None:
-        for identity, worker in list(self.workers.items()):
+        for worker in list(self.workers.values()):
             if now - worker.last_seen > self.worker_timeout:
-                note = self._release(worker, "back")
-                del self.workers[identity]
-                log.warning("worker %s lost (silent for %.1fs)%s", worker.name, now - worker.last_seen, note)
-            elif worker.assignment is not None and not worker.assignment.expired and now > worker.assignment.deadline:
-                assignment = worker.assignment
-                assignment.expired = True
-                back = [c for c in assignment.chunks if not self._have[c] and c not in self._pending]
-                if back and assignment.generation == self._generation:
-                    self._pending = sorted(self._pending + back)
-                    self._reissued.update(back)
-                    self.stats["reissued_chunks"] += len(back)
-                    log.warning("worker %s overran its deadline on chunks %d..%d; re-issuing them",
-                                worker.name, back[0], back[-1])
+                log.warning("worker %s lost (silent for %.1fs)", worker.name, now - worker.last_seen)
+                self._drop_worker(worker, "dropped")
+                continue
+            for aid in sorted(worker.aids):
+                assignment = self.assignments[aid]
+                if now > assignment.deadline:
+                    # The worker may still deliver (its result is stored if it is first), but nobody waits for it.
+                    self._end_assignment(aid, "overran their deadline, back", logging.WARNING)
 
     def _assign_idle(self) -> None:
         for worker in list(self.workers.values()):
-            if worker.idle and self._pending:
+            if worker.idle and self._pending and not self._benched(worker):
                 self._assign(worker)
 
     def _range_size(self, worker: _Worker) -> int:
@@ -431,13 +536,16 @@ class Master:
         rate = max(rate, floor)
         total = sum(max(w.chunks_per_second or rate, floor) for w in ready) or rate
         share = math.ceil(len(self._pending) * rate / total)
-        return max(1, min(share, round(rate * self.target_range_seconds)))
+        size = max(1, min(share, round(rate * self.target_range_seconds)))
+        return min(size, self.max_range_chunks) if self.max_range_chunks else size
 
     def _assign(self, worker: _Worker) -> None:
         """Answer an idle worker: the run to build, a snapshot, a range of chunks, or 'wait'."""
         if worker.run != self._run:
-            # A worker reporting no run after its setup is still building it (or failed to: it logs why).
-            if not worker.setup_sent or worker.run is not None:
+            if worker.refused == self._run:
+                self._send(worker, {"type": "wait"})  # it cannot build this run; it logged why, and so did we
+            elif not worker.setup_sent or worker.run is not None:
+                # A worker reporting no run after its setup is still building it (its heartbeats say so).
                 self._send(worker, {"type": "setup", "run": self._run, "description": self.description,
                                     "heartbeat_interval": self.heartbeat_interval})
                 worker.setup_sent = True
@@ -445,7 +553,7 @@ class Master:
             worker.idle = False
             return
         worker.setup_sent = True
-        if not self._pending or (worker.abandons[0] == self._generation and worker.abandons[1] >= 3):
+        if not self._pending or self._benched(worker):
             # Nothing to do, or a worker that keeps failing to sync: it sits this generation out.
             self._send(worker, {"type": "wait"})
             return
@@ -467,13 +575,14 @@ class Master:
         while len(chunks) < size and len(self._pending) > len(chunks) and self._pending[len(chunks)] == chunks[-1] + 1:
             chunks.append(self._pending[len(chunks)])
         del self._pending[: len(chunks)]
-        now = time.monotonic()
+        now = self.clock()
         if worker.chunks_per_second is None:
             deadline = now + self.assign_timeout
         else:
-            deadline = now + max(self.min_deadline, 4.0 * len(chunks) / worker.chunks_per_second)
+            deadline = now + max(self.min_deadline, self.deadline_factor * len(chunks) / worker.chunks_per_second)
         aid, self._next_aid = self._next_aid, self._next_aid + 1
-        worker.assignment = _Assignment(aid, self._generation, chunks, now, deadline)
+        self.assignments[aid] = _Assignment(aid, worker.identity, self._generation, chunks, now, deadline)
+        worker.aids.add(aid)
         worker.idle = False
         worker.generation, worker.state_hash = self._generation, self._hash
         self._send(worker, {"type": "work", "run": self._run, "gen": self._generation, "hash": self._hash, "aid": aid,
@@ -493,7 +602,6 @@ class Master:
             w.interval_members = 0
         self._master_members = 0
         self._last_status = now
-
 
 def train_with_master(trainer: Any, state: Any, *, address: str, secret: bytes | str | None, env: Any,
                       optimizer: Any, env_params: Any = None, run_kwargs: dict | None = None, **options: Any) -> Any:

@@ -9,13 +9,29 @@ by the caller). Nothing is ever pickled: arrays travel as
 ``{"dtype", "shape", "data"}`` with a whitelist of dtypes, and a run is
 described by plain data (class paths and fields) that the worker rebuilds.
 
-Messages (worker -> master):
-    ``request``   {name, run, gen, hash, last_aid, devices}: idle, give me work.
+Sessions and replay protection: a worker opens every connection with ``hello``
+{name, nonce} (a fresh random nonce); the master answers ``welcome`` {nonce, sid}
+with a fresh random session id. Every later message in either direction carries
+``sid`` and ``seq`` (1, 2, 3, ... per direction) inside the MAC'd body; a
+receiver drops a message of another session or whose ``seq`` is not above the
+last one it accepted (:class:`Session`). A captured message sent again, to
+the same or a new connection, or to a restarted master, is therefore rejected;
+a ``welcome`` is accepted only for the nonce of the pending ``hello``. A master
+that gets an authenticated message of a session it does not know (it restarted)
+answers ``rehello`` {sid} and the worker opens a new session.
+
+Messages (worker -> master), all but ``hello`` with ``sid`` and ``seq``:
+    ``hello``     {name, nonce}: open a session.
+    ``request``   {name, run, gen, hash, last_aid, abandon}: idle, give me work. ``last_aid``: the
+                  newest assignment id received in this session (0: none).
     ``result``    {run, gen, hash, aid, start, stop, fitness, env_steps, obs_sum, obs_sumsq, seconds}.
-    ``heartbeat`` {name}: still alive (sent by the worker's I/O thread while it computes).
+    ``heartbeat`` {name}: still alive (sent by the worker's I/O thread while it builds or computes).
+    ``refused``   {run, reason}: the run's description cannot be built here (e.g. outside the allowlist).
     ``bye``       {aid}: leaving; my assignment goes back to the queue.
 
-Messages (master -> worker):
+Messages (master -> worker), all but ``welcome``/``rehello`` with ``sid`` and ``seq``:
+    ``welcome``   {nonce, sid}: the session is open.
+    ``rehello``   {sid}: I do not know session ``sid`` (I restarted); say hello again.
     ``setup``     {run, description, heartbeat_interval}: the run to build (then the worker asks for work).
     ``snapshot``  {run, gen, hash, state}: the full training state.
     ``work``      {run, gen, hash, aid, start, stop, update}: evaluate chunks ``[start, stop)`` of the
@@ -30,6 +46,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import os
+import secrets
 from typing import Any
 
 import msgpack
@@ -37,7 +54,7 @@ import numpy as np
 
 from jes import describe
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2  # 2: sessions (hello/welcome, sid/seq), allowlisted descriptions
 MAC_BYTES = 32
 # Per-message ceilings. Master-bound messages are small (fitness and obs sums); worker-bound
 # ones may carry a full state snapshot.
@@ -120,6 +137,40 @@ def field(message: dict, name: str, kind: type | tuple, *, optional: bool = Fals
     if not isinstance(value, kind):
         raise ProtocolError(f"field {name!r} has type {type(value).__name__}")
     return value
+
+
+class Session:
+    """One side of a connection's session: stamps outgoing messages, rejects replayed or foreign incoming ones.
+
+    Args:
+        key: the shared secret.
+        sid: the session id the master chose (random, so sessions never repeat).
+    """
+
+    def __init__(self, key: bytes, sid: str):
+        self.key, self.sid = key, sid
+        self.sent = 0
+        self.received = 0
+
+    def seal(self, message: dict) -> list[bytes]:
+        """``[body, mac]`` of ``message`` with this session's ``sid`` and the next ``seq``."""
+        self.sent += 1
+        return encode(dict(message, sid=self.sid, seq=self.sent), self.key)
+
+    def accept(self, message: dict) -> None:
+        """Accept a decoded (authenticated) message, or raise :class:`ProtocolError` for a replay."""
+        sid, seq = message.get("sid"), message.get("seq")
+        if sid != self.sid:
+            raise ProtocolError(f"{message.get('type')!r} message of another session (replayed or stale)")
+        if not isinstance(seq, int) or isinstance(seq, bool) or seq <= self.received:
+            raise ProtocolError(f"replayed or reordered {message.get('type')!r} message (seq {seq!r}, "
+                                f"last accepted {self.received})")
+        self.received = seq
+
+
+def new_nonce() -> str:
+    """A fresh random hex string for a hello nonce or a session id."""
+    return secrets.token_hex(16)
 
 
 # ------------------------------------------------------------------- arrays
