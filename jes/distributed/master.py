@@ -584,6 +584,7 @@ class Master:
         self.assignments[aid] = _Assignment(aid, worker.identity, self._generation, chunks, now, deadline)
         worker.aids.add(aid)
         worker.idle = False
+        self.stats["assigned_ranges"] += 1
         worker.generation, worker.state_hash = self._generation, self._hash
         self._send(worker, {"type": "work", "run": self._run, "gen": self._generation, "hash": self._hash, "aid": aid,
                             "start": chunks[0], "stop": chunks[-1] + 1, "update": update})
