@@ -1,4 +1,7 @@
 """jes.distributed.protocol: framing, authentication, array/state encoding, run descriptions (no sockets)."""
+import subprocess
+import sys
+
 import jax.numpy as jnp
 import msgpack
 import numpy as np
@@ -82,3 +85,10 @@ def test_secret_sources(tmp_path, monkeypatch):
     assert protocol.load_secret(secret_file=str(path)) == b"a-long-enough-secret"
     monkeypatch.setenv(protocol.SECRET_ENV, "from-the-environment")
     assert protocol.load_secret() == b"from-the-environment"
+
+
+def test_importing_the_distributed_package_protocol_and_worker_does_not_import_jax():
+    code = ("import sys, jes.distributed, jes.distributed.protocol, jes.distributed.worker, jes.describe; "
+            "assert 'jax' not in sys.modules, sorted(m for m in sys.modules if m.startswith('jax'))[:5]")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
