@@ -49,6 +49,21 @@ def _parser() -> argparse.ArgumentParser:
     train.add_argument("--listen", default=None, metavar="HOST:PORT", help="be a distributed master listening here")
     train.add_argument("--secret-file", default=None,
                        help="file holding the shared secret workers authenticate with (default: $JES_SECRET)")
+    timing = train.add_argument_group(
+        "distributed master timing (with --listen; passed to jes.train(master_options=...) and "
+        "jes.distributed.master.Master)")
+    timing.add_argument("--heartbeat-interval", type=float, default=None, metavar="S",
+                        help="seconds between worker heartbeats (Master default 1)")
+    timing.add_argument("--worker-timeout", type=float, default=None, metavar="S",
+                        help="a worker silent this long is dropped and its range re-queued (Master default 10)")
+    timing.add_argument("--first-range-timeout", type=float, default=None, metavar="S",
+                        help="deadline of a worker's first range, before its speed is known (Master default 60)")
+    timing.add_argument("--min-range-deadline", type=float, default=None, metavar="S",
+                        help="shortest deadline of later ranges, which get 4x their expected time (Master default 5)")
+    timing.add_argument("--range-seconds", type=float, default=None, metavar="S",
+                        help="about this much work per range at a worker's measured speed (Master default 1)")
+    timing.add_argument("--max-range-chunks", type=int, default=None, metavar="N",
+                        help="most chunks in one range (Master default: no cap)")
     progress = train.add_mutually_exclusive_group()
     progress.add_argument("--progress", dest="progress", action="store_true", default=None, help="always show the progress bar")
     progress.add_argument("--no-progress", dest="progress", action="store_false", help="never show the progress bar")
@@ -103,6 +118,20 @@ def _train(args: argparse.Namespace) -> int:
         # No --secret-file: secret=None makes jes.train read the JES_SECRET environment variable.
         secret = load_secret(secret_file=args.secret_file) if args.secret_file is not None else None
         kwargs.update(master=args.listen, secret=secret)
+    master_options = {name: value for name, value in (
+        ("heartbeat_interval", args.heartbeat_interval), ("worker_timeout", args.worker_timeout),
+        ("assign_timeout", args.first_range_timeout), ("min_deadline", args.min_range_deadline),
+        ("target_range_seconds", args.range_seconds), ("max_range_chunks", args.max_range_chunks),
+    ) if value is not None}
+    if master_options:
+        if args.listen is None:
+            print("jes train: the distributed timing flags are for a master; add --listen HOST:PORT", file=sys.stderr)
+            return 2
+        if "master_options" not in inspect.signature(jes.train).parameters:
+            print("jes train: this jes.train takes no master_options; run without the distributed timing flags",
+                  file=sys.stderr)
+            return 2
+        kwargs["master_options"] = master_options
 
     policy = build_policy({"type": args.policy, "hidden": args.hidden, "layers": args.layers})
     result = jes.train(policy, args.env, args.optimizer, **kwargs)
