@@ -18,7 +18,7 @@ import sys
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="jes", description="JAX-accelerated OpenAI Evolution Strategies.",
                                      formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
-    commands = parser.add_subparsers(dest="command", required=True, metavar="{train,eval,sweep}")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="{train,eval,sweep,keys}")
 
     train = commands.add_parser("train", help="train a policy with OpenAI-ES",
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
@@ -64,6 +64,9 @@ def _parser() -> argparse.ArgumentParser:
                         help="about this much work per range at a worker's measured speed (Master default 1)")
     timing.add_argument("--max-range-chunks", type=int, default=None, metavar="N",
                         help="most chunks in one range (Master default: no cap)")
+    timing.add_argument("--curve-secret-key", default=None, metavar="FILE",
+                        help="encrypt with ZeroMQ CURVE using this secret key (NAME.secret from `jes keys NAME`); "
+                             "workers pass --curve-server-key NAME.public")
     progress = train.add_mutually_exclusive_group()
     progress.add_argument("--progress", dest="progress", action="store_true", default=None, help="always show the progress bar")
     progress.add_argument("--no-progress", dest="progress", action="store_false", help="never show the progress bar")
@@ -78,6 +81,9 @@ def _parser() -> argparse.ArgumentParser:
     sweep.add_argument("config", help="sweep file (.json or .toml); see jes.sweep.load_sweep_file")
     sweep.add_argument("--out-dir", default=None, help="where sweep.csv/sweep.json go (overrides the file)")
     sweep.add_argument("--no-vmap", action="store_true", help="run seeds one after another instead of vmapped")
+
+    keys = commands.add_parser("keys", help="make a CURVE key pair for an encrypted distributed master")
+    keys.add_argument("name", help="writes NAME.secret (the master's, mode 600) and NAME.public (for workers)")
     return parser
 
 
@@ -122,6 +128,7 @@ def _train(args: argparse.Namespace) -> int:
         ("heartbeat_interval", args.heartbeat_interval), ("worker_timeout", args.worker_timeout),
         ("assign_timeout", args.first_range_timeout), ("min_deadline", args.min_range_deadline),
         ("target_range_seconds", args.range_seconds), ("max_range_chunks", args.max_range_chunks),
+        ("curve_secret_key", args.curve_secret_key),
     ) if value is not None}
     if master_options:
         if args.listen is None:
@@ -171,9 +178,32 @@ def _sweep(args: argparse.Namespace) -> int:
     return 0
 
 
+def _keys(args: argparse.Namespace) -> int:
+    import os
+
+    from jes.distributed.protocol import curve_keypair
+
+    public, secret = curve_keypair()
+    public_path, secret_path = f"{args.name}.public", f"{args.name}.secret"
+    for path in (public_path, secret_path):
+        if os.path.exists(path):
+            print(f"jes keys: {path} exists; not overwriting it", file=sys.stderr)
+            return 2
+    fd = os.open(secret_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(secret + "\n")
+    with open(public_path, "w") as f:
+        f.write(public + "\n")
+    print(f"master:  jes train --listen HOST:PORT --curve-secret-key {secret_path} ...  (keep it private)\n"
+          f"workers: jes-worker --master HOST:PORT --curve-server-key {public_path} ...  (copy it to them)")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``jes`` console script."""
     args = _parser().parse_args(argv)
+    if args.command == "keys":
+        return _keys(args)  # needs no JAX
     from jes.compilation_cache import enable_compilation_cache
     from jes.cpu import use_cpu_cores
 

@@ -100,6 +100,22 @@ def test_master_timing_flags(tmp_path, capsys, monkeypatch):
                                           min_deadline=2.0, target_range_seconds=3.0, max_range_chunks=8)
 
 
+def test_keys_command(tmp_path, capsys):
+    from jes.distributed.protocol import load_curve_key
+
+    name = str(tmp_path / "master")
+    assert cli.main(["keys", name]) == 0
+    assert "--curve-server-key" in capsys.readouterr().out
+    assert os.stat(name + ".secret").st_mode & 0o077 == 0  # the secret key is private
+    public = load_curve_key(name + ".public", "key")
+    import zmq
+
+    assert zmq.curve_public(load_curve_key(name + ".secret", "key")) == public
+    assert cli.main(["keys", name]) == 2  # never overwrites a key
+    with pytest.raises(ValueError, match="40"):
+        load_curve_key("short", "key")
+
+
 def test_sweep_command(tmp_path, capsys):
     config = tmp_path / "sweep.toml"
     config.write_text(

@@ -36,6 +36,8 @@ KEY = 11
 CONFIG = jes.ESConfig(num_members=32, chunk_size=4, num_generations=4, eval_episodes=4, noise_std=0.1)
 FAST = dict(heartbeat_interval=0.2, worker_timeout=2.0, assign_timeout=5.0, min_deadline=1.0, status_interval=0.0)
 READY_TIMEOUT = 120.0
+# JES_TEST_CURVE=1 runs every test of this module with CURVE encryption on (masters, workers, raw clients).
+CURVE = protocol.curve_keypair() if os.environ.get("JES_TEST_CURVE") else None  # (public, secret)
 pytestmark = pytest.mark.hard_timeout(420)  # every test here; the slow ones start and compile worker processes
 # `jes-worker` that dies with the test process (PR_SET_PDEATHSIG), so that a session ended by a hard
 # timeout leaves no worker behind; set in the worker process itself (no preexec_fn in a threaded parent).
@@ -68,6 +70,8 @@ class WorkerPool:
         self.procs: dict[str, subprocess.Popen] = {}
 
     def start(self, name: str, secret: bytes = SECRET, args: tuple = (), env: dict | None = None) -> subprocess.Popen:
+        if CURVE is not None and "--curve-server-key" not in args and name != "plain":
+            args = (*args, "--curve-server-key", CURVE[0])
         env = dict(os.environ, JES_SECRET=secret.decode(), **(env or {}))
         with open(self.log_dir / f"{name}.log", "wb") as log:
             proc = subprocess.Popen(
@@ -113,7 +117,7 @@ def pool(tmp_path_factory):
 
 def make_master(trainer, port, env="CartPole-v1", env_params=None, **options):
     return Master(trainer, f"127.0.0.1:{port}", secret=SECRET, env=env, env_params=env_params, optimizer="adam",
-                  **dict(FAST, **options))
+                  **{**FAST, **(dict(curve_secret_key=CURVE[1]) if CURVE else {}), **options})
 
 
 def contributed(master) -> dict:
@@ -303,6 +307,9 @@ def test_worker_joining_mid_run_and_master_restart_are_survived(trainer, referen
 def raw_client(port: int) -> zmq.Socket:
     sock = zmq.Context.instance().socket(zmq.DEALER)
     sock.setsockopt(zmq.LINGER, 0)
+    if CURVE is not None:
+        sock.curve_serverkey = CURVE[0].encode()
+        sock.curve_publickey, sock.curve_secretkey = zmq.curve_keypair()
     sock.connect(f"tcp://127.0.0.1:{port}")
     return sock
 
@@ -435,7 +442,7 @@ def test_a_real_worker_refuses_every_rce_route_creates_nothing_and_keeps_serving
     from test_describe import rce_routes
     from test_distributed_worker import FakeMaster
 
-    master = FakeMaster()
+    master = FakeMaster(curve_secret_key=CURVE and CURVE[1])
     workers = WorkerPool(master.port, tmp_path)
     target = tmp_path / "pwned"
     try:
@@ -479,5 +486,25 @@ def test_master_logs_a_refusal_and_allow_module_admits_the_users_env(tmp_path):
         np.testing.assert_array_equal(result.flat_params, reference)
         assert master.stats["assigned_ranges"] > 0
         assert workers.procs["strict"].poll() is None  # the refusing worker is still serving
+    finally:
+        workers.close()
+
+
+@pytest.mark.slow
+def test_curve_encrypted_run_is_bit_identical_and_plaintext_workers_cannot_join(trainer, reference, tmp_path):
+    public, secret = protocol.curve_keypair()
+    (tmp_path / "master.public").write_text(public + "\n")
+    workers = WorkerPool(free_port(), tmp_path)
+    try:
+        workers.start("plain")
+        workers.start("curve", args=("--curve-server-key", str(tmp_path / "master.public")))
+        with make_master(trainer, workers.port, curve_secret_key=secret) as master:
+            state = trainer.init_state(KEY)
+            assert master.wait_for_workers(state, 1, READY_TIMEOUT) >= 1, workers.log("curve")
+            result = run(trainer, state, key=KEY, step_fn=master.step)
+            names = [w.name for w in master.workers.values()]
+        np.testing.assert_array_equal(result.flat_params, reference)
+        assert master.encrypted and master.stats["assigned_ranges"] > 0
+        assert names == ["curve"], names  # a plaintext worker never gets past the CURVE handshake
     finally:
         workers.close()

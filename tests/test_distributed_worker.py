@@ -89,9 +89,13 @@ def test_a_malformed_or_refused_description_never_kills_the_worker(trainer, work
 class FakeMaster:
     """A ROUTER on 127.0.0.1 that speaks the session protocol by hand."""
 
-    def __init__(self):
+    def __init__(self, curve_secret_key: str | None = None):
         self.socket = zmq.Context.instance().socket(zmq.ROUTER)
         self.socket.setsockopt(zmq.LINGER, 0)
+        if curve_secret_key:
+            self.socket.curve_secretkey = curve_secret_key.encode()
+            self.socket.curve_publickey = zmq.curve_public(curve_secret_key.encode())
+            self.socket.curve_server = True
         self.port = self.socket.bind_to_random_port("tcp://127.0.0.1")
         self.identity = None
         self.session = None

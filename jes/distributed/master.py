@@ -107,6 +107,9 @@ class Master:
         max_message_bytes: larger incoming messages are dropped (ZeroMQ cuts the peer off).
         description_extra: further parts of the run described to workers and passed to their
             ``Trainer`` by name (e.g. ``{"strategy": jes.strategies.PGPE(...)}``).
+        curve_secret_key: encrypt and authenticate the server with ZeroMQ CURVE: this master's secret
+            key (Z85 text or a file made by ``jes keys NAME``, the ``NAME.secret`` one); workers then
+            need ``--curve-server-key NAME.public``. ``None`` (default): plaintext + HMAC.
     """
 
     def __init__(
@@ -128,6 +131,7 @@ class Master:
         status_interval: float = 10.0,
         max_message_bytes: int = protocol.MAX_TO_MASTER_BYTES,
         description_extra: dict | None = None,
+        curve_secret_key: str | bytes | None = None,
     ):
         self.trainer = trainer
         self.key = protocol.load_secret(secret)
@@ -182,6 +186,12 @@ class Master:
         self.socket.setsockopt(zmq.MAXMSGSIZE, self.max_message_bytes + 4096)
         self.socket.setsockopt(zmq.SNDHWM, 1000)
         self.socket.setsockopt(zmq.RCVHWM, 10000)
+        curve_secret = protocol.load_curve_key(curve_secret_key, "curve_secret_key")
+        if curve_secret is not None:
+            self.socket.curve_secretkey = curve_secret
+            self.socket.curve_publickey = zmq.curve_public(curve_secret)
+            self.socket.curve_server = True
+        self.encrypted = curve_secret is not None
         endpoint = bind_address(address)
         try:
             if endpoint.startswith("tcp://") and endpoint.endswith(":0"):
@@ -194,8 +204,8 @@ class Master:
             self.close()
             raise OSError(f"cannot listen on {endpoint}: {err}") from err
         self.endpoint = endpoint
-        log.info("master listening on %s (%d members in %d chunks of %d, %d params)", endpoint,
-                 trainer.config.num_members, trainer.num_chunks, trainer.chunk_size, trainer.num_params)
+        log.info("master listening on %s%s (%d members in %d chunks of %d, %d params)", endpoint,
+                 " with CURVE encryption" if self.encrypted else "", trainer.config.num_members, trainer.num_chunks, trainer.chunk_size, trainer.num_params)
 
     # ----------------------------------------------------------- lifecycle
     def close(self) -> None:

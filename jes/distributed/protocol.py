@@ -98,6 +98,37 @@ def load_secret(secret: bytes | str | None = None, secret_file: str | None = Non
     return key
 
 
+# -------------------------------------------------------------------- CURVE
+def curve_keypair() -> tuple[str, str]:
+    """A new CURVE key pair ``(public, secret)`` as 40-character Z85 text (for ``jes keys``)."""
+    import zmq
+
+    public, secret = zmq.curve_keypair()
+    return public.decode("ascii"), secret.decode("ascii")
+
+
+def load_curve_key(value: str | bytes | None, what: str) -> bytes | None:
+    """A Z85 CURVE key from ``value``: the key itself (40 characters) or a file holding it; ``None`` stays ``None``.
+
+    Raises:
+        ValueError: neither a readable key file nor a 40-character Z85 key.
+    """
+    if value is None:
+        return None
+    text = value.decode("ascii", "replace") if isinstance(value, bytes) else str(value)
+    if len(text.strip()) != 40 or os.path.exists(text):
+        try:
+            with open(text, "r", encoding="ascii") as f:
+                text = f.read()
+        except (OSError, UnicodeDecodeError) as err:
+            raise ValueError(f"{what}: {value!r} is neither a 40-character Z85 CURVE key nor a readable key file "
+                             f"(make one with `jes keys NAME`): {err}") from err
+    key = text.strip().encode("ascii", "replace")
+    if len(key) != 40:
+        raise ValueError(f"{what}: a CURVE key is 40 Z85 characters, got {len(key)} (make one with `jes keys NAME`)")
+    return key
+
+
 # ------------------------------------------------------------------ framing
 def encode(message: dict, key: bytes) -> list[bytes]:
     """``[body, mac]`` frames for ``message`` (a dict with a ``"type"``)."""

@@ -83,9 +83,11 @@ class _Link(threading.Thread):
     session is announced there as ``{"type": "session"}`` so the main thread asks for work afresh.
     """
 
-    def __init__(self, endpoint: str, key: bytes, name: str, heartbeat_interval: float, master_timeout: float):
+    def __init__(self, endpoint: str, key: bytes, name: str, heartbeat_interval: float, master_timeout: float,
+                 curve_server_key: bytes | None = None):
         super().__init__(name="jes-worker-link", daemon=True)
         self.endpoint, self.key, self.name = endpoint, key, name
+        self.curve_server_key = curve_server_key
         self.heartbeat_interval = heartbeat_interval
         self.master_timeout = master_timeout
         self.inbox: queue.Queue = queue.Queue()
@@ -126,6 +128,12 @@ class _Link(threading.Thread):
         sock.setsockopt(zmq.RECONNECT_IVL_MAX, 2000)
         sock.setsockopt(zmq.HEARTBEAT_IVL, 2000)     # transport-level: a vanished master host is noticed
         sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, 10000)
+        if self.curve_server_key is not None:
+            # Encrypted, and the master proves it holds the secret key; our own key pair is throwaway
+            # (workers authenticate with the HMAC secret, not with CURVE keys).
+            public, secret = zmq.curve_keypair()
+            sock.curve_serverkey = self.curve_server_key
+            sock.curve_publickey, sock.curve_secretkey = public, secret
         sock.connect(self.endpoint)
         self._socket = sock
         self._new_session()
@@ -166,7 +174,9 @@ class _Link(threading.Thread):
                 self.session = protocol.Session(self.key, field(message, "sid", str))
                 return {"type": "session"}
             if kind == "rehello":
-                if self.session is None or message.get("sid") != self.session.sid:
+                if self.session is None:
+                    return None  # answers to messages we sent before our new hello; that one is on its way
+                if message.get("sid") != self.session.sid:
                     raise ProtocolError("rehello for another session (replayed or stale)")
                 log.info("the master does not know our session (it restarted?); opening a new one")
                 self._new_session()
@@ -245,16 +255,19 @@ class Worker:
         master_timeout: reconnect after this long without a word from the master while idle.
         allow_modules: packages (besides :data:`jes.describe.DEFAULT_ALLOWED_MODULES`) whose classes and
             functions a run description may name, e.g. ``["mypkg.policies"]``; anything else is refused.
+        curve_server_key: the master's CURVE public key (Z85 text or the ``NAME.public`` file of
+            ``jes keys NAME``) for an encrypted connection to a master started with its secret key.
     """
 
     def __init__(self, master: str, secret: bytes | str, *, name: str | None = None, devices: Any = None,
-                 master_timeout: float = 30.0, allow_modules: Any = ()):
+                 master_timeout: float = 30.0, allow_modules: Any = (), curve_server_key: Any = None):
         self.allow = describe.allowlist(allow_modules)
+        server_key = protocol.load_curve_key(curve_server_key, "--curve-server-key")
         self.endpoint = connect_address(master)
         self.key = protocol.load_secret(secret)
         self.name = name or f"{socket.gethostname()}-{os.getpid()}"
         self.devices_arg = devices
-        self.link = _Link(self.endpoint, self.key, self.name, 1.0, master_timeout)
+        self.link = _Link(self.endpoint, self.key, self.name, 1.0, master_timeout, server_key)
         self.request_interval = 1.0
         self.run: str | None = None
         self.trainer = None
@@ -484,6 +497,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="also build classes and functions from this package (e.g. mypkg.policies; repeatable). "
                              f"Always allowed: {', '.join(describe.DEFAULT_ALLOWED_MODULES)}; anything else a "
                              "master names is refused")
+    parser.add_argument("--curve-server-key", metavar="KEY",
+                        help="encrypt with ZeroMQ CURVE: the master's public key (the NAME.public file of "
+                             "`jes keys NAME`, or its 40 characters); the master runs with the secret one")
     parser.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING (default INFO)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
@@ -510,7 +526,7 @@ def main(argv: list[str] | None = None) -> int:
             else:
                 devices = int(args.devices)
         worker = Worker(args.master, secret, name=args.name, devices=devices, master_timeout=args.master_timeout,
-                        allow_modules=args.allow_module)
+                        allow_modules=args.allow_module, curve_server_key=args.curve_server_key)
     except (ValueError, OSError) as err:
         print(f"jes-worker: error: {err}", file=sys.stderr)
         return 2
