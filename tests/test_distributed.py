@@ -43,6 +43,10 @@ pytestmark = pytest.mark.hard_timeout(420)  # every test here; the slow ones sta
 # timeout leaves no worker behind; set in the worker process itself (no preexec_fn in a threaded parent).
 WORKER = [sys.executable, "-c", "import ctypes, os, runpy, signal, sys; ctypes.CDLL(None).prctl(1, signal.SIGKILL); "
           "os.getppid() == 1 and sys.exit(1); runpy.run_module('jes.distributed.worker', run_name='__main__')"]
+# A worker that adds 1 to the first value of every float array it sends back (fitness, observation sums).
+LYING_WORKER = [WORKER[0], "-c", "import numpy as np, jes.distributed.protocol as p\npack = p.pack_array\n"
+                "def lie(a):\n    a = np.array(a)\n    if a.dtype == np.float32 and a.size:\n        a.flat[0] += 1.0\n"
+                "    return pack(a)\np.pack_array = lie\n" + WORKER[2]]
 
 
 def free_port() -> int:
@@ -69,13 +73,14 @@ class WorkerPool:
         self.port, self.log_dir = port, log_dir
         self.procs: dict[str, subprocess.Popen] = {}
 
-    def start(self, name: str, secret: bytes = SECRET, args: tuple = (), env: dict | None = None) -> subprocess.Popen:
+    def start(self, name: str, secret: bytes = SECRET, args: tuple = (), env: dict | None = None,
+              command: list | None = None) -> subprocess.Popen:
         if CURVE is not None and "--curve-server-key" not in args and name != "plain":
             args = (*args, "--curve-server-key", CURVE[0])
         env = dict(os.environ, JES_SECRET=secret.decode(), **(env or {}))
         with open(self.log_dir / f"{name}.log", "wb") as log:
             proc = subprocess.Popen(
-                [*WORKER, "--master", f"127.0.0.1:{self.port}", "--name", name, *args],
+                [*(command or WORKER), "--master", f"127.0.0.1:{self.port}", "--name", name, *args],
                 env=env, stdout=log, stderr=subprocess.STDOUT,
             )
         self.procs[name] = proc
@@ -506,5 +511,23 @@ def test_curve_encrypted_run_is_bit_identical_and_plaintext_workers_cannot_join(
         np.testing.assert_array_equal(result.flat_params, reference)
         assert master.encrypted and master.stats["assigned_ranges"] > 0
         assert names == ["curve"], names  # a plaintext worker never gets past the CURVE handshake
+    finally:
+        workers.close()
+
+
+@pytest.mark.slow
+def test_audit_catches_a_worker_that_alters_fitness_and_the_run_stays_bit_identical(trainer, reference, tmp_path):
+    workers = WorkerPool(free_port(), tmp_path)
+    try:
+        workers.start("honest")
+        workers.start("liar", command=LYING_WORKER)
+        with master_log() as recorder, make_master(trainer, workers.port, audit=1.0) as master:
+            state = trainer.init_state(KEY)
+            assert master.wait_for_workers(state, 2, READY_TIMEOUT) == 2, workers.log("liar")
+            result = run(trainer, state, key=KEY, step_fn=master.step)
+        np.testing.assert_array_equal(result.flat_params, reference)
+        assert master.stats["audit_mismatches"] >= 1 and master.stats["distrusted_workers"] == 1
+        assert [w.name for w in master.workers.values() if w.distrusted] == ["liar"]
+        assert any(m.startswith("worker liar returned results that differ") for m in recorder.messages)
     finally:
         workers.close()

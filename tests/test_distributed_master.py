@@ -50,6 +50,8 @@ def make_master(trainer, clock, **options):
         master._store([chunk], *(np.zeros((1, *a.shape[1:]), a.dtype) for a in master._results))
 
     master._evaluate_here = evaluate_here
+    master._evaluate_range = lambda start, stop: tuple(  # an audit by the master, likewise
+        np.zeros((stop - start, *a.shape[1:]), a.dtype) for a in master._results)
     return master
 
 
@@ -82,11 +84,12 @@ def request_message(fake, abandon=None):
             "abandon": abandon}
 
 
-@pytest.mark.parametrize("seed", range(12))
-def test_every_chunk_is_stored_queued_or_held_and_the_generation_always_finishes(trainer, seed):
+@pytest.mark.parametrize("audit", [0.0, 0.5])
+@pytest.mark.parametrize("seed", range(8))
+def test_every_chunk_is_stored_queued_or_held_and_the_generation_always_finishes(trainer, seed, audit):
     rng = random.Random(seed)
     clock = Clock()
-    master = make_master(trainer, clock)
+    master = make_master(trainer, clock, audit=audit)
     fakes = {name: FakeWorker(name) for name in (b"a", b"b", b"c")}
     try:
         for fake in fakes.values():
@@ -103,7 +106,7 @@ def test_every_chunk_is_stored_queued_or_held_and_the_generation_always_finishes
             master._handle(fake.identity, request_message(fake))
         for _ in range(300):
             check_invariant(master)
-            if master._have.all():
+            if master._have.all() and not master._auditing():
                 break
             fake = rng.choice(list(fakes.values()))
             if fake.alive and fake.identity not in master.workers:
@@ -139,20 +142,24 @@ def test_every_chunk_is_stored_queued_or_held_and_the_generation_always_finishes
             master._assign_idle()
             if master._pending and master._should_evaluate_here() and rng.random() < 0.3:
                 master._evaluate_here(master._pending[0])
+            elif not master._pending and master._audits and master._should_audit_here() and rng.random() < 0.3:
+                master._audit_here(*master._audits.pop(0))
             check_invariant(master)
         # Every worker dies now: the master must finish alone, in bounded time.
         for fake in fakes.values():
             fake.alive = False
         for _ in range(10 * trainer.num_chunks + 100):
-            if master._have.all():
+            if master._have.all() and not master._auditing():
                 break
             clock.now += 0.5
             master._expire(clock.now)
             master._assign_idle()
             if master._pending and master._should_evaluate_here():
                 master._evaluate_here(master._pending[0])
+            elif not master._pending and master._audits and master._should_audit_here():
+                master._audit_here(*master._audits.pop(0))
             check_invariant(master)
-        assert master._have.all(), (master._pending, master.assignments)
+        assert master._have.all() and not master._auditing(), (master._pending, master.assignments, master._audits)
     finally:
         master.close()
 
@@ -223,5 +230,56 @@ def test_a_benched_worker_does_not_stop_the_master_from_evaluating(trainer):
             master._handle(b"a", request_message(fake, abandon=fake.last_aid))
         assert sent[-1]["type"] == "wait" and master.workers[b"a"].idle
         assert master._should_evaluate_here()
+    finally:
+        master.close()
+
+
+def test_audit_catches_a_worker_that_alters_fitness_and_keeps_the_generation_exact(trainer):
+    clock = Clock()
+    master = make_master(trainer, clock, audit=1.0)
+    truth_calls = []
+
+    def master_evaluates(start, stop):  # the master's own (trusted) evaluation: zeros, like the honest worker
+        truth_calls.append((start, stop))
+        return tuple(np.zeros((stop - start, *a.shape[1:]), a.dtype) for a in master._results)
+
+    master._evaluate_range = master_evaluates
+    try:
+        honest, liar = FakeWorker(b"honest"), FakeWorker(b"liar")
+        for fake in (honest, liar):
+            connect(master, fake, clock)
+        sent = {b"honest": [], b"liar": []}
+        master._send = lambda worker, message: sent[worker.identity].append(message)
+        master._begin(None, 0, "h")
+        for _ in range(100):
+            if master._have.all() and not master._auditing():
+                break
+            for fake in (honest, liar):
+                if fake.identity not in master.workers:
+                    continue
+                work = [m for m in sent[fake.identity] if m["type"] == "work"]
+                sent[fake.identity].clear()
+                if not work:
+                    master._handle(fake.identity, request_message(fake))
+                for m in work:
+                    fake.last_aid = m["aid"]
+                    result = result_message(trainer, m["aid"], m["start"], m["stop"])
+                    if fake is liar:  # one altered value
+                        fitness = np.zeros((m["stop"] - m["start"], trainer.chunk_size), np.float32)
+                        fitness[0, 0] = 1.0
+                        result["fitness"] = protocol.pack_array(fitness)
+                    master._handle(fake.identity, result)
+            clock.now += 0.1
+            master._expire(clock.now)
+            master._assign_idle()
+            if master._pending and master._should_evaluate_here():
+                master._evaluate_here(master._pending[0])
+            elif not master._pending and master._audits and master._should_audit_here():
+                master._audit_here(*master._audits.pop(0))
+            check_invariant(master)
+        assert master._have.all() and not master._auditing()
+        assert master.workers[b"liar"].distrusted and not master.workers[b"honest"].distrusted
+        assert master.stats["audit_mismatches"] >= 1 and master.stats["distrusted_workers"] == 1
+        assert all(not r.any() for r in master._results)  # nothing the liar said survived
     finally:
         master.close()

@@ -30,6 +30,7 @@ import collections
 import dataclasses
 import logging
 import math
+import random
 import time
 from typing import Any
 
@@ -65,6 +66,7 @@ class _Assignment:
     issued: float
     deadline: float
     heard: bool = False     # a heartbeat came while it was outstanding: the worker is evaluating it
+    audit: bool = False     # a second evaluation of a delivered range, to compare bit for bit
 
 
 @dataclasses.dataclass
@@ -80,6 +82,7 @@ class _Worker:
     idle: bool = False
     setup_sent: bool = False
     refused: str | None = None  # the run this worker said it cannot build
+    distrusted: bool = False    # delivered results that an audit proved wrong: never given work again
     aids: set = dataclasses.field(default_factory=set)  # its live assignments
     chunks_per_second: float | None = None
     members_done: int = 0
@@ -107,6 +110,12 @@ class Master:
         max_message_bytes: larger incoming messages are dropped (ZeroMQ cuts the peer off).
         description_extra: further parts of the run described to workers and passed to their
             ``Trainer`` by name (e.g. ``{"strategy": jes.strategies.PGPE(...)}``).
+        audit: fraction of delivered ranges (0 to 1) evaluated a second time, by another worker (or by the
+            master when none is free), and compared bit for bit (same backend, same bits). On a mismatch
+            the master evaluates the range itself; a worker whose results differ from the master's is
+            distrusted for the rest of the run: its deliveries of the generation are dropped and
+            re-queued, and it gets no more work. Default 0 (off).
+        audit_seed: seed of the choice of audited ranges.
         curve_secret_key: encrypt and authenticate the server with ZeroMQ CURVE: this master's secret
             key (Z85 text or a file made by ``jes keys NAME``, the ``NAME.secret`` one); workers then
             need ``--curve-server-key NAME.public``. ``None`` (default): plaintext + HMAC.
@@ -132,6 +141,8 @@ class Master:
         max_message_bytes: int = protocol.MAX_TO_MASTER_BYTES,
         description_extra: dict | None = None,
         curve_secret_key: str | bytes | None = None,
+        audit: float = 0.0,
+        audit_seed: int = 0,
     ):
         self.trainer = trainer
         self.key = protocol.load_secret(secret)
@@ -154,6 +165,12 @@ class Master:
         self.deadline_factor = float(deadline_factor)
         self.target_range_seconds = float(target_range_seconds)
         self.max_range_chunks = max_range_chunks
+        if isinstance(audit, bool) or not isinstance(audit, (int, float)) or not 0.0 <= audit <= 1.0:
+            raise ValueError(f"Master audit must be a fraction of ranges between 0 and 1, got {audit!r}")
+        self.audit = float(audit)
+        self._audit_rng = random.Random(audit_seed)
+        self._audits: list[tuple[int, int, bytes]] = []  # (start, stop, first deliverer) waiting for a second look
+        self._delivered_by: dict[int, bytes] = {}         # chunk -> the worker whose result is stored
         self.status_interval = float(status_interval)
         self.max_message_bytes = int(max_message_bytes)
         self.clock = time.monotonic  # a seam for tests of the bookkeeping
@@ -233,13 +250,15 @@ class Master:
         self._begin(state, generation, current)
         try:
             self._assign_idle()
-            while not self._have.all():
+            while not self._have.all() or self._auditing():
                 busy_here = bool(self._pending) and self._should_evaluate_here()
                 self._poll(0 if busy_here else 20)
                 self._expire(self.clock())
                 self._assign_idle()
                 if self._pending and self._should_evaluate_here():
                     self._evaluate_here(self._pending[0])
+                elif not self._pending and self._audits and self._should_audit_here():
+                    self._audit_here(*self._audits.pop(0))
         finally:
             self._end()
         fitness, env_steps, obs_sum, obs_sumsq = (jnp.asarray(r) for r in self._results)
@@ -268,6 +287,8 @@ class Master:
         self._have = np.zeros(n, bool)
         self._pending = list(range(n))
         self._reissued = set()
+        self._audits = []
+        self._delivered_by = {}
         self._active = True
 
     def _end(self) -> None:
@@ -319,7 +340,8 @@ class Master:
         return self._pending[0] in self._reissued
 
     def _ready_workers(self) -> list[_Worker]:
-        return [w for w in self.workers.values() if w.run == self._run and w.setup_sent and (w.idle or w.aids)]
+        return [w for w in self.workers.values()
+                if w.run == self._run and w.setup_sent and not w.distrusted and (w.idle or w.aids)]
 
     def _evaluate_here(self, chunk: int) -> None:
         out = self._evaluate(self._state, jnp.array([chunk], jnp.int32))
@@ -328,7 +350,7 @@ class Master:
         self.stats["master_chunks"] += 1
         log.debug("master: evaluated chunk %d of generation %d itself", chunk, self._generation)
 
-    def _store(self, chunks: list, fitness, env_steps, obs_sum, obs_sumsq) -> int:
+    def _store(self, chunks: list, fitness, env_steps, obs_sum, obs_sumsq, by: bytes | None = None) -> int:
         stored = 0
         for i, chunk in enumerate(chunks):
             if self._have[chunk]:
@@ -336,6 +358,8 @@ class Master:
             for target, value in zip(self._results, (fitness, env_steps, obs_sum, obs_sumsq)):
                 target[chunk] = value[i]
             self._have[chunk] = True
+            if by is not None:
+                self._delivered_by[chunk] = by
             stored += 1
             if chunk in self._pending:
                 self._pending.remove(chunk)
@@ -468,8 +492,9 @@ class Master:
         start, stop = field(message, "start", int), field(message, "stop", int)
         seconds = field(message, "seconds", (float, int))
         current = self._active and run == self._run and generation == self._generation and state_hash == self._hash
+        assignment = self.assignments.get(aid) if aid in worker.aids else None
         try:
-            if not current:
+            if not current or worker.distrusted:
                 self.stats["stale_results"] += 1
                 return
             n, size, obs = self.trainer.num_chunks, self.trainer.chunk_size, self.trainer.spec.obs_shape
@@ -480,7 +505,12 @@ class Master:
             env_steps = protocol.unpack_array(message.get("env_steps"), "int32", (k,))
             obs_sum = protocol.unpack_array(message.get("obs_sum"), "float32", (k, *obs))
             obs_sumsq = protocol.unpack_array(message.get("obs_sumsq"), "float32", (k, *obs))
-            stored = self._store(list(range(start, stop)), fitness, env_steps, obs_sum, obs_sumsq)
+            if assignment is not None and assignment.audit:
+                self._check_audit(start, stop, (fitness, env_steps, obs_sum, obs_sumsq), worker.identity)
+                return
+            stored = self._store(list(range(start, stop)), fitness, env_steps, obs_sum, obs_sumsq, worker.identity)
+            if stored == k and self.audit and self._audit_rng.random() < self.audit:
+                self._audits.append((start, stop, worker.identity))
             worker.members_done += stored * size
             worker.interval_members += stored * size
             if seconds > 0:
@@ -500,6 +530,11 @@ class Master:
         if worker is not None:
             worker.aids.discard(aid)
         if not self._active or assignment.generation != self._generation:
+            return []
+        if assignment.audit:
+            start, stop = assignment.chunks[0], assignment.chunks[-1] + 1
+            if why != "audited" and self._have[start:stop].all():  # not delivered: another worker or the master looks
+                self._audits.append((start, stop, self._delivered_by.get(start, b"")))
             return []
         held = {c for a in self.assignments.values() for c in a.chunks}
         back = [c for c in assignment.chunks if not self._have[c] and c not in self._pending and c not in held]
@@ -531,8 +566,72 @@ class Master:
 
     def _assign_idle(self) -> None:
         for worker in list(self.workers.values()):
-            if worker.idle and self._pending and not self._benched(worker):
+            if worker.idle and not self._benched(worker) and not worker.distrusted and (
+                    self._pending or (self._audits and any(a[2] != worker.identity for a in self._audits))):
                 self._assign(worker)
+
+    # --------------------------------------------------------------- audits
+    def _auditing(self) -> bool:
+        """Audits of this generation still open (queued, or out with a worker)."""
+        return bool(self._audits) or any(a.audit for a in self.assignments.values())
+
+    def _should_audit_here(self) -> bool:
+        """The master takes a queued audit when no worker that may take it is idle and no worker is busy."""
+        ready = self._ready_workers()
+        if any(w.idle and not self._benched(w) and w.identity != self._audits[0][2] for w in ready):
+            return False
+        return not any(w.aids for w in ready)
+
+    def _evaluate_range(self, start: int, stop: int) -> tuple:
+        outs = [self._evaluate(self._state, jnp.array([c], jnp.int32)) for c in range(start, stop)]
+        self.stats["master_chunks"] += stop - start
+        return tuple(np.concatenate([np.asarray(o[j]) for o in outs]) for j in range(4))
+
+    def _audit_here(self, start: int, stop: int, first: bytes) -> None:
+        self._check_audit(start, stop, self._evaluate_range(start, stop), None)
+
+    def _check_audit(self, start: int, stop: int, values: tuple, by: bytes | None) -> None:
+        """Compare a second evaluation of chunks [start, stop) (by worker ``by``, or the master) with the stored one."""
+        self.stats["audits"] += 1
+        for aid in [aid for aid, a in self.assignments.items() if a.audit and a.chunks[0] == start]:
+            self._end_assignment(aid, "audited")
+        chunks = range(start, stop)
+        if not self._have[start:stop].all():
+            return  # its first delivery was dropped meanwhile (that worker was distrusted): nothing to compare
+        if all(np.array_equal(r[start:stop], v) for r, v in zip(self._results, values)):
+            return
+        self.stats["audit_mismatches"] += 1
+        truth = values if by is None else self._evaluate_range(start, stop)  # the master settles it
+        for identity in {self._delivered_by.get(c) for c in chunks} - {None}:
+            theirs = [c for c in chunks if self._delivered_by.get(c) == identity]
+            if any(not np.array_equal(r[c], t[c - start]) for c in theirs for r, t in zip(self._results, truth)):
+                self._distrust(identity)
+        if by is not None and not all(np.array_equal(v, t) for v, t in zip(values, truth)):
+            self._distrust(by)
+        self._have[start:stop] = False
+        for chunk in chunks:
+            self._delivered_by.pop(chunk, None)
+        self._store(list(chunks), *truth)
+
+    def _distrust(self, identity: bytes) -> None:
+        """Drop everything ``identity`` delivered in this generation and give it no more work."""
+        worker = self.workers.get(identity)
+        name = worker.name if worker is not None else identity.hex()[:12]
+        dropped = sorted(c for c, who in self._delivered_by.items() if who == identity)
+        for chunk in dropped:
+            self._have[chunk] = False
+            del self._delivered_by[chunk]
+        self._pending = sorted(set(self._pending) | set(dropped))
+        self._reissued.update(dropped)
+        self._audits = [a for a in self._audits if a[2] != identity]
+        if worker is not None:
+            worker.distrusted = True
+            for aid in sorted(worker.aids):
+                self._end_assignment(aid, "from a distrusted worker, back")
+        self.stats["distrusted_workers"] += 1
+        log.error("worker %s returned results that differ from the master's own evaluation: distrusted for the rest "
+                  "of the run; its %d chunk(s) of generation %d go back to the queue", name, len(dropped),
+                  self._generation)
 
     def _range_size(self, worker: _Worker) -> int:
         rate = worker.chunks_per_second
@@ -563,8 +662,12 @@ class Master:
             worker.idle = False
             return
         worker.setup_sent = True
-        if not self._pending or self._benched(worker):
-            # Nothing to do, or a worker that keeps failing to sync: it sits this generation out.
+        audit = None
+        if not self._pending and not worker.distrusted:
+            audit = next((a for a in self._audits if a[2] != worker.identity), None)
+        if (not self._pending and audit is None) or self._benched(worker) or worker.distrusted:
+            # Nothing to do, a worker that keeps failing to sync (it sits this generation out), or one
+            # whose results an audit proved wrong.
             self._send(worker, {"type": "wait"})
             return
         update = None
@@ -580,18 +683,23 @@ class Master:
                                 "state": self._snapshot})
             self.stats["snapshots"] += 1
             log.info("worker %s: sent state snapshot of generation %d", worker.name, self._generation)
-        size = self._range_size(worker)
-        chunks = [self._pending[0]]
-        while len(chunks) < size and len(self._pending) > len(chunks) and self._pending[len(chunks)] == chunks[-1] + 1:
-            chunks.append(self._pending[len(chunks)])
-        del self._pending[: len(chunks)]
+        if audit is not None:
+            self._audits.remove(audit)
+            chunks = list(range(audit[0], audit[1]))
+        else:
+            size = self._range_size(worker)
+            chunks = [self._pending[0]]
+            while len(chunks) < size and len(self._pending) > len(chunks) and self._pending[len(chunks)] == chunks[-1] + 1:
+                chunks.append(self._pending[len(chunks)])
+            del self._pending[: len(chunks)]
         now = self.clock()
         if worker.chunks_per_second is None:
             deadline = now + self.assign_timeout
         else:
             deadline = now + max(self.min_deadline, self.deadline_factor * len(chunks) / worker.chunks_per_second)
         aid, self._next_aid = self._next_aid, self._next_aid + 1
-        self.assignments[aid] = _Assignment(aid, worker.identity, self._generation, chunks, now, deadline)
+        self.assignments[aid] = _Assignment(aid, worker.identity, self._generation, chunks, now, deadline,
+                                            audit=audit is not None)
         worker.aids.add(aid)
         worker.idle = False
         self.stats["assigned_ranges"] += 1
