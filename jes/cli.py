@@ -50,7 +50,7 @@ def _parser() -> argparse.ArgumentParser:
     train.add_argument("--secret-file", default=None,
                        help="file holding the shared secret workers authenticate with (default: $JES_SECRET)")
     timing = train.add_argument_group(
-        "distributed master timing (with --listen; passed to jes.train(master_options=...) and "
+        "distributed master options (with --listen; passed to jes.train(master_options=...) and "
         "jes.distributed.master.Master)")
     timing.add_argument("--heartbeat-interval", type=float, default=None, metavar="S",
                         help="seconds between worker heartbeats (Master default 1)")
@@ -64,6 +64,9 @@ def _parser() -> argparse.ArgumentParser:
                         help="about this much work per range at a worker's measured speed (Master default 1)")
     timing.add_argument("--max-range-chunks", type=int, default=None, metavar="N",
                         help="most chunks in one range (Master default: no cap)")
+    timing.add_argument("--audit", type=float, default=None, metavar="FRACTION",
+                        help="re-evaluate this fraction of delivered ranges on another worker and compare bit for bit "
+                             "(Master default 0: off)")
     timing.add_argument("--curve-secret-key", default=None, metavar="FILE",
                         help="encrypt with ZeroMQ CURVE using this secret key (NAME.secret from `jes keys NAME`); "
                              "workers pass --curve-server-key NAME.public")
@@ -128,7 +131,7 @@ def _train(args: argparse.Namespace) -> int:
         ("heartbeat_interval", args.heartbeat_interval), ("worker_timeout", args.worker_timeout),
         ("assign_timeout", args.first_range_timeout), ("min_deadline", args.min_range_deadline),
         ("target_range_seconds", args.range_seconds), ("max_range_chunks", args.max_range_chunks),
-        ("curve_secret_key", args.curve_secret_key),
+        ("curve_secret_key", args.curve_secret_key), ("audit", args.audit),
     ) if value is not None}
     if master_options:
         if args.listen is None:

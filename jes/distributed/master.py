@@ -23,6 +23,11 @@ take them (none connected, all busy with expired ranges, all benched), or when
 they were re-queued once already. Assignment ids are unique per master and
 ``last_aid`` is per session, so a worker of a previous master can never make
 this one release ranges it has just handed out.
+
+With ``audit > 0`` a fraction of delivered ranges is evaluated a second time
+(by another worker, or by the master) and compared bit for bit; the master
+settles a mismatch with its own evaluation and stops trusting the worker that
+was wrong. A generation then also waits for its open audits.
 """
 from __future__ import annotations
 
