@@ -78,6 +78,9 @@ def test_a_malformed_or_refused_description_never_kills_the_worker(trainer, work
         assert refused and refused[-1]["run"] == f"bad{i}", worker.sent
         assert worker.sent[-1]["type"] == "request" and worker.run is None
     assert "refused: RefusedError" in [m for m in worker.sent if m.get("run") == "bad1"][0]["reason"]
+    worker._handle({"type": "setup", "run": "bad4", "description": good, "heartbeat_interval": 1.0})  # asked again
+    assert [m["type"] for m in worker.sent[-2:]] == ["refused", "request"]  # the same answer, nothing rebuilt
+    assert worker.run is None
     for message in ({"type": "work", "run": "x", "gen": "no", "aid": 1}, {"type": "snapshot"}, {"type": "nope"},
                     {"type": "work", "run": None, "gen": 0, "hash": "", "aid": 3, "start": 5, "stop": 1}):
         worker._handle(message)

@@ -278,6 +278,7 @@ class Worker:
         self.last_aid = 0
         self.current_aid: int | None = None
         self.refused_run: str | None = None
+        self.refused_reason = ""
         self.members_done = 0
         self._last_assign_log = 0.0
 
@@ -340,7 +341,8 @@ class Worker:
         if run == self.run:
             self._request()
             return
-        if run == self.refused_run:
+        if run == self.refused_run:  # asked again (e.g. in a new session): the same answer, without rebuilding
+            self.link.send({"type": "refused", "run": run, "reason": self.refused_reason})
             self._request()
             return
         self.link.idle = False
@@ -352,8 +354,8 @@ class Worker:
             refused = isinstance(err, protocol.RefusedError)
             reason = f"{'refused' if refused else 'cannot build'}: {type(err).__name__}: {err}"
             log.error("cannot build run %s sent by the master: %s", run, reason)
-            self.refused_run, self.trainer = run, None
-            self.link.send({"type": "refused", "run": run, "reason": reason[:2000]})
+            self.refused_run, self.refused_reason, self.trainer = run, reason[:2000], None
+            self.link.send({"type": "refused", "run": run, "reason": self.refused_reason})
             self._request()
             return
         self.run = run
