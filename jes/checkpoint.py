@@ -19,10 +19,10 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import importlib
 import json
 import os
 import struct
+import sys
 import tempfile
 import time
 from typing import Any
@@ -33,12 +33,12 @@ import jax.numpy as jnp
 import numpy as np
 from flax import serialization
 
-from jes import strategies
+from jes import describe, strategies
 from jes.config import ESConfig
 from jes.generation import Trainer, TrainState, as_key
 
 MAGIC = b"JESCKPT1"
-FORMAT_VERSION = 2  # 2: the strategy's state under state['strategy'] (1: OpenAI-ES fields at the top, migrated on read)
+FORMAT_VERSION = 2  # 2: the strategy's state under state['strategy'], policy fields in the jes.describe form (format 1 is upgraded on read)
 _HEADER = struct.Struct("<8sQ32s")
 # Config fields that do not change what the parameters become, so a resumed run may change them.
 RESUMABLE_CONFIG_CHANGES = frozenset({"num_generations", "stop_at_return", "eval_every", "eval_episodes"})
@@ -49,71 +49,78 @@ class CheckpointError(ValueError):
 
 
 # ------------------------------------------------------------------ description
-def _plain(value: Any) -> Any:
-    """A JSON-able stand-in for a policy field value (callables by name)."""
-    if value is None or isinstance(value, (bool, int, float, str)):
-        return value
-    if isinstance(value, (tuple, list)):
-        return [_plain(v) for v in value]
-    if callable(value):
-        return {"callable": f"{getattr(value, '__module__', '')}:{getattr(value, '__qualname__', repr(value))}"}
-    return {"repr": repr(value)}
-
-
 def describe_policy(policy: nn.Module) -> dict:
-    """``{"class": "module:QualName", "fields": {...}}`` of a Flax module, JSON-able."""
-    fields = {
-        f.name: _plain(getattr(policy, f.name))
-        for f in dataclasses.fields(policy)
-        if f.name not in ("parent", "name") and f.init
-    }
-    cls = type(policy)
-    return {"class": f"{cls.__module__}:{cls.__qualname__}", "fields": fields}
+    """``{"class": "module:QualName", "fields": {...}}`` of a Flax module, JSON-able (see :mod:`jes.describe`).
+
+    Field values that cannot be rebuilt by name (a lambda activation) are recorded, not refused, so
+    such a run can still be checkpointed and resumed into a trainer you build yourself.
+    """
+    return describe.describe_object(policy, "policy", lenient=True)
 
 
-def _unplain(value: Any, where: str) -> Any:
-    if isinstance(value, list):
-        return tuple(_unplain(v, where) for v in value)
+def _upgrade_v1(value: Any) -> Any:
+    """A format-1 policy field value (lists, ``{"callable"}``, ``{"repr"}``) in the :mod:`jes.describe` form."""
+    if isinstance(value, list):  # format 1 stored tuples (Flax freezes list fields to tuples) as lists
+        return {"__seq__": [_upgrade_v1(v) for v in value], "tuple": True}
     if isinstance(value, dict) and "callable" in value:
-        module_name, _, qualname = value["callable"].partition(":")
-        try:
-            obj = importlib.import_module(module_name)
-            for part in qualname.split("."):
-                obj = getattr(obj, part)
-            return obj
-        except (ImportError, AttributeError) as err:
-            raise CheckpointError(f"{where}: cannot import {value['callable']} ({err})") from err
-    if isinstance(value, dict):
-        raise CheckpointError(f"{where}: field value {value['repr']} cannot be rebuilt from its description")
+        path = value["callable"]
+        return {"__unimportable__": path} if "<" in path else {"__callable__": path}
+    if isinstance(value, dict) and "repr" in value:
+        return {"__repr__": value["repr"]}
     return value
 
 
-def build_policy(description: dict, path: str = "<checkpoint>") -> nn.Module:
-    """The policy module a :func:`describe_policy` description names (importing its class)."""
-    module_name, _, qualname = description["class"].partition(":")
+def checkpoint_allowlist(policy_class: str, allow_modules: Any = ()) -> describe.Allowlist:
+    """What a checkpoint may build: :func:`jes.describe.allowlist` plus ``allow_modules``, plus the
+    module of the checkpoint's policy class *if your program has already imported it* (and it is not
+    part of Python's standard library).
+
+    A checkpoint is a local file you chose, so your own policy module is trusted once you imported it
+    (``from mypkg.policies import MyPolicy`` before ``jes.checkpoint.load``); a module that is not
+    imported yet is never imported on a file's say-so: pass ``allow_modules=["mypkg.policies"]``.
+    The policy class must still resolve to a ``flax.linen.Module`` subclass, and denied modules
+    (``subprocess``, ``os``, ...) are refused whatever is allowed.
+    """
+    allow = describe.allowlist(allow_modules)
+    module = policy_class.partition(":")[0] if isinstance(policy_class, str) else ""
+    root = module.split(".", 1)[0]
+    if (module in sys.modules and root not in sys.stdlib_module_names and root not in describe.DENIED_MODULES
+            and not allow.allows(module)):
+        allow = allow.extended([module])
+    return allow
+
+
+def build_policy(description: dict, path: str = "<checkpoint>", allow_modules: Any = ()) -> nn.Module:
+    """The policy module a :func:`describe_policy` description names, built within :func:`checkpoint_allowlist`."""
+    allow = checkpoint_allowlist(description.get("class") if isinstance(description, dict) else None, allow_modules)
     try:
-        cls = importlib.import_module(module_name)
-        for part in qualname.split("."):
-            cls = getattr(cls, part)
-    except (ImportError, AttributeError) as err:
+        return describe.build_object(description, allow, "policy", role="policy")
+    except describe.DescriptionError as err:
         raise CheckpointError(
-            f"{path}: policy class {description['class']} cannot be imported ({err}); build the Trainer yourself "
-            f"and use jes.checkpoint.read(path).restore_state(trainer)"
+            f"{path}: cannot rebuild the policy: {err}. Import your policy's module first or pass "
+            f"allow_modules=[...], or build the Trainer yourself and use jes.checkpoint.read(path).restore_state(trainer)"
         ) from err
-    kwargs = {k: _unplain(v, f"{path}: policy field {k}") for k, v in description["fields"].items()}
-    return cls(**kwargs)
 
 
 def describe_strategy(strategy: Any) -> dict:
-    """``{"name": "pgpe", "fields": {...}}``: a registered strategy by name with its hyperparameters."""
-    return {"name": strategy.name, "fields": {f.name: _plain(getattr(strategy, f.name)) for f in dataclasses.fields(strategy)}}
+    """``{"name": "pgpe", "fields": {...}}``: a registered strategy by name with its (plain) hyperparameters."""
+    return {"name": strategy.name, "fields": {f.name: getattr(strategy, f.name) for f in dataclasses.fields(strategy)}}
 
 
 def build_strategy(description: dict | None) -> Any:
-    """The strategy a :func:`describe_strategy` description names (``None``: OpenAI-ES, as in format 1)."""
+    """The strategy a :func:`describe_strategy` description names (``None``: OpenAI-ES, as in format 1).
+
+    Only registered strategies by name, with plain-number/string hyperparameters: a file names no code.
+    """
     if description is None:
         return strategies.get("openai_es")
-    return strategies.get(description["name"], **{k: _unplain(v, "strategy") for k, v in description["fields"].items()})
+    fields = description.get("fields", {})
+    if not all(v is None or isinstance(v, (bool, int, float, str)) for v in fields.values()):
+        raise CheckpointError(f"strategy hyperparameters must be plain values, got {fields!r}")
+    try:
+        return strategies.get(str(description["name"]), **fields)
+    except (TypeError, ValueError) as err:
+        raise CheckpointError(f"cannot rebuild the strategy {description!r}: {err}") from err
 
 
 def describe_run(trainer: Trainer) -> dict:
@@ -245,16 +252,19 @@ class Checkpoint:
             )
         return ESConfig(**self.meta["config"])
 
-    def policy(self) -> nn.Module:
-        """The policy module, rebuilt from its recorded class and fields."""
-        return build_policy(self.meta["policy"], self.path)
+    def policy(self, allow_modules: Any = ()) -> nn.Module:
+        """The policy module, rebuilt from its recorded class and fields (see :func:`checkpoint_allowlist`)."""
+        return build_policy(self.meta["policy"], self.path, allow_modules)
 
-    def build_trainer(self, devices: Any = None, **config_changes: Any) -> Trainer:
-        """A :class:`Trainer` for the recorded policy, env, optimizer and config (``config_changes`` applied)."""
+    def build_trainer(self, devices: Any = None, allow_modules: Any = (), **config_changes: Any) -> Trainer:
+        """A :class:`Trainer` for the recorded policy, env, optimizer and config (``config_changes`` applied).
+
+        ``allow_modules``: packages besides jes's defaults the policy may come from (see :func:`checkpoint_allowlist`).
+        """
         config = self.config()
         if config_changes:
             config = config.replace(**config_changes)
-        return Trainer(self.policy(), self.env_name, self.optimizer, config, devices=devices,
+        return Trainer(self.policy(allow_modules), self.env_name, self.optimizer, config, devices=devices,
                        strategy=build_strategy(self.meta.get("strategy")))
 
     def check_compatible(self, trainer: Trainer) -> None:
@@ -348,17 +358,23 @@ def read(path: str) -> Checkpoint:
     if meta.get("version", 0) > FORMAT_VERSION:
         raise CheckpointError(f"checkpoint {path} has format version {meta['version']}; this jes reads up to "
                               f"{FORMAT_VERSION}; upgrade jes")
+    if meta.get("version", 0) < 2 and isinstance(meta.get("policy"), dict):
+        meta["policy"] = dict(meta["policy"], fields={k: _upgrade_v1(v) for k, v in meta["policy"].get("fields", {}).items()})
     history = {k: np.asarray(v) for k, v in content["history"].items()}
     return Checkpoint(path=path, meta=meta, state_dict=content["state"], history=history, key=np.asarray(content["key"]))
 
 
-def load(path: str, trainer: Trainer | None = None, devices: Any = None) -> tuple[Trainer, TrainState, Checkpoint]:
+def load(path: str, trainer: Trainer | None = None, devices: Any = None,
+         allow_modules: Any = ()) -> tuple[Trainer, TrainState, Checkpoint]:
     """Read ``path`` and restore its state into ``trainer`` (rebuilt from the file when ``None``).
+
+    Rebuilding builds only what :func:`checkpoint_allowlist` admits: jes's default packages,
+    ``allow_modules``, and your policy's module if you imported it already.
 
     Returns:
         ``(trainer, state, checkpoint)``.
     """
     checkpoint = read(path)
     if trainer is None:
-        trainer = checkpoint.build_trainer(devices=devices)
+        trainer = checkpoint.build_trainer(devices=devices, allow_modules=allow_modules)
     return trainer, checkpoint.restore_state(trainer), checkpoint

@@ -18,7 +18,7 @@ import sys
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="jes", description="JAX-accelerated Evolution Strategies.",
                                      formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
-    commands = parser.add_subparsers(dest="command", required=True, metavar="{train,eval,sweep}")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="{train,eval,sweep,keys}")
 
     train = commands.add_parser("train", help="train a policy with an evolution strategy",
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
@@ -52,6 +52,27 @@ def _parser() -> argparse.ArgumentParser:
     train.add_argument("--listen", default=None, metavar="HOST:PORT", help="be a distributed master listening here")
     train.add_argument("--secret-file", default=None,
                        help="file holding the shared secret workers authenticate with (default: $JES_SECRET)")
+    timing = train.add_argument_group(
+        "distributed master options (with --listen; passed to jes.train(master_options=...) and "
+        "jes.distributed.master.Master)")
+    timing.add_argument("--heartbeat-interval", type=float, default=None, metavar="S",
+                        help="seconds between worker heartbeats (Master default 1)")
+    timing.add_argument("--worker-timeout", type=float, default=None, metavar="S",
+                        help="a worker silent this long is dropped and its range re-queued (Master default 10)")
+    timing.add_argument("--first-range-timeout", type=float, default=None, metavar="S",
+                        help="deadline of a worker's first range, before its speed is known (Master default 60)")
+    timing.add_argument("--min-range-deadline", type=float, default=None, metavar="S",
+                        help="shortest deadline of later ranges, which get 4x their expected time (Master default 5)")
+    timing.add_argument("--range-seconds", type=float, default=None, metavar="S",
+                        help="about this much work per range at a worker's measured speed (Master default 1)")
+    timing.add_argument("--max-range-chunks", type=int, default=None, metavar="N",
+                        help="most chunks in one range (Master default: no cap)")
+    timing.add_argument("--audit", type=float, default=None, metavar="FRACTION",
+                        help="re-evaluate this fraction of delivered ranges on another worker and compare bit for bit "
+                             "(Master default 0: off)")
+    timing.add_argument("--curve-secret-key", default=None, metavar="FILE",
+                        help="encrypt with ZeroMQ CURVE using this secret key (NAME.secret from `jes keys NAME`); "
+                             "workers pass --curve-server-key NAME.public")
     progress = train.add_mutually_exclusive_group()
     progress.add_argument("--progress", dest="progress", action="store_true", default=None, help="always show the progress bar")
     progress.add_argument("--no-progress", dest="progress", action="store_false", help="never show the progress bar")
@@ -66,6 +87,9 @@ def _parser() -> argparse.ArgumentParser:
     sweep.add_argument("config", help="sweep file (.json or .toml); see jes.sweep.load_sweep_file")
     sweep.add_argument("--out-dir", default=None, help="where sweep.csv/sweep.json go (overrides the file)")
     sweep.add_argument("--no-vmap", action="store_true", help="run seeds one after another instead of vmapped")
+
+    keys = commands.add_parser("keys", help="make a CURVE key pair for an encrypted distributed master")
+    keys.add_argument("name", help="writes NAME.secret (the master's, mode 600) and NAME.public (for workers)")
     return parser
 
 
@@ -106,6 +130,21 @@ def _train(args: argparse.Namespace) -> int:
         # No --secret-file: secret=None makes jes.train read the JES_SECRET environment variable.
         secret = load_secret(secret_file=args.secret_file) if args.secret_file is not None else None
         kwargs.update(master=args.listen, secret=secret)
+    master_options = {name: value for name, value in (
+        ("heartbeat_interval", args.heartbeat_interval), ("worker_timeout", args.worker_timeout),
+        ("assign_timeout", args.first_range_timeout), ("min_deadline", args.min_range_deadline),
+        ("target_range_seconds", args.range_seconds), ("max_range_chunks", args.max_range_chunks),
+        ("curve_secret_key", args.curve_secret_key), ("audit", args.audit),
+    ) if value is not None}
+    if master_options:
+        if args.listen is None:
+            print("jes train: the distributed timing flags are for a master; add --listen HOST:PORT", file=sys.stderr)
+            return 2
+        if "master_options" not in inspect.signature(jes.train).parameters:
+            print("jes train: this jes.train takes no master_options; run without the distributed timing flags",
+                  file=sys.stderr)
+            return 2
+        kwargs["master_options"] = master_options
 
     policy = build_policy({"type": args.policy, "hidden": args.hidden, "layers": args.layers})
     result = jes.train(policy, args.env, args.optimizer, strategy=args.strategy, **kwargs)
@@ -145,9 +184,32 @@ def _sweep(args: argparse.Namespace) -> int:
     return 0
 
 
+def _keys(args: argparse.Namespace) -> int:
+    import os
+
+    from jes.distributed.protocol import curve_keypair
+
+    public, secret = curve_keypair()
+    public_path, secret_path = f"{args.name}.public", f"{args.name}.secret"
+    for path in (public_path, secret_path):
+        if os.path.exists(path):
+            print(f"jes keys: {path} exists; not overwriting it", file=sys.stderr)
+            return 2
+    fd = os.open(secret_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(secret + "\n")
+    with open(public_path, "w") as f:
+        f.write(public + "\n")
+    print(f"master:  jes train --listen HOST:PORT --curve-secret-key {secret_path} ...  (keep it private)\n"
+          f"workers: jes-worker --master HOST:PORT --curve-server-key {public_path} ...  (copy it to them)")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``jes`` console script."""
     args = _parser().parse_args(argv)
+    if args.command == "keys":
+        return _keys(args)  # needs no JAX
     from jes.compilation_cache import enable_compilation_cache
     from jes.cpu import use_cpu_cores
 

@@ -142,6 +142,7 @@ def train(
     resume: str | None = None,
     master: str | None = None,
     secret: bytes | str | None = None,
+    master_options: dict | None = None,
     rollout_min_batch: int = 32,
     **overrides: Any,
 ) -> TrainResult:
@@ -182,6 +183,9 @@ def train(
             bit-identical to a local run. The policy, env, optimizer (by name) and config must be
             describable as plain data.
         secret: shared HMAC key for ``master`` (``None``: the ``JES_SECRET`` environment variable).
+        master_options: keyword arguments of :class:`jes.distributed.master.Master` (timing knobs
+            ``heartbeat_interval``, ``worker_timeout``, ``assign_timeout``, ``min_deadline``,
+            ``target_range_seconds``, ``max_range_chunks``; ``audit``; ``curve_secret_key``).
         rollout_min_batch: see :class:`Trainer` (a speed/compile-time knob; results do not depend on it).
 
     Returns:
@@ -210,7 +214,8 @@ def train(
         loggers.append(jes_logging.TensorBoardLogger(log_dir, hparams))
     try:
         if master is not None:
-            with Master(trainer, master, secret=secret, env=env, optimizer=optimizer, env_params=env_params) as server:
+            with Master(trainer, master, secret=secret, env=env, optimizer=optimizer, env_params=env_params,
+                        **(master_options or {})) as server:
                 return run(trainer, state, key=key, callbacks=[*loggers, *callbacks], history=history,
                            checkpoint_path=checkpoint_path, checkpoint_every=checkpoint_every, step_fn=server.step)
         return run(trainer, state, key=key, callbacks=[*loggers, *callbacks], history=history,

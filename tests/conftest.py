@@ -1,6 +1,9 @@
+import faulthandler
 import os
+import signal
 import sys
 import tempfile
+import threading
 
 import pytest
 
@@ -8,6 +11,44 @@ sys.path.insert(0, os.path.dirname(__file__))
 
 # `jes` CLI subprocesses use a persistent compilation cache; keep it out of the user's home.
 os.environ.setdefault("JES_COMPILATION_CACHE", tempfile.mkdtemp(prefix="jes-xla-"))
+
+# Hard timeouts for end-to-end tests, without a plugin: SIGALRM raises HardTimeout in the test's
+# thread at the deadline (pyzmq polls and time.sleep are interrupted by it); if the test is stuck
+# where Python cannot run the handler (inside one long native call), faulthandler dumps every
+# thread's traceback and exits the session a while later. Either way: a message, never a hang.
+HARD_TIMEOUT_GRACE = 120.0
+
+
+class HardTimeout(BaseException):
+    """A test ran past its ``hard_timeout``. A BaseException, so that no ``except Exception`` swallows it."""
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "hard_timeout(seconds): fail the test with HardTimeout after this many "
+                                       "seconds (end-to-end tests must never hang)")
+
+
+@pytest.fixture(autouse=True)
+def _hard_timeout(request):
+    marker = request.node.get_closest_marker("hard_timeout")
+    if marker is None or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    seconds = float(marker.args[0])
+
+    def expire(signum, frame):
+        raise HardTimeout(f"{request.node.nodeid} ran past its hard timeout of {seconds:.0f}s: failing it "
+                          f"instead of hanging (see the log above for what it waited on)")
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    faulthandler.dump_traceback_later(seconds + HARD_TIMEOUT_GRACE, exit=True)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+        faulthandler.cancel_dump_traceback_later()
 
 
 @pytest.fixture(autouse=True)

@@ -1,5 +1,6 @@
 """jes.checkpoint: atomic saves, bit-identical resume, clear errors for bad files."""
 import os
+import sys
 
 import jax
 import numpy as np
@@ -135,3 +136,72 @@ def test_mismatching_run_is_refused_with_the_differences(saved):
         checkpoint.read(saved).restore_state(other_config)
     with pytest.raises(FileNotFoundError, match="no checkpoint"):
         checkpoint.read(saved + ".missing")
+
+
+# --------------------------------------------------------------- what a file may build
+def _rewrite_meta(src: str, dst: str, change) -> str:
+    """Copy checkpoint ``src`` to ``dst`` with ``change(meta)`` applied (a valid header and checksum)."""
+    import hashlib
+    import json
+
+    from flax import serialization
+
+    with open(src, "rb") as f:
+        data = f.read()
+    content = serialization.msgpack_restore(data[checkpoint._HEADER.size:])
+    meta = json.loads(content["meta"])
+    change(meta)
+    content["meta"] = json.dumps(meta)
+    payload = serialization.msgpack_serialize(content)
+    with open(dst, "wb") as f:
+        f.write(checkpoint._HEADER.pack(checkpoint.MAGIC, len(payload), hashlib.sha256(payload).digest()))
+        f.write(payload)
+    return dst
+
+
+def test_a_checkpoint_cannot_make_load_run_arbitrary_code(saved, tmp_path):
+    target = tmp_path / "pwned"
+    popen = {"class": "subprocess:Popen", "fields": {"args": {"__seq__": ["touch", str(target)], "tuple": False}}}
+    for name, change in (
+        ("policy", lambda meta: meta.update(policy=popen)),
+        ("field", lambda meta: meta["policy"]["fields"].update(cell={"__callable__": "subprocess:Popen"})),
+        ("alias", lambda meta: meta.update(policy=dict(popen, **{"class": "jax._src.environment_info:subprocess.Popen"}))),
+        ("not a policy", lambda meta: meta.update(policy={"class": "jes.config:ESConfig", "fields": {}})),
+    ):
+        path = _rewrite_meta(saved, str(tmp_path / f"{name}.ckpt"), change)
+        with pytest.raises(checkpoint.CheckpointError, match="cannot rebuild the policy"):
+            checkpoint.load(path)
+        with pytest.raises(checkpoint.CheckpointError, match="cannot rebuild the policy"):
+            checkpoint.load(path, allow_modules=["mypkg"])
+    assert not target.exists()
+
+
+def test_format_1_checkpoints_still_load_and_resume(saved, trainer, tmp_path):
+    def as_format_1(meta):
+        meta["version"] = 1
+        meta["policy"] = {"class": "jes.policies:MLPPolicy",
+                          "fields": {"hidden_sizes": [3], "activation": {"callable": "jax.numpy:tanh"}}}
+
+    path = _rewrite_meta(saved, str(tmp_path / "v1.ckpt"), as_format_1)
+    policy = checkpoint.read(path).policy()
+    assert policy.hidden_sizes == (3,) and policy.activation is jax.numpy.tanh
+    old = _rewrite_meta(saved, str(tmp_path / "v1gru.ckpt"), lambda meta: meta.update(version=1))
+    checkpoint.read(old).restore_state(trainer)  # a format-1 description matches today's trainer
+
+
+def test_user_policy_modules_load_when_imported_or_allowed(trainer, tmp_path, monkeypatch):
+    module = tmp_path / "jes_test_user_policies.py"
+    module.write_text("import flax.linen as nn\n\nclass Tiny(nn.Module):\n    num_outputs: int = 2\n\n"
+                      "    @nn.compact\n    def __call__(self, x):\n        return nn.Dense(self.num_outputs)(x)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import jes_test_user_policies
+
+    path = str(tmp_path / "user.ckpt")
+    user_trainer = jes.Trainer(jes_test_user_policies.Tiny(), "CartPole-v1", "adam", jes.ESConfig(**SMALL))
+    checkpoint.save(path, user_trainer, user_trainer.init_state(1))
+    assert type(checkpoint.read(path).policy()).__name__ == "Tiny"  # imported by this program: trusted
+    monkeypatch.delitem(sys.modules, "jes_test_user_policies")
+    with pytest.raises(checkpoint.CheckpointError, match="allow_modules"):
+        checkpoint.read(path).policy()  # never imported on the file's say-so
+    assert "jes_test_user_policies" not in sys.modules
+    assert type(checkpoint.read(path).policy(allow_modules=["jes_test_user_policies"])).__name__ == "Tiny"

@@ -77,6 +77,45 @@ def test_distributed_flags(tmp_path, capsys):
         assert "does not have" in capsys.readouterr().err
 
 
+def test_master_timing_flags(tmp_path, capsys, monkeypatch):
+    assert cli.main(["train", "--worker-timeout", "5"]) == 2
+    assert "add --listen" in capsys.readouterr().err
+    if "master_options" not in inspect.signature(jes.train).parameters:
+        pytest.skip("jes.train has no master_options yet")
+    seen = {}
+
+    class Stop(Exception):
+        pass
+
+    def fake_train(policy, env, optimizer, *, master=None, secret=None, master_options=None, **kwargs):
+        seen.update(master=master, master_options=master_options)
+        raise Stop
+
+    monkeypatch.setattr(jes, "train", fake_train)
+    with pytest.raises(Stop):
+        cli.main(["train", "--listen", "127.0.0.1:0", "--heartbeat-interval", "0.5", "--worker-timeout", "5",
+                  "--first-range-timeout", "30", "--min-range-deadline", "2", "--range-seconds", "3",
+                  "--max-range-chunks", "8"])
+    assert seen["master"] == "127.0.0.1:0" and seen["master_options"] == dict(heartbeat_interval=0.5, worker_timeout=5.0, assign_timeout=30.0,
+                                          min_deadline=2.0, target_range_seconds=3.0, max_range_chunks=8)
+
+
+def test_keys_command(tmp_path, capsys):
+    from jes.distributed.protocol import load_curve_key
+
+    name = str(tmp_path / "master")
+    assert cli.main(["keys", name]) == 0
+    assert "--curve-server-key" in capsys.readouterr().out
+    assert os.stat(name + ".secret").st_mode & 0o077 == 0  # the secret key is private
+    public = load_curve_key(name + ".public", "key")
+    import zmq
+
+    assert zmq.curve_public(load_curve_key(name + ".secret", "key")) == public
+    assert cli.main(["keys", name]) == 2  # never overwrites a key
+    with pytest.raises(ValueError, match="40"):
+        load_curve_key("short", "key")
+
+
 def test_sweep_command(tmp_path, capsys):
     config = tmp_path / "sweep.toml"
     config.write_text(
@@ -93,6 +132,7 @@ def test_sweep_command(tmp_path, capsys):
 
 
 @pytest.mark.slow
+@pytest.mark.hard_timeout(420)
 def test_train_as_distributed_master_with_a_worker(tmp_path):
     if "master" not in inspect.signature(jes.train).parameters:
         pytest.skip("this jes has no distributed training")

@@ -1,10 +1,14 @@
 """jes.distributed.protocol: framing, authentication, array/state encoding, run descriptions (no sockets)."""
+import subprocess
+import sys
+
 import jax.numpy as jnp
 import msgpack
 import numpy as np
 import pytest
 
 import jes
+from jes import describe
 from jes.distributed import protocol
 from jes.distributed.protocol import DescriptionError, ProtocolError
 
@@ -63,8 +67,11 @@ def test_run_description_rebuilds_the_same_trainer_and_refuses_what_cannot_trave
     lam = jes.Trainer(jes.MLPPolicy(hidden_sizes=(3,), activation=lambda x: x), "CartPole-v1", "adam", config)
     with pytest.raises(DescriptionError, match="lambda"):
         protocol.describe_run(lam, "CartPole-v1", "adam")
-    with pytest.raises(DescriptionError, match="cannot import"):
+    with pytest.raises(DescriptionError, match="outside the allowed modules"):
         protocol.build_run(dict(description, policy={"class": "no.such.module:Policy", "fields": {}}))
+    with pytest.raises(DescriptionError, match="cannot import"):
+        protocol.build_run(dict(description, policy={"class": "no.such.module:Policy", "fields": {}}),
+                           allow=describe.allowlist(["no.such.module"]))
 
 
 def test_secret_sources(tmp_path, monkeypatch):
@@ -78,3 +85,10 @@ def test_secret_sources(tmp_path, monkeypatch):
     assert protocol.load_secret(secret_file=str(path)) == b"a-long-enough-secret"
     monkeypatch.setenv(protocol.SECRET_ENV, "from-the-environment")
     assert protocol.load_secret() == b"from-the-environment"
+
+
+def test_importing_the_distributed_package_protocol_and_worker_does_not_import_jax():
+    code = ("import sys, jes.distributed, jes.distributed.protocol, jes.distributed.worker, jes.describe; "
+            "assert 'jax' not in sys.modules, sorted(m for m in sys.modules if m.startswith('jax'))[:5]")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr

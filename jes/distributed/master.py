@@ -10,9 +10,24 @@ the parameters are bit-identical whoever evaluated which chunk.
 Parameters never travel per generation: a worker keeps its own copy of the
 state and advances it with the previous generation's per-chunk results, which
 ride along with its next work item; the state hash in every message catches a
-worker that drifted, and it gets a full snapshot. A worker that stops
-answering (heartbeats) or overruns its deadline has its chunks re-queued; when
-no worker can take queued chunks the master evaluates them itself.
+worker that drifted, and it gets a full snapshot.
+
+Bookkeeping (why a generation always finishes): every chunk is either stored,
+queued, or held by a live assignment, and every assignment has a deadline.
+An assignment ends when its result arrives, when its worker says it is idle
+(a ``request`` whose ``last_aid`` covers it), leaves (``bye``), falls silent for
+``worker_timeout``, or when its deadline passes; whatever it held that is not
+stored and not held by another live assignment goes back to the queue. Queued
+chunks go to idle workers; the master evaluates them itself when no worker can
+take them (none connected, all busy with expired ranges, all benched), or when
+they were re-queued once already. Assignment ids are unique per master and
+``last_aid`` is per session, so a worker of a previous master can never make
+this one release ranges it has just handed out.
+
+With ``audit > 0`` a fraction of delivered ranges is evaluated a second time
+(by another worker, or by the master) and compared bit for bit; the master
+settles a mismatch with its own evaluation and stops trusting the worker that
+was wrong. A generation then also waits for its open audits.
 """
 from __future__ import annotations
 
@@ -20,6 +35,7 @@ import collections
 import dataclasses
 import logging
 import math
+import random
 import time
 from typing import Any
 
@@ -29,8 +45,8 @@ import numpy as np
 import zmq
 
 from jes.distributed import protocol
-from jes.generation import ChunkResults
 from jes.distributed.protocol import ProtocolError, field
+from jes.generation import ChunkResults
 
 log = logging.getLogger("jes.distributed.master")
 
@@ -50,12 +66,13 @@ def bind_address(address: str) -> str:
 @dataclasses.dataclass
 class _Assignment:
     aid: int
+    worker: bytes
     generation: int
     chunks: list
     issued: float
     deadline: float
-    expired: bool = False   # overran its deadline: its chunks were re-queued then
     heard: bool = False     # a heartbeat came while it was outstanding: the worker is evaluating it
+    audit: bool = False     # a second evaluation of a delivered range, to compare bit for bit
 
 
 @dataclasses.dataclass
@@ -63,12 +80,16 @@ class _Worker:
     identity: bytes
     name: str
     last_seen: float
+    session: protocol.Session | None = None
+    nonce: str = ""
     run: str | None = None
     generation: int = -1
     state_hash: str = ""
     idle: bool = False
     setup_sent: bool = False
-    assignment: _Assignment | None = None
+    refused: str | None = None  # the run this worker said it cannot build
+    distrusted: bool = False    # delivered results that an audit proved wrong: never given work again
+    aids: set = dataclasses.field(default_factory=set)  # its live assignments
     chunks_per_second: float | None = None
     members_done: int = 0
     abandons: tuple = (-1, 0)  # (generation, ranges handed back unevaluated in it)
@@ -83,13 +104,27 @@ class Master:
         address: where to listen (``":5555"``, ``"0.0.0.0:5555"``, ``"127.0.0.1:0"`` for a free port).
         secret: HMAC key (bytes/str); ``None`` reads ``JES_SECRET``.
         env, optimizer, env_params: as given to :func:`jes.train`, described to workers as plain data.
-        heartbeat_interval: seconds between worker heartbeats (told to workers).
-        worker_timeout: a worker silent this long is dropped and its chunks re-queued.
-        assign_timeout: deadline of a worker's first range (before its speed is known).
-        min_deadline: shortest deadline of any range; later ranges get 4x their expected time.
-        target_range_seconds: a worker gets about this much work per range (at its measured speed).
-        status_interval: seconds between status log lines.
+        heartbeat_interval: seconds between worker heartbeats (told to workers). Default 1.
+        worker_timeout: a worker silent this long is dropped and its chunks re-queued. Default 10.
+        assign_timeout: deadline of a worker's first range, before its speed is known. Default 60.
+        min_deadline: shortest deadline of any later range. Default 5.
+        deadline_factor: later ranges get this many times their expected time (at the worker's
+            measured speed) before they are re-queued. Default 4.
+        target_range_seconds: a worker gets about this much work per range (at its measured speed). Default 1.
+        max_range_chunks: most chunks in one range (``None``: no cap beyond the worker's share).
+        status_interval: seconds between status log lines. Default 10.
         max_message_bytes: larger incoming messages are dropped (ZeroMQ cuts the peer off).
+        description_extra: further parts of the run described to workers and passed to their
+            ``Trainer`` by name (e.g. ``{"strategy": jes.strategies.PGPE(...)}``).
+        audit: fraction of delivered ranges (0 to 1) evaluated a second time, by another worker (or by the
+            master when none is free), and compared bit for bit (same backend, same bits). On a mismatch
+            the master evaluates the range itself; a worker whose results differ from the master's is
+            distrusted for the rest of the run: its deliveries of the generation are dropped and
+            re-queued, and it gets no more work. Default 0 (off).
+        audit_seed: seed of the choice of audited ranges.
+        curve_secret_key: encrypt and authenticate the server with ZeroMQ CURVE: this master's secret
+            key (Z85 text or a file made by ``jes keys NAME``, the ``NAME.secret`` one); workers then
+            need ``--curve-server-key NAME.public``. ``None`` (default): plaintext + HMAC.
     """
 
     def __init__(
@@ -105,21 +140,48 @@ class Master:
         worker_timeout: float = 10.0,
         assign_timeout: float = 60.0,
         min_deadline: float = 5.0,
+        deadline_factor: float = 4.0,
         target_range_seconds: float = 1.0,
+        max_range_chunks: int | None = None,
         status_interval: float = 10.0,
         max_message_bytes: int = protocol.MAX_TO_MASTER_BYTES,
+        description_extra: dict | None = None,
+        curve_secret_key: str | bytes | None = None,
+        audit: float = 0.0,
+        audit_seed: int = 0,
     ):
         self.trainer = trainer
         self.key = protocol.load_secret(secret)
-        self.description = protocol.describe_run(trainer, env, optimizer, env_params)
+        self.description = protocol.describe_run(trainer, env, optimizer, env_params, **(description_extra or {}))
+        for name, value in (("heartbeat_interval", heartbeat_interval), ("worker_timeout", worker_timeout),
+                            ("assign_timeout", assign_timeout), ("min_deadline", min_deadline),
+                            ("deadline_factor", deadline_factor), ("target_range_seconds", target_range_seconds)):
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+                raise ValueError(f"Master {name} must be a positive number of seconds, got {value!r}")
+        if max_range_chunks is not None and (isinstance(max_range_chunks, bool) or not isinstance(max_range_chunks, int)
+                                             or max_range_chunks < 1):
+            raise ValueError(f"Master max_range_chunks must be a positive integer or None, got {max_range_chunks!r}")
+        if worker_timeout <= heartbeat_interval:
+            raise ValueError(f"Master worker_timeout ({worker_timeout}) must exceed heartbeat_interval "
+                             f"({heartbeat_interval}), or every worker would be dropped between heartbeats")
         self.heartbeat_interval = float(heartbeat_interval)
         self.worker_timeout = float(worker_timeout)
         self.assign_timeout = float(assign_timeout)
         self.min_deadline = float(min_deadline)
+        self.deadline_factor = float(deadline_factor)
         self.target_range_seconds = float(target_range_seconds)
+        self.max_range_chunks = max_range_chunks
+        if isinstance(audit, bool) or not isinstance(audit, (int, float)) or not 0.0 <= audit <= 1.0:
+            raise ValueError(f"Master audit must be a fraction of ranges between 0 and 1, got {audit!r}")
+        self.audit = float(audit)
+        self._audit_rng = random.Random(audit_seed)
+        self._audits: list[tuple[int, int, bytes]] = []  # (start, stop, first deliverer) waiting for a second look
+        self._delivered_by: dict[int, bytes] = {}         # chunk -> the worker whose result is stored
         self.status_interval = float(status_interval)
         self.max_message_bytes = int(max_message_bytes)
+        self.clock = time.monotonic  # a seam for tests of the bookkeeping
         self.workers: dict[bytes, _Worker] = {}
+        self.assignments: dict[int, _Assignment] = {}
         self.stats = collections.Counter()
         self._next_aid = 1
         self._run: str | None = None
@@ -147,6 +209,12 @@ class Master:
         self.socket.setsockopt(zmq.MAXMSGSIZE, self.max_message_bytes + 4096)
         self.socket.setsockopt(zmq.SNDHWM, 1000)
         self.socket.setsockopt(zmq.RCVHWM, 10000)
+        curve_secret = protocol.load_curve_key(curve_secret_key, "curve_secret_key")
+        if curve_secret is not None:
+            self.socket.curve_secretkey = curve_secret
+            self.socket.curve_publickey = zmq.curve_public(curve_secret)
+            self.socket.curve_server = True
+        self.encrypted = curve_secret is not None
         endpoint = bind_address(address)
         try:
             if endpoint.startswith("tcp://") and endpoint.endswith(":0"):
@@ -159,8 +227,8 @@ class Master:
             self.close()
             raise OSError(f"cannot listen on {endpoint}: {err}") from err
         self.endpoint = endpoint
-        log.info("master listening on %s (%d members in %d chunks of %d, %d params)", endpoint,
-                 trainer.config.num_members, trainer.num_chunks, trainer.chunk_size, trainer.num_params)
+        log.info("master listening on %s%s (%d members in %d chunks of %d, %d params)", endpoint,
+                 " with CURVE encryption" if self.encrypted else "", trainer.config.num_members, trainer.num_chunks, trainer.chunk_size, trainer.num_params)
 
     # ----------------------------------------------------------- lifecycle
     def close(self) -> None:
@@ -185,27 +253,20 @@ class Master:
         current = self._last_hash if state is self._last_state else protocol.state_hash(state)
         if current != self._last_hash:
             self._update = None  # not the state our last update produced (a resume): workers get snapshots
-        self._state, self._generation, self._hash, self._snapshot = state, generation, current, None
-        n, size = trainer.num_chunks, trainer.chunk_size
-        obs = trainer.spec.obs_shape
-        self._results = (np.zeros((n, size), np.float32), np.zeros((n,), np.int32),
-                         np.zeros((n, *obs), np.float32), np.zeros((n, *obs), np.float32))
-        self._have = np.zeros(n, bool)
-        self._pending = list(range(n))
-        self._reissued = set()
-        self._active = True
+        self._begin(state, generation, current)
         try:
             self._assign_idle()
-            while not self._have.all():
+            while not self._have.all() or self._auditing():
                 busy_here = bool(self._pending) and self._should_evaluate_here()
                 self._poll(0 if busy_here else 20)
-                self._expire(time.monotonic())
+                self._expire(self.clock())
                 self._assign_idle()
                 if self._pending and self._should_evaluate_here():
-                    self._evaluate_here(self._pending.pop(0))
+                    self._evaluate_here(self._pending[0])
+                elif not self._pending and self._audits and self._should_audit_here():
+                    self._audit_here(*self._audits.pop(0))
         finally:
-            self._active = False
-            self._pending = []
+            self._end()
         fitness, env_steps, obs_sum, obs_sumsq = (jnp.asarray(r) for r in self._results)
         new_state, metrics = self._apply(state, fitness, env_steps, obs_sum, obs_sumsq)
         if evaluate_centre and int(metrics["bad_member"]) < 0 and not bool(metrics["bad_update"]):
@@ -220,6 +281,29 @@ class Master:
         self._last_state, self._last_hash = new_state, protocol.state_hash(new_state)
         self._status(generation + 1)
         return new_state, metrics
+
+    def _begin(self, state: Any, generation: int, state_hash: str) -> None:
+        """Open a generation: every chunk queued, none stored."""
+        trainer = self.trainer
+        self._state, self._generation, self._hash, self._snapshot = state, generation, state_hash, None
+        n, size = trainer.num_chunks, trainer.chunk_size
+        obs = trainer.spec.obs_shape
+        self._results = (np.zeros((n, size), np.float32), np.zeros((n,), np.int32),
+                         np.zeros((n, *obs), np.float32), np.zeros((n, *obs), np.float32))
+        self._have = np.zeros(n, bool)
+        self._pending = list(range(n))
+        self._reissued = set()
+        self._audits = []
+        self._delivered_by = {}
+        self._active = True
+
+    def _end(self) -> None:
+        """Close the generation: assignments still out are void (their late results are stale)."""
+        self._active = False
+        self._pending = []
+        for worker in self.workers.values():
+            worker.aids.clear()
+        self.assignments.clear()
 
     def _set_run(self, state: Any) -> None:
         if self._run is None:
@@ -241,19 +325,29 @@ class Master:
         deadline = time.monotonic() + timeout
         while len(self._ready_workers()) < count and time.monotonic() < deadline:
             self._poll(50)
-            self._expire(time.monotonic())
+            self._expire(self.clock())
         return len(self._ready_workers())
 
+    def _benched(self, worker: _Worker) -> bool:
+        return worker.abandons[0] == self._generation and worker.abandons[1] >= 3
+
     def _should_evaluate_here(self) -> bool:
-        """Evaluate a queued chunk locally when no worker can take it: none ready, or it was re-issued."""
-        if any(w.idle for w in self._ready_workers()):
+        """Evaluate the first queued chunk here when no worker can take it soon.
+
+        No idle worker can take it (idle ones were just given work), so: when no worker holds a live
+        assignment (none connected, all benched, all past their deadlines), or when the chunk was
+        re-queued once already (its first taker failed; don't bet the generation on a second one).
+        """
+        ready = self._ready_workers()
+        if any(w.idle and not self._benched(w) for w in ready):
             return False
-        if not self._ready_workers():
+        if not any(w.aids for w in ready):
             return True
         return self._pending[0] in self._reissued
 
     def _ready_workers(self) -> list[_Worker]:
-        return [w for w in self.workers.values() if w.run == self._run and w.setup_sent and (w.idle or w.assignment)]
+        return [w for w in self.workers.values()
+                if w.run == self._run and w.setup_sent and not w.distrusted and (w.idle or w.aids)]
 
     def _evaluate_here(self, chunk: int) -> None:
         out = self._evaluate(self._state, jnp.array([chunk], jnp.int32))
@@ -262,7 +356,7 @@ class Master:
         self.stats["master_chunks"] += 1
         log.debug("master: evaluated chunk %d of generation %d itself", chunk, self._generation)
 
-    def _store(self, chunks: list, fitness, env_steps, obs_sum, obs_sumsq) -> int:
+    def _store(self, chunks: list, fitness, env_steps, obs_sum, obs_sumsq, by: bytes | None = None) -> int:
         stored = 0
         for i, chunk in enumerate(chunks):
             if self._have[chunk]:
@@ -270,6 +364,8 @@ class Master:
             for target, value in zip(self._results, (fitness, env_steps, obs_sum, obs_sumsq)):
                 target[chunk] = value[i]
             self._have[chunk] = True
+            if by is not None:
+                self._delivered_by[chunk] = by
             stored += 1
             if chunk in self._pending:
                 self._pending.remove(chunk)
@@ -277,12 +373,17 @@ class Master:
 
     # ------------------------------------------------------------- network
     def _send(self, worker: _Worker, message: dict) -> None:
-        frames = protocol.encode(message, self.key)
+        if worker.session is None:
+            return
+        frames = worker.session.seal(message)
+        self._send_frames(worker.identity, frames, message["type"], worker.name)
+
+    def _send_frames(self, identity: bytes, frames: list[bytes], kind: str, name: str) -> None:
         try:
-            self.socket.send_multipart([worker.identity, *frames], flags=zmq.NOBLOCK)
+            self.socket.send_multipart([identity, *frames], flags=zmq.NOBLOCK)
             self.stats["bytes_sent"] += sum(len(f) for f in frames)
         except zmq.Again:
-            log.warning("dropping %s to worker %s: its send queue is full", message["type"], worker.name)
+            log.warning("dropping %s to worker %s: its send queue is full", kind, name)
 
     def _poll(self, timeout_ms: int) -> None:
         if not self.socket.poll(timeout_ms):
@@ -299,6 +400,23 @@ class Master:
         identity = frames[0]
         try:
             message = protocol.decode(frames[1:], self.key, self.max_message_bytes)
+            if message["type"] == "hello":
+                self._hello(identity, message)
+                return
+            worker = self.workers.get(identity)
+            if worker is None or worker.session is None:
+                # Authenticated, but of a session we do not know: a worker of our previous incarnation
+                # (or a replay; answering it creates nothing).
+                sid = message.get("sid")
+                if isinstance(sid, str) and message["type"] != "bye":
+                    self._send_frames(identity, protocol.encode({"type": "rehello", "sid": sid[:64]}, self.key),
+                                      "rehello", identity.hex()[:12])
+                raise ProtocolError(f"{message['type']!r} message outside any session")
+            try:
+                worker.session.accept(message)
+            except ProtocolError:
+                self.stats["replayed"] += 1
+                raise
             self._handle(identity, message)
         except ProtocolError as err:
             self.stats["dropped"] += 1
@@ -309,48 +427,69 @@ class Master:
             self.stats["dropped"] += 1
             log.exception("error handling a message from peer %s; dropped", identity.hex()[:12])
 
-    def _handle(self, identity: bytes, message: dict) -> None:
-        kind = message["type"]
-        now = time.monotonic()
-        if kind not in ("request", "result", "heartbeat", "bye"):
-            raise ProtocolError(f"unexpected message type {kind!r}")
-        if kind in ("request", "result"):  # validated before the peer counts as a worker
-            run = field(message, "run", str, optional=True)
-            generation = field(message, "gen", int)
-            state_hash = field(message, "hash", str)
-            last_aid = field(message, "last_aid", int)
-            abandon = field(message, "abandon", int, optional=True)
+    def _hello(self, identity: bytes, message: dict) -> None:
+        nonce = field(message, "nonce", str)
+        if not 16 <= len(nonce) <= 64:
+            raise ProtocolError("hello nonce of a bad length")
+        name = str(field(message, "name", str, optional=True) or identity.hex()[:8])[:64]
         worker = self.workers.get(identity)
-        if worker is None:
-            if kind == "bye":
-                return
-            name = str(field(message, "name", str, optional=True) or identity.hex()[:8])[:64]
-            worker = self.workers[identity] = _Worker(identity, name, now)
+        if worker is None or worker.nonce != nonce:
+            if worker is not None:  # the same connection opens a new session: the old one is over
+                self._drop_worker(worker, "opened a new session")
+            worker = self.workers[identity] = _Worker(identity, name, self.clock(), nonce=nonce,
+                                                      session=protocol.Session(self.key, protocol.new_nonce()))
             log.info("worker %s connected (%d connected)", name, len(self.workers))
-        worker.last_seen = now
+        # A repeated hello (its first welcome was lost) gets the same session.
+        self._send_frames(identity, protocol.encode({"type": "welcome", "nonce": nonce, "sid": worker.session.sid},
+                                                    self.key), "welcome", name)
+
+    def _handle(self, identity: bytes, message: dict) -> None:
+        """Act on an authenticated, in-session message from a known worker."""
+        kind = message["type"]
+        if kind not in ("request", "result", "heartbeat", "bye", "refused"):
+            raise ProtocolError(f"unexpected message type {kind!r}")
+        worker = self.workers[identity]
+        worker.last_seen = self.clock()
         if kind == "heartbeat":
-            assignment = worker.assignment
-            if assignment is not None and not assignment.heard:
-                # Workers heartbeat only while busy, so this is the first sign it is evaluating the range.
-                assignment.heard = True
-                log.debug("worker %s: evaluating chunks %d..%d of generation %d", worker.name, assignment.chunks[0],
-                          assignment.chunks[-1], assignment.generation)
+            for aid in worker.aids:
+                assignment = self.assignments[aid]
+                if not assignment.heard:
+                    # Workers heartbeat only while busy, so this is the first sign it is evaluating the range.
+                    assignment.heard = True
+                    log.debug("worker %s: evaluating chunks %d..%d of generation %d", worker.name,
+                              assignment.chunks[0], assignment.chunks[-1], assignment.generation)
+            self._send(worker, {"type": "pong"})
             return
         if kind == "bye":
-            log.info("worker %s left%s", worker.name, self._release(worker, "returned"))
-            del self.workers[identity]
+            self._drop_worker(worker, "left")
             return
+        if kind == "refused":
+            run = field(message, "run", str)
+            reason = str(field(message, "reason", str))[:2000]
+            if run == self._run and worker.refused != run:
+                worker.refused = run
+                log.error("worker %s refused run %s: %s", worker.name, run, reason)
+            self.stats["refused"] += 1
+            return
+        run = field(message, "run", str, optional=True)
+        generation = field(message, "gen", int)
+        state_hash = field(message, "hash", str)
         if kind == "result":
             self._handle_result(worker, message, run, generation, state_hash)
         else:
-            if worker.assignment is not None and worker.assignment.aid > last_aid:
-                return  # this request crossed our work message in flight; the worker will get it
-            if abandon is not None or worker.assignment is not None:
-                self._release(worker, "returned")
+            last_aid = field(message, "last_aid", int)
+            abandon = field(message, "abandon", int, optional=True)
+            done = sorted(aid for aid in worker.aids if aid <= last_aid)
+            for aid in done:  # it is idle, so it finished (result already in) or abandoned these
+                self._end_assignment(aid, "returned")
+            if worker.aids:
+                return  # this request crossed a work message in flight; the worker will get it
             if abandon is not None:
                 count = worker.abandons[1] + 1 if worker.abandons[0] == self._generation else 1
                 worker.abandons = (self._generation, count)
         worker.run, worker.generation, worker.state_hash = run, generation, state_hash
+        if worker.aids:
+            return
         worker.idle = True
         self._assign(worker)  # between generations the queue is empty: set up, or 'wait'
 
@@ -358,67 +497,147 @@ class Master:
         aid = field(message, "aid", int)
         start, stop = field(message, "start", int), field(message, "stop", int)
         seconds = field(message, "seconds", (float, int))
-        assignment = worker.assignment
-        if assignment is not None and assignment.aid == aid:
-            worker.assignment = None
         current = self._active and run == self._run and generation == self._generation and state_hash == self._hash
-        if not current:
-            self.stats["stale_results"] += 1
-            return
-        n, size, obs = self.trainer.num_chunks, self.trainer.chunk_size, self.trainer.spec.obs_shape
-        if not 0 <= start < stop <= n:
-            raise ProtocolError(f"result chunk range [{start}, {stop}) outside [0, {n})")
-        k = stop - start
-        fitness = protocol.unpack_array(message.get("fitness"), "float32", (k, size))
-        env_steps = protocol.unpack_array(message.get("env_steps"), "int32", (k,))
-        obs_sum = protocol.unpack_array(message.get("obs_sum"), "float32", (k, *obs))
-        obs_sumsq = protocol.unpack_array(message.get("obs_sumsq"), "float32", (k, *obs))
-        stored = self._store(list(range(start, stop)), fitness, env_steps, obs_sum, obs_sumsq)
-        worker.members_done += stored * size
-        worker.interval_members += stored * size
-        if seconds > 0:
-            rate = k / seconds
-            worker.chunks_per_second = rate if worker.chunks_per_second is None else 0.5 * (worker.chunks_per_second + rate)
+        assignment = self.assignments.get(aid) if aid in worker.aids else None
+        try:
+            if not current or worker.distrusted:
+                self.stats["stale_results"] += 1
+                return
+            n, size, obs = self.trainer.num_chunks, self.trainer.chunk_size, self.trainer.spec.obs_shape
+            if not 0 <= start < stop <= n:
+                raise ProtocolError(f"result chunk range [{start}, {stop}) outside [0, {n})")
+            k = stop - start
+            fitness = protocol.unpack_array(message.get("fitness"), "float32", (k, size))
+            env_steps = protocol.unpack_array(message.get("env_steps"), "int32", (k,))
+            obs_sum = protocol.unpack_array(message.get("obs_sum"), "float32", (k, *obs))
+            obs_sumsq = protocol.unpack_array(message.get("obs_sumsq"), "float32", (k, *obs))
+            if assignment is not None and assignment.audit:
+                self._check_audit(start, stop, (fitness, env_steps, obs_sum, obs_sumsq), worker.identity)
+                return
+            stored = self._store(list(range(start, stop)), fitness, env_steps, obs_sum, obs_sumsq, worker.identity)
+            if stored == k and self.audit and self._audit_rng.random() < self.audit:
+                self._audits.append((start, stop, worker.identity))
+            worker.members_done += stored * size
+            worker.interval_members += stored * size
+            if seconds > 0:
+                rate = k / seconds
+                worker.chunks_per_second = rate if worker.chunks_per_second is None else 0.5 * (worker.chunks_per_second + rate)
+        finally:
+            if aid in worker.aids:  # whatever it held and did not deliver goes back to the queue
+                self._end_assignment(aid, "not delivered, back")
 
     # ------------------------------------------------------------ scheduling
-    def _release(self, worker: _Worker, why: str) -> str:
-        """Put the worker's unfinished chunks back in the queue; returns a note for the log."""
-        assignment, worker.assignment = worker.assignment, None
-        if assignment is None or not self._active or assignment.generation != self._generation:
-            return ""
-        if assignment.expired:
-            # Its chunks went back to the queue at the deadline; whoever took them owns them now, and
-            # queueing them again would evaluate them twice.
-            return ""
-        back = [c for c in assignment.chunks if not self._have[c] and c not in self._pending]
-        if not back:
-            return ""
-        self._pending = sorted(self._pending + back)
-        self._reissued.update(back)
-        self.stats["reissued_chunks"] += len(back)
-        return f"; chunks {back[0]}..{back[-1]} {why} to the queue"
+    def _end_assignment(self, aid: int, why: str, level: int = logging.INFO) -> list[int]:
+        """Forget assignment ``aid``; queue again its chunks that nobody has delivered or holds. Returns them."""
+        assignment = self.assignments.pop(aid, None)
+        if assignment is None:
+            return []
+        worker = self.workers.get(assignment.worker)
+        if worker is not None:
+            worker.aids.discard(aid)
+        if not self._active or assignment.generation != self._generation:
+            return []
+        if assignment.audit:
+            start, stop = assignment.chunks[0], assignment.chunks[-1] + 1
+            if why != "audited" and self._have[start:stop].all():  # not delivered: another worker or the master looks
+                self._audits.append((start, stop, self._delivered_by.get(start, b"")))
+            return []
+        held = {c for a in self.assignments.values() for c in a.chunks}
+        back = [c for c in assignment.chunks if not self._have[c] and c not in self._pending and c not in held]
+        if back:
+            self._pending = sorted(self._pending + back)
+            self._reissued.update(back)
+            self.stats["reissued_chunks"] += len(back)
+            name = worker.name if worker is not None else assignment.worker.hex()[:12]
+            log.log(level, "worker %s: chunks %d..%d %s to the queue", name, back[0], back[-1], why)
+        return back
+
+    def _drop_worker(self, worker: _Worker, why: str) -> None:
+        for aid in sorted(worker.aids):
+            self._end_assignment(aid, "back", logging.WARNING)
+        self.workers.pop(worker.identity, None)
+        log.info("worker %s %s (%d connected)", worker.name, why, len(self.workers))
 
     def _expire(self, now: float) -> None:
-        for identity, worker in list(self.workers.items()):
+        for worker in list(self.workers.values()):
             if now - worker.last_seen > self.worker_timeout:
-                note = self._release(worker, "back")
-                del self.workers[identity]
-                log.warning("worker %s lost (silent for %.1fs)%s", worker.name, now - worker.last_seen, note)
-            elif worker.assignment is not None and not worker.assignment.expired and now > worker.assignment.deadline:
-                assignment = worker.assignment
-                assignment.expired = True
-                back = [c for c in assignment.chunks if not self._have[c] and c not in self._pending]
-                if back and assignment.generation == self._generation:
-                    self._pending = sorted(self._pending + back)
-                    self._reissued.update(back)
-                    self.stats["reissued_chunks"] += len(back)
-                    log.warning("worker %s overran its deadline on chunks %d..%d; re-issuing them",
-                                worker.name, back[0], back[-1])
+                log.warning("worker %s lost (silent for %.1fs)", worker.name, now - worker.last_seen)
+                self._drop_worker(worker, "dropped")
+                continue
+            for aid in sorted(worker.aids):
+                assignment = self.assignments[aid]
+                if now > assignment.deadline:
+                    # The worker may still deliver (its result is stored if it is first), but nobody waits for it.
+                    self._end_assignment(aid, "overran their deadline, back", logging.WARNING)
 
     def _assign_idle(self) -> None:
         for worker in list(self.workers.values()):
-            if worker.idle and self._pending:
+            if worker.idle and not self._benched(worker) and not worker.distrusted and (
+                    self._pending or (self._audits and any(a[2] != worker.identity for a in self._audits))):
                 self._assign(worker)
+
+    # --------------------------------------------------------------- audits
+    def _auditing(self) -> bool:
+        """Audits of this generation still open (queued, or out with a worker)."""
+        return bool(self._audits) or any(a.audit for a in self.assignments.values())
+
+    def _should_audit_here(self) -> bool:
+        """The master takes a queued audit when no worker that may take it is idle and no worker is busy."""
+        ready = self._ready_workers()
+        if any(w.idle and not self._benched(w) and w.identity != self._audits[0][2] for w in ready):
+            return False
+        return not any(w.aids for w in ready)
+
+    def _evaluate_range(self, start: int, stop: int) -> tuple:
+        outs = [self._evaluate(self._state, jnp.array([c], jnp.int32)) for c in range(start, stop)]
+        self.stats["master_chunks"] += stop - start
+        return tuple(np.concatenate([np.asarray(o[j]) for o in outs]) for j in range(4))
+
+    def _audit_here(self, start: int, stop: int, first: bytes) -> None:
+        self._check_audit(start, stop, self._evaluate_range(start, stop), None)
+
+    def _check_audit(self, start: int, stop: int, values: tuple, by: bytes | None) -> None:
+        """Compare a second evaluation of chunks [start, stop) (by worker ``by``, or the master) with the stored one."""
+        self.stats["audits"] += 1
+        for aid in [aid for aid, a in self.assignments.items() if a.audit and a.chunks[0] == start]:
+            self._end_assignment(aid, "audited")
+        chunks = range(start, stop)
+        if not self._have[start:stop].all():
+            return  # its first delivery was dropped meanwhile (that worker was distrusted): nothing to compare
+        if all(np.array_equal(r[start:stop], v) for r, v in zip(self._results, values)):
+            return
+        self.stats["audit_mismatches"] += 1
+        truth = values if by is None else self._evaluate_range(start, stop)  # the master settles it
+        for identity in {self._delivered_by.get(c) for c in chunks} - {None}:
+            theirs = [c for c in chunks if self._delivered_by.get(c) == identity]
+            if any(not np.array_equal(r[c], t[c - start]) for c in theirs for r, t in zip(self._results, truth)):
+                self._distrust(identity)
+        if by is not None and not all(np.array_equal(v, t) for v, t in zip(values, truth)):
+            self._distrust(by)
+        self._have[start:stop] = False
+        for chunk in chunks:
+            self._delivered_by.pop(chunk, None)
+        self._store(list(chunks), *truth)
+
+    def _distrust(self, identity: bytes) -> None:
+        """Drop everything ``identity`` delivered in this generation and give it no more work."""
+        worker = self.workers.get(identity)
+        name = worker.name if worker is not None else identity.hex()[:12]
+        dropped = sorted(c for c, who in self._delivered_by.items() if who == identity)
+        for chunk in dropped:
+            self._have[chunk] = False
+            del self._delivered_by[chunk]
+        self._pending = sorted(set(self._pending) | set(dropped))
+        self._reissued.update(dropped)
+        self._audits = [a for a in self._audits if a[2] != identity]
+        if worker is not None:
+            worker.distrusted = True
+            for aid in sorted(worker.aids):
+                self._end_assignment(aid, "from a distrusted worker, back")
+        self.stats["distrusted_workers"] += 1
+        log.error("worker %s returned results that differ from the master's own evaluation: distrusted for the rest "
+                  "of the run; its %d chunk(s) of generation %d go back to the queue", name, len(dropped),
+                  self._generation)
 
     def _range_size(self, worker: _Worker) -> int:
         rate = worker.chunks_per_second
@@ -432,13 +651,16 @@ class Master:
         rate = max(rate, floor)
         total = sum(max(w.chunks_per_second or rate, floor) for w in ready) or rate
         share = math.ceil(len(self._pending) * rate / total)
-        return max(1, min(share, round(rate * self.target_range_seconds)))
+        size = max(1, min(share, round(rate * self.target_range_seconds)))
+        return min(size, self.max_range_chunks) if self.max_range_chunks else size
 
     def _assign(self, worker: _Worker) -> None:
         """Answer an idle worker: the run to build, a snapshot, a range of chunks, or 'wait'."""
         if worker.run != self._run:
-            # A worker reporting no run after its setup is still building it (or failed to: it logs why).
-            if not worker.setup_sent or worker.run is not None:
+            if worker.refused == self._run:
+                self._send(worker, {"type": "wait"})  # it cannot build this run; it logged why, and so did we
+            elif not worker.setup_sent or worker.run is not None:
+                # A worker reporting no run after its setup is still building it (its heartbeats say so).
                 self._send(worker, {"type": "setup", "run": self._run, "description": self.description,
                                     "heartbeat_interval": self.heartbeat_interval})
                 worker.setup_sent = True
@@ -446,8 +668,12 @@ class Master:
             worker.idle = False
             return
         worker.setup_sent = True
-        if not self._pending or (worker.abandons[0] == self._generation and worker.abandons[1] >= 3):
-            # Nothing to do, or a worker that keeps failing to sync: it sits this generation out.
+        audit = None
+        if not self._pending and not worker.distrusted:
+            audit = next((a for a in self._audits if a[2] != worker.identity), None)
+        if (not self._pending and audit is None) or self._benched(worker) or worker.distrusted:
+            # Nothing to do, a worker that keeps failing to sync (it sits this generation out), or one
+            # whose results an audit proved wrong.
             self._send(worker, {"type": "wait"})
             return
         update = None
@@ -463,19 +689,26 @@ class Master:
                                 "state": self._snapshot})
             self.stats["snapshots"] += 1
             log.info("worker %s: sent state snapshot of generation %d", worker.name, self._generation)
-        size = self._range_size(worker)
-        chunks = [self._pending[0]]
-        while len(chunks) < size and len(self._pending) > len(chunks) and self._pending[len(chunks)] == chunks[-1] + 1:
-            chunks.append(self._pending[len(chunks)])
-        del self._pending[: len(chunks)]
-        now = time.monotonic()
+        if audit is not None:
+            self._audits.remove(audit)
+            chunks = list(range(audit[0], audit[1]))
+        else:
+            size = self._range_size(worker)
+            chunks = [self._pending[0]]
+            while len(chunks) < size and len(self._pending) > len(chunks) and self._pending[len(chunks)] == chunks[-1] + 1:
+                chunks.append(self._pending[len(chunks)])
+            del self._pending[: len(chunks)]
+        now = self.clock()
         if worker.chunks_per_second is None:
             deadline = now + self.assign_timeout
         else:
-            deadline = now + max(self.min_deadline, 4.0 * len(chunks) / worker.chunks_per_second)
+            deadline = now + max(self.min_deadline, self.deadline_factor * len(chunks) / worker.chunks_per_second)
         aid, self._next_aid = self._next_aid, self._next_aid + 1
-        worker.assignment = _Assignment(aid, self._generation, chunks, now, deadline)
+        self.assignments[aid] = _Assignment(aid, worker.identity, self._generation, chunks, now, deadline,
+                                            audit=audit is not None)
+        worker.aids.add(aid)
         worker.idle = False
+        self.stats["assigned_ranges"] += 1
         worker.generation, worker.state_hash = self._generation, self._hash
         self._send(worker, {"type": "work", "run": self._run, "gen": self._generation, "hash": self._hash, "aid": aid,
                             "start": chunks[0], "stop": chunks[-1] + 1, "update": update})

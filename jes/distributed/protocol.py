@@ -9,13 +9,29 @@ by the caller). Nothing is ever pickled: arrays travel as
 ``{"dtype", "shape", "data"}`` with a whitelist of dtypes, and a run is
 described by plain data (class paths and fields) that the worker rebuilds.
 
-Messages (worker -> master):
-    ``request``   {name, run, gen, hash, last_aid, devices}: idle, give me work.
+Sessions and replay protection: a worker opens every connection with ``hello``
+{name, nonce} (a fresh random nonce); the master answers ``welcome`` {nonce, sid}
+with a fresh random session id. Every later message in either direction carries
+``sid`` and ``seq`` (1, 2, 3, ... per direction) inside the MAC'd body; a
+receiver drops a message of another session or whose ``seq`` is not above the
+last one it accepted (:class:`Session`). A captured message sent again, to
+the same or a new connection, or to a restarted master, is therefore rejected;
+a ``welcome`` is accepted only for the nonce of the pending ``hello``. A master
+that gets an authenticated message of a session it does not know (it restarted)
+answers ``rehello`` {sid} and the worker opens a new session.
+
+Messages (worker -> master), all but ``hello`` with ``sid`` and ``seq``:
+    ``hello``     {name, nonce}: open a session.
+    ``request``   {name, run, gen, hash, last_aid, abandon}: idle, give me work. ``last_aid``: the
+                  newest assignment id received in this session (0: none).
     ``result``    {run, gen, hash, aid, start, stop, fitness, env_steps, obs_sum, obs_sumsq, seconds}.
-    ``heartbeat`` {name}: still alive (sent by the worker's I/O thread while it computes).
+    ``heartbeat`` {name}: still alive (sent by the worker's I/O thread while it builds or computes).
+    ``refused``   {run, reason}: the run's description cannot be built here (e.g. outside the allowlist).
     ``bye``       {aid}: leaving; my assignment goes back to the queue.
 
-Messages (master -> worker):
+Messages (master -> worker), all but ``welcome``/``rehello`` with ``sid`` and ``seq``:
+    ``welcome``   {nonce, sid}: the session is open.
+    ``rehello``   {sid}: I do not know session ``sid`` (I restarted); say hello again.
     ``setup``     {run, description, heartbeat_interval}: the run to build (then the worker asks for work).
     ``snapshot``  {run, gen, hash, state}: the full training state.
     ``work``      {run, gen, hash, aid, start, stop, update}: evaluate chunks ``[start, stop)`` of the
@@ -27,17 +43,18 @@ Messages (master -> worker):
 """
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import hmac
-import importlib
 import os
+import secrets
 from typing import Any
 
 import msgpack
 import numpy as np
 
-PROTOCOL_VERSION = 1
+from jes import describe
+
+PROTOCOL_VERSION = 2  # 2: sessions (hello/welcome, sid/seq), allowlisted descriptions
 MAC_BYTES = 32
 # Per-message ceilings. Master-bound messages are small (fitness and obs sums); worker-bound
 # ones may carry a full state snapshot.
@@ -51,8 +68,8 @@ class ProtocolError(ValueError):
     """A message that is unauthenticated, malformed, truncated, oversized or unexpected."""
 
 
-class DescriptionError(ValueError):
-    """A run that cannot be described as plain data for remote workers."""
+DescriptionError = describe.DescriptionError  # re-exported: a run that cannot be described or built
+RefusedError = describe.RefusedError          # a description naming code outside the worker's allowlist
 
 
 # ------------------------------------------------------------------ secrets
@@ -78,6 +95,37 @@ def load_secret(secret: bytes | str | None = None, secret_file: str | None = Non
     key = secret.encode() if isinstance(secret, str) else bytes(secret)
     if len(key) < 16:
         raise ValueError(f"the shared secret is {len(key)} bytes; use at least 16 (32 random bytes recommended)")
+    return key
+
+
+# -------------------------------------------------------------------- CURVE
+def curve_keypair() -> tuple[str, str]:
+    """A new CURVE key pair ``(public, secret)`` as 40-character Z85 text (for ``jes keys``)."""
+    import zmq
+
+    public, secret = zmq.curve_keypair()
+    return public.decode("ascii"), secret.decode("ascii")
+
+
+def load_curve_key(value: str | bytes | None, what: str) -> bytes | None:
+    """A Z85 CURVE key from ``value``: the key itself (40 characters) or a file holding it; ``None`` stays ``None``.
+
+    Raises:
+        ValueError: neither a readable key file nor a 40-character Z85 key.
+    """
+    if value is None:
+        return None
+    text = value.decode("ascii", "replace") if isinstance(value, bytes) else str(value)
+    if len(text.strip()) != 40 or os.path.exists(text):
+        try:
+            with open(text, "r", encoding="ascii") as f:
+                text = f.read()
+        except (OSError, UnicodeDecodeError) as err:
+            raise ValueError(f"{what}: {value!r} is neither a 40-character Z85 CURVE key nor a readable key file "
+                             f"(make one with `jes keys NAME`): {err}") from err
+    key = text.strip().encode("ascii", "replace")
+    if len(key) != 40:
+        raise ValueError(f"{what}: a CURVE key is 40 Z85 characters, got {len(key)} (make one with `jes keys NAME`)")
     return key
 
 
@@ -120,6 +168,40 @@ def field(message: dict, name: str, kind: type | tuple, *, optional: bool = Fals
     if not isinstance(value, kind):
         raise ProtocolError(f"field {name!r} has type {type(value).__name__}")
     return value
+
+
+class Session:
+    """One side of a connection's session: stamps outgoing messages, rejects replayed or foreign incoming ones.
+
+    Args:
+        key: the shared secret.
+        sid: the session id the master chose (random, so sessions never repeat).
+    """
+
+    def __init__(self, key: bytes, sid: str):
+        self.key, self.sid = key, sid
+        self.sent = 0
+        self.received = 0
+
+    def seal(self, message: dict) -> list[bytes]:
+        """``[body, mac]`` of ``message`` with this session's ``sid`` and the next ``seq``."""
+        self.sent += 1
+        return encode(dict(message, sid=self.sid, seq=self.sent), self.key)
+
+    def accept(self, message: dict) -> None:
+        """Accept a decoded (authenticated) message, or raise :class:`ProtocolError` for a replay."""
+        sid, seq = message.get("sid"), message.get("seq")
+        if sid != self.sid:
+            raise ProtocolError(f"{message.get('type')!r} message of another session (replayed or stale)")
+        if not isinstance(seq, int) or isinstance(seq, bool) or seq <= self.received:
+            raise ProtocolError(f"replayed or reordered {message.get('type')!r} message (seq {seq!r}, "
+                                f"last accepted {self.received})")
+        self.received = seq
+
+
+def new_nonce() -> str:
+    """A fresh random hex string for a hello nonce or a session id."""
+    return secrets.token_hex(16)
 
 
 # ------------------------------------------------------------------- arrays
@@ -202,162 +284,41 @@ def unpack_state(trainer: Any, packed: Any) -> Any:
 
 
 # --------------------------------------------------------- run descriptions
-_PLAIN = (type(None), bool, int, float, str)
+def describe_run(trainer: Any, env: Any, optimizer: Any, env_params: Any = None, **extra: Any) -> dict:
+    """Plain data from which a worker rebuilds an identical :class:`jes.Trainer` (see :mod:`jes.describe`).
 
-
-def _path_of(obj: Any) -> str:
-    return f"{obj.__module__}:{obj.__qualname__}"
-
-
-def import_path(path: str) -> Any:
-    """The object at ``"package.module:attribute"``."""
-    if not isinstance(path, str) or path.count(":") != 1:
-        raise DescriptionError(f"{path!r} is not an importable 'module:attribute' path")
-    module, attr = path.split(":")
-    try:
-        obj = importlib.import_module(module)
-        for part in attr.split("."):
-            obj = getattr(obj, part)
-    except (ImportError, AttributeError) as err:
-        raise DescriptionError(f"cannot import {path!r} on this worker: {err}") from err
-    return obj
-
-
-def _importable(obj: Any) -> str | None:
-    module, name = getattr(obj, "__module__", None), getattr(obj, "__qualname__", None)
-    if not module or not name or "<" in name:
-        return None
-    path = f"{module}:{name}"
-    try:
-        return path if import_path(path) is obj else None
-    except DescriptionError:
-        return None
-
-
-def describe_value(value: Any, what: str) -> Any:
-    """Plain-data form of a field value: scalars, lists, importable functions and classes."""
-    if isinstance(value, _PLAIN):
-        return value
-    if isinstance(value, (list, tuple)):
-        return {"__seq__": [describe_value(v, what) for v in value], "tuple": isinstance(value, tuple)}
-    if callable(value):
-        path = _importable(value)
-        if path is None:
-            raise DescriptionError(
-                f"{what} holds the callable {value!r}, which workers cannot import by name; use a module-level "
-                f"function or class (importable as 'module:name'), not a lambda, closure or schedule"
-            )
-        return {"__callable__": path}
-    if dataclasses.is_dataclass(value):
-        return describe_object(value, what)
-    raise DescriptionError(f"{what} holds {type(value).__name__} {value!r}, which is not plain data")
-
-
-def build_value(value: Any) -> Any:
-    if isinstance(value, dict) and "__seq__" in value:
-        items = [build_value(v) for v in value["__seq__"]]
-        return tuple(items) if value.get("tuple") else items
-    if isinstance(value, dict) and "__callable__" in value:
-        return import_path(value["__callable__"])
-    if isinstance(value, dict) and "class" in value:
-        return build_object(value)
-    if isinstance(value, dict):
-        raise DescriptionError(f"unknown value form {sorted(value)}")
-    return value
-
-
-def describe_object(obj: Any, what: str) -> dict:
-    """``{"class": "module:Class", "fields": {...}}`` for a dataclass (Flax modules are) or a no-argument object."""
-    path = _importable(type(obj))
-    if path is None:
-        raise DescriptionError(
-            f"{what} is a {type(obj).__qualname__} from {type(obj).__module__}, which workers cannot import; "
-            f"define it at module level in an importable module"
-        )
-    fields = {}
-    if dataclasses.is_dataclass(obj):
-        for f in dataclasses.fields(obj):
-            if f.name in ("parent", "name") or not f.init:
-                continue
-            fields[f.name] = describe_value(getattr(obj, f.name), f"{what}.{f.name}")
-    return {"class": path, "fields": fields}
-
-
-def build_object(desc: dict) -> Any:
-    cls = import_path(desc["class"])
-    if not isinstance(cls, type):
-        raise DescriptionError(f"{desc['class']} is not a class")
-    return cls(**{k: build_value(v) for k, v in desc.get("fields", {}).items()})
-
-
-def describe_run(trainer: Any, env: Any, optimizer: Any, env_params: Any = None) -> dict:
-    """Plain data from which a worker rebuilds an identical :class:`jes.Trainer`.
+    ``extra`` parts (e.g. a ``strategy`` dataclass) are described generically and passed to the
+    worker's ``Trainer`` as keyword arguments of the same name.
 
     Raises:
         DescriptionError: a part that cannot travel as data (an optax transformation you built,
             a schedule, a lambda, a class defined in ``__main__`` or a notebook...).
     """
-    if optimizer is not None and not isinstance(optimizer, str):
-        raise DescriptionError(
-            f"distributed runs need the optimizer by name ({type(optimizer).__name__} given): workers rebuild "
-            f"it from its name; use e.g. optimizer='adam' and config.learning_rate"
-        )
-    config = {}
-    for f in dataclasses.fields(trainer.config):
-        value = getattr(trainer.config, f.name)
-        if callable(value):
-            raise DescriptionError(
-                f"ESConfig.{f.name} is a schedule ({value!r}); distributed runs need plain numbers so that "
-                f"workers can rebuild the run"
-            )
-        config[f.name] = describe_value(value, f"ESConfig.{f.name}")
-    if isinstance(env, str):
-        env_desc: Any = env
-    elif isinstance(env, tuple):
-        raise DescriptionError("pass the env by name or as an env object with env_params=..., not as a tuple")
-    else:
-        env_desc = describe_object(env, "env")
-    if type(trainer.policy).__module__ == "__main__":
-        raise DescriptionError(
-            f"policy class {type(trainer.policy).__qualname__} is defined in __main__; move it to an importable module"
-        )
-    return {
-        "version": PROTOCOL_VERSION,
-        "policy": describe_object(trainer.policy, "policy"),
-        "env": env_desc,
-        "env_params": None if env_params is None else describe_object(env_params, "env_params"),
-        "optimizer": optimizer,
-        "strategy": {"name": trainer.strategy.name,
-                     "fields": {f.name: describe_value(getattr(trainer.strategy, f.name), f"strategy.{f.name}")
-                                for f in dataclasses.fields(trainer.strategy)}},
-        "config": config,
-    }
+    extra.setdefault("strategy", trainer.strategy)  # a frozen dataclass from jes.strategies
+    description = describe.describe_run(trainer.policy, trainer.config, env, optimizer, env_params, **extra)
+    return {"version": PROTOCOL_VERSION, **description}
 
 
-def build_run(description: dict, devices: Any = None) -> Any:
-    """A :class:`jes.Trainer` from :func:`describe_run` output."""
-    from jes.config import ESConfig
-    from jes import strategies
-    from jes.generation import Trainer
+def build_run(description: Any, devices: Any = None, allow: describe.Allowlist | None = None) -> Any:
+    """A :class:`jes.Trainer` from :func:`describe_run` output, building only what ``allow`` admits.
+
+    Raises:
+        RefusedError: the description names code outside ``allow`` (default: :func:`jes.describe.allowlist`);
+            nothing was built.
+        DescriptionError: a malformed description, or one this worker cannot build (any error of the
+            trainer's constructor, e.g. env_params that are not the env's parameters, ends up here).
+    """
+    from jes.generation import Trainer  # imported here so that importing the protocol does not import JAX
 
     if not isinstance(description, dict) or description.get("version") != PROTOCOL_VERSION:
-        raise DescriptionError(f"run description of another protocol version ({description.get('version')!r})")
+        version = description.get("version") if isinstance(description, dict) else None
+        raise DescriptionError(f"run description of another protocol version ({version!r})")
+    parts = describe.build_run_parts(description, allow or describe.allowlist())
+    policy, env, optimizer, config = (parts.pop(k) for k in ("policy", "env", "optimizer", "config"))
     try:
-        policy = build_object(description["policy"])
-        env = description["env"] if isinstance(description["env"], str) else build_object(description["env"])
-        env_params = None if description["env_params"] is None else build_object(description["env_params"])
-        config = ESConfig(**{k: build_value(v) for k, v in description["config"].items()})
-        strategy_desc = description.get("strategy") or {"name": "openai_es", "fields": {}}
-        strategy_fields = {k: v for k, v in strategy_desc["fields"].items()}
-        if any(isinstance(v, dict) for v in strategy_fields.values()):
-            raise DescriptionError("strategy hyperparameters must be plain numbers or strings")
-        strategy = strategies.get(str(strategy_desc["name"]), **strategy_fields)
-    except (KeyError, TypeError) as err:
-        raise DescriptionError(f"malformed run description: {err}") from err
-    except ValueError as err:
-        raise DescriptionError(f"invalid run description: {err}") from err
-    return Trainer(policy, env, description["optimizer"], config, env_params=env_params, devices=devices,
-                   strategy=strategy)
+        return Trainer(policy, env, optimizer, config, devices=devices, **parts)
+    except Exception as err:  # noqa: BLE001 - an allowed but inconsistent description must not kill a worker
+        raise DescriptionError(f"cannot build the described run: {type(err).__name__}: {err}") from err
 
 
 def run_id(description: dict, state_key_data: bytes) -> str:

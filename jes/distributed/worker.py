@@ -13,9 +13,14 @@ heartbeats while the main thread is busy (compiling or evaluating), and
 reconnects when the master goes quiet (e.g. it restarted). Ctrl-C (or
 SIGTERM) hands the current range back to the master and exits cleanly.
 
+A worker builds only classes and functions from allowed packages (jes, flax,
+optax, gymnax, jax, brax, mujoco_playground, plus ``--allow-module``), checked
+on the resolved objects (:mod:`jes.describe`); a master that names anything
+else gets a ``refused`` message, and the worker keeps serving.
+
 Usage::
 
-    JES_SECRET=... jes-worker --master trainhost:5555 [--name gpu0] [--devices 1] [--cores 0]
+    JES_SECRET=... jes-worker --master trainhost:5555 [--name gpu0] [--devices 1] [--cores 0] [--allow-module mypkg]
 """
 from __future__ import annotations
 
@@ -31,11 +36,13 @@ import time
 import uuid
 from typing import Any
 
+import msgpack
 import numpy as np
 import zmq
 
+from jes import describe
+
 from jes.distributed import protocol
-from jes.generation import ChunkResults
 from jes.distributed.protocol import ProtocolError, field
 
 log = logging.getLogger("jes.distributed.worker")
@@ -68,11 +75,19 @@ def parse_cores(text: str) -> set[int]:
 
 
 class _Link(threading.Thread):
-    """Owns the DEALER socket: forwards outgoing frames, queues incoming messages, heartbeats, reconnects."""
+    """Owns the DEALER socket: the session, outgoing and incoming messages, heartbeats, reconnects.
 
-    def __init__(self, endpoint: str, key: bytes, name: str, heartbeat_interval: float, master_timeout: float):
+    The main thread hands messages over with :meth:`send` (msgpack through an inproc pipe); this
+    thread stamps them with the session's ``sid``/``seq`` and MAC. Incoming messages are checked
+    (MAC, then session and sequence number: replays are dropped) and queued in :attr:`inbox`; a new
+    session is announced there as ``{"type": "session"}`` so the main thread asks for work afresh.
+    """
+
+    def __init__(self, endpoint: str, key: bytes, name: str, heartbeat_interval: float, master_timeout: float,
+                 curve_server_key: bytes | None = None):
         super().__init__(name="jes-worker-link", daemon=True)
         self.endpoint, self.key, self.name = endpoint, key, name
+        self.curve_server_key = curve_server_key
         self.heartbeat_interval = heartbeat_interval
         self.master_timeout = master_timeout
         self.inbox: queue.Queue = queue.Queue()
@@ -85,11 +100,15 @@ class _Link(threading.Thread):
         self._pipe_out.connect(self._pipe_address)
         self._stopping = threading.Event()
         self._socket = None
+        self.session: protocol.Session | None = None
+        self._nonce = ""
+        self._last_hello = 0.0
         self.connected = False
+        self.replayed = 0
 
     def send(self, message: dict) -> None:
         """Queue ``message`` for the master (main thread)."""
-        self._pipe_out.send_multipart(protocol.encode(message, self.key))
+        self._pipe_out.send(msgpack.packb(message, use_bin_type=True))
 
     def stop(self, flush_seconds: float = 1.0) -> None:
         self._flush_seconds = flush_seconds
@@ -109,14 +128,70 @@ class _Link(threading.Thread):
         sock.setsockopt(zmq.RECONNECT_IVL_MAX, 2000)
         sock.setsockopt(zmq.HEARTBEAT_IVL, 2000)     # transport-level: a vanished master host is noticed
         sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, 10000)
+        if self.curve_server_key is not None:
+            # Encrypted, and the master proves it holds the secret key; our own key pair is throwaway
+            # (workers authenticate with the HMAC secret, not with CURVE keys).
+            public, secret = zmq.curve_keypair()
+            sock.curve_serverkey = self.curve_server_key
+            sock.curve_publickey, sock.curve_secretkey = public, secret
         sock.connect(self.endpoint)
         self._socket = sock
+        self._new_session()
+
+    def _new_session(self) -> None:
+        """Forget the session; :meth:`_hello` opens the next one."""
+        self.session, self._nonce, self._last_hello = None, protocol.new_nonce(), 0.0
+
+    def _hello(self, now: float) -> None:
+        # Repeated until welcomed: with IMMEDIATE, a hello sent before the TCP connection is up is dropped.
+        if now - self._last_hello >= min(0.5, self.heartbeat_interval):
+            self._raw({"type": "hello", "name": self.name, "nonce": self._nonce})
+            self._last_hello = now
+
+    def _raw(self, message: dict) -> None:
+        self._forward(protocol.encode(message, self.key))
 
     def _forward(self, frames: list[bytes]) -> None:
         try:
             self._socket.send_multipart(frames, flags=zmq.NOBLOCK)
         except zmq.Again:
             log.debug("master not reachable; dropped an outgoing message")
+
+    def _outgoing(self, packed: bytes) -> None:
+        if self.session is None:
+            log.debug("no session with the master yet; dropped an outgoing message")
+            return
+        self._forward(self.session.seal(msgpack.unpackb(packed, raw=False)))
+
+    def _incoming(self, frames: list[bytes]) -> dict | None:
+        """The checked message, or ``None`` for one to drop (logged)."""
+        try:
+            message = protocol.decode(frames, self.key, protocol.MAX_TO_WORKER_BYTES)
+            kind = message["type"]
+            if kind == "welcome":
+                if self.session is not None or message.get("nonce") != self._nonce:
+                    raise ProtocolError("welcome for another hello (replayed or stale)")
+                self.session = protocol.Session(self.key, field(message, "sid", str))
+                return {"type": "session"}
+            if kind == "rehello":
+                if self.session is None:
+                    return None  # answers to messages we sent before our new hello; that one is on its way
+                if message.get("sid") != self.session.sid:
+                    raise ProtocolError("rehello for another session (replayed or stale)")
+                log.info("the master does not know our session (it restarted?); opening a new one")
+                self._new_session()
+                return None
+            if self.session is None:
+                raise ProtocolError(f"{kind!r} message before the session opened")
+            try:
+                self.session.accept(message)
+            except ProtocolError:
+                self.replayed += 1
+                raise
+            return message
+        except ProtocolError as err:
+            log.warning("dropped a message from the master: %s", err)
+            return None
 
     def run(self) -> None:
         self._connect()
@@ -127,25 +202,27 @@ class _Link(threading.Thread):
         while not self._stopping.is_set():
             events = dict(poller.poll(50))
             now = time.monotonic()
+            if self.session is None:
+                self._hello(now)
             if self._pipe_in in events:
                 while self._pipe_in.poll(0):
-                    self._forward(self._pipe_in.recv_multipart())
+                    self._outgoing(self._pipe_in.recv())
                 last_sent = now
             if self._socket in events:
                 while self._socket.poll(0):
-                    frames = self._socket.recv_multipart()
-                    try:
-                        message = protocol.decode(frames, self.key, protocol.MAX_TO_WORKER_BYTES)
-                    except ProtocolError as err:
-                        log.warning("dropped a message from the master: %s", err)
+                    message = self._incoming(self._socket.recv_multipart())
+                    if message is None:
                         continue
-                    last_heard = now
-                    if not self.connected:
+                    last_heard = now  # authenticated and in session: the master is there
+                    if message["type"] == "session" and not self.connected:
                         self.connected = True
                         log.info("connected to master %s", self.endpoint)
-                    self.inbox.put(message)
-            if now - last_sent > self.heartbeat_interval and not self.idle:
-                self._forward(protocol.encode({"type": "heartbeat", "name": self.name}, self.key))
+                    if message["type"] != "pong":
+                        self.inbox.put(message)
+            if self.session is not None and now - last_sent > self.heartbeat_interval and not self.idle:
+                # Heartbeats go out while the main thread builds, compiles or evaluates; the master's
+                # pongs keep last_heard fresh, so a long build never looks like a silent master.
+                self._forward(self.session.seal({"type": "heartbeat", "name": self.name}))
                 last_sent = now
             if self.idle and now - last_heard > self.master_timeout:
                 if self.connected:
@@ -158,11 +235,10 @@ class _Link(threading.Thread):
                 self._connect()
                 poller.register(self._socket, zmq.POLLIN)
                 last_heard = now
-                self.inbox.put({"type": "reconnected"})
         # Flush what the main thread queued last (its 'bye'), then close.
         deadline = time.monotonic() + getattr(self, "_flush_seconds", 1.0)
         while self._pipe_in.poll(0):
-            self._forward(self._pipe_in.recv_multipart())
+            self._outgoing(self._pipe_in.recv())
         self._socket.setsockopt(zmq.LINGER, int(max(0.0, deadline - time.monotonic()) * 1000))
         self._socket.close()
         self._pipe_in.close(0)
@@ -177,15 +253,21 @@ class Worker:
         name: shown in the master's logs (default ``hostname-pid``).
         devices: local devices to evaluate on (``None``: the first; an int n: the first n; or a list).
         master_timeout: reconnect after this long without a word from the master while idle.
+        allow_modules: packages (besides :data:`jes.describe.DEFAULT_ALLOWED_MODULES`) whose classes and
+            functions a run description may name, e.g. ``["mypkg.policies"]``; anything else is refused.
+        curve_server_key: the master's CURVE public key (Z85 text or the ``NAME.public`` file of
+            ``jes keys NAME``) for an encrypted connection to a master started with its secret key.
     """
 
     def __init__(self, master: str, secret: bytes | str, *, name: str | None = None, devices: Any = None,
-                 master_timeout: float = 30.0):
+                 master_timeout: float = 30.0, allow_modules: Any = (), curve_server_key: Any = None):
+        self.allow = describe.allowlist(allow_modules)
+        server_key = protocol.load_curve_key(curve_server_key, "--curve-server-key")
         self.endpoint = connect_address(master)
         self.key = protocol.load_secret(secret)
         self.name = name or f"{socket.gethostname()}-{os.getpid()}"
         self.devices_arg = devices
-        self.link = _Link(self.endpoint, self.key, self.name, 1.0, master_timeout)
+        self.link = _Link(self.endpoint, self.key, self.name, 1.0, master_timeout, server_key)
         self.request_interval = 1.0
         self.run: str | None = None
         self.trainer = None
@@ -195,6 +277,8 @@ class Worker:
         self.state_hash = ""
         self.last_aid = 0
         self.current_aid: int | None = None
+        self.refused_run: str | None = None
+        self.refused_reason = ""
         self.members_done = 0
         self._last_assign_log = 0.0
 
@@ -236,12 +320,16 @@ class Worker:
                 self._snapshot(message)
             elif kind == "work":
                 self._work(message)
-            elif kind == "reconnected":
+            elif kind == "session":
+                self.last_aid = 0  # assignment ids are per master: a new session may be a new master
                 self._request()
             elif kind != "wait":
                 raise ProtocolError(f"unexpected message type {kind!r}")
-        except ProtocolError as err:
-            log.warning("dropped a %s message from the master: %s", kind, err)
+        except Exception as err:  # noqa: BLE001 - nothing a master sends may kill the worker
+            if isinstance(err, ProtocolError):
+                log.warning("dropped a %s message from the master: %s", kind, err)
+            else:
+                log.exception("failed on a %s message from the master; dropped it", kind)
             time.sleep(self.request_interval)  # never spin against a master whose messages we reject
             self._request()
 
@@ -253,13 +341,21 @@ class Worker:
         if run == self.run:
             self._request()
             return
+        if run == self.refused_run:  # asked again (e.g. in a new session): the same answer, without rebuilding
+            self.link.send({"type": "refused", "run": run, "reason": self.refused_reason})
+            self._request()
+            return
         self.link.idle = False
-        self.run, self.state, self.generation, self.state_hash = None, None, -1, ""
+        self.run, self.trainer, self.state, self.generation, self.state_hash = None, None, None, -1, ""
         t0 = time.perf_counter()
         try:
             self._build(message.get("description"))
-        except (protocol.DescriptionError, ValueError, TypeError) as err:
-            log.error("cannot build run %s sent by the master: %s", run, err)
+        except Exception as err:  # noqa: BLE001 - a description we cannot (or will not) build must not kill us
+            refused = isinstance(err, protocol.RefusedError)
+            reason = f"{'refused' if refused else 'cannot build'}: {type(err).__name__}: {err}"
+            log.error("cannot build run %s sent by the master: %s", run, reason)
+            self.refused_run, self.refused_reason, self.trainer = run, reason[:2000], None
+            self.link.send({"type": "refused", "run": run, "reason": self.refused_reason})
             self._request()
             return
         self.run = run
@@ -271,31 +367,46 @@ class Worker:
 
     def _build(self, description: Any) -> None:
         import jax
-        import jax.numpy as jnp
 
-        from jes.generation import resolve_devices
+        from jes.generation import ChunkResults, resolve_devices
 
         devices = resolve_devices(self.devices_arg)
-        trainer = protocol.build_run(description, devices=devices[:1])
+        trainer = protocol.build_run(description, devices=devices[:1], allow=self.allow)
         self.devices = devices
         self.evaluate = jax.jit(lambda s, c: ChunkResults.as_tuple(trainer.evaluate_chunks(s, c)))
         self.apply = jax.jit(lambda s, *r: trainer.apply_chunk_results(s, ChunkResults(*r)))
-        # Compile now, while the link heartbeats, so no assignment waits on a compiler.
-        warm = trainer.init_state(0)
-        for device in devices:
-            jax.block_until_ready(self.evaluate(jax.device_put(warm, device), jax.device_put(jnp.zeros(1, jnp.int32), device)))
-        n, obs = trainer.num_chunks, trainer.spec.obs_shape
-        zeros = (jnp.zeros((n, trainer.chunk_size)), jnp.zeros(n, jnp.int32), jnp.zeros((n, *obs)), jnp.zeros((n, *obs)))
-        jax.block_until_ready(self.apply(warm, *zeros))
+        # Compile now, while the link heartbeats, so no assignment waits on a compiler. The warm-up
+        # places state, chunk ids and results exactly as _set_state/_work do: another placement
+        # (sharding) is another program, and the first assignment would compile again.
         self.trainer = trainer
+        self._set_state(trainer.init_state(0), "")
+        for i, device in enumerate(devices):
+            jax.block_until_ready(self.evaluate(self.device_states[i], jax.device_put(np.zeros(1, np.int32), device)))
+        n, size, obs = trainer.num_chunks, trainer.chunk_size, trainer.spec.obs_shape
+        zeros = (np.zeros((n, size), np.float32), np.zeros(n, np.int32), np.zeros((n, *obs), np.float32),
+                 np.zeros((n, *obs), np.float32))
+        jax.block_until_ready(self._apply(self.state, zeros))
+        self.state, self.device_states, self.generation, self.state_hash = None, [], -1, ""
 
     def _set_state(self, state: Any, state_hash: str) -> None:
         import jax
 
-        self.state = state
+        # One placement everywhere (committed to one device each), whatever produced the state.
+        self.device_states = [jax.device_put(state, d) for d in self.devices]
+        self.state = self.device_states[0]
         self.generation = int(state.generation)
         self.state_hash = state_hash
-        self.device_states = [state] + [jax.device_put(state, d) for d in self.devices[1:]]
+
+    def _apply(self, state: Any, results: tuple) -> Any:
+        """The state after a generation's per-chunk ``results`` (numpy), on the first device."""
+        import jax
+
+        new_state, _ = self.apply(state, *(jax.device_put(r, self.devices[0]) for r in results))
+        return new_state
+
+    def compile_counts(self) -> dict:
+        """Programs compiled so far for chunk evaluation and for the update (1 each when placement is stable)."""
+        return {"evaluate": self.evaluate._cache_size(), "apply": self.apply._cache_size()}
 
     def _snapshot(self, message: dict) -> None:
         if field(message, "run", str) != self.run or self.trainer is None:
@@ -310,7 +421,6 @@ class Worker:
 
     def _work(self, message: dict) -> None:
         import jax
-        import jax.numpy as jnp
 
         aid = field(message, "aid", int)
         self.last_aid = max(self.last_aid, aid)
@@ -333,7 +443,7 @@ class Worker:
                     protocol.unpack_array(update.get("obs_sum"), "float32", (n, *obs)),
                     protocol.unpack_array(update.get("obs_sumsq"), "float32", (n, *obs)),
                 )
-                state, _ = self.apply(self.state, *(jnp.asarray(r) for r in results))
+                state = self._apply(self.state, results)
                 state_hash = protocol.state_hash(state)
                 if state_hash == expected:
                     self._set_state(state, state_hash)
@@ -385,6 +495,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cores", help="pin this process to these CPU cores, e.g. 0 or 0-3 (Linux)")
     parser.add_argument("--master-timeout", type=float, default=30.0,
                         help="reconnect after this many seconds without a word from the master (default 30)")
+    parser.add_argument("--allow-module", action="append", default=[], metavar="MODULE",
+                        help="also build classes and functions from this package (e.g. mypkg.policies; repeatable). "
+                             f"Always allowed: {', '.join(describe.DEFAULT_ALLOWED_MODULES)}; anything else a "
+                             "master names is refused")
+    parser.add_argument("--curve-server-key", metavar="KEY",
+                        help="encrypt with ZeroMQ CURVE: the master's public key (the NAME.public file of "
+                             "`jes keys NAME`, or its 40 characters); the master runs with the secret one")
     parser.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING (default INFO)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
@@ -410,7 +527,8 @@ def main(argv: list[str] | None = None) -> int:
                 devices = [by_id[i] for i in ids]
             else:
                 devices = int(args.devices)
-        worker = Worker(args.master, secret, name=args.name, devices=devices, master_timeout=args.master_timeout)
+        worker = Worker(args.master, secret, name=args.name, devices=devices, master_timeout=args.master_timeout,
+                        allow_modules=args.allow_module, curve_server_key=args.curve_server_key)
     except (ValueError, OSError) as err:
         print(f"jes-worker: error: {err}", file=sys.stderr)
         return 2

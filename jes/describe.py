@@ -1,0 +1,404 @@
+"""Plain-data description of a run, and the allowlist that decides what a description may build.
+
+One describer serves checkpoints (:mod:`jes.checkpoint`) and the wire protocol
+(:mod:`jes.distributed.protocol`). A description is JSON/msgpack-able data:
+
+* scalars (``None``, bool, int, float, str) stand for themselves;
+* ``{"__seq__": [...], "tuple": bool}`` is a list or tuple;
+* ``{"__callable__": "module:qualname"}`` is a module-level function (e.g. an activation);
+* ``{"class": "module:QualName", "fields": {...}}`` is an instance of a dataclass (Flax modules,
+  gymnax ``EnvParams``, ``jes.strategies`` dataclasses) or of a no-argument class (gymnax envs).
+
+Building is the dangerous direction: a description names code. :func:`build_object` and
+:func:`build_value` therefore build only what an :class:`Allowlist` admits, checked on the
+*resolved* object, for every nested value, before anything is called:
+
+1. the path's module must be under an allowed package before it is imported;
+2. walking the qualified name may not pass through a module object or a dunder attribute
+   (``jax._src.environment_info:subprocess.Popen`` is refused here);
+3. the resolved object's own ``__module__`` (where it was defined, not where the path found it)
+   must be under an allowed package and not in :data:`DENIED_MODULES` (``subprocess``, ``os``,
+   ``builtins``, ...), so an alias of a dangerous function inside an allowed package is refused;
+4. a class is expected where a class is described (``isinstance(obj, type)``), and its role
+   decides what kind: a policy must subclass ``flax.linen.Module``, an env must follow the gymnax
+   env protocol, ``env_params`` and every nested object must be dataclasses; a ``__callable__``
+   must be a function-like object, never a class.
+
+The whole description is checked first (every path resolved, every check passed) and only then
+built, so a refused description creates nothing. Any failure is a :class:`DescriptionError`
+(:class:`RefusedError` when the allowlist said no).
+
+Default allowlist: :data:`DEFAULT_ALLOWED_MODULES` (jes, flax, optax, gymnax, jax and the env
+families jes supports: brax, mujoco_playground). Add your own packages with
+``allowlist(["mypkg.policies"])`` (``jes-worker --allow-module mypkg.policies``).
+"""
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import types
+from typing import Any, Callable, Iterable
+
+DEFAULT_ALLOWED_MODULES = ("jes", "flax", "optax", "gymnax", "jax", "brax", "mujoco_playground")
+# Never built, whatever the allowlist says: process, file, import and interpreter machinery.
+DENIED_MODULES = frozenset({
+    "builtins", "os", "posix", "nt", "sys", "subprocess", "shutil", "importlib", "runpy", "pty", "socket",
+    "ctypes", "pickle", "marshal", "code", "codeop", "multiprocessing", "pathlib", "io", "tempfile",
+    "webbrowser", "signal", "threading", "asyncio", "types", "inspect", "gc", "pdb", "bdb", "shelve", "dbm",
+    "urllib", "http", "ftplib", "smtplib", "zipfile", "tarfile", "logging", "sqlite3", "atexit", "operator",
+    "functools", "ctypes", "_posixsubprocess", "_thread", "posixpath", "ntpath", "select", "selectors",
+})
+_PLAIN = (type(None), bool, int, float, str)
+
+
+class DescriptionError(ValueError):
+    """A run or object that cannot be described as plain data, or a description that cannot be built."""
+
+
+class RefusedError(DescriptionError):
+    """A description names code outside the allowlist (or of the wrong kind); nothing was built."""
+
+
+def _root(module: str) -> str:
+    return module.split(".", 1)[0]
+
+
+def _under(module: str, package: str) -> bool:
+    return module == package or module.startswith(package + ".")
+
+
+@dataclasses.dataclass(frozen=True)
+class Allowlist:
+    """Packages whose classes and functions a description may build.
+
+    Attributes:
+        modules: package or module names; each admits itself and everything under it
+            (``"mypkg"`` admits ``mypkg.policies``). :data:`DENIED_MODULES` are refused regardless.
+    """
+
+    modules: tuple[str, ...] = DEFAULT_ALLOWED_MODULES
+
+    def __post_init__(self):
+        for name in self.modules:
+            if not isinstance(name, str) or not name or not all(p.isidentifier() for p in name.split(".")):
+                raise ValueError(f"allowed module {name!r} is not a dotted module name like 'mypkg.policies'")
+            if _root(name) in DENIED_MODULES:
+                raise ValueError(f"module {name!r} cannot be allowed: {_root(name)} is never built from a description")
+
+    def allows(self, module: Any) -> bool:
+        """Whether objects defined in ``module`` (a dotted name) may be built."""
+        if not isinstance(module, str) or not module or _root(module) in DENIED_MODULES:
+            return False
+        return any(_under(module, package) for package in self.modules)
+
+    def extended(self, modules: Iterable[str]) -> "Allowlist":
+        """This allowlist plus ``modules``."""
+        extra = tuple(m for m in modules if m not in self.modules)
+        return Allowlist(self.modules + extra) if extra else self
+
+
+def allowlist(allow_modules: Iterable[str] | str | None = None) -> Allowlist:
+    """The default allowlist plus ``allow_modules`` (e.g. ``["mypkg.policies"]``)."""
+    if isinstance(allow_modules, str):
+        allow_modules = [allow_modules]
+    return Allowlist().extended(allow_modules or ())
+
+
+# ------------------------------------------------------------------ describe
+def _path_of(obj: Any) -> str | None:
+    module, name = getattr(obj, "__module__", None), getattr(obj, "__qualname__", None)
+    if not isinstance(module, str) or not isinstance(name, str) or not module or "<" in name:
+        return None
+    return f"{module}:{name}"
+
+
+def _importable(obj: Any) -> str | None:
+    """``"module:qualname"`` if importing that path gives back ``obj`` itself."""
+    path = _path_of(obj)
+    if path is None:
+        return None
+    module, qualname = path.split(":")
+    try:
+        found: Any = importlib.import_module(module)
+        for part in qualname.split("."):
+            found = getattr(found, part)
+    except Exception:  # noqa: BLE001 - any failure means "not importable by name"
+        return None
+    return path if found is obj else None
+
+
+def describe_value(value: Any, what: str, *, lenient: bool = False) -> Any:
+    """Plain-data form of a field value: scalars, lists/tuples, importable functions and classes, dataclasses.
+
+    Args:
+        value: the value.
+        what: where it sits (``"policy.activation"``), for error messages.
+        lenient: record what cannot travel as ``{"__unimportable__": path}`` / ``{"__repr__": text}``
+            (which :func:`build_value` refuses) instead of raising; checkpoints use this so a run with a
+            lambda can still be saved and resumed into a trainer the user builds.
+
+    Raises:
+        DescriptionError: a lambda, closure, schedule, class from ``__main__``, or other non-data value.
+    """
+    if isinstance(value, _PLAIN):
+        return value
+    if isinstance(value, (list, tuple)):
+        return {"__seq__": [describe_value(v, f"{what}[{i}]", lenient=lenient) for i, v in enumerate(value)],
+                "tuple": isinstance(value, tuple)}
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return describe_object(value, what, lenient=lenient)
+    if callable(value):
+        path = _importable(value)
+        if path is not None and not path.startswith("__main__:"):
+            return {"__callable__": path}
+        if lenient:
+            return {"__unimportable__": _path_of(value) or repr(value)}
+        raise DescriptionError(
+            f"{what} holds the callable {value!r}, which cannot be imported by name; use a module-level "
+            f"function or class (importable as 'module:name'), not a lambda, closure, schedule or __main__ object"
+        )
+    if lenient:
+        return {"__repr__": repr(value)}
+    raise DescriptionError(f"{what} holds {type(value).__name__} {value!r}, which is not plain data")
+
+
+def describe_object(obj: Any, what: str, *, lenient: bool = False) -> dict:
+    """``{"class": "module:Class", "fields": {...}}`` of a dataclass (Flax modules are) or a no-argument object.
+
+    Raises:
+        DescriptionError: its class is not importable by name (defined in ``__main__``, a notebook, a function).
+    """
+    cls = type(obj)
+    path = _importable(cls)
+    if path is None and lenient:
+        path = _path_of(cls) or f"{cls.__module__}:{cls.__qualname__}"  # recorded; building it will fail
+    elif path is None or cls.__module__ == "__main__":
+        raise DescriptionError(
+            f"{what} is a {cls.__qualname__} from {cls.__module__}, which cannot be imported by name; define it at "
+            f"module level in an importable module (not __main__ or a notebook)"
+        )
+    fields = {}
+    if dataclasses.is_dataclass(obj):
+        for f in dataclasses.fields(obj):
+            if f.name in ("parent", "name") or not f.init:
+                continue
+            fields[f.name] = describe_value(getattr(obj, f.name), f"{what}.{f.name}", lenient=lenient)
+    return {"class": path, "fields": fields}
+
+
+# --------------------------------------------------------------------- build
+def resolve(path: Any, allow: Allowlist, what: str) -> Any:
+    """The object at ``"module:qualname"``, if ``allow`` admits it (see the module docstring, steps 1-3).
+
+    Raises:
+        RefusedError: outside the allowlist, a denied module, or a path through a module or dunder.
+        DescriptionError: malformed or not importable here.
+    """
+    if not isinstance(path, str) or path.count(":") != 1:
+        raise DescriptionError(f"{what}: {path!r} is not a 'module:attribute' path")
+    module_name, qualname = path.split(":")
+    if not allow.allows(module_name):
+        raise RefusedError(f"{what}: {path!r} is outside the allowed modules {list(allow.modules)}; "
+                           f"the operator can add its package with allow_modules / --allow-module")
+    parts = qualname.split(".")
+    if not all(p.isidentifier() and not p.startswith("__") for p in parts):
+        raise RefusedError(f"{what}: {path!r} names a dunder or malformed attribute")
+    try:
+        obj: Any = importlib.import_module(module_name)
+    except Exception as err:  # noqa: BLE001 - an allowed module that fails to import here
+        raise DescriptionError(f"{what}: cannot import {module_name!r} here: {type(err).__name__}: {err}") from err
+    for part in parts:
+        try:
+            obj = getattr(obj, part)
+        except AttributeError as err:
+            raise DescriptionError(f"{what}: cannot import {path!r} here: {err}") from err
+        if isinstance(obj, types.ModuleType):
+            raise RefusedError(f"{what}: {path!r} walks into the module {obj.__name__}; name objects by their "
+                               f"defining module")
+    defined_in = getattr(obj, "__module__", None)
+    if not allow.allows(defined_in):
+        raise RefusedError(f"{what}: {path!r} resolves to {obj!r} defined in {defined_in!r}, which is not allowed")
+    return obj
+
+
+def _check_role(cls: type, role: str, what: str) -> None:
+    if role == "policy":
+        import flax.linen as nn  # an allowed dependency, imported only when a policy is built
+
+        ok, need = issubclass(cls, nn.Module), "a flax.linen.Module subclass"
+    elif role == "env":
+        ok = all(callable(getattr(cls, m, None)) for m in ("reset_env", "step_env", "action_space", "observation_space"))
+        need = "a gymnax-style environment class (reset_env, step_env, action_space, observation_space)"
+    else:
+        ok, need = dataclasses.is_dataclass(cls), "a dataclass"
+    if not ok:
+        raise RefusedError(f"{what}: {cls.__module__}:{cls.__qualname__} is not {need}")
+
+
+def _walk(value: Any, allow: Allowlist, what: str, build: bool, role: str = "value") -> Any:
+    if isinstance(value, _PLAIN):
+        return value
+    if isinstance(value, list):  # checkpoints of format 1 stored tuples as lists
+        items = [_walk(v, allow, f"{what}[{i}]", build) for i, v in enumerate(value)]
+        return tuple(items) if build else None
+    if not isinstance(value, dict):
+        raise DescriptionError(f"{what}: {type(value).__name__} is not a description")
+    if "__seq__" in value:
+        seq = value["__seq__"]
+        if not isinstance(seq, list):
+            raise DescriptionError(f"{what}: malformed sequence")
+        items = [_walk(v, allow, f"{what}[{i}]", build) for i, v in enumerate(seq)]
+        return (tuple(items) if value.get("tuple") else items) if build else None
+    if "__callable__" in value or "callable" in value:  # "callable": checkpoints of format 1
+        obj = resolve(value.get("__callable__", value.get("callable")), allow, what)
+        if isinstance(obj, type) or not callable(obj):
+            raise RefusedError(f"{what}: {obj!r} is not a function")
+        return obj
+    if "class" in value:
+        cls = resolve(value["class"], allow, what)
+        if not isinstance(cls, type):
+            raise RefusedError(f"{what}: {value['class']!r} is not a class")
+        _check_role(cls, role, what)
+        fields = value.get("fields", {})
+        if not isinstance(fields, dict) or not all(isinstance(k, str) for k in fields):
+            raise DescriptionError(f"{what}: malformed fields")
+        if dataclasses.is_dataclass(cls):
+            known = {f.name for f in dataclasses.fields(cls) if f.init}
+            unknown = sorted(set(fields) - known)
+        else:
+            unknown = sorted(fields)
+        if unknown:
+            raise DescriptionError(f"{what}: {cls.__qualname__} has no field(s) {unknown}")
+        kwargs = {k: _walk(v, allow, f"{what}.{k}", build) for k, v in fields.items()}
+        if not build:
+            return None
+        try:
+            return cls(**kwargs)
+        except Exception as err:  # noqa: BLE001 - an allowed class rejecting its fields
+            raise DescriptionError(f"{what}: {cls.__qualname__}(...) failed: {type(err).__name__}: {err}") from err
+    if "__unimportable__" in value or "__repr__" in value:
+        raise DescriptionError(f"{what}: {value.get('__unimportable__', value.get('__repr__'))} was recorded but "
+                               f"cannot be rebuilt from a description")
+    raise DescriptionError(f"{what}: unknown value form {sorted(value)}")
+
+
+def build_value(value: Any, allow: Allowlist, what: str = "value", role: str = "value") -> Any:
+    """The value a :func:`describe_value` description stands for, built only if ``allow`` admits all of it.
+
+    ``role`` (``"policy"``, ``"env"``, ``"value"``) is the kind of class a top-level object must be.
+    The whole description is checked before anything is constructed.
+
+    Raises:
+        RefusedError: some part is outside the allowlist or of the wrong kind (nothing was built).
+        DescriptionError: malformed, not importable here, or a constructor rejected its fields.
+    """
+    _walk(value, allow, what, build=False, role=role)
+    return _walk(value, allow, what, build=True, role=role)
+
+
+def build_object(description: Any, allow: Allowlist, what: str = "object", role: str = "value") -> Any:
+    """An object from :func:`describe_object` output (see :func:`build_value`)."""
+    if not isinstance(description, dict) or "class" not in description:
+        raise DescriptionError(f"{what}: expected {{'class': ..., 'fields': ...}}, got {type(description).__name__}")
+    return build_value(description, allow, what, role)
+
+
+# ---------------------------------------------------------------------- runs
+def describe_run(policy: Any, config: Any, env: Any, optimizer: Any, env_params: Any = None,
+                 **extra: Any) -> dict:
+    """Plain data from which :func:`build_run_parts` rebuilds a run's pieces.
+
+    Args:
+        policy: the Flax policy module.
+        config: the :class:`jes.ESConfig` (schedules cannot travel).
+        env: a gymnax env name or env object (described by class).
+        optimizer: an optimizer *name*.
+        env_params: env parameters (a dataclass) or ``None``.
+        extra: further named parts, each a dataclass or plain value described generically
+            (e.g. ``strategy=jes.strategies.PGPE(...)``); built back with the default role.
+
+    Raises:
+        DescriptionError: a part that cannot travel as data (an optax transformation you built, a
+            schedule, a lambda, a class defined in ``__main__`` or a notebook...).
+    """
+    if optimizer is not None and not isinstance(optimizer, str):
+        raise DescriptionError(
+            f"distributed runs need the optimizer by name ({type(optimizer).__name__} given): workers rebuild "
+            f"it from its name; use e.g. optimizer='adam' and config.learning_rate"
+        )
+    fields = {}
+    for f in dataclasses.fields(config):
+        value = getattr(config, f.name)
+        if callable(value):
+            raise DescriptionError(
+                f"ESConfig.{f.name} is a schedule ({value!r}); distributed runs need plain numbers so that "
+                f"workers can rebuild the run"
+            )
+        fields[f.name] = describe_value(value, f"ESConfig.{f.name}")
+    if isinstance(env, tuple):
+        raise DescriptionError("pass the env by name or as an env object with env_params=..., not as a tuple")
+    return {
+        "policy": describe_object(policy, "policy"),
+        "env": env if isinstance(env, str) else describe_object(env, "env"),
+        "env_params": None if env_params is None else describe_object(env_params, "env_params"),
+        "optimizer": optimizer,
+        "config": fields,
+        **{name: describe_value(value, name) for name, value in extra.items()},
+    }
+
+
+RUN_KEYS = ("policy", "env", "env_params", "optimizer", "config")
+
+
+def build_run_parts(description: Any, allow: Allowlist, make_config: Callable[..., Any] | None = None) -> dict:
+    """The pieces of a run (policy, env, env_params, optimizer, config, and any extra parts) from :func:`describe_run`.
+
+    Everything is checked against ``allow`` first; nothing is constructed if any part is refused.
+
+    Raises:
+        RefusedError, DescriptionError: as :func:`build_value`.
+    """
+    if not isinstance(description, dict) or any(k not in description for k in RUN_KEYS):
+        raise DescriptionError(f"malformed run description: needs {list(RUN_KEYS)}")
+    if make_config is None:
+        from jes.config import ESConfig  # imported here so that `import jes.describe` stays light
+
+        make_config = ESConfig
+    optimizer, env, config = description["optimizer"], description["env"], description["config"]
+    if optimizer is not None and not isinstance(optimizer, str):
+        raise DescriptionError("malformed run description: the optimizer must be a name")
+    if not isinstance(config, dict) or not all(isinstance(k, str) for k in config):
+        raise DescriptionError("malformed run description: config must be a map of fields")
+    extra = {k: v for k, v in description.items() if k not in RUN_KEYS and k != "version"}
+    policy, env_params = description["policy"], description["env_params"]
+    if not isinstance(policy, dict) or "class" not in policy:
+        raise DescriptionError("malformed run description: the policy must be an object description")
+    if not isinstance(env, str) and not (isinstance(env, dict) and "class" in env):
+        raise DescriptionError("malformed run description: the env must be a name or an object description")
+    if env_params is not None and not (isinstance(env_params, dict) and "class" in env_params):
+        raise DescriptionError("malformed run description: env_params must be an object description (an EnvParams "
+                               "dataclass) or None")
+    roles = [("policy", policy, "policy")]
+    if not isinstance(env, str):
+        roles.append(("env", env, "env"))
+    if env_params is not None:
+        roles.append(("env_params", env_params, "value"))
+    # Check everything, then build: a refusal anywhere creates nothing.
+    for name, value, role in roles:
+        _walk(value, allow, name, build=False, role=role)
+    for name, value in config.items():
+        _walk(value, allow, f"config.{name}", build=False)
+    for name, value in extra.items():
+        _walk(value, allow, name, build=False)
+    parts = {name: _walk(value, allow, name, build=True, role=role) for name, value, role in roles}
+    parts.setdefault("env", env)
+    parts.setdefault("env_params", None)
+    try:
+        parts["config"] = make_config(**{k: _walk(v, allow, f"config.{k}", build=True) for k, v in config.items()})
+    except DescriptionError:
+        raise
+    except Exception as err:  # noqa: BLE001 - unknown or invalid config fields
+        raise DescriptionError(f"malformed run description: config: {type(err).__name__}: {err}") from err
+    parts["optimizer"] = optimizer
+    parts.update({name: _walk(value, allow, name, build=True) for name, value in extra.items()})
+    return parts

@@ -1,0 +1,163 @@
+"""jes.describe: plain-data descriptions and the allowlist that decides what they may build."""
+import dataclasses
+import json
+import os
+import subprocess
+
+import gymnax
+import jax.numpy as jnp
+import msgpack
+import pytest
+
+import jes
+from jes import describe
+from jes.describe import DescriptionError, RefusedError
+from jes.distributed import protocol
+
+CONFIG = jes.ESConfig(num_members=8, chunk_size=4, eval_episodes=2)
+
+
+def popen(path) -> dict:
+    """A description that, if built, runs ``touch path``."""
+    return {"class": "subprocess:Popen", "fields": {"args": {"__seq__": ["touch", str(path)], "tuple": False}}}
+
+
+def base_description():
+    trainer = jes.Trainer(jes.MLPPolicy(hidden_sizes=(3,)), "CartPole-v1", "adam", CONFIG)
+    return msgpack.unpackb(msgpack.packb(protocol.describe_run(trainer, "CartPole-v1", "adam")))
+
+
+def rce_routes(target) -> dict:
+    """The five routes a fake master used to make a worker run subprocess.Popen (issue 11)."""
+    base = base_description()
+    aliased = dict(popen(target), **{"class": "jax._src.environment_info:subprocess.Popen"})
+    nested = dict(base["policy"], fields=dict(base["policy"]["fields"], activation=popen(target)))
+    return {
+        "policy": dict(base, policy=popen(target)),
+        "env": dict(base, env=popen(target)),
+        "env_params": dict(base, env_params=popen(target)),
+        "nested config field": dict(base, config=dict(base["config"], noise_std=popen(target))),
+        "nested policy field": dict(base, policy=nested),
+        "allowed-looking path": dict(base, policy=aliased),
+    }
+
+
+@pytest.mark.parametrize("route", ["policy", "env", "env_params", "nested config field", "nested policy field",
+                                   "allowed-looking path"])
+def test_every_rce_route_is_refused_and_creates_nothing(route, tmp_path):
+    target = tmp_path / "pwned"
+    with pytest.raises(RefusedError):
+        protocol.build_run(rce_routes(target)[route])
+    assert not target.exists()
+
+
+def test_an_alias_inside_an_allowed_module_is_refused_by_its_defining_module(monkeypatch, tmp_path):
+    monkeypatch.setattr(describe, "sneaky", subprocess.Popen, raising=False)
+    monkeypatch.setattr(describe, "sneaky_function", os.system, raising=False)
+    with pytest.raises(RefusedError, match="defined in 'subprocess'"):
+        describe.build_value(dict(popen(tmp_path / "x"), **{"class": "jes.describe:sneaky"}), describe.allowlist())
+    with pytest.raises(RefusedError, match="not allowed"):
+        describe.build_value({"__callable__": "jes.describe:sneaky_function"}, describe.allowlist())
+    assert not (tmp_path / "x").exists()
+
+
+def test_allowlist_is_checked_on_the_resolved_object_not_the_path():
+    allow = describe.allowlist()
+    for path, match in (
+        ("jax._src.environment_info:subprocess.Popen", "walks into the module"),
+        ("jax:numpy", "walks into the module"),
+        ("jes.describe:importlib.import_module", "walks into the module"),
+        ("jes.config:dataclasses.dataclass", "walks into the module"),
+        ("jes.describe:Allowlist.__init__.__globals__", "dunder"),
+        ("os:system", "outside the allowed"),
+        ("builtins:eval", "outside the allowed"),
+        ("mypkg.policies:Policy", "outside the allowed"),
+    ):
+        with pytest.raises(RefusedError, match=match):
+            describe.resolve(path, allow, "x")
+    with pytest.raises(ValueError, match="never built"):
+        describe.allowlist(["subprocess"])
+    with pytest.raises(ValueError, match="dotted module name"):
+        describe.allowlist(["my pkg"])
+
+
+def test_wrong_kinds_are_refused():
+    allow = describe.allowlist()
+    with pytest.raises(RefusedError, match="not a class"):
+        describe.build_object({"class": "jes.describe:allowlist", "fields": {}}, allow)
+    with pytest.raises(RefusedError, match="flax.linen.Module"):
+        describe.build_object({"class": "jes.config:ESConfig", "fields": {}}, allow, role="policy")
+    with pytest.raises(RefusedError, match="not a dataclass"):
+        describe.build_object({"class": "jes.describe:DescriptionError", "fields": {}}, allow)
+    with pytest.raises(RefusedError, match="not a function"):
+        describe.build_value({"__callable__": "jes.config:ESConfig"}, allow)
+
+
+def test_nothing_is_built_when_a_later_part_is_refused(tmp_path, monkeypatch):
+    description = dict(base_description(), env_params=popen(tmp_path / "x"))
+    built, post_init = [], jes.MLPPolicy.__post_init__
+
+    def record(self):
+        built.append(self)
+        post_init(self)
+
+    monkeypatch.setattr(jes.MLPPolicy, "__post_init__", record)
+    with pytest.raises(RefusedError):
+        protocol.build_run(description)
+    assert built == []
+    protocol.build_run(base_description())
+    assert built  # the recorder does see a build
+
+
+def test_user_modules_need_allow_modules():
+    description = base_description()
+    description["policy"] = {"class": "envs_for_tests:Countdown", "fields": {}}
+    with pytest.raises(RefusedError, match="allow_modules"):
+        protocol.build_run(description)
+    # Allowed, but a Countdown env is no policy.
+    with pytest.raises(RefusedError, match="flax.linen.Module"):
+        protocol.build_run(description, allow=describe.allowlist(["envs_for_tests"]))
+    env_description = dict(base_description(), env={"class": "envs_for_tests:Countdown", "fields": {}})
+    trainer = protocol.build_run(env_description, allow=describe.allowlist(["envs_for_tests"]))
+    assert type(trainer.spec.env).__name__ == "Countdown"
+
+
+def test_malformed_descriptions_are_description_errors():
+    base = base_description()
+    cartpole_params = gymnax.make("CartPole-v1")[1]
+    for bad in (
+        None, [], {}, dict(base, version=99), dict(base, policy="x"), dict(base, policy={"class": 5}),
+        dict(base, optimizer=3), dict(base, optimizer="no-such-optimizer"), dict(base, config={"num_members": -1}),
+        dict(base, config={"nope": 1}), dict(base, env="NoSuchEnv-v0"), dict(base, env_params=5),
+        dict(base, env_params={"class": "jes.config:ESConfig", "fields": {}}),   # a dataclass, not EnvParams
+        dict(base, env="Pendulum-v1", env_params=describe.describe_object(cartpole_params, "p")),
+        dict(base, policy=dict(base["policy"], fields={"unknown_field": 1})),
+        dict(base, config=dict(base["config"], noise_std={"__weird__": 1})),
+    ):
+        with pytest.raises(DescriptionError):
+            protocol.build_run(bad)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Nested:
+    rate: float = 0.5
+    sizes: tuple = (1, 2)
+
+
+def test_descriptions_round_trip_through_json_and_keep_tuples():
+    policy = jes.MLPPolicy(hidden_sizes=(5, 3), activation=jnp.tanh)
+    description = json.loads(json.dumps(describe.describe_object(policy, "policy")))
+    assert describe.build_object(description, describe.allowlist(), role="policy") == policy
+    value = describe.describe_value(_Nested(), "strategy")  # a dataclass, as a strategy will be
+    assert value["class"] == f"{__name__}:_Nested"
+    assert describe.build_value(value, describe.allowlist([__name__])) == _Nested()
+
+
+def test_lenient_description_records_what_cannot_travel():
+    policy = jes.MLPPolicy(hidden_sizes=(3,), activation=lambda x: x)
+    with pytest.raises(DescriptionError, match="lambda"):
+        describe.describe_object(policy, "policy")
+    recorded = describe.describe_object(policy, "policy", lenient=True)
+    assert "__unimportable__" in recorded["fields"]["activation"]
+    with pytest.raises(DescriptionError, match="cannot be rebuilt"):
+        describe.build_object(recorded, describe.allowlist(), role="policy")

@@ -1,0 +1,285 @@
+"""jes.distributed.master's bookkeeping, driven event by event with a fake clock (no worker processes).
+
+The property (issue 12's hang): whatever the interleaving of assignments, lost messages, results,
+heartbeats, deadlines, stale requests and workers that die, every chunk of the generation is at all
+times stored, queued, or held by a live assignment with a deadline, and once the workers stop
+answering the master finishes the generation by itself.
+"""
+import random
+
+import numpy as np
+import pytest
+
+import jes
+from jes.distributed import protocol
+from jes.distributed.master import Master, _Worker
+
+SECRET = b"test-secret-0123456789abcdef"
+CONFIG = jes.ESConfig(num_members=32, chunk_size=4, eval_episodes=2)
+
+
+@pytest.fixture(scope="module")
+def trainer():
+    return jes.Trainer(jes.MLPPolicy(hidden_sizes=(3,)), "CartPole-v1", "adam", CONFIG)
+
+
+class Clock:
+    def __init__(self):
+        self.now = 1000.0
+
+    def __call__(self):
+        return self.now
+
+
+class FakeWorker:
+    """What a worker would do with the messages the master sends it; it may lose them or die."""
+
+    def __init__(self, name: bytes):
+        self.identity, self.inbox, self.last_aid, self.alive, self.busy = name, [], 0, True, None
+
+
+def make_master(trainer, clock, **options):
+    master = Master(trainer, "127.0.0.1:0", secret=SECRET, env="CartPole-v1", optimizer="adam",
+                    heartbeat_interval=0.5, worker_timeout=3.0, assign_timeout=4.0, min_deadline=1.0, **options)
+    master.clock = clock
+    master._run = "run"
+    master.evaluated_here = []
+
+    def evaluate_here(chunk):  # the master's own evaluation, without compiling anything
+        master.evaluated_here.append(chunk)
+        master._store([chunk], *(np.zeros((1, *a.shape[1:]), a.dtype) for a in master._results))
+
+    master._evaluate_here = evaluate_here
+    master._evaluate_range = lambda start, stop: tuple(  # an audit by the master, likewise
+        np.zeros((stop - start, *a.shape[1:]), a.dtype) for a in master._results)
+    return master
+
+
+def connect(master, fake: FakeWorker, clock):
+    master.workers[fake.identity] = _Worker(fake.identity, fake.identity.decode(), clock.now,
+                                            session=protocol.Session(SECRET, protocol.new_nonce()), nonce="n" * 16,
+                                            run="run", setup_sent=True, generation=0, state_hash="h")
+    master._send = lambda worker, message, fakes={}: None  # replaced below per test
+
+
+def check_invariant(master):
+    held = {c for a in master.assignments.values() if a.generation == master._generation for c in a.chunks}
+    for chunk in range(master.trainer.num_chunks):
+        assert master._have[chunk] or chunk in master._pending or chunk in held, (chunk, master.assignments)
+    for aid, a in master.assignments.items():
+        assert np.isfinite(a.deadline) and aid in master.workers[a.worker].aids
+
+
+def result_message(trainer, aid, start, stop, gen=0, digest="h"):
+    k, size, obs = stop - start, trainer.chunk_size, trainer.spec.obs_shape
+    return {"type": "result", "run": "run", "gen": gen, "hash": digest, "aid": aid, "start": start, "stop": stop,
+            "seconds": 0.01, "fitness": protocol.pack_array(np.zeros((k, size), np.float32)),
+            "env_steps": protocol.pack_array(np.zeros(k, np.int32)),
+            "obs_sum": protocol.pack_array(np.zeros((k, *obs), np.float32)),
+            "obs_sumsq": protocol.pack_array(np.zeros((k, *obs), np.float32))}
+
+
+def request_message(fake, abandon=None):
+    return {"type": "request", "name": "x", "run": "run", "gen": 0, "hash": "h", "last_aid": fake.last_aid,
+            "abandon": abandon}
+
+
+@pytest.mark.parametrize("audit", [0.0, 0.5])
+@pytest.mark.parametrize("seed", range(8))
+def test_every_chunk_is_stored_queued_or_held_and_the_generation_always_finishes(trainer, seed, audit):
+    rng = random.Random(seed)
+    clock = Clock()
+    master = make_master(trainer, clock, audit=audit)
+    fakes = {name: FakeWorker(name) for name in (b"a", b"b", b"c")}
+    try:
+        for fake in fakes.values():
+            connect(master, fake, clock)
+
+        def send(worker, message):
+            fake = fakes.get(worker.identity)
+            if fake is not None and fake.alive and rng.random() > 0.1:  # 10% of messages are lost
+                fake.inbox.append(message)
+
+        master._send = send
+        master._begin(None, 0, "h")
+        for fake in fakes.values():
+            master._handle(fake.identity, request_message(fake))
+        for _ in range(300):
+            check_invariant(master)
+            if master._have.all() and not master._auditing():
+                break
+            fake = rng.choice(list(fakes.values()))
+            if fake.alive and fake.identity not in master.workers:
+                # The master dropped it (silent too long): it gets 'rehello' and opens a new session.
+                fake.inbox, fake.last_aid, fake.busy = [], 0, None
+                connect(master, fake, clock)
+                master._send = send
+            event = rng.random()
+            clock.now += rng.uniform(0.0, 0.6)
+            if not fake.alive:
+                pass
+            elif event < 0.03:
+                fake.alive = False  # kill -9: silence from now on
+            elif fake.busy is not None and event < 0.5:
+                aid, start, stop = fake.busy
+                fake.busy = None
+                if rng.random() > 0.1:  # the result may be lost on the way
+                    master._handle(fake.identity, result_message(trainer, aid, start, stop))
+            elif fake.inbox and event < 0.8:
+                message = fake.inbox.pop(0)
+                if message["type"] == "work":
+                    fake.last_aid = max(fake.last_aid, message["aid"])
+                    if fake.busy is None and rng.random() > 0.1:
+                        fake.busy = (message["aid"], message["start"], message["stop"])
+                    else:  # it cannot take this one now: hands it back
+                        master._handle(fake.identity, request_message(fake, abandon=message["aid"]))
+            elif event < 0.9:
+                if fake.busy is not None:
+                    master._handle(fake.identity, {"type": "heartbeat", "name": "x"})
+                else:  # idle: it asks again (a request may cross a work message in flight)
+                    master._handle(fake.identity, request_message(fake))
+            master._expire(clock.now)
+            master._assign_idle()
+            if master._pending and master._should_evaluate_here() and rng.random() < 0.3:
+                master._evaluate_here(master._pending[0])
+            elif not master._pending and master._audits and master._should_audit_here() and rng.random() < 0.3:
+                master._audit_here(*master._audits.pop(0))
+            check_invariant(master)
+        # Every worker dies now: the master must finish alone, in bounded time.
+        for fake in fakes.values():
+            fake.alive = False
+        for _ in range(10 * trainer.num_chunks + 100):
+            if master._have.all() and not master._auditing():
+                break
+            clock.now += 0.5
+            master._expire(clock.now)
+            master._assign_idle()
+            if master._pending and master._should_evaluate_here():
+                master._evaluate_here(master._pending[0])
+            elif not master._pending and master._audits and master._should_audit_here():
+                master._audit_here(*master._audits.pop(0))
+            check_invariant(master)
+        assert master._have.all() and not master._auditing(), (master._pending, master.assignments, master._audits)
+    finally:
+        master.close()
+
+
+def test_a_request_of_a_previous_master_session_cannot_release_fresh_ranges(trainer):
+    """Issue 11: a worker's last_aid from an old master made the new one release and re-issue ranges."""
+    clock = Clock()
+    master = make_master(trainer, clock)
+    try:
+        fake = FakeWorker(b"a")
+        connect(master, fake, clock)
+        sent = []
+        master._send = lambda worker, message: sent.append(message)
+        master._begin(None, 0, "h")
+        fake.last_aid = 0  # a new session starts at 0, whatever the old master's ids were
+        master._handle(b"a", request_message(fake))
+        work = [m for m in sent if m["type"] == "work"]
+        assert len(work) == 1
+        for _ in range(3):  # requests that crossed the work message: nothing is released or re-issued
+            master._handle(b"a", request_message(fake))
+        assert len([m for m in sent if m["type"] == "work"]) == 1 and master.stats["reissued_chunks"] == 0
+    finally:
+        master.close()
+
+
+def test_a_range_past_its_deadline_is_requeued_once_even_when_its_worker_is_lost(trainer):
+    clock = Clock()
+    master = make_master(trainer, clock)
+    try:
+        slow, other = FakeWorker(b"slow"), FakeWorker(b"other")
+        connect(master, slow, clock)
+        connect(master, other, clock)
+        master._send = lambda worker, message: None
+        master._begin(None, 0, "h")
+        master._pending = [2, 3]
+        master._have[:] = True
+        master._have[[2, 3]] = False
+        master._handle(b"slow", request_message(slow))  # slow gets chunk 2 (first range: one chunk)
+        slow_aid = next(iter(master.workers[b"slow"].aids))
+        clock.now += 10  # past its deadline
+        master.workers[b"other"].last_seen = clock.now
+        master._expire(clock.now)
+        assert 2 in master._pending and master.stats["reissued_chunks"] == 1
+        master._handle(b"other", request_message(other))  # another worker takes chunk 2
+        assert 2 in {c for a in master.assignments.values() for c in a.chunks}
+        clock.now += 4  # slow is now silent past worker_timeout: dropped, nothing queued twice
+        master.workers[b"other"].last_seen = clock.now
+        master._expire(clock.now)
+        assert b"slow" not in master.workers and 2 not in master._pending
+        assert slow_aid not in master.assignments and master.stats["reissued_chunks"] == 1
+    finally:
+        master.close()
+
+
+def test_a_benched_worker_does_not_stop_the_master_from_evaluating(trainer):
+    """A worker that keeps failing to sync sits the generation out; the master must not wait for it."""
+    clock = Clock()
+    master = make_master(trainer, clock)
+    try:
+        fake = FakeWorker(b"a")
+        connect(master, fake, clock)
+        sent = []
+        master._send = lambda worker, message: sent.append(message)
+        master._begin(None, 0, "h")
+        master._handle(b"a", request_message(fake))
+        for _ in range(3):
+            fake.last_aid = [m for m in sent if m["type"] == "work"][-1]["aid"]
+            master._handle(b"a", request_message(fake, abandon=fake.last_aid))
+        assert sent[-1]["type"] == "wait" and master.workers[b"a"].idle
+        assert master._should_evaluate_here()
+    finally:
+        master.close()
+
+
+def test_audit_catches_a_worker_that_alters_fitness_and_keeps_the_generation_exact(trainer):
+    clock = Clock()
+    master = make_master(trainer, clock, audit=1.0)
+    truth_calls = []
+
+    def master_evaluates(start, stop):  # the master's own (trusted) evaluation: zeros, like the honest worker
+        truth_calls.append((start, stop))
+        return tuple(np.zeros((stop - start, *a.shape[1:]), a.dtype) for a in master._results)
+
+    master._evaluate_range = master_evaluates
+    try:
+        honest, liar = FakeWorker(b"honest"), FakeWorker(b"liar")
+        for fake in (honest, liar):
+            connect(master, fake, clock)
+        sent = {b"honest": [], b"liar": []}
+        master._send = lambda worker, message: sent[worker.identity].append(message)
+        master._begin(None, 0, "h")
+        for _ in range(100):
+            if master._have.all() and not master._auditing():
+                break
+            for fake in (honest, liar):
+                if fake.identity not in master.workers:
+                    continue
+                work = [m for m in sent[fake.identity] if m["type"] == "work"]
+                sent[fake.identity].clear()
+                if not work:
+                    master._handle(fake.identity, request_message(fake))
+                for m in work:
+                    fake.last_aid = m["aid"]
+                    result = result_message(trainer, m["aid"], m["start"], m["stop"])
+                    if fake is liar:  # one altered value
+                        fitness = np.zeros((m["stop"] - m["start"], trainer.chunk_size), np.float32)
+                        fitness[0, 0] = 1.0
+                        result["fitness"] = protocol.pack_array(fitness)
+                    master._handle(fake.identity, result)
+            clock.now += 0.1
+            master._expire(clock.now)
+            master._assign_idle()
+            if master._pending and master._should_evaluate_here():
+                master._evaluate_here(master._pending[0])
+            elif not master._pending and master._audits and master._should_audit_here():
+                master._audit_here(*master._audits.pop(0))
+            check_invariant(master)
+        assert master._have.all() and not master._auditing()
+        assert master.workers[b"liar"].distrusted and not master.workers[b"honest"].distrusted
+        assert master.stats["audit_mismatches"] >= 1 and master.stats["distrusted_workers"] == 1
+        assert all(not r.any() for r in master._results)  # nothing the liar said survived
+    finally:
+        master.close()

@@ -1,0 +1,180 @@
+"""jes.distributed.worker without a master: its handlers driven directly, its link on a real socket."""
+import logging
+import queue
+import time
+
+import jax
+import msgpack
+import numpy as np
+import pytest
+import zmq
+
+import jes
+from jes.distributed import protocol
+from jes.distributed.worker import Worker, _Link
+
+SECRET = b"test-secret-0123456789abcdef"
+CONFIG = jes.ESConfig(num_members=16, chunk_size=4, eval_episodes=2, noise_std=0.1)
+
+
+def wire(message):
+    """What the message looks like after msgpack (as a worker receives it)."""
+    return msgpack.unpackb(msgpack.packb(message, use_bin_type=True), raw=False)
+
+
+@pytest.fixture(scope="module")
+def trainer():
+    return jes.Trainer(jes.MLPPolicy(hidden_sizes=(3,)), "CartPole-v1", "adam", CONFIG)
+
+
+@pytest.fixture()
+def worker():
+    """A Worker whose link thread never starts: what it would send is collected in ``worker.sent``."""
+    w = Worker("127.0.0.1:9", SECRET, name="unit")
+    w.sent = []
+    w.link.send = w.sent.append
+    w.request_interval = 0.0
+    yield w
+    w.link._pipe_out.close(0)
+    w.link._pipe_in.close(0)
+
+
+def test_a_fresh_worker_compiles_each_program_once(trainer, worker):
+    description = wire(protocol.describe_run(trainer, "CartPole-v1", "adam"))
+    worker._handle({"type": "setup", "run": "r", "description": description, "heartbeat_interval": 1.0})
+    assert worker.run == "r", worker.sent
+    state = trainer.init_state(3)
+    digest = protocol.state_hash(state)
+    worker._handle(wire({"type": "snapshot", "run": "r", "gen": 0, "hash": digest, "state": protocol.pack_state(state)}))
+    n = trainer.num_chunks
+    worker._handle({"type": "work", "run": "r", "gen": 0, "hash": digest, "aid": 1, "start": 0, "stop": n, "update": None})
+    result = worker.sent[-1]
+    assert result["type"] == "result" and (result["start"], result["stop"]) == (0, n)
+    arrays = [protocol.unpack_array(wire(result)[k]) for k in ("fitness", "env_steps", "obs_sum", "obs_sumsq")]
+    new_state, _ = jax.jit(trainer.apply_chunk_results)(state, *arrays)  # as the master does
+    new_digest = protocol.state_hash(new_state)
+    update = {"gen": 0, "hash": digest, **{k: protocol.pack_array(a) for k, a in
+                                            zip(("fitness", "env_steps", "obs_sum", "obs_sumsq"), arrays)}}
+    worker._handle(wire({"type": "work", "run": "r", "gen": 1, "hash": new_digest, "aid": 2, "start": 1, "stop": 3,
+                         "update": update}))
+    assert worker.sent[-1]["type"] == "result" and worker.state_hash == new_digest  # advanced by the update
+    # Warm-up, snapshot, first range, update and second range: one program each (issue 11: it was two).
+    assert worker.compile_counts() == {"evaluate": 1, "apply": 1}
+
+
+def test_a_malformed_or_refused_description_never_kills_the_worker(trainer, worker, tmp_path):
+    good = wire(protocol.describe_run(trainer, "CartPole-v1", "adam"))
+    target = tmp_path / "pwned"
+    popen = {"class": "subprocess:Popen", "fields": {"args": {"__seq__": ["touch", str(target)], "tuple": False}}}
+    for i, description in enumerate((
+        dict(good, env_params={"class": "jes.config:ESConfig", "fields": {}}),  # not an EnvParams (issue 11)
+        dict(good, env_params=popen),
+        dict(good, policy=None),
+        "garbage",
+        None,
+    )):
+        worker._handle({"type": "setup", "run": f"bad{i}", "description": description, "heartbeat_interval": 1.0})
+        refused = [m for m in worker.sent if m["type"] == "refused"]
+        assert refused and refused[-1]["run"] == f"bad{i}", worker.sent
+        assert worker.sent[-1]["type"] == "request" and worker.run is None
+    assert "refused: RefusedError" in [m for m in worker.sent if m.get("run") == "bad1"][0]["reason"]
+    worker._handle({"type": "setup", "run": "bad4", "description": good, "heartbeat_interval": 1.0})  # asked again
+    assert [m["type"] for m in worker.sent[-2:]] == ["refused", "request"]  # the same answer, nothing rebuilt
+    assert worker.run is None
+    for message in ({"type": "work", "run": "x", "gen": "no", "aid": 1}, {"type": "snapshot"}, {"type": "nope"},
+                    {"type": "work", "run": None, "gen": 0, "hash": "", "aid": 3, "start": 5, "stop": 1}):
+        worker._handle(message)
+        assert worker.sent[-1]["type"] == "request"
+    assert not target.exists()
+
+
+# ------------------------------------------------------------------ the link on a real socket
+class FakeMaster:
+    """A ROUTER on 127.0.0.1 that speaks the session protocol by hand."""
+
+    def __init__(self, curve_secret_key: str | None = None):
+        self.socket = zmq.Context.instance().socket(zmq.ROUTER)
+        self.socket.setsockopt(zmq.LINGER, 0)
+        if curve_secret_key:
+            self.socket.curve_secretkey = curve_secret_key.encode()
+            self.socket.curve_publickey = zmq.curve_public(curve_secret_key.encode())
+            self.socket.curve_server = True
+        self.port = self.socket.bind_to_random_port("tcp://127.0.0.1")
+        self.identity = None
+        self.session = None
+
+    def receive(self, kind: str, timeout: float = 30.0) -> dict:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.socket.poll(100):
+                frames = self.socket.recv_multipart()
+                message = protocol.decode(frames[1:], SECRET, protocol.MAX_TO_MASTER_BYTES)
+                self.identity = frames[0]
+                if message["type"] == kind:
+                    return message
+        raise AssertionError(f"no {kind!r} message within {timeout}s")
+
+    def send(self, frames):
+        self.socket.send_multipart([self.identity, *frames])
+
+    def open_session(self) -> None:
+        hello = self.receive("hello")
+        self.session = protocol.Session(SECRET, protocol.new_nonce())
+        self.send(protocol.encode({"type": "welcome", "nonce": hello["nonce"], "sid": self.session.sid}, SECRET))
+
+    def close(self):
+        self.socket.close(0)
+
+
+def next_message(link: _Link, timeout: float = 5.0):
+    try:
+        return link.inbox.get(timeout=timeout)
+    except queue.Empty:
+        return None
+
+
+def test_link_rejects_a_replayed_work_message_and_a_replayed_welcome():
+    master = FakeMaster()
+    link = _Link(f"tcp://127.0.0.1:{master.port}", SECRET, "unit", heartbeat_interval=0.2, master_timeout=60)
+    link.start()
+    try:
+        master.open_session()
+        assert next_message(link)["type"] == "session"
+        work = master.session.seal({"type": "work", "run": "r", "gen": 0, "hash": "h", "aid": 7, "start": 0,
+                                    "stop": 1, "update": None})
+        master.send(work)
+        received = next_message(link)
+        assert received["type"] == "work" and received["aid"] == 7
+        master.send(work)  # captured on the wire, sent again
+        master.send(protocol.encode({"type": "welcome", "nonce": "0" * 32, "sid": "attacker"}, SECRET))
+        master.send(master.session.seal({"type": "wait"}))
+        assert next_message(link)["type"] == "wait"  # the replay and the stray welcome were dropped
+        assert link.replayed == 1 and link.session.sid == master.session.sid
+    finally:
+        link.stop()
+        master.close()
+
+
+def test_link_heartbeats_while_busy_and_pongs_keep_it_from_reconnecting():
+    """A build longer than master_timeout must not make the worker reconnect (issue 11)."""
+    master = FakeMaster()
+    link = _Link(f"tcp://127.0.0.1:{master.port}", SECRET, "unit", heartbeat_interval=0.1, master_timeout=1.0)
+    link.start()
+    try:
+        master.open_session()
+        assert next_message(link)["type"] == "session"
+        identity = master.identity
+        link.idle = False  # the main thread builds a run
+        deadline = time.monotonic() + 3.0  # three master_timeouts
+        while time.monotonic() < deadline:
+            heartbeat = master.receive("heartbeat")
+            master.send(master.session.seal({"type": "pong"}))
+            assert master.identity == identity
+        link.idle = True  # built: the worker asks for work on the same connection and session
+        link.send({"type": "request", "name": "unit"})
+        request = master.receive("request")
+        assert master.identity == identity and request["sid"] == master.session.sid
+        assert heartbeat["sid"] == master.session.sid
+    finally:
+        link.stop()
+        master.close()
