@@ -51,7 +51,7 @@ def test_a_fresh_worker_compiles_each_program_once(trainer, worker):
     result = worker.sent[-1]
     assert result["type"] == "result" and (result["start"], result["stop"]) == (0, n)
     arrays = [protocol.unpack_array(wire(result)[k]) for k in ("fitness", "env_steps", "obs_sum", "obs_sumsq")]
-    new_state, _ = jax.jit(trainer.apply_chunk_results)(state, *arrays)  # as the master does
+    new_state, _ = jax.jit(trainer.apply_chunk_results)(state, jes.ChunkResults(*arrays))  # as the master does
     new_digest = protocol.state_hash(new_state)
     update = {"gen": 0, "hash": digest, **{k: protocol.pack_array(a) for k, a in
                                             zip(("fitness", "env_steps", "obs_sum", "obs_sumsq"), arrays)}}
