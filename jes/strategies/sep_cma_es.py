@@ -105,5 +105,10 @@ class SepCMAES(Strategy):
                   + c["c_1"] * (path_c * path_c + (1 - h_sigma) * c_c * (2 - c_c) * state.diag_c)
                   + c["c_mu"] * rank_mu)
         sigma = state.sigma * jnp.exp((c_s / c["d_sigma"]) * (norm / c["chi_n"] - 1))
+        # Only sigma * sqrt(diag_c) is the distribution: on ridges (Rosenbrock) sigma drifts up while diag_c
+        # drifts down by as much, until float32 underflows diag_c. Moving the mean of diag_c into sigma
+        # (and rescaling p_c, kept in diag_c's units) is the same distribution and the same dynamics.
+        scale = diag_c.mean()
+        sigma, diag_c, path_c = sigma * jnp.sqrt(scale), diag_c / scale, path_c / jnp.sqrt(scale)
         new = SepCMAState(mean=mean, sigma=sigma, diag_c=diag_c, path_sigma=path_sigma, path_c=path_c)
         return new, info(y_w, step, sigma * jnp.sqrt(diag_c).mean(), self.mean_lr)
