@@ -78,3 +78,24 @@ def test_cartpole_returns_match_a_plain_gymnax_loop():
             if bool(terminated) or bool(truncated):
                 break
         assert float(out.returns[0, e]) == total and int(out.steps[0, e]) == t
+
+
+# Pinned before jes.envs became a package and brax joined it: gymnax results must stay bit-identical.
+PINNED_GYMNAX_RUNS = {
+    "gru-cartpole": "ed49415d5b89b69cd59582b13ec448e50691a45c96293a4da6b58de6829b478e",
+    "mlp-pendulum": "158a07f07516fb48b798a6af56324fb3a808d09a305c442db1b2289ebfd15529",
+}
+
+
+@pytest.mark.parametrize("case", sorted(PINNED_GYMNAX_RUNS))
+def test_gymnax_training_results_are_pinned(case):
+    import hashlib
+
+    if case == "gru-cartpole":
+        result = jes.train(jes.GRUPolicy(), "CartPole-v1", "adam", key=0, num_members=16, num_generations=2,
+                           log_dir=None, progress=False)
+    else:
+        result = jes.train(jes.MLPPolicy(hidden_sizes=(8,)), "Pendulum-v1", "adam", key=1, num_members=8,
+                           num_generations=2, max_episode_steps=50, log_dir=None, progress=False)
+    digest = hashlib.sha256(np.asarray(result.flat_params, np.float32).tobytes()).hexdigest()
+    assert digest == PINNED_GYMNAX_RUNS[case]
