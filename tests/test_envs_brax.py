@@ -117,7 +117,7 @@ SCRIPT = textwrap.dedent("""
     resumed = run(t, ckpt.restore_state(t), key=ckpt.key, history=ckpt.history)
     out["resumed"] = {"params": resumed.flat_params.tolist(), "pop_mean": resumed.history["pop_mean"].tolist()}
     out["ckpt_env"] = ckpt.env_name
-    out["rebuilt_env"] = ckpt.trainer().spec.name
+    out["rebuilt_env"] = checkpoint.load("brax.ckpt")[0].spec.name   # the trainer rebuilt from the file alone
     print(json.dumps(out))
 """)
 
