@@ -99,3 +99,19 @@ def test_gymnax_training_results_are_pinned(case):
                            num_generations=2, max_episode_steps=50, log_dir=None, progress=False)
     digest = hashlib.sha256(np.asarray(result.flat_params, np.float32).tobytes()).hexdigest()
     assert digest == PINNED_GYMNAX_RUNS[case]
+
+
+def test_import_jes_stays_light_and_brax_errors_name_the_extra():
+    """`import jes` pulls in neither brax nor matplotlib; without brax a brax name says what to install."""
+    import subprocess
+    import sys
+
+    script = (
+        "import sys; import jes\n"
+        "assert 'brax' not in sys.modules and 'matplotlib' not in sys.modules, 'heavy import'\n"
+        "sys.modules['brax'] = None  # as if brax were not installed\n"
+        "try:\n    jes.make_env('brax/hopper')\nexcept ImportError as err:\n    print(err)\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "pip install 'jax-jes[brax]'" in proc.stdout

@@ -45,6 +45,12 @@ def test_brax_env_object_is_accepted_and_named_with_its_backend():
         make_env(brax_envs.create("inverted_pendulum", backend="spring"))
 
 
+def test_brax_names_are_registered():
+    names = jes.registered_env_names()
+    assert "CartPole-v1" in names and "brax/inverted_pendulum" in names and "brax/hopper" in names
+    assert not any(name.startswith("brax/") for name in jes.registered_env_names(include_brax=False))
+
+
 def test_bad_brax_names_are_explained():
     with pytest.raises(ValueError, match="brax/hopper"):
         make_env("brax/hoper")
