@@ -143,3 +143,17 @@ def test_brax_training_is_bit_identical_on_two_devices_and_after_resume(tmp_path
     assert one == two                                               # exact, element by element
     assert out["resumed"] == {"params": one["params"], "pop_mean": one["pop_mean"]}
     assert out["ckpt_env"] == out["rebuilt_env"] == "brax/inverted_pendulum?backend=spring"
+
+
+def test_run_descriptions_carry_the_backend():
+    """Workers rebuild a brax env by its name (with the backend), also when the master got an env object."""
+    from jes.distributed import protocol
+
+    config = jes.ESConfig(num_members=4, max_episode_steps=20)
+    raw = brax_envs.get_environment("inverted_pendulum", backend="spring")
+    for env in ("brax/inverted_pendulum", raw, jes.envs.mask_observations(raw, keep=[0, 1])):
+        trainer = jes.Trainer(jes.MLPPolicy(hidden_sizes=(2,)), env, "adam", config)
+        description = protocol.describe_run(trainer, env, "adam")
+        rebuilt = protocol.build_run(description)
+        assert isinstance(description["env"], str) and rebuilt.spec.name == trainer.spec.name
+        assert "backend=spring" in rebuilt.spec.name and rebuilt.spec.obs_shape == trainer.spec.obs_shape

@@ -37,6 +37,8 @@ from typing import Any
 import msgpack
 import numpy as np
 
+from jes.envs import resolvable_name
+
 PROTOCOL_VERSION = 1
 MAC_BYTES = 32
 # Per-message ceilings. Master-bound messages are small (fitness and obs sums); worker-bound
@@ -315,6 +317,8 @@ def describe_run(trainer: Any, env: Any, optimizer: Any, env_params: Any = None)
         env_desc: Any = env
     elif isinstance(env, tuple):
         raise DescriptionError("pass the env by name or as an env object with env_params=..., not as a tuple")
+    elif resolvable_name(env) is not None:   # brax / masked env objects travel by name (it carries the backend)
+        env_desc = trainer.spec.name
     else:
         env_desc = describe_object(env, "env")
     if type(trainer.policy).__module__ == "__main__":

@@ -20,7 +20,7 @@ from jes.envs.gymnax import SOLVED_RETURNS
 from jes.envs.spec import EnvSpec, spec_from_env
 from jes.envs.wrappers import KEEP_OPTION, MaskedObservations, split_option
 
-__all__ = ["EnvSpec", "SOLVED_RETURNS", "make_env", "mask_observations", "registered_env_names"]
+__all__ = ["EnvSpec", "SOLVED_RETURNS", "make_env", "mask_observations", "registered_env_names", "resolvable_name"]
 
 
 def registered_env_names(include_brax: bool = True) -> list[str]:
@@ -100,3 +100,19 @@ def mask_observations(env: Any, keep: Sequence[int], env_params: Any = None) -> 
     """
     env_obj, default_params, name = _resolve(env)
     return MaskedObservations(env_obj, keep, name, default_params if env_params is None else env_params)
+
+
+def resolvable_name(env: Any) -> str | None:
+    """The name that :func:`make_env` resolves back to ``env``, for env objects jes itself adapts.
+
+    A name for a raw brax env, a :class:`~jes.envs.brax.BraxEnv` or a :class:`MaskedObservations`
+    (whose names carry the backend / the kept indices), else ``None``: run descriptions should
+    record such envs by this name (a brax env rebuilt from its class alone would get brax's default
+    backend, i.e. other physics). A brax env object is named by its registry name and backend only:
+    pass ``"brax/<name>?backend=...&<option>=..."`` to carry other constructor options.
+    """
+    if brax_family.is_brax_env(env):
+        return brax_family.BraxEnv(env).name
+    if isinstance(env, (brax_family.BraxEnv, MaskedObservations)):
+        return env.name
+    return None
