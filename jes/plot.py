@@ -49,6 +49,7 @@ def plot_runs(run_dirs: Sequence[str], path: str, labels: Sequence[str] | None =
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
+        from matplotlib.ticker import MaxNLocator
     except ImportError as err:
         raise ImportError(f"jes plot needs matplotlib: {VIZ_HINT}") from err
     labels = list(labels) if labels else [os.path.basename(os.path.normpath(d)) for d in run_dirs]
@@ -66,6 +67,9 @@ def plot_runs(run_dirs: Sequence[str], path: str, labels: Sequence[str] | None =
                 ax.plot(x[centre], c["centre_return"][centre], color=colour, marker=".", label=f"{label}: centre")
         ax.set_xlabel(x_label)
         ax.set_ylabel("return")
+        ax.set_title(f"return vs {x_label}")
+        if x_key == "generation":
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.grid(alpha=0.3)
     axes[0].legend(fontsize="small")
     fig.tight_layout()
