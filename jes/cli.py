@@ -1,10 +1,12 @@
-"""The ``jes`` command: ``jes train``, ``jes eval CHECKPOINT``, ``jes sweep CONFIG``.
+"""The ``jes`` command: ``jes train``, ``jes eval CHECKPOINT``, ``jes sweep CONFIG``, ``jes plot RUN_DIR...``.
 
 Examples::
 
     jes train --env CartPole-v1 --policy gru --hidden 5 --layers 2 --optimizer novograd --population 256
     jes train --resume runs/<name>/checkpoint.ckpt        # same flags as the interrupted run
     jes eval runs/<name>/checkpoint.ckpt --episodes 100
+    jes eval runs/<name>/checkpoint.ckpt --render cartpole.gif     # brax envs: --render hopper.html
+    jes plot runs/run-a runs/run-b -o curves.png
     jes sweep sweep.toml
 """
 from __future__ import annotations
@@ -18,11 +20,11 @@ import sys
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="jes", description="JAX-accelerated Evolution Strategies.",
                                      formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
-    commands = parser.add_subparsers(dest="command", required=True, metavar="{train,eval,sweep,keys}")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="{train,eval,sweep,plot,keys}")
 
     train = commands.add_parser("train", help="train a policy with an evolution strategy",
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    train.add_argument("--env", default="CartPole-v1", help="gymnax environment id")
+    train.add_argument("--env", default="CartPole-v1", help="gymnax id, 'brax/<name>[?backend=...]', either with '?keep_obs=0,2' to hide observations")
     train.add_argument("--policy", choices=("gru", "mlp"), default="gru", help="policy architecture")
     train.add_argument("--hidden", type=int, default=5, help="hidden units per layer")
     train.add_argument("--layers", type=int, default=2, help="number of GRU (or MLP hidden) layers")
@@ -82,6 +84,15 @@ def _parser() -> argparse.ArgumentParser:
     evaluate.add_argument("checkpoint", help="a checkpoint file written by jes train")
     evaluate.add_argument("--episodes", type=int, default=100, help="fresh episodes to average")
     evaluate.add_argument("--seed", type=int, default=12345, help="key of the evaluation episodes")
+    evaluate.add_argument("--render", default=None, metavar="PATH",
+                          help="also draw one episode: a .gif for gymnax CartPole/Pendulum, a .html for brax envs")
+    evaluate.add_argument("--render-steps", type=int, default=None, help="steps to draw at most (default: the episode limit)")
+
+    plot = commands.add_parser("plot", help="draw learning curves of runs from their TensorBoard logs into a PNG",
+                               formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    plot.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="TensorBoard run directories written by jes train")
+    plot.add_argument("-o", "--output", default="curves.png", help="PNG file to write")
+    plot.add_argument("--labels", default=None, help="comma-separated legend labels (default: directory names)")
 
     sweep = commands.add_parser("sweep", help="grid search described by a JSON or TOML file")
     sweep.add_argument("config", help="sweep file (.json or .toml); see jes.sweep.load_sweep_file")
@@ -164,6 +175,21 @@ def _eval(args: argparse.Namespace) -> int:
     returns = np.asarray(returns)
     print(f"{args.checkpoint}: {ckpt.env_name}, {type(trainer.policy).__name__}, {ckpt.optimizer}, generation "
           f"{ckpt.generation}: centre return {returns.mean():.2f} +/- {returns.std():.2f} over {args.episodes} episodes")
+    if args.render is not None:
+        from jes.render import render
+
+        render(trainer, state, args.render, as_key(args.seed), args.render_steps)
+        print(f"rendered one episode to {args.render}")
+    return 0
+
+
+def _plot(args: argparse.Namespace) -> int:
+    from jes.plot import plot_runs
+
+    labels = args.labels.split(",") if args.labels else None
+    if labels is not None and len(labels) != len(args.run_dirs):
+        raise ValueError(f"--labels has {len(labels)} names for {len(args.run_dirs)} run directories")
+    print(f"learning curves of {len(args.run_dirs)} run(s) written to {plot_runs(args.run_dirs, args.output, labels)}")
     return 0
 
 
@@ -215,14 +241,14 @@ def main(argv: list[str] | None = None) -> int:
 
     use_cpu_cores()  # one CPU device per core (results are identical for any device count)
     enable_compilation_cache()
-    handler = {"train": _train, "eval": _eval, "sweep": _sweep}[args.command]
+    handler = {"train": _train, "eval": _eval, "sweep": _sweep, "plot": _plot}[args.command]
     try:
         return handler(args)
     except KeyboardInterrupt:
         print("\ninterrupted (jes train saved a checkpoint unless --checkpoint none; continue with --resume)",
               file=sys.stderr)
         return 130
-    except (FileNotFoundError, ValueError) as err:
+    except (FileNotFoundError, ValueError, ImportError) as err:
         print(f"jes {args.command}: {err}", file=sys.stderr)
         return 2
 

@@ -78,3 +78,40 @@ def test_cartpole_returns_match_a_plain_gymnax_loop():
             if bool(terminated) or bool(truncated):
                 break
         assert float(out.returns[0, e]) == total and int(out.steps[0, e]) == t
+
+
+# Pinned before jes.envs became a package and brax joined it: gymnax results must stay bit-identical.
+PINNED_GYMNAX_RUNS = {
+    "gru-cartpole": "ed49415d5b89b69cd59582b13ec448e50691a45c96293a4da6b58de6829b478e",
+    "mlp-pendulum": "158a07f07516fb48b798a6af56324fb3a808d09a305c442db1b2289ebfd15529",
+}
+
+
+@pytest.mark.parametrize("case", sorted(PINNED_GYMNAX_RUNS))
+def test_gymnax_training_results_are_pinned(case):
+    import hashlib
+
+    if case == "gru-cartpole":
+        result = jes.train(jes.GRUPolicy(), "CartPole-v1", "adam", key=0, num_members=16, num_generations=2,
+                           log_dir=None, progress=False)
+    else:
+        result = jes.train(jes.MLPPolicy(hidden_sizes=(8,)), "Pendulum-v1", "adam", key=1, num_members=8,
+                           num_generations=2, max_episode_steps=50, log_dir=None, progress=False)
+    digest = hashlib.sha256(np.asarray(result.flat_params, np.float32).tobytes()).hexdigest()
+    assert digest == PINNED_GYMNAX_RUNS[case]
+
+
+def test_import_jes_stays_light_and_brax_errors_name_the_extra():
+    """`import jes` pulls in neither brax nor matplotlib; without brax a brax name says what to install."""
+    import subprocess
+    import sys
+
+    script = (
+        "import sys; import jes\n"
+        "assert 'brax' not in sys.modules and 'matplotlib' not in sys.modules, 'heavy import'\n"
+        "sys.modules['brax'] = None  # as if brax were not installed\n"
+        "try:\n    jes.make_env('brax/hopper')\nexcept ImportError as err:\n    print(err)\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "pip install 'jax-jes[brax]'" in proc.stdout

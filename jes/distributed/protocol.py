@@ -295,6 +295,11 @@ def describe_run(trainer: Any, env: Any, optimizer: Any, env_params: Any = None,
             a schedule, a lambda, a class defined in ``__main__`` or a notebook...).
     """
     extra.setdefault("strategy", trainer.strategy)  # a frozen dataclass from jes.strategies
+    if not isinstance(env, (str, tuple)):
+        from jes.envs import resolvable_name  # JAX is loaded anyway: describe_run takes a built trainer
+
+        if resolvable_name(env) is not None:  # brax / masked env objects travel by name (it carries the backend)
+            env = trainer.spec.name
     description = describe.describe_run(trainer.policy, trainer.config, env, optimizer, env_params, **extra)
     return {"version": PROTOCOL_VERSION, **description}
 

@@ -1,17 +1,7 @@
-"""Environment lookup and the protocol a custom JAX env follows.
+"""EnvSpec: a resolved environment and how policy outputs become its actions.
 
-jes drives any gymnax environment (by registered name or as an object). A
-custom environment works if it offers the gymnax methods jes uses:
-
-* ``default_params`` (a pytree of env parameters, may be ``None``-free dataclass),
-* ``reset_env(key, params) -> (obs, state)``,
-* ``step_env(key, state, action, params) -> (obs, state, reward, done, info)``,
-* ``action_space(params)`` returning a ``gymnax.environments.spaces.Discrete`` or ``Box``,
-* ``observation_space(params)`` with a ``.shape``,
-* optionally ``is_truncated(state, params)`` (gymnax >= 1.0 keeps the time limit out of ``done``).
-
-jes calls the non-resetting ``step_env`` and masks finished episodes itself;
-rewards after ``done`` never count.
+Every env family (gymnax, brax, wrappers over either) is brought to the gymnax
+protocol that :mod:`jes.rollout` drives, then described by one :class:`EnvSpec`.
 """
 from __future__ import annotations
 
@@ -22,38 +12,25 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-# Scores at which gymnax's classic-control tasks count as solved (Gym's thresholds).
-SOLVED_RETURNS = {
-    "CartPole-v1": 475.0,
-    "Acrobot-v1": -100.0,
-    "MountainCar-v0": -110.0,
-    "MountainCarContinuous-v0": 90.0,
-    "Pendulum-v1": -200.0,
-}
-
-
-def registered_env_names() -> list[str]:
-    """Names accepted by :func:`make_env` (gymnax's registry)."""
-    import gymnax
-
-    return list(gymnax.registered_envs)
-
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class EnvSpec:
     """A resolved environment: the env object, its params, and how policy outputs become actions.
 
     Attributes:
-        env: the gymnax(-like) environment object.
+        env: the gymnax(-protocol) environment object (brax envs come wrapped in
+            :class:`jes.envs.brax.BraxEnv`).
         params: env parameters passed to ``reset_env``/``step_env``.
-        name: a readable name (the registry id for gymnax envs).
+        name: a name :func:`jes.envs.make_env` resolves back to the same env (the registry id for
+            gymnax envs, ``"brax/hopper?backend=spring"`` for brax); checkpoints and run
+            descriptions record it.
         obs_shape: shape of one observation.
         num_outputs: size of the policy output the action head expects.
         discrete: whether actions are integers (argmax over outputs).
         action_low, action_high: bounds of a continuous action space (numpy), or ``None``.
         action_shape: shape of one action.
         max_steps: episode length limit used by rollouts.
-        solved_return: Gym's "solved" threshold when known, else ``None``.
+        solved_return: the task's "solved" threshold when known, else ``None``.
     """
 
     env: Any
@@ -92,40 +69,17 @@ class EnvSpec:
         return jnp.logical_or(terminated, truncated)
 
 
-def make_env(env: Any, env_params: Any = None, max_steps: int | None = None) -> EnvSpec:
-    """Resolve ``env`` (a gymnax id, a gymnax env object, or ``(env, params)``) into an :class:`EnvSpec`.
+def spec_from_env(env: Any, params: Any, name: str, max_steps: int | None,
+                  solved_returns: dict[str, float] | None = None) -> EnvSpec:
+    """Describe a gymnax-protocol ``env`` with ``params``; ``max_steps`` overrides its own episode limit.
 
     Raises:
-        ValueError: unknown env name (the message lists the valid ones) or an unsupported action space.
-        TypeError: an object that does not follow the env protocol.
+        ValueError: an unsupported action space, or no episode limit known.
     """
-    if isinstance(env, str):
-        names = registered_env_names()
-        if env not in names:
-            raise ValueError(f"unknown env {env!r}; valid gymnax env names are: {', '.join(names)}")
-        import gymnax
-
-        env_obj, default_params = gymnax.make(env)
-        name = env
-    elif isinstance(env, tuple) and len(env) == 2:
-        env_obj, default_params = env
-        name = getattr(env_obj, "name", type(env_obj).__name__)
-    else:
-        env_obj = env
-        missing = [m for m in ("reset_env", "step_env", "action_space", "observation_space") if not hasattr(env_obj, m)]
-        if missing:
-            raise TypeError(
-                f"env must be a gymnax env name, a gymnax Environment or an object with reset_env/step_env/"
-                f"action_space/observation_space; {type(env).__name__} lacks {', '.join(missing)}"
-            )
-        default_params = getattr(env_obj, "default_params", None)
-        name = getattr(env_obj, "name", type(env_obj).__name__)
-    params = default_params if env_params is None else env_params
-
     from gymnax.environments import spaces
 
-    space = env_obj.action_space(params)
-    obs_shape = tuple(int(d) for d in env_obj.observation_space(params).shape)
+    space = env.action_space(params)
+    obs_shape = tuple(int(d) for d in env.observation_space(params).shape)
     if isinstance(space, spaces.Discrete):
         num_outputs = int(space.n)
         discrete, action_shape, low, high = True, (), None, None
@@ -152,8 +106,10 @@ def make_env(env: Any, env_params: Any = None, max_steps: int | None = None) -> 
         if not hasattr(params, "replace"):
             raise ValueError(f"env {name!r} params cannot be given max_episode_steps={max_steps}; set it in env_params")
         params = params.replace(max_steps_in_episode=int(max_steps))
+    solved = getattr(env, "solved_return", None)
+    solved = solved(int(max_steps)) if callable(solved) else (solved_returns or {}).get(name)
     return EnvSpec(
-        env=env_obj,
+        env=env,
         params=params,
         name=name,
         obs_shape=obs_shape,
@@ -163,5 +119,5 @@ def make_env(env: Any, env_params: Any = None, max_steps: int | None = None) -> 
         action_low=low,
         action_high=high,
         max_steps=int(max_steps),
-        solved_return=SOLVED_RETURNS.get(name),
+        solved_return=solved,
     )

@@ -1,0 +1,79 @@
+"""Learning curves of one or several runs from their TensorBoard logs, drawn into one PNG.
+
+``jes plot RUN_DIR... -o curves.png``: two panels, the centre return and the population mean
++- std against generations and against env steps, one colour per run.
+"""
+from __future__ import annotations
+
+import os
+from typing import Sequence
+
+import numpy as np
+
+from jes.logging import SCALAR_TAGS, read_scalars
+
+VIZ_HINT = "pip install 'jax-jes[viz]'"
+
+
+def _series(scalars: dict, key: str) -> dict[int, float]:
+    return {step: value for step, value in scalars.get(SCALAR_TAGS[key], [])}
+
+
+def load_curves(run_dir: str) -> dict[str, np.ndarray]:
+    """``{generation, env_steps, pop_mean, pop_std, centre_return}`` arrays (NaN where a generation lacks one)."""
+    scalars = read_scalars(run_dir)
+    pop_mean = _series(scalars, "pop_mean")
+    if not pop_mean:
+        raise ValueError(f"{run_dir!r} has TensorBoard events but no {SCALAR_TAGS['pop_mean']!r} scalars; "
+                         f"is it a jes run directory?")
+    generations = sorted(pop_mean)
+    columns = {key: _series(scalars, key) for key in ("pop_std", "centre_return", "env_steps")}
+    curves = {"generation": np.array(generations, float), "pop_mean": np.array([pop_mean[g] for g in generations])}
+    for key, series in columns.items():
+        curves[key] = np.array([series.get(g, np.nan) for g in generations])
+    return curves
+
+
+def plot_runs(run_dirs: Sequence[str], path: str, labels: Sequence[str] | None = None, size: tuple[float, float] = (10, 4),
+              dpi: int = 100) -> str:
+    """Draw the learning curves of ``run_dirs`` into the PNG ``path``; the image is ``size * dpi`` pixels.
+
+    Raises:
+        FileNotFoundError: a directory without TensorBoard event files.
+        ImportError: matplotlib missing (the message names the extra to install).
+    """
+    if not run_dirs:
+        raise ValueError("give at least one run directory (e.g. runs/CartPole-v1-GRUPolicy-adam-...)")
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+        from matplotlib.ticker import MaxNLocator
+    except ImportError as err:
+        raise ImportError(f"jes plot needs matplotlib: {VIZ_HINT}") from err
+    labels = list(labels) if labels else [os.path.basename(os.path.normpath(d)) for d in run_dirs]
+    curves = [load_curves(d) for d in run_dirs]
+    fig, axes = plt.subplots(1, 2, figsize=size, dpi=dpi)
+    for (ax, x_key, x_label) in zip(axes, ("generation", "env_steps"), ("generation", "env steps")):
+        for index, (label, c) in enumerate(zip(labels, curves)):
+            colour = f"C{index % 10}"
+            x = c[x_key]
+            std = np.nan_to_num(c["pop_std"])
+            ax.plot(x, c["pop_mean"], color=colour, alpha=0.6, linestyle="--", label=f"{label}: population mean ± std")
+            ax.fill_between(x, c["pop_mean"] - std, c["pop_mean"] + std, color=colour, alpha=0.15, linewidth=0)
+            centre = np.isfinite(c["centre_return"])
+            if centre.any():
+                ax.plot(x[centre], c["centre_return"][centre], color=colour, marker=".", label=f"{label}: centre")
+        ax.set_xlabel(x_label)
+        ax.set_ylabel("return")
+        ax.set_title(f"return vs {x_label}")
+        if x_key == "generation":
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize="small")
+    fig.tight_layout()
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    fig.savefig(path, format="png", dpi=dpi)
+    plt.close(fig)
+    return path

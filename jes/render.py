@@ -1,0 +1,174 @@
+"""Pictures of what a policy does: one episode of the centre policy as a GIF (gymnax) or HTML (brax).
+
+* CartPole and Pendulum (also with masked observations) are drawn with Pillow, frame by frame.
+* Other gymnax envs have no drawing yet (gymnax's own matplotlib visualiser failed on Acrobot here).
+* brax envs render to brax's interactive HTML viewer (``.html``); images of brax scenes need an
+  OpenGL context this library does not assume.
+
+The episode runs in one compiled ``lax.scan`` (the same keys and done rule as training rollouts);
+drawing happens on the host afterwards.
+"""
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jes.envs.brax import BraxEnv
+from jes.envs.wrappers import MaskedObservations
+
+VIZ_HINT = "pip install 'jax-jes[viz]'"
+FRAME_SIZE = (400, 300)
+
+
+def record_episode(trainer: Any, state: Any, key: jax.Array, max_steps: int | None = None) -> tuple[Any, np.ndarray, int]:
+    """Run the centre policy of ``state`` for one episode.
+
+    Args:
+        trainer: a :class:`jes.Trainer` (its spec, policy functions and parameter layout).
+        state: a :class:`jes.TrainState`.
+        key: the episode key (reset from ``fold_in(key, 0)``, step ``t`` from ``fold_in(key, t + 1)``).
+        max_steps: steps to record at most (default: the spec's episode limit).
+
+    Returns:
+        ``(env_states, rewards, length)``: env states stacked over time ``[T + 1, ...]`` (the reset
+        state first), rewards ``[T]``, and the episode's real length ``<= T`` (steps up to and
+        including the one that ended it).
+    """
+    spec, fns = trainer.spec, trainer.fns
+    steps = int(max_steps or spec.max_steps)
+    params = trainer.unravel(state.params)
+    obs_norm = trainer.obs_norm(state)
+
+    @jax.jit
+    def episode(params, obs_norm, key):
+        obs, env_state = spec.env.reset_env(jax.random.fold_in(key, 0), spec.params)
+
+        def step(carry, t):
+            obs, env_state, policy_carry, done = carry
+            o = obs if obs_norm is None else (obs - obs_norm[0]) / obs_norm[1]
+            policy_carry, out = fns.apply(params, policy_carry, o)
+            new_obs, new_state, reward, terminated, _ = spec.env.step_env(
+                jax.random.fold_in(key, t + 1), env_state, spec.action(out), spec.params)
+            now_done = done | spec.done_after(terminated, new_state)
+            return (new_obs, new_state, policy_carry, now_done), (new_state, jnp.where(done, 0.0, reward), done)
+
+        init = (obs, env_state, fns.initial_carry(), jnp.array(False))
+        _, (states, rewards, was_done) = jax.lax.scan(step, init, jnp.arange(steps))
+        states = jax.tree.map(lambda first, rest: jnp.concatenate([jnp.asarray(first, rest.dtype)[None], rest]), env_state, states)
+        return states, rewards, jnp.sum(~was_done)
+
+    states, rewards, length = episode(params, obs_norm, key)
+    return jax.device_get(states), np.asarray(rewards), int(length)
+
+
+def _unwrap(env: Any) -> Any:
+    while isinstance(env, MaskedObservations):
+        env = env.env
+    return env
+
+
+def render(trainer: Any, state: Any, path: str, key: Any = 0, max_steps: int | None = None) -> str:
+    """Render one episode of the centre policy to ``path`` (``.gif`` for gymnax envs, ``.html`` for brax).
+
+    Args:
+        trainer, state: a trainer and a training state (``result.trainer``, ``result.state``;
+            or ``jes.checkpoint.load(path)[:2]``).
+        path: output file; its suffix picks the format.
+        key: an int seed or a PRNG key for the episode.
+        max_steps: steps to show at most (default: the env's episode limit).
+
+    Returns:
+        ``path``.
+
+    Raises:
+        ValueError: a format the env cannot be rendered to (the message names the one that works).
+        ImportError: Pillow / matplotlib missing (the message names the extra to install).
+    """
+    key = jax.random.key(int(key)) if isinstance(key, (int, np.integer)) else key
+    suffix = os.path.splitext(path)[1].lower()
+    base_env = _unwrap(trainer.spec.env)
+    if isinstance(base_env, BraxEnv):
+        if suffix != ".html":
+            raise ValueError(f"brax envs render to brax's HTML viewer: give a .html path, not {path!r}")
+        states, _, length = record_episode(trainer, state, key, max_steps)
+        _render_brax_html(base_env, states, length, path)
+        return path
+    name = trainer.spec.name.split("?")[0]
+    frames_of = GIF_DRAWERS.get(name)
+    if frames_of is None:
+        raise ValueError(f"no drawing for env {name!r}: jes renders {', '.join(GIF_DRAWERS)} (GIF) and brax envs (HTML)")
+    if suffix != ".gif":
+        raise ValueError(f"gymnax envs render to an animated GIF: give a .gif path, not {path!r}")
+    states, _, length = record_episode(trainer, state, key, max_steps)
+    _save_gif(frames_of(states, trainer.spec.params, length), path, duration_ms=20 if name == "CartPole-v1" else 50)
+    return path
+
+
+def _pil() -> Any:
+    try:
+        from PIL import Image, ImageDraw
+    except ImportError as err:
+        raise ImportError(f"rendering GIFs needs Pillow: {VIZ_HINT}") from err
+    return Image, ImageDraw
+
+
+def _save_gif(frames: list, path: str, duration_ms: int) -> None:
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    frames[0].save(path, save_all=True, append_images=frames[1:], duration=duration_ms, loop=0, optimize=False)
+
+
+def _cartpole_frames(states: Any, params: Any, length: int) -> list:
+    Image, ImageDraw = _pil()
+    width, height = FRAME_SIZE
+    x_limit = float(getattr(params, "x_threshold", 2.4)) * 1.25
+    scale = width / (2 * x_limit)
+    pole = 2 * float(getattr(params, "length", 0.5)) * scale
+    track_y = int(height * 0.7)
+    frames = []
+    for t in range(length + 1):
+        x, theta = float(states.x[t]), float(states.theta[t])
+        image = Image.new("RGB", FRAME_SIZE, "white")
+        draw = ImageDraw.Draw(image)
+        draw.line([(0, track_y), (width, track_y)], fill="black", width=1)
+        cx = width / 2 + x * scale
+        draw.rectangle([cx - 25, track_y - 15, cx + 25, track_y + 15], fill=(60, 60, 60))
+        tip = (cx + pole * np.sin(theta), track_y - 15 - pole * np.cos(theta))
+        draw.line([(cx, track_y - 15), tip], fill=(200, 120, 50), width=8)
+        draw.ellipse([cx - 4, track_y - 19, cx + 4, track_y - 11], fill=(120, 120, 200))
+        draw.text((8, 8), f"t={t}", fill="black")
+        frames.append(image)
+    return frames
+
+
+def _pendulum_frames(states: Any, params: Any, length: int) -> list:
+    Image, ImageDraw = _pil()
+    width, height = FRAME_SIZE
+    centre, radius = (width / 2, height / 2), height * 0.4
+    frames = []
+    for t in range(length + 1):
+        theta = float(states.theta[t])   # 0 is upright
+        image = Image.new("RGB", FRAME_SIZE, "white")
+        draw = ImageDraw.Draw(image)
+        tip = (centre[0] + radius * np.sin(theta), centre[1] - radius * np.cos(theta))
+        draw.line([centre, tip], fill=(200, 60, 60), width=10)
+        draw.ellipse([centre[0] - 5, centre[1] - 5, centre[0] + 5, centre[1] + 5], fill="black")
+        draw.text((8, 8), f"t={t}", fill="black")
+        frames.append(image)
+    return frames
+
+
+def _render_brax_html(env: BraxEnv, states: Any, length: int, path: str) -> None:
+    from brax.io import html
+
+    pipeline = states.pipeline_state
+    frames = [jax.tree.map(lambda x: x[t], pipeline) for t in range(length + 1)]
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "w") as f:
+        f.write(html.render(env.env.sys.tree_replace({"opt.timestep": env.env.dt}), frames))
+
+
+GIF_DRAWERS = {"CartPole-v1": _cartpole_frames, "Pendulum-v1": _pendulum_frames}

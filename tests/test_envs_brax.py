@@ -1,0 +1,159 @@
+"""jes.envs.brax: the brax adapter on its cheapest env and backend (inverted_pendulum, spring), small shapes."""
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+brax_envs = pytest.importorskip("brax.envs")
+
+import jes  # noqa: E402
+from jes.envs import make_env  # noqa: E402
+from jes.policies import PolicyFns  # noqa: E402
+from jes.rollout import run_episodes  # noqa: E402
+
+ENV = "brax/inverted_pendulum"
+
+
+@pytest.fixture(scope="module")
+def spec():
+    return make_env(ENV, max_steps=60)
+
+
+def test_spec_shapes_bounds_and_name(spec):
+    assert spec.name == "brax/inverted_pendulum?backend=spring"   # the backend is part of the name
+    assert spec.obs_shape == (4,) and spec.num_outputs == 1 and not spec.discrete and spec.action_shape == (1,)
+    np.testing.assert_array_equal(spec.action_low, [-3.0]) and np.testing.assert_array_equal(spec.action_high, [3.0])
+    assert spec.max_steps == 60 and make_env(ENV).max_steps == 1000   # brax's EpisodeWrapper default
+    assert spec.solved_return == pytest.approx(0.95 * 60)
+    assert make_env(spec.name).name == spec.name                   # the name resolves back
+    other = make_env("brax/inverted_pendulum?backend=generalized")
+    assert other.name == "brax/inverted_pendulum?backend=generalized"
+    for value in (-1e6, 0.2, 1e6):
+        assert -3.0 <= float(spec.action(jnp.array([value]))[0]) <= 3.0
+
+
+def test_brax_env_object_is_accepted_and_named_with_its_backend():
+    raw = brax_envs.get_environment("inverted_pendulum", backend="spring")
+    assert make_env(raw).name == "brax/inverted_pendulum?backend=spring"
+    with pytest.raises(TypeError, match="get_environment"):
+        make_env(brax_envs.create("inverted_pendulum", backend="spring"))
+
+
+def test_brax_names_are_registered():
+    names = jes.registered_env_names()
+    assert "CartPole-v1" in names and "brax/inverted_pendulum" in names and "brax/hopper" in names
+    assert not any(name.startswith("brax/") for name in jes.registered_env_names(include_brax=False))
+
+
+def test_bad_brax_names_are_explained():
+    with pytest.raises(ValueError, match="brax/hopper"):
+        make_env("brax/hoper")
+    with pytest.raises(ValueError, match="backend"):
+        make_env("brax/inverted_pendulum?backend=warp_drive")
+    with pytest.raises(ValueError, match="key=value"):
+        make_env("brax/inverted_pendulum?spring")
+
+
+def test_reset_randomness_comes_from_episode_keys(spec):
+    reset = jax.jit(jax.vmap(lambda k: spec.env.reset_env(k, spec.params)[0]))
+    keys = jax.random.split(jax.random.key(3), 4)
+    first, again = np.asarray(reset(keys)), np.asarray(reset(keys))
+    np.testing.assert_array_equal(first, again)                    # same keys, same starts
+    assert len({tuple(row) for row in first}) == 4                 # different keys, different starts
+
+
+@pytest.fixture(scope="module")
+def pushing_rollout(spec):
+    """A constant full push topples the pole within the limit; returns, steps and the episode keys used."""
+    fns = PolicyFns(jes.MLPPolicy(hidden_sizes=(2,), num_outputs=1), spec.obs_shape)
+    params = jax.vmap(fns.init)(jax.random.split(jax.random.key(0), 2))
+    params = jax.tree.map(jnp.zeros_like, params)
+    params["params"]["head"]["bias"] = jnp.full((2, 1), 5.0)       # tanh(5) ~ 1: push at +3 every step
+    keys = jax.random.split(jax.random.key(7), 6).reshape(2, 3)
+    out = jax.jit(lambda p, k: run_episodes(fns, spec, p, k, jnp.array([True, False])))(params, keys)
+    return out, keys
+
+
+def test_rewards_after_done_never_count(spec, pushing_rollout):
+    out, keys = pushing_rollout
+    steps = np.asarray(out.steps[0])
+    assert np.all(steps > 0) and np.all(steps < spec.max_steps)    # every episode terminated early
+    # The raw env keeps simulating (and rewarding) after done: replay it unmasked and compare.
+    raw = spec.env.env
+    step = jax.jit(raw.step)
+    for episode in range(3):
+        state = jax.jit(raw.reset)(jax.random.fold_in(keys[0, episode], 0))
+        rewards, dones = [], []
+        for _ in range(spec.max_steps):
+            state = step(state, jnp.array([3.0 * float(jnp.tanh(5.0))]))
+            rewards.append(float(state.reward))
+            dones.append(float(state.done))
+        first_done = dones.index(1.0)
+        assert steps[episode] == first_done + 1
+        assert float(out.returns[0, episode]) == pytest.approx(sum(rewards[:first_done + 1]))
+        assert sum(rewards) > float(out.returns[0, episode])     # what multiplying nothing out would have counted
+    np.testing.assert_array_equal(out.returns[1], 0.0)            # padding member never steps
+
+
+SCRIPT = textwrap.dedent("""
+    import json
+    import jax, numpy as np
+    import jes
+    from jes import checkpoint
+    from jes.trainer import run
+    assert len(jax.devices()) == 2, jax.devices()
+    cfg = jes.ESConfig(num_members=8, chunk_size=4, num_generations=3, max_episode_steps=40, eval_episodes=4,
+                       noise_std=0.05, learning_rate=0.05)
+    policy = jes.MLPPolicy(hidden_sizes=(8,))
+    trainers = {d: jes.Trainer(policy, "brax/inverted_pendulum", "adam", cfg, devices=d) for d in (1, 2)}
+    runs = {d: run(t, t.init_state(3), key=3) for d, t in trainers.items()}
+    out = {d: {"params": r.flat_params.tolist(), "pop_mean": r.history["pop_mean"].tolist(),
+               "centre": r.history["centre_return"].tolist(), "steps": r.history["env_steps"].tolist()}
+           for d, r in runs.items()}
+    # Interrupt after 2 of 3 generations, resume from the checkpoint file.
+    t = trainers[1]
+    run(t, t.init_state(3), key=3, num_generations=2, checkpoint_path="brax.ckpt")
+    ckpt = checkpoint.read("brax.ckpt")
+    resumed = run(t, ckpt.restore_state(t), key=ckpt.key, history=ckpt.history)
+    out["resumed"] = {"params": resumed.flat_params.tolist(), "pop_mean": resumed.history["pop_mean"].tolist()}
+    out["ckpt_env"] = ckpt.env_name
+    out["rebuilt_env"] = checkpoint.load("brax.ckpt")[0].spec.name   # the trainer rebuilt from the file alone
+    print(json.dumps(out))
+""")
+
+
+@pytest.mark.slow
+def test_brax_training_is_bit_identical_on_two_devices_and_after_resume(tmp_path):
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2", JAX_PLATFORMS="cpu")
+    try:
+        proc = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, env=env, timeout=600,
+                              cwd=tmp_path)
+    except subprocess.TimeoutExpired as err:
+        pytest.fail(f"brax training subprocess did not finish in {err.timeout} s")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    one, two = out["1"], out["2"]
+    assert all(np.isfinite(one["params"])) and all(s > 0 for s in one["steps"])
+    assert one == two                                               # exact, element by element
+    assert out["resumed"] == {"params": one["params"], "pop_mean": one["pop_mean"]}
+    assert out["ckpt_env"] == out["rebuilt_env"] == "brax/inverted_pendulum?backend=spring"
+
+
+def test_run_descriptions_carry_the_backend():
+    """Workers rebuild a brax env by its name (with the backend), also when the master got an env object."""
+    from jes.distributed import protocol
+
+    config = jes.ESConfig(num_members=4, max_episode_steps=20)
+    raw = brax_envs.get_environment("inverted_pendulum", backend="spring")
+    for env in ("brax/inverted_pendulum", raw, jes.envs.mask_observations(raw, keep=[0, 1])):
+        trainer = jes.Trainer(jes.MLPPolicy(hidden_sizes=(2,)), env, "adam", config)
+        description = protocol.describe_run(trainer, env, "adam")
+        rebuilt = protocol.build_run(description)
+        assert isinstance(description["env"], str) and rebuilt.spec.name == trainer.spec.name
+        assert "backend=spring" in rebuilt.spec.name and rebuilt.spec.obs_shape == trainer.spec.obs_shape
