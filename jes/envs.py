@@ -22,6 +22,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jes.lazy_gymnax import import_gymnax
+
 # Scores at which gymnax's classic-control tasks count as solved (Gym's thresholds).
 SOLVED_RETURNS = {
     "CartPole-v1": 475.0,
@@ -34,9 +36,7 @@ SOLVED_RETURNS = {
 
 def registered_env_names() -> list[str]:
     """Names accepted by :func:`make_env` (gymnax's registry)."""
-    import gymnax
-
-    return list(gymnax.registered_envs)
+    return list(import_gymnax().registered_envs)
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -103,9 +103,7 @@ def make_env(env: Any, env_params: Any = None, max_steps: int | None = None) -> 
         names = registered_env_names()
         if env not in names:
             raise ValueError(f"unknown env {env!r}; valid gymnax env names are: {', '.join(names)}")
-        import gymnax
-
-        env_obj, default_params = gymnax.make(env)
+        env_obj, default_params = import_gymnax().make(env)
         name = env
     elif isinstance(env, tuple) and len(env) == 2:
         env_obj, default_params = env
@@ -122,7 +120,7 @@ def make_env(env: Any, env_params: Any = None, max_steps: int | None = None) -> 
         name = getattr(env_obj, "name", type(env_obj).__name__)
     params = default_params if env_params is None else env_params
 
-    from gymnax.environments import spaces
+    spaces = import_gymnax().environments.spaces
 
     space = env_obj.action_space(params)
     obs_shape = tuple(int(d) for d in env_obj.observation_space(params).shape)
