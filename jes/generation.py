@@ -188,24 +188,36 @@ class Generation:
         self.padded_chunks = per_device * len(self.devices)
         self.replicated = NamedSharding(self.mesh, P())
         self.step = jax.jit(self.generation_step)
+        # Placed replicated by the program itself, as the step wants it (no recompile, no copy).
+        self._init_from_key = jax.jit(self.fresh_state, out_shardings=self.replicated)
+        self._init_from_seed = jax.jit(lambda seed: self.fresh_state(jax.random.key(seed)), out_shardings=self.replicated)
         self.member = jax.jit(self.member_params)
         self._compiled = None
         self._compile_time = 0.0
 
     # ----------------------------------------------------------------- state
     def init_state(self, key: Any = 0) -> TrainState:
-        """Fresh training state: the initial mean from ``split(run_key)[0]``, ES streams from ``split(run_key)[1]``."""
-        run_key = as_key(key)
+        """Fresh training state: the initial mean from ``split(run_key)[0]``, ES streams from ``split(run_key)[1]``.
+
+        One compiled program (cached like the step) rather than dozens of eager operations.
+        """
+        if isinstance(key, (int, np.integer)) and not isinstance(key, bool) and -2**31 <= key < 2**31:
+            # jax.random.key(int) itself runs a compiled seeding of an int32; do it in the same program.
+            return self._init_from_seed(np.int32(key))
+        return self._init_from_key(as_key(key))
+
+    def fresh_state(self, run_key: jax.Array) -> TrainState:
+        """The fresh state of :meth:`init_state` for a typed run key (traceable; not yet placed)."""
         init_key, es_key = jax.random.split(run_key)
         zeros = jnp.zeros(self.obs_shape, jnp.float32)
-        return self.place(TrainState(
+        return TrainState(
             strategy=self.strategy.init(self.ctx, self.initial_mean(init_key)),
             generation=jnp.int32(0),
             es_key=es_key,
             obs_count=jnp.float32(_OBS_EPS),
             obs_sum=zeros,
             obs_sumsq=jnp.full(self.obs_shape, _OBS_EPS, jnp.float32),
-        ))
+        )
 
     def initial_mean(self, init_key: jax.Array) -> jax.Array:
         raise NotImplementedError
@@ -461,9 +473,17 @@ class Trainer(Generation):
         self.obs_shape = self.spec.obs_shape
         self.policy = fit_to_outputs(policy, self.spec.num_outputs)
         self.fns = PolicyFns(self.policy, self.spec.obs_shape)
-        variables = self._init_variables(jax.random.key(0), abstract=True)
-        template = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), variables)
-        flat, self.unravel = ravel_pytree(template)
+        unravel = []
+
+        def flat_template():
+            variables = self._init_variables(jax.random.key(0), abstract=True)
+            flat, fn = ravel_pytree(jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), variables))
+            unravel.append(fn)  # static (shapes and sizes only), so usable outside this trace
+            return flat
+
+        # Shapes only: traced, never run (running it was a dozen tiny compiles at start-up).
+        flat = jax.eval_shape(flat_template)
+        self.unravel = unravel[0]
         if flat.dtype != jnp.float32:
             raise TypeError(f"policy parameters must be float32, got {flat.dtype}")
         self.num_params = int(flat.shape[0])
