@@ -6,7 +6,8 @@ Each run is a fresh ``python -c`` child doing what ``python -m jes`` does with t
 (``jes.use_cpu_cores()``, ``jes.enable_compilation_cache()``, GRU 5x2 on CartPole-v1, stop at a
 centre return of 475, then a 100-episode evaluation of the result), spelled out with the public
 pieces ``jes.train`` is made of (``Trainer``, ``init_state``, ``compiled_step``, ``jes.run``) so the
-child can print a timestamp after each phase. The parent measures the wall time from just before
+child can print a timestamp after each phase. As in ``jes.train``, the step compiles in a background
+thread while the initial state is built, so "step compile" is the wait for it after "init". The parent measures the wall time from just before
 starting the child to its exit; the child's phases are wall-clock timestamps relative to the
 parent's start, so "python start" is the interpreter's own start-up.
 
@@ -39,6 +40,7 @@ seed = int(sys.argv[1])
 trainer = jes.Trainer(jes.GRUPolicy(hidden=5, layers=2), "CartPole-v1",
                       config=jes.ESConfig(stop_at_return=475.0))
 mark("setup")
+trainer.start_compiling_step()  # as jes.train does
 state = trainer.init_state(seed)
 jax_block = state.params.block_until_ready()
 mark("init")

@@ -19,6 +19,7 @@ environment episodes, :class:`jes.blackbox.FunctionProblem` on a function.
 from __future__ import annotations
 
 import math
+import threading
 import time
 from typing import Any, Callable
 
@@ -194,6 +195,7 @@ class Generation:
         self.member = jax.jit(self.member_params)
         self._compiled = None
         self._compile_time = 0.0
+        self._compiling = None
 
     # ----------------------------------------------------------------- state
     def init_state(self, key: Any = 0) -> TrainState:
@@ -417,11 +419,45 @@ class Generation:
         )
         return new_state, dict(metrics, centre_return=centre_return, centre_steps=centre_steps)
 
+    def start_compiling_step(self) -> None:
+        """Start compiling the step in a background thread, from a fresh state's shapes alone.
+
+        XLA compiles with the GIL released, so building the initial state (or reading a
+        checkpoint) overlaps the compile; :meth:`compiled_step` waits for it. Same program,
+        same bits: it is lowered from the same shapes and placement as the state's.
+        """
+        if self._compiled is not None or self._compiling is not None:
+            return
+        shapes = jax.eval_shape(lambda: self.fresh_state(jax.random.key(0)))
+        abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, weak_type=x.weak_type,
+                                                               sharding=self.replicated), shapes)
+        out: dict = {}
+
+        def compile_step():
+            t0 = time.perf_counter()
+            try:
+                out["compiled"] = self.step.lower(abstract, jax.ShapeDtypeStruct((), jnp.bool_)).compile()
+            except Exception:  # compiled_step compiles again in the caller's thread and raises there
+                pass
+            out["seconds"] = time.perf_counter() - t0
+
+        thread = threading.Thread(target=compile_step, name="jes-compile-step", daemon=True)
+        thread.start()
+        self._compiling = (thread, out, abstract)
+
     def compiled_step(self, state: TrainState) -> tuple[Callable, float]:
         """The generation step compiled ahead of time for ``state``'s shapes, and the seconds it took.
 
         Compiled once per run object and reused by every run (seeds, resumes) it serves.
         """
+        if self._compiled is None and self._compiling is not None:
+            thread, out, abstract = self._compiling
+            self._compiling = None
+            thread.join()
+            signature = lambda tree: (jax.tree.structure(tree), [(x.shape, x.dtype, getattr(x, "weak_type", False))
+                                                                  for x in jax.tree.leaves(tree)])
+            if "compiled" in out and signature(state) == signature(abstract):
+                self._compiled, self._compile_time = out["compiled"], out["seconds"]
         if self._compiled is None:
             t0 = time.perf_counter()
             self._compiled = self.step.lower(state, jnp.bool_(True)).compile()
