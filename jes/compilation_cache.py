@@ -23,8 +23,12 @@ def default_cache_dir() -> str:
     return os.path.join(base, "jes", "xla")
 
 
-def enable_compilation_cache(path: str | None = None, min_compile_seconds: float = 0.5) -> str | None:
+def enable_compilation_cache(path: str | None = None, min_compile_seconds: float = 0.0) -> str | None:
     """Turn on JAX's persistent compilation cache; returns its directory, or ``None`` when disabled.
+
+    Every program is kept, however small or quick to compile (JAX's defaults keep only those that
+    took >= 1 s): a run's dozens of small programs (parameter init, key handling, placement, the
+    final evaluation) cost more to compile again than to read back.
 
     ``JES_COMPILATION_CACHE=off`` disables it; an unwritable directory only disables it too
     (the run must not fail for want of a cache).
@@ -38,4 +42,5 @@ def enable_compilation_cache(path: str | None = None, min_compile_seconds: float
         return None
     jax.config.update("jax_compilation_cache_dir", path)
     jax.config.update("jax_persistent_cache_min_compile_time_secs", min_compile_seconds)
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", -1)
     return path

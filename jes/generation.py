@@ -19,6 +19,7 @@ environment episodes, :class:`jes.blackbox.FunctionProblem` on a function.
 from __future__ import annotations
 
 import math
+import threading
 import time
 from typing import Any, Callable
 
@@ -188,24 +189,37 @@ class Generation:
         self.padded_chunks = per_device * len(self.devices)
         self.replicated = NamedSharding(self.mesh, P())
         self.step = jax.jit(self.generation_step)
+        # Placed replicated by the program itself, as the step wants it (no recompile, no copy).
+        self._init_from_key = jax.jit(self.fresh_state, out_shardings=self.replicated)
+        self._init_from_seed = jax.jit(lambda seed: self.fresh_state(jax.random.key(seed)), out_shardings=self.replicated)
         self.member = jax.jit(self.member_params)
         self._compiled = None
         self._compile_time = 0.0
+        self._compiling = None
 
     # ----------------------------------------------------------------- state
     def init_state(self, key: Any = 0) -> TrainState:
-        """Fresh training state: the initial mean from ``split(run_key)[0]``, ES streams from ``split(run_key)[1]``."""
-        run_key = as_key(key)
+        """Fresh training state: the initial mean from ``split(run_key)[0]``, ES streams from ``split(run_key)[1]``.
+
+        One compiled program (cached like the step) rather than dozens of eager operations.
+        """
+        if isinstance(key, (int, np.integer)) and not isinstance(key, bool) and -2**31 <= key < 2**31:
+            # jax.random.key(int) itself runs a compiled seeding of an int32; do it in the same program.
+            return self._init_from_seed(np.int32(key))
+        return self._init_from_key(as_key(key))
+
+    def fresh_state(self, run_key: jax.Array) -> TrainState:
+        """The fresh state of :meth:`init_state` for a typed run key (traceable; not yet placed)."""
         init_key, es_key = jax.random.split(run_key)
         zeros = jnp.zeros(self.obs_shape, jnp.float32)
-        return self.place(TrainState(
+        return TrainState(
             strategy=self.strategy.init(self.ctx, self.initial_mean(init_key)),
             generation=jnp.int32(0),
             es_key=es_key,
             obs_count=jnp.float32(_OBS_EPS),
             obs_sum=zeros,
             obs_sumsq=jnp.full(self.obs_shape, _OBS_EPS, jnp.float32),
-        ))
+        )
 
     def initial_mean(self, init_key: jax.Array) -> jax.Array:
         raise NotImplementedError
@@ -405,11 +419,45 @@ class Generation:
         )
         return new_state, dict(metrics, centre_return=centre_return, centre_steps=centre_steps)
 
+    def start_compiling_step(self) -> None:
+        """Start compiling the step in a background thread, from a fresh state's shapes alone.
+
+        XLA compiles with the GIL released, so building the initial state (or reading a
+        checkpoint) overlaps the compile; :meth:`compiled_step` waits for it. Same program,
+        same bits: it is lowered from the same shapes and placement as the state's.
+        """
+        if self._compiled is not None or self._compiling is not None:
+            return
+        shapes = jax.eval_shape(lambda: self.fresh_state(jax.random.key(0)))
+        abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, weak_type=x.weak_type,
+                                                               sharding=self.replicated), shapes)
+        out: dict = {}
+
+        def compile_step():
+            t0 = time.perf_counter()
+            try:
+                out["compiled"] = self.step.lower(abstract, jax.ShapeDtypeStruct((), jnp.bool_)).compile()
+            except Exception:  # compiled_step compiles again in the caller's thread and raises there
+                pass
+            out["seconds"] = time.perf_counter() - t0
+
+        thread = threading.Thread(target=compile_step, name="jes-compile-step", daemon=True)
+        thread.start()
+        self._compiling = (thread, out, abstract)
+
     def compiled_step(self, state: TrainState) -> tuple[Callable, float]:
         """The generation step compiled ahead of time for ``state``'s shapes, and the seconds it took.
 
         Compiled once per run object and reused by every run (seeds, resumes) it serves.
         """
+        if self._compiled is None and self._compiling is not None:
+            thread, out, abstract = self._compiling
+            self._compiling = None
+            thread.join()
+            signature = lambda tree: (jax.tree.structure(tree), [(x.shape, x.dtype, getattr(x, "weak_type", False))
+                                                                  for x in jax.tree.leaves(tree)])
+            if "compiled" in out and signature(state) == signature(abstract):
+                self._compiled, self._compile_time = out["compiled"], out["seconds"]
         if self._compiled is None:
             t0 = time.perf_counter()
             self._compiled = self.step.lower(state, jnp.bool_(True)).compile()
@@ -461,9 +509,17 @@ class Trainer(Generation):
         self.obs_shape = self.spec.obs_shape
         self.policy = fit_to_outputs(policy, self.spec.num_outputs)
         self.fns = PolicyFns(self.policy, self.spec.obs_shape)
-        variables = self._init_variables(jax.random.key(0), abstract=True)
-        template = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), variables)
-        flat, self.unravel = ravel_pytree(template)
+        unravel = []
+
+        def flat_template():
+            variables = self._init_variables(jax.random.key(0), abstract=True)
+            flat, fn = ravel_pytree(jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), variables))
+            unravel.append(fn)  # static (shapes and sizes only), so usable outside this trace
+            return flat
+
+        # Shapes only: traced, never run (running it was a dozen tiny compiles at start-up).
+        flat = jax.eval_shape(flat_template)
+        self.unravel = unravel[0]
         if flat.dtype != jnp.float32:
             raise TypeError(f"policy parameters must be float32, got {flat.dtype}")
         self.num_params = int(flat.shape[0])

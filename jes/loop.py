@@ -194,6 +194,8 @@ def train(
     config = (config or ESConfig()).replace(**overrides) if overrides else (config or ESConfig())
     trainer = Trainer(policy, env, optimizer, config, env_params=env_params, devices=devices,
                       rollout_min_batch=rollout_min_batch, strategy=strategy)
+    if master is None:  # a master farms generations out and never runs the local step
+        trainer.start_compiling_step()  # overlaps building or restoring the state
     history = None
     if resume is not None:
         restored = checkpoint.read(resume)

@@ -44,6 +44,18 @@ def test_no_recompilation_after_first_generation(small_trainer):
     assert int(state.generation) == 4
 
 
+def test_step_compiled_in_background_is_the_one_used():
+    """jes.train starts the step's compile before building the state; compiled_step then waits for it
+    instead of compiling again (test_train_with_a_fresh_trainer_reproduces_the_run: same bits)."""
+    trainer = jes.Trainer(jes.GRUPolicy(hidden=3, layers=1), "CartPole-v1", "adam", jes.ESConfig(**SMALL))
+    trainer.start_compiling_step()
+    _, out, _ = trainer._compiling
+    compiled, seconds = trainer.compiled_step(trainer.init_state(7))
+    assert compiled is out["compiled"] and seconds == out["seconds"]
+    trainer.start_compiling_step()  # already compiled: nothing more starts
+    assert trainer._compiling is None
+
+
 def test_fused_generation_equals_chunks_evaluated_apart(small_trainer):
     """What a distributed master does (chunks evaluated one by one, out of order, then
     apply_chunk_results) equals the fused step bit for bit, with normalisation statistics."""

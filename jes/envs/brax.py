@@ -40,6 +40,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import struct
+from jes.lazy_gymnax import import_gymnax
 
 PREFIX = "brax/"
 INSTALL_HINT = "pip install 'jax-jes[brax]'"
@@ -172,12 +173,12 @@ class BraxEnv:
         return jnp.where(jnp.isfinite(obs), obs, 0.0), new, jnp.where(finite, reward, 0.0), done, {}
 
     def action_space(self, params: Any = None) -> Any:
-        from gymnax.environments import spaces
+        spaces = import_gymnax().environments.spaces
 
         return spaces.Box(self.action_low, self.action_high, self.action_low.shape, jnp.float32)
 
     def observation_space(self, params: Any = None) -> Any:
-        from gymnax.environments import spaces
+        spaces = import_gymnax().environments.spaces
 
         return spaces.Box(-jnp.inf, jnp.inf, self.obs_shape, jnp.float32)
 

@@ -17,6 +17,7 @@ rewards after ``done`` never count.
 from __future__ import annotations
 
 from typing import Any
+from jes.lazy_gymnax import import_gymnax
 
 # Scores at which tasks count as solved (Gym's thresholds; MemoryChain: always right).
 SOLVED_RETURNS = {
@@ -33,8 +34,7 @@ PROTOCOL_METHODS = ("reset_env", "step_env", "action_space", "observation_space"
 
 def env_names() -> list[str]:
     """gymnax's registered env ids."""
-    import gymnax
-
+    gymnax = import_gymnax()
     return list(gymnax.registered_envs)
 
 
@@ -48,8 +48,7 @@ def make(name: str) -> tuple[Any, Any]:
     if name not in names:
         raise ValueError(f"unknown env {name!r}; valid gymnax env names are: {', '.join(names)} "
                          f"(and brax envs as 'brax/<name>', e.g. 'brax/inverted_pendulum')")
-    import gymnax
-
+    gymnax = import_gymnax()
     return gymnax.make(name)
 
 

@@ -11,6 +11,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jes.lazy_gymnax import import_gymnax
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -76,7 +77,8 @@ def spec_from_env(env: Any, params: Any, name: str, max_steps: int | None,
     Raises:
         ValueError: an unsupported action space, or no episode limit known.
     """
-    from gymnax.environments import spaces
+
+    spaces = import_gymnax().environments.spaces
 
     space = env.action_space(params)
     obs_shape = tuple(int(d) for d in env.observation_space(params).shape)

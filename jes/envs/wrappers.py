@@ -13,6 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jes.envs.gymnax import SOLVED_RETURNS
+from jes.lazy_gymnax import import_gymnax
 
 KEEP_OPTION = "keep_obs"
 
@@ -96,7 +97,7 @@ class MaskedObservations:
         return self.env.action_space(params)
 
     def observation_space(self, params: Any = None) -> Any:
-        from gymnax.environments import spaces
+        spaces = import_gymnax().environments.spaces
 
         inner = self.env.observation_space(params)
         low = np.ravel(np.broadcast_to(np.asarray(inner.low, np.float32), inner.shape))[list(self.keep)]
