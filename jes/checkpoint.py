@@ -176,19 +176,28 @@ def save(path: str, trainer: Trainer, state: TrainState, history: dict | None = 
 
     directory = os.path.dirname(os.path.abspath(path))
     os.makedirs(directory, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=directory)
+    prefix = f".{os.path.basename(path)}."
+    started = time.time()
+    tmp = None
     try:
+        # Inside the try: a Ctrl-C landing in mkstemp right after it created the file still removes it.
+        fd, tmp = tempfile.mkstemp(prefix=prefix, suffix=".tmp", dir=directory)
         with os.fdopen(fd, "wb") as f:
             _write_payload(f, payload)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
+        if tmp is None:  # interrupted inside mkstemp: the file may exist without our knowing its name
+            _remove_stale_temp_files(directory, prefix, newer_than=started - 1.0)
+        else:
+            try:
+                os.unlink(tmp)
+            except FileNotFoundError:
+                pass
         raise
+    # Temp files of earlier saves killed midway (kill -9, power loss) are never renamed: sweep them.
+    _remove_stale_temp_files(directory, prefix, older_than=started)
     try:  # make the rename itself durable
         dir_fd = os.open(directory, os.O_RDONLY)
         try:
@@ -198,6 +207,25 @@ def save(path: str, trainer: Trainer, state: TrainState, history: dict | None = 
     except OSError:
         pass  # some filesystems cannot fsync a directory; the file itself is synced
     return path
+
+
+def _remove_stale_temp_files(directory: str, prefix: str, older_than: float | None = None,
+                             newer_than: float | None = None) -> None:
+    """Remove ``<prefix><random>.tmp`` files in ``directory`` modified before ``older_than`` / after ``newer_than``."""
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return
+    for name in names:
+        if not (name.startswith(prefix) and name.endswith(".tmp")):
+            continue
+        full = os.path.join(directory, name)
+        try:
+            mtime = os.stat(full).st_mtime
+            if (older_than is not None and mtime < older_than) or (newer_than is not None and mtime >= newer_than):
+                os.unlink(full)
+        except OSError:
+            pass  # gone already, or not ours to remove
 
 
 @dataclasses.dataclass
