@@ -22,6 +22,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jes.env_checks import check_env
+
 # Scores at which gymnax's classic-control tasks count as solved (Gym's thresholds).
 SOLVED_RETURNS = {
     "CartPole-v1": 475.0,
@@ -99,6 +101,7 @@ def make_env(env: Any, env_params: Any = None, max_steps: int | None = None) -> 
         ValueError: unknown env name (the message lists the valid ones) or an unsupported action space.
         TypeError: an object that does not follow the env protocol.
     """
+    check_env(env)
     if isinstance(env, str):
         names = registered_env_names()
         if env not in names:
