@@ -1,30 +1,62 @@
-"""jes: JAX-accelerated, vectorized Evolution Strategies (OpenAI-ES, PGPE, SNES, sep-CMA-ES, ARS)."""
-from jes import compilation_cache, cpu, strategies
-from jes.blackbox import AskTell, OptimizeResult, optimize
-from jes.compilation_cache import enable_compilation_cache
-from jes.config import ESConfig
-from jes.cpu import use_cpu_cores
-from jes.envs import EnvSpec, make_env, registered_env_names
-from jes.generation import ChunkResults, Trainer, TrainState
-from jes.loop import BestMember, NonFiniteFitnessError, NonFiniteUpdateError, TrainResult, run, train
-from jes.optimizers import make_optimizer, optimizer_names
-from jes.policies import GRUPolicy, MLPPolicy, TorchGRUCell
-from jes.trained import TrainedPolicy, load_policy, save_policy
+"""jes: JAX-accelerated, vectorized Evolution Strategies (OpenAI-ES, PGPE, SNES, sep-CMA-ES, ARS).
+
+Public names are imported on first use (PEP 562), so ``import jes`` and ``jes --help`` do not pay
+for JAX and Flax until something needs them.
+"""
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
 
 __version__ = "0.2.0"
 
-__all__ = [
-    "AskTell", "BestMember", "TrainedPolicy", "load_policy", "save_policy", "sweep", "ChunkResults", "ESConfig", "EnvSpec", "GRUPolicy", "MLPPolicy", "NonFiniteFitnessError",
-    "NonFiniteUpdateError", "OptimizeResult", "TorchGRUCell", "TrainResult", "TrainState", "Trainer", "compilation_cache",
-    "cpu", "enable_compilation_cache", "make_env", "make_optimizer", "optimize", "optimizer_names",
-    "registered_env_names", "run", "strategies", "train", "use_cpu_cores",
-]
+# public name -> module that defines it
+_EXPORTS = {
+    "AskTell": "jes.blackbox", "OptimizeResult": "jes.blackbox", "optimize": "jes.blackbox",
+    "enable_compilation_cache": "jes.compilation_cache",
+    "ESConfig": "jes.config",
+    "use_cpu_cores": "jes.cpu",
+    "EnvSpec": "jes.envs", "make_env": "jes.envs", "registered_env_names": "jes.envs",
+    "ChunkResults": "jes.generation", "Trainer": "jes.generation", "TrainState": "jes.generation",
+    "BestMember": "jes.loop", "NonFiniteFitnessError": "jes.loop", "NonFiniteUpdateError": "jes.loop",
+    "TrainResult": "jes.loop", "run": "jes.loop", "train": "jes.loop",
+    "make_optimizer": "jes.optimizers", "optimizer_names": "jes.optimizers",
+    "GRUPolicy": "jes.policies", "MLPPolicy": "jes.policies", "TorchGRUCell": "jes.policies",
+    "TrainedPolicy": "jes.trained", "load_policy": "jes.trained", "save_policy": "jes.trained",
+}
+_SUBMODULES = ("compilation_cache", "cpu", "strategies", "sweep")
+
+__all__ = sorted([*_EXPORTS, *_SUBMODULES])
+
+if TYPE_CHECKING:  # for type checkers and IDEs; at run time these resolve through __getattr__
+    from jes import compilation_cache, cpu, strategies, sweep  # noqa: F401
+    from jes.blackbox import AskTell, OptimizeResult, optimize  # noqa: F401
+    from jes.compilation_cache import enable_compilation_cache  # noqa: F401
+    from jes.config import ESConfig  # noqa: F401
+    from jes.cpu import use_cpu_cores  # noqa: F401
+    from jes.envs import EnvSpec, make_env, registered_env_names  # noqa: F401
+    from jes.generation import ChunkResults, Trainer, TrainState  # noqa: F401
+    from jes.loop import BestMember, NonFiniteFitnessError, NonFiniteUpdateError, TrainResult, run, train  # noqa: F401
+    from jes.optimizers import make_optimizer, optimizer_names  # noqa: F401
+    from jes.policies import GRUPolicy, MLPPolicy, TorchGRUCell  # noqa: F401
+    from jes.trained import TrainedPolicy, load_policy, save_policy  # noqa: F401
 
 
-def __getattr__(name: str):
-    # jes.sweep is imported on first use so that `import jes` does not pay for it.
-    if name == "sweep":
-        import importlib
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        value = getattr(importlib.import_module(_EXPORTS[name]), name)
+    elif not name.startswith("__"):
+        try:  # any submodule: jes.sweep, jes.checkpoint, jes.logging, ...
+            value = importlib.import_module(f"jes.{name}")
+        except ModuleNotFoundError as err:
+            if err.name != f"jes.{name}":
+                raise
+            raise AttributeError(f"module 'jes' has no attribute {name!r}") from None
+    else:
+        raise AttributeError(f"module 'jes' has no attribute {name!r}")
+    globals()[name] = value
+    return value
 
-        return importlib.import_module("jes.sweep")
-    raise AttributeError(f"module 'jes' has no attribute {name!r}")
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

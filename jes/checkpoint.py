@@ -42,6 +42,8 @@ FORMAT_VERSION = 2  # 2: the strategy's state under state['strategy'] (1: OpenAI
 _HEADER = struct.Struct("<8sQ32s")
 # Config fields that do not change what the parameters become, so a resumed run may change them.
 RESUMABLE_CONFIG_CHANGES = frozenset({"num_generations", "stop_at_return", "eval_every", "eval_episodes"})
+# Config fields a resumed run may change although they change what follows (jes.train warns and applies them).
+RESUMABLE_WITH_WARNING = frozenset({"learning_rate"})
 
 
 class CheckpointError(ValueError):
@@ -298,7 +300,7 @@ class Checkpoint:
                 problems.append(f"{label}: checkpoint has {theirs[field]}, this run has {mine[field]}")
         schedules = set(theirs["config_schedules"]) | set(mine["config_schedules"])
         for name, value in theirs["config"].items():
-            if name in RESUMABLE_CONFIG_CHANGES or name in schedules:
+            if name in RESUMABLE_CONFIG_CHANGES or name in RESUMABLE_WITH_WARNING or name in schedules:
                 continue
             if mine["config"].get(name) != value:
                 problems.append(f"config.{name}: checkpoint has {value!r}, this run has {mine['config'].get(name)!r}")
@@ -307,7 +309,8 @@ class Checkpoint:
         if problems:
             raise CheckpointError(
                 f"checkpoint {self.path} does not match this run:\n  " + "\n  ".join(problems)
-                + "\nResume with the same policy, env, optimizer and config, or start a fresh run."
+                + "\nResume with the same policy, env, optimizer and config (a resumed run may change "
+                + ", ".join(sorted(RESUMABLE_CONFIG_CHANGES | RESUMABLE_WITH_WARNING)) + "), or start a fresh run."
             )
 
     def restore_state(self, trainer: Trainer) -> TrainState:

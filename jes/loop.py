@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import time
+import warnings
 from typing import Any, Callable, Iterable, Sequence
 
 import flax.linen as nn
@@ -262,6 +263,7 @@ def train(
     if resume is not None:
         restored = checkpoint.read(resume)
         state, history, key = restored.restore_state(trainer), restored.history, restored.key
+        state = _apply_new_learning_rate(trainer, state, restored.meta["config"].get("learning_rate"), resume)
     else:
         state = trainer.init_state(key)
     if log_dir == "runs/<auto>":
@@ -286,6 +288,26 @@ def train(
                    checkpoint_path=checkpoint_path, checkpoint_every=checkpoint_every, log_dir=log_dir)
     finally:
         jes_logging.close_all(loggers)
+
+
+def _apply_new_learning_rate(trainer: Trainer, state: TrainState, old: Any, path: str) -> TrainState:
+    """A resumed run with another ``learning_rate``: warn, and put it into the optimizer state.
+
+    Named optimizers keep their rate in ``opt_state.hyperparams`` (``optax.inject_hyperparams``), so the
+    restored state would otherwise go on with the old one.
+    """
+    new = trainer.config.learning_rate
+    if callable(new) or callable(old) or new == old:
+        return state
+    warnings.warn(f"resuming {path} with learning_rate={new} (the run used {old}); the remaining generations "
+                  f"differ from an uninterrupted run", stacklevel=3)
+    opt_state = getattr(state.strategy, "opt_state", None)
+    hyperparams = getattr(opt_state, "hyperparams", None)
+    if not isinstance(hyperparams, dict) or "learning_rate" not in hyperparams:
+        return state  # a strategy that reads the rate from its context
+    fresh = trainer.init_state(0).strategy.opt_state.hyperparams["learning_rate"]
+    opt_state = opt_state._replace(hyperparams=dict(hyperparams, learning_rate=fresh))
+    return trainer.place(state.replace(strategy=state.strategy.replace(opt_state=opt_state)))
 
 
 StepFn = Callable[[TrainState, bool], "tuple[TrainState, dict]"]
