@@ -43,6 +43,8 @@ def trained(tmp_path_factory):
 def test_short_train_run_writes_logs_and_checkpoint(trained):
     root, out = trained
     assert "CartPole-v1 with novograd: 2 generations" in out.stdout
+    assert f"logs: {root / 'run'}; checkpoint: {root / 'run' / 'checkpoint.ckpt'}" in out.stdout
+    assert "generation 1/2: mean" in out.stdout  # not a terminal: a line per generation
     ckpt = checkpoint.read(str(root / "run" / "checkpoint.ckpt"))
     assert ckpt.generation == 2 and ckpt.optimizer == "novograd" and ckpt.meta["config"]["num_members"] == 16
     assert any(name.startswith("events.out.tfevents") for name in os.listdir(root / "run"))
