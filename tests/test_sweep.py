@@ -116,3 +116,12 @@ def test_a_rate_swept_over_several_optimizers_warns():
         result = jes_sweep.sweep(POLICY, "CartPole-v1", config=config, seeds=[0],
                                  grid={"optimizer": ["adam", "novograd"], "learning_rate": 0.05}, log_dir=None)
     assert {r["learning_rate_source"] for r in result.rows} == {"grid"}
+
+
+def test_sweep_is_reachable_after_import_jes():
+    import subprocess
+    import sys
+
+    code = "import jes; assert callable(jes.sweep.sweep) and callable(jes.sweep.load_sweep_file)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
