@@ -42,6 +42,8 @@ FORMAT_VERSION = 2  # 2: the strategy's state under state['strategy'], policy fi
 _HEADER = struct.Struct("<8sQ32s")
 # Config fields that do not change what the parameters become, so a resumed run may change them.
 RESUMABLE_CONFIG_CHANGES = frozenset({"num_generations", "stop_at_return", "eval_every", "eval_episodes"})
+# Config fields a resumed run may change although they change what follows (jes.train warns and applies them).
+RESUMABLE_WITH_WARNING = frozenset({"learning_rate"})
 
 
 class CheckpointError(ValueError):
@@ -183,19 +185,28 @@ def save(path: str, trainer: Trainer, state: TrainState, history: dict | None = 
 
     directory = os.path.dirname(os.path.abspath(path))
     os.makedirs(directory, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=directory)
+    prefix = f".{os.path.basename(path)}."
+    started = time.time()
+    tmp = None
     try:
+        # Inside the try: a Ctrl-C landing in mkstemp right after it created the file still removes it.
+        fd, tmp = tempfile.mkstemp(prefix=prefix, suffix=".tmp", dir=directory)
         with os.fdopen(fd, "wb") as f:
             _write_payload(f, payload)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
+        if tmp is None:  # interrupted inside mkstemp: the file may exist without our knowing its name
+            _remove_stale_temp_files(directory, prefix, newer_than=started - 1.0)
+        else:
+            try:
+                os.unlink(tmp)
+            except FileNotFoundError:
+                pass
         raise
+    # Temp files of earlier saves killed midway (kill -9, power loss) are never renamed: sweep them.
+    _remove_stale_temp_files(directory, prefix, older_than=started)
     try:  # make the rename itself durable
         dir_fd = os.open(directory, os.O_RDONLY)
         try:
@@ -205,6 +216,25 @@ def save(path: str, trainer: Trainer, state: TrainState, history: dict | None = 
     except OSError:
         pass  # some filesystems cannot fsync a directory; the file itself is synced
     return path
+
+
+def _remove_stale_temp_files(directory: str, prefix: str, older_than: float | None = None,
+                             newer_than: float | None = None) -> None:
+    """Remove ``<prefix><random>.tmp`` files in ``directory`` modified before ``older_than`` / after ``newer_than``."""
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return
+    for name in names:
+        if not (name.startswith(prefix) and name.endswith(".tmp")):
+            continue
+        full = os.path.join(directory, name)
+        try:
+            mtime = os.stat(full).st_mtime
+            if (older_than is not None and mtime < older_than) or (newer_than is not None and mtime >= newer_than):
+                os.unlink(full)
+        except OSError:
+            pass  # gone already, or not ours to remove
 
 
 @dataclasses.dataclass
@@ -280,7 +310,7 @@ class Checkpoint:
                 problems.append(f"{label}: checkpoint has {theirs[field]}, this run has {mine[field]}")
         schedules = set(theirs["config_schedules"]) | set(mine["config_schedules"])
         for name, value in theirs["config"].items():
-            if name in RESUMABLE_CONFIG_CHANGES or name in schedules:
+            if name in RESUMABLE_CONFIG_CHANGES or name in RESUMABLE_WITH_WARNING or name in schedules:
                 continue
             if mine["config"].get(name) != value:
                 problems.append(f"config.{name}: checkpoint has {value!r}, this run has {mine['config'].get(name)!r}")
@@ -289,7 +319,8 @@ class Checkpoint:
         if problems:
             raise CheckpointError(
                 f"checkpoint {self.path} does not match this run:\n  " + "\n  ".join(problems)
-                + "\nResume with the same policy, env, optimizer and config, or start a fresh run."
+                + "\nResume with the same policy, env, optimizer and config (a resumed run may change "
+                + ", ".join(sorted(RESUMABLE_CONFIG_CHANGES | RESUMABLE_WITH_WARNING)) + "), or start a fresh run."
             )
 
     def restore_state(self, trainer: Trainer) -> TrainState:

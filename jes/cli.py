@@ -1,59 +1,116 @@
-"""The ``jes`` command: ``jes train``, ``jes eval CHECKPOINT``, ``jes sweep CONFIG``, ``jes plot RUN_DIR...``.
+"""The ``jes`` command: ``jes train``, ``jes eval CHECKPOINT``, ``jes sweep CONFIG``, ``jes plot RUN_DIR...``, ``jes keys NAME``.
 
-Examples::
-
-    jes train --env CartPole-v1 --policy gru --hidden 5 --layers 2 --optimizer novograd --population 256
-    jes train --resume runs/<name>/checkpoint.ckpt        # same flags as the interrupted run
-    jes eval runs/<name>/checkpoint.ckpt --episodes 100
-    jes eval runs/<name>/checkpoint.ckpt --render cartpole.gif     # brax envs: --render hopper.html
-    jes plot runs/run-a runs/run-b -o curves.png
-    jes sweep sweep.toml
+Only argparse is imported until a command runs, so ``jes --help`` answers at once.
 """
 from __future__ import annotations
 
 import argparse
+import ast
 import inspect
 import math
 import sys
 
+EPILOG = """examples:
+  jes train --env CartPole-v1 --policy gru --hidden 5 --layers 2 --optimizer novograd --population 256
+  jes train --policy mypkg.policies:MyPolicy --policy-arg features=16 --policy-arg depth=2
+  jes train --resume runs/<name>/checkpoint.ckpt          # continues with the flags stored in the checkpoint
+  jes train --resume runs/<name>/checkpoint.ckpt --generations 100
+  jes eval runs/<name>/checkpoint.ckpt --episodes 100
+  jes eval runs/<name>/checkpoint.ckpt --render cartpole.gif     # brax envs: --render hopper.html
+  jes plot runs/run-a runs/run-b -o curves.png
+  jes sweep sweep.toml
+  jes keys trainhost                                      # CURVE key pair for an encrypted master
+"""
+
+# ESConfig's defaults, spelled out so that --help needs no import of jes.config (and so JAX);
+# tests/test_cli.py checks they match.
+CONFIG_DEFAULTS = {"num_members": 512, "num_generations": 25, "noise_std": 0.2, "episodes_per_member": 1,
+                   "eval_every": 1, "eval_episodes": 64, "weight_decay": 0.0, "fitness_shaping": "centered_ranks"}
+# flag dest -> ESConfig field
+CONFIG_FLAGS = {
+    "population": "num_members", "generations": "num_generations", "learning_rate": "learning_rate",
+    "noise_std": "noise_std", "episodes_per_member": "episodes_per_member", "eval_every": "eval_every",
+    "eval_episodes": "eval_episodes", "chunk_size": "chunk_size", "max_episode_steps": "max_episode_steps",
+    "stop_at_return": "stop_at_return", "weight_decay": "weight_decay", "fitness_shaping": "fitness_shaping",
+}
+
+
+class _HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """Adds "(default: X)" to a flag's help unless the help already says its default or there is none."""
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        if ("default" in text or action.default in (None, argparse.SUPPRESS, []) or not action.option_strings
+                or isinstance(action, (argparse._StoreTrueAction, argparse._StoreFalseAction))):
+            return text
+        return f"{text} (default: %(default)s)"
+
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="jes", description="JAX-accelerated Evolution Strategies.",
-                                     formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+                                     formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EPILOG)
     commands = parser.add_subparsers(dest="command", required=True, metavar="{train,eval,sweep,plot,keys}")
 
-    train = commands.add_parser("train", help="train a policy with an evolution strategy",
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    train.add_argument("--env", default="CartPole-v1", help="gymnax id, 'brax/<name>[?backend=...]', either with '?keep_obs=0,2' to hide observations")
-    train.add_argument("--policy", choices=("gru", "mlp"), default="gru", help="policy architecture")
-    train.add_argument("--hidden", type=int, default=5, help="hidden units per layer")
-    train.add_argument("--layers", type=int, default=2, help="number of GRU (or MLP hidden) layers")
-    train.add_argument("--strategy", default="openai_es", help="openai_es, pgpe, snes, sep_cma_es or ars")
+    d = CONFIG_DEFAULTS
+    train = commands.add_parser("train", help="train a policy with an evolution strategy", epilog=EPILOG,
+                                formatter_class=_HelpFormatter)
+    train.add_argument("--env", default=None,
+                       help="gymnax id, 'brax/<name>[?backend=...]', either with '?keep_obs=0,2' to hide observations "
+                            "(default: CartPole-v1)")
+    train.add_argument("--policy", default=None, metavar="{gru,mlp,MODULE:CLASS}",
+                       help="policy: gru, mlp, or your own flax.linen.Module as module.path:ClassName, importable "
+                            "from the current directory or PYTHONPATH (default: gru)")
+    train.add_argument("--policy-arg", action="append", default=[], metavar="KEY=VALUE",
+                       help="a field of the policy, repeatable (e.g. --policy-arg features=16); values are Python "
+                            "literals (16, 0.5, True, (32, 32)) or else strings")
+    train.add_argument("--hidden", type=int, default=None, help="hidden units per layer of gru/mlp (default: 5)")
+    train.add_argument("--layers", type=int, default=None, help="GRU (or MLP hidden) layers of gru/mlp (default: 2)")
+    train.add_argument("--strategy", default=None, help="openai_es, pgpe, snes, sep_cma_es or ars (default: openai_es)")
     train.add_argument("--optimizer", default=None,
                        help="adam, adabelief, novograd, radam, amsgrad, sgd or clipup, for openai_es and pgpe "
                             "(default: adam for openai_es, clipup for pgpe)")
-    train.add_argument("--population", type=int, default=None, help="population size (ESConfig.num_members)")
-    train.add_argument("--generations", type=int, default=None, help="generations to run")
-    train.add_argument("--learning-rate", type=float, default=None, help="optimizer step size (default: per optimizer)")
-    train.add_argument("--noise-std", type=float, default=None, help="perturbation std sigma")
-    train.add_argument("--episodes-per-member", type=int, default=None)
-    train.add_argument("--eval-every", type=int, default=None, help="evaluate the centre every N generations")
-    train.add_argument("--eval-episodes", type=int, default=None, help="episodes per centre evaluation")
-    train.add_argument("--chunk-size", type=int, default=None, help="members per compiled chunk")
-    train.add_argument("--max-episode-steps", type=int, default=None)
-    train.add_argument("--stop-at-return", type=float, default=None, help="stop once the centre reaches this return")
+    train.add_argument("--population", type=int, default=None,
+                       help=f"population size, ESConfig.num_members (default: {d['num_members']})")
+    train.add_argument("--generations", type=int, default=None, help=f"generations to run (default: {d['num_generations']})")
+    train.add_argument("--learning-rate", type=float, default=None,
+                       help="optimizer step size (default: per optimizer: adam 0.2, novograd 1.5, radam 0.8, sgd 1.0, ...)")
+    train.add_argument("--noise-std", type=float, default=None, help=f"perturbation std sigma (default: {d['noise_std']})")
+    train.add_argument("--episodes-per-member", type=int, default=None,
+                       help=f"episodes averaged into each member's fitness (default: {d['episodes_per_member']})")
+    train.add_argument("--fitness-shaping", choices=("centered_ranks", "z_score", "raw"), default=None,
+                       help=f"how fitness becomes weights (default: {d['fitness_shaping']})")
+    train.add_argument("--weight-decay", type=float, default=None, help=f"L2 coefficient (default: {d['weight_decay']})")
+    train.add_argument("--no-antithetic", action="store_true",
+                       help="independent perturbations instead of mirrored pairs (allows an odd --population)")
+    train.add_argument("--eval-every", type=int, default=None,
+                       help=f"evaluate the centre every N generations (default: {d['eval_every']})")
+    train.add_argument("--eval-episodes", type=int, default=None,
+                       help=f"episodes per centre evaluation (default: {d['eval_episodes']})")
+    train.add_argument("--chunk-size", type=int, default=None,
+                       help="members per compiled chunk (default: min(256, population))")
+    train.add_argument("--max-episode-steps", type=int, default=None, help="episode length limit (default: the env's own)")
+    train.add_argument("--stop-at-return", type=float, default=None,
+                       help="stop once the centre reaches this return (default: run every generation)")
     train.add_argument("--no-normalize-observations", action="store_true", help="turn off observation normalisation")
-    train.add_argument("--seed", type=int, default=0, help="run key seed")
+    train.add_argument("--seed", type=int, default=0, help="run key seed (ignored with --resume: the key is in the checkpoint)")
     train.add_argument("--log-dir", default="runs/<auto>",
-                       help="TensorBoard directory (default runs/<env>-<policy>-<optimizer>-<time>); 'none' turns it off")
+                       help="TensorBoard directory (default: runs/<env>-<policy>-<optimizer>-<time>); 'none' turns it off")
     train.add_argument("--checkpoint", default=None,
                        help="checkpoint file (default: checkpoint.ckpt in the log dir, or the --resume file); 'none' turns it off")
     train.add_argument("--checkpoint-every", type=int, default=10, help="generations between checkpoints")
-    train.add_argument("--resume", default=None, help="continue from this checkpoint (give the run's original flags)")
+    train.add_argument("--resume", default=None, metavar="CHECKPOINT",
+                       help="continue from this checkpoint with the policy, env, strategy, optimizer and config stored in "
+                            "it; flags may change --generations, --stop-at-return, --eval-every, --eval-episodes and "
+                            "(with a warning) --learning-rate; other changes are refused")
     train.add_argument("--devices", type=int, default=None, help="number of local devices to use (default: all)")
     train.add_argument("--listen", default=None, metavar="HOST:PORT", help="be a distributed master listening here")
     train.add_argument("--secret-file", default=None,
                        help="file holding the shared secret workers authenticate with (default: $JES_SECRET)")
+    progress = train.add_mutually_exclusive_group()
+    progress.add_argument("--progress", dest="progress", action="store_true", default=None,
+                          help="always show the progress bar (default: a bar on a terminal, else a line per generation)")
+    progress.add_argument("--no-progress", dest="progress", action="store_false", help="print no progress at all")
+
     timing = train.add_argument_group(
         "distributed master options (with --listen; passed to jes.train(master_options=...) and "
         "jes.distributed.master.Master)")
@@ -75,12 +132,8 @@ def _parser() -> argparse.ArgumentParser:
     timing.add_argument("--curve-secret-key", default=None, metavar="FILE",
                         help="encrypt with ZeroMQ CURVE using this secret key (NAME.secret from `jes keys NAME`); "
                              "workers pass --curve-server-key NAME.public")
-    progress = train.add_mutually_exclusive_group()
-    progress.add_argument("--progress", dest="progress", action="store_true", default=None, help="always show the progress bar")
-    progress.add_argument("--no-progress", dest="progress", action="store_false", help="never show the progress bar")
 
-    evaluate = commands.add_parser("eval", help="evaluate a checkpoint's centre policy",
-                                   formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    evaluate = commands.add_parser("eval", help="evaluate a checkpoint's centre policy", formatter_class=_HelpFormatter)
     evaluate.add_argument("checkpoint", help="a checkpoint file written by jes train")
     evaluate.add_argument("--episodes", type=int, default=100, help="fresh episodes to average")
     evaluate.add_argument("--seed", type=int, default=12345, help="key of the evaluation episodes")
@@ -89,7 +142,7 @@ def _parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--render-steps", type=int, default=None, help="steps to draw at most (default: the episode limit)")
 
     plot = commands.add_parser("plot", help="draw learning curves of runs from their TensorBoard logs into a PNG",
-                               formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                               formatter_class=_HelpFormatter)
     plot.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="TensorBoard run directories written by jes train")
     plot.add_argument("-o", "--output", default="curves.png", help="PNG file to write")
     plot.add_argument("--labels", default=None, help="comma-separated legend labels (default: directory names)")
@@ -108,23 +161,98 @@ def _none(value: str | None) -> str | None:
     return None if value is not None and value.lower() == "none" else value
 
 
+def _literal(text: str):
+    try:
+        return ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+        return text
+
+
+def _policy_args(pairs: list[str]) -> dict:
+    """``["features=16", "name=x"]`` -> ``{"features": 16, "name": "x"}``."""
+    args = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key.strip():
+            raise ValueError(f"--policy-arg {pair!r} is not KEY=VALUE; e.g. --policy-arg features=16")
+        args[key.strip()] = _literal(value.strip())
+    return args
+
+
+def _import_policy_class(spec: str):
+    import importlib
+    import os
+
+    import flax.linen as nn
+
+    module_name, _, qualname = spec.partition(":")
+    if os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.insert(0, os.getcwd())  # the console script does not put the current directory on the path
+    try:
+        obj = importlib.import_module(module_name)
+        for part in qualname.split("."):
+            obj = getattr(obj, part)
+    except (ImportError, AttributeError) as err:
+        raise ValueError(f"--policy {spec}: cannot import it ({err}); give module.path:ClassName importable from "
+                         f"the current directory or PYTHONPATH") from err
+    if not (inspect.isclass(obj) and issubclass(obj, nn.Module)):
+        raise ValueError(f"--policy {spec} is {type(obj).__name__}, not a flax.linen.Module class")
+    return obj
+
+
+def _build_policy(args: argparse.Namespace):
+    """The policy the flags name (``None`` when no policy flag was given)."""
+    import dataclasses
+
+    extra = _policy_args(args.policy_arg)
+    if args.policy is None and args.hidden is None and args.layers is None and not extra:
+        return None
+    kind = args.policy or "gru"
+    if kind.lower() in ("gru", "mlp"):
+        from jes.sweep import build_policy
+
+        policy = build_policy({"type": kind, "hidden": args.hidden or 5, "layers": args.layers or 2})
+        cls = type(policy)
+    elif ":" in kind:
+        if args.hidden is not None or args.layers is not None:
+            raise ValueError(f"--hidden/--layers are for --policy gru/mlp; give {kind}'s fields with --policy-arg KEY=VALUE")
+        cls, policy = _import_policy_class(kind), None
+    else:
+        raise ValueError(f"--policy {kind!r}: use gru, mlp, or your own module as module.path:ClassName")
+    fields = [f.name for f in dataclasses.fields(cls) if f.init and f.name not in ("parent", "name")]
+    unknown = sorted(set(extra) - set(fields))
+    if unknown:
+        raise ValueError(f"--policy-arg {', '.join(unknown)}: {cls.__name__} has no such field; its fields are "
+                         f"{', '.join(fields)}")
+    try:
+        return policy.clone(**extra) if policy is not None else cls(**extra)
+    except TypeError as err:
+        raise ValueError(f"--policy {kind} with {extra}: {err}") from err
+
+
 def _train(args: argparse.Namespace) -> int:
     import jes
-    from jes.sweep import build_policy
 
-    overrides = {
-        name: value for name, value in (
-            ("num_members", args.population), ("num_generations", args.generations),
-            ("learning_rate", args.learning_rate), ("noise_std", args.noise_std),
-            ("episodes_per_member", args.episodes_per_member), ("eval_every", args.eval_every),
-            ("eval_episodes", args.eval_episodes), ("chunk_size", args.chunk_size),
-            ("max_episode_steps", args.max_episode_steps), ("stop_at_return", args.stop_at_return),
-        ) if value is not None
-    }
+    overrides = {field: getattr(args, dest) for dest, field in CONFIG_FLAGS.items() if getattr(args, dest) is not None}
     if args.no_normalize_observations:
         overrides["normalize_observations"] = False
+    if args.no_antithetic:
+        overrides["antithetic"] = False
+    policy = _build_policy(args)
+    env, strategy, optimizer, config = args.env, args.strategy, args.optimizer, None
+    if args.resume is not None:
+        # The checkpoint stores the run: anything not given on the command line comes from it.
+        from jes import checkpoint
+
+        ckpt = checkpoint.read(args.resume)
+        policy = ckpt.policy() if policy is None else policy
+        env = ckpt.env_name if env is None else env
+        strategy = checkpoint.build_strategy(ckpt.meta.get("strategy")) if strategy is None else strategy
+        optimizer = ckpt.optimizer if optimizer is None else optimizer
+        config = ckpt.config()
+    policy = jes.GRUPolicy(hidden=5, layers=2) if policy is None else policy
     kwargs = dict(key=args.seed, devices=args.devices, log_dir=_none(args.log_dir), progress=args.progress,
-                  checkpoint_every=args.checkpoint_every, resume=args.resume, **overrides)
+                  checkpoint_every=args.checkpoint_every, resume=args.resume, config=config, **overrides)
     if args.checkpoint is not None:
         kwargs["checkpoint_path"] = _none(args.checkpoint)
     if args.listen is not None or args.secret_file is not None:
@@ -141,6 +269,7 @@ def _train(args: argparse.Namespace) -> int:
         # No --secret-file: secret=None makes jes.train read the JES_SECRET environment variable.
         secret = load_secret(secret_file=args.secret_file) if args.secret_file is not None else None
         kwargs.update(master=args.listen, secret=secret)
+
     master_options = {name: value for name, value in (
         ("heartbeat_interval", args.heartbeat_interval), ("worker_timeout", args.worker_timeout),
         ("assign_timeout", args.first_range_timeout), ("min_deadline", args.min_range_deadline),
@@ -157,8 +286,7 @@ def _train(args: argparse.Namespace) -> int:
             return 2
         kwargs["master_options"] = master_options
 
-    policy = build_policy({"type": args.policy, "hidden": args.hidden, "layers": args.layers})
-    result = jes.train(policy, args.env, args.optimizer, strategy=args.strategy, **kwargs)
+    result = jes.train(policy, env or "CartPole-v1", optimizer, strategy=strategy or "openai_es", **kwargs)
     print(result.summary())
     return 0
 

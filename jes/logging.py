@@ -1,4 +1,4 @@
-"""Host-side watchers of a run: TensorBoard scalars and a console progress bar.
+"""Host-side watchers of a run: TensorBoard scalars and a console progress bar (or lines).
 
 A *logger* is any callable taking one generation's metrics record (the dict
 :func:`jes.train` hands to ``callbacks``); it may also have ``close()``,
@@ -135,16 +135,30 @@ class TensorBoardLogger(Logger):
 
 
 class ProgressBar(Logger):
-    """A tqdm bar over generations showing best/mean return, env steps/s and the ETA.
+    """A tqdm bar over generations showing best/mean return, env steps/s and the ETA; or console lines.
+
+    When stdout is not a terminal (logs, notebooks' captured output, CI) and ``enabled`` is ``None``,
+    a bar would only appear at the end, so it prints one line per generation instead (every
+    ``line_every`` generations for long runs, and always the last one).
 
     Args:
         total: the run's total generations.
         initial: generations already done (when resuming).
-        enabled: ``None`` shows the bar only when stdout is a terminal.
+        enabled: ``None``: a bar on a terminal, else console lines; ``True``: always the bar;
+            ``False``: nothing.
+        line_every: generations between console lines (default: 1 up to 50 generations, else
+            ``ceil(total / 50)``).
+        stream: where console lines go (default ``sys.stdout``).
     """
 
-    def __init__(self, total: int, initial: int = 0, enabled: bool | None = None, desc: str = "generations"):
-        self.enabled = sys.stdout.isatty() if enabled is None else bool(enabled)
+    def __init__(self, total: int, initial: int = 0, enabled: bool | None = None, desc: str = "generations",
+                 line_every: int | None = None, stream: Any = None):
+        self.stream = stream
+        tty = sys.stdout.isatty()
+        self.enabled = tty if enabled is None else bool(enabled)
+        self.lines = enabled is None and not tty
+        self.total = total
+        self.line_every = line_every or (1 if total <= 50 else math.ceil(total / 50))
         self.bar = None
         if self.enabled:
             from tqdm.auto import tqdm
@@ -153,9 +167,14 @@ class ProgressBar(Logger):
         self._best = -math.inf
 
     def __call__(self, record: Mapping[str, Any]) -> None:
+        self._best = max(self._best, float(record["pop_max"]))
+        if self.lines:
+            generation = int(record["generation"])
+            if generation % self.line_every == 0 or generation >= self.total:
+                print(format_line(record, self.total, self._best), file=self.stream or sys.stdout, flush=True)
+            return
         if self.bar is None:
             return
-        self._best = max(self._best, float(record["pop_max"]))
         postfix = {"best": f"{self._best:.1f}", "mean": f"{record['pop_mean']:.1f}"}
         centre = record.get("centre_return")
         if centre is not None and math.isfinite(centre):
@@ -169,6 +188,20 @@ class ProgressBar(Logger):
         if self.bar is not None:
             self.bar.close()
             self.bar = None
+
+
+def format_line(record: Mapping[str, Any], total: int, best: float) -> str:
+    """``generation 3/25: mean 21.3, max 45.0 (best 45.0), centre 30.2, 1.2e+04 steps/s, 2.1 s``."""
+    parts = [f"generation {int(record['generation'])}/{total}: mean {record['pop_mean']:.1f}",
+             f"max {record['pop_max']:.1f} (best {best:.1f})"]
+    centre = record.get("centre_return")
+    if centre is not None and math.isfinite(centre):
+        parts.append(f"centre {centre:.1f}")
+    if "env_steps_per_second" in record:
+        parts.append(f"{record['env_steps_per_second']:.3g} steps/s")
+    if "wall_time" in record:
+        parts.append(f"{record['wall_time']:.1f} s")
+    return ", ".join(parts)
 
 
 def close_all(loggers: Iterable[Any]) -> None:

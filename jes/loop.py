@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import time
+import warnings
 from typing import Any, Callable, Iterable, Sequence
 
 import flax.linen as nn
@@ -21,6 +22,7 @@ from jes import checkpoint, logging as jes_logging
 from jes.distributed.master import Master
 from jes.config import ESConfig
 from jes.generation import Trainer, TrainState, as_key
+from jes.trained import ActionMap, TrainedPolicy
 
 
 class NonFiniteFitnessError(ValueError):
@@ -54,6 +56,30 @@ class NonFiniteUpdateError(ValueError):
 
 
 @dataclasses.dataclass
+class BestMember:
+    """The best population member evaluated in a run (its fitness is from its own training episodes).
+
+    Attributes:
+        fitness: its fitness (mean return over ``episodes_per_member`` episodes).
+        generation: the generation (1-based) it was evaluated in.
+        member: its index in that generation's population.
+        flat_params: ``[num_params]`` parameters, regenerated from its key.
+        policy: a :class:`jes.trained.TrainedPolicy` of it, with the normaliser it was evaluated with.
+    """
+
+    fitness: float
+    generation: int
+    member: int
+    flat_params: np.ndarray
+    policy: TrainedPolicy
+
+    @property
+    def params(self) -> Any:
+        """Its Flax variables."""
+        return self.policy.params
+
+
+@dataclasses.dataclass
 class TrainResult:
     """What :func:`train` returns.
 
@@ -76,6 +102,9 @@ class TrainResult:
         wall_time: seconds of the whole run including compile.
         state: the final :class:`TrainState` (to continue training).
         trainer: the :class:`Trainer` that ran it.
+        best: the best member evaluated in this call (:class:`BestMember`), or ``None``.
+        log_dir: the TensorBoard directory, or ``None``.
+        checkpoint_path: the checkpoint file, or ``None``.
     """
 
     params: Any
@@ -92,6 +121,9 @@ class TrainResult:
     wall_time: float
     state: TrainState
     trainer: Trainer
+    best: BestMember | None = None
+    log_dir: str | None = None
+    checkpoint_path: str | None = None
 
     @property
     def final_centre_return(self) -> float:
@@ -100,11 +132,45 @@ class TrainResult:
         finite = scores[np.isfinite(scores)]
         return float(finite[-1]) if finite.size else float("nan")
 
+    def trained_policy(self) -> TrainedPolicy:
+        """The final centre as a :class:`jes.trained.TrainedPolicy` (normaliser and action mapping included)."""
+        if getattr(self, "_trained", None) is None:
+            self._trained = trained_policy(self.trainer, self.state.params, self.state)
+        return self._trained
+
+    def act(self, carry: Any, obs: Any) -> tuple[Any, jax.Array]:
+        """``(carry, action)`` of the trained centre for one raw observation, normalised as in training.
+
+        Start each episode with :meth:`initial_carry`; ``action`` goes straight into ``env.step``.
+        """
+        return self.trained_policy().act(carry, obs)
+
+    def initial_carry(self) -> Any:
+        """The policy's carry at an episode's start (``()`` for feed-forward policies)."""
+        return self.trained_policy().initial_carry()
+
+    def policy_fn(self) -> Callable[[Any, jax.Array], tuple[Any, jax.Array]]:
+        """A self-contained, jittable ``fn(carry, obs) -> (carry, action)`` with the params, normaliser and
+        action mapping baked in."""
+        return self.trained_policy().policy_fn()
+
     def evaluate(self, num_episodes: int = 64, key: Any = 12345) -> np.ndarray:
-        """Returns of the final centre on ``num_episodes`` fresh episodes drawn from ``key``."""
-        fn = jax.jit(self.trainer.evaluate_centre, static_argnums=1)
-        returns, _ = fn(self.state, num_episodes, as_key(key))
-        return np.asarray(returns)
+        """Returns of the final centre on ``num_episodes`` fresh episodes drawn from ``key``, through :meth:`act`'s
+        function (the same returns as training's centre evaluation with that key)."""
+        return self.trained_policy().evaluate(num_episodes, key)
+
+    def save_policy(self, path: str) -> str:
+        """Write the trained centre to ``path`` for :func:`jes.load_policy` (msgpack; needs only jes to use)."""
+        return self.trained_policy().save(path)
+
+    def render(self, path: str, key: Any = 0, max_steps: int | None = None) -> str:
+        """Draw one centre episode to ``path`` (``.gif`` for gymnax CartPole/Pendulum, ``.html`` for brax).
+
+        Needs the ``viz`` extra for GIFs (``pip install "jax-jes[viz]"``); see :func:`jes.render.render`.
+        """
+        from jes.render import render as render_episode  # matplotlib/pillow only when asked for
+
+        return render_episode(self.trainer, self.state, path, key, max_steps)
 
     def summary(self) -> str:
         """One readable line about the run."""
@@ -113,7 +179,19 @@ class TrainResult:
             f"{self.env_name} with {self.trainer.run_label}: {len(self.history['generation'])} generations, "
             f"centre return {self.final_centre_return:.1f}, {solved}; "
             f"{self.trainer.num_params} params, {self.wall_time:.1f}s wall ({self.compile_time:.1f}s compile)"
+            + (f"; best member {self.best.fitness:.1f} (generation {self.best.generation})" if self.best else "")
+            + f"; logs: {self.log_dir or 'off'}; checkpoint: {self.checkpoint_path or 'off'}"
         )
+
+
+def trained_policy(trainer: Trainer, flat_params: Any, state: TrainState) -> TrainedPolicy:
+    """A :class:`TrainedPolicy` of ``flat_params`` with ``trainer``'s policy and action mapping and ``state``'s normaliser."""
+    stats = None
+    if trainer.obs_norm(state) is not None:
+        stats = tuple(np.asarray(jax.device_get(x)) for x in (state.obs_count, state.obs_sum, state.obs_sumsq))
+    return TrainedPolicy(trainer.policy, np.asarray(jax.device_get(flat_params)), trainer.spec.obs_shape,
+                         ActionMap.from_spec(trainer.spec), obs_stats=stats, env_name=trainer.spec.name,
+                         max_steps=trainer.spec.max_steps, env=trainer.spec)
 
 
 HISTORY_KEYS = (
@@ -200,6 +278,7 @@ def train(
     if resume is not None:
         restored = checkpoint.read(resume)
         state, history, key = restored.restore_state(trainer), restored.history, restored.key
+        state = _apply_new_learning_rate(trainer, state, restored.meta["config"].get("learning_rate"), resume)
     else:
         state = trainer.init_state(key)
     if log_dir == "runs/<auto>":
@@ -219,11 +298,32 @@ def train(
             with Master(trainer, master, secret=secret, env=env, optimizer=optimizer, env_params=env_params,
                         **(master_options or {})) as server:
                 return run(trainer, state, key=key, callbacks=[*loggers, *callbacks], history=history,
-                           checkpoint_path=checkpoint_path, checkpoint_every=checkpoint_every, step_fn=server.step)
+                           checkpoint_path=checkpoint_path, checkpoint_every=checkpoint_every, step_fn=server.step,
+                           log_dir=log_dir)
         return run(trainer, state, key=key, callbacks=[*loggers, *callbacks], history=history,
-                   checkpoint_path=checkpoint_path, checkpoint_every=checkpoint_every)
+                   checkpoint_path=checkpoint_path, checkpoint_every=checkpoint_every, log_dir=log_dir)
     finally:
         jes_logging.close_all(loggers)
+
+
+def _apply_new_learning_rate(trainer: Trainer, state: TrainState, old: Any, path: str) -> TrainState:
+    """A resumed run with another ``learning_rate``: warn, and put it into the optimizer state.
+
+    Named optimizers keep their rate in ``opt_state.hyperparams`` (``optax.inject_hyperparams``), so the
+    restored state would otherwise go on with the old one.
+    """
+    new = trainer.config.learning_rate
+    if callable(new) or callable(old) or new == old:
+        return state
+    warnings.warn(f"resuming {path} with learning_rate={new} (the run used {old}); the remaining generations "
+                  f"differ from an uninterrupted run", stacklevel=3)
+    opt_state = getattr(state.strategy, "opt_state", None)
+    hyperparams = getattr(opt_state, "hyperparams", None)
+    if not isinstance(hyperparams, dict) or "learning_rate" not in hyperparams:
+        return state  # a strategy that reads the rate from its context
+    fresh = trainer.init_state(0).strategy.opt_state.hyperparams["learning_rate"]
+    opt_state = opt_state._replace(hyperparams=dict(hyperparams, learning_rate=fresh))
+    return trainer.place(state.replace(strategy=state.strategy.replace(opt_state=opt_state)))
 
 
 StepFn = Callable[[TrainState, bool], "tuple[TrainState, dict]"]
@@ -231,7 +331,7 @@ StepFn = Callable[[TrainState, bool], "tuple[TrainState, dict]"]
 
 def run(trainer: Trainer, state: TrainState, *, key: Any = 0, callbacks: Iterable[Callback] = (),
         history: dict | None = None, num_generations: int | None = None, step_fn: StepFn | None = None,
-        checkpoint_path: str | None = None, checkpoint_every: int = 0) -> TrainResult:
+        checkpoint_path: str | None = None, checkpoint_every: int = 0, log_dir: str | None = None) -> TrainResult:
     """Host loop: call the generation step until ``num_generations`` (default: config's) are done.
 
     Args:
@@ -246,6 +346,7 @@ def run(trainer: Trainer, state: TrainState, *, key: Any = 0, callbacks: Iterabl
         checkpoint_path: where to save checkpoints (``jes.checkpoint``): every ``checkpoint_every``
             generations (0: never periodically), after the last generation, and on KeyboardInterrupt
             (then re-raised). ``None``: no checkpoints.
+        log_dir: where the run's logs go (only recorded in the result and its summary).
     """
     if checkpoint_every < 0:
         raise ValueError(f"checkpoint_every must be >= 0, got {checkpoint_every}")
@@ -272,6 +373,7 @@ def run(trainer: Trainer, state: TrainState, *, key: Any = 0, callbacks: Iterabl
         compile_time = 0.0
     loop_start = time.perf_counter()
     saved_generation = None
+    best = None
     try:
         for gen in range(start_gen, total):
             last = gen + 1 == total
@@ -283,13 +385,14 @@ def run(trainer: Trainer, state: TrainState, *, key: Any = 0, callbacks: Iterabl
                 # Keep what was achieved: the last good state goes to the checkpoint and into the error.
                 if checkpoint_path is not None:
                     save_checkpoint()
-                partial = _result(trainer, state, history, key, solved_generation, compile_time, t_start)
+                partial = _result(trainer, state, history, key, solved_generation, compile_time, t_start, best,
+                                  checkpoint_path, log_dir)
                 if metrics["bad_member"] >= 0:
                     member = metrics["bad_member"]
                     raise NonFiniteFitnessError(
                         f"member {member} of generation {gen + 1} has non-finite fitness (NaN or inf); the update was "
-                        f"not applied. Check the env's rewards and the policy's outputs (a too-large noise_std or "
-                        f"learning rate can overflow them). error.result holds the {gen} generation(s) completed.",
+                        f"not applied: an env reward or one of its policy outputs was NaN or inf (a too-large "
+                        f"noise_std or learning rate can overflow them; so can unnormalised huge observations). error.result holds the {gen} generation(s) completed.",
                         generation=gen + 1, member=member, result=partial,
                     )
                 raise NonFiniteUpdateError(
@@ -306,6 +409,13 @@ def run(trainer: Trainer, state: TrainState, *, key: Any = 0, callbacks: Iterabl
                           env_steps_per_second=generation_steps / max(now - t_gen, 1e-9))
             for k in HISTORY_KEYS:
                 history[k].append(record[k])
+            if best is None or metrics["pop_max"] > best.fitness:
+                # Regenerated from its key (the state before this generation's update), only when it improves.
+                member = int(metrics["best_member"])
+                best = BestMember(fitness=float(metrics["pop_max"]), generation=gen + 1, member=member,
+                                  flat_params=np.asarray(jax.device_get(trainer.member(state, jnp.int32(member)))),
+                                  policy=None)
+                best.policy = trained_policy(trainer, best.flat_params, state)
             state = new_state  # after the history row, so an interrupt never leaves history behind the state
             for callback in callbacks:
                 callback(record)
@@ -322,7 +432,7 @@ def run(trainer: Trainer, state: TrainState, *, key: Any = 0, callbacks: Iterabl
         raise
     if checkpoint_path is not None and saved_generation != int(state.generation):
         save_checkpoint()
-    return _result(trainer, state, history, key, solved_generation, compile_time, t_start)
+    return _result(trainer, state, history, key, solved_generation, compile_time, t_start, best, checkpoint_path, log_dir)
 
 
 def _first_solved(history: dict, solved_return: float | None) -> int | None:
@@ -335,7 +445,8 @@ def _first_solved(history: dict, solved_return: float | None) -> int | None:
     return None
 
 
-def _result(trainer, state, history, key, solved_generation, compile_time, t_start) -> TrainResult:
+def _result(trainer, state, history, key, solved_generation, compile_time, t_start, best=None,
+            checkpoint_path=None, log_dir=None) -> TrainResult:
     flat = np.asarray(jax.device_get(state.params))
     return TrainResult(
         params=trainer.params_tree(flat),
@@ -352,4 +463,7 @@ def _result(trainer, state, history, key, solved_generation, compile_time, t_sta
         wall_time=time.perf_counter() - t_start,
         state=state,
         trainer=trainer,
+        best=best,
+        checkpoint_path=checkpoint_path,
+        log_dir=log_dir,
     )

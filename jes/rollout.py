@@ -25,7 +25,8 @@ class RolloutOutput(NamedTuple):
     """Per-episode results, each shaped ``[members, episodes]``.
 
     Attributes:
-        returns: undiscounted episode returns (rewards after ``done`` excluded).
+        returns: undiscounted episode returns (rewards after ``done`` excluded); NaN for an episode in
+            which the policy output a non-finite value.
         steps: real (un-padded) env steps taken in each episode.
         obs_sum, obs_sumsq: sums of observations and their squares over real
             steps and all episodes, shape ``obs_shape`` (zeros unless requested);
@@ -66,6 +67,7 @@ def run_episodes(
     obs_norm: tuple[jax.Array, jax.Array] | None = None,
     collect_obs_stats: bool = False,
     min_slots: int = 32,
+    action_fn: Any = None,
 ) -> RolloutOutput:
     """Roll out ``M`` parameter sets on ``E`` episodes each.
 
@@ -86,6 +88,8 @@ def run_episodes(
             before the policy sees them.
         collect_obs_stats: also sum observations (for running normalisation).
         min_slots: smallest batch compaction goes down to.
+        action_fn: maps one raw policy output to an action (default ``spec.action``; a saved policy's
+            :class:`jes.trained.ActionMap` does the same without the env).
 
     Returns:
         A :class:`RolloutOutput`.
@@ -106,18 +110,19 @@ def run_episodes(
         if obs_norm is not None:
             o = (o - obs_norm[0]) / obs_norm[1]
         c, out = policy.apply(p, c, o)
-        return c, spec.action(out)
+        return c, (spec.action if action_fn is None else action_fn)(out), jnp.all(jnp.isfinite(out))
 
     def step(t, running, results):
         p, k, obs, env_state, carry, done = running
-        new_carry, action = jax.vmap(act)(p, carry, obs)
+        new_carry, action, finite_out = jax.vmap(act)(p, carry, obs)
         step_keys = jax.vmap(lambda key: jax.random.fold_in(key, t + 1))(k)
         new_obs, new_state, reward, terminated, _ = jax.vmap(
             lambda key, st, a: env.step_env(key, st, a, env_params)
         )(step_keys, env_state, action)
         live = ~done
         results = dict(results, returns=results["returns"] + jnp.where(live, reward.astype(jnp.float32), 0.0),
-                       steps=results["steps"] + live.astype(jnp.int32))
+                       steps=results["steps"] + live.astype(jnp.int32),
+                       finite=results["finite"] & (finite_out | ~live))
         if collect_obs_stats:
             live_obs = jnp.where(live.reshape(live.shape + obs_axes), obs.astype(jnp.float32), 0.0)
             results["obs_sum"] = results["obs_sum"] + live_obs
@@ -131,7 +136,8 @@ def run_episodes(
 
     # Per-episode results (returns, steps, observation sums) travel with their slot and are written
     # back by slot id, so nothing depends on how slots were compacted.
-    results = {"returns": jnp.zeros(num_slots, jnp.float32), "steps": jnp.zeros(num_slots, jnp.int32)}
+    results = {"returns": jnp.zeros(num_slots, jnp.float32), "steps": jnp.zeros(num_slots, jnp.int32),
+               "finite": jnp.ones(num_slots, bool)}
     if collect_obs_stats:
         results["obs_sum"] = results["obs_sumsq"] = jnp.zeros((num_slots,) + spec.obs_shape, jnp.float32)
     final = results
@@ -163,5 +169,7 @@ def run_episodes(
     final = write_back(final, results, slot_ids)
     shape = (num_members, num_episodes)
     obs_sum, obs_sumsq = (final["obs_sum"].sum(0), final["obs_sumsq"].sum(0)) if collect_obs_stats else (obs_zero, obs_zero)
-    return RolloutOutput(returns=final["returns"].reshape(shape), steps=final["steps"].reshape(shape),
+    # A non-finite policy output makes the episode's return NaN: argmax(NaN) would silently act 0 and train on.
+    returns = jnp.where(final["finite"], final["returns"], jnp.nan)
+    return RolloutOutput(returns=returns.reshape(shape), steps=final["steps"].reshape(shape),
                          obs_sum=obs_sum, obs_sumsq=obs_sumsq)

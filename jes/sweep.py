@@ -21,6 +21,7 @@ import json
 import math
 import os
 import time
+import warnings
 from typing import Any, Mapping, Sequence
 
 import flax.linen as nn
@@ -34,6 +35,7 @@ from jes.logging import TensorBoardLogger, default_run_name, unique_dir
 from jes.policies import GRUPolicy, MLPPolicy
 from jes.generation import Trainer, TrainState
 from jes.loop import HISTORY_KEYS, NonFiniteFitnessError, NonFiniteUpdateError
+from jes.optimizers import DEFAULT_LEARNING_RATES, resolve_name
 
 # Hyperparameters that live in the TrainState, so different values share one compiled program.
 BATCHABLE = ("learning_rate", "noise_std")
@@ -248,6 +250,11 @@ def sweep(
         out_dir: where ``sweep.csv`` and ``sweep.json`` go (``None``: not written).
 
     Early stopping (``stop_at_return``) does not apply: every run does all its generations.
+
+    Each row records the ``learning_rate`` it ran with and where it came from
+    (``learning_rate_source``: ``grid``, ``config``, ``optimizer default`` or ``strategy``): in a
+    sweep over optimizers each takes its own default unless the grid or config sets a rate,
+    which then replaces every optimizer's default (with a warning).
     """
     base = config or ESConfig()
     seeds = [int(s) for s in seeds]
@@ -261,6 +268,15 @@ def sweep(
     # Only OpenAI-ES keeps sigma and the learning rate as plain state fields that can differ inside one program.
     batched = [k for k in grid if vmap and strategy_names == {"openai_es"}
                and _batchable(k, base, grid.get("optimizer", optimizer), varying[k])]
+    optimizers = grid.get("optimizer", optimizer)
+    named = {o for o in (optimizers if isinstance(optimizers, (list, tuple)) else [optimizers]) if isinstance(o, str)}
+    if len(named) > 1 and ("learning_rate" in grid or base.learning_rate is not None):
+        rates = grid.get("learning_rate", base.learning_rate)
+        warnings.warn(
+            f"sweeping optimizers {sorted(named)} with learning_rate={rates}: every optimizer runs with these rates "
+            f"instead of its own default ({', '.join(f'{o} {DEFAULT_LEARNING_RATES.get(resolve_name(o))}' for o in sorted(named))}); "
+            f"leave learning_rate out to compare optimizers at their defaults (the table's learning_rate column "
+            f"shows the rate each row used)", stacklevel=2)
     if log_dir == "runs/<auto>":
         log_dir = unique_dir(os.path.join("runs", "sweep-" + default_run_name("", "", "").strip("-")))
 
@@ -296,7 +312,7 @@ def sweep(
         for i in indices:
             cols = [b for b, (j, _) in enumerate(members) if j == i]
             rows[i] = _row(points[i], swept, seeds, {k: v[:, cols] for k, v in history.items()},
-                           compile_time, wall, len(members), trainer)
+                           compile_time, wall, len(members), trainer, base.learning_rate)
             if log_dir is not None:
                 _log_configuration(os.path.join(log_dir, _run_name({k: points[i][k] for k in swept})),
                                    {k: v[:, cols] for k, v in history.items()}, points[i], base, trainer, seeds)
@@ -319,11 +335,17 @@ def _final_centre(history: dict) -> np.ndarray:
 
 
 def _row(point: dict, swept: list, seeds: list, history: dict, compile_time: float, wall: float,
-         batch_size: int, trainer: Trainer) -> dict:
+         batch_size: int, trainer: Trainer, base_rate: Any = None) -> dict:
     final_centre = _final_centre(history)
     best_centre = np.nanmax(np.where(np.isfinite(history["centre_return"]), history["centre_return"], -np.inf), axis=0)
     solved = trainer.spec.solved_return
     row = {k: (v if isinstance(v, (bool, int, float, str)) or v is None else repr(v)) for k, v in point.items()}
+    if "learning_rate" not in point:
+        # Say which rate each row ran with: in a multi-optimizer sweep each optimizer has its own default.
+        first = history["learning_rate"][0] if len(history["learning_rate"]) else np.array([math.nan])
+        row["learning_rate"] = float(first[0]) if np.isfinite(first[0]) else None
+    row["learning_rate_source"] = ("grid" if "learning_rate" in point else "config" if base_rate is not None
+                                   else "optimizer default" if trainer.optimizer_name else "strategy")
     row.update(
         seeds=" ".join(map(str, seeds)),
         generations=int(history["generation"][-1, 0]) if len(history["generation"]) else 0,

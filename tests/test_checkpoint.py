@@ -205,3 +205,40 @@ def test_user_policy_modules_load_when_imported_or_allowed(trainer, tmp_path, mo
         checkpoint.read(path).policy()  # never imported on the file's say-so
     assert "jes_test_user_policies" not in sys.modules
     assert type(checkpoint.read(path).policy(allow_modules=["jes_test_user_policies"])).__name__ == "Tiny"
+
+
+def test_interrupt_inside_mkstemp_leaves_no_temp_file(trainer, saved, tmp_path, monkeypatch):
+    """Ctrl-C right after mkstemp created the file (before it returned its name) must not leave it behind."""
+    path = str(tmp_path / "run.ckpt")
+    with open(saved, "rb") as src:
+        good = src.read()
+    with open(path, "wb") as dst:
+        dst.write(good)
+    real_mkstemp = checkpoint.tempfile.mkstemp
+
+    def interrupted_mkstemp(*args, **kwargs):
+        fd, name = real_mkstemp(*args, **kwargs)
+        os.close(fd)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(checkpoint.tempfile, "mkstemp", interrupted_mkstemp)
+    with pytest.raises(KeyboardInterrupt):
+        checkpoint.save(path, trainer, trainer.init_state(9), {}, key=9)
+    assert os.listdir(tmp_path) == ["run.ckpt"]
+    with open(path, "rb") as f:
+        assert f.read() == good
+
+
+def test_save_sweeps_temp_files_left_by_a_killed_save(trainer, tmp_path):
+    """A save killed with SIGKILL leaves its temp file; the next save removes it (and nothing else)."""
+    path = str(tmp_path / "run.ckpt")
+    stale = tmp_path / ".run.ckpt.k1ll3d.tmp"
+    stale.write_bytes(b"half a checkpoint")
+    old = os.stat(stale).st_mtime - 3600
+    os.utime(stale, (old, old))
+    other = tmp_path / ".other.ckpt.abc.tmp"  # another checkpoint's temp file is not ours to remove
+    other.write_bytes(b"x")
+    os.utime(other, (old, old))
+    checkpoint.save(path, trainer, trainer.init_state(9), {}, key=9)
+    assert sorted(os.listdir(tmp_path)) == [".other.ckpt.abc.tmp", "run.ckpt"]
+    assert checkpoint.read(path).generation == 0

@@ -43,6 +43,8 @@ def trained(tmp_path_factory):
 def test_short_train_run_writes_logs_and_checkpoint(trained):
     root, out = trained
     assert "CartPole-v1 with novograd: 2 generations" in out.stdout
+    assert f"logs: {root / 'run'}; checkpoint: {root / 'run' / 'checkpoint.ckpt'}" in out.stdout
+    assert "generation 1/2: mean" in out.stdout  # not a terminal: a line per generation
     ckpt = checkpoint.read(str(root / "run" / "checkpoint.ckpt"))
     assert ckpt.generation == 2 and ckpt.optimizer == "novograd" and ckpt.meta["config"]["num_members"] == 16
     assert any(name.startswith("events.out.tfevents") for name in os.listdir(root / "run"))
@@ -160,3 +162,86 @@ def test_train_as_distributed_master_with_a_worker(tmp_path):
             if proc.poll() is None:
                 proc.terminate()
                 proc.wait(timeout=30)
+
+
+def test_help_is_plain_and_shows_real_defaults():
+    for args in (["--help"], ["train", "--help"], ["eval", "--help"]):
+        out = jes_cmd(*args)
+        assert out.returncode == 0
+        assert "(default: None)" not in out.stdout and "::" not in out.stdout and "``" not in out.stdout
+        for line in out.stdout.replace("\n                        ", " ").splitlines():
+            assert line.count("(default") <= 1, line
+    train_help = jes_cmd("train", "--help").stdout
+    assert "(default: 512)" in train_help
+    for flag in ("--weight-decay", "--fitness-shaping", "--no-antithetic", "--policy-arg"):
+        assert flag in train_help
+
+
+def test_help_needs_no_jax():
+    code = "import sys; import jes.cli; jes.cli._parser(); assert 'jax' not in sys.modules, 'jax was imported'"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert out.returncode == 0, out.stderr
+
+
+def test_help_defaults_match_esconfig():
+    config = jes.ESConfig()
+    for field, value in cli.CONFIG_DEFAULTS.items():
+        assert getattr(config, field) == value, field
+
+
+POLICY_MODULE = '''
+import flax.linen as nn
+
+
+class TinyPolicy(nn.Module):
+    features: int = 4
+    num_outputs: int | None = None
+
+    @nn.compact
+    def __call__(self, obs):
+        return nn.Dense(self.num_outputs)(nn.tanh(nn.Dense(self.features)(obs)))
+'''
+
+
+def test_custom_policy_flags_and_resume_from_the_checkpoint_alone(tmp_path, monkeypatch, capsys):
+    (tmp_path / "mypolicies_cli.py").write_text(POLICY_MODULE)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    ckpt = str(tmp_path / "run.ckpt")
+    flags = ["--population", "15", "--chunk-size", "8", "--eval-episodes", "2", "--log-dir", "none", "--no-progress",
+             "--max-episode-steps", "50"]
+    assert cli.main(["train", "--policy", "mypolicies_cli:TinyPolicy", "--policy-arg", "features=3", "--no-antithetic",
+                     "--weight-decay", "0.01", "--fitness-shaping", "z_score", "--generations", "1",
+                     "--checkpoint", ckpt, *flags]) == 0
+    meta = checkpoint.read(ckpt).meta
+    assert meta["policy"]["class"] == "mypolicies_cli:TinyPolicy" and meta["policy"]["fields"]["features"] == 3
+    assert meta["config"]["antithetic"] is False and meta["config"]["weight_decay"] == 0.01
+    assert meta["config"]["fitness_shaping"] == "z_score" and meta["config"]["num_members"] == 15
+    capsys.readouterr()
+
+    # --resume alone (plus more generations): everything else comes from the checkpoint
+    assert cli.main(["train", "--resume", ckpt, "--generations", "2", "--log-dir", "none", "--no-progress"]) == 0
+    assert "2 generations" in capsys.readouterr().out
+    assert checkpoint.read(ckpt).generation == 2
+
+    # a new learning rate is allowed with a warning, and used
+    with pytest.warns(UserWarning, match="learning_rate=0.05"):
+        assert cli.main(["train", "--resume", ckpt, "--generations", "3", "--learning-rate", "0.05",
+                         "--log-dir", "none", "--no-progress"]) == 0
+    assert checkpoint.read(ckpt).history["learning_rate"][-1] == pytest.approx(0.05)
+
+    # an unsafe change is refused, naming it
+    assert cli.main(["train", "--resume", ckpt, "--generations", "4", "--noise-std", "0.5", "--log-dir", "none"]) == 2
+    err = capsys.readouterr().err
+    assert "config.noise_std" in err and "num_generations" in err
+
+
+@pytest.mark.parametrize("flags,message", [
+    (["--policy", "nosuchmodule_xyz:Policy"], "cannot import"),
+    (["--policy", "gru", "--policy-arg", "nonsense=1"], "has no such field"),
+    (["--policy", "gru", "--policy-arg", "hidden"], "KEY=VALUE"),
+    (["--policy", "lstm"], "module.path:ClassName"),
+])
+def test_bad_policy_flags_say_what_to_do(flags, message, capsys):
+    assert cli.main(["train", *flags, "--log-dir", "none"]) == 2
+    assert message in capsys.readouterr().err

@@ -68,14 +68,29 @@ def test_logger_skips_unevaluated_centre(tmp_path):
         jes_logging.read_scalars(str(tmp_path / "nothing"))
 
 
-def test_progress_bar_quiet_unless_asked(capsys):
+def test_progress_without_a_terminal_prints_lines_and_false_silences_everything(capsys):
     record = {"generation": 1, "pop_max": 12.0, "pop_mean": 3.5, "centre_return": 9.0, "env_steps_per_second": 1e4}
-    quiet = jes_logging.ProgressBar(total=3, enabled=None)  # pytest's stdout is not a terminal
-    quiet(record)
-    quiet.close()
-    assert quiet.bar is None and capsys.readouterr().err == ""
+    lines = jes_logging.ProgressBar(total=3, enabled=None)  # pytest's stdout is not a terminal
+    lines(record)
+    lines.close()
+    out = capsys.readouterr()
+    assert lines.bar is None and out.err == ""
+    assert "generation 1/3: mean 3.5, max 12.0 (best 12.0), centre 9.0" in out.out
+    silent = jes_logging.ProgressBar(total=3, enabled=False)
+    silent(record)
+    silent.close()
+    assert capsys.readouterr() == ("", "")
     shown = jes_logging.ProgressBar(total=3, enabled=True)
     shown(record)
     shown.close()
-    err = capsys.readouterr().err
-    assert "best=12.0" in err and "mean=3.5" in err and "1/3" in err
+    out = capsys.readouterr()
+    assert "best=12.0" in out.err and "mean=3.5" in out.err and "1/3" in out.err and out.out == ""
+
+
+def test_long_runs_print_every_nth_generation_and_the_last(capsys):
+    bar = jes_logging.ProgressBar(total=200, enabled=None)
+    assert bar.line_every == 4
+    for g in range(1, 201):
+        bar({"generation": g, "pop_max": float(g), "pop_mean": 0.0})
+    printed = [int(line.split()[1].split("/")[0]) for line in capsys.readouterr().out.splitlines()]
+    assert printed == list(range(4, 201, 4))

@@ -100,3 +100,28 @@ def test_bad_sweep_file(tmp_path):
     path.write_text("env = [unclosed\n")
     with pytest.raises(ValueError, match="cannot be parsed"):
         jes_sweep.load_sweep_file(str(path))
+
+
+def test_multi_optimizer_sweep_shows_each_optimizers_own_rate():
+    config = BASE.replace(num_generations=1)
+    result = jes_sweep.sweep(POLICY, "CartPole-v1", config=config, seeds=[0], grid={"optimizer": ["adam", "novograd"]},
+                             log_dir=None)
+    rates = {r["optimizer"]: (r["learning_rate"], r["learning_rate_source"]) for r in result.rows}
+    assert rates == {"adam": (pytest.approx(0.2), "optimizer default"), "novograd": (pytest.approx(1.5), "optimizer default")}
+
+
+def test_a_rate_swept_over_several_optimizers_warns():
+    config = BASE.replace(num_generations=1)
+    with pytest.warns(UserWarning, match=r"instead of its own default \(adam 0.2, novograd 1.5\)"):
+        result = jes_sweep.sweep(POLICY, "CartPole-v1", config=config, seeds=[0],
+                                 grid={"optimizer": ["adam", "novograd"], "learning_rate": 0.05}, log_dir=None)
+    assert {r["learning_rate_source"] for r in result.rows} == {"grid"}
+
+
+def test_sweep_is_reachable_after_import_jes():
+    import subprocess
+    import sys
+
+    code = "import jes; assert callable(jes.sweep.sweep) and callable(jes.sweep.load_sweep_file)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr

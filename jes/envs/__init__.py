@@ -19,6 +19,7 @@ from jes.envs import gymnax as gymnax_family
 from jes.envs.gymnax import SOLVED_RETURNS
 from jes.envs.spec import EnvSpec, spec_from_env
 from jes.envs.wrappers import KEEP_OPTION, MaskedObservations, split_option
+from jes.env_checks import check_env
 
 __all__ = ["EnvSpec", "SOLVED_RETURNS", "make_env", "mask_observations", "registered_env_names", "resolvable_name"]
 
@@ -84,6 +85,7 @@ def make_env(env: Any, env_params: Any = None, max_steps: int | None = None) -> 
         TypeError: an object that does not follow the env protocol.
         ImportError: a brax env without brax installed (the message names the extra).
     """
+    check_env(env)
     env_obj, default_params, name = _resolve(env)
     params = default_params if env_params is None else env_params
     return spec_from_env(env_obj, params, name, max_steps, SOLVED_RETURNS)

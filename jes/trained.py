@@ -1,0 +1,317 @@
+"""A trained policy you can use: the normaliser and the output->action mapping of training, baked in.
+
+``TrainResult.policy`` is the bare Flax module: applying it to raw observations skips the
+observation normalisation training used and the mapping from outputs to actions. A
+:class:`TrainedPolicy` does both, exactly as the rollouts did::
+
+    trained = result.trained_policy()          # or: jes.load_policy("policy.jes")
+    carry = trained.initial_carry()
+    carry, action = trained.act(carry, obs)    # one observation -> one env action
+    fn = trained.policy_fn()                   # self-contained and jittable: fn(carry, obs) -> (carry, action)
+    trained.evaluate(num_episodes=64)          # returns on fresh episodes, through the same function
+
+:func:`save_policy` / :func:`load_policy` write and read a small msgpack file (never pickle)
+holding the flat parameters, the normaliser's statistics, the policy's description, the env name and the
+action mapping; loading it needs only jes (and the policy's module, for a custom policy).
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import struct
+import tempfile
+from typing import Any, Callable
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import serialization
+from jax.flatten_util import ravel_pytree
+
+from jes.checkpoint import build_policy, describe_policy
+from jes.envs import EnvSpec, make_env
+from jes.generation import _OBS_EPS, as_key
+from jes.policies import PolicyFns
+from jes.rollout import run_episodes
+from jes.strategies import noise
+
+POLICY_MAGIC = b"JESPOLI1"
+POLICY_FORMAT_VERSION = 1
+_HEADER = struct.Struct("<8sQ32s")
+
+
+class PolicyFileError(ValueError):
+    """A policy file is unreadable, corrupt, or not a jes policy."""
+
+
+@dataclasses.dataclass(frozen=True)
+class ActionMap:
+    """How one raw policy output ``[num_outputs]`` becomes an env action (as :meth:`jes.EnvSpec.action`).
+
+    Attributes:
+        discrete: argmax over the outputs (an int32 action) when True.
+        num_outputs: size of the policy output.
+        action_shape: shape of one continuous action.
+        low, high: bounds of a continuous action (tuples), or ``None`` for an unbounded one.
+    """
+
+    discrete: bool
+    num_outputs: int
+    action_shape: tuple[int, ...] = ()
+    low: tuple[float, ...] | None = None
+    high: tuple[float, ...] | None = None
+
+    @classmethod
+    def from_spec(cls, spec: EnvSpec) -> "ActionMap":
+        def flat(x):
+            return None if x is None else tuple(float(v) for v in np.asarray(x, np.float32).ravel())
+
+        return cls(discrete=spec.discrete, num_outputs=spec.num_outputs, action_shape=tuple(spec.action_shape),
+                   low=flat(spec.action_low), high=flat(spec.action_high))
+
+    def __call__(self, out: jax.Array) -> jax.Array:
+        # Must stay op-for-op the same as EnvSpec.action: tests compare the two bit for bit.
+        if self.discrete:
+            return jnp.argmax(out).astype(jnp.int32)
+        out = out.reshape(self.action_shape)
+        if self.low is None or not (np.all(np.isfinite(self.low)) and np.all(np.isfinite(self.high))):
+            return out
+        low = jnp.asarray(np.asarray(self.low, np.float32).reshape(self.action_shape))
+        high = jnp.asarray(np.asarray(self.high, np.float32).reshape(self.action_shape))
+        return low + (jnp.tanh(out) + 1.0) * 0.5 * (high - low)
+
+
+class TrainedPolicy:
+    """A policy with its parameters, observation normaliser and action mapping.
+
+    Args:
+        policy: the Flax module (with ``num_outputs`` filled in).
+        flat_params: ``[num_params]`` float32 parameters (the centre, or a member).
+        obs_shape: shape of one observation.
+        action_map: the :class:`ActionMap`.
+        obs_stats: ``(count, sum, sumsq)`` running observation statistics of training (count a scalar,
+            the others ``obs_shape``), or ``None`` when training did not normalise.
+        env_name: the env's name (a gymnax id lets :meth:`evaluate` rebuild it).
+        max_steps: episode length limit used for :meth:`evaluate`.
+        env: an :class:`EnvSpec` to evaluate on (built from ``env_name`` when ``None``).
+    """
+
+    def __init__(self, policy: nn.Module, flat_params: Any, obs_shape: tuple[int, ...], action_map: ActionMap,
+                 obs_stats: tuple[Any, Any, Any] | None = None, env_name: str = "", max_steps: int | None = None,
+                 env: EnvSpec | None = None):
+        self.policy = policy
+        self.obs_shape = tuple(int(d) for d in obs_shape)
+        self.action_map = action_map
+        self.env_name = env_name
+        self.max_steps = max_steps
+        self._spec = env
+        self.fns = PolicyFns(policy, self.obs_shape)
+        template = jax.eval_shape(self.fns.init, jax.random.key(0))
+        _, self._unravel = ravel_pytree(jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), template))
+        self.flat_params = np.asarray(flat_params, np.float32)
+        if obs_stats is not None:
+            count, total, sumsq = obs_stats
+            obs_stats = (np.asarray(count, np.float32).reshape(()), np.asarray(total, np.float32).reshape(self.obs_shape),
+                         np.asarray(sumsq, np.float32).reshape(self.obs_shape))
+        self.obs_stats = obs_stats
+        self._act = jax.jit(self.apply)
+        self._evaluators: dict = {}  # EnvSpec -> jitted evaluation
+
+    @property
+    def params(self) -> Any:
+        """The Flax variables of the policy."""
+        return self._unravel(jnp.asarray(self.flat_params))
+
+    @property
+    def variables(self) -> dict:
+        """Everything :meth:`apply` needs besides carry and observation: params and observation statistics."""
+        stats = None if self.obs_stats is None else tuple(jnp.asarray(x) for x in self.obs_stats)
+        return {"params": self.params, "obs_stats": stats}
+
+    @property
+    def obs_norm(self) -> tuple[np.ndarray, np.ndarray] | None:
+        """``(mean, std)`` the policy normalises observations with, or ``None``."""
+        norm = _obs_norm(self.obs_stats)
+        return None if norm is None else tuple(np.asarray(x) for x in norm)
+
+    def apply(self, variables: dict, carry: Any, obs: jax.Array) -> tuple[Any, jax.Array]:
+        """``(carry, action)`` for one observation, given :attr:`variables` (pure; vmap/jit it freely)."""
+        return self._apply_normed(variables["params"], _obs_norm(variables["obs_stats"]), carry, obs)
+
+    def _apply_normed(self, params: Any, obs_norm: Any, carry: Any, obs: jax.Array) -> tuple[Any, jax.Array]:
+        # The same operations as the rollout's (jes.rollout.run_episodes): tests compare them bit for bit.
+        if obs_norm is not None:
+            obs = (obs - obs_norm[0]) / obs_norm[1]
+        carry, out = self.fns.apply(params, carry, obs)
+        return carry, self.action_map(out)
+
+    def initial_carry(self) -> Any:
+        """The carry at an episode's start (``()`` for a feed-forward policy)."""
+        return self.fns.initial_carry()
+
+    def act(self, carry: Any, obs: Any) -> tuple[Any, jax.Array]:
+        """One step: normalise ``obs`` (shape ``obs_shape``), apply the policy, map its output to an action.
+
+        Returns:
+            ``(carry, action)``: an int32 scalar for discrete envs, else an ``action_shape`` float32 array
+            in the env's bounds.
+        """
+        return self._act(self.variables, carry, jnp.asarray(obs, jnp.float32))
+
+    def policy_fn(self) -> Callable[[Any, jax.Array], tuple[Any, jax.Array]]:
+        """A self-contained ``fn(carry, obs) -> (carry, action)`` with params, normaliser and action mapping
+        baked in; jit or vmap it as you like (``jax.vmap(fn)`` over a batch of envs)."""
+        variables = self.variables
+        apply = self.apply
+
+        def fn(carry, obs):
+            return apply(variables, carry, obs)
+
+        return fn
+
+    # ------------------------------------------------------------------ evaluation
+    def env_spec(self) -> EnvSpec:
+        """The env to evaluate on (rebuilt from ``env_name`` unless given)."""
+        if self._spec is None:
+            try:
+                self._spec = make_env(self.env_name, max_steps=self.max_steps)
+            except ValueError as err:
+                raise ValueError(f"cannot rebuild env {self.env_name!r} for evaluation ({err}); pass env=... "
+                                 f"(jes.make_env(your_env)) to evaluate") from err
+        return self._spec
+
+    def evaluate(self, num_episodes: int = 64, key: Any = 12345, env: Any = None) -> np.ndarray:
+        """Returns ``[num_episodes]`` on fresh episodes drawn from ``key``, stepping through :meth:`apply`.
+
+        With the same key and episode count these are exactly the returns of training's centre
+        evaluation (``Trainer.evaluate_centre``) of the same parameters and normaliser, bit for bit.
+        A policy output that is not finite makes that episode's return NaN.
+
+        Args:
+            num_episodes: episodes to run.
+            key: int seed or ``jax.random`` key.
+            env: an env (id, gymnax object or :class:`EnvSpec`) instead of the recorded one.
+        """
+        spec = self.env_spec() if env is None else (env if isinstance(env, EnvSpec) else make_env(env, max_steps=self.max_steps))
+        keys = noise.centre_episode_keys(as_key(key), int(num_episodes))[None]
+        if spec not in self._evaluators:
+            self._evaluators[spec] = _evaluate(self.fns, spec, self.action_map)
+        returns = self._evaluators[spec](self.variables, keys)
+        return np.asarray(returns)
+
+    def save(self, path: str) -> str:
+        """Write this policy to ``path`` (see :func:`save_policy`)."""
+        return save_policy(self, path)
+
+    def __repr__(self) -> str:
+        norm = "normalised obs" if self.obs_stats is not None else "raw obs"
+        return (f"TrainedPolicy({type(self.policy).__name__}, {self.flat_params.size} params, {self.env_name}, "
+                f"{'discrete' if self.action_map.discrete else 'continuous'} actions, {norm})")
+
+
+def _evaluate(fns: PolicyFns, spec: EnvSpec, action_map: ActionMap) -> Callable:
+    """A jitted ``(variables, keys[1, E]) -> returns[E]``: the rollout training's centre evaluation runs.
+
+    The normaliser and the action mapping are the ones :meth:`TrainedPolicy.apply` uses, so ``act``,
+    ``policy_fn`` and ``evaluate`` share them; running the very program the centre evaluation runs
+    makes the returns bit-identical to training's (a differently fused episode loop can differ in
+    the last bits of continuous actions).
+    """
+    def run(variables, keys):
+        params = jax.tree.map(lambda x: x[None], variables["params"])
+        out = run_episodes(fns, spec, params, keys, jnp.ones((1,), bool), obs_norm=_obs_norm(variables["obs_stats"]),
+                           action_fn=action_map)
+        return out.returns[0]
+
+    return jax.jit(run)
+
+
+def _obs_norm(obs_stats: Any) -> tuple[jax.Array, jax.Array] | None:
+    """``(mean, std)`` from running statistics, computed as ``Generation.obs_norm`` computes them."""
+    if obs_stats is None:
+        return None
+    count, total, sumsq = obs_stats
+    mean = total / count
+    var = sumsq / count - mean * mean
+    return mean, jnp.sqrt(jnp.maximum(var, _OBS_EPS))
+
+
+# ------------------------------------------------------------------ file format
+def save_policy(trained: TrainedPolicy, path: str) -> str:
+    """Write ``trained`` to ``path``: a header (magic, length, sha256) and msgpack, atomically.
+
+    Returns:
+        ``path``.
+    """
+    meta = {
+        "format": "jes-policy", "version": POLICY_FORMAT_VERSION,
+        "policy": describe_policy(trained.policy), "env_name": trained.env_name,
+        "obs_shape": list(trained.obs_shape), "max_steps": trained.max_steps,
+        "action": dataclasses.asdict(trained.action_map),
+    }
+    content = {"meta": json.dumps(meta), "params": trained.flat_params}
+    if trained.obs_stats is not None:
+        content["obs_count"], content["obs_sum"], content["obs_sumsq"] = trained.obs_stats
+    payload = serialization.msgpack_serialize(content)
+    directory = os.path.dirname(os.path.abspath(path))
+    os.makedirs(directory, exist_ok=True)
+    tmp = None
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=directory)
+        with os.fdopen(fd, "wb") as f:
+            f.write(_HEADER.pack(POLICY_MAGIC, len(payload), hashlib.sha256(payload).digest()))
+            f.write(payload)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if tmp is not None and os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    return path
+
+
+def load_policy(path: str, env: Any = None) -> TrainedPolicy:
+    """Read a policy written by ``TrainResult.save_policy`` / :func:`save_policy`.
+
+    Args:
+        path: the file.
+        env: the env to evaluate on when it is not a gymnax id (an env object or ``(env, params)``).
+
+    Raises:
+        FileNotFoundError: no file at ``path``.
+        PolicyFileError: not a jes policy file, truncated, corrupt, or from a newer jes.
+    """
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"no policy file at {path!r}")
+    with open(path, "rb") as f:
+        data = f.read()
+    if len(data) < _HEADER.size:
+        raise PolicyFileError(f"{path} is truncated ({len(data)} bytes): not a complete jes policy file")
+    magic, length, digest = _HEADER.unpack_from(data)
+    if magic != POLICY_MAGIC:
+        hint = " (it is a training checkpoint: use jes.checkpoint.load)" if magic.startswith(b"JESCKPT") else ""
+        raise PolicyFileError(f"{path} is not a jes policy file{hint}")
+    payload = data[_HEADER.size:]
+    if len(payload) != length or hashlib.sha256(payload).digest() != digest:
+        raise PolicyFileError(f"{path} is truncated or corrupt (length or sha256 checksum does not match)")
+    content = serialization.msgpack_restore(payload)
+    meta = json.loads(content["meta"])
+    if meta.get("version", 0) > POLICY_FORMAT_VERSION:
+        raise PolicyFileError(f"{path} has policy format version {meta['version']}; this jes reads up to "
+                              f"{POLICY_FORMAT_VERSION}; upgrade jes")
+    policy = build_policy(meta["policy"], path)
+    action = meta["action"]
+    action_map = ActionMap(discrete=action["discrete"], num_outputs=action["num_outputs"],
+                           action_shape=tuple(action["action_shape"]),
+                           low=None if action["low"] is None else tuple(action["low"]),
+                           high=None if action["high"] is None else tuple(action["high"]))
+    obs_stats = (content["obs_count"], content["obs_sum"], content["obs_sumsq"]) if "obs_sum" in content else None
+    spec = None
+    if env is not None:
+        spec = env if isinstance(env, EnvSpec) else make_env(env, max_steps=meta["max_steps"])
+    return TrainedPolicy(policy, content["params"], tuple(meta["obs_shape"]), action_map, obs_stats=obs_stats,
+                         env_name=meta["env_name"], max_steps=meta["max_steps"], env=spec)

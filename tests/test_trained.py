@@ -1,0 +1,131 @@
+"""Using what was trained: result.act / policy_fn / evaluate reproduce training's centre evaluation
+bit for bit; save_policy / load_policy round trips; the best member is regenerated from its key."""
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jes
+from jes.generation import as_key
+from jes.rollout import run_episodes
+from jes.strategies import noise
+
+SMALL = dict(num_members=8, num_generations=2, eval_episodes=8, log_dir=None, progress=False)
+
+
+@pytest.fixture(scope="module", params=[("CartPole-v1", True), ("CartPole-v1", False),
+                                        ("Pendulum-v1", True), ("Pendulum-v1", False)],
+                ids=["cartpole-norm", "cartpole-raw", "pendulum-norm", "pendulum-raw"])
+def result(request):
+    env, normalize = request.param
+    return jes.train(jes.MLPPolicy(hidden_sizes=(8,)), env, key=1, normalize_observations=normalize,
+                     max_episode_steps=60, **SMALL)
+
+
+def test_evaluate_reproduces_the_centre_evaluation_bit_for_bit(result):
+    key = jax.random.key(7)
+    expected, _ = jax.jit(result.trainer.evaluate_centre, static_argnums=1)(result.state, 8, key)
+    got = result.evaluate(8, key)
+    np.testing.assert_array_equal(got, np.asarray(expected))
+    # and the run's own last centre evaluation, with the key it used
+    state = result.state
+    centre_key = noise.generation_key(state.es_key, state.generation)
+    assert np.float32(result.evaluate(8, centre_key).mean()) == np.float32(result.history["centre_return"][-1])
+
+
+def test_policy_fn_is_self_contained_and_matches_act(result):
+    fn = jax.jit(result.policy_fn())
+    carry = result.initial_carry()
+    obs = jnp.linspace(-0.5, 0.5, result.trainer.spec.obs_shape[0])
+    c1, a1 = fn(carry, obs)
+    c2, a2 = result.act(carry, obs)
+    # policy_fn bakes the values in as constants, which XLA may fold: the last bit of a continuous action can differ
+    np.testing.assert_allclose(np.asarray(a1), np.asarray(a2), rtol=1e-5)
+    if result.trainer.spec.discrete:
+        assert a1.dtype == jnp.int32 and a1.shape == ()
+    else:
+        low, high = result.trainer.spec.action_low, result.trainer.spec.action_high
+        assert a1.shape == result.trainer.spec.action_shape and np.all(low <= a1) and np.all(a1 <= high)
+
+
+@pytest.mark.parametrize("env", ["CartPole-v1", "Pendulum-v1"])
+def test_stepping_the_env_with_act_gives_the_evaluated_return(env):
+    """A plain Python loop over env.step with result.act: exact on a discrete env; on a continuous one the
+    unbatched step may round the last bit of an action differently from the batched rollout."""
+    result = jes.train(jes.GRUPolicy(hidden=3, layers=1), env, key=2, max_episode_steps=60, **SMALL)
+    spec = result.trainer.spec
+    key = noise.centre_episode_keys(as_key(5), 1)[0]
+    obs, state = spec.env.reset_env(jax.random.fold_in(key, 0), spec.params)
+    step = jax.jit(lambda k, s, a: spec.env.step_env(k, s, a, spec.params))
+    carry, total = result.initial_carry(), 0.0
+    for t in range(spec.max_steps):
+        carry, action = result.act(carry, obs)
+        obs, state, reward, done, _ = step(jax.random.fold_in(key, t + 1), state, action)
+        total += float(reward)
+        if bool(done) or bool(spec.done_after(done, state)):
+            break
+    expected = float(result.evaluate(1, 5)[0])
+    assert total == expected if spec.discrete else total == pytest.approx(expected, rel=1e-4)
+
+
+def test_raw_policy_apply_is_not_what_was_trained_but_act_is():
+    """The README's old recipe skipped the normaliser; act applies the one training used."""
+    result = jes.train(jes.MLPPolicy(hidden_sizes=(8,)), "CartPole-v1", key=1, **SMALL)
+    mean, std = (np.asarray(x) for x in result.trainer.obs_norm(result.state))
+    obs = np.array([0.1, -0.2, 0.05, 0.3], np.float32)
+    _, out = result.trainer.fns.apply(result.params, (), (obs - mean) / std)
+    assert int(result.act((), obs)[1]) == int(np.argmax(np.asarray(out)))
+
+
+def test_save_and_load_policy_round_trip(result, tmp_path):
+    path = result.save_policy(str(tmp_path / "policy.jes"))
+    loaded = jes.load_policy(path)
+    np.testing.assert_array_equal(loaded.flat_params, result.flat_params)
+    assert loaded.env_name == result.env_name
+    np.testing.assert_array_equal(loaded.evaluate(8, 3), result.evaluate(8, 3))
+    obs = jnp.ones(result.trainer.spec.obs_shape) * 0.1
+    np.testing.assert_array_equal(np.asarray(loaded.act(loaded.initial_carry(), obs)[1]),
+                                  np.asarray(result.act(result.initial_carry(), obs)[1]))
+
+
+def test_load_policy_refuses_other_files(tmp_path):
+    bad = tmp_path / "not.jes"
+    bad.write_bytes(b"JESCKPT1" + b"\0" * 60)
+    with pytest.raises(jes.trained.PolicyFileError, match="checkpoint"):
+        jes.load_policy(str(bad))
+    with pytest.raises(FileNotFoundError):
+        jes.load_policy(str(tmp_path / "missing.jes"))
+
+
+def test_best_member_is_regenerated_from_its_key():
+    result = jes.train(jes.MLPPolicy(hidden_sizes=(8,)), "CartPole-v1", key=4, **SMALL)
+    best = result.best
+    assert best.fitness == pytest.approx(float(np.max(result.history["pop_max"])))
+    assert 1 <= best.generation <= 2 and 0 <= best.member < 8
+    # Re-run its training episodes from (run key, generation, member): the same fitness.
+    trainer = result.trainer
+    state = trainer.init_state(4)
+    for _ in range(best.generation - 1):
+        state, _ = trainer.step(state, jnp.bool_(False))
+    np.testing.assert_array_equal(np.asarray(trainer.member(state, best.member)), best.flat_params)
+    gen_key = noise.generation_key(state.es_key, state.generation)
+    keys = noise.episode_keys(gen_key, jnp.array([best.member]), 1, trainer.antithetic)
+    params = jax.tree.map(lambda x: x[None], trainer.params_tree(best.flat_params))
+    out = run_episodes(trainer.fns, trainer.spec, params, keys, jnp.ones(1, bool), obs_norm=trainer.obs_norm(state))
+    assert float(out.returns[0, 0]) == pytest.approx(best.fitness)
+    assert isinstance(best.policy, jes.TrainedPolicy)
+
+
+class NaNPolicy(nn.Module):
+    num_outputs: int | None = None
+
+    @nn.compact
+    def __call__(self, obs):
+        return nn.Dense(self.num_outputs)(obs) * jnp.nan
+
+
+def test_non_finite_policy_outputs_on_a_discrete_env_are_an_error():
+    with pytest.raises(jes.NonFiniteFitnessError, match="policy outputs") as info:
+        jes.train(NaNPolicy(), "CartPole-v1", **SMALL)
+    assert info.value.generation == 1
