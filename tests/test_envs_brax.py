@@ -106,7 +106,7 @@ SCRIPT = textwrap.dedent("""
     import jax, numpy as np
     import jes
     from jes import checkpoint
-    from jes.trainer import run
+    from jes.loop import run
     assert len(jax.devices()) == 2, jax.devices()
     cfg = jes.ESConfig(num_members=8, chunk_size=4, num_generations=3, max_episode_steps=40, eval_episodes=4,
                        noise_std=0.05, learning_rate=0.05)
