@@ -143,3 +143,12 @@ def test_optimize_refuses_bad_input():
         jes.optimize(lambda x: jnp.sum(x), jnp.zeros(3), "snes", minimize="yes", num_generations=1)
     with pytest.raises(ValueError, match="noise_std schedule"):
         jes.optimize(lambda x: jnp.sum(x), jnp.zeros(3), "snes", noise_std=lambda g: 0.1, num_generations=1)
+
+
+def test_sep_cma_es_keeps_the_covariance_scale_in_sigma():
+    """On Rosenbrock's ridge sigma and diag_c drift apart until float32 underflows diag_c; the update
+    keeps mean(diag_c) at 1 (before the fix: mean(diag_c) 1.7e-8 after 400 generations here)."""
+    rosenbrock = lambda x: jnp.sum(100.0 * (x[1:] - x[:-1] ** 2) ** 2 + (1.0 - x[:-1]) ** 2)
+    result = jes.optimize(rosenbrock, jnp.zeros(D), "sep_cma_es", minimize=True, num_generations=400, key=0)
+    diag_c = np.asarray(result.state.strategy.diag_c)
+    assert abs(diag_c.mean() - 1.0) < 1e-4 and diag_c.min() > 1e-3

@@ -50,8 +50,8 @@ def test_step_compiled_in_background_is_the_one_used():
     trainer = jes.Trainer(jes.GRUPolicy(hidden=3, layers=1), "CartPole-v1", "adam", jes.ESConfig(**SMALL))
     trainer.start_compiling_step()
     _, out, _ = trainer._compiling
-    compiled, seconds = trainer.compiled_step(trainer.init_state(7))
-    assert compiled is out["compiled"] and seconds == out["seconds"]
+    compiled, _ = trainer.compiled_step(trainer.init_state(7))
+    assert compiled is out["compiled"]  # the background program, not a second compile
     trainer.start_compiling_step()  # already compiled: nothing more starts
     assert trainer._compiling is None
 
