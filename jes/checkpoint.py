@@ -35,7 +35,7 @@ from flax import serialization
 
 from jes import describe, strategies
 from jes.config import ESConfig
-from jes.generation import Trainer, TrainState, as_key
+from jes.generation import Trainer, TrainState, as_key, localize
 
 MAGIC = b"JESCKPT1"
 FORMAT_VERSION = 2  # 2: the strategy's state under state['strategy'], policy fields in the jes.describe form (format 1 is upgraded on read)
@@ -142,6 +142,7 @@ def describe_run(trainer: Trainer) -> dict:
 
 # ------------------------------------------------------------------ file format
 def _state_dict(state: TrainState) -> dict:
+    state = localize(state)  # a multi-process run's state: this process's replica
     host = jax.device_get(state.replace(es_key=jax.random.key_data(state.es_key)))
     return serialization.to_state_dict(jax.tree.map(np.asarray, host))
 
@@ -326,7 +327,7 @@ class Checkpoint:
     def restore_state(self, trainer: Trainer) -> TrainState:
         """The :class:`TrainState`, checked against ``trainer`` and placed on its devices."""
         self.check_compatible(trainer)
-        template = trainer.init_state(0)
+        template = localize(trainer.init_state(0))
         raw_template = jax.device_get(template.replace(es_key=jax.random.key_data(template.es_key)))
         try:
             restored = serialization.from_state_dict(raw_template, _migrate(self.state_dict, self.meta))

@@ -49,7 +49,7 @@ class _HelpFormatter(argparse.RawDescriptionHelpFormatter):
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="jes", description="JAX-accelerated Evolution Strategies.",
                                      formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EPILOG)
-    commands = parser.add_subparsers(dest="command", required=True, metavar="{train,eval,sweep,plot,keys}")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="{train,eval,sweep,plot,keys,launch}")
 
     d = CONFIG_DEFAULTS
     train = commands.add_parser("train", help="train a policy with an evolution strategy", epilog=EPILOG,
@@ -104,6 +104,9 @@ def _parser() -> argparse.ArgumentParser:
                             "(with a warning) --learning-rate; other changes are refused")
     train.add_argument("--devices", type=int, default=None, help="number of local devices to use (default: all)")
     train.add_argument("--listen", default=None, metavar="HOST:PORT", help="be a distributed master listening here")
+    train.add_argument("--distributed", action="store_true",
+                       help="one run over all processes of a jax.distributed runtime (start them with jes launch, "
+                            "srun, or on every host of a TPU pod)")
     train.add_argument("--secret-file", default=None,
                        help="file holding the shared secret workers authenticate with (default: $JES_SECRET)")
     progress = train.add_mutually_exclusive_group()
@@ -151,6 +154,30 @@ def _parser() -> argparse.ArgumentParser:
     sweep.add_argument("config", help="sweep file (.json or .toml); see jes.sweep.load_sweep_file")
     sweep.add_argument("--out-dir", default=None, help="where sweep.csv/sweep.json go (overrides the file)")
     sweep.add_argument("--no-vmap", action="store_true", help="run seeds one after another instead of vmapped")
+
+    launch = commands.add_parser(
+        "launch", help="start the processes of a multi-process (jax.distributed) run on this machine",
+        formatter_class=_HelpFormatter,
+        description="Starts N copies of COMMAND as one jax.distributed run: each gets the coordinator address and "
+                    "its process id (read by jes.train(..., distributed=True), jes train --distributed and "
+                    "jes.distributed.initialize()). Output is forwarded with a [pI] prefix; if one process fails, "
+                    "the others are stopped.",
+        epilog="examples:\n  jes launch --processes 2 -- jes train --distributed --generations 20\n"
+               "  jes launch --processes 2 --devices-per-process 2 -- python my_script.py\n"
+               "  on each of 2 hosts without a scheduler (4 processes):\n"
+               "    host0$ jes launch --processes 4 --local-processes 2 --coordinator host0:6000 -- python s.py\n"
+               "    host1$ jes launch --processes 4 --local-processes 2 --first-process-id 2 "
+               "--coordinator host0:6000 -- python s.py")
+    launch.add_argument("--processes", type=int, required=True, metavar="N", help="processes in the whole run")
+    launch.add_argument("--devices-per-process", type=int, default=1, metavar="K",
+                        help="CPU devices each process exposes (accelerators: CUDA_VISIBLE_DEVICES etc.)")
+    launch.add_argument("--coordinator", default=None, metavar="HOST:PORT",
+                        help="process 0's coordination address (default: a free port on 127.0.0.1)")
+    launch.add_argument("--first-process-id", type=int, default=0, help="id of the first process started here")
+    launch.add_argument("--local-processes", type=int, default=None,
+                        help="processes to start here (default: all from --first-process-id on)")
+    launch.add_argument("--no-prefix", action="store_true", help="forward output lines without the [pI] prefix")
+    launch.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- COMMAND ...", help="what every process runs")
 
     keys = commands.add_parser("keys", help="make a CURVE key pair for an encrypted distributed master")
     keys.add_argument("name", help="writes NAME.secret (the master's, mode 600) and NAME.public (for workers)")
@@ -286,8 +313,21 @@ def _train(args: argparse.Namespace) -> int:
             return 2
         kwargs["master_options"] = master_options
 
+    if args.distributed:
+        if args.listen is not None:
+            print("jes train: --distributed (JAX's multi-process runtime) and --listen (a ZeroMQ master for jes-worker "
+                  "fleets) are two different backends; choose one", file=sys.stderr)
+            return 2
+        if args.devices is not None:
+            print("jes train: --devices is for one process; a --distributed run uses every device of every process "
+                  "(jes launch --devices-per-process K chooses them)", file=sys.stderr)
+            return 2
+        kwargs["distributed"] = True
     result = jes.train(policy, env or "CartPole-v1", optimizer, strategy=strategy or "openai_es", **kwargs)
-    print(result.summary())
+    import jax
+
+    if jax.process_index() == 0:  # every process of a --distributed run has the same result
+        print(result.summary())
     return 0
 
 
@@ -359,15 +399,38 @@ def _keys(args: argparse.Namespace) -> int:
     return 0
 
 
+def _launch(args: argparse.Namespace) -> int:
+    from jes.distributed.launch import launch
+
+    command = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
+    try:
+        return launch(command, args.processes, devices_per_process=args.devices_per_process,
+                      coordinator=args.coordinator, first_process_id=args.first_process_id,
+                      local_processes=args.local_processes, prefix=not args.no_prefix)
+    except ValueError as err:
+        print(f"jes launch: {err}", file=sys.stderr)
+        return 2
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``jes`` console script."""
     args = _parser().parse_args(argv)
     if args.command == "keys":
         return _keys(args)  # needs no JAX
+    if args.command == "launch":
+        return _launch(args)  # needs no JAX either: the processes it starts import it
     from jes.compilation_cache import enable_compilation_cache
     from jes.cpu import use_cpu_cores
 
     use_cpu_cores()  # one CPU device per core (results are identical for any device count)
+    if getattr(args, "distributed", False):
+        from jes.distributed import jax_runtime
+
+        try:  # before anything computes (reading a checkpoint to resume from included)
+            jax_runtime.ensure_initialized()
+        except jax_runtime.DistributedSetupError as err:
+            print(f"jes {args.command}: {err}", file=sys.stderr)
+            return 2
     enable_compilation_cache()
     handler = {"train": _train, "eval": _eval, "sweep": _sweep, "plot": _plot}[args.command]
     try:

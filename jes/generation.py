@@ -110,7 +110,20 @@ def as_key(key: Any) -> jax.Array:
 
 
 def resolve_devices(devices: Any) -> list:
-    """``None`` -> all local devices; an int n -> the first n; or an explicit list of devices."""
+    """The devices a run's population is sharded over.
+
+    In one process: ``None`` -> all local devices; an int n -> the first n; or an explicit list.
+    In a multi-process ``jax.distributed`` run: every device of every process (``None`` only),
+    so that each process holds its share of the population.
+    """
+    if jax.process_count() > 1:
+        if devices is not None:
+            raise ValueError(
+                f"devices={devices!r}: in a multi-process jax.distributed run the population is sharded over "
+                f"every device of every process ({jax.device_count()} here); leave devices=None and choose "
+                f"each process's devices when it starts (jes launch --devices-per-process, CUDA_VISIBLE_DEVICES, "
+                f"JAX_NUM_CPU_DEVICES)")
+        return list(jax.devices())
     local = jax.local_devices()
     if devices is None:
         return list(local)
@@ -122,6 +135,26 @@ def resolve_devices(devices: Any) -> list:
     if not devices:
         raise ValueError("devices must name at least one device")
     return devices
+
+
+def localize(tree: Any) -> Any:
+    """This process's copy of each replicated array in ``tree`` (a no-op in a single-process run).
+
+    In a multi-process run the compiled step returns arrays that span every process's devices;
+    host code (metrics, checkpoints, results) reads them through this process's own replica.
+    Only valid for replicated arrays, which is what the step returns.
+    """
+    def one(x):
+        if isinstance(x, jax.Array) and not x.is_fully_addressable:
+            return x.addressable_data(0)
+        return x
+
+    return jax.tree.map(one, tree)
+
+
+def fetch(tree: Any) -> Any:
+    """Host (numpy) values of a tree of replicated arrays, in single- and multi-process runs alike."""
+    return jax.device_get(localize(tree))
 
 
 def build_context(strategy: Strategy, optimizer: Any, config: ESConfig, num_params: int) -> tuple[Context, str | None]:
@@ -235,8 +268,21 @@ class Generation:
         """Put a state (fresh, restored, or from another process) replicated on this run's devices.
 
         The compiled step returns replicated state; feeding it the same placement keeps it at one compilation.
+        In a multi-process run every process must call this with the same values (JAX checks it).
         """
-        return jax.device_put(state, self.replicated)
+        if self.replicated.is_fully_addressable:
+            return jax.device_put(state, self.replicated)
+
+        def one(x):
+            if isinstance(x, jax.Array) and x.sharding == self.replicated:
+                return x
+            if isinstance(x, jax.Array) and jnp.issubdtype(x.dtype, jax.dtypes.prng_key):
+                data = np.asarray(jax.device_get(jax.random.key_data(localize(x))))
+                return jax.random.wrap_key_data(jax.device_put(data, self.replicated), impl=jax.random.key_impl(x))
+            # Host values go to every process's devices (jax checks that all processes hold the same).
+            return jax.device_put(np.asarray(jax.device_get(localize(x))), self.replicated)
+
+        return jax.tree.map(one, state)
 
     def params_tree(self, flat_params: jax.Array) -> Any:
         """The parameter pytree of a flat parameter vector."""

@@ -19,9 +19,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from jes import checkpoint, logging as jes_logging
+from jes.distributed import jax_runtime
 from jes.distributed.master import Master
 from jes.config import ESConfig
-from jes.generation import Trainer, TrainState, as_key
+from jes.generation import Trainer, TrainState, as_key, fetch, localize
 from jes.trained import ActionMap, TrainedPolicy
 
 
@@ -188,8 +189,8 @@ def trained_policy(trainer: Trainer, flat_params: Any, state: TrainState) -> Tra
     """A :class:`TrainedPolicy` of ``flat_params`` with ``trainer``'s policy and action mapping and ``state``'s normaliser."""
     stats = None
     if trainer.obs_norm(state) is not None:
-        stats = tuple(np.asarray(jax.device_get(x)) for x in (state.obs_count, state.obs_sum, state.obs_sumsq))
-    return TrainedPolicy(trainer.policy, np.asarray(jax.device_get(flat_params)), trainer.spec.obs_shape,
+        stats = tuple(np.asarray(fetch(x)) for x in (state.obs_count, state.obs_sum, state.obs_sumsq))
+    return TrainedPolicy(trainer.policy, np.asarray(fetch(flat_params)), trainer.spec.obs_shape,
                          ActionMap.from_spec(trainer.spec), obs_stats=stats, env_name=trainer.spec.name,
                          max_steps=trainer.spec.max_steps, env=trainer.spec)
 
@@ -221,6 +222,7 @@ def train(
     master: str | None = None,
     secret: bytes | str | None = None,
     master_options: dict | None = None,
+    distributed: bool = False,
     rollout_min_batch: int = 32,
     **overrides: Any,
 ) -> TrainResult:
@@ -264,11 +266,23 @@ def train(
         master_options: keyword arguments of :class:`jes.distributed.master.Master` (timing knobs
             ``heartbeat_interval``, ``worker_timeout``, ``assign_timeout``, ``min_deadline``,
             ``target_range_seconds``, ``max_range_chunks``; ``audit``; ``curve_secret_key``).
+        distributed: run over every process of a multi-process JAX runtime (``jax.distributed``:
+            homogeneous accelerator clusters). Every process runs the same script and call; jes joins
+            the runtime from what ``jes launch``, Slurm or a TPU pod provides (or uses the one started
+            by :func:`jes.distributed.initialize`) and shards the population over every device of every
+            process. Bit-identical to one process; process 0 writes logs and checkpoints; every process
+            returns the same result. A run already inside an initialised runtime uses it without this flag.
         rollout_min_batch: see :class:`Trainer` (a speed/compile-time knob; results do not depend on it).
 
     Returns:
         A :class:`TrainResult`.
     """
+    if distributed:
+        if master is not None:
+            raise ValueError("distributed=True (JAX's multi-process runtime) and master= (the ZeroMQ master for "
+                             "jes-worker fleets) are two different backends; choose one")
+        jax_runtime.ensure_initialized()
+    primary = jax.process_index() == 0
     config = (config or ESConfig()).replace(**overrides) if overrides else (config or ESConfig())
     trainer = Trainer(policy, env, optimizer, config, env_params=env_params, devices=devices,
                       rollout_min_batch=rollout_min_batch, strategy=strategy)
@@ -287,8 +301,13 @@ def train(
     if checkpoint_path == "<log_dir>/checkpoint.ckpt":
         checkpoint_path = resume if resume is not None else (
             os.path.join(log_dir, "checkpoint.ckpt") if log_dir is not None else None)
-    loggers = [jes_logging.ProgressBar(config.num_generations, int(state.generation), enabled=progress)]
-    if log_dir is not None:
+    if jax.process_count() > 1:
+        log_dir = _from_process_0(log_dir)  # its auto name has process 0's clock in it
+        checkpoint_path = _from_process_0(checkpoint_path)
+    # In a multi-process run process 0 alone reports (and writes; see run()).
+    loggers = [jes_logging.ProgressBar(config.num_generations, int(fetch(state.generation)),
+                                       enabled=progress if primary else False)]
+    if log_dir is not None and primary:
         hparams = dict(config.to_dict(), env=trainer.spec.name, policy=type(trainer.policy).__name__,
                        optimizer=trainer.optimizer_name or "", strategy=trainer.strategy.describe(), num_params=trainer.num_params,
                        key=str(np.asarray(jax.random.key_data(as_key(key))).tolist()))
@@ -304,6 +323,20 @@ def train(
                    checkpoint_path=checkpoint_path, checkpoint_every=checkpoint_every, log_dir=log_dir)
     finally:
         jes_logging.close_all(loggers)
+
+
+def _from_process_0(text: str | None) -> str | None:
+    """Process 0's value of a short host string, in every process of a multi-process run."""
+    from jax.experimental import multihost_utils
+
+    data = np.zeros(4097, np.uint8)  # [is None, utf-8 bytes...]
+    if text is None:
+        data[0] = 1
+    else:
+        raw = text.encode()[:4096]
+        data[1:1 + len(raw)] = np.frombuffer(raw, np.uint8)
+    data = np.asarray(multihost_utils.broadcast_one_to_all(data))
+    return None if data[0] else bytes(data[1:]).rstrip(b"\0").decode()
 
 
 def _apply_new_learning_rate(trainer: Trainer, state: TrainState, old: Any, path: str) -> TrainState:
@@ -351,13 +384,16 @@ def run(trainer: Trainer, state: TrainState, *, key: Any = 0, callbacks: Iterabl
     if checkpoint_every < 0:
         raise ValueError(f"checkpoint_every must be >= 0, got {checkpoint_every}")
 
+    # In a multi-process run only process 0 writes the checkpoint (every process computes the same state).
+    save_to = checkpoint_path if jax.process_index() == 0 else None
+
     def save_checkpoint():
-        checkpoint.save(checkpoint_path, trainer, state, history, key)
+        checkpoint.save(save_to, trainer, localize(state), history, key)
 
     cfg = trainer.config
     total = cfg.num_generations if num_generations is None else num_generations
     history = {k: list(v) for k, v in (history or {}).items()} or {k: [] for k in HISTORY_KEYS}
-    start_gen = int(state.generation)
+    start_gen = int(fetch(state.generation))
     env_steps = int(history["env_steps"][-1]) if history.get("env_steps") else 0
     solved_return = cfg.stop_at_return if cfg.stop_at_return is not None else trainer.spec.solved_return
     solved_generation = _first_solved(history, solved_return)
@@ -368,7 +404,9 @@ def run(trainer: Trainer, state: TrainState, *, key: Any = 0, callbacks: Iterabl
     state = trainer.place(state)
     if step_fn is None:
         compiled, compile_time = trainer.compiled_step(state)
-        step_fn = lambda s, evaluate: compiled(s, jnp.bool_(evaluate))
+        # Placed once like the state (in a multi-process run a host bool would be checked across processes each call).
+        flags = {flag: jax.device_put(np.bool_(flag), trainer.replicated) for flag in (False, True)}
+        step_fn = lambda s, evaluate: compiled(s, flags[bool(evaluate)])
     else:
         compile_time = 0.0
     loop_start = time.perf_counter()
@@ -380,10 +418,10 @@ def run(trainer: Trainer, state: TrainState, *, key: Any = 0, callbacks: Iterabl
             evaluate = last or (cfg.eval_every > 0 and (gen + 1) % cfg.eval_every == 0)
             t_gen = time.perf_counter()
             new_state, metrics = step_fn(state, evaluate)
-            metrics = {k: v.item() for k, v in jax.device_get(metrics).items()}
+            metrics = {k: v.item() for k, v in fetch(metrics).items()}
             if metrics["bad_member"] >= 0 or metrics["bad_update"]:
                 # Keep what was achieved: the last good state goes to the checkpoint and into the error.
-                if checkpoint_path is not None:
+                if save_to is not None:
                     save_checkpoint()
                 partial = _result(trainer, state, history, key, solved_generation, compile_time, t_start, best,
                                   checkpoint_path, log_dir)
@@ -413,13 +451,13 @@ def run(trainer: Trainer, state: TrainState, *, key: Any = 0, callbacks: Iterabl
                 # Regenerated from its key (the state before this generation's update), only when it improves.
                 member = int(metrics["best_member"])
                 best = BestMember(fitness=float(metrics["pop_max"]), generation=gen + 1, member=member,
-                                  flat_params=np.asarray(jax.device_get(trainer.member(state, jnp.int32(member)))),
+                                  flat_params=np.asarray(fetch(trainer.member(localize(state), jnp.int32(member)))),
                                   policy=None)
                 best.policy = trained_policy(trainer, best.flat_params, state)
             state = new_state  # after the history row, so an interrupt never leaves history behind the state
             for callback in callbacks:
                 callback(record)
-            if checkpoint_path is not None and checkpoint_every and (gen + 1) % checkpoint_every == 0:
+            if save_to is not None and checkpoint_every and (gen + 1) % checkpoint_every == 0:
                 save_checkpoint()
                 saved_generation = gen + 1
             if solved_generation is None and solved_return is not None and metrics["centre_return"] >= solved_return:
@@ -427,10 +465,10 @@ def run(trainer: Trainer, state: TrainState, *, key: Any = 0, callbacks: Iterabl
                 if cfg.stop_at_return is not None:
                     break
     except KeyboardInterrupt:
-        if checkpoint_path is not None:
+        if save_to is not None:
             save_checkpoint()
         raise
-    if checkpoint_path is not None and saved_generation != int(state.generation):
+    if save_to is not None and saved_generation != int(fetch(state.generation)):
         save_checkpoint()
     return _result(trainer, state, history, key, solved_generation, compile_time, t_start, best, checkpoint_path, log_dir)
 
@@ -447,7 +485,8 @@ def _first_solved(history: dict, solved_return: float | None) -> int | None:
 
 def _result(trainer, state, history, key, solved_generation, compile_time, t_start, best=None,
             checkpoint_path=None, log_dir=None) -> TrainResult:
-    flat = np.asarray(jax.device_get(state.params))
+    state = localize(state)  # this process's replica: usable on its own, in every process alike
+    flat = np.asarray(fetch(state.params))
     return TrainResult(
         params=trainer.params_tree(flat),
         flat_params=flat,

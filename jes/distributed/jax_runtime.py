@@ -1,0 +1,190 @@
+"""One training run over many processes with JAX's own multi-controller runtime (``jax.distributed``).
+
+Every process runs the same script. :func:`initialize` joins the processes into one JAX
+runtime; :class:`jes.generation.Trainer` then builds its device mesh over every device of
+every process, and the one compiled generation step shards the population's chunks over
+all of them (fitness and per-chunk statistics are all-gathered, then summed in chunk
+order, so the result is bit-identical to one process on one device). Process 0 writes the
+logs and checkpoints; every process returns the same result.
+
+Where the coordinates come from, first match wins:
+
+1. the arguments of :func:`initialize`;
+2. ``JES_COORDINATOR``, ``JES_NUM_PROCESSES``, ``JES_PROCESS_ID`` (set by ``jes launch``);
+3. JAX's cluster detection: Slurm (``srun``), Cloud TPU pods, Open MPI, Kubernetes
+   (``JAX_COORDINATOR_ADDRESS`` is honoured there too).
+
+JAX's runtime is not elastic: when one process dies, the others stop (JAX's coordination
+service ends them once the dead process misses its heartbeats; ``jes launch`` stops them
+at once). Resume from the last checkpoint with any number of processes. For fleets where
+machines come and go, use the ZeroMQ backend (``jes-worker``) instead.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Sequence
+
+import jax
+
+ENV_COORDINATOR = "JES_COORDINATOR"
+ENV_NUM_PROCESSES = "JES_NUM_PROCESSES"
+ENV_PROCESS_ID = "JES_PROCESS_ID"
+
+HOW_TO_START = (
+    "start every process of the run with the same script: `jes launch --processes N -- python script.py` on one "
+    "machine or on hosts without a scheduler, `srun` under Slurm, or on every host of a TPU pod slice; or call "
+    "jes.distributed.initialize(coordinator='HOST:PORT', num_processes=N, process_id=I) in each process"
+)
+
+
+class DistributedSetupError(RuntimeError):
+    """The multi-process runtime could not be started as asked."""
+
+
+@dataclasses.dataclass(frozen=True)
+class ProcessInfo:
+    """Where this process stands in a multi-process run.
+
+    Attributes:
+        process_id: this process's index (0 writes logs and checkpoints).
+        num_processes: processes in the run.
+        local_devices: this process's devices.
+        num_devices: devices over all processes (the population is sharded over all of them).
+    """
+
+    process_id: int
+    num_processes: int
+    local_devices: tuple
+    num_devices: int
+
+    @property
+    def is_primary(self) -> bool:
+        """Whether this is process 0."""
+        return self.process_id == 0
+
+
+def is_initialized() -> bool:
+    """Whether ``jax.distributed`` has been initialised in this process (by jes or by the user)."""
+    check = getattr(jax.distributed, "is_initialized", None)
+    if check is not None:
+        return bool(check())
+    from jax._src import distributed as _distributed  # older jax: no public probe
+
+    return _distributed.global_state.client is not None
+
+
+def _backends_started() -> bool:
+    from jes.cpu import _backends_initialized
+
+    return _backends_initialized()
+
+
+def _env_int(name: str) -> int | None:
+    value = os.environ.get(name)
+    if value in (None, ""):
+        return None
+    try:
+        return int(value)
+    except ValueError:
+        raise DistributedSetupError(f"{name}={value!r} must be an integer") from None
+
+
+def info() -> ProcessInfo:
+    """This process's :class:`ProcessInfo` (starts JAX's backends if they are not yet running)."""
+    return ProcessInfo(process_id=jax.process_index(), num_processes=jax.process_count(),
+                       local_devices=tuple(jax.local_devices()), num_devices=jax.device_count())
+
+
+def initialize(coordinator: str | None = None, num_processes: int | None = None, process_id: int | None = None,
+               *, local_device_ids: Sequence[int] | None = None, heartbeat_timeout_seconds: int | None = None,
+               initialization_timeout: int = 300) -> ProcessInfo:
+    """Join this process to a multi-process JAX run; call it first, before any JAX computation.
+
+    Example (every process runs the same script)::
+
+        import jes
+        jes.distributed.initialize()          # coordinates from jes launch / Slurm / a TPU pod
+        result = jes.train(jes.GRUPolicy(), "CartPole-v1")
+
+    Args:
+        coordinator: ``"HOST:PORT"`` of process 0's coordination service (default:
+            ``$JES_COORDINATOR``, else detected from the cluster).
+        num_processes: processes in the run (default: ``$JES_NUM_PROCESSES``, else detected).
+        process_id: this process's index, ``0 .. num_processes-1`` (default: ``$JES_PROCESS_ID``,
+            else detected).
+        local_device_ids: this process's accelerator ids (default: all it sees).
+        heartbeat_timeout_seconds: how long the others wait for a silent process before they all
+            stop (JAX's default, 100 s, when ``None``).
+        initialization_timeout: seconds to wait for every process to join.
+
+    Returns:
+        This process's :class:`ProcessInfo`. Calling it again (or after your own
+        ``jax.distributed.initialize``) returns the running runtime's info.
+
+    Raises:
+        DistributedSetupError: bad or missing coordinates, or JAX already computing in this process.
+    """
+    if is_initialized():
+        current = info()
+        if (num_processes is not None and num_processes != current.num_processes) or (
+                process_id is not None and process_id != current.process_id):
+            raise DistributedSetupError(
+                f"jax.distributed is already running as process {current.process_id} of {current.num_processes}; "
+                f"cannot join again as process {process_id} of {num_processes}")
+        return current
+    coordinator = coordinator or os.environ.get(ENV_COORDINATOR) or None
+    num_processes = num_processes if num_processes is not None else _env_int(ENV_NUM_PROCESSES)
+    process_id = process_id if process_id is not None else _env_int(ENV_PROCESS_ID)
+    if num_processes is not None and (isinstance(num_processes, bool) or not isinstance(num_processes, int)
+                                      or num_processes < 1):
+        raise DistributedSetupError(f"num_processes must be a positive integer, got {num_processes!r}")
+    if process_id is not None and num_processes is not None and not 0 <= process_id < num_processes:
+        raise DistributedSetupError(f"process_id={process_id} is outside 0..{num_processes - 1} "
+                                    f"(num_processes={num_processes})")
+    if coordinator is not None and ":" not in coordinator:
+        raise DistributedSetupError(f"coordinator={coordinator!r} must be HOST:PORT, e.g. '10.0.0.1:1234'")
+    if _backends_started():
+        raise DistributedSetupError(
+            "JAX is already computing in this process, so it can no longer join a multi-process run: call "
+            "jes.distributed.initialize() (or jes.train(..., distributed=True)) before any other JAX code, "
+            "e.g. first thing in the script")
+    kwargs = dict(coordinator_address=coordinator, num_processes=num_processes, process_id=process_id,
+                  local_device_ids=local_device_ids, initialization_timeout=initialization_timeout)
+    if heartbeat_timeout_seconds is not None:
+        kwargs["heartbeat_timeout_seconds"] = heartbeat_timeout_seconds
+    try:
+        jax.distributed.initialize(**kwargs)
+    except (ValueError, TypeError) as err:
+        raise DistributedSetupError(f"could not start the multi-process JAX runtime ({err}); {HOW_TO_START}") from err
+    except RuntimeError as err:
+        raise DistributedSetupError(
+            f"could not join the multi-process JAX runtime at {coordinator or 'the detected coordinator'} "
+            f"as process {process_id} of {num_processes}: {err}. Check that every process was started, that "
+            f"process 0 can listen on that address and the others reach it") from err
+    return info()
+
+
+def ensure_initialized() -> ProcessInfo:
+    """What ``jes.train(..., distributed=True)`` calls: the running runtime, or one started from the environment."""
+    if is_initialized():
+        return info()
+    if os.environ.get(ENV_NUM_PROCESSES) is None and not _cluster_detected():
+        raise DistributedSetupError(f"distributed=True, but this process was not started as part of a "
+                                    f"multi-process run: {HOW_TO_START}")
+    return initialize()
+
+
+def _cluster_detected() -> bool:
+    """Whether JAX's cluster detection (Slurm, TPU pod, Open MPI, k8s, ...) recognises this environment."""
+    try:
+        from jax._src.clusters import ClusterEnv
+    except ImportError:  # pragma: no cover - other jax layouts: let jax.distributed decide
+        return True
+    for env in getattr(ClusterEnv, "_cluster_types", ()):
+        try:
+            if env.is_env_present():
+                return True
+        except Exception:  # a detector that cannot run here (missing optional package)
+            continue
+    return bool(os.environ.get("JAX_COORDINATOR_ADDRESS"))

@@ -1,0 +1,156 @@
+"""``jes launch``: start the N processes of a ``jax.distributed`` run on this machine.
+
+For trying the multi-process backend on one machine, and for clusters without a scheduler
+(run ``jes launch --coordinator HOST0:PORT --num-processes N --first-process-id K`` on each host).
+Each process gets ``JES_COORDINATOR``, ``JES_NUM_PROCESSES`` and ``JES_PROCESS_ID`` (read by
+:func:`jes.distributed.initialize` and ``jes.train(..., distributed=True)``), and on CPU
+``JES_CPU_DEVICES``/``JAX_NUM_CPU_DEVICES`` for its device count. Their output is forwarded line
+by line with a ``[pI]`` prefix. When one exits with an error, the others are stopped at once
+(JAX's runtime is not elastic) and the launcher exits with that process's status.
+
+This module does not import JAX.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from typing import Sequence, TextIO
+
+NOT_ELASTIC = ("JAX's multi-process runtime is not elastic: a run stops when one of its processes stops. Continue "
+               "from the last checkpoint (jes train --resume CKPT, or jes.train(..., resume=CKPT)) with any number "
+               "of processes; for fleets where machines come and go, use the ZeroMQ backend (jes-worker)")
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port that nothing on ``host`` listens on right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]
+
+
+def process_env(base: dict, coordinator: str, num_processes: int, process_id: int,
+                devices_per_process: int | None) -> dict:
+    """The environment of process ``process_id``."""
+    env = dict(base)
+    env.update(JES_COORDINATOR=coordinator, JES_NUM_PROCESSES=str(num_processes), JES_PROCESS_ID=str(process_id))
+    env.setdefault("PYTHONUNBUFFERED", "1")  # lines arrive as they are printed
+    if devices_per_process is not None:
+        # CPU devices per process (accelerators: choose with CUDA_VISIBLE_DEVICES / TPU topology instead).
+        env["JES_CPU_DEVICES"] = str(devices_per_process)
+        env["JAX_NUM_CPU_DEVICES"] = str(devices_per_process)
+    return env
+
+
+def _forward(stream, prefix: str, out: TextIO, lock: threading.Lock) -> None:
+    for line in iter(stream.readline, ""):
+        with lock:
+            out.write(prefix + line if prefix else line)
+            out.flush()
+    stream.close()
+
+
+def _stop(procs: Sequence[subprocess.Popen], grace: float) -> None:
+    for proc in procs:
+        if proc.poll() is None:
+            try:
+                proc.send_signal(signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+    deadline = time.monotonic() + grace
+    for proc in procs:
+        try:
+            proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def launch(command: Sequence[str], num_processes: int, *, devices_per_process: int | None = 1,
+           coordinator: str | None = None, first_process_id: int = 0, local_processes: int | None = None,
+           prefix: bool = True, grace: float = 5.0, out: TextIO | None = None, err: TextIO | None = None) -> int:
+    """Run ``command`` as processes ``first_process_id ..`` of an ``num_processes``-process run; their exit status.
+
+    Args:
+        command: the program and its arguments (the same for every process).
+        num_processes: processes in the whole run.
+        devices_per_process: CPU devices each process exposes (``None``: leave the environment as it is).
+        coordinator: ``HOST:PORT`` of process 0's coordination service (default: a free loopback port,
+            for runs on this machine only).
+        first_process_id: id of the first process started here (multi-host runs without a scheduler).
+        local_processes: how many to start here (default: all of ``num_processes - first_process_id``).
+        prefix: prefix each output line with ``[pI] ``.
+        grace: seconds the others get to exit after SIGTERM before SIGKILL, once one has failed.
+
+    Returns:
+        0 if every process exited with 0; else the first failing process's status (128+signal if killed).
+    """
+    out = out or sys.stdout
+    err = err or sys.stderr
+    if not command:
+        raise ValueError("no command to launch: jes launch --processes N -- python my_script.py")
+    if num_processes < 1:
+        raise ValueError(f"--processes must be >= 1, got {num_processes}")
+    if devices_per_process is not None and devices_per_process < 1:
+        raise ValueError(f"--devices-per-process must be >= 1, got {devices_per_process}")
+    local = num_processes - first_process_id if local_processes is None else local_processes
+    if not (0 <= first_process_id and local >= 1 and first_process_id + local <= num_processes):
+        raise ValueError(f"processes {first_process_id}..{first_process_id + local - 1} are not within a "
+                         f"{num_processes}-process run")
+    if coordinator is None:
+        if local != num_processes:
+            raise ValueError("a run spread over several hosts needs --coordinator HOST:PORT (process 0's host)")
+        coordinator = f"127.0.0.1:{free_port()}"
+    lock = threading.Lock()
+    procs: list[subprocess.Popen] = []
+    threads = []
+    for i in range(first_process_id, first_process_id + local):
+        env = process_env(os.environ, coordinator, num_processes, i, devices_per_process)
+        try:
+            proc = subprocess.Popen(list(command), env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                    text=True, bufsize=1)
+        except OSError as error:
+            _stop(procs, grace)
+            raise ValueError(f"cannot start {command[0]!r}: {error}") from error
+        procs.append(proc)
+        thread = threading.Thread(target=_forward, args=(proc.stdout, f"[p{i}] " if prefix else "", out, lock),
+                                  daemon=True)
+        thread.start()
+        threads.append(thread)
+    status = 0
+    try:
+        running = set(range(len(procs)))
+        while running:
+            for index in sorted(running):
+                code = procs[index].poll()
+                if code is None:
+                    continue
+                running.discard(index)
+                if code != 0 and status == 0:
+                    status = code if code > 0 else 128 - code
+                    others = [p for j, p in enumerate(procs) if j in running]
+                    with lock:
+                        reason = f"was killed by signal {-code}" if code < 0 else f"exited with status {code}"
+                        err.write(f"jes launch: process {first_process_id + index} {reason}; stopping the other "
+                                  f"{len(others)} process(es). {NOT_ELASTIC}\n")
+                        err.flush()
+                    _stop(others, grace)
+                    running.clear()
+                    break
+            time.sleep(0.05)
+    except KeyboardInterrupt:
+        # The terminal sent SIGINT to the whole process group already; give the processes time to checkpoint.
+        for proc in procs:
+            try:
+                proc.wait(timeout=grace * 6)
+            except subprocess.TimeoutExpired:
+                pass
+        _stop(procs, grace)
+        status = 130
+    for thread in threads:
+        thread.join(timeout=grace)
+    return status

@@ -1,0 +1,50 @@
+"""One process of a jax.distributed test run (tests/test_jax_distributed.py starts it with ``jes launch``).
+
+    python tests/jax_distributed_run.py OUT_DIR GENERATIONS [RESUME_CHECKPOINT]
+
+Trains the small run of :func:`small_run` with ``distributed=True`` and writes what this process's
+result holds to ``OUT_DIR/result<process id>.npz``. ``JES_TEST_DIE_AT=G`` makes process 1 exit
+abruptly (status 3) after generation G, as a crashed host would.
+"""
+import os
+import sys
+
+import numpy as np
+
+
+def small_run(num_generations: int) -> dict:
+    """Keyword arguments of ``jes.train`` shared by the launched processes and the one-process reference."""
+    import jes
+
+    return dict(policy=jes.MLPPolicy(hidden_sizes=(8,)), env="CartPole-v1", optimizer="adam", key=7,
+                config=jes.ESConfig(num_members=16, chunk_size=4, num_generations=num_generations, eval_every=1,
+                                    eval_episodes=2, max_episode_steps=60))
+
+
+def main(out: str, generations: int, resume: str | None = None) -> None:
+    import jes
+
+    jes.enable_compilation_cache(os.environ.get("JES_TEST_CACHE") or None)
+    die_at = int(os.environ.get("JES_TEST_DIE_AT", "0"))
+
+    def maybe_die(record):
+        import jax
+
+        if die_at and record["generation"] == die_at and jax.process_index() == 1:
+            os._exit(3)
+
+    kwargs = small_run(generations)
+    result = jes.train(kwargs.pop("policy"), kwargs.pop("env"), kwargs.pop("optimizer"), distributed=True,
+                       log_dir=os.path.join(out, "runs"), checkpoint_every=1, progress=False,
+                       callbacks=[maybe_die], resume=resume, **kwargs)
+    import jax
+
+    np.savez(os.path.join(out, f"result{jax.process_index()}.npz"), flat=result.flat_params,
+             pop_mean=result.history["pop_mean"], centre=result.history["centre_return"],
+             best=result.best.flat_params, processes=jax.process_count(), devices=jax.device_count(),
+             checkpoint=str(result.checkpoint_path), log_dir=str(result.log_dir))
+    print(f"process {jax.process_index()} of {jax.process_count()} done", flush=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], int(sys.argv[2]), sys.argv[3] if len(sys.argv) > 3 else None)

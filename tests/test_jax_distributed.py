@@ -1,0 +1,137 @@
+"""The jax.distributed backend: real multi-process JAX runtimes on loopback, started with ``jes launch``.
+
+2 processes x 1 CPU device and 2 processes x 2 CPU devices give bit-identical results to one
+process on one device; a run checkpointed by 2 processes resumes in 1; a process that dies stops
+the others with a clear error.
+"""
+import os
+import signal
+import subprocess
+import sys
+
+import jax
+import numpy as np
+import pytest
+
+import jes
+from jes.distributed import jax_runtime
+from jes.distributed.launch import NOT_ELASTIC, process_env
+
+from jax_distributed_run import small_run
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SCRIPT = os.path.join(HERE, "jax_distributed_run.py")
+ROOT = os.path.dirname(HERE)
+LAUNCH_TIMEOUT = 360  # seconds for one launched run (two processes compiling on a loaded 2-core machine)
+
+pytestmark = pytest.mark.hard_timeout(2 * LAUNCH_TIMEOUT + 120)
+
+
+def launch(out_dir, processes, devices_per_process, generations, *extra, env=None):
+    """``jes launch`` the test script; (status, output). Fails the test (and kills every process) past the timeout."""
+    os.makedirs(out_dir, exist_ok=True)
+    cmd = [sys.executable, "-m", "jes.cli", "launch", "--processes", str(processes),
+           "--devices-per-process", str(devices_per_process), "--", sys.executable, SCRIPT, str(out_dir),
+           str(generations), *extra]
+    child_env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")])),
+                     **(env or {}))
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=child_env,
+                            start_new_session=True)
+    try:
+        output, _ = proc.communicate(timeout=LAUNCH_TIMEOUT)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        output, _ = proc.communicate()
+        pytest.fail(f"jes launch {processes}x{devices_per_process} did not finish within {LAUNCH_TIMEOUT}s:\n{output}")
+    return proc.returncode, output
+
+
+def results(out_dir, processes):
+    return [dict(np.load(os.path.join(out_dir, f"result{i}.npz"))) for i in range(processes)]
+
+
+def reference(generations, **overrides):
+    kwargs = small_run(generations)
+    return jes.train(kwargs.pop("policy"), kwargs.pop("env"), kwargs.pop("optimizer"), devices=1, log_dir=None,
+                     checkpoint_path=None, progress=False, **kwargs, **overrides)
+
+
+def test_two_processes_with_one_and_two_devices_are_bit_identical_to_one_process_and_resume_in_one(tmp_path):
+    one = reference(4)
+    # 2 processes x 2 devices, 4 generations from scratch.
+    status, output = launch(tmp_path / "2x2", 2, 2, 4)
+    assert status == 0, output
+    assert "[p0] process 0 of 2 done" in output and "[p1] process 1 of 2 done" in output, output
+    for got in results(tmp_path / "2x2", 2):  # every process returns the same result
+        assert int(got["processes"]) == 2 and int(got["devices"]) == 4
+        np.testing.assert_array_equal(got["flat"], one.flat_params)
+        np.testing.assert_array_equal(got["pop_mean"], one.history["pop_mean"])
+        np.testing.assert_array_equal(got["centre"], one.history["centre_return"])
+        np.testing.assert_array_equal(got["best"], one.best.flat_params)
+    # Only process 0 wrote logs and the checkpoint (a second writer would leave a second event file).
+    runs = tmp_path / "2x2" / "runs"
+    assert sorted(p.name.split(".")[0] for p in runs.iterdir()) == ["checkpoint", "events"], list(runs.iterdir())
+
+    # 2 processes x 1 device, interrupted after 2 generations; resumed in this one process to 4.
+    status, output = launch(tmp_path / "2x1", 2, 1, 2)
+    assert status == 0, output
+    first = results(tmp_path / "2x1", 2)
+    assert int(first[0]["devices"]) == 2
+    np.testing.assert_array_equal(first[0]["flat"], first[1]["flat"])
+    checkpoint_path = str(tmp_path / "2x1" / "runs" / "checkpoint.ckpt")
+    assert str(first[1]["checkpoint"]) == checkpoint_path  # process 0's path, reported by every process
+    resumed = reference(4, resume=checkpoint_path)
+    np.testing.assert_array_equal(resumed.flat_params, one.flat_params)
+
+
+def test_a_process_that_dies_stops_the_others_with_a_clear_error(tmp_path):
+    status, output = launch(tmp_path / "die", 2, 1, 6, env={"JES_TEST_DIE_AT": "2"})
+    assert status == 3, output
+    assert "jes launch: process 1 exited with status 3; stopping the other 1 process(es)" in output, output
+    assert NOT_ELASTIC in output
+    assert "process 0 of 2 done" not in output  # process 0 did not go on alone
+    # The checkpoint of the last generation both processes finished is intact.
+    ckpt = jes.checkpoint.read(str(tmp_path / "die" / "runs" / "checkpoint.ckpt"))
+    assert 1 <= ckpt.generation <= 2
+
+
+def test_distributed_without_a_multi_process_environment_says_how_to_start_one(monkeypatch):
+    for name in (jax_runtime.ENV_NUM_PROCESSES, jax_runtime.ENV_PROCESS_ID, jax_runtime.ENV_COORDINATOR,
+                 "JAX_COORDINATOR_ADDRESS", "SLURM_JOB_ID", "OMPI_MCA_orte_hnp_uri"):
+        monkeypatch.delenv(name, raising=False)
+    with pytest.raises(jax_runtime.DistributedSetupError, match="jes launch --processes N"):
+        jes.train(jes.MLPPolicy(hidden_sizes=(4,)), "CartPole-v1", distributed=True, log_dir=None)
+    # Here JAX is already computing: joining a runtime now is impossible, and the error says when to call it.
+    monkeypatch.setenv(jax_runtime.ENV_NUM_PROCESSES, "2")
+    monkeypatch.setenv(jax_runtime.ENV_PROCESS_ID, "1")
+    monkeypatch.setenv(jax_runtime.ENV_COORDINATOR, "127.0.0.1:1")
+    jax.numpy.zeros(1).block_until_ready()
+    with pytest.raises(jax_runtime.DistributedSetupError, match="before any other JAX code"):
+        jes.distributed.initialize()
+    with pytest.raises(ValueError, match="two different backends"):
+        jes.train(jes.MLPPolicy(hidden_sizes=(4,)), "CartPole-v1", distributed=True, master=":0", log_dir=None)
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(num_processes=0), "positive integer"),
+    (dict(num_processes=2, process_id=2), "outside 0..1"),
+    (dict(coordinator="localhost", num_processes=2, process_id=0), "HOST:PORT"),
+])
+def test_initialize_refuses_bad_coordinates(kwargs, message):
+    with pytest.raises(jax_runtime.DistributedSetupError, match=message):
+        jes.distributed.initialize(**kwargs)
+
+
+def test_launch_environment_and_argument_errors():
+    env = process_env({"PATH": "/bin"}, "127.0.0.1:5", 3, 2, 2)
+    assert (env["JES_COORDINATOR"], env["JES_NUM_PROCESSES"], env["JES_PROCESS_ID"]) == ("127.0.0.1:5", "3", "2")
+    assert env["JAX_NUM_CPU_DEVICES"] == env["JES_CPU_DEVICES"] == "2"
+    run = lambda *args: subprocess.run([sys.executable, "-m", "jes.cli", "launch", *args], capture_output=True,
+                                       text=True, timeout=120, env=dict(os.environ, PYTHONPATH=ROOT))
+    no_command = run("--processes", "2")
+    assert no_command.returncode == 2 and "no command to launch" in no_command.stderr
+    split = run("--processes", "4", "--local-processes", "2", "--", "true")
+    assert split.returncode == 2 and "--coordinator HOST:PORT" in split.stderr
+    ok = run("--processes", "2", "--", sys.executable, "-c",
+             "import os; print('id', os.environ['JES_PROCESS_ID'], 'of', os.environ['JES_NUM_PROCESSES'])")
+    assert ok.returncode == 0 and "[p0] id 0 of 2" in ok.stdout and "[p1] id 1 of 2" in ok.stdout
