@@ -1,0 +1,234 @@
+"""Scaling out: one process vs two (jax.distributed) vs a ZeroMQ master with 1 and 2 workers, side by side.
+
+    python benchmarks/scaling.py [--generations 8] [--population 512]
+
+Part 1 measures, in one run on this machine, OpenAI-ES on CartPole-v1 with a GRU 5x2 (367 params),
+the population in chunks of 64, no centre evaluation in the timed generations:
+
+- 1 process, 1 device; 1 process, 2 devices (one per core: jes's default on CPU);
+- ``jes launch --processes 2`` (jax.distributed, 1 CPU device each, gloo collectives);
+- a ZeroMQ master in this process with 1 and with 2 ``jes-worker`` processes (pinned one per core).
+
+Each row: median ms/generation over the timed generations (the first and the last, which
+evaluates the centre, left out), env steps/s, and whether the final parameters are bit-identical
+to the 1-process 1-device run. Every figure comes from fresh processes started by this script.
+
+Part 2 models where each backend stops scaling, from quantities measured here (bytes per chunk
+of the program's all-gathers, bytes per ZeroMQ range, master CPU per range, the master's update
+cost per member and parameter) extrapolated to 100 and 1,000 hosts; the assumptions are printed
+with the table.
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CHUNK = 64
+
+CHILD = r"""
+import hashlib, json, os, sys
+import numpy as np
+import jes
+distributed, devices, gens, population = sys.argv[1] == "1", int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+if not distributed:
+    jes.use_cpu_cores(devices)
+config = jes.ESConfig(num_members=population, chunk_size=64, num_generations=gens, eval_every=0, eval_episodes=8)
+result = jes.train(jes.GRUPolicy(hidden=5, layers=2), "CartPole-v1", "adam", key=0, config=config,
+                   distributed=distributed, log_dir=None, checkpoint_path=None, progress=False)
+import jax
+if jax.process_index() == 0:
+    steps = np.diff(result.history["env_steps"], prepend=0)
+    print("RESULT", json.dumps(dict(times=[float(t) for t in result.history["generation_time"]],
+                                    steps=[float(s) for s in steps], devices=jax.device_count(),
+                                    sha=hashlib.sha256(np.asarray(result.flat_params).tobytes()).hexdigest())), flush=True)
+"""
+
+
+def child_env() -> dict:
+    return dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")])))
+
+
+def parse(output: str) -> dict:
+    for line in output.splitlines():
+        if "RESULT " in line:
+            return json.loads(line.split("RESULT ", 1)[1])
+    raise RuntimeError(f"no result in the child's output:\n{output[-3000:]}")
+
+
+def timed(result: dict) -> tuple[float, float]:
+    """Median s/generation and env steps/s over the generations between the first and the last."""
+    times, steps = result["times"][1:-1], result["steps"][1:-1]
+    return statistics.median(times), sum(steps) / sum(times)
+
+
+def run_local(devices: int, gens: int, population: int) -> dict:
+    out = subprocess.run([sys.executable, "-c", CHILD, "0", str(devices), str(gens), str(population)],
+                         capture_output=True, text=True, env=child_env(), timeout=900)
+    return parse(out.stdout + out.stderr)
+
+
+def run_jax_distributed(processes: int, gens: int, population: int) -> dict:
+    cmd = [sys.executable, "-m", "jes.cli", "launch", "--processes", str(processes), "--devices-per-process", "1",
+           "--", sys.executable, "-c", CHILD, "1", "1", str(gens), str(population)]
+    out = subprocess.run(cmd, capture_output=True, text=True, env=child_env(), timeout=900)
+    if out.returncode != 0:
+        raise RuntimeError(f"jes launch failed:\n{out.stdout[-3000:]}{out.stderr[-3000:]}")
+    return parse(out.stdout)
+
+
+def run_zeromq(workers: int, gens: int, population: int) -> dict:
+    """A master in this process (1 CPU device) with ``workers`` local jes-workers, one per core."""
+    import jax
+
+    import jes
+    from jes.distributed.master import Master
+
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from distributed import SECRET, free_port, start_workers, stop
+
+    config = jes.ESConfig(num_members=population, chunk_size=CHUNK, num_generations=gens, eval_every=0,
+                          eval_episodes=8)
+    trainer = jes.Trainer(jes.GRUPolicy(hidden=5, layers=2), "CartPole-v1", "adam", config)
+    port = free_port()
+    cores = [str(i % (os.cpu_count() or 1)) for i in range(workers)]
+    procs = start_workers(port, cores)
+    try:
+        with Master(trainer, f"127.0.0.1:{port}", secret=SECRET, env="CartPole-v1", optimizer="adam",
+                    status_interval=1e9) as master:
+            state = trainer.init_state(0)
+            if master.wait_for_workers(state, workers, 600) < workers:
+                raise RuntimeError("the workers did not come up")
+            times, steps, cpu, ranges, sent, received = [], [], 0.0, 0, 0, 0
+            for gen in range(gens):
+                before = (time.process_time(), master.stats["assigned_ranges"], master.stats["bytes_sent"],
+                          master.stats["bytes_received"])
+                t0 = time.perf_counter()
+                state, metrics = master.step(state, False)
+                jax.block_until_ready(state)
+                times.append(time.perf_counter() - t0)
+                steps.append(float(metrics["env_steps"]))
+                if 0 < gen < gens - 1:  # as timed() counts
+                    cpu += time.process_time() - before[0]
+                    ranges += master.stats["assigned_ranges"] - before[1]
+                    sent += master.stats["bytes_sent"] - before[2]
+                    received += master.stats["bytes_received"] - before[3]
+            timed_gens = max(gens - 2, 1)
+            return dict(times=times, steps=steps, devices=workers,
+                        sha=hashlib.sha256(np.asarray(jax.device_get(state.params)).tobytes()).hexdigest(),
+                        master_cpu_per_gen=cpu / timed_gens, ranges_per_gen=ranges / timed_gens,
+                        bytes_per_gen=(sent + received) / timed_gens, master_chunks=master.stats["master_chunks"])
+    finally:
+        stop(procs)
+
+
+def program_quantities(population: int) -> dict:
+    """Bytes per chunk that the compiled step all-gathers, and the cost of the update as a master does it."""
+    import jax
+    import jax.numpy as jnp
+
+    import jes
+
+    out = {}
+    for label, policy in (("GRU 5x2", jes.GRUPolicy(hidden=5, layers=2)),
+                          ("MLP 256-256-128", jes.MLPPolicy(hidden_sizes=(256, 256, 128)))):
+        config = jes.ESConfig(num_members=population, chunk_size=CHUNK, eval_every=0)
+        trainer = jes.Trainer(policy, "CartPole-v1", "adam", config, devices=1)
+        state = trainer.init_state(0)
+        chunks = jnp.arange(1, dtype=jnp.int32)
+        results = jax.eval_shape(trainer.evaluate_chunks, state, chunks)
+        weights = jax.eval_shape(lambda s: jax.tree.map(lambda w: w[:1], trainer.weights(s, jnp.zeros(population))), state)
+        stats = jax.eval_shape(trainer.chunk_stats, state, chunks, weights)
+        nbytes = lambda tree: sum(int(np.prod(x.shape)) * x.dtype.itemsize for x in jax.tree.leaves(tree))
+        # The update a ZeroMQ master runs once every range is in: noise regenerated for every member.
+        all_results = jax.tree.map(lambda x: jnp.zeros((trainer.num_chunks, *x.shape[1:]), x.dtype), results)
+        update = jax.jit(trainer.apply_chunk_results)
+        jax.block_until_ready(update(state, all_results))
+        samples = []
+        for _ in range(5):
+            t0 = time.perf_counter()
+            jax.block_until_ready(update(state, all_results))
+            samples.append(time.perf_counter() - t0)
+        out[label] = dict(params=trainer.num_params, results_bytes_per_chunk=nbytes(results),
+                          stats_bytes_per_chunk=nbytes(stats),
+                          update_s_per_member_param=statistics.median(samples) / (population * trainer.num_params))
+    return out
+
+
+def human(n: float) -> str:
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if abs(n) < 1000:
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    return f"{n:.1f} PB"
+
+
+def seconds(s: float) -> str:
+    return f"{s * 1000:.1f} ms" if s < 1 else f"{s:.1f} s"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--generations", type=int, default=8)
+    parser.add_argument("--population", type=int, default=512)
+    args = parser.parse_args()
+    gens, pop = args.generations, args.population
+
+    rows = []
+    for label, fn in (("1 process, 1 device", lambda: run_local(1, gens, pop)),
+                      ("1 process, 2 devices (1 per core)", lambda: run_local(2, gens, pop)),
+                      ("jax.distributed: 2 processes x 1 device", lambda: run_jax_distributed(2, gens, pop)),
+                      ("ZeroMQ: master + 1 worker", lambda: run_zeromq(1, gens, pop)),
+                      ("ZeroMQ: master + 2 workers (1 per core)", lambda: run_zeromq(2, gens, pop))):
+        print(f"running: {label} ...", file=sys.stderr, flush=True)
+        rows.append((label, fn()))
+    base_time, base_rate = timed(rows[0][1])
+    base_sha = rows[0][1]["sha"]
+    print(f"\nOpenAI-ES, CartPole-v1, GRU 5x2 (367 params), population {pop} in chunks of {CHUNK}, "
+          f"{gens} generations, median over generations 2..{gens - 1}; load average at the end: "
+          f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs\n")
+    print("| setup | ms / generation | env steps / s | speed-up vs 1x1 | bit-identical to 1x1 |")
+    print("|---|---|---|---|---|")
+    for label, result in rows:
+        t, rate = timed(result)
+        print(f"| {label} | {t * 1000:.1f} | {rate:,.0f} | {base_time / t:.2f}x | "
+              f"{'yes' if result['sha'] == base_sha else 'NO'} |")
+    zmq = rows[-1][1]
+    print(f"\nZeroMQ, 2 workers: {zmq['ranges_per_gen']:.1f} ranges (round trips) per generation, "
+          f"{human(zmq['bytes_per_gen'])} on the wire per generation, master CPU {seconds(zmq['master_cpu_per_gen'])} "
+          f"per generation ({seconds(zmq['master_cpu_per_gen'] / max(zmq['ranges_per_gen'], 1))} per range, "
+          f"the update included); chunks the master evaluated itself: {zmq['master_chunks']}")
+
+    quantities = program_quantities(pop)
+    per_range_cpu = zmq["master_cpu_per_gen"] / max(zmq["ranges_per_gen"], 1)
+    per_range_bytes = zmq["bytes_per_gen"] / max(zmq["ranges_per_gen"], 1)
+    print("\nModel: where each backend stops scaling. Assumptions: one device per host, "
+          f"{pop} members per host (population grows with the hosts), chunks of {CHUNK}, every host evaluates "
+          "its own chunks; jax.distributed all-gathers each chunk's fitness record and sufficient statistics to "
+          "every device (the chunk-ordered sum that keeps results bit-identical); a ZeroMQ master sends one range "
+          f"per host per generation at the measured {human(per_range_bytes)} and {seconds(per_range_cpu)} of master "
+          "CPU per range, and runs the update itself, regenerating every member's noise (measured cost per "
+          "member x parameter on this CPU, linear extrapolation).\n")
+    print("| policy | hosts | population | jax.distributed: bytes received per host / gen | "
+          "ZeroMQ: round trips / gen | ZeroMQ: bytes through the master / gen | ZeroMQ: master CPU / gen |")
+    print("|---|---|---|---|---|---|---|")
+    for label, q in quantities.items():
+        for hosts in (1, 2, 100, 1000):
+            population = pop * hosts
+            chunks = population // CHUNK
+            gathered = chunks * (q["results_bytes_per_chunk"] + q["stats_bytes_per_chunk"])
+            master_cpu = hosts * per_range_cpu + q["update_s_per_member_param"] * population * q["params"]
+            print(f"| {label} ({q['params']:,} params) | {hosts:,} | {population:,} | {human(gathered)} | {hosts:,} | "
+                  f"{human(hosts * per_range_bytes)} | {seconds(master_cpu)} |")
+
+
+if __name__ == "__main__":
+    main()
