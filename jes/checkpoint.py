@@ -100,7 +100,7 @@ def build_policy(description: dict, path: str = "<checkpoint>", allow_modules: A
     except describe.DescriptionError as err:
         raise CheckpointError(
             f"{path}: cannot rebuild the policy: {err}. Import your policy's module first or pass "
-            f"allow_modules=[...], or build the Trainer yourself and use jes.checkpoint.read(path).restore_state(trainer)"
+            f"allow_modules=[...] (CLI: --allow-module MODULE), or build the Trainer yourself and use jes.checkpoint.read(path).restore_state(trainer)"
         ) from err
 
 

@@ -60,6 +60,9 @@ def _parser() -> argparse.ArgumentParser:
     train.add_argument("--policy", default=None, metavar="{gru,mlp,MODULE:CLASS}",
                        help="policy: gru, mlp, or your own flax.linen.Module as module.path:ClassName, importable "
                             "from the current directory or PYTHONPATH (default: gru)")
+    train.add_argument("--allow-module", action="append", default=[], metavar="MODULE",
+                       help="with --resume: a module the checkpoint's policy may come from besides jes/flax "
+                            "(repeatable; --policy MODULE:CLASS allows its module too)")
     train.add_argument("--policy-arg", action="append", default=[], metavar="KEY=VALUE",
                        help="a field of the policy, repeatable (e.g. --policy-arg features=16); values are Python "
                             "literals (16, 0.5, True, (32, 32)) or else strings")
@@ -143,6 +146,9 @@ def _parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--render", default=None, metavar="PATH",
                           help="also draw one episode: a .gif for gymnax CartPole/Pendulum, a .html for brax envs")
     evaluate.add_argument("--render-steps", type=int, default=None, help="steps to draw at most (default: the episode limit)")
+    evaluate.add_argument("--allow-module", action="append", default=[], metavar="MODULE",
+                          help="a module the checkpoint's policy may come from besides jes/flax (repeatable); "
+                               "a checkpoint never imports a module on its own say-so")
 
     plot = commands.add_parser("plot", help="draw learning curves of runs from their TensorBoard logs into a PNG",
                                formatter_class=_HelpFormatter)
@@ -272,7 +278,7 @@ def _train(args: argparse.Namespace) -> int:
         from jes import checkpoint
 
         ckpt = checkpoint.read(args.resume)
-        policy = ckpt.policy() if policy is None else policy
+        policy = ckpt.policy(allow_modules=args.allow_module) if policy is None else policy
         env = ckpt.env_name if env is None else env
         strategy = checkpoint.build_strategy(ckpt.meta.get("strategy")) if strategy is None else strategy
         optimizer = ckpt.optimizer if optimizer is None else optimizer
@@ -338,7 +344,7 @@ def _eval(args: argparse.Namespace) -> int:
     from jes import checkpoint
     from jes.generation import as_key
 
-    trainer, state, ckpt = checkpoint.load(args.checkpoint)
+    trainer, state, ckpt = checkpoint.load(args.checkpoint, allow_modules=args.allow_module)
     returns, _ = jax.jit(trainer.evaluate_centre, static_argnums=1)(state, args.episodes, as_key(args.seed))
     returns = np.asarray(returns)
     print(f"{args.checkpoint}: {ckpt.env_name}, {type(trainer.policy).__name__}, {ckpt.optimizer}, generation "

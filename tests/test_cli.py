@@ -235,6 +235,15 @@ def test_custom_policy_flags_and_resume_from_the_checkpoint_alone(tmp_path, monk
     err = capsys.readouterr().err
     assert "config.noise_std" in err and "num_generations" in err
 
+    # A fresh process never imports the checkpoint's policy module on the file's say-so; --allow-module permits it.
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), ROOT]))
+    refused = subprocess.run([sys.executable, "-m", "jes.cli", "eval", ckpt, "--episodes", "2"], capture_output=True,
+                             text=True, env=env, timeout=300)
+    assert refused.returncode == 2 and "--allow-module" in refused.stderr, refused.stderr
+    allowed = subprocess.run([sys.executable, "-m", "jes.cli", "eval", ckpt, "--episodes", "2", "--allow-module",
+                              "mypolicies_cli"], capture_output=True, text=True, env=env, timeout=300)
+    assert allowed.returncode == 0 and "centre return" in allowed.stdout, allowed.stderr
+
 
 @pytest.mark.parametrize("flags,message", [
     (["--policy", "nosuchmodule_xyz:Policy"], "cannot import"),

@@ -169,6 +169,11 @@ class _Link(threading.Thread):
             message = protocol.decode(frames, self.key, protocol.MAX_TO_WORKER_BYTES)
             kind = message["type"]
             if kind == "welcome":
+                if (self.session is not None and message.get("nonce") == self._nonce
+                        and message.get("sid") == self.session.sid):
+                    # The master answers each of our repeated hellos with the same session: nothing to do.
+                    log.debug("another welcome to the session we already have")
+                    return None
                 if self.session is not None or message.get("nonce") != self._nonce:
                     raise ProtocolError("welcome for another hello (replayed or stale)")
                 self.session = protocol.Session(self.key, field(message, "sid", str))
