@@ -147,13 +147,22 @@ def _state_dict(state: TrainState) -> dict:
     return serialization.to_state_dict(jax.tree.map(np.asarray, host))
 
 
+def _best_dict(best: Any) -> dict:
+    stats = best.policy.obs_stats if best.policy is not None else None
+    return {"fitness": np.asarray(best.fitness, np.float64), "generation": np.asarray(best.generation, np.int64),
+            "member": np.asarray(best.member, np.int64),
+            "flat_params": np.asarray(best.flat_params, np.float32),
+            **({"obs_stats": {str(i): np.asarray(x) for i, x in enumerate(stats)}} if stats is not None else {})}
+
+
 def _write_payload(f, payload: bytes) -> None:
     """Write header and payload to an open file (a seam the tests use to simulate a failing disk)."""
     f.write(_HEADER.pack(MAGIC, len(payload), hashlib.sha256(payload).digest()))
     f.write(payload)
 
 
-def save(path: str, trainer: Trainer, state: TrainState, history: dict | None = None, key: Any = 0) -> str:
+def save(path: str, trainer: Trainer, state: TrainState, history: dict | None = None, key: Any = 0,
+         best: Any = None) -> str:
     """Write a checkpoint of ``state`` (and the run's history and key) to ``path``, atomically.
 
     Args:
@@ -162,6 +171,7 @@ def save(path: str, trainer: Trainer, state: TrainState, history: dict | None = 
         state: the :class:`TrainState` after ``state.generation`` generations.
         history: per-generation lists or arrays (rows past ``state.generation`` are dropped).
         key: the run key (int seed, typed key or ``uint32`` key data).
+        best: the run's best member so far (:class:`jes.loop.BestMember`), kept across a resume.
 
     Returns:
         ``path``. If anything fails, the previous file at ``path`` is left untouched.
@@ -182,6 +192,7 @@ def save(path: str, trainer: Trainer, state: TrainState, history: dict | None = 
         "state": _state_dict(state),
         "history": history_arrays,
         "key": np.asarray(jax.random.key_data(run_key)),
+        **({"best": _best_dict(best)} if best is not None and best.generation <= generation else {}),
     })
 
     directory = os.path.dirname(os.path.abspath(path))
@@ -255,6 +266,7 @@ class Checkpoint:
     state_dict: dict
     history: dict
     key: np.ndarray
+    best: dict | None = None
 
     @property
     def generation(self) -> int:
@@ -393,7 +405,8 @@ def read(path: str) -> Checkpoint:
     if meta.get("version", 0) < 2 and isinstance(meta.get("policy"), dict):
         meta["policy"] = dict(meta["policy"], fields={k: _upgrade_v1(v) for k, v in meta["policy"].get("fields", {}).items()})
     history = {k: np.asarray(v) for k, v in content["history"].items()}
-    return Checkpoint(path=path, meta=meta, state_dict=content["state"], history=history, key=np.asarray(content["key"]))
+    return Checkpoint(path=path, meta=meta, state_dict=content["state"], history=history, key=np.asarray(content["key"]),
+                      best=content.get("best"))
 
 
 def load(path: str, trainer: Trainer | None = None, devices: Any = None,

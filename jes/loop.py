@@ -103,7 +103,8 @@ class TrainResult:
         wall_time: seconds of the whole run including compile.
         state: the final :class:`TrainState` (to continue training).
         trainer: the :class:`Trainer` that ran it.
-        best: the best member evaluated in this call (:class:`BestMember`), or ``None``.
+        best: the best member evaluated in the run (:class:`BestMember`; kept across a resume by the
+            checkpoint), or ``None``.
         log_dir: the TensorBoard directory, or ``None``.
         checkpoint_path: the checkpoint file, or ``None``.
     """
@@ -292,9 +293,10 @@ def train(
     if resume is not None:
         restored = checkpoint.read(resume)
         state, history, key = restored.restore_state(trainer), restored.history, restored.key
+        best = _best_from_checkpoint(trainer, restored.best)
         state = _apply_new_learning_rate(trainer, state, restored.meta["config"].get("learning_rate"), resume)
     else:
-        state = trainer.init_state(key)
+        state, best = trainer.init_state(key), None
     if log_dir == "runs/<auto>":
         name = jes_logging.default_run_name(trainer.spec.name, type(trainer.policy).__name__, trainer.run_label)
         log_dir = jes_logging.unique_dir(os.path.join("runs", name))
@@ -318,11 +320,24 @@ def train(
                         **(master_options or {})) as server:
                 return run(trainer, state, key=key, callbacks=[*loggers, *callbacks], history=history,
                            checkpoint_path=checkpoint_path, checkpoint_every=checkpoint_every, step_fn=server.step,
-                           log_dir=log_dir)
+                           log_dir=log_dir, best=best)
         return run(trainer, state, key=key, callbacks=[*loggers, *callbacks], history=history,
-                   checkpoint_path=checkpoint_path, checkpoint_every=checkpoint_every, log_dir=log_dir)
+                   checkpoint_path=checkpoint_path, checkpoint_every=checkpoint_every, log_dir=log_dir, best=best)
     finally:
         jes_logging.close_all(loggers)
+
+
+def _best_from_checkpoint(trainer: Trainer, saved: dict | None) -> BestMember | None:
+    """The :class:`BestMember` a checkpoint kept (``None`` for checkpoints written before it kept one)."""
+    if not saved:
+        return None
+    stats = saved.get("obs_stats")
+    stats = tuple(stats[str(i)] for i in range(3)) if stats else None
+    flat = np.asarray(saved["flat_params"], np.float32)
+    policy = TrainedPolicy(trainer.policy, flat, trainer.spec.obs_shape, ActionMap.from_spec(trainer.spec),
+                           obs_stats=stats, env_name=trainer.spec.name, max_steps=trainer.spec.max_steps, env=trainer.spec)
+    return BestMember(fitness=float(saved["fitness"]), generation=int(saved["generation"]), member=int(saved["member"]),
+                      flat_params=flat, policy=policy)
 
 
 def _from_process_0(text: str | None) -> str | None:
@@ -364,7 +379,8 @@ StepFn = Callable[[TrainState, bool], "tuple[TrainState, dict]"]
 
 def run(trainer: Trainer, state: TrainState, *, key: Any = 0, callbacks: Iterable[Callback] = (),
         history: dict | None = None, num_generations: int | None = None, step_fn: StepFn | None = None,
-        checkpoint_path: str | None = None, checkpoint_every: int = 0, log_dir: str | None = None) -> TrainResult:
+        checkpoint_path: str | None = None, checkpoint_every: int = 0, log_dir: str | None = None,
+        best: BestMember | None = None) -> TrainResult:
     """Host loop: call the generation step until ``num_generations`` (default: config's) are done.
 
     Args:
@@ -380,6 +396,7 @@ def run(trainer: Trainer, state: TrainState, *, key: Any = 0, callbacks: Iterabl
             generations (0: never periodically), after the last generation, and on KeyboardInterrupt
             (then re-raised). ``None``: no checkpoints.
         log_dir: where the run's logs go (only recorded in the result and its summary).
+        best: the best member of the generations before ``state`` (a resumed run's, from its checkpoint).
     """
     if checkpoint_every < 0:
         raise ValueError(f"checkpoint_every must be >= 0, got {checkpoint_every}")
@@ -388,7 +405,7 @@ def run(trainer: Trainer, state: TrainState, *, key: Any = 0, callbacks: Iterabl
     save_to = checkpoint_path if jax.process_index() == 0 else None
 
     def save_checkpoint():
-        checkpoint.save(save_to, trainer, localize(state), history, key)
+        checkpoint.save(save_to, trainer, localize(state), history, key, best=best)
 
     cfg = trainer.config
     total = cfg.num_generations if num_generations is None else num_generations
@@ -411,7 +428,7 @@ def run(trainer: Trainer, state: TrainState, *, key: Any = 0, callbacks: Iterabl
         compile_time = 0.0
     loop_start = time.perf_counter()
     saved_generation = None
-    best = None
+    best = best if best is not None and best.generation <= start_gen else None
     try:
         for gen in range(start_gen, total):
             last = gen + 1 == total

@@ -44,6 +44,25 @@ def test_resume_with_train_is_bit_identical(saved, full_run, tmp_path):
     np.testing.assert_array_equal(resumed.history["generation"], [1, 2, 3, 4])
     np.testing.assert_array_equal(resumed.key, full_run.key)  # the run key came from the file, not key=999
     assert checkpoint.read(path).generation == 4  # the resume file is updated by default
+    # The best member ever evaluated is the whole run's, not only the resumed call's.
+    assert (resumed.best.fitness, resumed.best.generation, resumed.best.member) == (
+        full_run.best.fitness, full_run.best.generation, full_run.best.member)
+    np.testing.assert_array_equal(resumed.best.flat_params, full_run.best.flat_params)
+
+
+def test_the_checkpoint_keeps_the_best_member_for_a_resume(saved, full_run, tmp_path):
+    first_two = full_run.history["pop_max"][:2]
+    kept = checkpoint.read(saved).best
+    assert float(kept["fitness"]) == first_two.max() and int(kept["generation"]) == int(np.argmax(first_two)) + 1
+    path = str(tmp_path / "copy.ckpt")
+    with open(saved, "rb") as src, open(path, "wb") as dst:
+        dst.write(src.read())
+    # Resumed with nothing left to run: the best member can only come from the file.
+    resumed = jes.train(POLICY, "CartPole-v1", "adam", resume=path, log_dir=None, progress=False,
+                        **dict(SMALL, num_generations=2))
+    assert resumed.best.fitness == first_two.max() and resumed.best.generation == int(kept["generation"])
+    np.testing.assert_array_equal(resumed.best.flat_params, kept["flat_params"])
+    assert resumed.best.policy.obs_stats is not None  # it acts with the normaliser it was evaluated with
 
 
 def test_checkpoint_holds_everything(saved, trainer):
