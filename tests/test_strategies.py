@@ -208,3 +208,14 @@ def test_sep_cma_es_generations_match_a_float64_reference(problem):
         np.testing.assert_allclose(s.path_sigma, ref[3], rtol=1e-4, atol=1e-5)
         np.testing.assert_allclose(float(s.sigma) * np.asarray(s.path_c), ref[1] * ref[4], rtol=1e-4, atol=1e-6)
     assert any(stalled) == (problem == "slope")
+
+
+def test_ars_step_size_default_is_per_use():
+    """ARS's default step is 1.0 for policies and 0.1 for functions; a step you set is kept for both."""
+    ars = jes.strategies.ARS()
+    assert ars.step_size is None and ars._step_size() == 1.0
+    assert ars.for_functions().step_size == 0.1
+    assert jes.strategies.ARS(step_size=0.3).for_functions().step_size == 0.3
+    assert jes.AskTell("ars", jnp.zeros(4), num_members=8).problem.strategy.step_size == 0.1
+    with pytest.raises(ValueError, match="step_size must be positive"):
+        jes.AskTell(jes.strategies.ARS(step_size=0.0), jnp.zeros(4), num_members=8)
