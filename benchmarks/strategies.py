@@ -3,6 +3,7 @@
     python benchmarks/strategies.py                       # everything (long)
     python benchmarks/strategies.py --part rl --envs CartPole-v1 --seeds 0,1,2,3,4
     python benchmarks/strategies.py --part functions --dims 10,100
+    python benchmarks/strategies.py --part functions --functions rastrigin --seeds 0,1,2
 
 RL: per strategy and env, generations and evaluations (members + centre episodes) until the
 centre reaches the env's threshold on fresh episodes, final centre return mean +- std over seeds,
@@ -93,11 +94,12 @@ FUNCTIONS = {
 }
 
 
-def functions(strategies, dims, seeds, budget):
+def functions(strategies, dims, seeds, budget, names=tuple(FUNCTIONS)):
     print("\n| function | d | strategy | population | evaluations to f < 1e-6 (median, runs that reached it) "
           "| final f(mean) (median) | s |")
     print("|---|---|---|---|---|---|---|")
-    for fname, (fn, start, sigma, target) in FUNCTIONS.items():
+    for fname in names:
+        fn, start, sigma, target = FUNCTIONS[fname]
         for d in dims:
             for name in strategies:
                 reached, finals, walls = [], [], []
@@ -128,6 +130,7 @@ def main(argv=None):
     parser.add_argument("--envs", default=",".join(ENVS))
     parser.add_argument("--seeds", default="0,1,2,3,4")
     parser.add_argument("--generations", type=int, default=0, help="override the per-env generation budget")
+    parser.add_argument("--functions", default=",".join(FUNCTIONS), help="which of: " + ", ".join(FUNCTIONS))
     parser.add_argument("--dims", default="10,100,1000")
     parser.add_argument("--budget", type=int, default=0, help="function evaluations per run (default 2e4 * sqrt(d/10))")
     args = parser.parse_args(argv)
@@ -139,7 +142,7 @@ def main(argv=None):
         rl(strategies, args.envs.split(","), seeds, args.generations)
     if args.part in ("functions", "all"):
         budget = (lambda d: args.budget) if args.budget else (lambda d: int(20000 * math.sqrt(d / 10)))
-        functions(strategies, [int(d) for d in args.dims.split(",")], seeds, budget)
+        functions(strategies, [int(d) for d in args.dims.split(",")], seeds, budget, args.functions.split(","))
 
 
 if __name__ == "__main__":

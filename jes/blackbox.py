@@ -54,7 +54,7 @@ class FunctionProblem(Generation):
         self.x0, self.unravel = _flatten_x0(x0)
         self.num_params = int(self.x0.shape[0])
         self.config = config
-        strategy = get_strategy(strategy)
+        strategy = get_strategy(strategy).for_functions()
         if optimizer is None and strategy.uses_optimizer:
             optimizer = strategy.blackbox_optimizer or strategy.default_optimizer
         self._setup(strategy, optimizer, devices)

@@ -152,3 +152,70 @@ def test_sep_cma_es_keeps_the_covariance_scale_in_sigma():
     result = jes.optimize(rosenbrock, jnp.zeros(D), "sep_cma_es", minimize=True, num_generations=400, key=0)
     diag_c = np.asarray(result.state.strategy.diag_c)
     assert abs(diag_c.mean() - 1.0) < 1e-4 and diag_c.min() > 1e-3
+
+
+def _sep_cma_reference(mean, sigma, diag_c, path_sigma, path_c, z, loss, generation):
+    """One sep-CMA-ES generation in float64 from Hansen's tutorial (arXiv:1604.00772) with Ros & Hansen's
+    (2008) ``(d + 2) / 3`` learning-rate factor, written out independently of jes's code."""
+    n, d = z.shape
+    mu = n // 2
+    w = np.log(mu + 0.5) - np.log(np.arange(1, mu + 1))
+    w /= w.sum()
+    mu_eff = 1 / np.sum(w ** 2)
+    c_s = (mu_eff + 2) / (d + mu_eff + 5)
+    d_s = 1 + 2 * max(0.0, np.sqrt((mu_eff - 1) / (d + 1)) - 1) + c_s
+    c_c = 4 / (d + 4)
+    c_1 = 2 / ((d + 1.3) ** 2 + mu_eff) * (d + 2) / 3
+    c_mu = min(1 - c_1, 2 * (mu_eff - 2 + 1 / mu_eff) / ((d + 2) ** 2 + mu_eff) * (d + 2) / 3)
+    chi = np.sqrt(d) * (1 - 1 / (4 * d) + 1 / (21 * d ** 2))
+    best = np.argsort(loss)[:mu]
+    y = np.sqrt(diag_c) * z[best]                       # y_k = C^(1/2) z_k, best first
+    y_w = w @ y
+    new_mean = mean + sigma * y_w
+    path_sigma = (1 - c_s) * path_sigma + np.sqrt(c_s * (2 - c_s) * mu_eff) * (w @ z[best])  # C^(-1/2) y_w
+    h = float(np.linalg.norm(path_sigma) / np.sqrt(1 - (1 - c_s) ** (2 * (generation + 1))) < (1.4 + 2 / (d + 1)) * chi)
+    path_c = (1 - c_c) * path_c + h * np.sqrt(c_c * (2 - c_c) * mu_eff) * y_w
+    delta = (1 - h) * c_c * (2 - c_c)
+    diag_c = (1 - c_1 - c_mu) * diag_c + c_1 * (path_c ** 2 + delta * diag_c) + c_mu * (w @ y ** 2)
+    sigma = sigma * np.exp(c_s / d_s * (np.linalg.norm(path_sigma) / chi - 1))
+    return (new_mean, sigma, diag_c, path_sigma, path_c), h
+
+
+@pytest.mark.parametrize("problem", ["quadratic", "slope"])
+def test_sep_cma_es_generations_match_a_float64_reference(problem):
+    """Four generations of ask/tell against the tutorial's equations: mean, the distribution's per-coordinate
+    std ``sigma * sqrt(diag_c)``, both evolution paths (``p_c`` compared as ``sigma * p_c``, which does not
+    depend on how the scale is split between sigma and diag_c). On the slope, p_sigma outgrows the
+    threshold and h_sigma = 0 stalls p_c."""
+    if problem == "quadratic":
+        loss, num_members = lambda x: jnp.sum(jnp.arange(1.0, D + 1) * (x - 0.3) ** 2) + x[0] * x[1], 10
+    else:
+        loss, num_members = lambda x: jnp.sum(jnp.arange(1.0, D + 1) * x), 40
+    es = jes.AskTell("sep_cma_es", jnp.zeros(D), num_members=num_members, minimize=True, noise_std=0.5)
+    state = es.init(3)
+    ref, stalled = [np.zeros(D), 0.5, np.ones(D), np.zeros(D), np.zeros(D)], []
+    for generation in range(4):
+        xs = np.asarray(es.ask(state), np.float64)
+        s = state.strategy
+        z = (xs - np.asarray(s.mean)) / (float(s.sigma) * np.sqrt(np.asarray(s.diag_c, np.float64)))
+        values = np.asarray(jax.vmap(loss)(jnp.asarray(xs, jnp.float32)), np.float64)
+        ref, h = _sep_cma_reference(*ref, z, values, generation)
+        stalled.append(h == 0)
+        state, _ = es.tell(state, jnp.asarray(values, jnp.float32))
+        s = state.strategy
+        np.testing.assert_allclose(s.mean, ref[0], rtol=1e-4, atol=1e-5)
+        np.testing.assert_allclose(float(s.sigma) * np.sqrt(s.diag_c), ref[1] * np.sqrt(ref[2]), rtol=1e-4)
+        np.testing.assert_allclose(s.path_sigma, ref[3], rtol=1e-4, atol=1e-5)
+        np.testing.assert_allclose(float(s.sigma) * np.asarray(s.path_c), ref[1] * ref[4], rtol=1e-4, atol=1e-6)
+    assert any(stalled) == (problem == "slope")
+
+
+def test_ars_step_size_default_is_per_use():
+    """ARS's default step is 1.0 for policies and 0.1 for functions; a step you set is kept for both."""
+    ars = jes.strategies.ARS()
+    assert ars.step_size is None and ars._step_size() == 1.0
+    assert ars.for_functions().step_size == 0.1
+    assert jes.strategies.ARS(step_size=0.3).for_functions().step_size == 0.3
+    assert jes.AskTell("ars", jnp.zeros(4), num_members=8).problem.strategy.step_size == 0.1
+    with pytest.raises(ValueError, match="step_size must be positive"):
+        jes.AskTell(jes.strategies.ARS(step_size=0.0), jnp.zeros(4), num_members=8)

@@ -96,6 +96,11 @@ class Strategy:
     def validate(self, ctx: Context) -> None:
         """Raise ``ValueError`` for a run this strategy cannot serve."""
 
+    def for_functions(self) -> "Strategy":
+        """This strategy with its defaults for :func:`jes.optimize` / :class:`jes.AskTell` where they differ
+        from its defaults for policies (hyperparameters left at ``None`` are resolved; set ones are kept)."""
+        return self
+
     # ------------------------------------------------------------- algorithm
     def init(self, ctx: Context, mean: jax.Array) -> Any:
         raise NotImplementedError
