@@ -1,8 +1,8 @@
 """The jax.distributed backend: real multi-process JAX runtimes on loopback, started with ``jes launch``.
 
 2 processes x 1 CPU device and 2 processes x 2 CPU devices give bit-identical results to one
-process on one device; a run checkpointed by 2 processes resumes in 1; a process that dies stops
-the others with a clear error.
+process on one device; a run checkpointed by 2 processes resumes in 1 and one checkpointed by 1
+resumes in 2; a process that dies stops the others with a clear error.
 """
 import os
 import signal
@@ -51,37 +51,42 @@ def results(out_dir, processes):
 
 
 def reference(generations, **overrides):
-    kwargs = small_run(generations)
-    return jes.train(kwargs.pop("policy"), kwargs.pop("env"), kwargs.pop("optimizer"), devices=1, log_dir=None,
-                     checkpoint_path=None, progress=False, **kwargs, **overrides)
+    kwargs = {**small_run(generations), "devices": 1, "log_dir": None, "checkpoint_path": None, "progress": False,
+              **overrides}
+    return jes.train(kwargs.pop("policy"), kwargs.pop("env"), kwargs.pop("optimizer"), **kwargs)
 
 
-def test_two_processes_with_one_and_two_devices_are_bit_identical_to_one_process_and_resume_in_one(tmp_path):
+def test_two_processes_with_one_and_two_devices_are_bit_identical_to_one_process_and_resume_across_counts(tmp_path):
     one = reference(4)
-    # 2 processes x 2 devices, 4 generations from scratch.
-    status, output = launch(tmp_path / "2x2", 2, 2, 4)
+    half_path = str(tmp_path / "one-process.ckpt")
+    half = reference(2, checkpoint_path=half_path)
+
+    # 2 processes x 2 devices, 2 generations from scratch.
+    status, output = launch(tmp_path / "2x2", 2, 2, 2)
     assert status == 0, output
     assert "[p0] process 0 of 2 done" in output and "[p1] process 1 of 2 done" in output, output
     for got in results(tmp_path / "2x2", 2):  # every process returns the same result
         assert int(got["processes"]) == 2 and int(got["devices"]) == 4
-        np.testing.assert_array_equal(got["flat"], one.flat_params)
-        np.testing.assert_array_equal(got["pop_mean"], one.history["pop_mean"])
-        np.testing.assert_array_equal(got["centre"], one.history["centre_return"])
-        np.testing.assert_array_equal(got["best"], one.best.flat_params)
+        np.testing.assert_array_equal(got["flat"], half.flat_params)
+        np.testing.assert_array_equal(got["pop_mean"], one.history["pop_mean"][:2])
+        np.testing.assert_array_equal(got["centre"], half.history["centre_return"])
+        np.testing.assert_array_equal(got["best"], half.best.flat_params)
+        assert str(got["checkpoint"]) == str(tmp_path / "2x2" / "runs" / "checkpoint.ckpt")  # process 0's path
     # Only process 0 wrote logs and the checkpoint (a second writer would leave a second event file).
     runs = tmp_path / "2x2" / "runs"
     assert sorted(p.name.split(".")[0] for p in runs.iterdir()) == ["checkpoint", "events"], list(runs.iterdir())
-
-    # 2 processes x 1 device, interrupted after 2 generations; resumed in this one process to 4.
-    status, output = launch(tmp_path / "2x1", 2, 1, 2)
-    assert status == 0, output
-    first = results(tmp_path / "2x1", 2)
-    assert int(first[0]["devices"]) == 2
-    np.testing.assert_array_equal(first[0]["flat"], first[1]["flat"])
-    checkpoint_path = str(tmp_path / "2x1" / "runs" / "checkpoint.ckpt")
-    assert str(first[1]["checkpoint"]) == checkpoint_path  # process 0's path, reported by every process
-    resumed = reference(4, resume=checkpoint_path)
+    # Written by 2 processes, resumed by 1.
+    resumed = reference(4, resume=str(runs / "checkpoint.ckpt"))
     np.testing.assert_array_equal(resumed.flat_params, one.flat_params)
+
+    # Written by 1 process, resumed by 2 processes x 1 device.
+    status, output = launch(tmp_path / "2x1", 2, 1, 4, half_path)
+    assert status == 0, output
+    for got in results(tmp_path / "2x1", 2):
+        assert int(got["devices"]) == 2
+        np.testing.assert_array_equal(got["flat"], one.flat_params)
+        np.testing.assert_array_equal(got["pop_mean"], one.history["pop_mean"])
+        np.testing.assert_array_equal(got["best"], one.best.flat_params)
 
 
 def test_a_process_that_dies_stops_the_others_with_a_clear_error(tmp_path):
