@@ -22,6 +22,7 @@ CONFIG = dict(num_members=8, chunk_size=2, num_generations=3, eval_episodes=2, m
 SCRIPT = textwrap.dedent("""
     import json, sys
     import jax, jes
+    jes.enable_compilation_cache()   # the session's cache (tests/conftest.py)
     assert len(jax.devices()) == 2, jax.devices()
     out = {}
     for name in jes.strategies.names():
