@@ -1,5 +1,6 @@
 import faulthandler
 import os
+import shutil
 import signal
 import sys
 import tempfile
@@ -9,8 +10,18 @@ import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))
 
-# `jes` CLI subprocesses use a persistent compilation cache; keep it out of the user's home.
-os.environ.setdefault("JES_COMPILATION_CACHE", tempfile.mkdtemp(prefix="jes-xla-"))
+from jes.compilation_cache import ENV_DIR, enable_compilation_cache  # noqa: E402
+
+# One persistent XLA compilation cache for the session, shared by this process and by every process the
+# tests start (`jes` CLI calls enable it themselves; worker processes and device scripts are started with
+# `enable_compilation_cache()` first): the suite builds the same small programs many times over (a master
+# and each of its workers compile one chunk program; several tests train the same small configuration),
+# and on a 2-core machine compiling is most of the suite's time. A fresh directory per session (unless
+# JES_COMPILATION_CACHE names one), so every run compiles everything at least once; out of the user's home.
+_OWN_CACHE_DIR = None if os.environ.get(ENV_DIR) else tempfile.mkdtemp(prefix="jes-xla-")
+if _OWN_CACHE_DIR:
+    os.environ[ENV_DIR] = _OWN_CACHE_DIR
+enable_compilation_cache()
 
 # Hard timeouts for end-to-end tests, without a plugin: SIGALRM raises HardTimeout in the test's
 # thread at the deadline (pyzmq polls and time.sleep are interrupted by it); if the test is stuck
@@ -21,6 +32,11 @@ HARD_TIMEOUT_GRACE = 120.0
 
 class HardTimeout(BaseException):
     """A test ran past its ``hard_timeout``. A BaseException, so that no ``except Exception`` swallows it."""
+
+
+def pytest_unconfigure(config):
+    if _OWN_CACHE_DIR:
+        shutil.rmtree(_OWN_CACHE_DIR, ignore_errors=True)
 
 
 def pytest_configure(config):

@@ -11,6 +11,7 @@ SCRIPT = textwrap.dedent("""
     import json, sys
     import jax, numpy as np
     import jes
+    jes.enable_compilation_cache()   # the session's cache (tests/conftest.py)
     assert len(jax.devices()) == 2, jax.devices()
     out = {}
     for members, chunk in ((12, 4), (10, 2), (8, 8)):   # 3 chunks (odd, padded), 5 chunks, 1 chunk

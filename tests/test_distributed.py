@@ -41,8 +41,11 @@ CURVE = protocol.curve_keypair() if os.environ.get("JES_TEST_CURVE") else None  
 pytestmark = pytest.mark.hard_timeout(420)  # every test here; the slow ones start and compile worker processes
 # `jes-worker` that dies with the test process (PR_SET_PDEATHSIG), so that a session ended by a hard
 # timeout leaves no worker behind; set in the worker process itself (no preexec_fn in a threaded parent).
+# It loads the programs it builds from the session's compilation cache (tests/conftest.py) when the
+# master (this process) or an earlier worker compiled them already.
 WORKER = [sys.executable, "-c", "import ctypes, os, runpy, signal, sys; ctypes.CDLL(None).prctl(1, signal.SIGKILL); "
-          "os.getppid() == 1 and sys.exit(1); runpy.run_module('jes.distributed.worker', run_name='__main__')"]
+          "os.getppid() == 1 and sys.exit(1); import jes; jes.enable_compilation_cache(); "
+          "runpy.run_module('jes.distributed.worker', run_name='__main__')"]
 # A worker that adds 1 to the first value of every float array it sends back (fitness, observation sums).
 LYING_WORKER = [WORKER[0], "-c", "import numpy as np, jes.distributed.protocol as p\npack = p.pack_array\n"
                 "def lie(a):\n    a = np.array(a)\n    if a.dtype == np.float32 and a.size:\n        a.flat[0] += 1.0\n"

@@ -107,6 +107,7 @@ SCRIPT = textwrap.dedent("""
     import jes
     from jes import checkpoint
     from jes.loop import run
+    jes.enable_compilation_cache()   # the session's cache (tests/conftest.py)
     assert len(jax.devices()) == 2, jax.devices()
     cfg = jes.ESConfig(num_members=8, chunk_size=4, num_generations=3, max_episode_steps=40, eval_episodes=4,
                        noise_std=0.05, learning_rate=0.05)

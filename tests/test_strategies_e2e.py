@@ -22,6 +22,7 @@ CONFIG = dict(num_members=8, chunk_size=2, num_generations=3, eval_episodes=2, m
 SCRIPT = textwrap.dedent("""
     import json, sys
     import jax, jes
+    jes.enable_compilation_cache()   # the session's cache (tests/conftest.py)
     assert len(jax.devices()) == 2, jax.devices()
     out = {}
     for name in jes.strategies.names():
@@ -31,25 +32,6 @@ SCRIPT = textwrap.dedent("""
                          "sigma": r.history["noise_std"].tolist()} for d, r in runs.items()}
     print(json.dumps(out))
 """).replace("CONFIG", repr(CONFIG).replace("{", "dict(").replace("}", ")").replace("'", "").replace(": ", "="))
-
-
-@pytest.fixture(scope="module")
-def two_device_runs():
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2", JAX_PLATFORMS="cpu")
-    try:
-        proc = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, env=env, timeout=900)
-    except subprocess.TimeoutExpired:
-        pytest.fail("the 2-device strategies run did not finish within 900 s")
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("name", NAMES)
-def test_two_devices_equal_one_device_for_every_strategy(two_device_runs, name):
-    one, two = two_device_runs[name]["1"], two_device_runs[name]["2"]
-    assert one["params"] == two["params"]
-    assert one["pop_mean"] == two["pop_mean"] and one["sigma"] == two["sigma"]
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -104,3 +86,25 @@ def test_format_1_checkpoint_of_openai_es_still_resumes(tmp_path):
         checkpoint._write_payload(f, payload)
     state = checkpoint.read(old_path).restore_state(trainer)
     np.testing.assert_array_equal(state.params, done.flat_params)
+
+
+# Last in the module: where the subprocess's one-device runs compile the same programs as the tests above
+# (same config and policy), it loads them from the session's compilation cache (tests/conftest.py; the
+# forced host device count is not part of a cache key).
+@pytest.fixture(scope="module")
+def two_device_runs():
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2", JAX_PLATFORMS="cpu")
+    try:
+        proc = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, env=env, timeout=900)
+    except subprocess.TimeoutExpired:
+        pytest.fail("the 2-device strategies run did not finish within 900 s")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", NAMES)
+def test_two_devices_equal_one_device_for_every_strategy(two_device_runs, name):
+    one, two = two_device_runs[name]["1"], two_device_runs[name]["2"]
+    assert one["params"] == two["params"]
+    assert one["pop_mean"] == two["pop_mean"] and one["sigma"] == two["sigma"]
