@@ -36,7 +36,7 @@ from jes.config import ESConfig
 from jes.envs import EnvSpec, make_env
 from jes.optimizers import make_optimizer
 from jes.policies import PolicyFns, fit_to_outputs
-from jes.rollout import RolloutOutput, episodes_output, run_episodes, run_slots
+from jes.rollout import run_episodes
 from jes.strategies import noise
 from jes.strategies.base import Context, Strategy
 
@@ -95,26 +95,6 @@ class ChunkResults:
     def as_tuple(self) -> tuple:
         """``(fitness, env_steps, obs_sum, obs_sumsq)``: the wire protocol's field order."""
         return self.fitness, self.env_steps, self.obs_sum, self.obs_sumsq
-
-
-class RolloutJob(struct.PyTreeNode):
-    """One run of the chunk program (:func:`jes.rollout.run_slots`): a chunk of members or the centre's episodes.
-
-    Attributes:
-        params: policy params, leaves ``[S, ...]`` (one set per slot).
-        keys: episode keys ``[S]``; start_done: bool ``[S]``, slots that hold no episode.
-        active: bool ``[C]``, the chunk's real members.
-        obs_count, obs_sum, obs_sumsq: the state's observation statistics (the normaliser is computed
-            from them next to the rollout, see :meth:`Trainer.run_job`).
-    """
-
-    params: Any
-    keys: jax.Array
-    start_done: jax.Array
-    active: jax.Array
-    obs_count: jax.Array
-    obs_sum: jax.Array
-    obs_sumsq: jax.Array
 
 
 def as_key(key: Any) -> jax.Array:
@@ -263,10 +243,7 @@ class Generation:
         return self.unravel(jnp.asarray(flat_params, jnp.float32))
 
     def obs_norm(self, state: TrainState) -> tuple[jax.Array, jax.Array] | None:
-        """``(mean, std)`` of observations so far, or ``None`` without normalisation.
-
-        ``state``: a :class:`TrainState`, or anything with its ``obs_count``/``obs_sum``/``obs_sumsq``.
-        """
+        """``(mean, std)`` of observations so far, or ``None`` without normalisation."""
         if not self.normalize_observations:
             return None
         mean = state.obs_sum / state.obs_count
@@ -413,103 +390,34 @@ class Generation:
         """One whole generation: sample, evaluate every member, weigh, update, maybe evaluate the centre.
 
         This is the function jes compiles (``self.step``); ``evaluate_centre`` is a
-        traced bool so turning the centre evaluation on or off never recompiles. Where the
-        subclass can run the centre's episodes as one more job of the chunk program
-        (:meth:`centre_job`), the program holds one rollout, not two (half the compile).
+        traced bool so turning the centre evaluation on or off never recompiles.
         """
         per_device = self.padded_chunks // len(self.devices)
-        shared = self.centre_in_chunk_program
 
-        def sharded(state, chunk_ids, evaluate_centre):
+        def sharded(state, chunk_ids):
             real = self.num_chunks  # device padding chunks are dropped before any reduction
             gather = lambda tree: jax.tree.map(lambda x: jax.lax.all_gather(x, AXIS, tiled=True)[:real], tree)
-
-            def update(local_results):
-                results = gather(local_results)
-                fitness_all = results.fitness.reshape(-1)[: self.config.num_members]
-                weights = self.weights(state, fitness_all)
-                index = jax.lax.axis_index(AXIS)
-                local = jax.tree.map(lambda w: jax.lax.dynamic_slice_in_dim(w, index * per_device, per_device), weights)
-                stats = gather(self.chunk_stats(state, chunk_ids, local))
-                # Per-chunk values gathered in chunk order, then reduced sequentially: device count cannot change the sums.
-                return self.update_from_stats(state, fitness_all, self.reduce_chunks(stats), self.reduce_chunks(results))
-
-            no_centre = (jnp.float32(jnp.nan), jnp.int32(0))
-            if not shared:
-                new_state, metrics = update(self.evaluate_chunks(state, chunk_ids))
-                return new_state, metrics, no_centre
-            return self._jobs_loop(state, chunk_ids, evaluate_centre, update, no_centre)
+            results = gather(self.evaluate_chunks(state, chunk_ids))
+            fitness_all = results.fitness.reshape(-1)[: self.config.num_members]
+            weights = self.weights(state, fitness_all)
+            index = jax.lax.axis_index(AXIS)
+            local = jax.tree.map(lambda w: jax.lax.dynamic_slice_in_dim(w, index * per_device, per_device), weights)
+            stats = gather(self.chunk_stats(state, chunk_ids, local))
+            # Per-chunk values gathered in chunk order, then reduced sequentially: device count cannot change the sums.
+            return self.update_from_stats(state, fitness_all, self.reduce_chunks(stats), self.reduce_chunks(results))
 
         chunk_ids = jnp.arange(self.padded_chunks, dtype=jnp.int32)
         chunk_ids = jax.lax.with_sharding_constraint(chunk_ids, NamedSharding(self.mesh, P(AXIS)))
-        new_state, metrics, centre = _shard_map(
-            sharded, mesh=self.mesh, in_specs=(P(), P(AXIS), P()), out_specs=(P(), P(), P()), check_vma=False,
-        )(state, chunk_ids, evaluate_centre)
-        if not shared:
-            centre = jax.lax.cond(
-                evaluate_centre & (metrics["bad_member"] < 0) & ~metrics["bad_update"],
-                self.centre_score,
-                lambda s: (jnp.float32(jnp.nan), jnp.int32(0)),
-                new_state,
-            )
-        centre_return, centre_steps = centre
+        new_state, metrics = _shard_map(
+            sharded, mesh=self.mesh, in_specs=(P(), P(AXIS)), out_specs=(P(), P()), check_vma=False,
+        )(state, chunk_ids)
+        centre_return, centre_steps = jax.lax.cond(
+            evaluate_centre & (metrics["bad_member"] < 0) & ~metrics["bad_update"],
+            self.centre_score,
+            lambda s: (jnp.float32(jnp.nan), jnp.int32(0)),
+            new_state,
+        )
         return new_state, dict(metrics, centre_return=centre_return, centre_steps=centre_steps)
-
-    def _jobs_loop(self, state, chunk_ids, evaluate_centre, update, no_centre):
-        """This device's chunks, the update, then maybe the centre, as iterations of one loop over one job program.
-
-        Iteration ``j < k`` evaluates local chunk ``j``; the last chunk's iteration also runs the
-        update (every device reaches it at the same iteration, so its collectives match); iteration
-        ``k`` evaluates the updated centre when asked and the update was applied.
-        """
-        per_device = chunk_ids.shape[0]
-        # One row per job; the centre job's row (the last) is never read.
-        results0 = jax.eval_shape(lambda: self.evaluate_chunks(state, jnp.zeros(per_device + 1, jnp.int32)))
-        full = jax.tree.map(lambda x: jax.ShapeDtypeStruct((self.num_chunks,) + x.shape[1:], x.dtype), results0)
-        zeros = lambda tree: jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), tree)
-        _, metrics0 = jax.eval_shape(self.apply_chunk_results, state, full)
-        carry0 = (jnp.int32(0), state, zeros(metrics0), zeros(results0), no_centre)
-
-        def cond(carry):
-            j, _, metrics, _, _ = carry
-            centre_wanted = evaluate_centre & (metrics["bad_member"] < 0) & ~metrics["bad_update"]
-            return (j < per_device) | ((j == per_device) & centre_wanted)
-
-        def body(carry):
-            j, new_state, metrics, results, centre = carry
-            is_centre = j == per_device
-            chunk = chunk_ids[jnp.minimum(j, per_device - 1)]
-            job = jax.lax.cond(is_centre, lambda: self.centre_job(new_state), lambda: self.chunk_job(state, chunk))
-            out = self.run_job(job)
-            results = jax.tree.map(lambda r, c: r.at[j].set(c), results, self.job_chunk_results(job, out))
-            centre = jax.tree.map(lambda new, old: jnp.where(is_centre, new, old), self.job_centre_score(out), centre)
-            new_state, metrics = jax.lax.cond(
-                j == per_device - 1, lambda: update(jax.tree.map(lambda r: r[:per_device], results)),
-                lambda: (new_state, metrics))
-            return j + 1, new_state, metrics, results, centre
-
-        _, new_state, metrics, _, centre = jax.lax.while_loop(cond, body, carry0)
-        return new_state, metrics, centre
-
-    # Hooks for evaluating the centre with the chunk program (see Trainer); without them, centre_score runs apart.
-    centre_in_chunk_program: bool = False
-
-    def centre_job(self, state: TrainState) -> Any:
-        """The centre evaluation of ``state`` as a job of the chunk program (see :meth:`chunk_job`)."""
-        raise NotImplementedError
-
-    def chunk_job(self, state: TrainState, chunk: jax.Array) -> Any:
-        """Chunk ``chunk`` of ``state``'s generation as the input of :meth:`run_job` (same shapes as :meth:`centre_job`'s)."""
-        raise NotImplementedError
-
-    def run_job(self, job: Any) -> Any:
-        raise NotImplementedError
-
-    def job_chunk_results(self, job: Any, out: Any) -> ChunkResults:
-        raise NotImplementedError
-
-    def job_centre_score(self, out: Any) -> tuple[jax.Array, jax.Array]:
-        raise NotImplementedError
 
     def start_compiling_step(self) -> None:
         """Start compiling the step in a background thread, from a fresh state's shapes alone.
@@ -645,59 +553,16 @@ class Trainer(Generation):
         return flat
 
     def evaluate_members(self, state, flat, members, gen_key, active):
-        return self.job_chunk_results(*self._members_job(state, flat, members, gen_key, active))
-
-    def _members_job(self, state, flat, members, gen_key, active):
-        job = self._members_slots(state, flat, members, gen_key, active)
-        return job, self.run_job(job)
-
-    def _members_slots(self, state, flat, members, gen_key, active) -> RolloutJob:
-        episodes = self.config.episodes_per_member
+        cfg = self.config
         params = jax.vmap(self.unravel)(flat)
-        keys = noise.episode_keys(gen_key, members, episodes, self.antithetic)
-        slot_params = jax.tree.map(lambda p: jnp.repeat(p, episodes, axis=0), params) if episodes > 1 else params
-        return RolloutJob(params=slot_params, keys=keys.reshape(-1), start_done=jnp.repeat(~active, episodes),
-                          active=active, obs_count=state.obs_count, obs_sum=state.obs_sum, obs_sumsq=state.obs_sumsq)
-
-    def chunk_job(self, state, chunk):
-        flat, members, active = self.sample_chunk(state, chunk)
-        gen_key = noise.generation_key(state.es_key, state.generation)
-        return self._members_slots(state, flat, members, gen_key, active)
-
-    def centre_job(self, state):
-        """The centre's ``eval_episodes`` episodes in the first slots of a chunk-sized job (the rest start done).
-
-        Returns, per episode, are those of :meth:`evaluate_centre`: same keys, parameters and
-        normaliser, and a slot's episode does not depend on the batch it runs in.
-        """
-        num_slots = self.chunk_size * self.config.episodes_per_member
-        episodes = self.config.eval_episodes
-        keys = noise.centre_episode_keys(noise.generation_key(state.es_key, state.generation), episodes)
-        keys = jnp.concatenate([keys, jnp.broadcast_to(keys[:1], (num_slots - episodes,))]) if num_slots > episodes else keys
-        params = jax.tree.map(lambda x: jnp.broadcast_to(x, (num_slots,) + x.shape), self.unravel(state.params))
-        return RolloutJob(params=params, keys=keys, start_done=jnp.arange(num_slots) >= episodes,
-                          active=jnp.zeros(self.chunk_size, bool), obs_count=state.obs_count, obs_sum=state.obs_sum,
-                          obs_sumsq=state.obs_sumsq)
-
-    @property
-    def centre_in_chunk_program(self) -> bool:
-        """Whether the centre's episodes fit in one chunk's slots (else the step holds a second, centre rollout)."""
-        return self.config.eval_episodes <= self.chunk_size * self.config.episodes_per_member
-
-    def run_job(self, job):
-        # The normaliser is computed here, next to the rollout, as evaluate_members computes it: XLA turns
-        # `/ sqrt(var)` into `* rsqrt(var)` only where it sees the sqrt (a cond output would hide it).
-        return run_slots(self.fns, self.spec, job.params, job.keys, job.start_done, obs_norm=self.obs_norm(job),
-                         collect_obs_stats=self.normalize_observations, min_slots=self.rollout_min_batch)
-
-    def job_chunk_results(self, job, out):
-        out = episodes_output(out, self.chunk_size, self.config.episodes_per_member)
-        fitness = jnp.where(job.active, out.returns.mean(axis=1), 0.0)
+        keys = noise.episode_keys(gen_key, members, cfg.episodes_per_member, self.antithetic)
+        out = run_episodes(
+            self.fns, self.spec, params, keys, active,
+            obs_norm=self.obs_norm(state), collect_obs_stats=self.normalize_observations,
+            min_slots=self.rollout_min_batch,
+        )
+        fitness = jnp.where(active, out.returns.mean(axis=1), 0.0)
         return ChunkResults(fitness=fitness, env_steps=out.steps.sum(), obs_sum=out.obs_sum, obs_sumsq=out.obs_sumsq)
-
-    def job_centre_score(self, out):
-        episodes = self.config.eval_episodes
-        return out.returns[:episodes].mean(), out.steps[:episodes].sum()
 
     def evaluate_centre(self, state: TrainState, num_episodes: int | None = None, key: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
         """Returns and steps of the unperturbed centre on fresh episodes, each ``[num_episodes]``."""

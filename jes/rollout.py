@@ -71,7 +71,12 @@ def run_episodes(
 ) -> RolloutOutput:
     """Roll out ``M`` parameter sets on ``E`` episodes each.
 
-    Episodes run in ``M * E`` slots (see :func:`run_slots`).
+    Episodes run in ``M * E`` slots. Once at most a quarter of the slots are
+    still running, the running ones are gathered into a batch a quarter the
+    size and stepping continues there (down to ``min_slots``), so long episodes
+    do not make every finished slot pay for their remaining steps. Each
+    episode's return is still summed step by step in time order, so the
+    returns do not depend on compaction.
 
     Args:
         policy: the policy functions.
@@ -90,56 +95,14 @@ def run_episodes(
         A :class:`RolloutOutput`.
     """
     num_members, num_episodes = episode_keys.shape
-    slot_params = jax.tree.map(lambda p: jnp.repeat(p, num_episodes, axis=0), params) if num_episodes > 1 else params
-    slots = run_slots(policy, spec, slot_params, episode_keys.reshape(num_members * num_episodes),
-                      jnp.repeat(~active, num_episodes), obs_norm, collect_obs_stats, min_slots, action_fn)
-    return episodes_output(slots, num_members, num_episodes)
-
-
-def episodes_output(slots: RolloutOutput, num_members: int, num_episodes: int) -> RolloutOutput:
-    """:func:`run_slots`' per-slot output as :func:`run_episodes` returns it (slot ``m * E + e`` is member ``m``'s episode ``e``)."""
-    shape = (num_members, num_episodes)
-    return slots._replace(returns=slots.returns.reshape(shape), steps=slots.steps.reshape(shape))
-
-
-def run_slots(
-    policy: PolicyFns,
-    spec: EnvSpec,
-    slot_params: Any,
-    keys: jax.Array,
-    start_done: jax.Array,
-    obs_norm: tuple[jax.Array, jax.Array] | None = None,
-    collect_obs_stats: bool = False,
-    min_slots: int = 32,
-    action_fn: Any = None,
-) -> RolloutOutput:
-    """Run ``S`` episodes, one per slot, each with its own parameters and key.
-
-    Once at most a quarter of the slots are still running, the running ones are
-    gathered into a batch a quarter the size and stepping continues there (down
-    to ``min_slots``), so long episodes do not make every finished slot pay for
-    their remaining steps. Each episode's return is still summed step by step in
-    time order, so the returns do not depend on compaction, nor on which other
-    episodes share the batch: the generation step evaluates the centre's episodes
-    in the same program (same slot count) as a chunk of members.
-
-    Args:
-        policy: the policy functions.
-        spec: the resolved environment.
-        slot_params: Flax params pytree whose leaves lead with a slots axis ``[S, ...]``.
-        keys: typed PRNG keys ``[S]``, one per episode.
-        start_done: bool ``[S]``; slots that start done (padding) cost nothing and return 0.
-        obs_norm, collect_obs_stats, min_slots, action_fn: as for :func:`run_episodes`.
-
-    Returns:
-        A :class:`RolloutOutput` with per-slot ``returns``/``steps`` ``[S]``.
-    """
-    num_slots = keys.shape[0]
+    num_slots = num_members * num_episodes
     env, env_params = spec.env, spec.params
+    keys = episode_keys.reshape(num_slots)
+    slot_params = jax.tree.map(lambda p: jnp.repeat(p, num_episodes, axis=0), params) if num_episodes > 1 else params
     obs, env_state = jax.vmap(lambda k: env.reset_env(jax.random.fold_in(k, 0), env_params))(keys)
     carry0 = policy.initial_carry()
     carry = jax.tree.map(lambda c: jnp.broadcast_to(c, (num_slots,) + c.shape), carry0)
-    done = start_done
+    done = jnp.repeat(~active, num_episodes)
     obs_zero = jnp.zeros(spec.obs_shape, jnp.float32)
     obs_axes = (1,) * len(spec.obs_shape)
 
@@ -204,7 +167,9 @@ def run_slots(
 
         t, running, results = jax.lax.while_loop(cond, body, (t, running, results))
     final = write_back(final, results, slot_ids)
+    shape = (num_members, num_episodes)
     obs_sum, obs_sumsq = (final["obs_sum"].sum(0), final["obs_sumsq"].sum(0)) if collect_obs_stats else (obs_zero, obs_zero)
     # A non-finite policy output makes the episode's return NaN: argmax(NaN) would silently act 0 and train on.
     returns = jnp.where(final["finite"], final["returns"], jnp.nan)
-    return RolloutOutput(returns=returns, steps=final["steps"], obs_sum=obs_sum, obs_sumsq=obs_sumsq)
+    return RolloutOutput(returns=returns.reshape(shape), steps=final["steps"].reshape(shape),
+                         obs_sum=obs_sum, obs_sumsq=obs_sumsq)
