@@ -33,6 +33,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from jes import strategies
 from jes.config import ESConfig
+from jes.cpu import compiler_options
 from jes.envs import EnvSpec, make_env
 from jes.optimizers import make_optimizer
 from jes.policies import PolicyFns, fit_to_outputs
@@ -124,18 +125,6 @@ def resolve_devices(devices: Any) -> list:
     return devices
 
 
-def step_compiler_options(devices: list) -> dict | None:
-    """XLA options the generation step is compiled with: on CPU, XLA's older fusion emitters.
-
-    ``xla_cpu_use_fusion_emitters=False`` cut the step's XLA:CPU compile by about a third in CPU
-    seconds with the same bits (pinned results, Pendulum with observation normalisation, devices
-    and workers tested) and no slower generations; see benchmarks/README.md (issue 9).
-    """
-    if all(d.platform == "cpu" for d in devices):
-        return {"xla_cpu_use_fusion_emitters": False}
-    return None
-
-
 def build_context(strategy: Strategy, optimizer: Any, config: ESConfig, num_params: int) -> tuple[Context, str | None]:
     """The strategy's :class:`Context` for ``config``, its optimizer built; and the optimizer's name.
 
@@ -200,7 +189,7 @@ class Generation:
         per_device = math.ceil(self.num_chunks / len(self.devices))
         self.padded_chunks = per_device * len(self.devices)
         self.replicated = NamedSharding(self.mesh, P())
-        self.step = jax.jit(self.generation_step, compiler_options=step_compiler_options(self.devices))
+        self.step = jax.jit(self.generation_step, compiler_options=compiler_options(self.devices))
         # Placed replicated by the program itself, as the step wants it (no recompile, no copy).
         self._init_from_key = jax.jit(self.fresh_state, out_shardings=self.replicated)
         self._init_from_seed = jax.jit(lambda seed: self.fresh_state(jax.random.key(seed)), out_shardings=self.replicated)
