@@ -60,10 +60,11 @@ def use_cpu_cores(count: int | None = None) -> int | None:
 def compiler_options(devices: list | None = None) -> dict | None:
     """XLA options jes compiles its rollout programs with (the generation step, policy evaluation).
 
-    On CPU, XLA's older fusion emitters (``xla_cpu_use_fusion_emitters=False``): the generation
-    step compiles in about a third less CPU time, the 100-episode evaluation about a fifth less,
-    with the same bits and generations no slower (benchmarks/README.md, issue 9). ``None``
-    elsewhere.
+    On CPU, XLA's older fusion emitters (``xla_cpu_use_fusion_emitters=False``): same bits, generations
+    no slower, and less compile time: ~28 % less CPU time for the generation step when a process
+    compiles several programs (sweeps, tests, notebooks), a few percent for a fresh process's first
+    compile, ~20 % for the 100-episode evaluation (benchmarks/README.md, issue 9). ``None`` elsewhere.
+    A jaxlib that drops this option fails to compile with "No such compile option": remove it here.
 
     Args:
         devices: the devices the program runs on (default: ``jax.devices()``).
