@@ -33,6 +33,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from jes import strategies
 from jes.config import ESConfig
+from jes.cpu import compiler_options
 from jes.envs import EnvSpec, make_env
 from jes.optimizers import make_optimizer
 from jes.policies import PolicyFns, fit_to_outputs
@@ -221,7 +222,7 @@ class Generation:
         per_device = math.ceil(self.num_chunks / len(self.devices))
         self.padded_chunks = per_device * len(self.devices)
         self.replicated = NamedSharding(self.mesh, P())
-        self.step = jax.jit(self.generation_step)
+        self.step = jax.jit(self.generation_step, compiler_options=compiler_options(self.devices))
         # Placed replicated by the program itself, as the step wants it (no recompile, no copy).
         self._init_from_key = jax.jit(self.fresh_state, out_shardings=self.replicated)
         self._init_from_seed = jax.jit(lambda seed: self.fresh_state(jax.random.key(seed)), out_shardings=self.replicated)

@@ -32,6 +32,7 @@ from flax import serialization
 from jax.flatten_util import ravel_pytree
 
 from jes.checkpoint import build_policy, describe_policy
+from jes.cpu import compiler_options
 from jes.envs import EnvSpec, make_env
 from jes.generation import _OBS_EPS, as_key
 from jes.policies import PolicyFns
@@ -226,7 +227,7 @@ def _evaluate(fns: PolicyFns, spec: EnvSpec, action_map: ActionMap) -> Callable:
                            action_fn=action_map)
         return out.returns[0]
 
-    return jax.jit(run)
+    return jax.jit(run, compiler_options=compiler_options())
 
 
 def _obs_norm(obs_stats: Any) -> tuple[jax.Array, jax.Array] | None:
