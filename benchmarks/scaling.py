@@ -6,7 +6,8 @@ Part 1 measures, in one run on this machine, OpenAI-ES on CartPole-v1 with a GRU
 the population in chunks of 64, no centre evaluation in the timed generations:
 
 - 1 process, 1 device; 1 process, 2 devices (one per core: jes's default on CPU);
-- ``jes launch --processes 2`` (jax.distributed, 1 CPU device each, gloo collectives);
+- ``jes launch --processes 2`` (jax.distributed, 1 CPU device each, gloo collectives), with each
+  process pinned to its own core (the launcher's default) and unpinned (``--no-pin-cores``);
 - a ZeroMQ master in this process with 1 and with 2 ``jes-worker`` processes (pinned one per core).
 
 Each row: median ms/generation over the timed generations (the first and the last, which
@@ -76,9 +77,9 @@ def run_local(devices: int, gens: int, population: int) -> dict:
     return parse(out.stdout + out.stderr)
 
 
-def run_jax_distributed(processes: int, gens: int, population: int) -> dict:
+def run_jax_distributed(processes: int, gens: int, population: int, pin: bool = False) -> dict:
     cmd = [sys.executable, "-m", "jes.cli", "launch", "--processes", str(processes), "--devices-per-process", "1",
-           "--", sys.executable, "-c", CHILD, "1", "1", str(gens), str(population)]
+           *([] if pin else ["--no-pin-cores"]), "--", sys.executable, "-c", CHILD, "1", "1", str(gens), str(population)]
     out = subprocess.run(cmd, capture_output=True, text=True, env=child_env(), timeout=900)
     if out.returncode != 0:
         raise RuntimeError(f"jes launch failed:\n{out.stdout[-3000:]}{out.stderr[-3000:]}")
@@ -185,7 +186,10 @@ def main() -> None:
     rows = []
     for label, fn in (("1 process, 1 device", lambda: run_local(1, gens, pop)),
                       ("1 process, 2 devices (1 per core)", lambda: run_local(2, gens, pop)),
-                      ("jax.distributed: 2 processes x 1 device", lambda: run_jax_distributed(2, gens, pop)),
+                      ("jax.distributed: 2 processes x 1 device, unpinned (--no-pin-cores)",
+                          lambda: run_jax_distributed(2, gens, pop)),
+                      ("jax.distributed: 2 processes x 1 device, 1 core each (jes launch's default)",
+                       lambda: run_jax_distributed(2, gens, pop, pin=True)),
                       ("ZeroMQ: master + 1 worker", lambda: run_zeromq(1, gens, pop)),
                       ("ZeroMQ: master + 2 workers (1 per core)", lambda: run_zeromq(2, gens, pop))):
         print(f"running: {label} ...", file=sys.stderr, flush=True)

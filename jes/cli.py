@@ -182,6 +182,8 @@ def _parser() -> argparse.ArgumentParser:
     launch.add_argument("--first-process-id", type=int, default=0, help="id of the first process started here")
     launch.add_argument("--local-processes", type=int, default=None,
                         help="processes to start here (default: all from --first-process-id on)")
+    launch.add_argument("--no-pin-cores", dest="pin_cores", action="store_false",
+                        help="let every process use every core (by default each gets its own share of the cores)")
     launch.add_argument("--no-prefix", action="store_true", help="forward output lines without the [pI] prefix")
     launch.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- COMMAND ...", help="what every process runs")
 
@@ -412,7 +414,7 @@ def _launch(args: argparse.Namespace) -> int:
     try:
         return launch(command, args.processes, devices_per_process=args.devices_per_process,
                       coordinator=args.coordinator, first_process_id=args.first_process_id,
-                      local_processes=args.local_processes, prefix=not args.no_prefix)
+                      local_processes=args.local_processes, prefix=not args.no_prefix, pin_cores=args.pin_cores)
     except ValueError as err:
         print(f"jes launch: {err}", file=sys.stderr)
         return 2
