@@ -191,8 +191,13 @@ def trained_policy(trainer: Trainer, flat_params: Any, state: TrainState) -> Tra
     stats = None
     if trainer.obs_norm(state) is not None:
         stats = tuple(np.asarray(fetch(x)) for x in (state.obs_count, state.obs_sum, state.obs_sumsq))
-    return TrainedPolicy(trainer.policy, np.asarray(fetch(flat_params)), trainer.spec.obs_shape,
-                         ActionMap.from_spec(trainer.spec), obs_stats=stats, env_name=trainer.spec.name,
+    return _policy_of(trainer, fetch(flat_params), stats)
+
+
+def _policy_of(trainer: Trainer, flat_params: Any, obs_stats: tuple | None) -> TrainedPolicy:
+    """A :class:`TrainedPolicy` of host ``flat_params`` with ``trainer``'s policy and action mapping."""
+    return TrainedPolicy(trainer.policy, np.asarray(flat_params), trainer.spec.obs_shape,
+                         ActionMap.from_spec(trainer.spec), obs_stats=obs_stats, env_name=trainer.spec.name,
                          max_steps=trainer.spec.max_steps, env=trainer.spec)
 
 
@@ -334,8 +339,7 @@ def _best_from_checkpoint(trainer: Trainer, saved: dict | None) -> BestMember | 
     stats = saved.get("obs_stats")
     stats = tuple(stats[str(i)] for i in range(3)) if stats else None
     flat = np.asarray(saved["flat_params"], np.float32)
-    policy = TrainedPolicy(trainer.policy, flat, trainer.spec.obs_shape, ActionMap.from_spec(trainer.spec),
-                           obs_stats=stats, env_name=trainer.spec.name, max_steps=trainer.spec.max_steps, env=trainer.spec)
+    policy = _policy_of(trainer, flat, stats)
     return BestMember(fitness=float(saved["fitness"]), generation=int(saved["generation"]), member=int(saved["member"]),
                       flat_params=flat, policy=policy)
 
