@@ -38,7 +38,9 @@ from jes.config import ESConfig
 from jes.generation import Trainer, TrainState, as_key, localize
 
 MAGIC = b"JESCKPT1"
-FORMAT_VERSION = 2  # 2: the strategy's state under state['strategy'], policy fields in the jes.describe form (format 1 is upgraded on read)
+# 2: the strategy's state under state['strategy'], policy fields in the jes.describe form (format 1 is upgraded
+# on read). 3: PGPE's default ClipUp step follows the search radius (format <= 2 files keep the old 0.15).
+FORMAT_VERSION = 3
 _HEADER = struct.Struct("<8sQ32s")
 # Config fields that do not change what the parameters become, so a resumed run may change them.
 RESUMABLE_CONFIG_CHANGES = frozenset({"num_generations", "stop_at_return", "eval_every", "eval_episodes"})
@@ -70,6 +72,17 @@ def _upgrade_v1(value: Any) -> Any:
     if isinstance(value, dict) and "repr" in value:
         return {"__repr__": value["repr"]}
     return value
+
+
+def _keep_old_pgpe_step(meta: dict) -> None:
+    """Format <= 2: PGPE's default ClipUp step was 0.15; pin it, so that a rebuilt run continues as it started."""
+    strategy, config = meta.get("strategy") or {}, meta.get("config") or {}
+    fields = strategy.get("fields") or {}
+    optimizer = meta.get("optimizer")
+    if (strategy.get("name") == "pgpe" and fields.get("center_lr", 0) is None and config.get("learning_rate") is None
+            and "learning_rate" not in (meta.get("config_schedules") or ()) and isinstance(optimizer, str)
+            and optimizer.lower() == "clipup"):
+        fields["center_lr"] = 0.15
 
 
 def checkpoint_allowlist(policy_class: str, allow_modules: Any = ()) -> describe.Allowlist:
@@ -404,6 +417,8 @@ def read(path: str) -> Checkpoint:
                               f"{FORMAT_VERSION}; upgrade jes")
     if meta.get("version", 0) < 2 and isinstance(meta.get("policy"), dict):
         meta["policy"] = dict(meta["policy"], fields={k: _upgrade_v1(v) for k, v in meta["policy"].get("fields", {}).items()})
+    if meta.get("version", 0) < 3:
+        _keep_old_pgpe_step(meta)
     history = {k: np.asarray(v) for k, v in content["history"].items()}
     return Checkpoint(path=path, meta=meta, state_dict=content["state"], history=history, key=np.asarray(content["key"]),
                       best=content.get("best"))

@@ -169,6 +169,8 @@ def build_context(strategy: Strategy, optimizer: Any, config: ESConfig, num_para
         optimizer = strategy.default_optimizer if optimizer is None else optimizer
         learning_rate = getattr(strategy, "center_lr", None)
         learning_rate = config.learning_rate if learning_rate is None else learning_rate
+        if learning_rate is None:
+            learning_rate = strategy.default_learning_rate(optimizer, num_params, config.noise_std)
         built = make_optimizer(optimizer, learning_rate)
         name = optimizer if isinstance(optimizer, str) else type(optimizer).__name__
     else:

@@ -261,3 +261,25 @@ def test_save_sweeps_temp_files_left_by_a_killed_save(trainer, tmp_path):
     checkpoint.save(path, trainer, trainer.init_state(9), {}, key=9)
     assert sorted(os.listdir(tmp_path)) == [".other.ckpt.abc.tmp", "run.ckpt"]
     assert checkpoint.read(path).generation == 0
+
+
+def test_format_2_pgpe_checkpoints_keep_their_clipup_step(tmp_path):
+    """PGPE's default ClipUp step changed in format 3 (0.15 -> 0.4 x the search radius): an older file keeps 0.15."""
+    pgpe = jes.Trainer(POLICY, "CartPole-v1", None, jes.ESConfig(**SMALL), strategy="pgpe")
+    new = str(tmp_path / "pgpe.ckpt")
+    checkpoint.save(new, pgpe, pgpe.init_state(1))
+    old = _rewrite_meta(new, str(tmp_path / "pgpe-v2.ckpt"), lambda meta: meta.update(version=2))
+    radius_step = 0.4 * 0.2 * pgpe.num_params ** 0.5
+
+    def step(t):
+        return float(t.ctx.optimizer.init(jax.numpy.zeros(t.num_params)).hyperparams["learning_rate"])
+
+    assert step(pgpe) == pytest.approx(radius_step)
+    assert checkpoint.read(new).meta["strategy"]["fields"]["center_lr"] is None
+    assert step(checkpoint.read(new).build_trainer()) == pytest.approx(radius_step)
+    assert checkpoint.read(old).meta["strategy"]["fields"]["center_lr"] == 0.15
+    assert step(checkpoint.read(old).build_trainer()) == pytest.approx(0.15)
+    with pytest.raises(checkpoint.CheckpointError, match="center_lr"):
+        checkpoint.read(old).check_compatible(pgpe)  # today's default would silently change the resumed run
+    checkpoint.read(old).check_compatible(
+        jes.Trainer(POLICY, "CartPole-v1", None, jes.ESConfig(**SMALL), strategy=jes.strategies.PGPE(center_lr=0.15)))

@@ -219,3 +219,33 @@ def test_ars_step_size_default_is_per_use():
     assert jes.AskTell("ars", jnp.zeros(4), num_members=8).problem.strategy.step_size == 0.1
     with pytest.raises(ValueError, match="step_size must be positive"):
         jes.AskTell(jes.strategies.ARS(step_size=0.0), jnp.zeros(4), num_members=8)
+
+
+def test_snes_mean_lr_default_is_per_use():
+    """SNES's mean step is 10 for policies and the paper's 1 for functions; a step you set is kept for both."""
+    snes = jes.strategies.SNES()
+    assert snes.mean_lr is None and snes._mean_lr() == 10.0
+    assert snes.for_functions().mean_lr == 1.0
+    assert jes.strategies.SNES(mean_lr=3.0).for_functions().mean_lr == 3.0
+    assert jes.AskTell("snes", jnp.zeros(4), num_members=8).problem.strategy.mean_lr == 1.0
+    with pytest.raises(ValueError, match="mean_lr must be positive"):
+        jes.AskTell(jes.strategies.SNES(mean_lr=-1.0), jnp.zeros(4), num_members=8)
+
+
+def _learning_rate(strategy, optimizer=None, num_params=D, **config):
+    ctx, _ = build_context(strategy, optimizer, jes.ESConfig(num_members=8, **config), num_params)
+    return float(ctx.optimizer.init(jnp.zeros(num_params)).hyperparams["learning_rate"])
+
+
+def test_pgpe_clipup_step_follows_the_search_radius():
+    """PGPE's default ClipUp step is 0.4 of the initial radius sigma * sqrt(P); set ones win; other optimizers keep theirs."""
+    pgpe = jes.strategies.PGPE()
+    assert _learning_rate(pgpe, num_params=100) == pytest.approx(0.4 * 0.2 * 10)
+    assert _learning_rate(pgpe, "ClipUp", num_params=100, noise_std=0.5) == pytest.approx(0.4 * 0.5 * 10)
+    assert _learning_rate(jes.strategies.PGPE(stdev_init=0.1), num_params=400) == pytest.approx(0.4 * 0.1 * 20)
+    assert _learning_rate(jes.strategies.PGPE(center_lr=0.7), num_params=100) == pytest.approx(0.7)
+    assert _learning_rate(pgpe, num_params=100, learning_rate=0.3) == pytest.approx(0.3)
+    assert _learning_rate(pgpe, "adam", num_params=100) == pytest.approx(0.2)  # adam's own default
+    # jes.optimize moves PGPE's mean with SGD at its default step, as before.
+    ctx = jes.AskTell("pgpe", jnp.zeros(4), num_members=8).problem.ctx
+    assert float(ctx.optimizer.init(jnp.zeros(4)).hyperparams["learning_rate"]) == 1.0

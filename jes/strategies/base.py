@@ -96,6 +96,11 @@ class Strategy:
     def validate(self, ctx: Context) -> None:
         """Raise ``ValueError`` for a run this strategy cannot serve."""
 
+    def default_learning_rate(self, optimizer: Any, num_params: int, noise_std: Any) -> float | None:
+        """The mean optimizer's learning rate when neither the strategy nor ``ESConfig.learning_rate`` sets
+        one (``optimizer`` as given: a name or a transformation); ``None``: the named optimizer's default."""
+        return None
+
     def for_functions(self) -> "Strategy":
         """This strategy with its defaults for :func:`jes.optimize` / :class:`jes.AskTell` where they differ
         from its defaults for policies (hyperparameters left at ``None`` are resolved; set ones are kept)."""

@@ -2,14 +2,15 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+import math
+from typing import Any, ClassVar
 
 import jax
 import jax.numpy as jnp
 import optax
 from flax import struct
 
-from jes.optimizers import current_learning_rate
+from jes.optimizers import current_learning_rate, resolve_name
 from jes.strategies import noise
 from jes.strategies.base import Context, Strategy, info, pair_noise
 
@@ -39,8 +40,14 @@ class PGPE(Strategy):
     clipped to ``stdev_max_change`` per generation (Toklu et al.'s setting).
 
     Args:
-        center_lr: the centre optimizer's learning rate (``None``: ``ESConfig.learning_rate``,
-            else the optimizer's default; ClipUp's is 0.15 with ``max_speed`` twice that).
+        center_lr: the centre optimizer's learning rate (``None``: ``ESConfig.learning_rate``; else,
+            for ClipUp given by name (the default), 0.4 of the initial search radius
+            ``stdev_init * sqrt(num_params)``, with ``max_speed`` twice that; else the named
+            optimizer's default). ClipUp's step is a norm over all parameters, so a step tied to the
+            radius carries over between network sizes; Toklu et al. suggest about 1/30 of the
+            radius for long runs, which on Pendulum (MLP 32x32, 512 members) stays near a random
+            policy's return for 100 generations (0/5 seeds) where 0.4 solves 4/5
+            (benchmarks/README.md).
         stdev_lr: step size of the sigma update.
         stdev_max_change: largest relative change of any sigma in one generation.
         stdev_init: initial sigma (``None``: ``ESConfig.noise_std``).
@@ -59,6 +66,14 @@ class PGPE(Strategy):
     # ClipUp's fixed speed cannot settle closer to an optimum than its learning rate; for function
     # optimisation the mean follows Sehnke's plain gradient (with momentum), whose steps shrink with sigma.
     blackbox_optimizer = "sgd"
+    CLIPUP_RADIUS_FRACTION: ClassVar[float] = 0.4
+
+    def default_learning_rate(self, optimizer: Any, num_params: int, noise_std: Any) -> float | None:
+        if not isinstance(optimizer, str) or resolve_name(optimizer) != "clipup" or (
+                self.stdev_init is None and callable(noise_std)):
+            return None
+        sigma = float(noise_std) if self.stdev_init is None else float(self.stdev_init)
+        return self.CLIPUP_RADIUS_FRACTION * sigma * math.sqrt(num_params)
 
     def antithetic(self, requested: bool) -> bool:
         return True
