@@ -56,9 +56,11 @@ class NonFiniteUpdateError(ValueError):
         self.result = result
 
 
-@dataclasses.dataclass
 class BestMember:
     """The best population member evaluated in a run (its fitness is from its own training episodes).
+
+    Its parameters are regenerated from its key when first asked for (or when a checkpoint is
+    written), so a run that never looks at them compiles and runs nothing for them.
 
     Attributes:
         fitness: its fitness (mean return over ``episodes_per_member`` episodes).
@@ -68,16 +70,36 @@ class BestMember:
         policy: a :class:`jes.trained.TrainedPolicy` of it, with the normaliser it was evaluated with.
     """
 
-    fitness: float
-    generation: int
-    member: int
-    flat_params: np.ndarray
-    policy: TrainedPolicy
+    def __init__(self, fitness: float, generation: int, member: int, flat_params: np.ndarray | None = None,
+                 policy: TrainedPolicy | None = None,
+                 regenerate: Callable[[], tuple[np.ndarray, TrainedPolicy]] | None = None):
+        if (flat_params is None) == (regenerate is None):
+            raise ValueError("BestMember needs flat_params (with its policy) or regenerate, not both")
+        self.fitness, self.generation, self.member = fitness, generation, member
+        self._flat, self._policy, self._regenerate = flat_params, policy, regenerate
+
+    def _materialise(self) -> None:
+        if self._regenerate is not None:
+            self._flat, self._policy = self._regenerate()
+            self._regenerate = None
+
+    @property
+    def flat_params(self) -> np.ndarray:
+        self._materialise()
+        return self._flat
+
+    @property
+    def policy(self) -> TrainedPolicy:
+        self._materialise()
+        return self._policy
 
     @property
     def params(self) -> Any:
         """Its Flax variables."""
         return self.policy.params
+
+    def __repr__(self) -> str:
+        return f"BestMember(fitness={self.fitness!r}, generation={self.generation}, member={self.member})"
 
 
 @dataclasses.dataclass
@@ -189,9 +211,19 @@ class TrainResult:
 def trained_policy(trainer: Trainer, flat_params: Any, state: TrainState) -> TrainedPolicy:
     """A :class:`TrainedPolicy` of ``flat_params`` with ``trainer``'s policy and action mapping and ``state``'s normaliser."""
     stats = None
-    if trainer.obs_norm(state) is not None:
+    if trainer.normalize_observations:  # (not obs_norm(): that would compute it, eagerly, on the devices)
         stats = tuple(np.asarray(fetch(x)) for x in (state.obs_count, state.obs_sum, state.obs_sumsq))
     return _policy_of(trainer, fetch(flat_params), stats)
+
+
+def _member_regenerator(trainer: Trainer, state: TrainState, member: int) -> Callable[[], tuple]:
+    """Regenerates member ``member`` of ``state``'s generation: ``(flat_params, TrainedPolicy)``."""
+
+    def regenerate():
+        flat = np.asarray(fetch(trainer.member(localize(state), jnp.int32(member))))
+        return flat, trained_policy(trainer, flat, state)
+
+    return regenerate
 
 
 def _policy_of(trainer: Trainer, flat_params: Any, obs_stats: tuple | None) -> TrainedPolicy:
@@ -470,11 +502,9 @@ def run(trainer: Trainer, state: TrainState, *, key: Any = 0, callbacks: Iterabl
                 history[k].append(record[k])
             if best is None or metrics["pop_max"] > best.fitness:
                 # Regenerated from its key (the state before this generation's update), only when it improves.
-                member = int(metrics["best_member"])
-                best = BestMember(fitness=float(metrics["pop_max"]), generation=gen + 1, member=member,
-                                  flat_params=np.asarray(fetch(trainer.member(localize(state), jnp.int32(member)))),
-                                  policy=None)
-                best.policy = trained_policy(trainer, best.flat_params, state)
+                best = BestMember(fitness=float(metrics["pop_max"]), generation=gen + 1,
+                                  member=int(metrics["best_member"]),
+                                  regenerate=_member_regenerator(trainer, state, int(metrics["best_member"])))
             state = new_state  # after the history row, so an interrupt never leaves history behind the state
             for callback in callbacks:
                 callback(record)
