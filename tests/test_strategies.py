@@ -121,6 +121,19 @@ def test_ask_tell_matches_optimize_bit_for_bit():
     np.testing.assert_array_equal(fused.x, es.mean(state))
 
 
+def test_optimize_stops_at_the_target_generation_exactly():
+    """Generations are dispatched ahead of reading their metrics back; those past the target are discarded."""
+    f = lambda x: jnp.sum((x - 1.0) ** 2)
+    stopped = jes.optimize(f, 3 * jnp.ones(6), "snes", minimize=True, num_generations=300, target=1e-3, key=2)
+    stop = int(stopped.history["generation"][-1])
+    assert 20 < stop < 300 and stopped.value < 1e-3 and stopped.history["mean_value"][-2] >= 1e-3
+    plain = jes.optimize(f, 3 * jnp.ones(6), "snes", minimize=True, num_generations=stop, key=2)
+    np.testing.assert_array_equal(stopped.x, plain.x)
+    np.testing.assert_array_equal(stopped.best_x, plain.best_x)
+    np.testing.assert_array_equal(stopped.history["best_value"], plain.history["best_value"])
+    assert stopped.num_evaluations == plain.num_evaluations
+
+
 def test_ask_tell_on_a_pytree_and_non_finite_fitness():
     x0 = {"w": jnp.zeros((2, 3)), "b": jnp.zeros(3)}
     es = jes.AskTell("snes", x0, num_members=6)
