@@ -223,26 +223,18 @@ def test_sep_cma_es_generations_match_a_float64_reference(problem):
     assert any(stalled) == (problem == "slope")
 
 
-def test_ars_step_size_default_is_per_use():
-    """ARS's default step is 1.0 for policies and 0.1 for functions; a step you set is kept for both."""
-    ars = jes.strategies.ARS()
-    assert ars.step_size is None and ars._step_size() == 1.0
-    assert ars.for_functions().step_size == 0.1
-    assert jes.strategies.ARS(step_size=0.3).for_functions().step_size == 0.3
-    assert jes.AskTell("ars", jnp.zeros(4), num_members=8).problem.strategy.step_size == 0.1
-    with pytest.raises(ValueError, match="step_size must be positive"):
-        jes.AskTell(jes.strategies.ARS(step_size=0.0), jnp.zeros(4), num_members=8)
-
-
-def test_snes_mean_lr_default_is_per_use():
-    """SNES's mean step is 10 for policies and the paper's 1 for functions; a step you set is kept for both."""
-    snes = jes.strategies.SNES()
-    assert snes.mean_lr is None and snes._mean_lr() == 10.0
-    assert snes.for_functions().mean_lr == 1.0
-    assert jes.strategies.SNES(mean_lr=3.0).for_functions().mean_lr == 3.0
-    assert jes.AskTell("snes", jnp.zeros(4), num_members=8).problem.strategy.mean_lr == 1.0
-    with pytest.raises(ValueError, match="mean_lr must be positive"):
-        jes.AskTell(jes.strategies.SNES(mean_lr=-1.0), jnp.zeros(4), num_members=8)
+@pytest.mark.parametrize("name, field, for_policies, for_functions", [
+    ("ars", "step_size", 1.0, 0.1), ("snes", "mean_lr", 10.0, 1.0), ("sep_cma_es", "mean_lr", 10.0, 1.0)])
+def test_per_use_defaults(name, field, for_policies, for_functions):
+    """A step left at None is the policies' default in jes.train and the functions' one in optimize/AskTell;
+    a step you set is kept for both, and a non-positive one is refused."""
+    strategy = jes.strategies.get(name)
+    assert getattr(strategy, field) is None and strategy.resolved(field) == for_policies
+    assert getattr(strategy.for_functions(), field) == for_functions
+    assert getattr(jes.strategies.get(name, **{field: 0.3}).for_functions(), field) == 0.3
+    assert getattr(jes.AskTell(name, jnp.zeros(4), num_members=8).problem.strategy, field) == for_functions
+    with pytest.raises(ValueError, match=f"{name} {field} must be positive"):
+        jes.AskTell(jes.strategies.get(name, **{field: 0.0}), jnp.zeros(4), num_members=8)
 
 
 def _learning_rate(strategy, optimizer=None, num_params=D, **config):

@@ -45,17 +45,11 @@ class ARS(Strategy):
     noise_std_init: float | None = None
 
     name = "ars"
-    POLICY_STEP_SIZE: ClassVar[float] = 1.0
-    FUNCTION_STEP_SIZE: ClassVar[float] = 0.1
+    PER_USE_DEFAULTS: ClassVar[dict] = {"step_size": (1.0, 0.1)}
 
     def antithetic(self, requested: bool) -> bool:
         return True
 
-    def for_functions(self) -> "ARS":
-        return self if self.step_size is not None else dataclasses.replace(self, step_size=self.FUNCTION_STEP_SIZE)
-
-    def _step_size(self) -> float:
-        return self.POLICY_STEP_SIZE if self.step_size is None else float(self.step_size)
 
     def uses_obs_norm(self, requested: bool) -> bool:
         return requested and self.version == "v2"
@@ -65,8 +59,7 @@ class ARS(Strategy):
 
     def validate(self, ctx: Context) -> None:
         check_optimizer_free(self, ctx.optimizer)
-        if self.step_size is not None and not self.step_size > 0:
-            raise ValueError(f"ars step_size must be positive (or None for the default), got {self.step_size}")
+        self.check_per_use_defaults()
         if self.version not in ("v1", "v2"):
             raise ValueError(f"ars version must be 'v1' or 'v2', got {self.version!r}")
         if ctx.num_members % 2:
@@ -105,5 +98,5 @@ class ARS(Strategy):
         return noise.chunk_weighted_noise(gen_key, start, weights, ctx.num_params, True)
 
     def update(self, ctx, state, stats, fitness, generation):
-        step = self._step_size() * stats
-        return state.replace(mean=state.mean + step), info(stats, step, state.noise_std, self._step_size())
+        step = self.resolved("step_size") * stats
+        return state.replace(mean=state.mean + step), info(stats, step, state.noise_std, self.resolved("step_size"))

@@ -101,10 +101,27 @@ class Strategy:
         one (``optimizer`` as given: a name or a transformation); ``None``: the named optimizer's default."""
         return None
 
+    # Hyperparameters whose default (``None``) differs between policies (:func:`jes.train`) and functions
+    # (:func:`jes.optimize`, :class:`jes.AskTell`): ``{field: (for policies, for functions)}``.
+    PER_USE_DEFAULTS: ClassVar[dict[str, tuple[float, float]]] = {}
+
     def for_functions(self) -> "Strategy":
         """This strategy with its defaults for :func:`jes.optimize` / :class:`jes.AskTell` where they differ
         from its defaults for policies (hyperparameters left at ``None`` are resolved; set ones are kept)."""
-        return self
+        unset = {name: both[1] for name, both in self.PER_USE_DEFAULTS.items() if getattr(self, name) is None}
+        return dataclasses.replace(self, **unset) if unset else self
+
+    def resolved(self, name: str) -> float:
+        """Hyperparameter ``name`` of :data:`PER_USE_DEFAULTS` as used: its value, or the policies' default."""
+        value = getattr(self, name)
+        return self.PER_USE_DEFAULTS[name][0] if value is None else float(value)
+
+    def check_per_use_defaults(self) -> None:
+        """Raise ``ValueError`` for a :data:`PER_USE_DEFAULTS` hyperparameter set to a non-positive value."""
+        for name in self.PER_USE_DEFAULTS:
+            value = getattr(self, name)
+            if value is not None and not value > 0:
+                raise ValueError(f"{self.name} {name} must be positive (or None for the default), got {value}")
 
     # ------------------------------------------------------------- algorithm
     def init(self, ctx: Context, mean: jax.Array) -> Any:

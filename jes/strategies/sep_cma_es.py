@@ -46,14 +46,7 @@ class SepCMAES(Strategy):
     mean_lr: float | None = None
 
     name = "sep_cma_es"
-    POLICY_MEAN_LR: ClassVar[float] = 10.0
-    FUNCTION_MEAN_LR: ClassVar[float] = 1.0
-
-    def for_functions(self) -> "SepCMAES":
-        return self if self.mean_lr is not None else dataclasses.replace(self, mean_lr=self.FUNCTION_MEAN_LR)
-
-    def _mean_lr(self) -> float:
-        return self.POLICY_MEAN_LR if self.mean_lr is None else float(self.mean_lr)
+    PER_USE_DEFAULTS: ClassVar[dict] = {"mean_lr": (10.0, 1.0)}
 
     def antithetic(self, requested: bool) -> bool:
         return False
@@ -62,8 +55,7 @@ class SepCMAES(Strategy):
         check_optimizer_free(self, ctx.optimizer)
         if ctx.num_members < 4:
             raise ValueError(f"sep_cma_es needs num_members >= 4 (it recombines the best half), got {ctx.num_members}")
-        if self.mean_lr is not None and not self.mean_lr > 0:
-            raise ValueError(f"sep_cma_es mean_lr must be positive (or None for the default), got {self.mean_lr}")
+        self.check_per_use_defaults()
 
     # The standard constants, functions of the dimension d and population n only (static).
     def constants(self, d: int, n: int) -> dict:
@@ -109,7 +101,7 @@ class SepCMAES(Strategy):
         c = self.constants(d, ctx.num_members)
         scale = jnp.sqrt(state.diag_c)
         y_w = scale * stats["z"]
-        step = self._mean_lr() * state.sigma * y_w
+        step = self.resolved("mean_lr") * state.sigma * y_w
         mean = state.mean + step
         c_s, c_c = c["c_sigma"], c["c_c"]
         path_sigma = (1 - c_s) * state.path_sigma + math.sqrt(c_s * (2 - c_s) * c["mu_eff"]) * stats["z"]
@@ -128,4 +120,4 @@ class SepCMAES(Strategy):
         scale = diag_c.mean()
         sigma, diag_c, path_c = sigma * jnp.sqrt(scale), diag_c / scale, path_c / jnp.sqrt(scale)
         new = SepCMAState(mean=mean, sigma=sigma, diag_c=diag_c, path_sigma=path_sigma, path_c=path_c)
-        return new, info(y_w, step, sigma * jnp.sqrt(diag_c).mean(), self._mean_lr())
+        return new, info(y_w, step, sigma * jnp.sqrt(diag_c).mean(), self.resolved("mean_lr"))

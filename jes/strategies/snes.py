@@ -51,22 +51,14 @@ class SNES(Strategy):
     sigma_init: float | None = None
 
     name = "snes"
-    POLICY_MEAN_LR: ClassVar[float] = 10.0
-    FUNCTION_MEAN_LR: ClassVar[float] = 1.0
-
-    def for_functions(self) -> "SNES":
-        return self if self.mean_lr is not None else dataclasses.replace(self, mean_lr=self.FUNCTION_MEAN_LR)
-
-    def _mean_lr(self) -> float:
-        return self.POLICY_MEAN_LR if self.mean_lr is None else float(self.mean_lr)
+    PER_USE_DEFAULTS: ClassVar[dict] = {"mean_lr": (10.0, 1.0)}
 
     def antithetic(self, requested: bool) -> bool:
         return False
 
     def validate(self, ctx: Context) -> None:
         check_optimizer_free(self, ctx.optimizer)
-        if self.mean_lr is not None and not self.mean_lr > 0:
-            raise ValueError(f"snes mean_lr must be positive (or None for the default), got {self.mean_lr}")
+        self.check_per_use_defaults()
 
     def _sigma_lr(self, d: int) -> float:
         return (3 + math.log(d)) / (5 * math.sqrt(d)) if self.sigma_lr is None else float(self.sigma_lr)
@@ -89,6 +81,6 @@ class SNES(Strategy):
         return {"mean": weights @ z, "sigma": weights @ (z * z - 1.0)}
 
     def update(self, ctx, state, stats, fitness, generation):
-        step = self._mean_lr() * state.sigma * stats["mean"]
+        step = self.resolved("mean_lr") * state.sigma * stats["mean"]
         sigma = state.sigma * jnp.exp(0.5 * self._sigma_lr(ctx.num_params) * stats["sigma"])
-        return state.replace(mean=state.mean + step, sigma=sigma), info(stats["mean"], step, sigma.mean(), self._mean_lr())
+        return state.replace(mean=state.mean + step, sigma=sigma), info(stats["mean"], step, sigma.mean(), self.resolved("mean_lr"))
