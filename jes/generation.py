@@ -31,7 +31,7 @@ from flax import struct
 from jax.flatten_util import ravel_pytree
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from jes import strategies
+from jes import program_cache, strategies
 from jes.config import ESConfig
 from jes.cpu import compiler_options
 from jes.envs import EnvSpec, make_env
@@ -208,6 +208,7 @@ class Generation:
     def _setup(self, strategy: Any, optimizer: Any, devices: Any) -> None:
         config = self.config
         self.strategy = strategies.get(strategy)
+        self._optimizer_arg = optimizer  # for the program cache's key: only names are cacheable
         self.ctx, self.optimizer_name = build_context(self.strategy, optimizer, config, self.num_params)
         self.optimizer = self.ctx.optimizer
         self.antithetic = self.ctx.antithetic
@@ -483,7 +484,7 @@ class Generation:
         def compile_step():
             t0 = time.perf_counter()
             try:
-                out["compiled"] = self.step.lower(abstract, jax.ShapeDtypeStruct((), jnp.bool_)).compile()
+                out["compiled"] = self._compile_step(abstract, jax.ShapeDtypeStruct((), jnp.bool_))
             except Exception:  # compiled_step compiles again in the caller's thread and raises there
                 pass
             out["seconds"] = time.perf_counter() - t0
@@ -501,19 +502,83 @@ class Generation:
             thread, out, abstract = self._compiling
             self._compiling = None
             thread.join()
-            signature = lambda tree: (jax.tree.structure(tree), [(x.shape, x.dtype, getattr(x, "weak_type", False))
-                                                                  for x in jax.tree.leaves(tree)])
-            if "compiled" in out and signature(state) == signature(abstract):
+            if "compiled" in out and _signature(state) == _signature(abstract):
                 self._compiled, self._compile_time = out["compiled"], out["seconds"]
         if self._compiled is None:
             t0 = time.perf_counter()
-            self._compiled = self.step.lower(state, jnp.bool_(True)).compile()
+            self._compiled = self._compile_step(state, jnp.bool_(True))
             self._compile_time = time.perf_counter() - t0
         return self._compiled, self._compile_time
 
+    def program_parts(self) -> dict | None:
+        """Everything besides argument shapes that determines the step's program, for :mod:`jes.program_cache`.
+
+        ``None`` (never cached; traced every time): subclasses whose members' evaluation this cannot
+        describe. :class:`Trainer` describes its policy, env, config, strategy and optimizer name.
+        """
+        return None
+
+    def _compile_step(self, state: TrainState, evaluate_centre: Any) -> Callable:
+        """The step compiled for ``state`` (its shapes, dtypes, placement): from the program cache when it
+        holds this run's traced program, else traced (and, when the cache is on, stored for the next process).
+
+        With the cache on, the step is always compiled from its exported program, traced here or read back,
+        so a cold and a warm process run the same XLA program (and find each other's compiled copy in JAX's cache).
+        """
+        parts = self.program_parts()
+        leaves, treedef = jax.tree.flatten(state)
+        key = None
+        if parts is not None and all(getattr(x, "sharding", None) == self.replicated for x in leaves):
+            key = program_cache.program_key("generation_step", dict(
+                parts, state=str(treedef),
+                leaves=[(tuple(x.shape), str(x.dtype), bool(getattr(x, "weak_type", False))) for x in leaves]))
+        if key is not None:
+            abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, weak_type=getattr(x, "weak_type", False),
+                                                                   sharding=self.replicated), state)
+            try:
+                return self._compile_exported_step(key, abstract, jax.ShapeDtypeStruct((), jnp.bool_, sharding=self.replicated))
+            except Exception:  # noqa: BLE001 - any failure of the cached path: trace as without a cache
+                pass
+        return self.step.lower(state, evaluate_centre).compile()
+
+    def _compile_exported_step(self, key: str, abstract: TrainState, flag: Any) -> Callable:
+        leaves, treedef = jax.tree.flatten(abstract)
+        avals = [(tuple(x.shape), x.dtype) for x in leaves] + [((), jnp.dtype(jnp.bool_))]
+        exported = program_cache.load(key)
+        if exported is not None and (
+                [(tuple(a.shape), a.dtype) for a in exported.in_avals] != avals
+                or exported.nr_devices != len(self.devices)):
+            exported = None  # a hash collision or a foreign file: never call it
+        if exported is None:
+            def flat_step(*args):
+                new_state, metrics = self.generation_step(jax.tree.unflatten(treedef, args[:-1]), args[-1])
+                new_leaves, new_treedef = jax.tree.flatten(new_state)
+                if new_treedef != treedef:
+                    raise TypeError("the step changed the state's structure")
+                return new_leaves, metrics
+
+            exported = jax.export.export(jax.jit(flat_step))(*leaves, flag)
+            program_cache.store(key, exported)
+        compiled = jax.jit(exported.call, compiler_options=compiler_options(self.devices)).lower(*leaves, flag).compile()
+        return _FlatStep(compiled, treedef)
     def compile_count(self) -> int:
         """How many programs ``self.step`` has compiled (1 after any number of generations)."""
         return self.step._cache_size()
+
+
+def _signature(tree: Any) -> tuple:
+    return jax.tree.structure(tree), [(x.shape, x.dtype, getattr(x, "weak_type", False)) for x in jax.tree.leaves(tree)]
+
+
+class _FlatStep:
+    """A compiled exported step over flat state leaves, called like the compiled step: ``(state, flag) -> (state, metrics)``."""
+
+    def __init__(self, compiled: Any, treedef: Any):
+        self.compiled, self.treedef = compiled, treedef
+
+    def __call__(self, state: TrainState, evaluate_centre: Any) -> tuple[TrainState, dict]:
+        new_leaves, metrics = self.compiled(*jax.tree.leaves(state), evaluate_centre)
+        return jax.tree.unflatten(self.treedef, new_leaves), metrics
 
 
 class Trainer(Generation):
@@ -572,6 +637,19 @@ class Trainer(Generation):
         self.num_params = int(flat.shape[0])
         self._setup(strategy, optimizer, devices)
         self.normalize_observations = self.strategy.uses_obs_norm(config.normalize_observations)
+
+    def program_parts(self) -> dict | None:
+        if type(self) is not Trainer or not (self._optimizer_arg is None or isinstance(self._optimizer_arg, str)):
+            return None  # an optax object cannot be fingerprinted; a subclass may change any method
+        return dict(
+            policy=self.policy, spec=self.spec, config=self.config, strategy=self.strategy,
+            optimizer=self._optimizer_arg, optimizer_name=self.optimizer_name,
+            rollout_min_batch=self.rollout_min_batch, normalize_observations=self.normalize_observations,
+            num_params=self.num_params, obs_shape=tuple(self.obs_shape), chunk_size=self.chunk_size,
+            num_chunks=self.num_chunks, padded_chunks=self.padded_chunks,
+            devices=[[d.platform, d.device_kind, d.id, d.process_index] for d in self.devices],
+            compiler_options=compiler_options(self.devices),
+        )
 
     def _init_variables(self, key: jax.Array, abstract: bool = False) -> Any:
         init = jax.eval_shape if abstract else (lambda f, *a: f(*a))
