@@ -518,6 +518,17 @@ class Generation:
         """
         return None
 
+    def step_program_key(self, state: TrainState) -> str | None:
+        """The program cache's key of the step for ``state`` (arrays or ``ShapeDtypeStruct``s placed replicated
+        on this run's devices), or ``None``: cache off, a run that cannot be fingerprinted, another placement."""
+        parts = self.program_parts()
+        leaves, treedef = jax.tree.flatten(state)
+        if parts is None or not all(getattr(x, "sharding", None) == self.replicated for x in leaves):
+            return None
+        return program_cache.program_key("generation_step", dict(
+            parts, state=str(treedef),
+            leaves=[(tuple(x.shape), str(x.dtype), bool(getattr(x, "weak_type", False))) for x in leaves]))
+
     def _compile_step(self, state: TrainState, evaluate_centre: Any) -> Callable:
         """The step compiled for ``state`` (its shapes, dtypes, placement): from the program cache when it
         holds this run's traced program, else traced (and, when the cache is on, stored for the next process).
@@ -525,13 +536,7 @@ class Generation:
         With the cache on, the step is always compiled from its exported program, traced here or read back,
         so a cold and a warm process run the same XLA program (and find each other's compiled copy in JAX's cache).
         """
-        parts = self.program_parts()
-        leaves, treedef = jax.tree.flatten(state)
-        key = None
-        if parts is not None and all(getattr(x, "sharding", None) == self.replicated for x in leaves):
-            key = program_cache.program_key("generation_step", dict(
-                parts, state=str(treedef),
-                leaves=[(tuple(x.shape), str(x.dtype), bool(getattr(x, "weak_type", False))) for x in leaves]))
+        key = self.step_program_key(state)
         if key is not None:
             abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, weak_type=getattr(x, "weak_type", False),
                                                                    sharding=self.replicated), state)

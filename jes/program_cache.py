@@ -25,6 +25,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import importlib
+import importlib.util
 import json
 import os
 import sys
@@ -163,9 +164,15 @@ def environment() -> dict:
 
 
 def cache_dir() -> str | None:
-    """``<jax compilation cache dir>/jes-programs``, or ``None`` when JAX's persistent cache is off."""
+    """``<jax compilation cache dir>/jes-programs``, or ``None`` when JAX's persistent cache is off.
+
+    Also ``None`` in multi-process runs and without the ``flatbuffers`` package (``jax.export``
+    serializes with it; jes depends on it, but an environment may lack it).
+    """
     base = jax.config.jax_compilation_cache_dir
     if not base or jax.process_count() > 1 or jax.config.jax_disable_jit:
+        return None
+    if importlib.util.find_spec("flatbuffers") is None:
         return None
     return os.path.join(base, SUBDIR)
 
