@@ -231,6 +231,8 @@ class Generation:
         self._compiled = None
         self._compile_time = 0.0
         self._compiling = None
+        self._init_program = None
+        self._shapes = None
 
     # ----------------------------------------------------------------- state
     def init_state(self, key: Any = 0) -> TrainState:
@@ -240,8 +242,34 @@ class Generation:
         """
         if isinstance(key, (int, np.integer)) and not isinstance(key, bool) and -2**31 <= key < 2**31:
             # jax.random.key(int) itself runs a compiled seeding of an int32; do it in the same program.
-            return self._init_from_seed(np.int32(key))
+            if self._init_program is None:
+                self._init_program = self._cached_init_program() or self._init_from_seed
+            return self._init_program(np.int32(key))
         return self._init_from_key(as_key(key))
+
+    def _state_shapes(self) -> TrainState:
+        """Shapes, dtypes and placement of this run's states (``ShapeDtypeStruct`` leaves, placed replicated)."""
+        if self._shapes is None:
+            shapes = jax.eval_shape(lambda: self.fresh_state(jax.random.key(0)))
+            self._shapes = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, weak_type=x.weak_type,
+                                                                       sharding=self.replicated), shapes)
+        return self._shapes
+
+    def _cached_init_program(self) -> Callable | None:
+        """``seed -> fresh state`` from the program cache (or traced and stored there), or ``None``: cache off or
+        uncacheable run, or any failure (then :attr:`_init_from_seed` traces it as without a cache)."""
+        try:
+            shapes = self._state_shapes()
+            key = self._program_key("init_from_seed", shapes)
+            if key is None:
+                return None
+            treedef = jax.tree.structure(shapes)
+            flat_init = lambda seed: jax.tree.leaves(self.fresh_state(jax.random.key(seed)))
+            compiled = self._compile_exported(key, flat_init, [jax.ShapeDtypeStruct((), jnp.int32, sharding=self.replicated)],
+                                              out_shardings=self.replicated)
+            return lambda seed: jax.tree.unflatten(treedef, compiled(seed))
+        except Exception:  # noqa: BLE001 - any failure of the cached path: trace as without a cache
+            return None
 
     def fresh_state(self, run_key: jax.Array) -> TrainState:
         """The fresh state of :meth:`init_state` for a typed run key (traceable; not yet placed)."""
@@ -476,9 +504,7 @@ class Generation:
         """
         if self._compiled is not None or self._compiling is not None:
             return
-        shapes = jax.eval_shape(lambda: self.fresh_state(jax.random.key(0)))
-        abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, weak_type=x.weak_type,
-                                                               sharding=self.replicated), shapes)
+        abstract = self._state_shapes()
         out: dict = {}
 
         def compile_step():
@@ -521,11 +547,14 @@ class Generation:
     def step_program_key(self, state: TrainState) -> str | None:
         """The program cache's key of the step for ``state`` (arrays or ``ShapeDtypeStruct``s placed replicated
         on this run's devices), or ``None``: cache off, a run that cannot be fingerprinted, another placement."""
+        return self._program_key("generation_step", state)
+
+    def _program_key(self, kind: str, state: TrainState) -> str | None:
         parts = self.program_parts()
         leaves, treedef = jax.tree.flatten(state)
         if parts is None or not all(getattr(x, "sharding", None) == self.replicated for x in leaves):
             return None
-        return program_cache.program_key("generation_step", dict(
+        return program_cache.program_key(kind, dict(
             parts, state=str(treedef),
             leaves=[(tuple(x.shape), str(x.dtype), bool(getattr(x, "weak_type", False))) for x in leaves]))
 
@@ -540,21 +569,8 @@ class Generation:
         if key is not None:
             abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, weak_type=getattr(x, "weak_type", False),
                                                                    sharding=self.replicated), state)
-            try:
-                return self._compile_exported_step(key, abstract, jax.ShapeDtypeStruct((), jnp.bool_, sharding=self.replicated))
-            except Exception:  # noqa: BLE001 - any failure of the cached path: trace as without a cache
-                pass
-        return self.step.lower(state, evaluate_centre).compile()
+            leaves, treedef = jax.tree.flatten(abstract)
 
-    def _compile_exported_step(self, key: str, abstract: TrainState, flag: Any) -> Callable:
-        leaves, treedef = jax.tree.flatten(abstract)
-        avals = [(tuple(x.shape), x.dtype) for x in leaves] + [((), jnp.dtype(jnp.bool_))]
-        exported = program_cache.load(key)
-        if exported is not None and (
-                [(tuple(a.shape), a.dtype) for a in exported.in_avals] != avals
-                or exported.nr_devices != len(self.devices)):
-            exported = None  # a hash collision or a foreign file: never call it
-        if exported is None:
             def flat_step(*args):
                 new_state, metrics = self.generation_step(jax.tree.unflatten(treedef, args[:-1]), args[-1])
                 new_leaves, new_treedef = jax.tree.flatten(new_state)
@@ -562,10 +578,30 @@ class Generation:
                     raise TypeError("the step changed the state's structure")
                 return new_leaves, metrics
 
-            exported = jax.export.export(jax.jit(flat_step))(*leaves, flag)
+            try:
+                flag = jax.ShapeDtypeStruct((), jnp.bool_, sharding=self.replicated)
+                compiled = self._compile_exported(key, flat_step, [*leaves, flag],
+                                                  compiler_options=compiler_options(self.devices))
+                return _FlatStep(compiled, treedef)
+            except Exception:  # noqa: BLE001 - any failure of the cached path: trace as without a cache
+                pass
+        return self.step.lower(state, evaluate_centre).compile()
+
+    def _compile_exported(self, key: str, flat_fn: Callable, args: list, out_shardings: Any = None,
+                          compiler_options: dict | None = None) -> Callable:
+        """``flat_fn`` (flat array arguments ``args``, abstract) compiled from the program cache's entry ``key``;
+        on a miss traced, exported and stored first. Raises on any failure (callers fall back to tracing)."""
+        exported = program_cache.load(key)
+        if exported is not None and (
+                [(tuple(a.shape), a.dtype) for a in exported.in_avals] != [(tuple(a.shape), a.dtype) for a in args]
+                or exported.nr_devices != len(self.devices)):
+            exported = None  # a hash collision or a foreign file: never call it
+        if exported is None:
+            jitted = jax.jit(flat_fn) if out_shardings is None else jax.jit(flat_fn, out_shardings=out_shardings)
+            exported = jax.export.export(jitted)(*args)
             program_cache.store(key, exported)
-        compiled = jax.jit(exported.call, compiler_options=compiler_options(self.devices)).lower(*leaves, flag).compile()
-        return _FlatStep(compiled, treedef)
+        return jax.jit(exported.call, compiler_options=compiler_options).lower(*args).compile()
+
     def compile_count(self) -> int:
         """How many programs ``self.step`` has compiled (1 after any number of generations)."""
         return self.step._cache_size()
