@@ -50,19 +50,34 @@ def forbid_tracing(monkeypatch):
     monkeypatch.setattr(jes.Trainer, "generation_step", traced)
 
 
+def untraceable_init(trainer):
+    """``trainer`` whose init program cannot be traced from scratch (only read back from the cache)."""
+    def traced(*args, **kwargs):
+        raise AssertionError("the init program was traced although it was in the cache")
+
+    trainer._init_from_seed = traced
+    return trainer
+
+
 def entries(directory):
     return sorted(p for p in os.listdir(directory) if p.endswith(".jesprog")) if directory.exists() else []
+
+
+def keys_of(trainer):
+    """The program cache's keys of ``trainer``'s init program and step."""
+    shapes = trainer._state_shapes()
+    return {"init": trainer._program_key("init_from_seed", shapes), "step": trainer.step_program_key(shapes)}
 
 
 @pytest.mark.hard_timeout(300)
 def test_hit_gives_the_bits_of_a_miss_and_of_no_cache(cache_dir, monkeypatch):
     with_normalisation = dict(normalize_observations=True)
     miss = trained(small_trainer(**with_normalisation))
-    assert len(entries(cache_dir)) == 1
+    assert entries(cache_dir) == sorted(f"{k}.jesprog" for k in keys_of(small_trainer(**with_normalisation)).values())
     with monkeypatch.context() as patch:
         forbid_tracing(patch)  # a fresh trainer of the same run must not trace
-        hit = trained(small_trainer(**with_normalisation))
-    assert len(entries(cache_dir)) == 1
+        hit = trained(untraceable_init(small_trainer(**with_normalisation)))
+    assert len(entries(cache_dir)) == 2
     jax.config.update("jax_compilation_cache_dir", None)
     traced = trained(small_trainer(**with_normalisation))
     for a, b, c in zip(miss, hit, traced):
@@ -83,11 +98,12 @@ def test_background_compile_reads_the_cache_too(cache_dir, monkeypatch):
 
 
 @pytest.mark.hard_timeout(300)
+@pytest.mark.parametrize("program", ["init", "step"])
 @pytest.mark.parametrize("damage", ["garbage", "truncated", "flipped byte", "another key's file"])
-def test_a_damaged_entry_falls_back_to_tracing(cache_dir, damage):
+def test_a_damaged_entry_falls_back_to_tracing(cache_dir, damage, program):
     expected = trained(small_trainer())
-    (name,) = entries(cache_dir)
-    path = cache_dir / name
+    key = keys_of(small_trainer())[program]
+    path = cache_dir / f"{key}.jesprog"
     blob = path.read_bytes()
     if damage == "garbage":
         path.write_bytes(b"not a program")
@@ -96,12 +112,18 @@ def test_a_damaged_entry_falls_back_to_tracing(cache_dir, damage):
     elif damage == "flipped byte":
         path.write_bytes(blob[:-10] + bytes([blob[-10] ^ 1]) + blob[-9:])
     else:  # a valid entry stored under another name: its recorded key does not match
-        path.write_bytes(blob.replace(name[:-len(".jesprog")].encode(), b"0" * 64, 1))
-    assert program_cache.load(name[:-len(".jesprog")]) is None
+        path.write_bytes(blob.replace(key.encode(), b"0" * 64, 1))
+    assert program_cache.load(key) is None
     got = trained(small_trainer())
     for a, b in zip(expected, got):
         np.testing.assert_array_equal(a, b)
-    assert program_cache.load(name[:-len(".jesprog")]) is not None  # stored again by the traced run
+    assert program_cache.load(key) is not None  # stored again by the traced run
+
+
+@pytest.mark.hard_timeout(120)
+def test_init_and_step_keys_differ(cache_dir):
+    keys = keys_of(small_trainer())
+    assert None not in keys.values() and keys["init"] != keys["step"]
 
 
 def key_of(trainer):
@@ -205,4 +227,4 @@ def test_two_devices_hit_miss_and_no_cache_agree(tmp_path):
         assert out[f"miss/{devices}"] == out[f"off/{devices}"]
         assert out[f"hit/{devices}"] == out[f"off/{devices}"]
     assert out["off/1"][:2] == out["off/2"][:2]
-    assert len(entries(tmp_path / "xla" / program_cache.SUBDIR)) == 2
+    assert len(entries(tmp_path / "xla" / program_cache.SUBDIR)) == 4  # init and step, for 1 and 2 devices
