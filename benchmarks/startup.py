@@ -60,8 +60,9 @@ PHASES = ("python", "import", "setup", "init", "compile", "generations", "evalua
 
 def run_child(pythonpath: str, seed: int, cache_dir: str, extra_env: dict | None = None) -> dict:
     """One fresh process; returns its phase durations (s), total wall time, and result."""
-    env = dict(os.environ, PYTHONPATH=os.path.abspath(pythonpath), JES_COMPILATION_CACHE=cache_dir,
-               **(extra_env or {}))
+    # The checkout first; whatever PYTHONPATH already holds after it (e.g. packages installed outside the venv).
+    path = os.pathsep.join(p for p in (os.path.abspath(pythonpath), os.environ.get("PYTHONPATH", "")) if p)
+    env = dict(os.environ, PYTHONPATH=path, JES_COMPILATION_CACHE=cache_dir, **(extra_env or {}))
     env.pop("XLA_FLAGS", None)
     start = time.time()
     proc = subprocess.run([sys.executable, "-c", CHILD, str(seed)], env=env, capture_output=True, text=True,

@@ -227,7 +227,8 @@ class Generation:
         # Placed replicated by the program itself, as the step wants it (no recompile, no copy).
         self._init_from_key = jax.jit(self.fresh_state, out_shardings=self.replicated)
         self._init_from_seed = jax.jit(lambda seed: self.fresh_state(jax.random.key(seed)), out_shardings=self.replicated)
-        self.member = jax.jit(self.member_params)
+        self._member_jit = jax.jit(self.member_params)
+        self._member_program = None
         self._compiled = None
         self._compile_time = 0.0
         self._compiling = None
@@ -353,6 +354,30 @@ class Generation:
         """Flat parameters ``[P]`` of one member of the state's generation, regenerated from its key."""
         flat, _, _ = self.sample_chunk(state, member // self.chunk_size)
         return flat[member % self.chunk_size]
+
+    def member(self, state: TrainState, member: Any) -> jax.Array:
+        """:meth:`member_params` compiled: from the program cache when this run's program is there (see
+        :meth:`compiled_step`), else traced."""
+        if self._member_program is None:
+            self._member_program = self._cached_member_program(state) or self._member_jit
+        return self._member_program(state, member)
+
+    def _cached_member_program(self, state: TrainState) -> Callable | None:
+        try:
+            key = self._program_key("member_params", state)
+            if key is None:
+                return None
+            leaves, treedef = jax.tree.flatten(jax.tree.map(
+                lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, weak_type=getattr(x, "weak_type", False),
+                                               sharding=self.replicated), state))
+            flat_member = lambda *args: self.member_params(jax.tree.unflatten(treedef, args[:-1]), args[-1])
+            member_arg = jax.ShapeDtypeStruct((), jnp.int32, sharding=self.replicated)
+            compiled = self._compile_exported(key, flat_member, [*leaves, member_arg])
+            signature = _signature(state)
+            return lambda s, m: (compiled(*jax.tree.leaves(s), np.int32(m)) if _signature(s) == signature
+                                 else self._member_jit(s, m))
+        except Exception:  # noqa: BLE001 - any failure of the cached path: trace as without a cache
+            return None
 
     def evaluate_chunk(self, state: TrainState, chunk: jax.Array) -> ChunkResults:
         """Evaluate members ``[chunk*C, (chunk+1)*C)`` of the state's generation (padding members get fitness 0)."""

@@ -1,4 +1,5 @@
-"""Traced programs kept on disk, so that a warm process skips tracing and lowering jes's generation step.
+"""Traced programs kept on disk, so that a warm process skips tracing and lowering jes's generation step
+(and its init and member programs).
 
 JAX's persistent compilation cache (:mod:`jes.compilation_cache`) keys compiled programs by their
 lowered StableHLO, so a warm process still traces and lowers the step (~1.2 s of a ~4.5 s warm
@@ -9,8 +10,9 @@ through JAX's cache, which checks it by its HLO as before.
 
 The key must change whenever the program could: it is a hash of the run's parts (policy, env and
 env params, config, strategy, optimizer name, chunking, devices, compiler options, argument
-shapes), of jax's configuration and ``XLA_FLAGS``, of the versions *and installed files* (path, size,
-mtime) of jax, jaxlib, flax, optax, gymnax, chex and numpy, and of jes's own source text. It is kept
+shapes), of jax's configuration and ``XLA_FLAGS``, of the installed files (path, size,
+mtime) of jax, jaxlib, flax, optax, gymnax, chex and numpy, and of jes's own source text. A file changed
+since the process started (its code in memory may be the old one) makes every key uncacheable. It is kept
 conservative: a part that cannot be fingerprinted exactly (a lambda or closure, an optax object, a
 class or function from any other package, such as your own policy module, whose helpers this key could
 not see) makes the run uncacheable and it traces as before. Any failure to read, check,
@@ -120,30 +122,50 @@ def fingerprint(value: Any, depth: int = 0) -> Any:
     raise Uncacheable(f"a {cls.__qualname__} value")
 
 
-def _package_files(name: str) -> str:
-    """Hash of a package's installed files: (path, size, mtime) of each, and the text of jes's own."""
+def _loaded_since_ns() -> int:
+    """A time before this process loaded any code the key covers: jes's import, or the process's start if earlier."""
+    import jes  # noqa: PLC0415 - the package's own import time
+
+    since = jes.IMPORTED_AT_NS
+    try:
+        since = min(since, os.stat(f"/proc/{os.getpid()}").st_mtime_ns)
+    except OSError:
+        pass
+    return since - 2_000_000_000  # 2 s of slack for file systems with coarse timestamps
+
+
+def _package_files(name: str, since_ns: int) -> str:
+    """Hash of a package's installed files: (path, size, mtime) of each, and the text of jes's own.
+
+    Raises:
+        Uncacheable: a file changed while this process ran (the code in memory may be the old one, so
+            the key of the files on disk would not describe it).
+    """
     module = sys.modules.get(name)
-    if module is None:
-        try:
-            module = importlib.import_module(name)
-        except ImportError:
+    if module is not None:
+        files = getattr(module, "__file__", None)
+    else:  # not imported (so not in the program either): its files still count, without the cost of importing it
+        spec = importlib.util.find_spec(name)
+        if spec is None:
             return "absent"
-    files = getattr(module, "__file__", None)
-    if files is None:
+        files = spec.origin
+    if not files:
         raise Uncacheable(f"package {name} has no files")
     root = os.path.dirname(files)
-    digest = hashlib.sha256(getattr(module, "__version__", "").encode())
+    digest = hashlib.sha256(name.encode())  # versions change files, so the files stand for them too
     for directory, subdirs, names in os.walk(root):
         subdirs.sort()
         for filename in sorted(names):
             if not filename.endswith((".py", ".so", ".pyd", ".dylib")):
                 continue
             path = os.path.join(directory, filename)
+            stat = os.stat(path)
+            if stat.st_mtime_ns >= since_ns:
+                raise Uncacheable(f"{path} changed after this process started")
             if name == "jes":  # jes's own edits often keep sizes and may keep mtimes: hash its text
                 with open(path, "rb") as f:
                     digest.update(path.encode() + b"\0" + hashlib.sha256(f.read()).digest())
             else:
-                stat = os.stat(path)
                 digest.update(f"{path}\0{stat.st_size}\0{stat.st_mtime_ns}\0".encode())
     return digest.hexdigest()
 
@@ -152,10 +174,11 @@ def environment() -> dict:
     """What every key includes: versions and files of the packages, jax's and flax's configuration, XLA_FLAGS."""
     import flax  # noqa: PLC0415 - imported by every caller already; here for its config
 
+    since = _loaded_since_ns()
     return {
         "format": FORMAT,
         "python": sys.version,
-        "packages": {name: _package_files(name) for name in PACKAGES},
+        "packages": {name: _package_files(name, since) for name in PACKAGES},
         "jax_config": {k: repr(v) for k, v in sorted(jax.config.values.items())},
         "flax_config": {k: repr(getattr(flax.config, k)) for k in sorted(dir(flax.config)) if k.startswith(("flax_", "nnx_"))},
         "xla_flags": os.environ.get("XLA_FLAGS", ""),

@@ -51,11 +51,12 @@ def forbid_tracing(monkeypatch):
 
 
 def untraceable_init(trainer):
-    """``trainer`` whose init program cannot be traced from scratch (only read back from the cache)."""
+    """``trainer`` whose init and member programs cannot be traced from scratch (only read back from the cache)."""
     def traced(*args, **kwargs):
         raise AssertionError("the init program was traced although it was in the cache")
 
     trainer._init_from_seed = traced
+    trainer._member_jit = traced
     return trainer
 
 
@@ -64,9 +65,10 @@ def entries(directory):
 
 
 def keys_of(trainer):
-    """The program cache's keys of ``trainer``'s init program and step."""
+    """The program cache's keys of ``trainer``'s init, step and member programs."""
     shapes = trainer._state_shapes()
-    return {"init": trainer._program_key("init_from_seed", shapes), "step": trainer.step_program_key(shapes)}
+    return {"init": trainer._program_key("init_from_seed", shapes), "step": trainer.step_program_key(shapes),
+            "member": trainer._program_key("member_params", shapes)}
 
 
 @pytest.mark.hard_timeout(300)
@@ -77,7 +79,7 @@ def test_hit_gives_the_bits_of_a_miss_and_of_no_cache(cache_dir, monkeypatch):
     with monkeypatch.context() as patch:
         forbid_tracing(patch)  # a fresh trainer of the same run must not trace
         hit = trained(untraceable_init(small_trainer(**with_normalisation)))
-    assert len(entries(cache_dir)) == 2
+    assert len(entries(cache_dir)) == 3
     jax.config.update("jax_compilation_cache_dir", None)
     traced = trained(small_trainer(**with_normalisation))
     for a, b, c in zip(miss, hit, traced):
@@ -98,7 +100,7 @@ def test_background_compile_reads_the_cache_too(cache_dir, monkeypatch):
 
 
 @pytest.mark.hard_timeout(300)
-@pytest.mark.parametrize("program", ["init", "step"])
+@pytest.mark.parametrize("program", ["init", "step", "member"])
 @pytest.mark.parametrize("damage", ["garbage", "truncated", "flipped byte", "another key's file"])
 def test_a_damaged_entry_falls_back_to_tracing(cache_dir, damage, program):
     expected = trained(small_trainer())
@@ -121,9 +123,9 @@ def test_a_damaged_entry_falls_back_to_tracing(cache_dir, damage, program):
 
 
 @pytest.mark.hard_timeout(120)
-def test_init_and_step_keys_differ(cache_dir):
+def test_each_program_has_its_own_key(cache_dir):
     keys = keys_of(small_trainer())
-    assert None not in keys.values() and keys["init"] != keys["step"]
+    assert None not in keys.values() and len(set(keys.values())) == 3
 
 
 def key_of(trainer):
@@ -172,6 +174,13 @@ def test_what_cannot_be_fingerprinted_is_never_cached(cache_dir):
     assert key_of(small_trainer(policy=MyPolicy(hidden_sizes=(4,)))) is None  # code from outside jes's packages
     jax.config.update("jax_compilation_cache_dir", None)
     assert key_of(small_trainer()) is None  # cache off
+
+
+@pytest.mark.hard_timeout(120)
+def test_files_changed_since_the_process_started_are_never_keyed(cache_dir, monkeypatch):
+    assert key_of(small_trainer()) is not None
+    monkeypatch.setattr(jes, "IMPORTED_AT_NS", 0)  # as if every installed file changed after jes was imported
+    assert key_of(small_trainer()) is None
 
 
 def test_fingerprint_is_exact():
@@ -227,4 +236,4 @@ def test_two_devices_hit_miss_and_no_cache_agree(tmp_path):
         assert out[f"miss/{devices}"] == out[f"off/{devices}"]
         assert out[f"hit/{devices}"] == out[f"off/{devices}"]
     assert out["off/1"][:2] == out["off/2"][:2]
-    assert len(entries(tmp_path / "xla" / program_cache.SUBDIR)) == 4  # init and step, for 1 and 2 devices
+    assert len(entries(tmp_path / "xla" / program_cache.SUBDIR)) == 6  # init, step and member, for 1 and 2 devices
