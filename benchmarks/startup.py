@@ -65,8 +65,10 @@ def run_child(pythonpath: str, seed: int, cache_dir: str, extra_env: dict | None
     env = dict(os.environ, PYTHONPATH=path, JES_COMPILATION_CACHE=cache_dir, **(extra_env or {}))
     env.pop("XLA_FLAGS", None)
     start = time.time()
+    # Run in the cache's parent directory: `python -c` puts its working directory first on sys.path, so a
+    # checkout's jes/ there would shadow the one on PYTHONPATH (and --compare would time one checkout twice).
     proc = subprocess.run([sys.executable, "-c", CHILD, str(seed)], env=env, capture_output=True, text=True,
-                          timeout=600)
+                          timeout=600, cwd=os.path.dirname(os.path.abspath(cache_dir)))
     total = time.time() - start
     if proc.returncode != 0:
         raise RuntimeError(f"child failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
