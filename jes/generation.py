@@ -226,7 +226,7 @@ class Generation:
         self.step = jax.jit(self.generation_step, compiler_options=compiler_options(self.devices))
         # Placed replicated by the program itself, as the step wants it (no recompile, no copy).
         self._init_from_key = jax.jit(self.fresh_state, out_shardings=self.replicated)
-        self._init_from_seed = jax.jit(lambda seed: self.fresh_state(jax.random.key(seed)), out_shardings=self.replicated)
+        self._init_from_seed = jax.jit(self._fresh_state_from_seed, out_shardings=self.replicated)
         self._member_jit = jax.jit(self.member_params)
         self._member_program = None
         self._compiled = None
@@ -265,12 +265,17 @@ class Generation:
             if key is None:
                 return None
             treedef = jax.tree.structure(shapes)
-            flat_init = lambda seed: jax.tree.leaves(self.fresh_state(jax.random.key(seed)))
-            compiled = self._compile_exported(key, flat_init, [jax.ShapeDtypeStruct((), jnp.int32, sharding=self.replicated)],
+            def init_from_seed_flat(seed):
+                return jax.tree.leaves(self._fresh_state_from_seed(seed))
+
+            compiled = self._compile_exported(key, init_from_seed_flat, [jax.ShapeDtypeStruct((), jnp.int32, sharding=self.replicated)],
                                               out_shardings=self.replicated)
             return lambda seed: jax.tree.unflatten(treedef, compiled(seed))
         except Exception:  # noqa: BLE001 - any failure of the cached path: trace as without a cache
             return None
+
+    def _fresh_state_from_seed(self, seed: jax.Array) -> TrainState:
+        return self.fresh_state(jax.random.key(seed))
 
     def fresh_state(self, run_key: jax.Array) -> TrainState:
         """The fresh state of :meth:`init_state` for a typed run key (traceable; not yet placed)."""
@@ -370,9 +375,11 @@ class Generation:
             leaves, treedef = jax.tree.flatten(jax.tree.map(
                 lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, weak_type=getattr(x, "weak_type", False),
                                                sharding=self.replicated), state))
-            flat_member = lambda *args: self.member_params(jax.tree.unflatten(treedef, args[:-1]), args[-1])
+            def member_params_flat(*args):
+                return self.member_params(jax.tree.unflatten(treedef, args[:-1]), args[-1])
+
             member_arg = jax.ShapeDtypeStruct((), jnp.int32, sharding=self.replicated)
-            compiled = self._compile_exported(key, flat_member, [*leaves, member_arg])
+            compiled = self._compile_exported(key, member_params_flat, [*leaves, member_arg])
             signature = _signature(state)
             return lambda s, m: (compiled(*jax.tree.leaves(s), np.int32(m)) if _signature(s) == signature
                                  else self._member_jit(s, m))
@@ -707,6 +714,10 @@ class Trainer(Generation):
     def program_parts(self) -> dict | None:
         if type(self) is not Trainer or not (self._optimizer_arg is None or isinstance(self._optimizer_arg, str)):
             return None  # an optax object cannot be fingerprinted; a subclass may change any method
+        try:  # methods and functions replaced at run time (monkeypatching) are in no file the key covers
+            program_cache.check_code([type(self), type(self.policy), type(self.spec.env), type(self.strategy)], self)
+        except program_cache.Uncacheable:
+            return None
         return dict(
             policy=self.policy, spec=self.spec, config=self.config, strategy=self.strategy,
             optimizer=self._optimizer_arg, optimizer_name=self.optimizer_name,

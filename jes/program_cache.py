@@ -44,6 +44,11 @@ SUBDIR = "jes-programs"
 PACKAGES = ("jes", "jax", "jaxlib", "flax", "optax", "gymnax", "chex", "numpy")
 
 
+# Methods the dataclasses module generates (their code says "<string>").
+_GENERATED = frozenset({"__init__", "__repr__", "__eq__", "__hash__", "__setattr__", "__delattr__", "__lt__",
+                        "__le__", "__gt__", "__ge__", "__getstate__", "__setstate__", "__replace__", "__match_args__"})
+
+
 class Uncacheable(Exception):
     """A part of a run that cannot be fingerprinted exactly; the run traces as usual."""
 
@@ -132,6 +137,61 @@ def _loaded_since_ns() -> int:
     except OSError:
         pass
     return since - 2_000_000_000  # 2 s of slack for file systems with coarse timestamps
+
+
+def _check_origin(obj: Any, jes_dir: str) -> None:
+    for _ in range(100):  # the function a decorator (flax's method wrappers, functools.wraps) wraps
+        inner = getattr(obj, "__wrapped__", None)
+        if inner is None:
+            break
+        obj = inner
+    module = getattr(obj, "__module__", None) or ""
+    top = _top(module)
+    if top not in PACKAGES and top not in sys.stdlib_module_names and top != "builtins":
+        raise Uncacheable(f"{obj!r} comes from {module!r}, outside {PACKAGES}")
+    code = getattr(obj, "__code__", None)
+    if code is not None and code.co_filename == "<string>" and code.co_name in _GENERATED:
+        return  # written by dataclasses (flax modules, struct dataclasses, jes's frozen configs)
+    if top == "jes" and code is not None and not os.path.abspath(code.co_filename).startswith(jes_dir + os.sep):
+        raise Uncacheable(f"{obj!r} claims jes but was defined in {code.co_filename}")
+
+
+def check_code(classes: list, instance: Any = None) -> None:
+    """Refuse code replaced at run time, which no file on disk describes (a monkeypatched method or function).
+
+    Checks every function and class bound at module level in the loaded ``jes`` modules, every function
+    in the dicts of ``classes`` and their bases, and functions set on ``instance``: each must come from
+    :data:`PACKAGES` or the standard library, and jes's own from jes's files.
+
+    Raises:
+        Uncacheable: something else was found.
+    """
+    import jes  # noqa: PLC0415 - where jes's files are
+
+    jes_dir = os.path.dirname(os.path.abspath(jes.__file__))
+    for name, module in list(sys.modules.items()):
+        if module is None or _top(name) != "jes":
+            continue
+        for value in list(vars(module).values()):
+            if isinstance(value, (types.FunctionType, type)):
+                _check_origin(value, jes_dir)
+    for cls in classes:
+        for klass in cls.__mro__:
+            if klass is object:
+                continue
+            _check_origin(klass, jes_dir)
+            for value in list(vars(klass).values()):
+                if isinstance(value, (staticmethod, classmethod)):
+                    value = value.__func__
+                elif isinstance(value, property):
+                    value = value.fget
+                if isinstance(value, types.FunctionType):
+                    _check_origin(value, jes_dir)
+    for value in list(vars(instance).values()) if instance is not None else ():
+        if isinstance(value, types.MethodType):
+            value = value.__func__
+        if isinstance(value, types.FunctionType):
+            _check_origin(value, jes_dir)
 
 
 def _package_files(name: str, since_ns: int) -> str:

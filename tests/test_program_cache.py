@@ -43,21 +43,26 @@ def trained(trainer, key=5):
     return result.flat_params, result.history["centre_return"], np.asarray(result.state.obs_sum)
 
 
-def forbid_tracing(monkeypatch):
-    def traced(*args, **kwargs):
-        raise AssertionError("the step was traced although its program was in the cache")
+class TracedFunctions:
+    """Names of the functions jit traces from the top level while active (JAX's monitoring events).
 
-    monkeypatch.setattr(jes.Trainer, "generation_step", traced)
+    Patching jes to catch a trace would itself make runs uncacheable (see test_code_replaced_at_run_time...).
+    """
+
+    def __enter__(self):
+        self.names = []
+        self._listener = lambda event, duration, **kwargs: (
+            self.names.append(kwargs.get("fun_name")) if event == "/jax/core/compile/jaxpr_trace_duration" else None)
+        jax.monitoring.register_event_duration_secs_listener(self._listener)
+        return self
+
+    def __exit__(self, *exc):
+        jax.monitoring.unregister_event_duration_listener(self._listener)
 
 
-def untraceable_init(trainer):
-    """``trainer`` whose init and member programs cannot be traced from scratch (only read back from the cache)."""
-    def traced(*args, **kwargs):
-        raise AssertionError("the init program was traced although it was in the cache")
-
-    trainer._init_from_seed = traced
-    trainer._member_jit = traced
-    return trainer
+# What jes traces for the programs the cache holds (the step's exported form is "flat_step").
+JES_PROGRAMS = {"generation_step", "flat_step", "_fresh_state_from_seed", "init_from_seed_flat", "member_params",
+                "member_params_flat"}
 
 
 def entries(directory):
@@ -72,13 +77,16 @@ def keys_of(trainer):
 
 
 @pytest.mark.hard_timeout(300)
-def test_hit_gives_the_bits_of_a_miss_and_of_no_cache(cache_dir, monkeypatch):
+def test_hit_gives_the_bits_of_a_miss_and_of_no_cache(cache_dir):
     with_normalisation = dict(normalize_observations=True)
-    miss = trained(small_trainer(**with_normalisation))
+    with TracedFunctions() as on_miss:
+        miss = trained(small_trainer(**with_normalisation))
+    # the exports trace (so the recorder works)
+    assert JES_PROGRAMS & set(on_miss.names) == {"flat_step", "init_from_seed_flat", "member_params_flat"}
     assert entries(cache_dir) == sorted(f"{k}.jesprog" for k in keys_of(small_trainer(**with_normalisation)).values())
-    with monkeypatch.context() as patch:
-        forbid_tracing(patch)  # a fresh trainer of the same run must not trace
-        hit = trained(untraceable_init(small_trainer(**with_normalisation)))
+    with TracedFunctions() as on_hit:  # a fresh trainer of the same run traces none of its programs
+        hit = trained(small_trainer(**with_normalisation))
+    assert not JES_PROGRAMS & set(on_hit.names), on_hit.names
     assert len(entries(cache_dir)) == 3
     jax.config.update("jax_compilation_cache_dir", None)
     traced = trained(small_trainer(**with_normalisation))
@@ -88,15 +96,15 @@ def test_hit_gives_the_bits_of_a_miss_and_of_no_cache(cache_dir, monkeypatch):
 
 
 @pytest.mark.hard_timeout(300)
-def test_background_compile_reads_the_cache_too(cache_dir, monkeypatch):
+def test_background_compile_reads_the_cache_too(cache_dir):
     trained(small_trainer())
-    with monkeypatch.context() as patch:
-        forbid_tracing(patch)
+    with TracedFunctions() as traced:
         trainer = small_trainer()
         trainer.start_compiling_step()
         _, out, _ = trainer._compiling
         compiled, _ = trainer.compiled_step(trainer.init_state(5))
-        assert compiled is out["compiled"]
+    assert compiled is out["compiled"]
+    assert not JES_PROGRAMS & set(traced.names), traced.names
 
 
 @pytest.mark.hard_timeout(300)
@@ -183,6 +191,31 @@ def test_files_changed_since_the_process_started_are_never_keyed(cache_dir, monk
     assert key_of(small_trainer()) is None
 
 
+@pytest.mark.hard_timeout(120)
+def test_code_replaced_at_run_time_is_never_keyed(cache_dir, monkeypatch):
+    """Monkeypatched code is in no file the key covers: a class method, a jes function, an instance's method."""
+    import jes.generation
+
+    assert key_of(small_trainer()) is not None
+
+    def evaluate_members(self, *args):
+        raise AssertionError("never traced here")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(jes.Trainer, "evaluate_members", evaluate_members)
+        assert key_of(small_trainer()) is None
+    with monkeypatch.context() as patch:
+        patch.setattr(jes.generation, "run_episodes", lambda *args, **kwargs: None)
+        assert key_of(small_trainer()) is None
+    with monkeypatch.context() as patch:
+        patch.setattr(jes.GRUPolicy, "helper", lambda self: None, raising=False)  # any function from elsewhere
+        assert key_of(small_trainer()) is None
+    trainer = small_trainer()
+    trainer.centre_score = lambda state: (0.0, 0)
+    assert key_of(trainer) is None
+    assert key_of(small_trainer()) is not None
+
+
 def test_fingerprint_is_exact():
     fp = program_cache.fingerprint
     assert fp(0.1) != fp(0.1 + 2 ** -56)  # the next float after 0.1
@@ -208,16 +241,18 @@ TWO_DEVICES = textwrap.dedent("""
                       progress=False, num_members=8, chunk_size=2, episodes_per_member=2, normalize_observations=True,
                       num_generations=2, eval_episodes=2, max_episode_steps=50)
         return [r.flat_params.tolist(), np.asarray(r.state.obs_sum).tolist(), r.history["pop_mean"].tolist()]
-    original = jes.Trainer.generation_step
+    names = []
+    jax.monitoring.register_event_duration_secs_listener(
+        lambda event, duration, **kw: names.append(kw.get("fun_name")) if event.endswith("jaxpr_trace_duration") else None)
     for devices in (1, 2):
-        jes.Trainer.generation_step = original
         out[f"off/{devices}"] = train(devices)
         jes.enable_compilation_cache(cache)
         out[f"miss/{devices}"] = train(devices)
-        def traced(*args, **kwargs):
-            raise AssertionError("traced on a hit")
-        jes.Trainer.generation_step = traced
+        names.clear()
         out[f"hit/{devices}"] = train(devices)
+        out[f"hit-traced/{devices}"] = sorted(set(names) & {"generation_step", "flat_step", "member_params",
+                                                             "member_params_flat", "_fresh_state_from_seed",
+                                                             "init_from_seed_flat"})
         jax.config.update("jax_compilation_cache_dir", None)
     print(json.dumps(out))
 """)
@@ -233,6 +268,7 @@ def test_two_devices_hit_miss_and_no_cache_agree(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     for devices in (1, 2):
+        assert out[f"hit-traced/{devices}"] == []
         assert out[f"miss/{devices}"] == out[f"off/{devices}"]
         assert out[f"hit/{devices}"] == out[f"off/{devices}"]
     assert out["off/1"][:2] == out["off/2"][:2]
