@@ -60,12 +60,15 @@ PHASES = ("python", "import", "setup", "init", "compile", "generations", "evalua
 
 def run_child(pythonpath: str, seed: int, cache_dir: str, extra_env: dict | None = None) -> dict:
     """One fresh process; returns its phase durations (s), total wall time, and result."""
-    env = dict(os.environ, PYTHONPATH=os.path.abspath(pythonpath), JES_COMPILATION_CACHE=cache_dir,
-               **(extra_env or {}))
+    # The checkout first; whatever PYTHONPATH already holds after it (e.g. packages installed outside the venv).
+    path = os.pathsep.join(p for p in (os.path.abspath(pythonpath), os.environ.get("PYTHONPATH", "")) if p)
+    env = dict(os.environ, PYTHONPATH=path, JES_COMPILATION_CACHE=cache_dir, **(extra_env or {}))
     env.pop("XLA_FLAGS", None)
     start = time.time()
+    # Run in the cache's parent directory: `python -c` puts its working directory first on sys.path, so a
+    # checkout's jes/ there would shadow the one on PYTHONPATH (and --compare would time one checkout twice).
     proc = subprocess.run([sys.executable, "-c", CHILD, str(seed)], env=env, capture_output=True, text=True,
-                          timeout=600)
+                          timeout=600, cwd=os.path.dirname(os.path.abspath(cache_dir)))
     total = time.time() - start
     if proc.returncode != 0:
         raise RuntimeError(f"child failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")

@@ -7,9 +7,13 @@ Public names are imported on first use (PEP 562), so ``import jes``, ``import je
 from __future__ import annotations
 
 import importlib
+import time
 from typing import TYPE_CHECKING, Any
 
 __version__ = "0.2.0"
+# When this process imported jes: files of jes and its dependencies changed after this may differ from the
+# code this process runs, so jes.program_cache keys nothing on them (see there).
+IMPORTED_AT_NS = time.time_ns()
 
 # public name -> module that defines it
 _EXPORTS = {

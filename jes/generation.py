@@ -31,7 +31,7 @@ from flax import struct
 from jax.flatten_util import ravel_pytree
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from jes import strategies
+from jes import program_cache, strategies
 from jes.config import ESConfig
 from jes.cpu import compiler_options
 from jes.envs import EnvSpec, make_env
@@ -210,6 +210,7 @@ class Generation:
     def _setup(self, strategy: Any, optimizer: Any, devices: Any) -> None:
         config = self.config
         self.strategy = strategies.get(strategy)
+        self._optimizer_arg = optimizer  # for the program cache's key: only names are cacheable
         self.ctx, self.optimizer_name = build_context(self.strategy, optimizer, config, self.num_params)
         self.optimizer = self.ctx.optimizer
         self.antithetic = self.ctx.antithetic
@@ -227,11 +228,14 @@ class Generation:
         self.step = jax.jit(self.generation_step, compiler_options=compiler_options(self.devices))
         # Placed replicated by the program itself, as the step wants it (no recompile, no copy).
         self._init_from_key = jax.jit(self.fresh_state, out_shardings=self.replicated)
-        self._init_from_seed = jax.jit(lambda seed: self.fresh_state(jax.random.key(seed)), out_shardings=self.replicated)
-        self.member = jax.jit(self.member_params)
+        self._init_from_seed = jax.jit(self._fresh_state_from_seed, out_shardings=self.replicated)
+        self._member_jit = jax.jit(self.member_params)
+        self._member_program = None
         self._compiled = None
         self._compile_time = 0.0
         self._compiling = None
+        self._init_program = None
+        self._shapes = None
 
     # ----------------------------------------------------------------- state
     def init_state(self, key: Any = 0) -> TrainState:
@@ -241,8 +245,39 @@ class Generation:
         """
         if isinstance(key, (int, np.integer)) and not isinstance(key, bool) and -2**31 <= key < 2**31:
             # jax.random.key(int) itself runs a compiled seeding of an int32; do it in the same program.
-            return self._init_from_seed(np.int32(key))
+            if self._init_program is None:
+                self._init_program = self._cached_init_program() or self._init_from_seed
+            return self._init_program(np.int32(key))
         return self._init_from_key(as_key(key))
+
+    def _state_shapes(self) -> TrainState:
+        """Shapes, dtypes and placement of this run's states (``ShapeDtypeStruct`` leaves, placed replicated)."""
+        if self._shapes is None:
+            shapes = jax.eval_shape(lambda: self.fresh_state(jax.random.key(0)))
+            self._shapes = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, weak_type=x.weak_type,
+                                                                       sharding=self.replicated), shapes)
+        return self._shapes
+
+    def _cached_init_program(self) -> Callable | None:
+        """``seed -> fresh state`` from the program cache (or traced and stored there), or ``None``: cache off or
+        uncacheable run, or any failure (then :attr:`_init_from_seed` traces it as without a cache)."""
+        try:
+            shapes = self._state_shapes()
+            key = self._program_key("init_from_seed", shapes)
+            if key is None:
+                return None
+            treedef = jax.tree.structure(shapes)
+            def init_from_seed_flat(seed):
+                return jax.tree.leaves(self._fresh_state_from_seed(seed))
+
+            compiled = self._compile_exported(key, init_from_seed_flat, [jax.ShapeDtypeStruct((), jnp.int32, sharding=self.replicated)],
+                                              out_shardings=self.replicated)
+            return lambda seed: jax.tree.unflatten(treedef, compiled(seed))
+        except Exception:  # noqa: BLE001 - any failure of the cached path: trace as without a cache
+            return None
+
+    def _fresh_state_from_seed(self, seed: jax.Array) -> TrainState:
+        return self.fresh_state(jax.random.key(seed))
 
     def fresh_state(self, run_key: jax.Array) -> TrainState:
         """The fresh state of :meth:`init_state` for a typed run key (traceable; not yet placed)."""
@@ -326,6 +361,32 @@ class Generation:
         """Flat parameters ``[P]`` of one member of the state's generation, regenerated from its key."""
         flat, _, _ = self.sample_chunk(state, member // self.chunk_size)
         return flat[member % self.chunk_size]
+
+    def member(self, state: TrainState, member: Any) -> jax.Array:
+        """:meth:`member_params` compiled: from the program cache when this run's program is there (see
+        :meth:`compiled_step`), else traced."""
+        if self._member_program is None:
+            self._member_program = self._cached_member_program(state) or self._member_jit
+        return self._member_program(state, member)
+
+    def _cached_member_program(self, state: TrainState) -> Callable | None:
+        try:
+            key = self._program_key("member_params", state)
+            if key is None:
+                return None
+            leaves, treedef = jax.tree.flatten(jax.tree.map(
+                lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, weak_type=getattr(x, "weak_type", False),
+                                               sharding=self.replicated), state))
+            def member_params_flat(*args):
+                return self.member_params(jax.tree.unflatten(treedef, args[:-1]), args[-1])
+
+            member_arg = jax.ShapeDtypeStruct((), jnp.int32, sharding=self.replicated)
+            compiled = self._compile_exported(key, member_params_flat, [*leaves, member_arg])
+            signature = _signature(state)
+            return lambda s, m: (compiled(*jax.tree.leaves(s), np.int32(m)) if _signature(s) == signature
+                                 else self._member_jit(s, m))
+        except Exception:  # noqa: BLE001 - any failure of the cached path: trace as without a cache
+            return None
 
     def evaluate_chunk(self, state: TrainState, chunk: jax.Array) -> ChunkResults:
         """Evaluate members ``[chunk*C, (chunk+1)*C)`` of the state's generation (padding members get fitness 0)."""
@@ -477,15 +538,13 @@ class Generation:
         """
         if self._compiled is not None or self._compiling is not None:
             return
-        shapes = jax.eval_shape(lambda: self.fresh_state(jax.random.key(0)))
-        abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, weak_type=x.weak_type,
-                                                               sharding=self.replicated), shapes)
+        abstract = self._state_shapes()
         out: dict = {}
 
         def compile_step():
             t0 = time.perf_counter()
             try:
-                out["compiled"] = self.step.lower(abstract, jax.ShapeDtypeStruct((), jnp.bool_)).compile()
+                out["compiled"] = self._compile_step(abstract, jax.ShapeDtypeStruct((), jnp.bool_))
             except Exception:  # compiled_step compiles again in the caller's thread and raises there
                 pass
             out["seconds"] = time.perf_counter() - t0
@@ -503,19 +562,98 @@ class Generation:
             thread, out, abstract = self._compiling
             self._compiling = None
             thread.join()
-            signature = lambda tree: (jax.tree.structure(tree), [(x.shape, x.dtype, getattr(x, "weak_type", False))
-                                                                  for x in jax.tree.leaves(tree)])
-            if "compiled" in out and signature(state) == signature(abstract):
+            if "compiled" in out and _signature(state) == _signature(abstract):
                 self._compiled, self._compile_time = out["compiled"], out["seconds"]
         if self._compiled is None:
             t0 = time.perf_counter()
-            self._compiled = self.step.lower(state, jnp.bool_(True)).compile()
+            self._compiled = self._compile_step(state, jnp.bool_(True))
             self._compile_time = time.perf_counter() - t0
         return self._compiled, self._compile_time
+
+    def program_parts(self) -> dict | None:
+        """Everything besides argument shapes that determines the step's program, for :mod:`jes.program_cache`.
+
+        ``None`` (never cached; traced every time): subclasses whose members' evaluation this cannot
+        describe. :class:`Trainer` describes its policy, env, config, strategy and optimizer name.
+        """
+        return None
+
+    def step_program_key(self, state: TrainState) -> str | None:
+        """The program cache's key of the step for ``state`` (arrays or ``ShapeDtypeStruct``s placed replicated
+        on this run's devices), or ``None``: cache off, a run that cannot be fingerprinted, another placement."""
+        return self._program_key("generation_step", state)
+
+    def _program_key(self, kind: str, state: TrainState) -> str | None:
+        parts = self.program_parts()
+        leaves, treedef = jax.tree.flatten(state)
+        if parts is None or not all(getattr(x, "sharding", None) == self.replicated for x in leaves):
+            return None
+        return program_cache.program_key(kind, dict(
+            parts, state=str(treedef),
+            leaves=[(tuple(x.shape), str(x.dtype), bool(getattr(x, "weak_type", False))) for x in leaves]))
+
+    def _compile_step(self, state: TrainState, evaluate_centre: Any) -> Callable:
+        """The step compiled for ``state`` (its shapes, dtypes, placement): from the program cache when it
+        holds this run's traced program, else traced (and, when the cache is on, stored for the next process).
+
+        With the cache on, the step is always compiled from its exported program, traced here or read back,
+        so a cold and a warm process run the same XLA program (and find each other's compiled copy in JAX's cache).
+        """
+        key = self.step_program_key(state)
+        if key is not None:
+            abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, weak_type=getattr(x, "weak_type", False),
+                                                                   sharding=self.replicated), state)
+            leaves, treedef = jax.tree.flatten(abstract)
+
+            def flat_step(*args):
+                new_state, metrics = self.generation_step(jax.tree.unflatten(treedef, args[:-1]), args[-1])
+                new_leaves, new_treedef = jax.tree.flatten(new_state)
+                if new_treedef != treedef:
+                    raise TypeError("the step changed the state's structure")
+                return new_leaves, metrics
+
+            try:
+                flag = jax.ShapeDtypeStruct((), jnp.bool_, sharding=self.replicated)
+                compiled = self._compile_exported(key, flat_step, [*leaves, flag],
+                                                  compiler_options=compiler_options(self.devices))
+                return _FlatStep(compiled, treedef)
+            except Exception:  # noqa: BLE001 - any failure of the cached path: trace as without a cache
+                pass
+        return self.step.lower(state, evaluate_centre).compile()
+
+    def _compile_exported(self, key: str, flat_fn: Callable, args: list, out_shardings: Any = None,
+                          compiler_options: dict | None = None) -> Callable:
+        """``flat_fn`` (flat array arguments ``args``, abstract) compiled from the program cache's entry ``key``;
+        on a miss traced, exported and stored first. Raises on any failure (callers fall back to tracing)."""
+        exported = program_cache.load(key)
+        if exported is not None and (
+                [(tuple(a.shape), a.dtype) for a in exported.in_avals] != [(tuple(a.shape), a.dtype) for a in args]
+                or exported.nr_devices != len(self.devices)):
+            exported = None  # a hash collision or a foreign file: never call it
+        if exported is None:
+            jitted = jax.jit(flat_fn) if out_shardings is None else jax.jit(flat_fn, out_shardings=out_shardings)
+            exported = jax.export.export(jitted)(*args)
+            program_cache.store(key, exported)
+        return jax.jit(exported.call, compiler_options=compiler_options).lower(*args).compile()
 
     def compile_count(self) -> int:
         """How many programs ``self.step`` has compiled (1 after any number of generations)."""
         return self.step._cache_size()
+
+
+def _signature(tree: Any) -> tuple:
+    return jax.tree.structure(tree), [(x.shape, x.dtype, getattr(x, "weak_type", False)) for x in jax.tree.leaves(tree)]
+
+
+class _FlatStep:
+    """A compiled exported step over flat state leaves, called like the compiled step: ``(state, flag) -> (state, metrics)``."""
+
+    def __init__(self, compiled: Any, treedef: Any):
+        self.compiled, self.treedef = compiled, treedef
+
+    def __call__(self, state: TrainState, evaluate_centre: Any) -> tuple[TrainState, dict]:
+        new_leaves, metrics = self.compiled(*jax.tree.leaves(state), evaluate_centre)
+        return jax.tree.unflatten(self.treedef, new_leaves), metrics
 
 
 class Trainer(Generation):
@@ -574,6 +712,23 @@ class Trainer(Generation):
         self.num_params = int(flat.shape[0])
         self._setup(strategy, optimizer, devices)
         self.normalize_observations = self.strategy.uses_obs_norm(config.normalize_observations)
+
+    def program_parts(self) -> dict | None:
+        if type(self) is not Trainer or not (self._optimizer_arg is None or isinstance(self._optimizer_arg, str)):
+            return None  # an optax object cannot be fingerprinted; a subclass may change any method
+        try:  # methods and functions replaced at run time (monkeypatching) are in no file the key covers
+            program_cache.check_code([type(self), type(self.policy), type(self.spec.env), type(self.strategy)], self)
+        except program_cache.Uncacheable:
+            return None
+        return dict(
+            policy=self.policy, spec=self.spec, config=self.config, strategy=self.strategy,
+            optimizer=self._optimizer_arg, optimizer_name=self.optimizer_name,
+            rollout_min_batch=self.rollout_min_batch, normalize_observations=self.normalize_observations,
+            num_params=self.num_params, obs_shape=tuple(self.obs_shape), chunk_size=self.chunk_size,
+            num_chunks=self.num_chunks, padded_chunks=self.padded_chunks,
+            devices=[[d.platform, d.device_kind, d.id, d.process_index] for d in self.devices],
+            compiler_options=compiler_options(self.devices),
+        )
 
     def _init_variables(self, key: jax.Array, abstract: bool = False) -> Any:
         init = jax.eval_shape if abstract else (lambda f, *a: f(*a))

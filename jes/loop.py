@@ -211,7 +211,7 @@ class TrainResult:
 def trained_policy(trainer: Trainer, flat_params: Any, state: TrainState) -> TrainedPolicy:
     """A :class:`TrainedPolicy` of ``flat_params`` with ``trainer``'s policy and action mapping and ``state``'s normaliser."""
     stats = None
-    if trainer.normalize_observations:  # (not obs_norm(): that would compute it, eagerly, on the devices)
+    if trainer.normalize_observations:  # what obs_norm(state) is not None says, without computing it eagerly
         stats = tuple(np.asarray(fetch(x)) for x in (state.obs_count, state.obs_sum, state.obs_sumsq))
     return _policy_of(trainer, fetch(flat_params), stats)
 

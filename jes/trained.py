@@ -110,8 +110,16 @@ class TrainedPolicy:
         self.max_steps = max_steps
         self._spec = env
         self.fns = PolicyFns(policy, self.obs_shape)
-        template = jax.eval_shape(self.fns.init, jax.random.key(0))
-        _, self._unravel = ravel_pytree(jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), template))
+        unravel = []
+
+        def flat_template():
+            flat, fn = ravel_pytree(self.fns.init(jax.random.key(0)))
+            unravel.append(fn)  # static (shapes and sizes only), so usable outside this trace
+            return flat
+
+        # Shapes only, as in Trainer: running init and ravel here was a dozen tiny programs per policy built.
+        jax.eval_shape(flat_template)
+        self._unravel = unravel[0]
         self.flat_params = np.asarray(flat_params, np.float32)
         if obs_stats is not None:
             count, total, sumsq = obs_stats
