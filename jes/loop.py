@@ -74,7 +74,7 @@ class BestMember:
                  policy: TrainedPolicy | None = None,
                  regenerate: Callable[[], tuple[np.ndarray, TrainedPolicy]] | None = None):
         if (flat_params is None) == (regenerate is None):
-            raise ValueError("BestMember needs flat_params (with its policy) or regenerate, not both")
+            raise ValueError("BestMember needs either flat_params (with its policy) or regenerate")
         self.fitness, self.generation, self.member = fitness, generation, member
         self._flat, self._policy, self._regenerate = flat_params, policy, regenerate
 
@@ -501,7 +501,7 @@ def run(trainer: Trainer, state: TrainState, *, key: Any = 0, callbacks: Iterabl
             for k in HISTORY_KEYS:
                 history[k].append(record[k])
             if best is None or metrics["pop_max"] > best.fitness:
-                # Regenerated from its key (the state before this generation's update), only when it improves.
+                # Kept as (the state before this generation's update, member); regenerated when first asked for.
                 best = BestMember(fitness=float(metrics["pop_max"]), generation=gen + 1,
                                   member=int(metrics["best_member"]),
                                   regenerate=_member_regenerator(trainer, state, int(metrics["best_member"])))
