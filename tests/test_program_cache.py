@@ -39,8 +39,10 @@ def small_trainer(**changes):
 
 
 def trained(trainer, key=5):
+    """A run's bits, its best member included (regenerated when asked for: through the member program)."""
     result = run(trainer, trainer.init_state(key), key=key)
-    return result.flat_params, result.history["centre_return"], np.asarray(result.state.obs_sum)
+    return (result.flat_params, result.history["centre_return"], np.asarray(result.state.obs_sum),
+            result.best.flat_params)
 
 
 class TracedFunctions:
@@ -240,7 +242,8 @@ TWO_DEVICES = textwrap.dedent("""
         r = jes.train(jes.MLPPolicy(hidden_sizes=(4,)), "Pendulum-v1", "adam", key=3, devices=devices, log_dir=None,
                       progress=False, num_members=8, chunk_size=2, episodes_per_member=2, normalize_observations=True,
                       num_generations=2, eval_episodes=2, max_episode_steps=50)
-        return [r.flat_params.tolist(), np.asarray(r.state.obs_sum).tolist(), r.history["pop_mean"].tolist()]
+        return [r.flat_params.tolist(), np.asarray(r.state.obs_sum).tolist(), r.history["pop_mean"].tolist(),
+                r.best.flat_params.tolist()]  # the best member: regenerated when asked for, by the member program
     names = []
     jax.monitoring.register_event_duration_secs_listener(
         lambda event, duration, **kw: names.append(kw.get("fun_name")) if event.endswith("jaxpr_trace_duration") else None)
