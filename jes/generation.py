@@ -254,9 +254,13 @@ class Generation:
         """Shapes, dtypes and placement of this run's states (``ShapeDtypeStruct`` leaves, placed replicated)."""
         if self._shapes is None:
             shapes = jax.eval_shape(lambda: self.fresh_state(jax.random.key(0)))
-            self._shapes = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, weak_type=x.weak_type,
-                                                                       sharding=self.replicated), shapes)
+            self._shapes = self._abstract(shapes)
         return self._shapes
+
+    def _abstract(self, tree: Any) -> Any:
+        """``ShapeDtypeStruct`` leaves of ``tree``'s arrays (or structs), placed replicated on this run's devices."""
+        return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, weak_type=getattr(x, "weak_type", False),
+                                                           sharding=self.replicated), tree)
 
     def _cached_init_program(self) -> Callable | None:
         """``seed -> fresh state`` from the program cache (or traced and stored there), or ``None``: cache off or
@@ -374,9 +378,7 @@ class Generation:
             key = self._program_key("member_params", state)
             if key is None:
                 return None
-            leaves, treedef = jax.tree.flatten(jax.tree.map(
-                lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, weak_type=getattr(x, "weak_type", False),
-                                               sharding=self.replicated), state))
+            leaves, treedef = jax.tree.flatten(self._abstract(state))
             def member_params_flat(*args):
                 return self.member_params(jax.tree.unflatten(treedef, args[:-1]), args[-1])
 
@@ -601,9 +603,7 @@ class Generation:
         """
         key = self.step_program_key(state)
         if key is not None:
-            abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, weak_type=getattr(x, "weak_type", False),
-                                                                   sharding=self.replicated), state)
-            leaves, treedef = jax.tree.flatten(abstract)
+            leaves, treedef = jax.tree.flatten(self._abstract(state))
 
             def flat_step(*args):
                 new_state, metrics = self.generation_step(jax.tree.unflatten(treedef, args[:-1]), args[-1])
