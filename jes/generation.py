@@ -37,7 +37,7 @@ from jes.cpu import compiler_options
 from jes.envs import EnvSpec, make_env
 from jes.optimizers import make_optimizer
 from jes.policies import PolicyFns, fit_to_outputs
-from jes.rollout import run_episodes
+from jes.rollout import OBS_EPS, obs_mean_std, obs_normaliser, run_episodes
 from jes.strategies import noise
 from jes.strategies.base import Context, Strategy
 
@@ -47,8 +47,6 @@ except ImportError:  # pragma: no cover - older jax
     from jax.experimental.shard_map import shard_map as _shard_map
 
 AXIS = "members"
-# Initial pseudo-count of the running observation statistics (OpenAI ES's RunningStat).
-_OBS_EPS = 1e-2
 
 
 @struct.dataclass
@@ -291,9 +289,9 @@ class Generation:
             strategy=self.strategy.init(self.ctx, self.initial_mean(init_key)),
             generation=jnp.int32(0),
             es_key=es_key,
-            obs_count=jnp.float32(_OBS_EPS),
+            obs_count=jnp.float32(OBS_EPS),
             obs_sum=zeros,
-            obs_sumsq=jnp.full(self.obs_shape, _OBS_EPS, jnp.float32),
+            obs_sumsq=jnp.full(self.obs_shape, OBS_EPS, jnp.float32),
         )
 
     def initial_mean(self, init_key: jax.Array) -> jax.Array:
@@ -331,12 +329,19 @@ class Generation:
         return self.unravel(jnp.asarray(flat_params, jnp.float32))
 
     def obs_norm(self, state: TrainState) -> tuple[jax.Array, jax.Array] | None:
-        """``(mean, std)`` of observations so far, or ``None`` without normalisation."""
+        """``(mean, std)`` of observations so far, or ``None`` without normalisation.
+
+        The policy sees ``(obs - mean) * rsqrt(var)`` (:meth:`obs_scale`), which can differ from
+        ``(obs - mean) / std`` in the last bit."""
         if not self.normalize_observations:
             return None
-        mean = state.obs_sum / state.obs_count
-        var = state.obs_sumsq / state.obs_count - mean * mean
-        return mean, jnp.sqrt(jnp.maximum(var, _OBS_EPS))
+        return obs_mean_std(state.obs_count, state.obs_sum, state.obs_sumsq)
+
+    def obs_scale(self, state: TrainState) -> tuple[jax.Array, jax.Array] | None:
+        """``(mean, 1 / std)`` the rollout normalises observations with, or ``None`` without normalisation."""
+        if not self.normalize_observations:
+            return None
+        return obs_normaliser(state.obs_count, state.obs_sum, state.obs_sumsq)
 
     def noise_std(self, state: TrainState) -> jax.Array:
         """Mean sigma of the search distribution at the state's generation."""
@@ -762,7 +767,7 @@ class Trainer(Generation):
         keys = noise.episode_keys(gen_key, members, cfg.episodes_per_member, self.antithetic)
         out = run_episodes(
             self.fns, self.spec, params, keys, active,
-            obs_norm=self.obs_norm(state), collect_obs_stats=self.normalize_observations,
+            obs_scale=self.obs_scale(state), collect_obs_stats=self.normalize_observations,
             min_slots=self.rollout_min_batch,
         )
         fitness = jnp.where(active, out.returns.mean(axis=1), 0.0)
@@ -775,7 +780,7 @@ class Trainer(Generation):
             key = noise.generation_key(state.es_key, state.generation)
         keys = noise.centre_episode_keys(key, num_episodes)[None]
         params = jax.tree.map(lambda x: x[None], self.unravel(state.params))
-        out = run_episodes(self.fns, self.spec, params, keys, jnp.ones((1,), bool), obs_norm=self.obs_norm(state),
+        out = run_episodes(self.fns, self.spec, params, keys, jnp.ones((1,), bool), obs_scale=self.obs_scale(state),
                            min_slots=self.rollout_min_batch)
         return out.returns[0], out.steps[0]
 

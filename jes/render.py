@@ -41,15 +41,15 @@ def record_episode(trainer: Any, state: Any, key: jax.Array, max_steps: int | No
     spec, fns = trainer.spec, trainer.fns
     steps = int(max_steps or spec.max_steps)
     params = trainer.unravel(state.params)
-    obs_norm = trainer.obs_norm(state)
+    obs_scale = trainer.obs_scale(state)
 
     @jax.jit
-    def episode(params, obs_norm, key):
+    def episode(params, obs_scale, key):
         obs, env_state = spec.env.reset_env(jax.random.fold_in(key, 0), spec.params)
 
         def step(carry, t):
             obs, env_state, policy_carry, done = carry
-            o = obs if obs_norm is None else (obs - obs_norm[0]) / obs_norm[1]
+            o = obs if obs_scale is None else (obs - obs_scale[0]) * obs_scale[1]
             policy_carry, out = fns.apply(params, policy_carry, o)
             new_obs, new_state, reward, terminated, _ = spec.env.step_env(
                 jax.random.fold_in(key, t + 1), env_state, spec.action(out), spec.params)
@@ -61,7 +61,7 @@ def record_episode(trainer: Any, state: Any, key: jax.Array, max_steps: int | No
         states = jax.tree.map(lambda first, rest: jnp.concatenate([jnp.asarray(first, rest.dtype)[None], rest]), env_state, states)
         return states, rewards, jnp.sum(~was_done)
 
-    states, rewards, length = episode(params, obs_norm, key)
+    states, rewards, length = episode(params, obs_scale, key)
     return jax.device_get(states), np.asarray(rewards), int(length)
 
 

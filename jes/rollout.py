@@ -40,6 +40,34 @@ class RolloutOutput(NamedTuple):
     obs_sumsq: jax.Array
 
 
+# Initial pseudo-count of the running observation statistics (OpenAI ES's RunningStat), and the floor of
+# their variance.
+OBS_EPS = 1e-2
+
+
+def obs_normaliser(count: jax.Array, total: jax.Array, sumsq: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """``(mean, 1 / std)`` of running observation statistics; the policy sees ``(obs - mean) * (1 / std)``.
+
+    Written so that no compiler rewrite depends on the program around it: XLA:CPU turns
+    ``x / count`` into ``x * (1 / count)`` and ``y / sqrt(v)`` into ``y * rsqrt(v)`` only where it
+    sees the producer, so the same normaliser compiled into two programs (one device or two, the
+    population's chunk or the centre's evaluation, training or a saved policy) could differ in the
+    last bit. Here the reciprocal and ``rsqrt`` are explicit, and every program computes the same.
+    """
+    inv_count = 1.0 / count
+    mean = total * inv_count
+    var = sumsq * inv_count - mean * mean
+    return mean, jax.lax.rsqrt(jnp.maximum(var, OBS_EPS))
+
+
+def obs_mean_std(count: jax.Array, total: jax.Array, sumsq: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """``(mean, std)`` of running observation statistics, for people: the rollout multiplies by
+    :func:`obs_normaliser`'s ``rsqrt``, which can differ from ``1 / std`` in the last bit."""
+    inv_count = 1.0 / count
+    mean = total * inv_count
+    return mean, jnp.sqrt(jnp.maximum(sumsq * inv_count - mean * mean, OBS_EPS))
+
+
 def _select(mask: jax.Array, new: Any, old: Any) -> Any:
     """Per-episode ``where(mask, new, old)`` over pytrees whose leaves lead with ``mask.shape``."""
 
@@ -64,7 +92,7 @@ def run_episodes(
     params: Any,
     episode_keys: jax.Array,
     active: jax.Array,
-    obs_norm: tuple[jax.Array, jax.Array] | None = None,
+    obs_scale: tuple[jax.Array, jax.Array] | None = None,
     collect_obs_stats: bool = False,
     min_slots: int = 32,
     action_fn: Any = None,
@@ -84,8 +112,8 @@ def run_episodes(
         params: Flax params pytree whose leaves lead with a members axis ``[M, ...]``.
         episode_keys: typed PRNG keys ``[M, E]``, one per episode.
         active: bool ``[M]``; inactive members (padding) start done and cost nothing.
-        obs_norm: optional ``(mean, std)`` of shape ``obs_shape`` applied to observations
-            before the policy sees them.
+        obs_scale: optional ``(mean, 1 / std)`` of shape ``obs_shape`` (:func:`obs_normaliser`); the
+            policy then sees ``(obs - mean) * (1 / std)``.
         collect_obs_stats: also sum observations (for running normalisation).
         min_slots: smallest batch compaction goes down to.
         action_fn: maps one raw policy output to an action (default ``spec.action``; a saved policy's
@@ -107,8 +135,8 @@ def run_episodes(
     obs_axes = (1,) * len(spec.obs_shape)
 
     def act(p, c, o):
-        if obs_norm is not None:
-            o = (o - obs_norm[0]) / obs_norm[1]
+        if obs_scale is not None:
+            o = (o - obs_scale[0]) * obs_scale[1]
         c, out = policy.apply(p, c, o)
         return c, (spec.action if action_fn is None else action_fn)(out), jnp.all(jnp.isfinite(out))
 

@@ -34,9 +34,9 @@ from jax.flatten_util import ravel_pytree
 from jes.checkpoint import build_policy, describe_policy
 from jes.cpu import compiler_options
 from jes.envs import EnvSpec, make_env
-from jes.generation import _OBS_EPS, as_key
+from jes.generation import as_key
 from jes.policies import PolicyFns
-from jes.rollout import run_episodes
+from jes.rollout import obs_mean_std, obs_normaliser, run_episodes
 from jes.strategies import noise
 
 POLICY_MAGIC = b"JESPOLI1"
@@ -142,18 +142,22 @@ class TrainedPolicy:
 
     @property
     def obs_norm(self) -> tuple[np.ndarray, np.ndarray] | None:
-        """``(mean, std)`` the policy normalises observations with, or ``None``."""
-        norm = _obs_norm(self.obs_stats)
-        return None if norm is None else tuple(np.asarray(x) for x in norm)
+        """``(mean, std)`` the policy normalises observations with, or ``None``.
+
+        :meth:`apply` computes ``(obs - mean) * rsqrt(var)``, as training's rollout does; that can
+        differ from ``(obs - mean) / std`` in the last bit."""
+        if self.obs_stats is None:
+            return None
+        return tuple(np.asarray(x) for x in obs_mean_std(*(jnp.asarray(x) for x in self.obs_stats)))
 
     def apply(self, variables: dict, carry: Any, obs: jax.Array) -> tuple[Any, jax.Array]:
         """``(carry, action)`` for one observation, given :attr:`variables` (pure; vmap/jit it freely)."""
-        return self._apply_normed(variables["params"], _obs_norm(variables["obs_stats"]), carry, obs)
+        return self._apply_normed(variables["params"], _obs_scale(variables["obs_stats"]), carry, obs)
 
-    def _apply_normed(self, params: Any, obs_norm: Any, carry: Any, obs: jax.Array) -> tuple[Any, jax.Array]:
+    def _apply_normed(self, params: Any, obs_scale: Any, carry: Any, obs: jax.Array) -> tuple[Any, jax.Array]:
         # The same operations as the rollout's (jes.rollout.run_episodes): tests compare them bit for bit.
-        if obs_norm is not None:
-            obs = (obs - obs_norm[0]) / obs_norm[1]
+        if obs_scale is not None:
+            obs = (obs - obs_scale[0]) * obs_scale[1]
         carry, out = self.fns.apply(params, carry, obs)
         return carry, self.action_map(out)
 
@@ -231,21 +235,16 @@ def _evaluate(fns: PolicyFns, spec: EnvSpec, action_map: ActionMap) -> Callable:
     """
     def run(variables, keys):
         params = jax.tree.map(lambda x: x[None], variables["params"])
-        out = run_episodes(fns, spec, params, keys, jnp.ones((1,), bool), obs_norm=_obs_norm(variables["obs_stats"]),
+        out = run_episodes(fns, spec, params, keys, jnp.ones((1,), bool), obs_scale=_obs_scale(variables["obs_stats"]),
                            action_fn=action_map)
         return out.returns[0]
 
     return jax.jit(run, compiler_options=compiler_options())
 
 
-def _obs_norm(obs_stats: Any) -> tuple[jax.Array, jax.Array] | None:
-    """``(mean, std)`` from running statistics, computed as ``Generation.obs_norm`` computes them."""
-    if obs_stats is None:
-        return None
-    count, total, sumsq = obs_stats
-    mean = total / count
-    var = sumsq / count - mean * mean
-    return mean, jnp.sqrt(jnp.maximum(var, _OBS_EPS))
+def _obs_scale(obs_stats: Any) -> tuple[jax.Array, jax.Array] | None:
+    """``(mean, 1 / std)`` from running statistics ``(count, sum, sum of squares)``, as training's rollout has them."""
+    return None if obs_stats is None else obs_normaliser(*obs_stats)
 
 
 # ------------------------------------------------------------------ file format

@@ -112,7 +112,7 @@ def test_best_member_is_regenerated_from_its_key():
     gen_key = noise.generation_key(state.es_key, state.generation)
     keys = noise.episode_keys(gen_key, jnp.array([best.member]), 1, trainer.antithetic)
     params = jax.tree.map(lambda x: x[None], trainer.params_tree(best.flat_params))
-    out = run_episodes(trainer.fns, trainer.spec, params, keys, jnp.ones(1, bool), obs_norm=trainer.obs_norm(state))
+    out = run_episodes(trainer.fns, trainer.spec, params, keys, jnp.ones(1, bool), obs_scale=trainer.obs_scale(state))
     assert float(out.returns[0, 0]) == pytest.approx(best.fitness)
     assert isinstance(best.policy, jes.TrainedPolicy)
 
