@@ -136,7 +136,7 @@ def _loaded_since_ns() -> int:
         since = min(since, os.stat(f"/proc/{os.getpid()}").st_mtime_ns)
     except OSError:
         pass
-    return since - 2_000_000_000  # 2 s of slack for file systems with coarse timestamps
+    return since
 
 
 def _check_origin(obj: Any, jes_dir: str) -> None:
@@ -220,7 +220,10 @@ def _package_files(name: str, since_ns: int) -> str:
                 continue
             path = os.path.join(directory, filename)
             stat = os.stat(path)
-            if stat.st_mtime_ns >= since_ns:
+            # A whole-second mtime may come from a file system with coarse timestamps (FAT's are 2 s): give it 2 s
+            # of slack. Nanosecond timestamps need none, so a checkout made just before the process still counts.
+            slack = 2_000_000_000 if stat.st_mtime_ns % 1_000_000_000 == 0 else 0
+            if stat.st_mtime_ns >= since_ns - slack:
                 raise Uncacheable(f"{path} changed after this process started")
             if name == "jes":  # jes's own edits often keep sizes and may keep mtimes: hash its text
                 with open(path, "rb") as f:

@@ -4,6 +4,7 @@ The key must miss on any change that could change the program; any unreadable en
 """
 import json
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -109,27 +110,45 @@ def test_background_compile_reads_the_cache_too(cache_dir):
     assert not JES_PROGRAMS & set(traced.names), traced.names
 
 
+@pytest.fixture(scope="module")
+def pristine_cache(tmp_path_factory):
+    """A cache directory holding a small run's three programs, and that run's bits (made once for the module)."""
+    directory = tmp_path_factory.mktemp("pristine") / "xla"
+    before = jax.config.jax_compilation_cache_dir
+    jax.config.update("jax_compilation_cache_dir", str(directory))
+    try:
+        expected = trained(small_trainer())
+    finally:
+        jax.config.update("jax_compilation_cache_dir", before)
+    return directory, expected
+
+
 @pytest.mark.hard_timeout(300)
-@pytest.mark.parametrize("program", ["init", "step", "member"])
 @pytest.mark.parametrize("damage", ["garbage", "truncated", "flipped byte", "another key's file"])
-def test_a_damaged_entry_falls_back_to_tracing(cache_dir, damage, program):
-    expected = trained(small_trainer())
-    key = keys_of(small_trainer())[program]
-    path = cache_dir / f"{key}.jesprog"
-    blob = path.read_bytes()
-    if damage == "garbage":
-        path.write_bytes(b"not a program")
-    elif damage == "truncated":
-        path.write_bytes(blob[: len(blob) // 2])
-    elif damage == "flipped byte":
-        path.write_bytes(blob[:-10] + bytes([blob[-10] ^ 1]) + blob[-9:])
-    else:  # a valid entry stored under another name: its recorded key does not match
-        path.write_bytes(blob.replace(key.encode(), b"0" * 64, 1))
-    assert program_cache.load(key) is None
-    got = trained(small_trainer())
+def test_a_damaged_entry_falls_back_to_tracing(pristine_cache, cache_dir, damage):
+    """Each of the three programs' entries damaged the same way: the run traces them again, with the same bits."""
+    directory, expected = pristine_cache
+    shutil.copytree(directory, cache_dir.parent, dirs_exist_ok=True)
+    keys = keys_of(small_trainer())
+    for key in keys.values():
+        path = cache_dir / f"{key}.jesprog"
+        blob = path.read_bytes()
+        if damage == "garbage":
+            path.write_bytes(b"not a program")
+        elif damage == "truncated":
+            path.write_bytes(blob[: len(blob) // 2])
+        elif damage == "flipped byte":
+            path.write_bytes(blob[:-10] + bytes([blob[-10] ^ 1]) + blob[-9:])
+        else:  # a valid entry stored under another name: its recorded key does not match
+            path.write_bytes(blob.replace(key.encode(), b"0" * 64, 1))
+        assert program_cache.load(key) is None
+    with TracedFunctions() as traced:
+        got = trained(small_trainer())
+    assert {"flat_step", "init_from_seed_flat", "member_params_flat"} <= set(traced.names), traced.names
     for a, b in zip(expected, got):
         np.testing.assert_array_equal(a, b)
-    assert program_cache.load(key) is not None  # stored again by the traced run
+    for key in keys.values():
+        assert program_cache.load(key) is not None  # stored again by the traced run
 
 
 @pytest.mark.hard_timeout(120)
