@@ -112,23 +112,36 @@ def test_background_compile_reads_the_cache_too(cache_dir):
 
 @pytest.fixture(scope="module")
 def pristine_cache(tmp_path_factory):
-    """A cache directory holding a small run's three programs, and that run's bits (made once for the module)."""
-    directory = tmp_path_factory.mktemp("pristine") / "xla"
+    """A small run's bits and a copy of the cache its three programs were stored in (made once for the module).
+
+    Keys cover jax's configuration, the cache's directory included: damaged copies go back to the same path."""
+    root = tmp_path_factory.mktemp("pristine")
     before = jax.config.jax_compilation_cache_dir
-    jax.config.update("jax_compilation_cache_dir", str(directory))
+    jax.config.update("jax_compilation_cache_dir", str(root / "xla"))
     try:
         expected = trained(small_trainer())
     finally:
         jax.config.update("jax_compilation_cache_dir", before)
-    return directory, expected
+    shutil.copytree(root / "xla", root / "copy")
+    return root, expected
 
 
 @pytest.mark.hard_timeout(300)
 @pytest.mark.parametrize("damage", ["garbage", "truncated", "flipped byte", "another key's file"])
-def test_a_damaged_entry_falls_back_to_tracing(pristine_cache, cache_dir, damage):
+def test_a_damaged_entry_falls_back_to_tracing(pristine_cache, damage):
     """Each of the three programs' entries damaged the same way: the run traces them again, with the same bits."""
-    directory, expected = pristine_cache
-    shutil.copytree(directory, cache_dir.parent, dirs_exist_ok=True)
+    root, expected = pristine_cache
+    shutil.rmtree(root / "xla")
+    shutil.copytree(root / "copy", root / "xla")
+    before = jax.config.jax_compilation_cache_dir
+    jax.config.update("jax_compilation_cache_dir", str(root / "xla"))
+    try:
+        damaged_run_traces_again(root / "xla" / program_cache.SUBDIR, damage, expected)
+    finally:
+        jax.config.update("jax_compilation_cache_dir", before)
+
+
+def damaged_run_traces_again(cache_dir, damage, expected):
     keys = keys_of(small_trainer())
     for key in keys.values():
         path = cache_dir / f"{key}.jesprog"
