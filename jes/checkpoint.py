@@ -40,7 +40,8 @@ from jes.generation import Trainer, TrainState, as_key, localize
 MAGIC = b"JESCKPT1"
 # 2: the strategy's state under state['strategy'], policy fields in the jes.describe form (format 1 is upgraded
 # on read). 3: PGPE's default ClipUp step follows the search radius (format <= 2 files keep the old 0.15).
-FORMAT_VERSION = 3
+# 4: sep-CMA-ES's policy defaults mean_lr 10/1.5, sigma_scale 1.5, unbiased_csa (format <= 3 files keep 10, 1, False).
+FORMAT_VERSION = 4
 _HEADER = struct.Struct("<8sQ32s")
 # Config fields that do not change what the parameters become, so a resumed run may change them.
 RESUMABLE_CONFIG_CHANGES = frozenset({"num_generations", "stop_at_return", "eval_every", "eval_episodes"})
@@ -83,6 +84,21 @@ def _keep_old_pgpe_step(meta: dict) -> None:
             and "learning_rate" not in (meta.get("config_schedules") or ()) and isinstance(optimizer, str)
             and optimizer.lower() == "clipup"):
         fields["center_lr"] = 0.15
+
+
+def _keep_old_sep_cma_defaults(meta: dict) -> None:
+    """Format <= 3: sep-CMA-ES's policy defaults were mean_lr 10, sigma_scale 1, the standard CSA (and the last
+    two were no fields); pin them, so that a rebuilt run continues as it started and today's defaults are refused."""
+    strategy = meta.get("strategy") or {}
+    if strategy.get("name") != "sep_cma_es":
+        return
+    fields = strategy.setdefault("fields", {})
+    if fields.get("mean_lr") is None:
+        fields["mean_lr"] = 10.0
+    if fields.get("sigma_scale") is None:
+        fields["sigma_scale"] = 1.0
+    if fields.get("unbiased_csa") is None:
+        fields["unbiased_csa"] = False
 
 
 def checkpoint_allowlist(policy_class: str, allow_modules: Any = ()) -> describe.Allowlist:
@@ -419,6 +435,8 @@ def read(path: str) -> Checkpoint:
         meta["policy"] = dict(meta["policy"], fields={k: _upgrade_v1(v) for k, v in meta["policy"].get("fields", {}).items()})
     if meta.get("version", 0) < 3:
         _keep_old_pgpe_step(meta)
+    if meta.get("version", 0) < 4:
+        _keep_old_sep_cma_defaults(meta)
     history = {k: np.asarray(v) for k, v in content["history"].items()}
     return Checkpoint(path=path, meta=meta, state_dict=content["state"], history=history, key=np.asarray(content["key"]),
                       best=content.get("best"))

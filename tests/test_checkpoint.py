@@ -283,3 +283,36 @@ def test_format_2_pgpe_checkpoints_keep_their_clipup_step(tmp_path):
         checkpoint.read(old).check_compatible(pgpe)  # today's default would silently change the resumed run
     checkpoint.read(old).check_compatible(
         jes.Trainer(POLICY, "CartPole-v1", None, jes.ESConfig(**SMALL), strategy=jes.strategies.PGPE(center_lr=0.15)))
+
+
+def test_format_3_sep_cma_checkpoints_keep_their_defaults(tmp_path):
+    """sep-CMA-ES's policy defaults changed in format 4 (mean_lr 10 -> 10/1.5, sigma 1.5 x noise_std, CSA without
+    p_sigma's start-up bias): an older file resumes with the old ones, bit for bit, and today's defaults are refused."""
+    config = jes.ESConfig(**SMALL)
+    old_defaults = jes.strategies.SepCMAES(mean_lr=10.0, sigma_scale=1.0, unbiased_csa=False)
+    before = jes.Trainer(POLICY, "CartPole-v1", None, config, strategy=old_defaults)  # what a format-3 run did
+    full = run(before, before.init_state(3), key=3)
+    new = str(tmp_path / "sep.ckpt")
+    run(before, before.init_state(3), key=3, num_generations=2, checkpoint_path=new)
+
+    def as_format_3(meta):  # a format-3 file named neither new field and left mean_lr at its default
+        meta["version"] = 3
+        meta["strategy"]["fields"] = {"sigma_init": None, "mean_lr": None}
+
+    old = _rewrite_meta(new, str(tmp_path / "sep-v3.ckpt"), as_format_3)
+    assert checkpoint.read(old).meta["strategy"]["fields"] == {
+        "sigma_init": None, "mean_lr": 10.0, "sigma_scale": 1.0, "unbiased_csa": False}
+    today = jes.Trainer(POLICY, "CartPole-v1", None, config, strategy="sep_cma_es")
+    with pytest.raises(checkpoint.CheckpointError, match="mean_lr.*sigma_scale.*unbiased_csa"):
+        checkpoint.read(old).check_compatible(today)  # today's defaults would silently change the resumed run
+    rebuilt, state, ckpt = checkpoint.load(old)
+    assert rebuilt.strategy == old_defaults
+    resumed = run(rebuilt, state, key=ckpt.key, history=ckpt.history, best=None)
+    np.testing.assert_array_equal(resumed.flat_params, full.flat_params)
+    np.testing.assert_array_equal(resumed.history["pop_mean"], full.history["pop_mean"])
+    # A format-4 file keeps the defaults unset and rebuilds today's strategy.
+    path = str(tmp_path / "sep-v4.ckpt")
+    checkpoint.save(path, today, today.init_state(1))
+    assert checkpoint.read(path).meta["strategy"]["fields"] == {
+        "sigma_init": None, "mean_lr": None, "sigma_scale": None, "unbiased_csa": None}
+    assert checkpoint.read(path).build_trainer().strategy == jes.strategies.SepCMAES()

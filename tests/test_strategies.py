@@ -224,7 +224,8 @@ def test_sep_cma_es_generations_match_a_float64_reference(problem):
 
 
 @pytest.mark.parametrize("name, field, for_policies, for_functions", [
-    ("ars", "step_size", 1.0, 0.1), ("snes", "mean_lr", 10.0, 1.0), ("sep_cma_es", "mean_lr", 10.0, 1.0)])
+    ("ars", "step_size", 1.0, 0.1), ("snes", "mean_lr", 10.0, 1.0), ("sep_cma_es", "mean_lr", 10.0 / 1.5, 1.0),
+    ("sep_cma_es", "sigma_scale", 1.5, 1.0)])
 def test_per_use_defaults(name, field, for_policies, for_functions):
     """A step left at None is the policies' default in jes.train and the functions' one in optimize/AskTell;
     a step you set is kept for both, and a non-positive one is refused."""
@@ -254,3 +255,35 @@ def test_pgpe_clipup_step_follows_the_search_radius():
     # jes.optimize moves PGPE's mean with SGD at its default step, as before.
     ctx = jes.AskTell("pgpe", jnp.zeros(4), num_members=8).problem.ctx
     assert float(ctx.optimizer.init(jnp.zeros(4)).hyperparams["learning_rate"]) == 1.0
+
+
+def test_sep_cma_es_policy_defaults_sample_wider_and_correct_the_csa_start():
+    """For policies: sigma starts at 1.5 x noise_std and CSA divides ||p_sigma|| by sqrt(1 - (1 - c_s)^(2t));
+    for functions (and when switched off) the standard CSA from sigma = noise_std (issue 8)."""
+    strategy = jes.strategies.get("sep_cma_es")
+    assert strategy.resolved("unbiased_csa") is True and strategy.for_functions().unbiased_csa is False
+    assert jes.AskTell("sep_cma_es", jnp.zeros(4), num_members=8).problem.strategy.unbiased_csa is False
+    assert jes.strategies.get("sep_cma_es", unbiased_csa=False).for_functions().unbiased_csa is False
+    with pytest.raises(ValueError, match="sep_cma_es unbiased_csa must be True or False"):
+        jes.AskTell(jes.strategies.SepCMAES(unbiased_csa=1), jnp.zeros(4), num_members=8)
+    ctx = jes.strategies.Context(num_params=D, num_members=8, noise_std=0.2)
+    assert float(strategy.init(ctx, jnp.zeros(D)).sigma) == pytest.approx(0.3)
+    assert float(strategy.for_functions().init(ctx, jnp.zeros(D)).sigma) == pytest.approx(0.2)
+    assert float(jes.strategies.SepCMAES(sigma_init=0.25).init(ctx, jnp.zeros(D)).sigma) == pytest.approx(0.25)
+
+    plain = jes.strategies.SepCMAES(mean_lr=1.0, sigma_scale=1.0, unbiased_csa=False)
+    unbiased = jes.strategies.SepCMAES(mean_lr=1.0, sigma_scale=1.0, unbiased_csa=True)
+    state = plain.init(ctx, jnp.zeros(D))
+    stats = {"z": jnp.linspace(-0.5, 0.5, D), "z2": jnp.full((D,), 1.1)}
+    fitness = jnp.zeros(8)
+    c = plain.constants(D, 8)
+    for generation in (0, 5):
+        g = jnp.int32(generation)
+        a, _ = plain.update(ctx, state, stats, fitness, g)
+        b, _ = unbiased.update(ctx, state, stats, fitness, g)
+        np.testing.assert_array_equal(a.mean, b.mean)
+        np.testing.assert_array_equal(a.path_sigma, b.path_sigma)
+        norm = float(jnp.linalg.norm(a.path_sigma))
+        bias = (1 - (1 - c["c_sigma"]) ** (2 * (generation + 1))) ** 0.5
+        expected = np.exp(c["c_sigma"] / c["d_sigma"] * norm / c["chi_n"] * (1 / bias - 1))
+        assert float(b.sigma) / float(a.sigma) == pytest.approx(expected, rel=1e-5)

@@ -102,8 +102,9 @@ class Strategy:
         return None
 
     # Hyperparameters whose default (``None``) differs between policies (:func:`jes.train`) and functions
-    # (:func:`jes.optimize`, :class:`jes.AskTell`): ``{field: (for policies, for functions)}``.
-    PER_USE_DEFAULTS: ClassVar[dict[str, tuple[float, float]]] = {}
+    # (:func:`jes.optimize`, :class:`jes.AskTell`): ``{field: (for policies, for functions)}``; numbers, or
+    # booleans for a switch.
+    PER_USE_DEFAULTS: ClassVar[dict[str, tuple[float, float] | tuple[bool, bool]]] = {}
 
     def for_functions(self) -> "Strategy":
         """This strategy with its defaults for :func:`jes.optimize` / :class:`jes.AskTell` where they differ
@@ -111,16 +112,24 @@ class Strategy:
         unset = {name: both[1] for name, both in self.PER_USE_DEFAULTS.items() if getattr(self, name) is None}
         return dataclasses.replace(self, **unset) if unset else self
 
-    def resolved(self, name: str) -> float:
-        """Hyperparameter ``name`` of :data:`PER_USE_DEFAULTS` as used: its value, or the policies' default."""
+    def resolved(self, name: str) -> float | bool:
+        """Hyperparameter ``name`` of :data:`PER_USE_DEFAULTS` as used: its value, or the policies' default
+        (a switch's as a ``bool``, a number's as a ``float``)."""
         value = getattr(self, name)
-        return self.PER_USE_DEFAULTS[name][0] if value is None else float(value)
+        value = self.PER_USE_DEFAULTS[name][0] if value is None else value
+        return bool(value) if isinstance(self.PER_USE_DEFAULTS[name][0], bool) else float(value)
 
     def check_per_use_defaults(self) -> None:
-        """Raise ``ValueError`` for a :data:`PER_USE_DEFAULTS` hyperparameter set to a non-positive value."""
-        for name in self.PER_USE_DEFAULTS:
+        """Raise ``ValueError`` for a :data:`PER_USE_DEFAULTS` number set to a non-positive value, or a switch
+        set to something other than ``True``/``False``."""
+        for name, (for_policies, _) in self.PER_USE_DEFAULTS.items():
             value = getattr(self, name)
-            if value is not None and not value > 0:
+            if value is None:
+                continue
+            if isinstance(for_policies, bool):
+                if not isinstance(value, bool):
+                    raise ValueError(f"{self.name} {name} must be True or False (or None for the default), got {value!r}")
+            elif not value > 0:
                 raise ValueError(f"{self.name} {name} must be positive (or None for the default), got {value}")
 
     # ------------------------------------------------------------- algorithm
