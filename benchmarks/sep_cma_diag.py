@@ -38,21 +38,8 @@ class Variant(jes.strategies.SepCMAES):
     rate_scale: float = 1.0    # 1: Ros & Hansen's (d + 2) / 3 on c_1, c_mu; 0: plain CMA-ES rates
 
     def constants(self, d, n):
-        c = super().constants(d, n)
-        mu = max(1, int(n * self.mu_frac))
-        raw = [math.log(mu + 0.5) - math.log(i + 1) for i in range(mu)]
-        total = sum(raw)
-        weights = [w / total for w in raw]
-        mu_eff = 1.0 / sum(w * w for w in weights)
-        c_sigma = (mu_eff + 2) / (d + mu_eff + 5)
-        d_sigma = 1 + 2 * max(0.0, math.sqrt((mu_eff - 1) / (d + 1)) - 1) + c_sigma
-        c_1 = 2 / ((d + 1.3) ** 2 + mu_eff)
-        c_mu = min(1 - c_1, 2 * (mu_eff - 2 + 1 / mu_eff) / ((d + 2) ** 2 + mu_eff))
-        scale = 1 + self.rate_scale * ((d + 2) / 3 - 1)
-        c_1, c_mu = c_1 * scale, min(1 - c_1 * scale, c_mu * scale)
-        c.update(weights=weights + [0.0] * (n - mu), mu_eff=mu_eff, c_sigma=c_sigma, d_sigma=d_sigma, c_1=c_1,
-                 c_mu=c_mu)
-        return c
+        return self.constants_for(d, n, mu=max(1, int(n * self.mu_frac)),
+                                  rate_scale=1 + self.rate_scale * ((d + 2) / 3 - 1))
 
 
 def make(strategy: str, kwargs: dict):

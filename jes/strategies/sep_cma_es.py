@@ -80,7 +80,11 @@ class SepCMAES(Strategy):
 
     # The standard constants, functions of the dimension d and population n only (static).
     def constants(self, d: int, n: int) -> dict:
-        mu = n // 2
+        return self.constants_for(d, n, mu=n // 2, rate_scale=(d + 2) / 3)
+
+    @staticmethod
+    def constants_for(d: int, n: int, mu: int, rate_scale: float) -> dict:
+        """The constants recombining the best ``mu`` of ``n`` with CMA-ES's c_1, c_mu times ``rate_scale``."""
         raw = [math.log(mu + 0.5) - math.log(i + 1) for i in range(mu)]
         total = sum(raw)
         weights = [w / total for w in raw]
@@ -90,8 +94,7 @@ class SepCMAES(Strategy):
         c_c = 4 / (d + 4)
         c_1 = 2 / ((d + 1.3) ** 2 + mu_eff)
         c_mu = min(1 - c_1, 2 * (mu_eff - 2 + 1 / mu_eff) / ((d + 2) ** 2 + mu_eff))
-        scale = (d + 2) / 3
-        c_1, c_mu = c_1 * scale, min(1 - c_1 * scale, c_mu * scale)
+        c_1, c_mu = c_1 * rate_scale, min(1 - c_1 * rate_scale, c_mu * rate_scale)
         chi_n = math.sqrt(d) * (1 - 1 / (4 * d) + 1 / (21 * d * d))
         return dict(weights=weights + [0.0] * (n - mu), mu_eff=mu_eff, c_sigma=c_sigma, d_sigma=d_sigma, c_c=c_c,
                     c_1=c_1, c_mu=c_mu, chi_n=chi_n)
