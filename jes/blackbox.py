@@ -204,10 +204,14 @@ def run_optimization(problem: FunctionProblem, key: Any = 0, num_generations: in
     evaluations = 0
     flag = jnp.bool_(True)
     gen, ahead, done = 0, 1, False
+    single_device = len(problem.devices) == 1
     while gen < num_generations and not done:
         # Dispatch `ahead` generations before reading any metrics back: on a cheap function the host round
         # trip per generation is the cost. Generations past a stop are discarded (same programs, same order,
         # so the same bits whatever `ahead` is); `ahead` grows while a generation takes under ~2 ms.
+        # On one device only: with several CPU devices and many generations in flight, XLA:CPU's all-gather
+        # rendezvous could wait past its 40 s limit on a loaded machine and abort the process
+        # (benchmarks/README.md); one generation in flight never did.
         t_block = time.perf_counter()
         block = []
         for _ in range(min(ahead, num_generations - gen)):
@@ -239,7 +243,7 @@ def run_optimization(problem: FunctionProblem, key: Any = 0, num_generations: in
                 done = True
                 break
         per_generation = (time.perf_counter() - t_block) / len(block)
-        ahead = min(2 * ahead, 64) if per_generation < 0.002 else max(1, ahead // 2)
+        ahead = min(2 * ahead, 64) if per_generation < 0.002 and single_device else max(1, ahead // 2)
     best_state, best_member = best_of
     best_flat = np.asarray(best_state.params if best_member is None else problem.member(best_state, jnp.int32(best_member)))
     x = problem.params_tree(state.params)
