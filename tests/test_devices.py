@@ -32,6 +32,16 @@ SCRIPT = textwrap.dedent("""
                            "centre": r.history["centre_return"].tolist(), "steps": r.history["env_steps"].tolist(),
                            "obs_sum": np.asarray(r.state.obs_sum).tolist(), "chunks": r.trainer.padded_chunks}
                        for d, r in runs.items()}
+    # sep-CMA-ES at a policy's size: its update divided by square roots and by a traced scalar, which XLA:CPU
+    # rewrote in the one-device program and not in the two-device one (path_c differed after generation 1).
+    runs = {d: jes.train(jes.MLPPolicy(hidden_sizes=(32, 32)), "Pendulum-v1", key=3, devices=d, log_dir=None,
+                         strategy="sep_cma_es", num_members=512, num_generations=2, eval_episodes=4)
+            for d in (1, 2)}
+    out["sep_cma_es"] = {d: {"params": r.flat_params.tolist(), "pop_mean": r.history["pop_mean"].tolist(),
+                             "centre": r.history["centre_return"].tolist(), "steps": r.history["env_steps"].tolist(),
+                             "state": [np.asarray(x).tolist() for x in jax.tree.leaves(r.state.strategy)],
+                             "chunks": r.trainer.padded_chunks}
+                         for d, r in runs.items()}
     print(json.dumps(out))
 """)
 
@@ -44,7 +54,7 @@ def two_device_runs():
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-@pytest.mark.parametrize("case", ["12/4", "10/2", "8/8", "pendulum"])
+@pytest.mark.parametrize("case", ["12/4", "10/2", "8/8", "pendulum", "sep_cma_es"])
 def test_two_devices_equal_one_device_bit_for_bit(two_device_runs, case):
     one, two = two_device_runs[case]["1"], two_device_runs[case]["2"]
     assert one["params"] == two["params"]          # exact float equality, element by element
@@ -52,6 +62,7 @@ def test_two_devices_equal_one_device_bit_for_bit(two_device_runs, case):
     assert one["centre"] == two["centre"]
     assert one["steps"] == two["steps"]
     assert one.get("obs_sum") == two.get("obs_sum")
+    assert one.get("state") == two.get("state")
     assert two["chunks"] % 2 == 0 and two["chunks"] >= one["chunks"]
 
 

@@ -134,21 +134,24 @@ class SepCMAES(Strategy):
         path_sigma = (1 - c_s) * state.path_sigma + math.sqrt(c_s * (2 - c_s) * c["mu_eff"]) * stats["z"]
         norm = jnp.linalg.norm(path_sigma)
         t = (generation + 1).astype(jnp.float32)
-        h_sigma = (norm / jnp.sqrt(1 - (1 - c_s) ** (2 * t)) < (1.4 + 2 / (d + 1)) * c["chi_n"]).astype(jnp.float32)
+        # Divisions by a square root or by a traced scalar are written as explicit rsqrt / reciprocal products:
+        # XLA:CPU rewrites `a / sqrt(b)` and `a / b` into those forms only where it sees the producer, so the
+        # same update compiled into the one- and two-device programs could differ in the last bit.
+        unbiased_norm = norm * jax.lax.rsqrt(1 - (1 - c_s) ** (2 * t))
+        h_sigma = (unbiased_norm < (1.4 + 2 / (d + 1)) * c["chi_n"]).astype(jnp.float32)
         path_c = (1 - c_c) * state.path_c + h_sigma * math.sqrt(c_c * (2 - c_c) * c["mu_eff"]) * y_w
         rank_mu = state.diag_c * stats["z2"]  # sum_k w_k y_k^2 with y_k = sqrt(diag_c) z_k
         diag_c = ((1 - c["c_1"] - c["c_mu"]) * state.diag_c
                   + c["c_1"] * (path_c * path_c + (1 - h_sigma) * c_c * (2 - c_c) * state.diag_c)
                   + c["c_mu"] * rank_mu)
         if self.resolved("unbiased_csa"):  # the start-up bias of p_sigma (from 0) removed, as in h_sigma
-            sigma = state.sigma * jnp.exp((c_s / c["d_sigma"]) * (norm / jnp.sqrt(1 - (1 - c_s) ** (2 * t))
-                                                                  / c["chi_n"] - 1))
+            sigma = state.sigma * jnp.exp((c_s / c["d_sigma"]) * (unbiased_norm / c["chi_n"] - 1))
         else:
             sigma = state.sigma * jnp.exp((c_s / c["d_sigma"]) * (norm / c["chi_n"] - 1))
         # Only sigma * sqrt(diag_c) is the distribution: on ridges (Rosenbrock) sigma drifts up while diag_c
         # drifts down by as much, until float32 underflows diag_c. Moving the mean of diag_c into sigma
         # (and rescaling p_c, kept in diag_c's units) is the same distribution and the same dynamics.
         scale = diag_c.mean()
-        sigma, diag_c, path_c = sigma * jnp.sqrt(scale), diag_c / scale, path_c / jnp.sqrt(scale)
+        sigma, diag_c, path_c = sigma * jnp.sqrt(scale), diag_c * (1.0 / scale), path_c * jax.lax.rsqrt(scale)
         new = SepCMAState(mean=mean, sigma=sigma, diag_c=diag_c, path_sigma=path_sigma, path_c=path_c)
         return new, info(y_w, step, sigma * jnp.sqrt(diag_c).mean(), self.resolved("mean_lr"))
