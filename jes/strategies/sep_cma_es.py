@@ -54,7 +54,8 @@ class SepCMAES(Strategy):
 
     Pendulum (MLP 32x32, 512 members, 100 generations, ``benchmarks/sep_cma_diag.py``): seeds 0-19 reach
     -200 on 1/20 with the earlier policy defaults (``c_m = 10`` at ``sigma = noise_std``, standard CSA), on
-    13/20 with these (SNES: 6/20); the benchmark's seeds 0-4: 4/5 at generations 41-61 (before: 1/5).
+    13/20 with these (SNES: 6/20), measured before the update was made device-independent; since then
+    ``benchmarks/strategies.py`` solves seeds 0-9 on 8/10 (seeds 0-4: 5/5; before these defaults: 1/5).
     Runs still fail on a plateau near -880 or by hovering between -150 and -800 once near -200: the mean
     moves ~5 in norm every generation with ``||p_sigma|| ~ chi_n``, a step that is mostly selection
     noise and that CSA does not shrink (benchmarks/README.md, issue 8, with the variants that did not help).
