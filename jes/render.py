@@ -19,6 +19,7 @@ import numpy as np
 
 from jes.envs.brax import BraxEnv
 from jes.envs.wrappers import MaskedObservations
+from jes.rollout import normalise
 
 VIZ_HINT = "pip install 'jax-jes[viz]'"
 FRAME_SIZE = (400, 300)
@@ -49,8 +50,7 @@ def record_episode(trainer: Any, state: Any, key: jax.Array, max_steps: int | No
 
         def step(carry, t):
             obs, env_state, policy_carry, done = carry
-            o = obs if obs_scale is None else (obs - obs_scale[0]) * obs_scale[1]
-            policy_carry, out = fns.apply(params, policy_carry, o)
+            policy_carry, out = fns.apply(params, policy_carry, normalise(obs, obs_scale))
             new_obs, new_state, reward, terminated, _ = spec.env.step_env(
                 jax.random.fold_in(key, t + 1), env_state, spec.action(out), spec.params)
             now_done = done | spec.done_after(terminated, new_state)

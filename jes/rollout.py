@@ -45,6 +45,12 @@ class RolloutOutput(NamedTuple):
 OBS_EPS = 1e-2
 
 
+def _mean_var(count: jax.Array, total: jax.Array, sumsq: jax.Array) -> tuple[jax.Array, jax.Array]:
+    inv_count = 1.0 / count
+    mean = total * inv_count
+    return mean, jnp.maximum(sumsq * inv_count - mean * mean, OBS_EPS)
+
+
 def obs_normaliser(count: jax.Array, total: jax.Array, sumsq: jax.Array) -> tuple[jax.Array, jax.Array]:
     """``(mean, 1 / std)`` of running observation statistics; the policy sees ``(obs - mean) * (1 / std)``.
 
@@ -54,18 +60,20 @@ def obs_normaliser(count: jax.Array, total: jax.Array, sumsq: jax.Array) -> tupl
     population's chunk or the centre's evaluation, training or a saved policy) could differ in the
     last bit. Here the reciprocal and ``rsqrt`` are explicit, and every program computes the same.
     """
-    inv_count = 1.0 / count
-    mean = total * inv_count
-    var = sumsq * inv_count - mean * mean
-    return mean, jax.lax.rsqrt(jnp.maximum(var, OBS_EPS))
+    mean, var = _mean_var(count, total, sumsq)
+    return mean, jax.lax.rsqrt(var)
 
 
 def obs_mean_std(count: jax.Array, total: jax.Array, sumsq: jax.Array) -> tuple[jax.Array, jax.Array]:
     """``(mean, std)`` of running observation statistics, for people: the rollout multiplies by
     :func:`obs_normaliser`'s ``rsqrt``, which can differ from ``1 / std`` in the last bit."""
-    inv_count = 1.0 / count
-    mean = total * inv_count
-    return mean, jnp.sqrt(jnp.maximum(sumsq * inv_count - mean * mean, OBS_EPS))
+    mean, var = _mean_var(count, total, sumsq)
+    return mean, jnp.sqrt(var)
+
+
+def normalise(obs: jax.Array, obs_scale: tuple[jax.Array, jax.Array] | None) -> jax.Array:
+    """``obs`` as the policy sees it: ``(obs - mean) * (1 / std)`` with :func:`obs_normaliser`'s pair, or as is."""
+    return obs if obs_scale is None else (obs - obs_scale[0]) * obs_scale[1]
 
 
 def _select(mask: jax.Array, new: Any, old: Any) -> Any:
@@ -135,9 +143,7 @@ def run_episodes(
     obs_axes = (1,) * len(spec.obs_shape)
 
     def act(p, c, o):
-        if obs_scale is not None:
-            o = (o - obs_scale[0]) * obs_scale[1]
-        c, out = policy.apply(p, c, o)
+        c, out = policy.apply(p, c, normalise(o, obs_scale))
         return c, (spec.action if action_fn is None else action_fn)(out), jnp.all(jnp.isfinite(out))
 
     def step(t, running, results):

@@ -36,7 +36,7 @@ from jes.cpu import compiler_options
 from jes.envs import EnvSpec, make_env
 from jes.generation import as_key
 from jes.policies import PolicyFns
-from jes.rollout import obs_mean_std, obs_normaliser, run_episodes
+from jes.rollout import normalise, obs_mean_std, obs_normaliser, run_episodes
 from jes.strategies import noise
 
 POLICY_MAGIC = b"JESPOLI1"
@@ -156,9 +156,7 @@ class TrainedPolicy:
 
     def _apply_normed(self, params: Any, obs_scale: Any, carry: Any, obs: jax.Array) -> tuple[Any, jax.Array]:
         # The same operations as the rollout's (jes.rollout.run_episodes): tests compare them bit for bit.
-        if obs_scale is not None:
-            obs = (obs - obs_scale[0]) * obs_scale[1]
-        carry, out = self.fns.apply(params, carry, obs)
+        carry, out = self.fns.apply(params, carry, normalise(obs, obs_scale))
         return carry, self.action_map(out)
 
     def initial_carry(self) -> Any:
