@@ -408,8 +408,16 @@ class Generation:
     def weights(self, state: TrainState, fitness: jax.Array) -> Any:
         """The strategy's per-member weights padded to whole chunks (device padding included): leaves ``[padded_chunks, C]``."""
         n = self.config.num_members
-        safe = jnp.where(jnp.isfinite(fitness), fitness, 0.0)
-        shaped = self.strategy.weights(self.ctx, state.strategy, safe)
+        finite = jnp.isfinite(fitness)
+        weigh = lambda f: self.strategy.weights(self.ctx, state.strategy, f)
+        skip = lambda f: jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), jax.eval_shape(weigh, f))
+        # A generation with a non-finite fitness is skipped, and its weights are zeros. The cond also keeps
+        # the weights in a computation of their own: XLA:CPU cannot fuse their last multiply into the chunk
+        # statistics' first add, which LLVM then contracts into an FMA in some programs and not others (the
+        # one-device step's chunk loop kept them apart, the two-device step with one chunk per device fused
+        # them, and ARS and z-score shaping differed in the last bit). An optimization barrier does not stop
+        # that fusion on CPU.
+        shaped = jax.lax.cond(finite.all(), weigh, skip, jnp.where(finite, fitness, 0.0))
 
         def pad(leaf):
             padded = jnp.zeros(self.padded_chunks * self.chunk_size, jnp.float32).at[:n].set(leaf)
