@@ -25,9 +25,11 @@ SCRIPT = textwrap.dedent("""
     jes.enable_compilation_cache()   # the session's cache (tests/conftest.py)
     assert len(jax.devices()) == 2, jax.devices()
     out = {}
+    # Two chunks: a loop over both on one device, one chunk per device on two (XLA drops that loop and fuses
+    # across it, which once let LLVM contract ARS's weights into an FMA on two devices only).
     for name in jes.strategies.names():
         runs = {d: jes.train(jes.MLPPolicy(hidden_sizes=(4,)), "CartPole-v1", strategy=name, key=4, devices=d,
-                             log_dir=None, progress=False, **CONFIG) for d in (1, 2)}
+                             log_dir=None, progress=False, **dict(CONFIG, chunk_size=4)) for d in (1, 2)}
         out[name] = {d: {"params": r.flat_params.tolist(), "pop_mean": r.history["pop_mean"].tolist(),
                          "sigma": r.history["noise_std"].tolist()} for d, r in runs.items()}
     print(json.dumps(out))
