@@ -458,9 +458,14 @@ class Generation:
             fitness: ``[num_members]``; stats: the summed statistics; totals: generation totals
                 of the other per-chunk fields (``fitness`` unused).
         """
-        new_strategy, info = self.strategy.update(self.ctx, state.strategy, stats, fitness, state.generation)
         bad = ~jnp.isfinite(fitness)
         bad_fitness = bad.any()
+        update = lambda s: self.strategy.update(self.ctx, s, stats, fitness, state.generation)
+
+        def skip(s):
+            return s, jax.tree.map(lambda x: jnp.full(x.shape, jnp.nan, x.dtype), jax.eval_shape(update, s)[1])
+
+        new_strategy, info = jax.lax.cond(bad_fitness, skip, update, state.strategy)
         finite = jnp.stack([jnp.isfinite(x).all() for x in jax.tree.leaves(new_strategy)
                             if jnp.issubdtype(x.dtype, jnp.floating)])
         # Finite fitness can still give a non-finite step (a sigma schedule reaching 0, overflowing raw
