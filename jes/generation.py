@@ -406,17 +406,19 @@ class Generation:
         return jax.lax.map(lambda c: self.evaluate_chunk(state, c), chunks)
 
     def weights(self, state: TrainState, fitness: jax.Array) -> Any:
-        """The strategy's per-member weights padded to whole chunks (device padding included): leaves ``[padded_chunks, C]``."""
+        """The strategy's per-member weights padded to whole chunks (device padding included): leaves ``[padded_chunks, C]``.
+
+        Computed inside a ``cond`` (zeros when a fitness is non-finite), a computation of its own: fused
+        into the chunk statistics, a weight's last multiply could become an FMA in one program and not in
+        another (one device or two), and change the result's last bits.
+        """
         n = self.config.num_members
         finite = jnp.isfinite(fitness)
         weigh = lambda f: self.strategy.weights(self.ctx, state.strategy, f)
         skip = lambda f: jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), jax.eval_shape(weigh, f))
-        # A generation with a non-finite fitness is skipped, and its weights are zeros. The cond also keeps
-        # the weights in a computation of their own: XLA:CPU cannot fuse their last multiply into the chunk
-        # statistics' first add, which LLVM then contracts into an FMA in some programs and not others (the
-        # one-device step's chunk loop kept them apart, the two-device step with one chunk per device fused
-        # them, and ARS and z-score shaping differed in the last bit). An optimization barrier does not stop
-        # that fusion on CPU.
+        # The case that was seen: the one-device step's loop over its chunks kept ARS's `pair_w * scale` apart
+        # from the statistics' `w+ - w-`; the two-device step, one chunk per device, fused them into an FMA.
+        # An optimization barrier does not stop that fusion: XLA:CPU expands barriers before fusing.
         shaped = jax.lax.cond(finite.all(), weigh, skip, jnp.where(finite, fitness, 0.0))
 
         def pad(leaf):
@@ -451,8 +453,10 @@ class Generation:
         """The strategy's update from chunk-ordered statistics, and the generation's metrics.
 
         A generation with a non-finite fitness leaves the state unchanged and reports the
-        first bad member in ``metrics["bad_member"]`` (else -1); one whose update gives a
-        non-finite strategy state leaves it unchanged too and sets ``metrics["bad_update"]``.
+        first bad member in ``metrics["bad_member"]`` (else -1) with NaN update metrics
+        (``grad_norm``, ...); one whose update gives a non-finite strategy state leaves it
+        unchanged too and sets ``metrics["bad_update"]``. The update runs in a ``cond`` of its
+        own for the reason given in :meth:`weights`.
 
         Args:
             fitness: ``[num_members]``; stats: the summed statistics; totals: generation totals
