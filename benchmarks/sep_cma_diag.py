@@ -26,6 +26,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
+from flax import struct  # noqa: E402
 
 import jes  # noqa: E402
 
@@ -42,9 +43,64 @@ class Variant(jes.strategies.SepCMAES):
                                   rate_scale=1 + self.rate_scale * ((d + 2) / 3 - 1))
 
 
+@struct.dataclass
+class SNESMomentumState:
+    mean: jax.Array
+    sigma: jax.Array
+    velocity: jax.Array
+
+
+@dataclasses.dataclass(frozen=True)
+class SNESVariant(jes.strategies.SNES):
+    """SNES with knobs tried for issue 8 (defaults: SNES as it is).
+
+    ``momentum``: the mean follows an exponential average of the utility-weighted noise sum,
+    ``v = momentum * v + (1 - momentum) * sum_k u_k z_k`` (bias-corrected like Adam's first moment
+    when ``debias``), ``mean += mean_lr * sigma * v``: the same expected step on a steady gradient,
+    with the selection noise averaged over ~``(1 + momentum) / (1 - momentum)`` generations.
+    ``mu_frac``: utilities ``max(0, log(mu_frac * n + 1) - log k)`` (0.5: SNES's top half).
+    """
+
+    momentum: float = 0.0
+    debias: float = 1.0
+    mu_frac: float = 0.5
+    linear: float = 0.0       # 1: centred linear ranks scaled to the L2 norm of SNES's utilities
+    speed: float = 0.0        # > 0: step = speed * ||sigma|| * v / ||v|| (fixed length, like ClipUp at max speed)
+
+    def init(self, ctx, mean):
+        s = super().init(ctx, mean)
+        return SNESMomentumState(mean=s.mean, sigma=s.sigma, velocity=jnp.zeros_like(mean))
+
+    def weights(self, ctx, state, fitness):
+        n = fitness.shape[0]
+        k = jnp.arange(1, n + 1, dtype=jnp.float32)
+        raw = jnp.maximum(0.0, math.log(self.mu_frac * n + 1) - jnp.log(k))
+        u = raw / raw.sum() - 1.0 / n
+        if self.linear:
+            lin = (n - k) / (n - 1) - 0.5
+            ref = jes.strategies.snes.snes_utilities(n)
+            u = lin * jnp.linalg.norm(ref) / jnp.linalg.norm(lin)
+        return jes.strategies.base.sorted_utilities(fitness, u)
+
+    def update(self, ctx, state, stats, fitness, generation):
+        beta = self.momentum
+        v = beta * state.velocity + (1 - beta) * stats["mean"]
+        t = jnp.asarray(generation, jnp.float32) + 1
+        vhat = v / (1 - beta ** t) if (self.debias and beta > 0) else v
+        if self.speed:
+            step = self.speed * jnp.linalg.norm(state.sigma) * vhat / jnp.linalg.norm(vhat)
+        else:
+            step = self.resolved("mean_lr") * state.sigma * vhat
+        sigma = state.sigma * jnp.exp(0.5 * self._sigma_lr(ctx.num_params) * stats["sigma"])
+        new = state.replace(mean=state.mean + step, sigma=sigma, velocity=v)
+        return new, jes.strategies.base.info(stats["mean"], step, sigma.mean(), self.resolved("mean_lr"))
+
+
 def make(strategy: str, kwargs: dict):
     if strategy == "variant":
         return Variant(**kwargs)
+    if strategy == "snes_variant":
+        return SNESVariant(**kwargs)
     return jes.strategies.get(strategy).__class__(**kwargs) if kwargs else jes.strategies.get(strategy)
 
 
@@ -93,7 +149,8 @@ def main(argv=None):
                          f"|ps|/chi {float(jnp.linalg.norm(s.path_sigma)) / chi:.3f} "
                          f"|pc| {float(jnp.linalg.norm(s.path_c)):.2f}")
             else:
-                extra = f"sig[{float(s.sigma.min()):.3f},{float(s.sigma.max()):.3f}]"
+                sg = s.sigma if hasattr(s, "sigma") else s.stdev
+                extra = f"sig[{float(sg.min()):.3f},{float(sg.max()):.3f}]"
             if (gen + 1) % args.every == 0 or cr >= threshold:
                 print(f"s{seed} g{gen + 1:3d} centre {cr:8.1f} pop {m['pop_mean']:8.1f}/{m['pop_max']:7.1f} "
                       f"std {m['noise_std']:.4f} {extra} step {step:.3f} |m| {float(jnp.linalg.norm(s.mean)):.2f}",

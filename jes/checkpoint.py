@@ -41,7 +41,8 @@ MAGIC = b"JESCKPT1"
 # 2: the strategy's state under state['strategy'], policy fields in the jes.describe form (format 1 is upgraded
 # on read). 3: PGPE's default ClipUp step follows the search radius (format <= 2 files keep the old 0.15).
 # 4: sep-CMA-ES's policy defaults mean_lr 10/1.5, sigma_scale 1.5, unbiased_csa (format <= 3 files keep 10, 1, False).
-FORMAT_VERSION = 4
+# 5: SNES's policy defaults mean_lr 20, linear_utilities (format <= 4 files keep 10, False).
+FORMAT_VERSION = 5
 _HEADER = struct.Struct("<8sQ32s")
 # Config fields that do not change what the parameters become, so a resumed run may change them.
 RESUMABLE_CONFIG_CHANGES = frozenset({"num_generations", "stop_at_return", "eval_every", "eval_episodes"})
@@ -99,6 +100,19 @@ def _keep_old_sep_cma_defaults(meta: dict) -> None:
         fields["sigma_scale"] = 1.0
     if fields.get("unbiased_csa") is None:
         fields["unbiased_csa"] = False
+
+
+def _keep_old_snes_defaults(meta: dict) -> None:
+    """Format <= 4: SNES's policy defaults were mean_lr 10 and the paper's log utilities (linear_utilities was no
+    field); pin them, so that a rebuilt run continues as it started and today's defaults are refused."""
+    strategy = meta.get("strategy") or {}
+    if strategy.get("name") != "snes":
+        return
+    fields = strategy.setdefault("fields", {})
+    if fields.get("mean_lr") is None:
+        fields["mean_lr"] = 10.0
+    if fields.get("linear_utilities") is None:
+        fields["linear_utilities"] = False
 
 
 def checkpoint_allowlist(policy_class: str, allow_modules: Any = ()) -> describe.Allowlist:
@@ -437,6 +451,8 @@ def read(path: str) -> Checkpoint:
         _keep_old_pgpe_step(meta)
     if meta.get("version", 0) < 4:
         _keep_old_sep_cma_defaults(meta)
+    if meta.get("version", 0) < 5:
+        _keep_old_snes_defaults(meta)
     history = {k: np.asarray(v) for k, v in content["history"].items()}
     return Checkpoint(path=path, meta=meta, state_dict=content["state"], history=history, key=np.asarray(content["key"]),
                       best=content.get("best"))

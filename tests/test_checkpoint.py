@@ -316,3 +316,36 @@ def test_format_3_sep_cma_checkpoints_keep_their_defaults(tmp_path):
     assert checkpoint.read(path).meta["strategy"]["fields"] == {
         "sigma_init": None, "mean_lr": None, "sigma_scale": None, "unbiased_csa": None}
     assert checkpoint.read(path).build_trainer().strategy == jes.strategies.SepCMAES()
+
+
+def test_format_4_snes_checkpoints_keep_their_defaults(tmp_path):
+    """SNES's policy defaults changed in format 5 (mean_lr 10 -> 20, log utilities -> linear ranks): an older file
+    resumes with the old ones, bit for bit, and today's defaults are refused."""
+    config = jes.ESConfig(**SMALL)
+    old_defaults = jes.strategies.SNES(mean_lr=10.0, linear_utilities=False)
+    before = jes.Trainer(POLICY, "CartPole-v1", None, config, strategy=old_defaults)  # what a format-4 run did
+    full = run(before, before.init_state(3), key=3)
+    new = str(tmp_path / "snes.ckpt")
+    run(before, before.init_state(3), key=3, num_generations=2, checkpoint_path=new)
+
+    def as_format_4(meta):  # a format-4 file had no linear_utilities field and left mean_lr at its default
+        meta["version"] = 4
+        meta["strategy"]["fields"] = {"mean_lr": None, "sigma_lr": None, "sigma_init": None}
+
+    old = _rewrite_meta(new, str(tmp_path / "snes-v4.ckpt"), as_format_4)
+    assert checkpoint.read(old).meta["strategy"]["fields"] == {
+        "mean_lr": 10.0, "sigma_lr": None, "sigma_init": None, "linear_utilities": False}
+    today = jes.Trainer(POLICY, "CartPole-v1", None, config, strategy="snes")
+    with pytest.raises(checkpoint.CheckpointError, match="mean_lr.*linear_utilities"):
+        checkpoint.read(old).check_compatible(today)  # today's defaults would silently change the resumed run
+    rebuilt, state, ckpt = checkpoint.load(old)
+    assert rebuilt.strategy == old_defaults
+    resumed = run(rebuilt, state, key=ckpt.key, history=ckpt.history, best=None)
+    np.testing.assert_array_equal(resumed.flat_params, full.flat_params)
+    np.testing.assert_array_equal(resumed.history["pop_mean"], full.history["pop_mean"])
+    # A format-5 file keeps the defaults unset and rebuilds today's strategy.
+    path = str(tmp_path / "snes-v5.ckpt")
+    checkpoint.save(path, today, today.init_state(1))
+    assert checkpoint.read(path).meta["strategy"]["fields"] == {
+        "mean_lr": None, "sigma_lr": None, "sigma_init": None, "linear_utilities": None}
+    assert checkpoint.read(path).build_trainer().strategy == jes.strategies.SNES()

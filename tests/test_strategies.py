@@ -224,7 +224,7 @@ def test_sep_cma_es_generations_match_a_float64_reference(problem):
 
 
 @pytest.mark.parametrize("name, field, for_policies, for_functions", [
-    ("ars", "step_size", 1.0, 0.1), ("snes", "mean_lr", 10.0, 1.0), ("sep_cma_es", "mean_lr", 10.0 / 1.5, 1.0),
+    ("ars", "step_size", 1.0, 0.1), ("snes", "mean_lr", 20.0, 1.0), ("sep_cma_es", "mean_lr", 10.0 / 1.5, 1.0),
     ("sep_cma_es", "sigma_scale", 1.5, 1.0)])
 def test_per_use_defaults(name, field, for_policies, for_functions):
     """A step left at None is the policies' default in jes.train and the functions' one in optimize/AskTell;
@@ -236,6 +236,28 @@ def test_per_use_defaults(name, field, for_policies, for_functions):
     assert getattr(jes.AskTell(name, jnp.zeros(4), num_members=8).problem.strategy, field) == for_functions
     with pytest.raises(ValueError, match=f"{name} {field} must be positive"):
         jes.AskTell(jes.strategies.get(name, **{field: 0.0}), jnp.zeros(4), num_members=8)
+
+
+def test_snes_policy_defaults_weigh_members_by_linear_ranks():
+    """For policies SNES's utilities are centred linear ranks scaled to the log utilities' L2 norm; for functions
+    (and when switched off) the paper's log utilities of the top half (issue 8)."""
+    from jes.strategies.snes import linear_utilities, snes_utilities
+    strategy = jes.strategies.get("snes")
+    assert strategy.resolved("linear_utilities") is True and strategy.for_functions().linear_utilities is False
+    assert jes.AskTell("snes", jnp.zeros(4), num_members=8).problem.strategy.linear_utilities is False
+    with pytest.raises(ValueError, match="snes linear_utilities must be True or False"):
+        jes.AskTell(jes.strategies.SNES(linear_utilities=1), jnp.zeros(4), num_members=8)
+    for n in (8, 9, 512):
+        u = np.asarray(linear_utilities(n))
+        assert abs(u.sum()) < 1e-6 and np.all(np.diff(u) < 0)
+        np.testing.assert_allclose(np.linalg.norm(u), np.linalg.norm(snes_utilities(n)), rtol=1e-5)
+        np.testing.assert_allclose(np.diff(u), np.diff(u)[0], rtol=1e-4)
+    ctx = jes.strategies.Context(num_params=D, num_members=8, noise_std=0.2)
+    fitness = jnp.asarray([3.0, 1.0, 4.0, 1.5, 5.0, 9.0, 2.0, 6.0])
+    order = np.argsort(-np.asarray(fitness))
+    for s, ref in ((strategy, linear_utilities(8)), (strategy.for_functions(), snes_utilities(8))):
+        w = np.asarray(s.weights(ctx, None, fitness))
+        np.testing.assert_allclose(w[order], ref, rtol=1e-6)
 
 
 def _learning_rate(strategy, optimizer=None, num_params=D, **config):
