@@ -87,32 +87,26 @@ def _keep_old_pgpe_step(meta: dict) -> None:
         fields["center_lr"] = 0.15
 
 
-def _keep_old_sep_cma_defaults(meta: dict) -> None:
-    """Format <= 3: sep-CMA-ES's policy defaults were mean_lr 10, sigma_scale 1, the standard CSA (and the last
-    two were no fields); pin them, so that a rebuilt run continues as it started and today's defaults are refused."""
-    strategy = meta.get("strategy") or {}
-    if strategy.get("name") != "sep_cma_es":
-        return
-    fields = strategy.setdefault("fields", {})
-    if fields.get("mean_lr") is None:
-        fields["mean_lr"] = 10.0
-    if fields.get("sigma_scale") is None:
-        fields["sigma_scale"] = 1.0
-    if fields.get("unbiased_csa") is None:
-        fields["unbiased_csa"] = False
+# Policy defaults a strategy had before a format version, for files written earlier: {version: (name, fields)}.
+# Fields the file left unset (or did not have) are pinned to these, so a rebuilt run continues as it started
+# and today's defaults are refused by check_compatible.
+_OLD_POLICY_DEFAULTS = {
+    # Format 4: sep-CMA-ES's mean_lr 10 -> 10/1.5, sigma 1.5 x noise_std, CSA without p_sigma's start-up bias.
+    4: ("sep_cma_es", {"mean_lr": 10.0, "sigma_scale": 1.0, "unbiased_csa": False}),
+    # Format 5: SNES's mean_lr 10 -> 20, the paper's log utilities -> centred linear ranks.
+    5: ("snes", {"mean_lr": 10.0, "linear_utilities": False}),
+}
 
 
-def _keep_old_snes_defaults(meta: dict) -> None:
-    """Format <= 4: SNES's policy defaults were mean_lr 10 and the paper's log utilities (linear_utilities was no
-    field); pin them, so that a rebuilt run continues as it started and today's defaults are refused."""
+def _keep_old_policy_defaults(meta: dict) -> None:
+    """Pin the policy defaults of every :data:`_OLD_POLICY_DEFAULTS` change newer than the file."""
     strategy = meta.get("strategy") or {}
-    if strategy.get("name") != "snes":
-        return
-    fields = strategy.setdefault("fields", {})
-    if fields.get("mean_lr") is None:
-        fields["mean_lr"] = 10.0
-    if fields.get("linear_utilities") is None:
-        fields["linear_utilities"] = False
+    for version, (name, old) in _OLD_POLICY_DEFAULTS.items():
+        if meta.get("version", 0) < version and strategy.get("name") == name:
+            fields = strategy.setdefault("fields", {})
+            for field, value in old.items():
+                if fields.get(field) is None:
+                    fields[field] = value
 
 
 def checkpoint_allowlist(policy_class: str, allow_modules: Any = ()) -> describe.Allowlist:
@@ -449,10 +443,7 @@ def read(path: str) -> Checkpoint:
         meta["policy"] = dict(meta["policy"], fields={k: _upgrade_v1(v) for k, v in meta["policy"].get("fields", {}).items()})
     if meta.get("version", 0) < 3:
         _keep_old_pgpe_step(meta)
-    if meta.get("version", 0) < 4:
-        _keep_old_sep_cma_defaults(meta)
-    if meta.get("version", 0) < 5:
-        _keep_old_snes_defaults(meta)
+    _keep_old_policy_defaults(meta)
     history = {k: np.asarray(v) for k, v in content["history"].items()}
     return Checkpoint(path=path, meta=meta, state_dict=content["state"], history=history, key=np.asarray(content["key"]),
                       best=content.get("best"))

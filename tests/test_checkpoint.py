@@ -285,67 +285,41 @@ def test_format_2_pgpe_checkpoints_keep_their_clipup_step(tmp_path):
         jes.Trainer(POLICY, "CartPole-v1", None, jes.ESConfig(**SMALL), strategy=jes.strategies.PGPE(center_lr=0.15)))
 
 
-def test_format_3_sep_cma_checkpoints_keep_their_defaults(tmp_path):
-    """sep-CMA-ES's policy defaults changed in format 4 (mean_lr 10 -> 10/1.5, sigma 1.5 x noise_std, CSA without
-    p_sigma's start-up bias): an older file resumes with the old ones, bit for bit, and today's defaults are refused."""
+@pytest.mark.parametrize("version, name, old_fields, file_fields", [
+    # Format 4 changed sep-CMA-ES's policy defaults (mean_lr 10 -> 10/1.5, sigma 1.5 x noise_std, CSA without
+    # p_sigma's start-up bias); a format-3 file named neither new field and left mean_lr at its default.
+    (4, "sep_cma_es", {"mean_lr": 10.0, "sigma_scale": 1.0, "unbiased_csa": False}, {"sigma_init": None, "mean_lr": None}),
+    # Format 5 changed SNES's (mean_lr 10 -> 20, log utilities -> linear ranks); a format-4 file had no
+    # linear_utilities field.
+    (5, "snes", {"mean_lr": 10.0, "linear_utilities": False}, {"mean_lr": None, "sigma_lr": None, "sigma_init": None}),
+])
+def test_older_checkpoints_keep_their_strategys_policy_defaults(tmp_path, version, name, old_fields, file_fields):
+    """A file older than a change of a strategy's policy defaults resumes with the old ones, bit for bit, and
+    today's defaults are refused; a file of the changing format keeps them unset and rebuilds today's strategy."""
     config = jes.ESConfig(**SMALL)
-    old_defaults = jes.strategies.SepCMAES(mean_lr=10.0, sigma_scale=1.0, unbiased_csa=False)
-    before = jes.Trainer(POLICY, "CartPole-v1", None, config, strategy=old_defaults)  # what a format-3 run did
+    cls = type(jes.strategies.get(name))
+    old_defaults = cls(**old_fields)
+    before = jes.Trainer(POLICY, "CartPole-v1", None, config, strategy=old_defaults)  # what an older run did
     full = run(before, before.init_state(3), key=3)
-    new = str(tmp_path / "sep.ckpt")
+    new = str(tmp_path / "new.ckpt")
     run(before, before.init_state(3), key=3, num_generations=2, checkpoint_path=new)
 
-    def as_format_3(meta):  # a format-3 file named neither new field and left mean_lr at its default
-        meta["version"] = 3
-        meta["strategy"]["fields"] = {"sigma_init": None, "mean_lr": None}
+    def as_older(meta):
+        meta["version"] = version - 1
+        meta["strategy"]["fields"] = dict(file_fields)
 
-    old = _rewrite_meta(new, str(tmp_path / "sep-v3.ckpt"), as_format_3)
-    assert checkpoint.read(old).meta["strategy"]["fields"] == {
-        "sigma_init": None, "mean_lr": 10.0, "sigma_scale": 1.0, "unbiased_csa": False}
-    today = jes.Trainer(POLICY, "CartPole-v1", None, config, strategy="sep_cma_es")
-    with pytest.raises(checkpoint.CheckpointError, match="mean_lr.*sigma_scale.*unbiased_csa"):
+    old = _rewrite_meta(new, str(tmp_path / "old.ckpt"), as_older)
+    assert checkpoint.read(old).meta["strategy"]["fields"] == {**file_fields, **old_fields}
+    today = jes.Trainer(POLICY, "CartPole-v1", None, config, strategy=name)
+    with pytest.raises(checkpoint.CheckpointError, match=".*".join(old_fields)):
         checkpoint.read(old).check_compatible(today)  # today's defaults would silently change the resumed run
     rebuilt, state, ckpt = checkpoint.load(old)
     assert rebuilt.strategy == old_defaults
     resumed = run(rebuilt, state, key=ckpt.key, history=ckpt.history, best=None)
     np.testing.assert_array_equal(resumed.flat_params, full.flat_params)
     np.testing.assert_array_equal(resumed.history["pop_mean"], full.history["pop_mean"])
-    # A format-4 file keeps the defaults unset and rebuilds today's strategy.
-    path = str(tmp_path / "sep-v4.ckpt")
+    path = str(tmp_path / "today.ckpt")
     checkpoint.save(path, today, today.init_state(1))
-    assert checkpoint.read(path).meta["strategy"]["fields"] == {
-        "sigma_init": None, "mean_lr": None, "sigma_scale": None, "unbiased_csa": None}
-    assert checkpoint.read(path).build_trainer().strategy == jes.strategies.SepCMAES()
-
-
-def test_format_4_snes_checkpoints_keep_their_defaults(tmp_path):
-    """SNES's policy defaults changed in format 5 (mean_lr 10 -> 20, log utilities -> linear ranks): an older file
-    resumes with the old ones, bit for bit, and today's defaults are refused."""
-    config = jes.ESConfig(**SMALL)
-    old_defaults = jes.strategies.SNES(mean_lr=10.0, linear_utilities=False)
-    before = jes.Trainer(POLICY, "CartPole-v1", None, config, strategy=old_defaults)  # what a format-4 run did
-    full = run(before, before.init_state(3), key=3)
-    new = str(tmp_path / "snes.ckpt")
-    run(before, before.init_state(3), key=3, num_generations=2, checkpoint_path=new)
-
-    def as_format_4(meta):  # a format-4 file had no linear_utilities field and left mean_lr at its default
-        meta["version"] = 4
-        meta["strategy"]["fields"] = {"mean_lr": None, "sigma_lr": None, "sigma_init": None}
-
-    old = _rewrite_meta(new, str(tmp_path / "snes-v4.ckpt"), as_format_4)
-    assert checkpoint.read(old).meta["strategy"]["fields"] == {
-        "mean_lr": 10.0, "sigma_lr": None, "sigma_init": None, "linear_utilities": False}
-    today = jes.Trainer(POLICY, "CartPole-v1", None, config, strategy="snes")
-    with pytest.raises(checkpoint.CheckpointError, match="mean_lr.*linear_utilities"):
-        checkpoint.read(old).check_compatible(today)  # today's defaults would silently change the resumed run
-    rebuilt, state, ckpt = checkpoint.load(old)
-    assert rebuilt.strategy == old_defaults
-    resumed = run(rebuilt, state, key=ckpt.key, history=ckpt.history, best=None)
-    np.testing.assert_array_equal(resumed.flat_params, full.flat_params)
-    np.testing.assert_array_equal(resumed.history["pop_mean"], full.history["pop_mean"])
-    # A format-5 file keeps the defaults unset and rebuilds today's strategy.
-    path = str(tmp_path / "snes-v5.ckpt")
-    checkpoint.save(path, today, today.init_state(1))
-    assert checkpoint.read(path).meta["strategy"]["fields"] == {
-        "mean_lr": None, "sigma_lr": None, "sigma_init": None, "linear_utilities": None}
-    assert checkpoint.read(path).build_trainer().strategy == jes.strategies.SNES()
+    fields = checkpoint.read(path).meta["strategy"]["fields"]
+    assert all(fields[f] is None for f in old_fields)
+    assert checkpoint.read(path).build_trainer().strategy == cls()
