@@ -413,13 +413,12 @@ class Generation:
         another (one device or two), and change the result's last bits.
         """
         n = self.config.num_members
-        finite = jnp.isfinite(fitness)
         weigh = lambda f: self.strategy.weights(self.ctx, state.strategy, f)
         skip = lambda f: jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), jax.eval_shape(weigh, f))
         # The case that was seen: the one-device step's loop over its chunks kept ARS's `pair_w * scale` apart
         # from the statistics' `w+ - w-`; the two-device step, one chunk per device, fused them into an FMA.
         # An optimization barrier does not stop that fusion: XLA:CPU expands barriers before fusing.
-        shaped = jax.lax.cond(finite.all(), weigh, skip, jnp.where(finite, fitness, 0.0))
+        shaped = jax.lax.cond(jnp.isfinite(fitness).all(), weigh, skip, fitness)
 
         def pad(leaf):
             padded = jnp.zeros(self.padded_chunks * self.chunk_size, jnp.float32).at[:n].set(leaf)
