@@ -34,7 +34,7 @@ from jax.flatten_util import ravel_pytree
 from jes.checkpoint import build_policy, describe_policy
 from jes.cpu import compiler_options
 from jes.envs import EnvSpec, make_env
-from jes.generation import as_key
+from jes.generation import as_key, unravel_on_host
 from jes.policies import PolicyFns
 from jes.rollout import normalise, obs_mean_std, obs_normaliser, run_episodes
 from jes.strategies import noise
@@ -132,12 +132,12 @@ class TrainedPolicy:
     @property
     def params(self) -> Any:
         """The Flax variables of the policy."""
-        return self._unravel(jnp.asarray(self.flat_params))
+        return unravel_on_host(self._unravel, self.flat_params)
 
     @property
     def variables(self) -> dict:
         """Everything :meth:`apply` needs besides carry and observation: params and observation statistics."""
-        stats = None if self.obs_stats is None else tuple(jnp.asarray(x) for x in self.obs_stats)
+        stats = None if self.obs_stats is None else tuple(jax.device_put(x) for x in self.obs_stats)
         return {"params": self.params, "obs_stats": stats}
 
     @property
@@ -207,10 +207,13 @@ class TrainedPolicy:
             env: an env (id, gymnax object or :class:`EnvSpec`) instead of the recorded one.
         """
         spec = self.env_spec() if env is None else (env if isinstance(env, EnvSpec) else make_env(env, max_steps=self.max_steps))
-        keys = noise.centre_episode_keys(as_key(key), int(num_episodes))[None]
+        if isinstance(key, (int, np.integer)) and not isinstance(key, bool) and -2**31 <= key < 2**31:
+            key = np.int32(key)  # seeded inside the program, like jax.random.key(key) (no eager compile)
+        else:
+            key = as_key(key)
         if spec not in self._evaluators:
             self._evaluators[spec] = _evaluate(self.fns, spec, self.action_map)
-        returns = self._evaluators[spec](self.variables, keys)
+        returns = self._evaluators[spec](self.variables, key, int(num_episodes))
         return np.asarray(returns)
 
     def save(self, path: str) -> str:
@@ -224,20 +227,26 @@ class TrainedPolicy:
 
 
 def _evaluate(fns: PolicyFns, spec: EnvSpec, action_map: ActionMap) -> Callable:
-    """A jitted ``(variables, keys[1, E]) -> returns[E]``: the rollout training's centre evaluation runs.
+    """A jitted ``(variables, key or int32 seed, E) -> returns[E]``: the rollout training's centre evaluation runs.
+
+    The episode keys are derived inside the program (integer ops only, so the same bits as eager ``jax.random``),
+    which spares a fresh process the handful of small eager compiles that deriving them on the host cost.
 
     The normaliser and the action mapping are the ones :meth:`TrainedPolicy.apply` uses, so ``act``,
     ``policy_fn`` and ``evaluate`` share them; running the very program the centre evaluation runs
     makes the returns bit-identical to training's (a differently fused episode loop can differ in
     the last bits of continuous actions).
     """
-    def run(variables, keys):
+    def run(variables, key, num_episodes):
+        if not jnp.issubdtype(key.dtype, jax.dtypes.prng_key):
+            key = jax.random.key(key)
+        keys = noise.centre_episode_keys(key, num_episodes)[None]
         params = jax.tree.map(lambda x: x[None], variables["params"])
         out = run_episodes(fns, spec, params, keys, jnp.ones((1,), bool), obs_scale=_obs_scale(variables["obs_stats"]),
                            action_fn=action_map)
         return out.returns[0]
 
-    return jax.jit(run, compiler_options=compiler_options())
+    return jax.jit(run, static_argnums=2, compiler_options=compiler_options())
 
 
 def _obs_scale(obs_stats: Any) -> tuple[jax.Array, jax.Array] | None:

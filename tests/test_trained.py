@@ -28,6 +28,9 @@ def test_evaluate_reproduces_the_centre_evaluation_bit_for_bit(result):
     expected, _ = jax.jit(result.trainer.evaluate_centre, static_argnums=1)(result.state, 8, key)
     got = result.evaluate(8, key)
     np.testing.assert_array_equal(got, np.asarray(expected))
+    # an int seed (seeded inside the evaluation program) is the same as jax.random.key(seed)
+    np.testing.assert_array_equal(result.evaluate(8, 7), got)
+    np.testing.assert_array_equal(result.evaluate(8, np.int64(-5)), result.evaluate(8, jax.random.key(-5)))
     # and the run's own last centre evaluation, with the key it used
     state = result.state
     centre_key = noise.generation_key(state.es_key, state.generation)

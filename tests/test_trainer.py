@@ -80,6 +80,12 @@ def test_result_params_are_a_flax_pytree_usable_with_apply(small_trainer):
     carry = result.policy.initialize_carry(jax.random.key(0), (4,))
     _, logits = result.policy.apply(result.params, carry, jnp.zeros(4))
     assert logits.shape == (2,)
+    # unravelled on the host (no program runs): the same leaves as the Trainer's traced unravel
+    expected = small_trainer.unravel(jnp.asarray(result.flat_params))
+    assert jax.tree.structure(result.params) == jax.tree.structure(expected)
+    for got, want in zip(jax.tree.leaves(result.params), jax.tree.leaves(expected)):
+        assert got.dtype == want.dtype and got.shape == want.shape
+        np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
     hist = result.history
     assert len(hist["generation"]) == 3 and list(hist["generation"]) == [1, 2, 3]
     assert np.all(np.diff(hist["env_steps"]) > 0) and np.all(hist["pop_max"] >= hist["pop_mean"])
