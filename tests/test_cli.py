@@ -149,19 +149,32 @@ def test_train_as_distributed_master_with_a_worker(tmp_path):
         [sys.executable, "-m", "jes.cli", "train", *SMALL_FLAGS, "--generations", "2", "--seed", "4",
          "--log-dir", str(tmp_path / "run"), "--listen", f"127.0.0.1:{port}", "--secret-file", str(secret)],
         cwd=str(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # The worker's output goes to a file: a pipe nobody reads can fill and block it.
+    worker_log = open(tmp_path / "worker.log", "w")
     worker = subprocess.Popen(
         [sys.executable, "-m", "jes.distributed.worker", "--master", f"127.0.0.1:{port}", "--secret-file", str(secret)],
-        cwd=str(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        cwd=str(tmp_path), stdout=worker_log, stderr=subprocess.STDOUT, text=True)
     try:
         out, err = master.communicate(timeout=240)
         assert master.returncode == 0, err
         assert "2 generations" in out
         assert checkpoint.read(str(tmp_path / "run" / "checkpoint.ckpt")).generation == 2
     finally:
+        slow_to_exit = []
         for proc in (master, worker):
             if proc.poll() is None:
                 proc.terminate()
-                proc.wait(timeout=30)
+                try:
+                    # SIGTERM is handled between Python bytecodes: a worker in the middle of an XLA compile
+                    # (tens of seconds on a loaded 2-core machine) exits when that compile returns.
+                    proc.wait(timeout=120)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait(timeout=30)
+                    slow_to_exit.append(proc)
+        worker_log.close()
+    assert not slow_to_exit, ("a process did not exit within 120 s of SIGTERM; worker log:\n"
+                              + (tmp_path / "worker.log").read_text()[-3000:])
 
 
 def test_help_is_plain_and_shows_real_defaults():
