@@ -220,7 +220,7 @@ def _member_regenerator(trainer: Trainer, state: TrainState, member: int) -> Cal
     """Regenerates member ``member`` of ``state``'s generation: ``(flat_params, TrainedPolicy)``."""
 
     def regenerate():
-        flat = np.asarray(fetch(trainer.member(localize(state), jnp.int32(member))))
+        flat = np.asarray(fetch(trainer.member(localize(state), np.int32(member))))  # np: no eager convert program
         return flat, trained_policy(trainer, flat, state)
 
     return regenerate

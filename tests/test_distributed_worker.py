@@ -178,3 +178,29 @@ def test_link_heartbeats_while_busy_and_pongs_keep_it_from_reconnecting():
     finally:
         link.stop()
         master.close()
+
+
+def test_an_interrupt_python_dropped_still_stops_the_worker():
+    """SIGTERM/Ctrl-C raise KeyboardInterrupt, which Python prints and drops when it lands in a weakref callback or
+    ``__del__`` (seen in CI: the worker then served a gone master forever). The handler also flags the worker,
+    and serve() returns on the flag, saying goodbye like an interrupt does."""
+    import threading
+
+    w = Worker("127.0.0.1:9", SECRET, name="unit")  # no master there: the worker keeps asking
+    w.request_interval = 0.05
+    sent = []
+    w.link.start = lambda: None
+    w.link.stop = lambda: None
+    w.link.send = sent.append
+    thread = threading.Thread(target=w.serve, daemon=True)
+    try:
+        thread.start()
+        time.sleep(0.3)
+        assert thread.is_alive()
+        w.interrupt()  # what the signal handler does before its KeyboardInterrupt (here: dropped)
+        thread.join(timeout=30)
+        assert not thread.is_alive(), "serve() did not return after interrupt()"
+        assert sent[-1]["type"] == "bye" and sent[0]["type"] == "request"
+    finally:
+        w.link._pipe_out.close(0)
+        w.link._pipe_in.close(0)

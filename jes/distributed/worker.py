@@ -34,7 +34,7 @@ import sys
 import threading
 import time
 import uuid
-from typing import Any
+from typing import Any, Callable
 
 import msgpack
 import numpy as np
@@ -285,6 +285,9 @@ class Worker:
         self.refused_run: str | None = None
         self.refused_reason = ""
         self.members_done = 0
+        # Set by interrupt(): a KeyboardInterrupt raised by a signal handler can land in a weakref callback or a
+        # __del__, where Python prints and drops it; the serve loop checks this flag too, so the worker still exits.
+        self._interrupted = threading.Event()
         self._last_assign_log = 0.0
 
     # ---------------------------------------------------------------- loop
@@ -295,6 +298,8 @@ class Worker:
         try:
             self._request()
             while True:
+                if self._interrupted.is_set():
+                    raise KeyboardInterrupt
                 try:
                     message = self.link.inbox.get(timeout=self.request_interval)
                 except queue.Empty:
@@ -309,6 +314,11 @@ class Worker:
         finally:
             self.link.stop()
             log.info("worker %s disconnected", self.name)
+
+    def interrupt(self) -> None:
+        """Ask :meth:`serve` to hand its assignment back and return (thread- and signal-safe); what Ctrl-C and
+        SIGTERM do, besides raising KeyboardInterrupt."""
+        self._interrupted.set()
 
     def _request(self, abandon: int | None = None) -> None:
         self.link.idle = True
@@ -482,8 +492,13 @@ class Worker:
         })
 
 
-def _interrupt(signum, frame):
-    raise KeyboardInterrupt
+def _interrupt_handler(worker: Worker) -> Callable[[int, Any], None]:
+    """Ctrl-C / SIGTERM: flag the worker (never lost), then raise KeyboardInterrupt (prompt, but Python drops it
+    when it lands in a weakref callback or ``__del__``)."""
+    def handler(signum, frame):
+        worker.interrupt()
+        raise KeyboardInterrupt
+    return handler
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -537,7 +552,9 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, OSError) as err:
         print(f"jes-worker: error: {err}", file=sys.stderr)
         return 2
-    signal.signal(signal.SIGTERM, _interrupt)
+    handler = _interrupt_handler(worker)
+    signal.signal(signal.SIGTERM, handler)
+    signal.signal(signal.SIGINT, handler)
     worker.serve()
     return 0
 
