@@ -108,18 +108,31 @@ def as_key(key: Any) -> jax.Array:
     raise TypeError(f"key must be an int seed or a jax.random key, got {type(key).__name__} {getattr(arr, 'shape', '')}")
 
 
-def unravel_on_host(unravel: Callable, flat: np.ndarray) -> Any:
-    """``unravel(flat)`` (a ``ravel_pytree`` unravel of float32 leaves) split and reshaped in numpy, then placed.
+def int32_seed(key: Any) -> np.int32 | None:
+    """``key`` as an ``int32`` seed when it is an int seed in range, else ``None``.
 
-    Same arrays as the eager ``unravel``, but no program runs: each eager split or reshape is a compile in a
-    fresh process (~0.1 s together after every run and for every evaluation).
-    """
-    flat = np.asarray(flat, np.float32)
-    leaves, treedef = jax.tree.flatten(jax.eval_shape(unravel, jax.ShapeDtypeStruct(flat.shape, jnp.float32)))
+    A program seeded from it (``jax.random.key(seed)`` inside) gives the same key as eager ``as_key(key)``,
+    without the eager seeding's own compile in a fresh process."""
+    if isinstance(key, (int, np.integer)) and not isinstance(key, bool) and -2**31 <= key < 2**31:
+        return np.int32(key)
+    return None
+
+
+def host_unravel(unravel: Callable, size: int) -> Callable[[np.ndarray], Any]:
+    """``flat -> unravel(flat)`` for a ``ravel_pytree`` unravel of ``size`` float32s, split and reshaped in numpy,
+    then placed: the same arrays as the eager ``unravel``, but no program runs (each eager split or reshape is a
+    compile in a fresh process, ~0.1 s together after every run and for every evaluation). The layout is traced
+    once, here."""
+    leaves, treedef = jax.tree.flatten(jax.eval_shape(unravel, jax.ShapeDtypeStruct((size,), jnp.float32)))
     if any(leaf.dtype != np.float32 for leaf in leaves):
-        return unravel(jnp.asarray(flat))
-    parts = np.split(flat, np.cumsum([leaf.size for leaf in leaves])[:-1])
-    return jax.tree.unflatten(treedef, [jax.device_put(part.reshape(leaf.shape)) for part, leaf in zip(parts, leaves)])
+        return lambda flat: unravel(jnp.asarray(flat, jnp.float32))
+    ends = np.cumsum([leaf.size for leaf in leaves])[:-1]
+
+    def on_host(flat: np.ndarray) -> Any:
+        parts = np.split(np.asarray(flat, np.float32), ends)
+        return jax.tree.unflatten(treedef, jax.device_put([part.reshape(leaf.shape) for part, leaf in zip(parts, leaves)]))
+
+    return on_host
 
 
 def resolve_devices(devices: Any) -> list:
@@ -248,6 +261,7 @@ class Generation:
         self._compiling = None
         self._init_program = None
         self._shapes = None
+        self._host_unravel = None
 
     # ----------------------------------------------------------------- state
     def init_state(self, key: Any = 0) -> TrainState:
@@ -255,11 +269,12 @@ class Generation:
 
         One compiled program (cached like the step) rather than dozens of eager operations.
         """
-        if isinstance(key, (int, np.integer)) and not isinstance(key, bool) and -2**31 <= key < 2**31:
+        seed = int32_seed(key)
+        if seed is not None:
             # jax.random.key(int) itself runs a compiled seeding of an int32; do it in the same program.
             if self._init_program is None:
                 self._init_program = self._cached_init_program() or self._init_from_seed
-            return self._init_program(np.int32(key))
+            return self._init_program(seed)
         return self._init_from_key(as_key(key))
 
     def _state_shapes(self) -> TrainState:
@@ -345,7 +360,9 @@ class Generation:
         process compiles nothing for it (the eager unravel was four small compiles after every run).
         """
         if isinstance(flat_params, np.ndarray):
-            return unravel_on_host(self.unravel, flat_params)
+            if self._host_unravel is None:
+                self._host_unravel = host_unravel(self.unravel, self.num_params)
+            return self._host_unravel(flat_params)
         return self.unravel(jnp.asarray(flat_params, jnp.float32))
 
     def obs_norm(self, state: TrainState) -> tuple[jax.Array, jax.Array] | None:

@@ -34,7 +34,7 @@ from jax.flatten_util import ravel_pytree
 from jes.checkpoint import build_policy, describe_policy
 from jes.cpu import compiler_options
 from jes.envs import EnvSpec, make_env
-from jes.generation import as_key, unravel_on_host
+from jes.generation import as_key, host_unravel, int32_seed
 from jes.policies import PolicyFns
 from jes.rollout import normalise, obs_mean_std, obs_normaliser, run_episodes
 from jes.strategies import noise
@@ -118,8 +118,9 @@ class TrainedPolicy:
             return flat
 
         # Shapes only, as in Trainer: running init and ravel here was a dozen tiny programs per policy built.
-        jax.eval_shape(flat_template)
+        flat = jax.eval_shape(flat_template)
         self._unravel = unravel[0]
+        self._host_unravel = host_unravel(self._unravel, int(flat.shape[0]))
         self.flat_params = np.asarray(flat_params, np.float32)
         if obs_stats is not None:
             count, total, sumsq = obs_stats
@@ -132,7 +133,7 @@ class TrainedPolicy:
     @property
     def params(self) -> Any:
         """The Flax variables of the policy."""
-        return unravel_on_host(self._unravel, self.flat_params)
+        return self._host_unravel(self.flat_params)
 
     @property
     def variables(self) -> dict:
@@ -207,10 +208,8 @@ class TrainedPolicy:
             env: an env (id, gymnax object or :class:`EnvSpec`) instead of the recorded one.
         """
         spec = self.env_spec() if env is None else (env if isinstance(env, EnvSpec) else make_env(env, max_steps=self.max_steps))
-        if isinstance(key, (int, np.integer)) and not isinstance(key, bool) and -2**31 <= key < 2**31:
-            key = np.int32(key)  # seeded inside the program, like jax.random.key(key) (no eager compile)
-        else:
-            key = as_key(key)
+        seed = int32_seed(key)  # seeded inside the program when it is one (no eager compile)
+        key = as_key(key) if seed is None else seed
         if spec not in self._evaluators:
             self._evaluators[spec] = _evaluate(self.fns, spec, self.action_map)
         returns = self._evaluators[spec](self.variables, key, int(num_episodes))
