@@ -21,7 +21,7 @@ import subprocess
 import sys
 
 CHILD = r"""
-import hashlib, json, statistics, sys, time
+import hashlib, inspect, json, statistics, sys, time
 import numpy as np
 import jax, jax.numpy as jnp
 import jes
@@ -32,14 +32,16 @@ trainer = jes.Trainer(jes.GRUPolicy(hidden=5, layers=2), "CartPole-v1", config=j
 state = trainer.init_state(0)
 state.params.block_until_ready()
 w0, c0 = time.perf_counter(), time.process_time()
-lowered = trainer.step.lower(state, jnp.bool_(True))
+# (state, evaluate_centre, evaluate_population); checkouts before 2026-12-01 take (state, evaluate_centre)
+flags = (jnp.bool_(True),) * (len(inspect.signature(trainer.generation_step).parameters) - 1)
+lowered = trainer.step.lower(state, *flags)
 w1, c1 = time.perf_counter(), time.process_time()
 compiled = lowered.compile(compiler_options=options) if options else lowered.compile()
 w2, c2 = time.perf_counter(), time.process_time()
 walls, cpus = [], []
 for _ in range(12):
     a, b = time.perf_counter(), time.process_time()
-    state, metrics = compiled(state, jnp.bool_(True))
+    state, metrics = compiled(state, *flags)
     jax.block_until_ready(state)
     walls.append(time.perf_counter() - a)
     cpus.append(time.process_time() - b)

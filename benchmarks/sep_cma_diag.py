@@ -134,13 +134,13 @@ def main(argv=None):
         best, solved = -1e9, None
         for gen in range(args.generations):
             old = state.strategy
-            state, m = compiled(state, flag)
+            state, m = compiled(state, flag, flag)
             m = {k: float(v) for k, v in m.items()}
             s = state.strategy
-            cr = m["centre_return"]
+            cr = m["centre_return"]  # the centre of the state passed in: after `gen` generations
             best = max(best, cr)
             if solved is None and cr >= threshold:
-                solved = gen + 1
+                solved = gen
             step = float(jnp.linalg.norm(s.mean - old.mean))
             if hasattr(s, "diag_c"):
                 d = s.mean.shape[0]

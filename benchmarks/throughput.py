@@ -81,9 +81,9 @@ def jes_generation(env_name: str, n: int, repeats: int, train_gens: int, devices
     for label, s in (("init", state), ("trained", None)):
         if s is None:
             s = run(trainer, state, num_generations=train_gens).state
-        no = jnp.bool_(False)
-        steps = int(compiled(s, no)[1]["env_steps"])
-        seconds = median_time(lambda: compiled(s, no), repeats)
+        no, yes = jnp.bool_(False), jnp.bool_(True)
+        steps = int(compiled(s, no, yes)[1]["env_steps"])
+        seconds = median_time(lambda: compiled(s, no, yes), repeats)
         out[label] = (steps / seconds, steps / (n * trainer.spec.max_steps), seconds)
     return out
 

@@ -202,10 +202,28 @@ def run_optimization(problem: FunctionProblem, key: Any = 0, num_generations: in
     history = {k: [] for k in ("generation", "mean_value", "best_value", "pop_mean", "noise_std", "evaluations")}
     best_value, best_of = -np.inf, (state, None)  # (state, member): regenerated once, at the end
     evaluations = 0
-    flag = jnp.bool_(True)
+    flags = {flag: jnp.bool_(flag) for flag in (False, True)}
     gen, ahead, done = 0, 1, False
     single_device = len(problem.devices) == 1
-    while gen < num_generations and not done:
+    # Each call also evaluates the centre of the state it is given, which completes the row of the generation
+    # before (a last call evaluates only that): `pending` holds the newest row until then, `head` the newest state.
+    pending, head = None, state
+
+    def finish(record, after, centre) -> bool:
+        nonlocal best_value, best_of
+        if centre > best_value:
+            best_value, best_of = centre, (after, None)
+        record["mean_value"] = sign * centre
+        for k in history:
+            history[k].append(record[k])
+        for callback in callbacks:
+            callback(record)
+        return target is not None and (record["mean_value"] <= target if minimize else record["mean_value"] >= target)
+
+    while not done:
+        population = gen < num_generations
+        if not population and pending is None:
+            break
         # Dispatch `ahead` generations before reading any metrics back: on a cheap function the host round
         # trip per generation is the cost. Generations past a stop are discarded (same programs, same order,
         # so the same bits whatever `ahead` is); `ahead` grows while a generation takes under ~2 ms.
@@ -214,13 +232,20 @@ def run_optimization(problem: FunctionProblem, key: Any = 0, num_generations: in
         # (benchmarks/README.md); one generation in flight never did.
         t_block = time.perf_counter()
         block = []
-        for _ in range(min(ahead, num_generations - gen)):
-            new_state, metrics = compiled(state, flag)
-            block.append((state, new_state, metrics))
-            state = new_state
+        for _ in range(min(ahead, num_generations - gen) if population else 1):
+            new_state, metrics = compiled(head, flags[True], flags[population])
+            block.append((head, new_state, metrics))
+            head = new_state
         fetched = jax.device_get([metrics for _, _, metrics in block])
         for (before, after, _), metrics in zip(block, fetched):
             m = {k: v.item() for k, v in metrics.items()}
+            if pending is not None:
+                (record, state), pending = pending, None
+                if finish(record, state, m["centre_return"]):  # the centre of `before`, which is `state`
+                    done = True
+                    break
+            if not population:
+                break
             if m["bad_member"] >= 0 or m["bad_update"]:
                 what = (f"member {m['bad_member']} has a non-finite value" if m["bad_member"] >= 0
                         else "the strategy's update is not finite")
@@ -229,19 +254,9 @@ def run_optimization(problem: FunctionProblem, key: Any = 0, num_generations: in
             evaluations += num_members + 1
             if m["pop_max"] > best_value:
                 best_value, best_of = m["pop_max"], (before, int(m["best_member"]))
-            if m["centre_return"] > best_value:
-                best_value, best_of = m["centre_return"], (after, None)
-            state = after
             gen += 1
-            record = dict(generation=gen, mean_value=sign * m["centre_return"], best_value=sign * m["pop_max"],
-                          pop_mean=sign * m["pop_mean"], noise_std=m["noise_std"], evaluations=evaluations)
-            for k in history:
-                history[k].append(record[k])
-            for callback in callbacks:
-                callback(record)
-            if target is not None and (record["mean_value"] <= target if minimize else record["mean_value"] >= target):
-                done = True
-                break
+            pending = (dict(generation=gen, best_value=sign * m["pop_max"], pop_mean=sign * m["pop_mean"],
+                            noise_std=m["noise_std"], evaluations=evaluations), after)
         per_generation = (time.perf_counter() - t_block) / len(block)
         ahead = min(2 * ahead, 64) if per_generation < 0.002 and single_device else max(1, ahead // 2)
     best_state, best_member = best_of

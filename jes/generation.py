@@ -7,7 +7,9 @@ after another with the same compiled chunk program; fitness is all-gathered,
 the strategy turns the whole population's fitness into per-member weights,
 each device computes its chunks' sufficient statistics from regenerated noise,
 those are all-gathered and summed in chunk order, and the strategy's update
-and the centre evaluation run replicated. Because every chunk is computed by
+runs replicated. The centre's evaluation episodes (of the state passed in) run
+in the chunks' rollouts beside the members, so the program holds the rollout
+once. Because every chunk is computed by
 the same program and the reduction order is fixed, the result is
 bit-identical whether a population is evaluated on one device, several
 devices, or several hosts.
@@ -37,7 +39,7 @@ from jes.cpu import compiler_options
 from jes.envs import EnvSpec, make_env
 from jes.optimizers import make_optimizer
 from jes.policies import PolicyFns, fit_to_outputs
-from jes.rollout import OBS_EPS, obs_mean_std, obs_normaliser, run_episodes
+from jes.rollout import OBS_EPS, obs_mean_std, obs_normaliser, run_episodes, run_slots, sum_obs_stats
 from jes.strategies import noise
 from jes.strategies.base import Context, Strategy
 
@@ -222,7 +224,8 @@ class Generation:
 
     Subclasses set, before calling :meth:`_setup`: ``self.config`` and the flat-parameter
     ``self.unravel``/``self.num_params``, and implement :meth:`evaluate_members` and
-    :meth:`centre_score`.
+    :meth:`centre_score`, or, to evaluate the centre inside the members' chunks,
+    :meth:`step_chunks` and :meth:`centre_from_chunks` (as :class:`Trainer` does).
     """
 
     config: ESConfig
@@ -556,37 +559,72 @@ class Generation:
         flat = results.fitness.reshape(-1)[: self.config.num_members]
         return self.apply_fitness(state, flat, self.reduce_chunks(results))
 
-    def generation_step(self, state: TrainState, evaluate_centre: jax.Array) -> tuple[TrainState, dict]:
-        """One whole generation: sample, evaluate every member, weigh, update, maybe evaluate the centre.
+    def step_chunks(self, state: TrainState, chunk_ids: jax.Array, evaluate_centre: jax.Array,
+                    evaluate_population: jax.Array) -> tuple[ChunkResults, Any]:
+        """One device's part of the step: its chunks' results (leaves ``[k, ...]``; no member evaluated unless
+        ``evaluate_population``) and its part of the centre's evaluation, or ``None`` when the centre is
+        evaluated apart (by :meth:`centre_score`, as here).
 
-        This is the function jes compiles (``self.step``); ``evaluate_centre`` is a
-        traced bool so turning the centre evaluation on or off never recompiles.
+        A subclass that evaluates the centre inside its chunks returns ``(returns, steps)``, each ``[k, S]``:
+        centre episode ``j`` in slot ``j % S`` of chunk ``j // S`` (see :meth:`Trainer.step_chunks`).
+        """
+        gen_key = noise.generation_key(state.es_key, state.generation)
+
+        def one(chunk):
+            flat, members, active = self.sample_chunk(state, chunk)
+            return self.evaluate_members(state, flat, members, gen_key, active & evaluate_population)
+
+        return jax.lax.map(one, chunk_ids), None
+
+    def centre_from_chunks(self, centre: Any) -> tuple[jax.Array, jax.Array]:
+        """``(score, steps)`` of the centre from every real chunk's part ``[num_chunks, S]`` (see :meth:`step_chunks`)."""
+        raise NotImplementedError
+
+    def generation_step(self, state: TrainState, evaluate_centre: jax.Array,
+                        evaluate_population: jax.Array) -> tuple[TrainState, dict]:
+        """One whole generation: sample, evaluate every member, weigh, update; and the centre's evaluation.
+
+        This is the function jes compiles (``self.step``). Both flags are traced bools, so turning
+        them on or off never recompiles:
+
+        - ``evaluate_centre``: also evaluate the centre **of the state passed in**, the mean the members
+          were drawn around (``metrics["centre_return"]``, ``metrics["centre_steps"]``; NaN and 0
+          when off). :class:`Trainer` runs its episodes in the members' rollout, so the program holds
+          the rollout once; a host loop reports a generation's centre with the next call
+          (:func:`jes.loop.run`).
+        - ``evaluate_population``: with ``False`` no member is evaluated and the state comes back
+          unchanged (a run's last centre evaluation); the population metrics are then meaningless.
         """
         per_device = self.padded_chunks // len(self.devices)
 
-        def sharded(state, chunk_ids):
+        def sharded(state, chunk_ids, evaluate_centre, evaluate_population):
             real = self.num_chunks  # device padding chunks are dropped before any reduction
             gather = lambda tree: jax.tree.map(lambda x: jax.lax.all_gather(x, AXIS, tiled=True)[:real], tree)
-            results = gather(self.evaluate_chunks(state, chunk_ids))
+            results, centre = self.step_chunks(state, chunk_ids, evaluate_centre, evaluate_population)
+            results = gather(results)
             fitness_all = results.fitness.reshape(-1)[: self.config.num_members]
             weights = self.weights(state, fitness_all)
             index = jax.lax.axis_index(AXIS)
             local = jax.tree.map(lambda w: jax.lax.dynamic_slice_in_dim(w, index * per_device, per_device), weights)
             stats = gather(self.chunk_stats(state, chunk_ids, local))
             # Per-chunk values gathered in chunk order, then reduced sequentially: device count cannot change the sums.
-            return self.update_from_stats(state, fitness_all, self.reduce_chunks(stats), self.reduce_chunks(results))
+            new_state, metrics = self.update_from_stats(state, fitness_all, self.reduce_chunks(stats),
+                                                        self.reduce_chunks(results))
+            return new_state, metrics, None if centre is None else gather(centre)
 
         chunk_ids = jnp.arange(self.padded_chunks, dtype=jnp.int32)
         chunk_ids = jax.lax.with_sharding_constraint(chunk_ids, NamedSharding(self.mesh, P(AXIS)))
-        new_state, metrics = _shard_map(
-            sharded, mesh=self.mesh, in_specs=(P(), P(AXIS)), out_specs=(P(), P()), check_vma=False,
-        )(state, chunk_ids)
-        centre_return, centre_steps = jax.lax.cond(
-            evaluate_centre & (metrics["bad_member"] < 0) & ~metrics["bad_update"],
-            self.centre_score,
-            lambda s: (jnp.float32(jnp.nan), jnp.int32(0)),
-            new_state,
-        )
+        new_state, metrics, centre = _shard_map(
+            sharded, mesh=self.mesh, in_specs=(P(), P(AXIS), P(), P()), out_specs=(P(), P(), P()), check_vma=False,
+        )(state, chunk_ids, evaluate_centre, evaluate_population)
+        if centre is None:
+            centre_return, centre_steps = jax.lax.cond(
+                evaluate_centre, self.centre_score, lambda s: (jnp.float32(jnp.nan), jnp.int32(0)), state)
+        else:
+            centre_return, centre_steps = self.centre_from_chunks(centre)
+            centre_return = jnp.where(evaluate_centre, centre_return, jnp.nan)
+            centre_steps = jnp.where(evaluate_centre, centre_steps, 0)
+        new_state = jax.tree.map(lambda n, o: jnp.where(evaluate_population, n, o), new_state, state)
         return new_state, dict(metrics, centre_return=centre_return, centre_steps=centre_steps)
 
     def start_compiling_step(self) -> None:
@@ -604,7 +642,8 @@ class Generation:
         def compile_step():
             t0 = time.perf_counter()
             try:
-                out["compiled"] = self._compile_step(abstract, jax.ShapeDtypeStruct((), jnp.bool_))
+                flag = jax.ShapeDtypeStruct((), jnp.bool_)
+                out["compiled"] = self._compile_step(abstract, flag, flag)
             except Exception:  # compiled_step compiles again in the caller's thread and raises there
                 pass
             out["seconds"] = time.perf_counter() - t0
@@ -626,7 +665,7 @@ class Generation:
                 self._compiled, self._compile_time = out["compiled"], out["seconds"]
         if self._compiled is None:
             t0 = time.perf_counter()
-            self._compiled = self._compile_step(state, jnp.bool_(True))
+            self._compiled = self._compile_step(state, jnp.bool_(True), jnp.bool_(True))
             self._compile_time = time.perf_counter() - t0
         return self._compiled, self._compile_time
 
@@ -652,7 +691,7 @@ class Generation:
             parts, state=str(treedef),
             leaves=[(tuple(x.shape), str(x.dtype), bool(getattr(x, "weak_type", False))) for x in leaves]))
 
-    def _compile_step(self, state: TrainState, evaluate_centre: Any) -> Callable:
+    def _compile_step(self, state: TrainState, evaluate_centre: Any, evaluate_population: Any) -> Callable:
         """The step compiled for ``state`` (its shapes, dtypes, placement): from the program cache when it
         holds this run's traced program, else traced (and, when the cache is on, stored for the next process).
 
@@ -664,7 +703,7 @@ class Generation:
             leaves, treedef = jax.tree.flatten(self._abstract(state))
 
             def flat_step(*args):
-                new_state, metrics = self.generation_step(jax.tree.unflatten(treedef, args[:-1]), args[-1])
+                new_state, metrics = self.generation_step(jax.tree.unflatten(treedef, args[:-2]), *args[-2:])
                 new_leaves, new_treedef = jax.tree.flatten(new_state)
                 if new_treedef != treedef:
                     raise TypeError("the step changed the state's structure")
@@ -672,12 +711,12 @@ class Generation:
 
             try:
                 flag = jax.ShapeDtypeStruct((), jnp.bool_, sharding=self.replicated)
-                compiled = self._compile_exported(key, flat_step, [*leaves, flag],
+                compiled = self._compile_exported(key, flat_step, [*leaves, flag, flag],
                                                   compiler_options=compiler_options(self.devices))
                 return _FlatStep(compiled, treedef)
             except Exception:  # noqa: BLE001 - any failure of the cached path: trace as without a cache
                 pass
-        return self.step.lower(state, evaluate_centre).compile()
+        return self.step.lower(state, evaluate_centre, evaluate_population).compile()
 
     def _compile_exported(self, key: str, flat_fn: Callable, args: list, out_shardings: Any = None,
                           compiler_options: dict | None = None) -> Callable:
@@ -704,13 +743,14 @@ def _signature(tree: Any) -> tuple:
 
 
 class _FlatStep:
-    """A compiled exported step over flat state leaves, called like the compiled step: ``(state, flag) -> (state, metrics)``."""
+    """A compiled exported step over flat state leaves, called like the compiled step:
+    ``(state, evaluate_centre, evaluate_population) -> (state, metrics)``."""
 
     def __init__(self, compiled: Any, treedef: Any):
         self.compiled, self.treedef = compiled, treedef
 
-    def __call__(self, state: TrainState, evaluate_centre: Any) -> tuple[TrainState, dict]:
-        new_leaves, metrics = self.compiled(*jax.tree.leaves(state), evaluate_centre)
+    def __call__(self, state: TrainState, evaluate_centre: Any, evaluate_population: Any) -> tuple[TrainState, dict]:
+        new_leaves, metrics = self.compiled(*jax.tree.leaves(state), evaluate_centre, evaluate_population)
         return jax.tree.unflatten(self.treedef, new_leaves), metrics
 
 
@@ -814,17 +854,63 @@ class Trainer(Generation):
         flat, _ = ravel_pytree(self._init_variables(init_key))
         return flat
 
+    @property
+    def centre_slots(self) -> int:
+        """Centre evaluation episodes each chunk's rollout carries in the step (``eval_episodes`` over the chunks)."""
+        return -(-self.config.eval_episodes // self.num_chunks)
+
     def evaluate_members(self, state, flat, members, gen_key, active):
+        return self._evaluate_slots(state, flat, members, gen_key, active)[0]
+
+    def _evaluate_slots(self, state, flat, members, gen_key, active, centre_keys=None, centre_active=None):
+        """The members' results, and the returns and steps of centre episodes run in the same rollout batch.
+
+        Every slot runs the same code on its own parameters and key, so a member's (and a centre episode's)
+        results do not depend on what else shares the batch: workers evaluate chunks without the centre and
+        get the step's bits.
+        """
         cfg = self.config
+        epm = cfg.episodes_per_member
         params = jax.vmap(self.unravel)(flat)
-        keys = noise.episode_keys(gen_key, members, cfg.episodes_per_member, self.antithetic)
-        out = run_episodes(
-            self.fns, self.spec, params, keys, active,
-            obs_scale=self.obs_scale(state), collect_obs_stats=self.normalize_observations,
-            min_slots=self.rollout_min_batch,
-        )
-        fitness = jnp.where(active, out.returns.mean(axis=1), 0.0)
-        return ChunkResults(fitness=fitness, env_steps=out.steps.sum(), obs_sum=out.obs_sum, obs_sumsq=out.obs_sumsq)
+        keys = noise.episode_keys(gen_key, members, epm, self.antithetic).reshape(-1)
+        slot_params = jax.tree.map(lambda p: jnp.repeat(p, epm, axis=0), params) if epm > 1 else params
+        done = jnp.repeat(~active, epm)
+        num_member_slots = flat.shape[0] * epm
+        if centre_keys is not None:
+            size = centre_keys.shape[0]
+            centre = jax.tree.map(lambda x: jnp.broadcast_to(x, (size,) + x.shape), self.unravel(state.params))
+            slot_params = jax.tree.map(lambda a, b: jnp.concatenate([a, b]), slot_params, centre)
+            keys = jnp.concatenate([keys, centre_keys])
+            done = jnp.concatenate([done, ~centre_active])
+        out = run_slots(self.fns, self.spec, slot_params, keys, done, obs_scale=self.obs_scale(state),
+                        collect_obs_stats=self.normalize_observations, min_slots=self.rollout_min_batch)
+        returns = out["returns"][:num_member_slots].reshape(-1, epm)
+        fitness = jnp.where(active, returns.mean(axis=1), 0.0)
+        obs_sum, obs_sumsq = sum_obs_stats(out, num_member_slots, self.obs_shape)
+        results = ChunkResults(fitness=fitness, env_steps=out["steps"][:num_member_slots].sum(), obs_sum=obs_sum,
+                               obs_sumsq=obs_sumsq)
+        return results, out["returns"][num_member_slots:], out["steps"][num_member_slots:]
+
+    def step_chunks(self, state, chunk_ids, evaluate_centre, evaluate_population):
+        """Each chunk's rollout also runs :attr:`centre_slots` of the centre's evaluation episodes: episode ``j``
+        (key ``centre_episode_keys(gen_key, ...)[j]``, as :meth:`evaluate_centre`) in chunk ``j // centre_slots``."""
+        gen_key = noise.generation_key(state.es_key, state.generation)
+        size = self.centre_slots
+        stream = noise.centre_episode_keys(gen_key, size * self.padded_chunks).reshape(self.padded_chunks, size)
+
+        def one(chunk):
+            flat, members, active = self.sample_chunk(state, chunk)
+            episodes = chunk * size + jnp.arange(size, dtype=jnp.int32)
+            centre_active = evaluate_centre & (episodes < self.config.eval_episodes)
+            results, returns, steps = self._evaluate_slots(state, flat, members, gen_key, active & evaluate_population,
+                                                           stream[chunk], centre_active)
+            return results, (returns, steps)
+
+        return jax.lax.map(one, chunk_ids)
+
+    def centre_from_chunks(self, centre):
+        returns, steps = (x.reshape(-1)[: self.config.eval_episodes] for x in centre)
+        return returns.mean(), steps.sum()
 
     def evaluate_centre(self, state: TrainState, num_episodes: int | None = None, key: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
         """Returns and steps of the unperturbed centre on fresh episodes, each ``[num_episodes]``."""
@@ -837,6 +923,3 @@ class Trainer(Generation):
                            min_slots=self.rollout_min_batch)
         return out.returns[0], out.steps[0]
 
-    def centre_score(self, state):
-        returns, steps = self.evaluate_centre(state)
-        return returns.mean(), steps.sum()

@@ -410,7 +410,7 @@ def _apply_new_learning_rate(trainer: Trainer, state: TrainState, old: Any, path
     return trainer.place(state.replace(strategy=state.strategy.replace(opt_state=opt_state)))
 
 
-StepFn = Callable[[TrainState, bool], "tuple[TrainState, dict]"]
+StepFn = Callable[[TrainState, bool, bool], "tuple[TrainState, dict]"]
 
 
 def run(trainer: Trainer, state: TrainState, *, key: Any = 0, callbacks: Iterable[Callback] = (),
@@ -426,8 +426,10 @@ def run(trainer: Trainer, state: TrainState, *, key: Any = 0, callbacks: Iterabl
         callbacks: called with each generation's metrics record.
         history: history of earlier generations, when continuing a run.
         num_generations: total generations (including those already in ``state``).
-        step_fn: replaces the local compiled step, ``(state, evaluate_centre) -> (state, metrics)``
-            with the same metrics; a distributed master farms the population out through it.
+        step_fn: replaces the local compiled step, ``(state, evaluate_centre, evaluate_population) -> (state,
+            metrics)`` with the same metrics and the same contract (the centre evaluated is the state passed in's;
+            see :meth:`jes.generation.Generation.generation_step`); a distributed master farms the population
+            out through it.
         checkpoint_path: where to save checkpoints (``jes.checkpoint``): every ``checkpoint_every``
             generations (0: never periodically), after the last generation, and on KeyboardInterrupt
             (then re-raised). ``None``: no checkpoints.
@@ -439,9 +441,6 @@ def run(trainer: Trainer, state: TrainState, *, key: Any = 0, callbacks: Iterabl
 
     # In a multi-process run only process 0 writes the checkpoint (every process computes the same state).
     save_to = checkpoint_path if jax.process_index() == 0 else None
-
-    def save_checkpoint():
-        checkpoint.save(save_to, trainer, localize(state), history, key, best=best)
 
     cfg = trainer.config
     total = cfg.num_generations if num_generations is None else num_generations
@@ -459,19 +458,60 @@ def run(trainer: Trainer, state: TrainState, *, key: Any = 0, callbacks: Iterabl
         compiled, compile_time = trainer.compiled_step(state)
         # Placed once like the state (in a multi-process run a host bool would be checked across processes each call).
         flags = {flag: jax.device_put(np.bool_(flag), trainer.replicated) for flag in (False, True)}
-        step_fn = lambda s, evaluate: compiled(s, flags[bool(evaluate)])
+        step_fn = lambda s, centre, population: compiled(s, flags[bool(centre)], flags[bool(population)])
     else:
         compile_time = 0.0
     loop_start = time.perf_counter()
     saved_generation = None
     best = best if best is not None and best.generation <= start_gen else None
+    # `state` and `history` always agree: a generation's row is added with its centre evaluation, which the
+    # step runs with the next generation's members (the centre of the state passed in), so the newest state
+    # waits in `pending` until then. An interrupt saves `state`; a resumed run evaluates the rest again.
+    pending = None  # (record, state after it, best-member candidate) of a generation awaiting its centre
+
+    def save_checkpoint():
+        checkpoint.save(save_to, trainer, localize(state), history, key, best=best)
+
+    def wants_centre(generation: int) -> bool:
+        return generation == total or (cfg.eval_every > 0 and generation % cfg.eval_every == 0)
+
+    def commit(entry: tuple, centre_return: float, centre_steps: int) -> bool:
+        """Add a generation's row (its centre now known), advance ``state``; True when the run stops here."""
+        nonlocal state, best, env_steps, saved_generation, solved_generation
+        record, state, best = entry
+        generation_steps = record["env_steps"] + centre_steps
+        env_steps += generation_steps
+        record.update(centre_return=centre_return, centre_steps=centre_steps, env_steps=env_steps,
+                      env_steps_per_second=generation_steps / max(record["generation_time"], 1e-9))
+        for k in HISTORY_KEYS:
+            history[k].append(record[k])
+        for callback in callbacks:
+            callback(record)
+        generation = record["generation"]
+        if save_to is not None and checkpoint_every and generation % checkpoint_every == 0:
+            save_checkpoint()
+            saved_generation = generation
+        if solved_generation is None and solved_return is not None and centre_return >= solved_return:
+            solved_generation = generation
+            return cfg.stop_at_return is not None
+        return False
+
     try:
-        for gen in range(start_gen, total):
-            last = gen + 1 == total
-            evaluate = last or (cfg.eval_every > 0 and (gen + 1) % cfg.eval_every == 0)
+        for gen in range(start_gen, total + 1):
+            population = gen < total
+            if not population and pending is None:
+                break
             t_gen = time.perf_counter()
-            new_state, metrics = step_fn(state, evaluate)
+            newest = state if pending is None else pending[1]
+            new_state, metrics = step_fn(newest, pending is not None, population)
             metrics = {k: v.item() for k, v in fetch(metrics).items()}
+            now = time.perf_counter()
+            if pending is not None:
+                entry, pending = pending, None
+                if commit(entry, metrics["centre_return"], int(metrics["centre_steps"])):
+                    break
+            if not population:
+                break
             if metrics["bad_member"] >= 0 or metrics["bad_update"]:
                 # Keep what was achieved: the last good state goes to the checkpoint and into the error.
                 if save_to is not None:
@@ -493,28 +533,19 @@ def run(trainer: Trainer, state: TrainState, *, key: Any = 0, callbacks: Iterabl
                     f"{gen} generation(s) completed.",
                     generation=gen + 1, result=partial,
                 )
-            now = time.perf_counter()
-            generation_steps = int(metrics["env_steps"]) + int(metrics["centre_steps"])
-            env_steps += generation_steps
-            record = dict(metrics, generation=gen + 1, wall_time=now - loop_start, generation_time=now - t_gen, env_steps=env_steps,
-                          env_steps_per_second=generation_steps / max(now - t_gen, 1e-9))
-            for k in HISTORY_KEYS:
-                history[k].append(record[k])
+            # The row's time is this call's; its env steps are its members' plus, once known, its centre's.
+            record = dict(metrics, generation=gen + 1, wall_time=now - loop_start, generation_time=now - t_gen,
+                          env_steps=int(metrics["env_steps"]))
+            candidate = best
             if best is None or metrics["pop_max"] > best.fitness:
                 # Kept as (the state before this generation's update, member); regenerated when first asked for.
-                best = BestMember(fitness=float(metrics["pop_max"]), generation=gen + 1,
-                                  member=int(metrics["best_member"]),
-                                  regenerate=_member_regenerator(trainer, state, int(metrics["best_member"])))
-            state = new_state  # after the history row, so an interrupt never leaves history behind the state
-            for callback in callbacks:
-                callback(record)
-            if save_to is not None and checkpoint_every and (gen + 1) % checkpoint_every == 0:
-                save_checkpoint()
-                saved_generation = gen + 1
-            if solved_generation is None and solved_return is not None and metrics["centre_return"] >= solved_return:
-                solved_generation = gen + 1
-                if cfg.stop_at_return is not None:
-                    break
+                candidate = BestMember(fitness=float(metrics["pop_max"]), generation=gen + 1,
+                                       member=int(metrics["best_member"]),
+                                       regenerate=_member_regenerator(trainer, newest, int(metrics["best_member"])))
+            pending = (record, new_state, candidate)
+            if not wants_centre(gen + 1):  # nothing to wait for
+                entry, pending = pending, None
+                commit(entry, float("nan"), 0)
     except KeyboardInterrupt:
         if save_to is not None:
             save_checkpoint()

@@ -105,14 +105,7 @@ def run_episodes(
     min_slots: int = 32,
     action_fn: Any = None,
 ) -> RolloutOutput:
-    """Roll out ``M`` parameter sets on ``E`` episodes each.
-
-    Episodes run in ``M * E`` slots. Once at most a quarter of the slots are
-    still running, the running ones are gathered into a batch a quarter the
-    size and stepping continues there (down to ``min_slots``), so long episodes
-    do not make every finished slot pay for their remaining steps. Each
-    episode's return is still summed step by step in time order, so the
-    returns do not depend on compaction.
+    """Roll out ``M`` parameter sets on ``E`` episodes each (:func:`run_slots` with one slot per episode).
 
     Args:
         policy: the policy functions.
@@ -131,15 +124,59 @@ def run_episodes(
         A :class:`RolloutOutput`.
     """
     num_members, num_episodes = episode_keys.shape
-    num_slots = num_members * num_episodes
-    env, env_params = spec.env, spec.params
-    keys = episode_keys.reshape(num_slots)
     slot_params = jax.tree.map(lambda p: jnp.repeat(p, num_episodes, axis=0), params) if num_episodes > 1 else params
+    out = run_slots(policy, spec, slot_params, episode_keys.reshape(-1), jnp.repeat(~active, num_episodes),
+                    obs_scale, collect_obs_stats, min_slots, action_fn)
+    shape = (num_members, num_episodes)
+    obs_sum, obs_sumsq = sum_obs_stats(out, num_members * num_episodes, spec.obs_shape)
+    return RolloutOutput(returns=out["returns"].reshape(shape), steps=out["steps"].reshape(shape),
+                         obs_sum=obs_sum, obs_sumsq=obs_sumsq)
+
+
+def sum_obs_stats(slots: dict, num_slots: int, obs_shape: tuple) -> tuple[jax.Array, jax.Array]:
+    """Observation sums over the first ``num_slots`` slots of :func:`run_slots`' output (zeros if not collected)."""
+    if "obs_sum" not in slots:
+        zero = jnp.zeros(obs_shape, jnp.float32)
+        return zero, zero
+    return slots["obs_sum"][:num_slots].sum(0), slots["obs_sumsq"][:num_slots].sum(0)
+
+
+def run_slots(
+    policy: PolicyFns,
+    spec: EnvSpec,
+    slot_params: Any,
+    keys: jax.Array,
+    done: jax.Array,
+    obs_scale: tuple[jax.Array, jax.Array] | None = None,
+    collect_obs_stats: bool = False,
+    min_slots: int = 32,
+    action_fn: Any = None,
+) -> dict:
+    """Run ``S`` episodes side by side, one per slot, each with its own parameters and key.
+
+    Once at most a quarter of the slots are still running, the running ones are gathered
+    into a batch a quarter the size and stepping continues there (down to ``min_slots``), so
+    long episodes do not make every finished slot pay for their remaining steps. Each
+    episode's return is still summed step by step in time order, so nothing depends on
+    compaction, nor on which other episodes share the batch: a population's members and the
+    centre's evaluation episodes can run in one batch with the same results as apart.
+
+    Args:
+        slot_params: Flax params pytree whose leaves lead with the slots axis ``[S, ...]``.
+        keys: typed PRNG keys ``[S]``, one per episode.
+        done: bool ``[S]``; slots that start done (padding) cost nothing and return 0.
+        (the rest as in :func:`run_episodes`)
+
+    Returns:
+        Per-slot arrays: ``returns`` ``[S]`` (NaN where the policy output a non-finite value),
+        ``steps`` ``[S]``, and with ``collect_obs_stats`` ``obs_sum``/``obs_sumsq`` ``[S, *obs_shape]``
+        (see :func:`sum_obs_stats`).
+    """
+    num_slots = keys.shape[0]
+    env, env_params = spec.env, spec.params
     obs, env_state = jax.vmap(lambda k: env.reset_env(jax.random.fold_in(k, 0), env_params))(keys)
     carry0 = policy.initial_carry()
     carry = jax.tree.map(lambda c: jnp.broadcast_to(c, (num_slots,) + c.shape), carry0)
-    done = jnp.repeat(~active, num_episodes)
-    obs_zero = jnp.zeros(spec.obs_shape, jnp.float32)
     obs_axes = (1,) * len(spec.obs_shape)
 
     def act(p, c, o):
@@ -201,9 +238,6 @@ def run_episodes(
 
         t, running, results = jax.lax.while_loop(cond, body, (t, running, results))
     final = write_back(final, results, slot_ids)
-    shape = (num_members, num_episodes)
-    obs_sum, obs_sumsq = (final["obs_sum"].sum(0), final["obs_sumsq"].sum(0)) if collect_obs_stats else (obs_zero, obs_zero)
     # A non-finite policy output makes the episode's return NaN: argmax(NaN) would silently act 0 and train on.
-    returns = jnp.where(final["finite"], final["returns"], jnp.nan)
-    return RolloutOutput(returns=returns.reshape(shape), steps=final["steps"].reshape(shape),
-                         obs_sum=obs_sum, obs_sumsq=obs_sumsq)
+    final["returns"] = jnp.where(final.pop("finite"), final["returns"], jnp.nan)
+    return final

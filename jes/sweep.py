@@ -128,9 +128,8 @@ def compile_batch(trainer: Trainer, states: TrainState) -> tuple[Any, Any, float
 
     The generation is assembled from :meth:`Trainer.evaluate_chunks` and
     :meth:`Trainer.apply_chunk_results` (bit-identical to the fused step) and vmapped; the centre
-    evaluation is a second vmapped program run only on evaluation generations. (``jax.vmap`` also
-    works through the ``shard_map`` of :meth:`Trainer.generation_step`, but there the batched
-    ``lax.cond`` becomes a select that evaluates the centre on every generation.)
+    evaluation is a second vmapped program, of the states passed in (the fused step's contract), run
+    only with the generation after an evaluated one.
 
     Returns:
         ``(generation(states) -> (states, metrics), centre(states) -> (mean return [B], steps [B]), seconds)``.
@@ -167,30 +166,46 @@ def run_batch(trainer: Trainer, states: TrainState, num_generations: int | None 
     if vmap:
         generation_fn, centre_fn, compile_time = compiled if compiled is not None else compile_batch(trainer, states)
 
-        def step(s, evaluate):
-            s, metrics = generation_fn(s)
-            if evaluate:
-                centre_return, centre_steps = centre_fn(s)
-            else:
-                centre_return, centre_steps = jnp.full(size, jnp.nan, jnp.float32), jnp.zeros(size, jnp.int32)
-            return s, dict(metrics, centre_return=centre_return, centre_steps=centre_steps)
+        def step(s, centre, population):
+            # The fused step's contract: the centre evaluated is the state passed in's.
+            centre_return, centre_steps = centre_fn(s) if centre else (None, None)
+            s, metrics = generation_fn(s) if population else (s, {})
+            return s, dict(metrics, centre_return=centre_return, centre_steps=centre_steps) if centre else metrics
     else:
         t0 = time.perf_counter()
         single, _ = trainer.compiled_step(trainer.place(jax.tree.map(lambda x: x[0], states)))
         compile_time = time.perf_counter() - t0
 
-        def step(s, evaluate):
-            outs = [single(trainer.place(jax.tree.map(lambda x: x[i], s)), jnp.bool_(evaluate)) for i in range(size)]
+        def step(s, centre, population):
+            outs = [single(trainer.place(jax.tree.map(lambda x: x[i], s)), jnp.bool_(centre), jnp.bool_(population))
+                    for i in range(size)]
             return jax.tree.map(lambda *x: jnp.stack(x), *outs)
 
     history = {k: [] for k in HISTORY_KEYS}
     env_steps = np.zeros(size, np.int64)
     loop_start = time.perf_counter()
-    for gen in range(int(states.generation[0]), total):
-        evaluate = gen + 1 == total or (cfg.eval_every > 0 and (gen + 1) % cfg.eval_every == 0)
+    pending = None  # (record, states after it): a generation whose centre the next call evaluates (as jes.loop.run)
+
+    def commit(record, centre_return, centre_steps):
+        nonlocal env_steps
+        env_steps = env_steps + record["env_steps"] + centre_steps
+        record.update(centre_return=centre_return, env_steps=env_steps)
+        for k in HISTORY_KEYS:
+            history[k].append(record[k])
+
+    for gen in range(int(states.generation[0]), total + 1):
+        population = gen < total
+        if not population and pending is None:
+            break
         t_gen = time.perf_counter()
-        states, metrics = step(states, evaluate)
+        newest = states if pending is None else pending[1]
+        new_states, metrics = step(newest, pending is not None, population)
         metrics = {k: np.asarray(v) for k, v in jax.device_get(metrics).items()}
+        if pending is not None:
+            (record, states), pending = pending, None
+            commit(record, metrics["centre_return"], metrics["centre_steps"])
+        if not population:
+            break
         bad = np.flatnonzero(metrics["bad_member"] >= 0)
         if bad.size:
             raise NonFiniteFitnessError(
@@ -205,13 +220,14 @@ def run_batch(trainer: Trainer, states: TrainState, num_generations: int | None 
                 f"learning_rate or keep its noise_std schedule above 0", generation=gen + 1,
             )
         now = time.perf_counter()
-        env_steps += metrics["env_steps"] + metrics["centre_steps"]
-        if not evaluate:  # the fused step reports NaN too; keep the history alike in both modes
-            metrics["centre_return"] = np.full(size, np.nan, np.float32)
         record = dict(metrics, generation=np.full(size, gen + 1), wall_time=np.full(size, now - loop_start),
-                      generation_time=np.full(size, now - t_gen), env_steps=env_steps.copy())
-        for k in HISTORY_KEYS:
-            history[k].append(record[k])
+                      generation_time=np.full(size, now - t_gen), env_steps=metrics["env_steps"])
+        evaluate = gen + 1 == total or (cfg.eval_every > 0 and (gen + 1) % cfg.eval_every == 0)
+        if evaluate:
+            pending = (record, new_states)
+        else:
+            states = new_states
+            commit(record, np.full(size, np.nan, np.float32), 0)
     return states, {k: np.stack(v) if v else np.zeros((0, size)) for k, v in history.items()}, compile_time
 
 

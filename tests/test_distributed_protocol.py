@@ -47,7 +47,7 @@ def test_arrays_round_trip_and_malformed_arrays_are_refused():
 def test_state_snapshot_round_trips_bit_identically():
     trainer = jes.Trainer(jes.MLPPolicy(hidden_sizes=(3,)), "CartPole-v1", "adam",
                           jes.ESConfig(num_members=8, chunk_size=4, eval_episodes=2))
-    state, _ = trainer.step(trainer.init_state(5), jnp.bool_(False))
+    state, _ = trainer.step(trainer.init_state(5), jnp.bool_(False), jnp.bool_(True))
     wire = msgpack.unpackb(msgpack.packb(protocol.pack_state(state)))
     restored = protocol.unpack_state(trainer, wire)
     assert protocol.state_hash(restored) == protocol.state_hash(state)

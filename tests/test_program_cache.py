@@ -245,7 +245,7 @@ def test_code_replaced_at_run_time_is_never_keyed(cache_dir, monkeypatch):
         patch.setattr(jes.GRUPolicy, "helper", lambda self: None, raising=False)  # any function from elsewhere
         assert key_of(small_trainer()) is None
     trainer = small_trainer()
-    trainer.centre_score = lambda state: (0.0, 0)
+    trainer.centre_from_chunks = lambda centre: (0.0, 0)
     assert key_of(trainer) is None
     assert key_of(small_trainer()) is not None
 

@@ -112,7 +112,7 @@ def test_best_member_is_regenerated_from_its_key():
     trainer = result.trainer
     state = trainer.init_state(4)
     for _ in range(best.generation - 1):
-        state, _ = trainer.step(state, jnp.bool_(False))
+        state, _ = trainer.step(state, jnp.bool_(False), jnp.bool_(True))
     np.testing.assert_array_equal(np.asarray(trainer.member(state, best.member)), best.flat_params)
     gen_key = noise.generation_key(state.es_key, state.generation)
     keys = noise.episode_keys(gen_key, jnp.array([best.member]), 1, trainer.antithetic)

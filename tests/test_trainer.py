@@ -1,3 +1,5 @@
+import copy
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -7,6 +9,7 @@ import pytest
 
 import jes
 from jes.loop import run
+from jes.rollout import compaction_sizes
 from envs_for_tests import Countdown
 
 SMALL = dict(num_members=16, chunk_size=8, num_generations=3, eval_episodes=4)
@@ -38,10 +41,10 @@ def test_train_with_a_fresh_trainer_reproduces_the_run(small_trainer):
 def test_no_recompilation_after_first_generation(small_trainer):
     state = small_trainer.init_state(0)
     for gen in range(4):
-        state, metrics = small_trainer.step(state, jnp.bool_(gen % 2 == 0))
+        state, metrics = small_trainer.step(state, jnp.bool_(gen % 2 == 0), jnp.bool_(gen < 3))
     jax.block_until_ready(state)
     assert small_trainer.compile_count() == 1
-    assert int(state.generation) == 4
+    assert int(state.generation) == 3  # the last call evaluated only the centre
 
 
 def test_step_compiled_in_background_is_the_one_used():
@@ -62,8 +65,8 @@ def test_fused_generation_equals_chunks_evaluated_apart(small_trainer):
     trainer = jes.Trainer(jes.GRUPolicy(hidden=3, layers=1), "CartPole-v1", "adam",
                           jes.ESConfig(**dict(SMALL, num_members=24, normalize_observations=True)))
     state = trainer.init_state(3)
-    state, _ = trainer.step(state, jnp.bool_(False))            # non-trivial observation statistics
-    fused, metrics = trainer.step(state, jnp.bool_(False))
+    state, _ = trainer.step(state, jnp.bool_(False), jnp.bool_(True))            # non-trivial observation statistics
+    fused, metrics = trainer.step(state, jnp.bool_(False), jnp.bool_(True))
     evaluate = jax.jit(trainer.evaluate_chunks)
     parts = {c: evaluate(state, jnp.array([c])) for c in (2, 0, 1)}
     stacked = jax.tree.map(lambda *xs: jnp.concatenate(xs), *(parts[c] for c in range(3)))
@@ -73,6 +76,88 @@ def test_fused_generation_equals_chunks_evaluated_apart(small_trainer):
     np.testing.assert_array_equal(fused.obs_sumsq, split.obs_sumsq)
     assert float(metrics["pop_mean"]) == float(split_metrics["pop_mean"])
     assert int(metrics["env_steps"]) == int(split_metrics["env_steps"])
+
+
+def _while_loops(jaxpr) -> int:
+    """``while`` loops in a jaxpr, nested ones (cond branches, scan and map bodies, shard_map) included."""
+    count = 0
+    for eqn in jaxpr.eqns:
+        count += eqn.primitive.name == "while"
+        for value in eqn.params.values():
+            for sub in value if isinstance(value, (list, tuple)) else [value]:
+                inner = getattr(sub, "jaxpr", sub)
+                if hasattr(inner, "eqns"):
+                    count += _while_loops(inner)
+    return count
+
+
+def _arrays(tree) -> list:
+    raw = lambda x: jax.random.key_data(x) if jnp.issubdtype(x.dtype, jax.dtypes.prng_key) else x
+    return [np.asarray(raw(x)) for x in jax.tree.leaves(tree)]
+
+
+@pytest.fixture(scope="module")
+def pendulum_trainer():
+    """Continuous actions and observation normalisation: where XLA's rewrites could show in the last bits.
+    5 centre episodes over 3 chunks: 2 per chunk's rollout, one slot of the last chunk padding."""
+    return jes.Trainer(jes.MLPPolicy(hidden_sizes=(8,)), "Pendulum-v1",
+                       config=jes.ESConfig(num_members=24, chunk_size=8, eval_episodes=5, max_episode_steps=40))
+
+
+def test_step_evaluates_the_centre_passed_in_beside_the_members_bit_for_bit(pendulum_trainer):
+    trainer = pendulum_trainer
+    yes, no = jnp.bool_(True), jnp.bool_(False)
+    state, _ = trainer.step(trainer.init_state(3), no, yes)  # a non-trivial normaliser
+    with_centre, metrics = trainer.step(state, yes, yes)
+    without, metrics_without = trainer.step(state, no, yes)
+    # the members' results do not depend on the centre's episodes sharing their rollout
+    for a, b in zip(_arrays(with_centre), _arrays(without)):
+        np.testing.assert_array_equal(a, b)
+    assert float(metrics["pop_mean"]) == float(metrics_without["pop_mean"])
+    assert int(metrics["env_steps"]) == int(metrics_without["env_steps"])
+    # the centre is the state passed in's, as Trainer.evaluate_centre (a program of its own) computes it
+    returns, steps = jax.jit(trainer.evaluate_centre)(state)
+    assert returns.shape == (5,)
+    assert np.float32(metrics["centre_return"]) == np.float32(returns.mean())
+    assert int(metrics["centre_steps"]) == int(steps.sum()) == 5 * 40
+    assert np.isnan(metrics_without["centre_return"]) and int(metrics_without["centre_steps"]) == 0
+    # the centre alone: the same evaluation, and the state comes back unchanged
+    same, metrics_only = trainer.step(state, yes, no)
+    assert np.float32(metrics_only["centre_return"]) == np.float32(metrics["centre_return"])
+    np.testing.assert_array_equal(np.asarray(same.params), np.asarray(state.params))
+    np.testing.assert_array_equal(np.asarray(same.obs_sum), np.asarray(state.obs_sum))
+    assert int(same.generation) == int(state.generation)
+
+
+def test_the_step_holds_the_rollout_once(pendulum_trainer):
+    """One while loop per compaction level of a chunk's batch (8 members + 2 centre episodes: one level); the
+    centre evaluated in a rollout of its own would add another (and ~35 % to the step's compile on CPU)."""
+    trainer = pendulum_trainer
+    state = trainer._state_shapes()
+    flag = jax.ShapeDtypeStruct((), jnp.bool_)
+    jaxpr = jax.make_jaxpr(trainer.generation_step)(state, flag, flag).jaxpr
+    assert trainer.centre_slots == 2
+    assert _while_loops(jaxpr) == len(compaction_sizes(8 + 2, trainer.rollout_min_batch)) == 1
+
+
+def test_each_row_reports_the_centre_after_its_generation_and_a_stop_keeps_that_state(pendulum_trainer):
+    trainer = pendulum_trainer
+    result = run(trainer, trainer.init_state(5), key=5, num_generations=3)
+    state = trainer.init_state(5)
+    evaluate = jax.jit(trainer.evaluate_centre)
+    for row in range(3):
+        state, _ = trainer.step(state, jnp.bool_(False), jnp.bool_(True))
+        assert np.float32(result.history["centre_return"][row]) == np.float32(evaluate(state)[0].mean())
+    np.testing.assert_array_equal(result.flat_params, np.asarray(state.params))
+    assert int(result.state.generation) == 3 and list(result.history["generation"]) == [1, 2, 3]
+    # stop at the first row whose centre reaches the target: the result is that generation's state
+    target = float(result.history["centre_return"][1]) - 1e-3
+    first = int(np.argmax(result.history["centre_return"] >= target)) + 1
+    stopping = copy.copy(trainer)  # the same compiled step: stop_at_return is read by the host loop only
+    stopping.config = trainer.config.replace(stop_at_return=target)
+    stopped = run(stopping, trainer.init_state(5), key=5, num_generations=3)
+    assert stopped.solved_generation == first == int(stopped.state.generation) == len(stopped.history["generation"])
+    np.testing.assert_array_equal(stopped.history["centre_return"], result.history["centre_return"][:first])
 
 
 def test_result_params_are_a_flax_pytree_usable_with_apply(small_trainer):

@@ -244,10 +244,18 @@ class Master:
         self.close()
 
     # ---------------------------------------------------------- generation
-    def step(self, state: Any, evaluate_centre: bool) -> tuple[Any, dict]:
-        """One generation, evaluated by whoever is connected; same result and metrics as the fused step."""
+    def step(self, state: Any, evaluate_centre: bool, evaluate_population: bool = True) -> tuple[Any, dict]:
+        """One generation, evaluated by whoever is connected; same result and metrics as the fused step
+        (:meth:`jes.generation.Generation.generation_step`): the centre evaluated is ``state``'s, here on the
+        master while the workers evaluate the members; without ``evaluate_population`` only that."""
         trainer = self.trainer
         state = trainer.place(state)
+        if evaluate_centre:  # dispatched now, computed while the members are
+            centre_return, centre_steps = self._centre(state)
+        else:
+            centre_return, centre_steps = jnp.float32(jnp.nan), jnp.int32(0)
+        if not evaluate_population:
+            return state, dict(centre_return=centre_return, centre_steps=centre_steps)
         generation = int(state.generation)
         self._set_run(state)
         current = self._last_hash if state is self._last_state else protocol.state_hash(state)
@@ -269,10 +277,6 @@ class Master:
             self._end()
         fitness, env_steps, obs_sum, obs_sumsq = (jnp.asarray(r) for r in self._results)
         new_state, metrics = self._apply(state, fitness, env_steps, obs_sum, obs_sumsq)
-        if evaluate_centre and int(metrics["bad_member"]) < 0 and not bool(metrics["bad_update"]):
-            centre_return, centre_steps = self._centre(new_state)
-        else:
-            centre_return, centre_steps = jnp.float32(jnp.nan), jnp.int32(0)
         metrics = dict(metrics, centre_return=centre_return, centre_steps=centre_steps)
         self._update = {
             "gen": generation, "hash": current,
