@@ -56,7 +56,10 @@ def run_child(pythonpath: str, min_batch: int, options: str) -> dict:
     env = dict(os.environ, PYTHONPATH=os.path.abspath(pythonpath))
     env.pop("XLA_FLAGS", None)
     env.pop("JES_COMPILATION_CACHE", None)
+    # cwd: `python -c` puts the working directory first on sys.path, ahead of PYTHONPATH, so run in the checkout
+    # (before 2026-12-01 children ran in the caller's directory and --compare from the repo root timed it twice).
     proc = subprocess.run([sys.executable, "-c", CHILD, str(min_batch), options], env=env, capture_output=True,
+                          cwd=os.path.abspath(pythonpath),
                           text=True, timeout=900)
     if proc.returncode != 0:
         raise RuntimeError(f"child failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")

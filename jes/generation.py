@@ -862,7 +862,7 @@ class Trainer(Generation):
     def evaluate_members(self, state, flat, members, gen_key, active):
         return self._evaluate_slots(state, flat, members, gen_key, active)[0]
 
-    def _evaluate_slots(self, state, flat, members, gen_key, active, centre_keys=None, centre_active=None):
+    def _evaluate_slots(self, state, flat, members, gen_key, active, centre_episodes=None, centre_active=None):
         """The members' results, and the returns and steps of centre episodes run in the same rollout batch.
 
         Every slot runs the same code on its own parameters and key, so a member's (and a centre episode's)
@@ -872,11 +872,15 @@ class Trainer(Generation):
         cfg = self.config
         epm = cfg.episodes_per_member
         params = jax.vmap(self.unravel)(flat)
-        keys = noise.episode_keys(gen_key, members, epm, self.antithetic).reshape(-1)
+        if centre_episodes is None:
+            keys = noise.episode_keys(gen_key, members, epm, self.antithetic).reshape(-1)
+        else:
+            keys, centre_keys = noise.episode_and_centre_keys(gen_key, members, epm, self.antithetic, centre_episodes)
+            keys = keys.reshape(-1)
         slot_params = jax.tree.map(lambda p: jnp.repeat(p, epm, axis=0), params) if epm > 1 else params
         done = jnp.repeat(~active, epm)
         num_member_slots = flat.shape[0] * epm
-        if centre_keys is not None:
+        if centre_episodes is not None:
             size = centre_keys.shape[0]
             centre = jax.tree.map(lambda x: jnp.broadcast_to(x, (size,) + x.shape), self.unravel(state.params))
             slot_params = jax.tree.map(lambda a, b: jnp.concatenate([a, b]), slot_params, centre)
@@ -896,14 +900,13 @@ class Trainer(Generation):
         (key ``centre_episode_keys(gen_key, ...)[j]``, as :meth:`evaluate_centre`) in chunk ``j // centre_slots``."""
         gen_key = noise.generation_key(state.es_key, state.generation)
         size = self.centre_slots
-        stream = noise.centre_episode_keys(gen_key, size * self.padded_chunks).reshape(self.padded_chunks, size)
 
         def one(chunk):
             flat, members, active = self.sample_chunk(state, chunk)
             episodes = chunk * size + jnp.arange(size, dtype=jnp.int32)
             centre_active = evaluate_centre & (episodes < self.config.eval_episodes)
             results, returns, steps = self._evaluate_slots(state, flat, members, gen_key, active & evaluate_population,
-                                                           stream[chunk], centre_active)
+                                                           episodes, centre_active)
             return results, (returns, steps)
 
         return jax.lax.map(one, chunk_ids)

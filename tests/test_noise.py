@@ -42,6 +42,17 @@ def test_episode_keys_shared_within_pair_and_distinct_across_episodes():
     assert not np.array_equal(keys[0, 0], keys[0, 1])
 
 
+@pytest.mark.parametrize("antithetic", [True, False])
+def test_episode_and_centre_keys_derived_together_are_the_same_keys(antithetic):
+    members = jnp.arange(6, 14, dtype=jnp.int32)
+    derive = jax.jit(strategy.episode_and_centre_keys, static_argnums=(2, 3))
+    member_keys, centre_keys = derive(gen_key(), members, 3, antithetic, jnp.arange(4, 9, dtype=jnp.int32))
+    np.testing.assert_array_equal(jax.random.key_data(member_keys),
+                                  jax.random.key_data(strategy.episode_keys(gen_key(), members, 3, antithetic)))
+    np.testing.assert_array_equal(jax.random.key_data(centre_keys),
+                                  jax.random.key_data(strategy.centre_episode_keys(gen_key(), 9)[4:]))
+
+
 @pytest.mark.parametrize("fitness", [
     np.random.default_rng(0).normal(size=101),
     np.array([3.0, 3.0, 3.0, 1.0, 9.0, 9.0]),      # ties

@@ -85,6 +85,23 @@ def centre_episode_keys(gen_key: jax.Array, num_episodes: int) -> jax.Array:
     return jax.vmap(lambda e: jax.random.fold_in(stream, e))(jnp.arange(num_episodes))
 
 
+def episode_and_centre_keys(gen_key: jax.Array, members: jax.Array, num_episodes: int, antithetic: bool,
+                            centre_episodes: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """:func:`episode_keys` of ``members`` and the keys of centre episodes ``centre_episodes`` (indices into
+    :func:`centre_episode_keys`), the same keys, derived level by level together: each level is one threefry
+    computation in the compiled program instead of two."""
+    tags = jnp.array([EPISODE_STREAM, CENTRE_STREAM], jnp.int32)
+    episode_stream, centre_stream = jax.vmap(lambda tag: jax.random.fold_in(gen_key, tag))(tags)
+    sources, _ = _noise_source(jnp.asarray(members, jnp.int32), antithetic)
+    num_members, num_centre = sources.shape[0], centre_episodes.shape[0]
+    streams = jnp.concatenate([jnp.broadcast_to(episode_stream, (num_members,)),
+                               jnp.broadcast_to(centre_stream, (num_centre,))])
+    keys = jax.vmap(jax.random.fold_in)(streams, jnp.concatenate([sources, jnp.asarray(centre_episodes, jnp.int32)]))
+    episodes = jnp.arange(num_episodes)
+    member_keys = jax.vmap(lambda key: jax.vmap(lambda e: jax.random.fold_in(key, e))(episodes))(keys[:num_members])
+    return member_keys, keys[num_members:]
+
+
 def centered_ranks(fitness: jax.Array) -> jax.Array:
     """Centered ranks in ``[-0.5, 0.5]`` summing to 0; tied values share their average rank.
 
