@@ -131,7 +131,7 @@ def test_step_evaluates_the_centre_passed_in_beside_the_members_bit_for_bit(pend
 
 def test_the_step_holds_the_rollout_once(pendulum_trainer):
     """One while loop per compaction level of a chunk's batch (8 members + 2 centre episodes: one level); the
-    centre evaluated in a rollout of its own would add another (and ~35 % to the step's compile on CPU)."""
+    centre evaluated in a rollout of its own would add another (+25-35 % compile on CPU: benchmarks/README.md)."""
     trainer = pendulum_trainer
     state = trainer._state_shapes()
     flag = jax.ShapeDtypeStruct((), jnp.bool_)
