@@ -233,7 +233,8 @@ def run_optimization(problem: FunctionProblem, key: Any = 0, num_generations: in
         t_block = time.perf_counter()
         block = []
         for _ in range(min(ahead, num_generations - gen) if population else 1):
-            new_state, metrics = compiled(head, flags[True], flags[population])
+            # the centre of `head` only when its row is still open (not for the initial state)
+            new_state, metrics = compiled(head, flags[pending is not None or bool(block)], flags[population])
             block.append((head, new_state, metrics))
             head = new_state
         fetched = jax.device_get([metrics for _, _, metrics in block])

@@ -897,7 +897,13 @@ class Trainer(Generation):
 
     def step_chunks(self, state, chunk_ids, evaluate_centre, evaluate_population):
         """Each chunk's rollout also runs :attr:`centre_slots` of the centre's evaluation episodes: episode ``j``
-        (key ``centre_episode_keys(gen_key, ...)[j]``, as :meth:`evaluate_centre`) in chunk ``j // centre_slots``."""
+        (key ``centre_episode_keys(gen_key, ...)[j]``, as :meth:`evaluate_centre`) in chunk ``j // centre_slots``.
+
+        A subclass that overrides :meth:`evaluate_members` or :meth:`evaluate_centre` gets them called as
+        written (members by chunk, the centre apart), as workers, a master and a sweep call them."""
+        if type(self).evaluate_members is not Trainer.evaluate_members or \
+                type(self).evaluate_centre is not Trainer.evaluate_centre:
+            return super().step_chunks(state, chunk_ids, evaluate_centre, evaluate_population)
         gen_key = noise.generation_key(state.es_key, state.generation)
         size = self.centre_slots
 
@@ -913,6 +919,10 @@ class Trainer(Generation):
 
     def centre_from_chunks(self, centre):
         returns, steps = (x.reshape(-1)[: self.config.eval_episodes] for x in centre)
+        return returns.mean(), steps.sum()
+
+    def centre_score(self, state):
+        returns, steps = self.evaluate_centre(state)
         return returns.mean(), steps.sum()
 
     def evaluate_centre(self, state: TrainState, num_episodes: int | None = None, key: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:

@@ -478,13 +478,16 @@ def run(trainer: Trainer, state: TrainState, *, key: Any = 0, callbacks: Iterabl
     def commit(entry: tuple, centre_return: float, centre_steps: int) -> bool:
         """Add a generation's row (its centre now known), advance ``state``; True when the run stops here."""
         nonlocal state, best, env_steps, saved_generation, solved_generation
-        record, state, best = entry
+        record, after, candidate = entry
         generation_steps = record["env_steps"] + centre_steps
         env_steps += generation_steps
         record.update(centre_return=centre_return, centre_steps=centre_steps, env_steps=env_steps,
                       env_steps_per_second=generation_steps / max(record["generation_time"], 1e-9))
         for k in HISTORY_KEYS:
             history[k].append(record[k])
+        # after the history row, so an interrupt never leaves history behind the state (a checkpoint drops rows
+        # past its state but cannot make up a missing one)
+        state, best = after, candidate
         for callback in callbacks:
             callback(record)
         generation = record["generation"]

@@ -140,6 +140,17 @@ def test_the_step_holds_the_rollout_once(pendulum_trainer):
     assert _while_loops(jaxpr) == len(compaction_sizes(8 + 2, trainer.rollout_min_batch)) == 1
 
 
+def test_a_subclass_evaluating_the_centre_its_own_way_is_called_by_the_step():
+    class FixedCentre(jes.Trainer):
+        def evaluate_centre(self, state, num_episodes=None, key=None):
+            n = num_episodes or self.config.eval_episodes
+            return jnp.full(n, 7.0), jnp.full(n, 3, jnp.int32)
+
+    trainer = FixedCentre(jes.MLPPolicy(hidden_sizes=(4,)), "CartPole-v1", "adam", jes.ESConfig(**SMALL))
+    _, metrics = trainer.step(trainer.init_state(0), jnp.bool_(True), jnp.bool_(True))
+    assert float(metrics["centre_return"]) == 7.0 and int(metrics["centre_steps"]) == 3 * SMALL["eval_episodes"]
+
+
 def test_each_row_reports_the_centre_after_its_generation_and_a_stop_keeps_that_state(pendulum_trainer):
     trainer = pendulum_trainer
     result = run(trainer, trainer.init_state(5), key=5, num_generations=3)
