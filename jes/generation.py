@@ -435,11 +435,12 @@ class Generation:
         except Exception:  # noqa: BLE001 - any failure of the cached path: trace as without a cache
             return None
 
-    def evaluate_chunk(self, state: TrainState, chunk: jax.Array) -> ChunkResults:
-        """Evaluate members ``[chunk*C, (chunk+1)*C)`` of the state's generation (padding members get fitness 0)."""
+    def evaluate_chunk(self, state: TrainState, chunk: jax.Array, evaluate_population: Any = True) -> ChunkResults:
+        """Evaluate members ``[chunk*C, (chunk+1)*C)`` of the state's generation (padding members get fitness 0;
+        with ``evaluate_population`` false, every member is treated as padding)."""
         flat, members, active = self.sample_chunk(state, chunk)
         gen_key = noise.generation_key(state.es_key, state.generation)
-        return self.evaluate_members(state, flat, members, gen_key, active)
+        return self.evaluate_members(state, flat, members, gen_key, active & evaluate_population)
 
     def evaluate_chunks(self, state: TrainState, chunks: jax.Array) -> ChunkResults:
         """Evaluate several chunks one after another (``lax.map``): the unit of work of a device or worker."""
@@ -568,13 +569,7 @@ class Generation:
         A subclass that evaluates the centre inside its chunks returns ``(returns, steps)``, each ``[k, S]``:
         centre episode ``j`` in slot ``j % S`` of chunk ``j // S`` (see :meth:`Trainer.step_chunks`).
         """
-        gen_key = noise.generation_key(state.es_key, state.generation)
-
-        def one(chunk):
-            flat, members, active = self.sample_chunk(state, chunk)
-            return self.evaluate_members(state, flat, members, gen_key, active & evaluate_population)
-
-        return jax.lax.map(one, chunk_ids), None
+        return jax.lax.map(lambda c: self.evaluate_chunk(state, c, evaluate_population), chunk_ids), None
 
     def centre_from_chunks(self, centre: Any) -> tuple[jax.Array, jax.Array]:
         """``(score, steps)`` of the centre from every real chunk's part ``[num_chunks, S]`` (see :meth:`step_chunks`)."""

@@ -472,9 +472,6 @@ def run(trainer: Trainer, state: TrainState, *, key: Any = 0, callbacks: Iterabl
     def save_checkpoint():
         checkpoint.save(save_to, trainer, localize(state), history, key, best=best)
 
-    def wants_centre(generation: int) -> bool:
-        return generation == total or (cfg.eval_every > 0 and generation % cfg.eval_every == 0)
-
     def commit(entry: tuple, centre_return: float, centre_steps: int) -> bool:
         """Add a generation's row (its centre now known), advance ``state``; True when the run stops here."""
         nonlocal state, best, env_steps, saved_generation, solved_generation
@@ -546,7 +543,7 @@ def run(trainer: Trainer, state: TrainState, *, key: Any = 0, callbacks: Iterabl
                                        member=int(metrics["best_member"]),
                                        regenerate=_member_regenerator(trainer, newest, int(metrics["best_member"])))
             pending = (record, new_state, candidate)
-            if not wants_centre(gen + 1):  # nothing to wait for
+            if not evaluates_centre(gen + 1, total, cfg.eval_every):  # nothing to wait for
                 entry, pending = pending, None
                 commit(entry, float("nan"), 0)
     except KeyboardInterrupt:
@@ -556,6 +553,12 @@ def run(trainer: Trainer, state: TrainState, *, key: Any = 0, callbacks: Iterabl
     if save_to is not None and saved_generation != int(fetch(state.generation)):
         save_checkpoint()
     return _result(trainer, state, history, key, solved_generation, compile_time, t_start, best, checkpoint_path, log_dir)
+
+
+def evaluates_centre(generation: int, total: int, eval_every: int) -> bool:
+    """Whether generation ``generation`` (1-based) of a run of ``total`` gets a centre evaluation: every
+    ``eval_every``-th (0: none) and always the last."""
+    return generation == total or (eval_every > 0 and generation % eval_every == 0)
 
 
 def _first_solved(history: dict, solved_return: float | None) -> int | None:

@@ -34,7 +34,7 @@ from jes.config import ESConfig
 from jes.logging import TensorBoardLogger, default_run_name, unique_dir
 from jes.policies import GRUPolicy, MLPPolicy
 from jes.generation import Trainer, TrainState
-from jes.loop import HISTORY_KEYS, NonFiniteFitnessError, NonFiniteUpdateError
+from jes.loop import HISTORY_KEYS, NonFiniteFitnessError, NonFiniteUpdateError, evaluates_centre
 from jes.optimizers import DEFAULT_LEARNING_RATES, resolve_name
 
 # Hyperparameters that live in the TrainState, so different values share one compiled program.
@@ -222,8 +222,7 @@ def run_batch(trainer: Trainer, states: TrainState, num_generations: int | None 
         now = time.perf_counter()
         record = dict(metrics, generation=np.full(size, gen + 1), wall_time=np.full(size, now - loop_start),
                       generation_time=np.full(size, now - t_gen), env_steps=metrics["env_steps"])
-        evaluate = gen + 1 == total or (cfg.eval_every > 0 and (gen + 1) % cfg.eval_every == 0)
-        if evaluate:
+        if evaluates_centre(gen + 1, total, cfg.eval_every):
             pending = (record, new_states)
         else:
             states = new_states
