@@ -2,14 +2,16 @@
 
     python benchmarks/compile.py [--repeats 2] [--compare base=/tmp/jes-base,new=.]
                                  [--min-batch 32,256] [--options '{"xla_cpu_parallel_codegen_split_count": 1}']
-                                 [--workloads cartpole,pendulum,acrobot]
+                                 [--workloads cartpole,pendulum,acrobot] [--eval-every 1,10]
 
 Each measurement is a fresh ``python -c`` child (its checkout's ``jes`` first on ``PYTHONPATH``, run in
 the checkout's directory): one CPU device per core, no compilation cache; workload ``cartpole`` (default)
 is GRU 5x2 on CartPole-v1 with the defaults (population 512), ``pendulum`` MLP 32x32 on Pendulum-v1 and
 ``acrobot`` GRU 32 on Acrobot-v1 (population 512 each). It lowers ``trainer.step`` for the initial state,
 compiles it (with ``--options`` as XLA compiler options, if given) and runs 12 generations with the
-centre evaluated, then 8 more without. It prints wall and CPU seconds (process time, all threads) for
+centre evaluated, then 8 more without (``--eval-every``: the ``ESConfig.eval_every`` the trainer is
+built with; the program then evaluates the centre on one generation in that many, and "per generation
+over a run" weighs the two kinds so). It prints wall and CPU seconds (process time, all threads) for
 lowering, compiling and the median generation after the first of each kind; CPU seconds move far less
 than wall seconds when other work shares the machine. The hash of the state after the first 12
 generations shows whether a variant changed any bit. Variants run interleaved, repeat by repeat.
@@ -29,11 +31,11 @@ import numpy as np
 import jax, jax.numpy as jnp
 import jes
 jes.use_cpu_cores()
-min_batch, options, workload = int(sys.argv[1]), json.loads(sys.argv[2]), sys.argv[3]
+min_batch, options, workload, eval_every = int(sys.argv[1]), json.loads(sys.argv[2]), sys.argv[3], int(sys.argv[4])
 policy, env = {"cartpole": (jes.GRUPolicy(hidden=5, layers=2), "CartPole-v1"),
                "pendulum": (jes.MLPPolicy(hidden_sizes=(32, 32)), "Pendulum-v1"),
                "acrobot": (jes.GRUPolicy(hidden=32, layers=1), "Acrobot-v1")}[workload]
-trainer = jes.Trainer(policy, env, config=jes.ESConfig(), rollout_min_batch=min_batch)
+trainer = jes.Trainer(policy, env, config=jes.ESConfig(eval_every=eval_every), rollout_min_batch=min_batch)
 state = trainer.init_state(0)
 state.params.block_until_ready()
 w0, c0 = time.perf_counter(), time.process_time()
@@ -63,13 +65,13 @@ print("RESULT", json.dumps(dict(lower_wall=w1 - w0, lower_cpu=c1 - c0, compile_w
 """
 
 
-def run_child(pythonpath: str, min_batch: int, options: str, workload: str) -> dict:
+def run_child(pythonpath: str, min_batch: int, options: str, workload: str, eval_every: int) -> dict:
     env = dict(os.environ, PYTHONPATH=os.path.abspath(pythonpath))
     env.pop("XLA_FLAGS", None)
     env.pop("JES_COMPILATION_CACHE", None)
     # cwd: `python -c` puts the working directory first on sys.path, ahead of PYTHONPATH, so run in the checkout
     # (before 2026-12-01 children ran in the caller's directory and --compare from the repo root timed it twice).
-    proc = subprocess.run([sys.executable, "-c", CHILD, str(min_batch), options, workload], env=env, capture_output=True,
+    proc = subprocess.run([sys.executable, "-c", CHILD, str(min_batch), options, workload, str(eval_every)], env=env, capture_output=True,
                           cwd=os.path.abspath(pythonpath),
                           text=True, timeout=900)
     if proc.returncode != 0:
@@ -85,28 +87,34 @@ def main() -> None:
                         help="label=PATH,... checkouts to compare (default: this one)")
     parser.add_argument("--min-batch", default="32", help="comma-separated rollout_min_batch values")
     parser.add_argument("--workloads", default="cartpole", help="comma-separated: cartpole, pendulum, acrobot")
+    parser.add_argument("--eval-every", default="1", help="comma-separated ESConfig.eval_every values")
     parser.add_argument("--options", action="append", default=None,
                         help="a JSON dict of XLA compiler options (repeatable; default: none)")
     args = parser.parse_args()
     checkouts = [item.split("=", 1) for item in args.compare.split(",")]
-    variants = [(w, label, path, int(mb), opts) for w in args.workloads.split(",") for label, path in checkouts
+    variants = [(w, ev, label, path, int(mb), opts) for w in args.workloads.split(",")
+                for ev in (int(x) for x in args.eval_every.split(",")) for label, path in checkouts
                 for mb in args.min_batch.split(",") for opts in (args.options or ["{}"])]
-    rows: dict = {(w, label, mb, opts): [] for w, label, _, mb, opts in variants}
+    rows: dict = {(w, ev, label, mb, opts): [] for w, ev, label, _, mb, opts in variants}
     for repeat in range(args.repeats):
-        for w, label, path, mb, opts in variants:
-            r = run_child(path, mb, opts, w)
-            rows[(w, label, mb, opts)].append(r)
-            print(f"{w} {label} min_batch={mb} options={opts} repeat {repeat}: " + json.dumps(r), flush=True)
+        for w, ev, label, path, mb, opts in variants:
+            r = run_child(path, mb, opts, w, ev)
+            rows[(w, ev, label, mb, opts)].append(r)
+            print(f"{w} eval_every={ev} {label} min_batch={mb} options={opts} repeat {repeat}: " + json.dumps(r),
+                  flush=True)
     print()
-    print("| workload | checkout | rollout_min_batch | compiler options | lower s (wall / CPU) | compile s (wall / CPU) | "
-          "s/generation with centre (wall / CPU) | without centre | bits |")
-    print("|---|---|---|---|---|---|---|---|---|")
-    for (w, label, mb, opts), runs in rows.items():
+    print("| workload | eval_every | checkout | rollout_min_batch | compiler options | lower s (wall / CPU) | "
+          "compile s (wall / CPU) | s/generation with centre (wall / CPU) | without centre | per generation over a run "
+          "(wall / CPU) | bits |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    for (w, ev, label, mb, opts), runs in rows.items():
         med = lambda k: statistics.median(r[k] for r in runs)
+        share = 1 / ev if ev > 0 else 0.0
+        run_wall, run_cpu = (share * med(f"gen_{k}") + (1 - share) * med(f"off_{k}") for k in ("wall", "cpu"))
         bits = ",".join(sorted({r["bits"] for r in runs}))
-        print(f"| {w} | {label} | {mb} | {opts} | {med('lower_wall'):.2f} / {med('lower_cpu'):.2f} | "
+        print(f"| {w} | {ev} | {label} | {mb} | {opts} | {med('lower_wall'):.2f} / {med('lower_cpu'):.2f} | "
               f"{med('compile_wall'):.2f} / {med('compile_cpu'):.2f} | {med('gen_wall'):.4f} / {med('gen_cpu'):.4f} | "
-              f"{med('off_wall'):.4f} / {med('off_cpu'):.4f} | {bits} |")
+              f"{med('off_wall'):.4f} / {med('off_cpu'):.4f} | {run_wall:.4f} / {run_cpu:.4f} | {bits} |")
     print(f"\n(medians over {args.repeats} repeats; load average at the end: {os.getloadavg()[0]:.1f} "
           f"on {os.cpu_count()} CPUs)")
 

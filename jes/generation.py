@@ -881,8 +881,11 @@ class Trainer(Generation):
             slot_params = jax.tree.map(lambda a, b: jnp.concatenate([a, b]), slot_params, centre)
             keys = jnp.concatenate([keys, centre_keys])
             done = jnp.concatenate([done, ~centre_active])
+        # With eval_every > 1 most steps leave the centre's slots idle: let the rollout drop them at once.
+        optional = 0 if centre_episodes is None or cfg.eval_every == 1 else centre_keys.shape[0]
         out = run_slots(self.fns, self.spec, slot_params, keys, done, obs_scale=self.obs_scale(state),
-                        collect_obs_stats=self.normalize_observations, min_slots=self.rollout_min_batch)
+                        collect_obs_stats=self.normalize_observations, min_slots=self.rollout_min_batch,
+                        optional_slots=optional)
         returns = out["returns"][:num_member_slots].reshape(-1, epm)
         fitness = jnp.where(active, returns.mean(axis=1), 0.0)
         obs_sum, obs_sumsq = sum_obs_stats(out, num_member_slots, self.obs_shape)

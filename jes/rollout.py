@@ -86,8 +86,15 @@ def _select(mask: jax.Array, new: Any, old: Any) -> Any:
     return jax.tree.map(pick, new, old)
 
 
-def compaction_sizes(num_slots: int, min_slots: int = 32, factor: int = 4) -> list[int]:
-    """Batch sizes the rollout steps through: ``num_slots``, then /4 while at least ``min_slots``."""
+def compaction_sizes(num_slots: int, min_slots: int = 32, factor: int = 4, optional_slots: int = 0) -> list[int]:
+    """Batch sizes the rollout steps through: ``num_slots``, then /4 while at least ``min_slots``.
+
+    With ``optional_slots`` (a group of slots that may all start done, such as the centre's episodes on a
+    generation that does not evaluate it), the first batch is left as soon as no more than
+    ``num_slots - optional_slots`` run, so an idle group costs one gather instead of a full level."""
+    rest = num_slots - optional_slots
+    if 0 < optional_slots and rest >= min_slots:
+        return [num_slots] + compaction_sizes(rest, min_slots, factor)
     sizes = [num_slots]
     while sizes[-1] // factor >= min_slots:
         sizes.append(sizes[-1] // factor)
@@ -151,6 +158,7 @@ def run_slots(
     collect_obs_stats: bool = False,
     min_slots: int = 32,
     action_fn: Any = None,
+    optional_slots: int = 0,
 ) -> dict:
     """Run ``S`` episodes side by side, one per slot, each with its own parameters and key.
 
@@ -165,6 +173,8 @@ def run_slots(
         slot_params: Flax params pytree whose leaves lead with the slots axis ``[S, ...]``.
         keys: typed PRNG keys ``[S]``, one per episode.
         done: bool ``[S]``; slots that start done (padding) cost nothing and return 0.
+        optional_slots: size of a group of slots that may all start done (see :func:`compaction_sizes`);
+            only the batch sizes depend on it, not the results.
         (the rest as in :func:`run_episodes`)
 
     Returns:
@@ -219,7 +229,7 @@ def run_slots(
         return jax.tree.map(lambda f, r: f.at[slot_ids].set(r), final, results)
 
     t = jnp.int32(0)
-    sizes = compaction_sizes(num_slots, min_slots)
+    sizes = compaction_sizes(num_slots, min_slots, optional_slots=optional_slots)
     for level, size in enumerate(sizes):
         if level > 0:
             # Record every slot's results, then keep the running ones (at most `size` of them).

@@ -140,6 +140,35 @@ def test_the_step_holds_the_rollout_once(pendulum_trainer):
     assert _while_loops(jaxpr) == len(compaction_sizes(8 + 2, trainer.rollout_min_batch)) == 1
 
 
+def test_compaction_drops_an_idle_optional_group_first():
+    assert compaction_sizes(288, 32) == [288, 72]
+    assert compaction_sizes(288, 32, optional_slots=32) == [288, 256, 64]
+    assert compaction_sizes(40, 32, optional_slots=32) == compaction_sizes(40, 32) == [40]  # 8 left: too few
+
+
+@pytest.mark.parametrize("env", ["Pendulum-v1", "CartPole-v1"])
+def test_with_eval_every_above_one_the_idle_centre_slots_leave_the_batch_with_the_same_bits(env):
+    """eval_every > 1: most steps leave the centre's slots idle, so the rollout's first level ends once only the
+    members' slots can run (one more compaction level). Batch sizes differ from eval_every=1's; bits do not."""
+    config = dict(num_members=24, chunk_size=8, eval_episodes=5, max_episode_steps=40, normalize_observations=True)
+    make = lambda every: jes.Trainer(jes.MLPPolicy(hidden_sizes=(8,)), env, config=jes.ESConfig(
+        **config, eval_every=every), rollout_min_batch=2)
+    every_step, sometimes = make(1), make(3)
+    flag = jax.ShapeDtypeStruct((), jnp.bool_)
+    loops = [_while_loops(jax.make_jaxpr(t.generation_step)(t._state_shapes(), flag, flag).jaxpr)
+             for t in (every_step, sometimes)]
+    assert loops == [len(compaction_sizes(8 + 2, 2)), len(compaction_sizes(8 + 2, 2, optional_slots=2))] == [2, 3]
+    yes, no = jnp.bool_(True), jnp.bool_(False)
+    state, _ = every_step.step(every_step.init_state(4), no, yes)  # a non-trivial normaliser
+    for flags in ((yes, yes), (no, yes), (yes, no)):
+        a, metrics_a = every_step.step(state, *flags)
+        b, metrics_b = sometimes.step(state, *flags)
+        for x, y in zip(_arrays(a), _arrays(b)):
+            np.testing.assert_array_equal(x, y)
+        for name in ("pop_mean", "centre_return", "centre_steps", "env_steps"):
+            np.testing.assert_array_equal(np.asarray(metrics_a[name]), np.asarray(metrics_b[name]))
+
+
 def test_a_subclass_evaluating_the_centre_its_own_way_is_called_by_the_step():
     class FixedCentre(jes.Trainer):
         def evaluate_centre(self, state, num_episodes=None, key=None):
