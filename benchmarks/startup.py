@@ -1,6 +1,8 @@
 """Startup benchmark: from starting ``python`` to a solved CartPole, cold and warm, as a user waits.
 
     python benchmarks/startup.py [--seeds 5] [--compare base=/path/to/old/checkout,new=.]
+    PYTHONPATH=/tmp/evosax python benchmarks/startup.py --peer evosax   # after the line below
+    pip install --target /tmp/evosax "evosax==0.3.2" dotmap --no-deps     # a peer, beside jes's environment
 
 Each run is a fresh ``python -c`` child doing what ``python -m jes`` does with the defaults
 (``jes.use_cpu_cores()``, ``jes.enable_compilation_cache()``, GRU 5x2 on CartPole-v1, stop at a
@@ -14,6 +16,8 @@ parent's start, so "python start" is the interpreter's own start-up.
 Per seed: a cold run (a fresh, empty compilation-cache directory), then a warm run (the same
 directory again). ``--compare label=PATH,...`` runs each checkout (its ``jes`` put first on
 ``PYTHONPATH``) side by side, interleaved seed by seed, so a loaded machine loads them alike.
+``--peer evosax`` adds evosax's Open_ES on the same task, written as its user would write it (see
+``CHILD_EVOSAX``), interleaved the same way.
 """
 from __future__ import annotations
 
@@ -55,19 +59,103 @@ print("RESULT", json.dumps(dict(solved=result.solved_generation, score=score, ge
                                   compile_time=result.compile_time)), flush=True)
 """
 CHILD = CHILD.replace("import sys, time", "import json, sys, time")
+
+# The peer, as its user would write it (no jes): evosax 0.3's Open_ES with jes's defaults where they are choices
+# (population 512, antithetic, centred ranks, adam lr 0.2, sigma 0.2, GRU 5x2, the centre on 64 fresh episodes
+# after every generation, stop at 475, then 100 episodes), its own rollout as evosax's examples write it (one
+# lax.scan over the 500 steps of gymnax's auto-resetting step, the return summed until the first done), ask,
+# rollout, tell and the centre in one jitted generation. Warm: JAX's persistent cache in the same directory,
+# with JAX's default thresholds (what an evosax user gets by turning it on).
+CHILD_EVOSAX = r"""
+import json, sys, time
+def mark(name):
+    print("PHASE", name, repr(time.time()), flush=True)
+mark("python")
+import numpy as np
+import jax, jax.numpy as jnp, optax, flax.linen as nn
+from jax.flatten_util import ravel_pytree
+import gymnax
+from evosax.algorithms import Open_ES
+mark("import")
+jax.config.update("jax_compilation_cache_dir", sys.argv[2])
+seed, POP, EPISODES = int(sys.argv[1]), 512, 64
+env, env_params = gymnax.make("CartPole-v1")
+
+class GRU(nn.Module):
+    @nn.compact
+    def __call__(self, carry, obs):
+        x, new = obs, []
+        for layer in range(2):
+            c, x = nn.GRUCell(features=5, name=f"gru{layer}")(carry[layer], x)
+            new.append(c)
+        return jnp.stack(new), nn.Dense(2)(x)
+
+policy = GRU()
+carry0 = jnp.zeros((2, 5))
+key = jax.random.key(seed)
+x0, unravel = ravel_pytree(policy.init(jax.random.fold_in(key, 0), carry0, jnp.zeros(4)))
+es = Open_ES(population_size=POP, solution=x0, use_antithetic_sampling=True, optimizer=optax.adam(0.2),
+             std_schedule=optax.constant_schedule(0.2))
+es_params = es.default_params
+mark("setup")
+state = es.init(jax.random.fold_in(key, 1), x0, es_params)
+jax.block_until_ready(state.mean)
+mark("init")
+
+def episode(flat, k):
+    params = unravel(flat)
+    k_reset, k_steps = jax.random.split(k)
+    obs, env_state = env.reset(k_reset, env_params)
+    def step(c, k_step):
+        obs, env_state, carry, total, done = c
+        carry, logits = policy.apply(params, carry, obs)
+        obs, env_state, reward, terminated, truncated, _ = env.step(k_step, env_state, jnp.argmax(logits), env_params)
+        d = (terminated | truncated).astype(jnp.float32)
+        return (obs, env_state, carry, total + reward * (1 - done), jnp.maximum(done, d)), None
+    c = (obs, env_state, carry0, jnp.float32(0), jnp.float32(0))
+    return jax.lax.scan(step, c, jax.random.split(k_steps, env_params.max_steps_in_episode))[0][3]
+
+def centre(mean, k, n):
+    return jax.vmap(episode, in_axes=(None, 0))(mean, jax.random.split(k, n)).mean()
+
+@jax.jit
+def generation(state, k):
+    k_ask, k_eval, k_tell, k_centre = jax.random.split(k, 4)
+    xs, state = es.ask(k_ask, state, es_params)
+    returns = jax.vmap(episode)(xs, jax.random.split(k_eval, POP))
+    state, _ = es.tell(k_tell, xs, -returns, state, es_params)  # evosax minimises
+    return state, centre(state.mean, k_centre, EPISODES)
+
+run_key = jax.random.fold_in(key, 2)
+generation = generation.lower(state, run_key).compile()
+mark("compile")
+solved, times = None, []
+for g in range(200):
+    t = time.perf_counter()
+    state, score = generation(state, jax.random.fold_in(run_key, g))
+    score = float(score)
+    times.append(time.perf_counter() - t)
+    if score >= 475.0:
+        solved = g + 1
+        break
+mark("generations")
+score = float(jax.jit(centre, static_argnums=2)(state.mean, jax.random.fold_in(key, 3), 100))
+mark("evaluate")
+print("RESULT", json.dumps(dict(solved=solved, score=score, generation_times=times, compile_time=None)), flush=True)
+"""
 PHASES = ("python", "import", "setup", "init", "compile", "generations", "evaluate")
 
 
-def run_child(pythonpath: str, seed: int, cache_dir: str, extra_env: dict | None = None) -> dict:
+def run_child(pythonpath: str, seed: int, cache_dir: str, extra_env: dict | None = None, child: str = CHILD) -> dict:
     """One fresh process; returns its phase durations (s), total wall time, and result."""
     # The checkout first; whatever PYTHONPATH already holds after it (e.g. packages installed outside the venv).
-    path = os.pathsep.join(p for p in (os.path.abspath(pythonpath), os.environ.get("PYTHONPATH", "")) if p)
+    path = os.pathsep.join(p for p in (pythonpath and os.path.abspath(pythonpath), os.environ.get("PYTHONPATH", "")) if p)
     env = dict(os.environ, PYTHONPATH=path, JES_COMPILATION_CACHE=cache_dir, **(extra_env or {}))
     env.pop("XLA_FLAGS", None)
     start = time.time()
     # Run in the cache's parent directory: `python -c` puts its working directory first on sys.path, so a
     # checkout's jes/ there would shadow the one on PYTHONPATH (and --compare would time one checkout twice).
-    proc = subprocess.run([sys.executable, "-c", CHILD, str(seed)], env=env, capture_output=True, text=True,
+    proc = subprocess.run([sys.executable, "-c", child, str(seed), cache_dir], env=env, capture_output=True, text=True,
                           timeout=600, cwd=os.path.dirname(os.path.abspath(cache_dir)))
     total = time.time() - start
     if proc.returncode != 0:
@@ -100,15 +188,18 @@ def main() -> None:
     parser.add_argument("--compare", default=f"jes={os.path.dirname(os.path.dirname(os.path.abspath(__file__)))}",
                         help="label=PATH,... checkouts to compare (default: this one)")
     parser.add_argument("--no-warm", action="store_true", help="cold runs only")
+    parser.add_argument("--peer", choices=("evosax",), action="append", default=[],
+                        help="also run a peer library's equivalent, interleaved (evosax: importable from PYTHONPATH)")
     args = parser.parse_args()
-    checkouts = [item.split("=", 1) for item in args.compare.split(",")]
+    checkouts = [item.split("=", 1) for item in args.compare.split(",")] + [[peer, ""] for peer in args.peer]
+    children = {"evosax": CHILD_EVOSAX}
     rows = {(label, kind): [] for label, _ in checkouts for kind in ("cold", "warm")}
     with tempfile.TemporaryDirectory() as tmp:
         for seed in range(args.seeds):
             for label, path in checkouts:
                 cache = os.path.join(tmp, f"{label}-{seed}")
                 for kind in ("cold",) if args.no_warm else ("cold", "warm"):
-                    r = run_child(path, seed, cache)
+                    r = run_child(path, seed, cache, child=children.get(label, CHILD) if not path else CHILD)
                     rows[(label, kind)].append(r)
                     p = r["phases"]
                     print(f"{label:>8s} seed {seed} {kind}: total {r['total']:5.2f}s solved@{r['solved_at']:5.2f}s "
