@@ -191,15 +191,16 @@ def main() -> None:
     parser.add_argument("--peer", choices=("evosax",), action="append", default=[],
                         help="also run a peer library's equivalent, interleaved (evosax: importable from PYTHONPATH)")
     args = parser.parse_args()
-    checkouts = [item.split("=", 1) for item in args.compare.split(",")] + [[peer, ""] for peer in args.peer]
-    children = {"evosax": CHILD_EVOSAX}
-    rows = {(label, kind): [] for label, _ in checkouts for kind in ("cold", "warm")}
+    # (label, checkout put first on PYTHONPATH or "" for a peer, child script)
+    checkouts = [(*item.split("=", 1), CHILD) for item in args.compare.split(",")] + \
+        [(peer, "", {"evosax": CHILD_EVOSAX}[peer]) for peer in args.peer]
+    rows = {(label, kind): [] for label, _, _ in checkouts for kind in ("cold", "warm")}
     with tempfile.TemporaryDirectory() as tmp:
         for seed in range(args.seeds):
-            for label, path in checkouts:
+            for label, path, child in checkouts:
                 cache = os.path.join(tmp, f"{label}-{seed}")
                 for kind in ("cold",) if args.no_warm else ("cold", "warm"):
-                    r = run_child(path, seed, cache, child=children.get(label, CHILD) if not path else CHILD)
+                    r = run_child(path, seed, cache, child=child)
                     rows[(label, kind)].append(r)
                     p = r["phases"]
                     print(f"{label:>8s} seed {seed} {kind}: total {r['total']:5.2f}s solved@{r['solved_at']:5.2f}s "

@@ -875,14 +875,15 @@ class Trainer(Generation):
         slot_params = jax.tree.map(lambda p: jnp.repeat(p, epm, axis=0), params) if epm > 1 else params
         done = jnp.repeat(~active, epm)
         num_member_slots = flat.shape[0] * epm
+        optional = 0
         if centre_episodes is not None:
             size = centre_keys.shape[0]
             centre = jax.tree.map(lambda x: jnp.broadcast_to(x, (size,) + x.shape), self.unravel(state.params))
             slot_params = jax.tree.map(lambda a, b: jnp.concatenate([a, b]), slot_params, centre)
             keys = jnp.concatenate([keys, centre_keys])
             done = jnp.concatenate([done, ~centre_active])
-        # With eval_every > 1 most steps leave the centre's slots idle: let the rollout drop them at once.
-        optional = 0 if centre_episodes is None or cfg.eval_every == 1 else centre_keys.shape[0]
+            # With eval_every > 1 most steps leave the centre's slots idle: let the rollout drop them at once.
+            optional = 0 if cfg.eval_every == 1 else size
         out = run_slots(self.fns, self.spec, slot_params, keys, done, obs_scale=self.obs_scale(state),
                         collect_obs_stats=self.normalize_observations, min_slots=self.rollout_min_batch,
                         optional_slots=optional)
