@@ -33,7 +33,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import serialization
 
-from jes import describe, strategies
+from jes import describe, schema, strategies
 from jes.config import ESConfig
 from jes.generation import Trainer, TrainState, as_key, localize
 
@@ -110,22 +110,21 @@ def _keep_old_policy_defaults(meta: dict) -> None:
 
 
 def checkpoint_allowlist(policy_class: str, allow_modules: Any = ()) -> describe.Allowlist:
-    """What a checkpoint may build: :func:`jes.describe.allowlist` plus ``allow_modules``, plus the
-    module of the checkpoint's policy class *if your program has already imported it* (and it is not
-    part of Python's standard library).
+    """What a file may build: :func:`jes.describe.allowlist` (the registry) plus ``allow_modules``, plus
+    the file's policy class itself *if your program has already imported its module* (and it is not part
+    of Python's standard library or a library package such as flax).
 
-    A checkpoint is a local file you chose, so your own policy module is trusted once you imported it
-    (``from mypkg.policies import MyPolicy`` before ``jes.checkpoint.load``); a module that is not
-    imported yet is never imported on a file's say-so: pass ``allow_modules=["mypkg.policies"]``.
-    The policy class must still resolve to a ``flax.linen.Module`` subclass, and denied modules
-    (``subprocess``, ``os``, ...) are refused whatever is allowed.
+    A checkpoint or ``.policy`` file may come from anyone, so it names only registered code
+    (:mod:`jes.describe`): a module that is not imported yet is never imported on a file's say-so, and
+    of an imported module only the one policy class is admitted (it must be a ``flax.linen.Module``
+    subclass defined there), not its functions: pass ``allow_modules=["mypkg.policies"]`` (CLI:
+    ``--allow-module``) to admit the rest of your module.
     """
     allow = describe.allowlist(allow_modules)
     module = policy_class.partition(":")[0] if isinstance(policy_class, str) else ""
     root = module.split(".", 1)[0]
-    if (module in sys.modules and root not in sys.stdlib_module_names and root not in describe.DENIED_MODULES
-            and not allow.allows(module)):
-        allow = allow.extended([module])
+    if module in sys.modules and root not in sys.stdlib_module_names and not allow.allows(module):
+        allow = allow.with_class(policy_class)
     return allow
 
 
@@ -158,7 +157,7 @@ def build_strategy(description: dict | None) -> Any:
         raise CheckpointError(f"strategy hyperparameters must be plain values, got {fields!r}")
     try:
         return strategies.get(str(description["name"]), **fields)
-    except (TypeError, ValueError) as err:
+    except Exception as err:  # noqa: BLE001 - an unknown name or a hyperparameter the strategy refuses
         raise CheckpointError(f"cannot rebuild the strategy {description!r}: {err}") from err
 
 
@@ -320,7 +319,10 @@ class Checkpoint:
     @property
     def run_key(self) -> jax.Array:
         """The run key as a typed key."""
-        return jax.random.wrap_key_data(jnp.asarray(self.key), impl=self.meta["key_impl"])
+        try:
+            return jax.random.wrap_key_data(jnp.asarray(self.key), impl=self.meta["key_impl"])
+        except Exception as err:  # noqa: BLE001 - key data of another shape than its implementation's
+            raise CheckpointError(f"checkpoint {self.path}: its run key does not fit {self.meta['key_impl']}: {err}") from err
 
     def config(self) -> ESConfig:
         """The run's :class:`ESConfig` (fails for runs that used schedules, which cannot be stored)."""
@@ -330,7 +332,10 @@ class Checkpoint:
                 f"checkpoint cannot store; build the Trainer with the same config yourself and call "
                 f"jes.checkpoint.read(path).restore_state(trainer)"
             )
-        return ESConfig(**self.meta["config"])
+        try:
+            return ESConfig(**self.meta["config"])
+        except Exception as err:  # noqa: BLE001 - unknown fields or values a config refuses
+            raise CheckpointError(f"checkpoint {self.path}: its config cannot be rebuilt: {type(err).__name__}: {err}") from err
 
     def policy(self, allow_modules: Any = ()) -> nn.Module:
         """The policy module, rebuilt from its recorded class and fields (see :func:`checkpoint_allowlist`)."""
@@ -344,8 +349,15 @@ class Checkpoint:
         config = self.config()
         if config_changes:
             config = config.replace(**config_changes)
-        return Trainer(self.policy(allow_modules), self.env_name, self.optimizer, config, devices=devices,
-                       strategy=build_strategy(self.meta.get("strategy")))
+        policy, strategy = self.policy(allow_modules), build_strategy(self.meta.get("strategy"))
+        try:
+            trainer = Trainer(policy, self.env_name, self.optimizer, config, devices=devices, strategy=strategy)
+        except Exception as err:  # noqa: BLE001 - an env, optimizer or policy this jes cannot build
+            raise CheckpointError(f"checkpoint {self.path}: cannot rebuild its run: {type(err).__name__}: {err}") from err
+        if trainer.num_params != self.meta["num_params"]:
+            raise CheckpointError(f"checkpoint {self.path}: its policy has {trainer.num_params} parameters here, the "
+                                  f"file says {self.meta['num_params']}")
+        return trainer
 
     def check_compatible(self, trainer: Trainer) -> None:
         """Raise :class:`CheckpointError` naming every difference that would change the resumed parameters."""
@@ -380,22 +392,36 @@ class Checkpoint:
         raw_template = jax.device_get(template.replace(es_key=jax.random.key_data(template.es_key)))
         try:
             restored = serialization.from_state_dict(raw_template, _migrate(self.state_dict, self.meta))
-        except (ValueError, KeyError, TypeError) as err:
+        except Exception as err:  # noqa: BLE001 - whatever a malformed state dict makes flax raise
             raise CheckpointError(f"checkpoint {self.path}: training state does not fit this run's structure: {err}") from err
         problems = []
 
         def check(path, want, got):
-            want, got = np.asarray(want), np.asarray(got)
+            want = np.asarray(want)
+            if not isinstance(got, (np.ndarray, np.generic, bool, int, float)):
+                problems.append(f"{jax.tree_util.keystr(path)}: expected {want.dtype}{list(want.shape)}, file has "
+                                f"{type(got).__name__}")
+                return want
+            got = np.asarray(got)
             if want.shape != got.shape or want.dtype != got.dtype:
                 problems.append(f"{jax.tree_util.keystr(path)}: expected {want.dtype}{list(want.shape)}, "
                                 f"file has {got.dtype}{list(got.shape)}")
             return jnp.asarray(got)
 
         restored = jax.tree_util.tree_map_with_path(check, raw_template, restored)
+        if self.best is not None:
+            want = {"flat_params": (trainer.num_params,), "1": tuple(trainer.spec.obs_shape),
+                    "2": tuple(trainer.spec.obs_shape), "0": ()}
+            for name, array in [("flat_params", self.best["flat_params"]), *(self.best.get("obs_stats") or {}).items()]:
+                if tuple(array.shape) != want[name]:
+                    problems.append(f"best.{name}: expected shape {list(want[name])}, file has {list(array.shape)}")
         if problems:
             raise CheckpointError(f"checkpoint {self.path} holds arrays of other shapes than this run:\n  "
                                   + "\n  ".join(problems))
-        es_key = jax.random.wrap_key_data(restored.es_key, impl=self.meta["es_key_impl"])
+        try:
+            es_key = jax.random.wrap_key_data(restored.es_key, impl=self.meta["es_key_impl"])
+        except Exception as err:  # noqa: BLE001 - key data of another shape than its implementation's
+            raise CheckpointError(f"checkpoint {self.path}: its es_key does not fit {self.meta['es_key_impl']}: {err}") from err
         return trainer.place(restored.replace(es_key=es_key))
 
 
@@ -409,12 +435,30 @@ def _migrate(state_dict: dict, meta: dict) -> dict:
     return state_dict
 
 
+KEY_IMPLS = ("threefry2x32", "rbg", "unsafe_rbg")
+_ARRAY_MAP = schema.Check(dict, lambda d: all(isinstance(v, np.ndarray) for v in d.values()), "a map of arrays")
+CONTENT_SCHEMA = {
+    "meta": str, "state": dict, "history": _ARRAY_MAP, "key": schema.Array("u", 1),
+    "best?": {"fitness": schema.Array("fiu", 0), "generation": schema.Array("iu", 0), "member": schema.Array("iu", 0),
+              "flat_params": schema.Array("f", 1), "obs_stats?": {"0": schema.Array("fiu"), "1": schema.Array("f"),
+                                                                  "2": schema.Array("f")}},
+}
+_KEY_IMPL = schema.Check(str, lambda v: v in KEY_IMPLS, f"one of {list(KEY_IMPLS)}")
+META_SCHEMA = {
+    "version": schema.non_negative_int(), "generation": schema.non_negative_int(), "policy": schema.OBJECT,
+    "strategy?": (None, {"name": str, "fields?": dict}), "env_name": str, "obs_shape": schema.shape(),
+    "optimizer": (str, None), "num_params": schema.non_negative_int(), "config": dict, "config_schedules": [str],
+    "key_impl": _KEY_IMPL, "es_key_impl": _KEY_IMPL,
+}
+
+
 def read(path: str) -> Checkpoint:
-    """Read and integrity-check a checkpoint file.
+    """Read and integrity-check a checkpoint file, validating every field it holds.
 
     Raises:
         FileNotFoundError: no file at ``path``.
-        CheckpointError: not a jes checkpoint, truncated, corrupted, or from a newer format.
+        CheckpointError: not a jes checkpoint, truncated, corrupted, malformed (naming the field), or
+            from a newer format.
     """
     if not os.path.exists(path):
         raise FileNotFoundError(f"no checkpoint at {path!r}")
@@ -424,7 +468,8 @@ def read(path: str) -> Checkpoint:
         raise CheckpointError(f"checkpoint {path} is truncated: {len(data)} bytes, shorter than the {_HEADER.size}-byte header")
     magic, length, digest = _HEADER.unpack_from(data)
     if magic != MAGIC:
-        raise CheckpointError(f"{path} is not a jes checkpoint (starts with {magic!r}, expected {MAGIC!r})")
+        hint = " (it is a policy file: use jes.load_policy)" if magic.startswith(b"JESPOLI") else ""
+        raise CheckpointError(f"{path} is not a jes checkpoint (starts with {magic!r}, expected {MAGIC!r}){hint}")
     payload = data[_HEADER.size:]
     if len(payload) != length:
         raise CheckpointError(f"checkpoint {path} is truncated or padded: payload is {len(payload)} bytes, header says "
@@ -433,20 +478,23 @@ def read(path: str) -> Checkpoint:
         raise CheckpointError(f"checkpoint {path} is corrupt: its sha256 checksum does not match; use an earlier checkpoint")
     try:
         content = serialization.msgpack_restore(payload)
+        schema.validate(content, CONTENT_SCHEMA, f"checkpoint {path}")
         meta = json.loads(content["meta"])
-    except Exception as err:  # a checksum-valid file that still does not decode: written by something else
-        raise CheckpointError(f"checkpoint {path} cannot be decoded: {err}") from err
-    if meta.get("version", 0) > FORMAT_VERSION:
+        schema.validate(meta, META_SCHEMA, f"checkpoint {path}: meta")
+    except schema.SchemaError as err:
+        raise CheckpointError(f"{err}; it was not written by jes (or by a jes this one cannot read)") from err
+    except Exception as err:  # noqa: BLE001 - a checksum-valid file that still does not decode: written by something else
+        raise CheckpointError(f"checkpoint {path} cannot be decoded: {type(err).__name__}: {err}") from err
+    if meta["version"] > FORMAT_VERSION:
         raise CheckpointError(f"checkpoint {path} has format version {meta['version']}; this jes reads up to "
                               f"{FORMAT_VERSION}; upgrade jes")
-    if meta.get("version", 0) < 2 and isinstance(meta.get("policy"), dict):
+    if meta["version"] < 2:
         meta["policy"] = dict(meta["policy"], fields={k: _upgrade_v1(v) for k, v in meta["policy"].get("fields", {}).items()})
-    if meta.get("version", 0) < 3:
+    if meta["version"] < 3:
         _keep_old_pgpe_step(meta)
     _keep_old_policy_defaults(meta)
-    history = {k: np.asarray(v) for k, v in content["history"].items()}
-    return Checkpoint(path=path, meta=meta, state_dict=content["state"], history=history, key=np.asarray(content["key"]),
-                      best=content.get("best"))
+    return Checkpoint(path=path, meta=meta, state_dict=content["state"], history=dict(content["history"]),
+                      key=content["key"], best=content.get("best"))
 
 
 def load(path: str, trainer: Trainer | None = None, devices: Any = None,

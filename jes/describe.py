@@ -1,45 +1,50 @@
-"""Plain-data description of a run, and the allowlist that decides what a description may build.
+"""Plain-data description of a run, and the registry that decides what a description may build.
 
-One describer serves checkpoints (:mod:`jes.checkpoint`) and the wire protocol
-(:mod:`jes.distributed.protocol`). A description is JSON/msgpack-able data:
+One describer serves checkpoints (:mod:`jes.checkpoint`), ``.policy`` files (:mod:`jes.trained`) and
+the wire protocol (:mod:`jes.distributed.protocol`). A description is JSON/msgpack-able data:
 
 * scalars (``None``, bool, int, float, str) stand for themselves;
 * ``{"__seq__": [...], "tuple": bool}`` is a list or tuple;
-* ``{"__callable__": "module:qualname"}`` is a module-level function (e.g. an activation);
-* ``{"class": "module:QualName", "fields": {...}}`` is an instance of a dataclass (Flax modules,
-  gymnax ``EnvParams``, ``jes.strategies`` dataclasses) or of a no-argument class (gymnax envs).
+* ``{"__callable__": "module:qualname"}`` is a registered function (an activation, a dtype);
+* ``{"class": "module:QualName", "fields": {...}}`` is an instance of a registered class.
 
-Building is the dangerous direction: a description names code. :func:`build_object` and
-:func:`build_value` therefore build only what an :class:`Allowlist` admits, checked on the
-*resolved* object, for every nested value, before anything is called:
+Building is the dangerous direction: a description names code, and files and fleets are shared.
+A description is therefore *data, not code*: it may only name
 
-1. the path's module must be under an allowed package before it is imported;
-2. walking the qualified name may not pass through a module object or a dunder attribute
-   (``jax._src.environment_info:subprocess.Popen`` is refused here);
-3. the resolved object's own ``__module__`` (where it was defined, not where the path found it)
-   must be under an allowed package and not in :data:`DENIED_MODULES` (``subprocess``, ``os``,
-   ``builtins``, ...), so an alias of a dangerous function inside an allowed package is refused;
-4. a class is expected where a class is described (``isinstance(obj, type)``), and its role
-   decides what kind: a policy must subclass ``flax.linen.Module``, an env must follow the gymnax
-   env protocol, ``env_params`` and every nested object must be dataclasses; a ``__callable__``
-   must be a function-like object, never a class.
+1. **registered classes** (:func:`registered_classes`): jes's policies and strategies, and the
+   ``flax.linen`` layer classes a policy may contain (Dense, DenseGeneral, Conv, Embed, GRUCell,
+   LSTMCell, norms, ...). Wrappers that call what they are given (``ToLinen``, ``partial``,
+   ``nn.Module`` subclasses outside the registry) are not in it;
+2. **registered functions** (:func:`registered_callables`): activations and dtypes, pure functions
+   of their array argument;
+3. **env families**: gymnax environment classes (subclasses of gymnax's ``Environment`` defined in
+   ``gymnax.environments``), built without arguments, and the dataclasses (``EnvParams``) defined
+   beside them;
+4. classes and functions **defined in** a module the user opted in to (``allowlist(["mypkg.policies"])``,
+   ``jes-worker --allow-module mypkg.policies``, ``jes.load_policy(path, allow_modules=[...])``),
+   checked on the *resolved* object: the path may not walk through a module or a dunder, and the
+   object's own ``__module__`` must be the opted-in module (an alias of ``subprocess.Popen`` inside
+   it is refused). Library packages (flax, jax, ...) and :data:`DENIED_MODULES` cannot be opted in.
 
-The whole description is checked first (every path resolved, every check passed) and only then
-built, so a refused description creates nothing. Any failure is a :class:`DescriptionError`
-(:class:`RefusedError` when the allowlist said no).
-
-Default allowlist: :data:`DEFAULT_ALLOWED_MODULES` (jes, flax, optax, gymnax, jax and the env
-families jes supports: brax, mujoco_playground). Add your own packages with
-``allowlist(["mypkg.policies"])`` (``jes-worker --allow-module mypkg.policies``).
+Fields are plain values, sequences, registered functions and nested registered objects; nothing
+else. A class is expected where a class is described and its role decides what kind: a policy must
+subclass ``flax.linen.Module``, an env must be a gymnax-style env, everything else a dataclass; a
+``__callable__`` must be a function, never a class. The whole description is checked first and only
+then built, so a refused description creates nothing. Any failure is a :class:`DescriptionError`
+(:class:`RefusedError` when the registry said no).
 """
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib
 import types
 from typing import Any, Callable, Iterable
 
-DEFAULT_ALLOWED_MODULES = ("jes", "flax", "optax", "gymnax", "jax", "brax", "mujoco_playground")
+# Library packages whose buildable objects are the registry's, never "everything in the package":
+# they hold wrappers that call what they are given (flax.linen.ToLinen, jax.tree_util.Partial, ...).
+LIBRARY_PACKAGES = frozenset({"jes", "flax", "jax", "jaxlib", "optax", "gymnax", "brax", "mujoco", "mujoco_playground",
+                              "numpy", "chex", "orbax", "tensorboardX", "zmq", "msgpack", "scipy", "etils"})
 # Never built, whatever the allowlist says: process, file, import and interpreter machinery.
 DENIED_MODULES = frozenset({
     "builtins", "os", "posix", "nt", "sys", "subprocess", "shutil", "importlib", "runpy", "pty", "socket",
@@ -49,6 +54,18 @@ DENIED_MODULES = frozenset({
     "functools", "ctypes", "_posixsubprocess", "_thread", "posixpath", "ntpath", "select", "selectors",
 })
 _PLAIN = (type(None), bool, int, float, str)
+# gymnax's env family: env classes and their parameter dataclasses defined under this package.
+_ENV_FAMILY = "gymnax.environments"
+
+_FLAX_LAYERS = ("Dense", "DenseGeneral", "Einsum", "Conv", "ConvTranspose", "ConvLocal", "Embed", "GRUCell",
+                "LSTMCell", "OptimizedLSTMCell", "SimpleCell", "MGUCell", "ConvLSTMCell", "RNN", "Bidirectional",
+                "LayerNorm", "RMSNorm", "GroupNorm", "BatchNorm", "Dropout", "Sequential")
+_ACTIVATIONS = ("relu", "relu6", "sigmoid", "softplus", "soft_sign", "silu", "swish", "log_sigmoid", "elu",
+                "leaky_relu", "hard_tanh", "celu", "selu", "gelu", "glu", "hard_sigmoid", "hard_silu", "hard_swish",
+                "mish", "softmax", "log_softmax", "standardize", "identity", "sparse_plus", "squareplus")
+_NUMPY_FUNCTIONS = ("tanh", "sin", "cos", "abs", "exp", "square", "sqrt", "arctan", "sinh", "cosh",
+                    "float32", "float16", "bfloat16", "float64", "int32", "int64", "int8", "uint8", "bool_",
+                    "complex64")
 
 
 class DescriptionError(ValueError):
@@ -56,7 +73,7 @@ class DescriptionError(ValueError):
 
 
 class RefusedError(DescriptionError):
-    """A description names code outside the allowlist (or of the wrong kind); nothing was built."""
+    """A description names code outside the registry and the opted-in modules; nothing was built."""
 
 
 def _root(module: str) -> str:
@@ -67,16 +84,84 @@ def _under(module: str, package: str) -> bool:
     return module == package or module.startswith(package + ".")
 
 
+def _keys(obj: Any, public: str) -> dict:
+    """``{path: obj}`` under its public path and under the path :func:`describe_value` writes for it."""
+    keys = {public: obj}
+    written = _importable(obj)
+    if written is not None:
+        keys[written] = obj
+    return keys
+
+
+@functools.lru_cache(maxsize=None)
+def registered_classes() -> dict[str, type]:
+    """``{"module:QualName": class}``: every class a description may build without an opt-in."""
+    import flax.linen as nn  # imported when a description is first built: `import jes.describe` stays light
+
+    from jes import policies, strategies
+
+    found: dict[str, type] = {}
+    for name in ("GRUPolicy", "MLPPolicy", "TorchGRUCell", "TorchLinear"):
+        found.update(_keys(getattr(policies, name), f"jes.policies:{name}"))
+    for name in strategies.names():
+        cls = type(strategies.get(name))
+        found.update(_keys(cls, f"{cls.__module__}:{cls.__qualname__}"))
+    for name in _FLAX_LAYERS:
+        if hasattr(nn, name):
+            found.update(_keys(getattr(nn, name), f"flax.linen:{name}"))
+    for cls in _EXTRA_CLASSES:
+        found.update(_keys(cls, f"{cls.__module__}:{cls.__qualname__}"))
+    return found
+
+
+# Classes of jes's own modules that register themselves (jes.perturbations' dataclasses).
+_EXTRA_CLASSES: list[type] = []
+
+
+def register_class(cls: type) -> type:
+    """Add one of jes's own plain dataclasses to :func:`registered_classes` (a class decorator)."""
+    if not (isinstance(cls, type) and dataclasses.is_dataclass(cls) and _under(cls.__module__, "jes")):
+        raise TypeError(f"only jes's own dataclasses are registered, not {cls!r}")
+    _EXTRA_CLASSES.append(cls)
+    registered_classes.cache_clear()
+    return cls
+
+
+@functools.lru_cache(maxsize=None)
+def registered_callables() -> dict[str, Callable]:
+    """``{"module:qualname": function}``: the activations and dtypes a description may name."""
+    import jax
+    import jax.numpy as jnp
+    from flax.linen import dtypes
+
+    found: dict[str, Callable] = {}
+    for name in _ACTIVATIONS:
+        if hasattr(jax.nn, name):
+            found.update(_keys(getattr(jax.nn, name), f"jax.nn:{name}"))
+    for name in _NUMPY_FUNCTIONS:
+        if hasattr(jnp, name):
+            found.update(_keys(getattr(jnp, name), f"jax.numpy:{name}"))
+    for name in ("zeros", "ones"):  # initializers that are functions (the others are factories of closures)
+        found.update(_keys(getattr(jax.nn.initializers, name), f"jax.nn.initializers:{name}"))
+    found.update(_keys(dtypes.promote_dtype, "flax.linen.dtypes:promote_dtype"))
+    found.update(_keys(jax.lax.dot_general, "jax.lax:dot_general"))
+    return found
+
+
 @dataclasses.dataclass(frozen=True)
 class Allowlist:
-    """Packages whose classes and functions a description may build.
+    """Modules of the user's own whose classes and functions a description may build, beside the registry.
 
     Attributes:
-        modules: package or module names; each admits itself and everything under it
-            (``"mypkg"`` admits ``mypkg.policies``). :data:`DENIED_MODULES` are refused regardless.
+        modules: package or module names the user opted in to; each admits objects *defined* in
+            itself and everything under it (``"mypkg"`` admits ``mypkg.policies``). Library packages
+            (:data:`LIBRARY_PACKAGES`) and :data:`DENIED_MODULES` cannot be opted in.
+        classes: exact ``"module:QualName"`` classes admitted besides (a checkpoint's policy class whose
+            module the program imported itself); nothing else of their module is.
     """
 
-    modules: tuple[str, ...] = DEFAULT_ALLOWED_MODULES
+    modules: tuple[str, ...] = ()
+    classes: tuple[str, ...] = ()
 
     def __post_init__(self):
         for name in self.modules:
@@ -84,21 +169,36 @@ class Allowlist:
                 raise ValueError(f"allowed module {name!r} is not a dotted module name like 'mypkg.policies'")
             if _root(name) in DENIED_MODULES:
                 raise ValueError(f"module {name!r} cannot be allowed: {_root(name)} is never built from a description")
+            if _root(name) in LIBRARY_PACKAGES:
+                raise ValueError(
+                    f"module {name!r} cannot be allowed: {_root(name)} is a library whose buildable classes are "
+                    f"jes's registry (jes.describe.registered_classes()); allow the module of your own policy or "
+                    f"env instead (e.g. 'mypkg.policies')"
+                )
 
     def allows(self, module: Any) -> bool:
-        """Whether objects defined in ``module`` (a dotted name) may be built."""
+        """Whether objects defined in ``module`` (a dotted name) were opted in."""
         if not isinstance(module, str) or not module or _root(module) in DENIED_MODULES:
+            return False
+        if _root(module) in LIBRARY_PACKAGES:
             return False
         return any(_under(module, package) for package in self.modules)
 
     def extended(self, modules: Iterable[str]) -> "Allowlist":
         """This allowlist plus ``modules``."""
         extra = tuple(m for m in modules if m not in self.modules)
-        return Allowlist(self.modules + extra) if extra else self
+        return Allowlist(self.modules + extra, self.classes) if extra else self
+
+    def with_class(self, path: str) -> "Allowlist":
+        """This allowlist plus the one class at ``path`` (not its module's other objects)."""
+        module = path.partition(":")[0] if isinstance(path, str) else ""
+        if not module or _root(module) in DENIED_MODULES or _root(module) in LIBRARY_PACKAGES:
+            return self
+        return self if path in self.classes else Allowlist(self.modules, self.classes + (path,))
 
 
 def allowlist(allow_modules: Iterable[str] | str | None = None) -> Allowlist:
-    """The default allowlist plus ``allow_modules`` (e.g. ``["mypkg.policies"]``)."""
+    """The registry plus the user's own ``allow_modules`` (e.g. ``["mypkg.policies"]``)."""
     if isinstance(allow_modules, str):
         allow_modules = [allow_modules]
     return Allowlist().extended(allow_modules or ())
@@ -182,27 +282,42 @@ def describe_object(obj: Any, what: str, *, lenient: bool = False) -> dict:
         for f in dataclasses.fields(obj):
             if f.name in ("parent", "name") or not f.init:
                 continue
+            value = getattr(obj, f.name)
+            if value is f.default and callable(value) and _importable(value) is None:
+                continue  # a default initializer (a closure): the rebuilt object has it too
             fields[f.name] = describe_value(getattr(obj, f.name), f"{what}.{f.name}", lenient=lenient)
     return {"class": path, "fields": fields}
 
 
 # --------------------------------------------------------------------- build
-def resolve(path: Any, allow: Allowlist, what: str) -> Any:
-    """The object at ``"module:qualname"``, if ``allow`` admits it (see the module docstring, steps 1-3).
+def resolve(path: Any, allow: Allowlist, what: str, kind: str = "class") -> Any:
+    """The class (``kind="class"``) or function (``"callable"``) at ``"module:qualname"``, if admitted.
+
+    Admitted: a registered object (:func:`registered_classes`, :func:`registered_callables`), a
+    class of gymnax's env family, or an object *defined in* a module ``allow`` opted in to.
 
     Raises:
-        RefusedError: outside the allowlist, a denied module, or a path through a module or dunder.
-        DescriptionError: malformed or not importable here.
+        RefusedError: none of these, a denied or library module, or a path through a module or dunder.
+        DescriptionError: malformed, or an opted-in module that is not importable here.
     """
     if not isinstance(path, str) or path.count(":") != 1:
         raise DescriptionError(f"{what}: {path!r} is not a 'module:attribute' path")
+    registry = registered_classes() if kind == "class" else registered_callables()
+    if path in registry:
+        return registry[path]
     module_name, qualname = path.split(":")
-    if not allow.allows(module_name):
-        raise RefusedError(f"{what}: {path!r} is outside the allowed modules {list(allow.modules)}; "
-                           f"the operator can add its package with allow_modules / --allow-module")
     parts = qualname.split(".")
     if not all(p.isidentifier() and not p.startswith("__") for p in parts):
         raise RefusedError(f"{what}: {path!r} names a dunder or malformed attribute")
+    family = kind == "class" and _under(module_name, _ENV_FAMILY) and len(parts) == 1
+    single = kind == "class" and path in allow.classes
+    if not family and not single and not allow.allows(module_name):
+        registered = "classes" if kind == "class" else "functions (activations, dtypes)"
+        raise RefusedError(
+            f"{what}: {path!r} is not one of jes's registered {registered} and is outside the allowed modules "
+            f"{list(allow.modules)}; a description is data and names only registered code. For a policy or env of "
+            f"your own, allow its module with allow_modules=[...] / --allow-module MODULE"
+        )
     try:
         obj: Any = importlib.import_module(module_name)
     except Exception as err:  # noqa: BLE001 - an allowed module that fails to import here
@@ -216,7 +331,15 @@ def resolve(path: Any, allow: Allowlist, what: str) -> Any:
             raise RefusedError(f"{what}: {path!r} walks into the module {obj.__name__}; name objects by their "
                                f"defining module")
     defined_in = getattr(obj, "__module__", None)
-    if not allow.allows(defined_in):
+    if family:
+        from gymnax.environments.environment import Environment  # gymnax is a dependency of jes
+
+        is_env = isinstance(obj, type) and issubclass(obj, Environment)
+        if not (isinstance(defined_in, str) and _under(defined_in, _ENV_FAMILY) and isinstance(obj, type)
+                and (is_env or dataclasses.is_dataclass(obj))):
+            raise RefusedError(f"{what}: {path!r} is not a gymnax environment class or its parameter dataclass")
+        return obj
+    if not allow.allows(defined_in) and not (single and defined_in == module_name):
         raise RefusedError(f"{what}: {path!r} resolves to {obj!r} defined in {defined_in!r}, which is not allowed")
     return obj
 
@@ -250,8 +373,9 @@ def _walk(value: Any, allow: Allowlist, what: str, build: bool, role: str = "val
         items = [_walk(v, allow, f"{what}[{i}]", build) for i, v in enumerate(seq)]
         return (tuple(items) if value.get("tuple") else items) if build else None
     if "__callable__" in value or "callable" in value:  # "callable": checkpoints of format 1
-        obj = resolve(value.get("__callable__", value.get("callable")), allow, what)
-        if isinstance(obj, type) or not callable(obj):
+        obj = resolve(value.get("__callable__", value.get("callable")), allow, what, kind="callable")
+        registered = any(obj is fn for fn in registered_callables().values())  # dtypes are classes
+        if (isinstance(obj, type) and not registered) or not callable(obj):
             raise RefusedError(f"{what}: {obj!r} is not a function")
         return obj
     if "class" in value:

@@ -31,6 +31,7 @@ import numpy as np
 from flax import serialization
 from jax.flatten_util import ravel_pytree
 
+from jes import schema
 from jes.checkpoint import build_policy, describe_policy
 from jes.cpu import compiler_options
 from jes.envs import EnvSpec, make_env
@@ -122,6 +123,9 @@ class TrainedPolicy:
         self._unravel = unravel[0]
         self._host_unravel = host_unravel(self._unravel, int(flat.shape[0]))
         self.flat_params = np.asarray(flat_params, np.float32)
+        if self.flat_params.shape != tuple(flat.shape):
+            raise ValueError(f"flat_params has shape {list(self.flat_params.shape)}; {type(policy).__name__} on "
+                             f"observations {list(self.obs_shape)} has {flat.shape[0]} parameters")
         if obs_stats is not None:
             count, total, sumsq = obs_stats
             obs_stats = (np.asarray(count, np.float32).reshape(()), np.asarray(total, np.float32).reshape(self.obs_shape),
@@ -288,16 +292,33 @@ def save_policy(trained: TrainedPolicy, path: str) -> str:
     return path
 
 
-def load_policy(path: str, env: Any = None) -> TrainedPolicy:
+_BOUND = (None, [schema.NUMBER])
+POLICY_CONTENT_SCHEMA = {"meta": str, "params": schema.Array("f", 1), "obs_count?": schema.Array("fiu", 0),
+                         "obs_sum?": schema.Array("f"), "obs_sumsq?": schema.Array("f")}
+POLICY_META_SCHEMA = {
+    "version": schema.non_negative_int(), "policy": schema.OBJECT, "env_name": str, "obs_shape": schema.shape(),
+    "max_steps": (None, schema.Check(schema.INT, lambda v: 0 < v < schema.MAX_DIM, "a positive int")),
+    "action": {"discrete": bool, "num_outputs": schema.Check(schema.INT, lambda v: 0 < v < schema.MAX_DIM, "a positive int"),
+               "action_shape": schema.shape(), "low": _BOUND, "high": _BOUND},
+}
+
+
+def load_policy(path: str, env: Any = None, allow_modules: Any = ()) -> TrainedPolicy:
     """Read a policy written by ``TrainResult.save_policy`` / :func:`save_policy`.
+
+    Loading a file is as safe as loading a ``.npz``: the file names only registered classes and
+    functions (:mod:`jes.describe`), and every field is validated before it is used.
 
     Args:
         path: the file.
         env: the env to evaluate on when it is not a gymnax id (an env object or ``(env, params)``).
+        allow_modules: modules of your own the policy may come from (e.g. ``["mypkg.policies"]``);
+            a policy class whose module your program imported already is admitted without it.
 
     Raises:
         FileNotFoundError: no file at ``path``.
-        PolicyFileError: not a jes policy file, truncated, corrupt, or from a newer jes.
+        PolicyFileError: not a jes policy file, truncated, corrupt, malformed (naming the field),
+            naming code outside the registry, or from a newer jes.
     """
     if not os.path.exists(path):
         raise FileNotFoundError(f"no policy file at {path!r}")
@@ -312,20 +333,38 @@ def load_policy(path: str, env: Any = None) -> TrainedPolicy:
     payload = data[_HEADER.size:]
     if len(payload) != length or hashlib.sha256(payload).digest() != digest:
         raise PolicyFileError(f"{path} is truncated or corrupt (length or sha256 checksum does not match)")
-    content = serialization.msgpack_restore(payload)
-    meta = json.loads(content["meta"])
-    if meta.get("version", 0) > POLICY_FORMAT_VERSION:
+    try:
+        content = serialization.msgpack_restore(payload)
+        schema.validate(content, POLICY_CONTENT_SCHEMA, f"policy file {path}")
+        meta = json.loads(content["meta"])
+        schema.validate(meta, POLICY_META_SCHEMA, f"policy file {path}: meta")
+    except schema.SchemaError as err:
+        raise PolicyFileError(f"{err}; it was not written by jes (or by a jes this one cannot read)") from err
+    except Exception as err:  # noqa: BLE001 - a checksum-valid payload that does not decode: written by something else
+        raise PolicyFileError(f"{path} cannot be decoded: {type(err).__name__}: {err}") from err
+    if meta["version"] > POLICY_FORMAT_VERSION:
         raise PolicyFileError(f"{path} has policy format version {meta['version']}; this jes reads up to "
                               f"{POLICY_FORMAT_VERSION}; upgrade jes")
-    policy = build_policy(meta["policy"], path)
+    try:
+        policy = build_policy(meta["policy"], path, allow_modules)
+    except ValueError as err:  # CheckpointError: the description names code outside the registry, or is malformed
+        raise PolicyFileError(str(err)) from err
     action = meta["action"]
-    action_map = ActionMap(discrete=action["discrete"], num_outputs=action["num_outputs"],
-                           action_shape=tuple(action["action_shape"]),
-                           low=None if action["low"] is None else tuple(action["low"]),
-                           high=None if action["high"] is None else tuple(action["high"]))
-    obs_stats = (content["obs_count"], content["obs_sum"], content["obs_sumsq"]) if "obs_sum" in content else None
     spec = None
     if env is not None:
         spec = env if isinstance(env, EnvSpec) else make_env(env, max_steps=meta["max_steps"])
-    return TrainedPolicy(policy, content["params"], tuple(meta["obs_shape"]), action_map, obs_stats=obs_stats,
-                         env_name=meta["env_name"], max_steps=meta["max_steps"], env=spec)
+    obs_stats = None
+    if "obs_sum" in content:
+        if "obs_count" not in content or "obs_sumsq" not in content:
+            raise PolicyFileError(f"policy file {path} is malformed: obs_sum without obs_count and obs_sumsq")
+        obs_stats = (content["obs_count"], content["obs_sum"], content["obs_sumsq"])
+    try:
+        action_map = ActionMap(discrete=action["discrete"], num_outputs=action["num_outputs"],
+                               action_shape=tuple(action["action_shape"]),
+                               low=None if action["low"] is None else tuple(float(v) for v in action["low"]),
+                               high=None if action["high"] is None else tuple(float(v) for v in action["high"]))
+        trained = TrainedPolicy(policy, content["params"], tuple(meta["obs_shape"]), action_map, obs_stats=obs_stats,
+                                env_name=meta["env_name"], max_steps=meta["max_steps"], env=spec)
+    except Exception as err:  # noqa: BLE001 - fields that are well-typed but do not fit together
+        raise PolicyFileError(f"policy file {path} does not describe a usable policy: {type(err).__name__}: {err}") from err
+    return trained

@@ -55,3 +55,8 @@ class Countdown(environment.Environment):
     @property
     def name(self):
         return "Countdown"
+
+
+def make_countdown() -> Countdown:
+    """A function, not a class (tests that a description naming it as a class is refused)."""
+    return Countdown()

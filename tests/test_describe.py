@@ -4,7 +4,9 @@ import json
 import os
 import subprocess
 
+import flax.linen as nn
 import gymnax
+import jax
 import jax.numpy as jnp
 import msgpack
 import pytest
@@ -52,45 +54,90 @@ def test_every_rce_route_is_refused_and_creates_nothing(route, tmp_path):
 
 
 def test_an_alias_inside_an_allowed_module_is_refused_by_its_defining_module(monkeypatch, tmp_path):
-    monkeypatch.setattr(describe, "sneaky", subprocess.Popen, raising=False)
-    monkeypatch.setattr(describe, "sneaky_function", os.system, raising=False)
+    import envs_for_tests
+
+    monkeypatch.setattr(envs_for_tests, "sneaky", subprocess.Popen, raising=False)
+    monkeypatch.setattr(envs_for_tests, "sneaky_function", os.system, raising=False)
+    allow = describe.allowlist(["envs_for_tests"])
     with pytest.raises(RefusedError, match="defined in 'subprocess'"):
-        describe.build_value(dict(popen(tmp_path / "x"), **{"class": "jes.describe:sneaky"}), describe.allowlist())
-    with pytest.raises(RefusedError, match="not allowed"):
-        describe.build_value({"__callable__": "jes.describe:sneaky_function"}, describe.allowlist())
+        describe.build_value(dict(popen(tmp_path / "x"), **{"class": "envs_for_tests:sneaky"}), allow)
+    with pytest.raises(RefusedError, match="defined in 'posix'"):
+        describe.build_value({"__callable__": "envs_for_tests:sneaky_function"}, allow)
     assert not (tmp_path / "x").exists()
 
 
 def test_allowlist_is_checked_on_the_resolved_object_not_the_path():
-    allow = describe.allowlist()
+    allow = describe.allowlist(["envs_for_tests"])
     for path, match in (
-        ("jax._src.environment_info:subprocess.Popen", "walks into the module"),
-        ("jax:numpy", "walks into the module"),
-        ("jes.describe:importlib.import_module", "walks into the module"),
-        ("jes.config:dataclasses.dataclass", "walks into the module"),
-        ("jes.describe:Allowlist.__init__.__globals__", "dunder"),
+        ("jax._src.environment_info:subprocess.Popen", "not one of jes's registered"),
+        ("jax:numpy", "not one of jes's registered"),
+        ("jes.describe:importlib.import_module", "not one of jes's registered"),
+        ("envs_for_tests:environment.Environment", "walks into the module"),
+        ("envs_for_tests:Countdown.__init__.__globals__", "dunder"),
+        ("gymnax.environments.environment:Environment.__subclasses__", "dunder"),
         ("os:system", "outside the allowed"),
         ("builtins:eval", "outside the allowed"),
         ("mypkg.policies:Policy", "outside the allowed"),
     ):
         with pytest.raises(RefusedError, match=match):
             describe.resolve(path, allow, "x")
-    with pytest.raises(ValueError, match="never built"):
-        describe.allowlist(["subprocess"])
+    for bad in ("subprocess", "flax", "flax.linen", "jax.numpy", "brax.io"):
+        with pytest.raises(ValueError, match="never built|is a library"):
+            describe.allowlist([bad])
     with pytest.raises(ValueError, match="dotted module name"):
         describe.allowlist(["my pkg"])
 
 
+def gadgets(target) -> dict:
+    """Allowed-package objects that call what a description gives them (issue 27's routes and kin)."""
+    save = {"__callable__": "brax.io.model:save_params"}
+    return {
+        "ToLinen(save_params)": {"class": "flax.nnx.bridge.wrappers:ToLinen", "fields": {
+            "nnx_class": save, "args": {"__seq__": [str(target), {"__seq__": [], "tuple": False}], "tuple": True}}},
+        "functools.partial": {"class": "functools:partial", "fields": {}},
+        "jax Partial": {"class": "jax._src.tree_util:Partial", "fields": {}},
+        "flax Module base": {"class": "flax.linen.module:Module", "fields": {}},
+        "any jes dataclass": {"class": "jes.config:ESConfig", "fields": {}},
+        "an unregistered function field": {"class": "jes.policies:MLPPolicy", "fields": {"activation": save}},
+        "a jax function that runs host callbacks": {"class": "jes.policies:MLPPolicy", "fields": {
+            "activation": {"__callable__": "jax.experimental:io_callback"}}},
+        "gymnax env module helper": {"class": "gymnax.environments.environment:jax", "fields": {}},
+    }
+
+
+@pytest.mark.parametrize("name", list(gadgets("x")))
+def test_library_gadgets_are_not_in_the_registry_and_create_nothing(name, tmp_path):
+    target = tmp_path / "written"
+    with pytest.raises(RefusedError):
+        describe.build_value(gadgets(target)[name], describe.allowlist(), role="policy")
+    with pytest.raises(RefusedError):
+        protocol.build_run(dict(base_description(), policy=gadgets(target)[name]))
+    assert not target.exists()
+
+
+def test_registered_objects_are_the_policy_layers_strategies_and_activations():
+    classes, functions = describe.registered_classes(), describe.registered_callables()
+    for cls in (jes.GRUPolicy, jes.MLPPolicy, nn.Dense, nn.Conv, nn.GRUCell, nn.LSTMCell, nn.Embed, nn.Sequential):
+        assert cls in classes.values()
+    for fn in (jnp.tanh, jax.nn.relu, jax.nn.gelu, jnp.float32):
+        assert fn in functions.values()
+    assert not any(getattr(c, "__name__", "") in ("ToLinen", "Partial", "partial", "Module") for c in classes.values())
+    policy = nn.Sequential([nn.Dense(4), jax.nn.relu, nn.Dense(2)])
+    rebuilt = describe.build_object(json.loads(json.dumps(describe.describe_object(policy, "policy"))),
+                                    describe.allowlist(), role="policy")
+    assert rebuilt.layers[1] is jax.nn.relu and rebuilt.layers[0].features == 4
+
+
 def test_wrong_kinds_are_refused():
-    allow = describe.allowlist()
+    allow = describe.allowlist(["envs_for_tests"])
     with pytest.raises(RefusedError, match="not a class"):
-        describe.build_object({"class": "jes.describe:allowlist", "fields": {}}, allow)
+        describe.build_object({"class": "envs_for_tests:make_countdown", "fields": {}}, allow)
     with pytest.raises(RefusedError, match="flax.linen.Module"):
-        describe.build_object({"class": "jes.config:ESConfig", "fields": {}}, allow, role="policy")
+        describe.build_object({"class": "jes.strategies.pgpe:PGPE", "fields": {}}, allow, role="policy")
     with pytest.raises(RefusedError, match="not a dataclass"):
-        describe.build_object({"class": "jes.describe:DescriptionError", "fields": {}}, allow)
+        describe.build_object({"class": "envs_for_tests:Countdown", "fields": {}}, allow)
     with pytest.raises(RefusedError, match="not a function"):
-        describe.build_value({"__callable__": "jes.config:ESConfig"}, allow)
+        describe.build_value({"__callable__": "envs_for_tests:Countdown"}, allow)
 
 
 def test_nothing_is_built_when_a_later_part_is_refused(tmp_path, monkeypatch):

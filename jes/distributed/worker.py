@@ -13,10 +13,11 @@ heartbeats while the main thread is busy (compiling or evaluating), and
 reconnects when the master goes quiet (e.g. it restarted). Ctrl-C (or
 SIGTERM) hands the current range back to the master and exits cleanly.
 
-A worker builds only classes and functions from allowed packages (jes, flax,
-optax, gymnax, jax, brax, mujoco_playground, plus ``--allow-module``), checked
-on the resolved objects (:mod:`jes.describe`); a master that names anything
-else gets a ``refused`` message, and the worker keeps serving.
+A worker builds only registered classes and functions (jes's policies and
+strategies, flax.linen layers, activations, gymnax envs) and what is defined in
+the operator's ``--allow-module`` modules, checked on the resolved objects
+(:mod:`jes.describe`); a master that names anything else gets a ``refused``
+message, and the worker keeps serving.
 
 Usage::
 
@@ -258,8 +259,9 @@ class Worker:
         name: shown in the master's logs (default ``hostname-pid``).
         devices: local devices to evaluate on (``None``: the first; an int n: the first n; or a list).
         master_timeout: reconnect after this long without a word from the master while idle.
-        allow_modules: packages (besides :data:`jes.describe.DEFAULT_ALLOWED_MODULES`) whose classes and
-            functions a run description may name, e.g. ``["mypkg.policies"]``; anything else is refused.
+        allow_modules: modules of the operator's own (besides jes's registry of policies, flax layers,
+            strategies, activations and gymnax envs: :mod:`jes.describe`) whose classes and functions a run
+            description may name, e.g. ``["mypkg.policies"]``; anything else is refused.
         curve_server_key: the master's CURVE public key (Z85 text or the ``NAME.public`` file of
             ``jes keys NAME``) for an encrypted connection to a master started with its secret key.
     """
@@ -516,9 +518,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--master-timeout", type=float, default=30.0,
                         help="reconnect after this many seconds without a word from the master (default 30)")
     parser.add_argument("--allow-module", action="append", default=[], metavar="MODULE",
-                        help="also build classes and functions from this package (e.g. mypkg.policies; repeatable). "
-                             f"Always allowed: {', '.join(describe.DEFAULT_ALLOWED_MODULES)}; anything else a "
-                             "master names is refused")
+                        help="also build classes and functions defined in this module of your own (e.g. "
+                             "mypkg.policies; repeatable). Always allowed: jes's registry (its policies and "
+                             "strategies, flax.linen layers, activations, gymnax envs); anything else a master "
+                             "names is refused")
     parser.add_argument("--curve-server-key", metavar="KEY",
                         help="encrypt with ZeroMQ CURVE: the master's public key (the NAME.public file of "
                              "`jes keys NAME`, or its 40 characters); the master runs with the secret one")

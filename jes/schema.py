@@ -1,0 +1,136 @@
+"""Schemas of the files jes reads: every field's type checked before it is used, each problem named.
+
+A checkpoint or ``.policy`` file may come from anyone and its checksum proves nothing (anyone can
+compute one), so a reader validates the decoded content against a schema before it touches a
+field: a malformed file gives one :class:`SchemaError` naming the field and what was found,
+never a raw ``KeyError`` / ``TypeError`` from deep inside the reader.
+
+Spec forms (small on purpose):
+
+* a type or a tuple of types (``None`` stands for ``type(None)``): ``isinstance``, where ``int``
+  never admits ``bool``; a tuple holding other specs is a choice of alternatives;
+* ``{"key": spec, "key?": spec}``: a dict with string keys; keys ending in ``?`` may be missing;
+  other keys are allowed (files of later minor versions);
+* ``[spec]``: a list whose items all match ``spec``;
+* :class:`Check`: a spec plus a predicate (a range, a length);
+* :class:`Array`: a numpy array of a dtype kind and number of dimensions;
+* :data:`ANY`: anything.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable
+
+import numpy as np
+
+ANY = object()
+INT = (int,)
+NUMBER = (int, float)
+# Shapes and counts a file may state; beyond these it is junk, not a run (and building it would exhaust memory).
+MAX_DIM = 1 << 31
+
+
+class SchemaError(ValueError):
+    """Decoded file content that does not match the schema of its format."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Check:
+    """``spec`` and then ``predicate(value)``, failing with ``need`` (e.g. ``"an int >= 0"``)."""
+
+    spec: Any
+    predicate: Callable[[Any], bool]
+    need: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Array:
+    """A numpy array whose dtype kind is in ``kinds`` (``"f"``, ``"iu"``, ...) with ``ndim`` dimensions (any if None)."""
+
+    kinds: str
+    ndim: int | None = None
+
+
+def non_negative_int() -> Check:
+    return Check(INT, lambda v: 0 <= v < MAX_DIM, f"an int in [0, {MAX_DIM})")
+
+
+def shape() -> Check:
+    return Check([INT], lambda v: all(0 <= d < MAX_DIM for d in v) and len(v) <= 8
+                 and int(np.prod(v, dtype=np.float64)) < MAX_DIM, "a shape (a list of at most 8 sizes)")
+
+
+def _type_name(value: Any) -> str:
+    return type(value).__name__
+
+
+def _is_instance(value: Any, types: tuple) -> bool:
+    types = tuple(type(None) if t is None else t for t in types)
+    if isinstance(value, bool) and bool not in types:
+        return False
+    return isinstance(value, types)
+
+
+def problems(value: Any, spec: Any, where: str = "") -> list[str]:
+    """Every mismatch of ``value`` against ``spec``, as ``"where: expected ..., found ..."`` lines."""
+    label = where or "content"
+    if spec is ANY:
+        return []
+    if isinstance(spec, type) or spec is None:
+        spec = (spec,)
+    if isinstance(spec, tuple) and not all(t is None or isinstance(t, type) for t in spec):
+        # alternatives: the first that matches, else the problems of each
+        found = [problems(value, alternative, where) for alternative in spec]
+        return [] if any(not f for f in found) else [" or ".join(p for f in found for p in f[:1])]
+    if isinstance(spec, tuple):
+        if _is_instance(value, spec):
+            return []
+        names = "/".join("None" if t is None or t is type(None) else t.__name__ for t in spec)
+        return [f"{label}: expected {names}, found {_type_name(value)}"]
+    if isinstance(spec, Check):
+        found = problems(value, spec.spec, where)
+        if found:
+            return found
+        try:
+            ok = bool(spec.predicate(value))
+        except Exception:  # noqa: BLE001 - a predicate on junk: the value does not qualify
+            ok = False
+        return [] if ok else [f"{label}: expected {spec.need}, found {value!r:.80}"]
+    if isinstance(spec, Array):
+        if not isinstance(value, np.ndarray):
+            return [f"{label}: expected an array, found {_type_name(value)}"]
+        if value.dtype.kind not in spec.kinds or (spec.ndim is not None and value.ndim != spec.ndim):
+            return [f"{label}: expected a {spec.ndim}-d array of kind {spec.kinds!r}, found {value.dtype}"
+                    f"{list(value.shape)}"]
+        return []
+    if isinstance(spec, list):
+        if not isinstance(value, list):
+            return [f"{label}: expected a list, found {_type_name(value)}"]
+        return [p for i, item in enumerate(value) for p in problems(item, spec[0], f"{label}[{i}]")]
+    if isinstance(spec, dict):
+        if not isinstance(value, dict):
+            return [f"{label}: expected a map, found {_type_name(value)}"]
+        if not all(isinstance(k, str) for k in value):
+            return [f"{label}: keys must be strings"]
+        found = []
+        for key, sub in spec.items():
+            name, optional = (key[:-1], True) if key.endswith("?") else (key, False)
+            if name not in value:
+                if not optional:
+                    found.append(f"{label}: missing {name!r}")
+                continue
+            found.extend(problems(value[name], sub, f"{where}.{name}" if where else name))
+        return found
+    raise TypeError(f"unknown schema spec {spec!r}")
+
+
+def validate(value: Any, spec: Any, what: str) -> None:
+    """Raise :class:`SchemaError` listing every mismatch (``what`` names the file and part)."""
+    found = problems(value, spec)
+    if found:
+        shown = found[:8] + ([f"... and {len(found) - 8} more"] if len(found) > 8 else [])
+        raise SchemaError(f"{what} is malformed:\n  " + "\n  ".join(shown))
+
+
+# A description as jes.describe writes it: an object, a value (recursively checked by jes.describe when built).
+OBJECT = {"class": str, "fields?": dict}
