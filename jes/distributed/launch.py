@@ -8,11 +8,21 @@ Each process gets ``JES_COORDINATOR``, ``JES_NUM_PROCESSES`` and ``JES_PROCESS_I
 by line with a ``[pI]`` prefix; each gets its own share of the cores. When one exits with an error, the others are stopped at once
 (JAX's runtime is not elastic) and the launcher exits with that process's status.
 
+The launcher owns the process tree of the run. Each command runs under a small watchdog
+(:mod:`jes.distributed._reaper`) in a session and process group of its own, and a process is
+stopped by signalling its whole group (SIGTERM, ``grace`` seconds, SIGKILL), so what the command
+started goes with it. When a command exits, what it left behind in its group is stopped too. When
+the launcher dies, even by SIGKILL, each watchdog stops its group: at once on Linux (parent-death
+signal), within a fraction of a second elsewhere (it watches its parent pid); and a watchdog that is
+SIGKILLed has its group SIGKILLed by the launcher. Only processes that leave their group
+(``setsid``, ``setpgid``) escape this.
+
 This module does not import JAX.
 """
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -65,20 +75,68 @@ def _forward(stream, prefix: str, out: TextIO, lock: threading.Lock) -> None:
     stream.close()
 
 
-def _stop(procs: Sequence[subprocess.Popen], grace: float) -> None:
+REAPER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_reaper.py")
+
+
+def _signal_group(proc: subprocess.Popen, sig: int) -> None:
+    """Send ``sig`` to the process group ``proc`` leads (every process of that share of the run)."""
+    try:
+        os.killpg(proc.pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _exited(proc: subprocess.Popen) -> int | None:
+    """``proc``'s return code once it has exited, after SIGKILLing what is left of its process group; else None.
+
+    The group is killed before ``proc`` is reaped: until then its zombie holds the pid, so the group id
+    cannot have been reused by an unrelated process.
+    """
+    if proc.returncode is not None:
+        return proc.returncode
+    if hasattr(os, "waitid") and hasattr(os, "WNOWAIT"):
+        try:
+            if os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is None:
+                return None
+        except ChildProcessError:
+            pass  # reaped already
+        _signal_group(proc, signal.SIGKILL)
+        return proc.wait()
+    code = proc.poll()
+    if code is not None:
+        _signal_group(proc, signal.SIGKILL)
+    return code
+
+
+def _signal_each(procs: Sequence[subprocess.Popen], sig: int) -> None:
+    """Send ``sig`` to each running watchdog of ``procs``, which forwards it to its group.
+
+    Not ``Popen.send_signal``: that reaps an exited process, before ``_exited`` has killed its group.
+    """
     for proc in procs:
-        if proc.poll() is None:
+        if _exited(proc) is None:
             try:
-                proc.send_signal(signal.SIGTERM)
+                os.kill(proc.pid, sig)
             except ProcessLookupError:
                 pass
-    deadline = time.monotonic() + grace
-    for proc in procs:
-        try:
-            proc.wait(timeout=max(0.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+
+
+def _wait(procs: Sequence[subprocess.Popen], seconds: float) -> list[subprocess.Popen]:
+    """Wait up to ``seconds`` for ``procs`` to exit; those still running."""
+    deadline = time.monotonic() + seconds
+    running = [proc for proc in procs if _exited(proc) is None]
+    while running and time.monotonic() < deadline:
+        time.sleep(0.05)
+        running = [proc for proc in running if _exited(proc) is None]
+    return running
+
+
+def _stop(procs: Sequence[subprocess.Popen], grace: float) -> None:
+    """SIGTERM every process of ``procs``' groups (their watchdogs forward it); SIGKILL the groups after ``grace``."""
+    _signal_each(procs, signal.SIGTERM)
+    for proc in _wait(procs, grace):
+        _signal_group(proc, signal.SIGKILL)
+        proc.wait()
 
 
 def launch(command: Sequence[str], num_processes: int, *, devices_per_process: int | None = 1,
@@ -96,7 +154,8 @@ def launch(command: Sequence[str], num_processes: int, *, devices_per_process: i
         first_process_id: id of the first process started here (multi-host runs without a scheduler).
         local_processes: how many to start here (default: all of ``num_processes - first_process_id``).
         prefix: prefix each output line with ``[pI] ``.
-        grace: seconds the others get to exit after SIGTERM before SIGKILL, once one has failed.
+        grace: seconds the others get to exit after SIGTERM before SIGKILL, once one has failed (and what a
+            process leaves running gets, once it has exited).
         pin_cores: give each local process its own share of this machine's cores (measured on 2 vCPUs,
             benchmarks/scaling.py: 2 processes pinned ran generations 1.4-2.6x faster than unpinned).
 
@@ -125,11 +184,15 @@ def launch(command: Sequence[str], num_processes: int, *, devices_per_process: i
     threads = []
     for i in range(first_process_id, first_process_id + local):
         env = process_env(os.environ, coordinator, num_processes, i, devices_per_process)
+        cores = shares[i - first_process_id]
+        watchdog = [sys.executable, "-I", "-S", REAPER, "--parent", str(os.getpid()), "--grace", str(grace)]
+        watchdog += ["--cores", ",".join(map(str, sorted(cores)))] if cores else []
         try:
-            cores = shares[i - first_process_id]
-            proc = subprocess.Popen(list(command), env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                    text=True, bufsize=1,
-                                    preexec_fn=(lambda cores=cores: os.sched_setaffinity(0, cores)) if cores else None)
+            if shutil.which(command[0], path=env.get("PATH", os.defpath)) is None:
+                raise FileNotFoundError("no such executable file" + ("" if os.sep in command[0] else " on PATH"))
+            # Its own session: the watchdog leads a process group that holds every process of this share.
+            proc = subprocess.Popen([*watchdog, "--", *command], env=env, stdout=subprocess.PIPE,
+                                    stderr=subprocess.STDOUT, text=True, bufsize=1, start_new_session=True)
         except OSError as error:
             _stop(procs, grace)
             raise ValueError(f"cannot start {command[0]!r}: {error}") from error
@@ -143,7 +206,7 @@ def launch(command: Sequence[str], num_processes: int, *, devices_per_process: i
         running = set(range(len(procs)))
         while running:
             for index in sorted(running):
-                code = procs[index].poll()
+                code = _exited(procs[index])
                 if code is None:
                     continue
                 running.discard(index)
@@ -160,13 +223,10 @@ def launch(command: Sequence[str], num_processes: int, *, devices_per_process: i
                     break
             time.sleep(0.05)
     except KeyboardInterrupt:
-        # The terminal sent SIGINT to the whole process group already; give the processes time to checkpoint.
-        for proc in procs:
-            try:
-                proc.wait(timeout=grace * 6)
-            except subprocess.TimeoutExpired:
-                pass
-        _stop(procs, grace)
+        # The processes are in sessions of their own, out of the terminal's reach: pass the Ctrl-C on, and
+        # give them time to checkpoint.
+        _signal_each(procs, signal.SIGINT)
+        _stop(_wait(procs, grace * 6), grace)
         status = 130
     for thread in threads:
         thread.join(timeout=grace)
