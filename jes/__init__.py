@@ -26,15 +26,16 @@ _EXPORTS = {
     "BestMember": "jes.loop", "NonFiniteFitnessError": "jes.loop", "NonFiniteUpdateError": "jes.loop",
     "TrainResult": "jes.loop", "run": "jes.loop", "train": "jes.loop",
     "make_optimizer": "jes.optimizers", "optimizer_names": "jes.optimizers",
+    "FullRank": "jes.perturbations", "LowRank": "jes.perturbations",
     "GRUPolicy": "jes.policies", "MLPPolicy": "jes.policies", "TorchGRUCell": "jes.policies",
     "TrainedPolicy": "jes.trained", "load_policy": "jes.trained", "save_policy": "jes.trained",
 }
-_SUBMODULES = ("compilation_cache", "cpu", "strategies", "sweep")
+_SUBMODULES = ("compilation_cache", "cpu", "perturbations", "strategies", "sweep")
 
 __all__ = sorted([*_EXPORTS, *_SUBMODULES])
 
 if TYPE_CHECKING:  # for type checkers and IDEs; at run time these resolve through __getattr__
-    from jes import compilation_cache, cpu, strategies, sweep  # noqa: F401
+    from jes import compilation_cache, cpu, perturbations, strategies, sweep  # noqa: F401
     from jes.blackbox import AskTell, OptimizeResult, optimize  # noqa: F401
     from jes.compilation_cache import enable_compilation_cache  # noqa: F401
     from jes.config import ESConfig  # noqa: F401
@@ -43,6 +44,7 @@ if TYPE_CHECKING:  # for type checkers and IDEs; at run time these resolve throu
     from jes.generation import ChunkResults, Trainer, TrainState  # noqa: F401
     from jes.loop import BestMember, NonFiniteFitnessError, NonFiniteUpdateError, TrainResult, run, train  # noqa: F401
     from jes.optimizers import make_optimizer, optimizer_names  # noqa: F401
+    from jes.perturbations import FullRank, LowRank  # noqa: F401
     from jes.policies import GRUPolicy, MLPPolicy, TorchGRUCell  # noqa: F401
     from jes.trained import TrainedPolicy, load_policy, save_policy  # noqa: F401
 

@@ -32,6 +32,7 @@ CONFIG_FLAGS = {
     "noise_std": "noise_std", "episodes_per_member": "episodes_per_member", "eval_every": "eval_every",
     "eval_episodes": "eval_episodes", "chunk_size": "chunk_size", "max_episode_steps": "max_episode_steps",
     "stop_at_return": "stop_at_return", "weight_decay": "weight_decay", "fitness_shaping": "fitness_shaping",
+    "perturbation": "perturbation", "rank": "perturbation_rank",
 }
 
 
@@ -83,6 +84,10 @@ def _parser() -> argparse.ArgumentParser:
     train.add_argument("--fitness-shaping", choices=("centered_ranks", "z_score", "raw"), default=None,
                        help=f"how fitness becomes weights (default: {d['fitness_shaping']})")
     train.add_argument("--weight-decay", type=float, default=None, help=f"L2 coefficient (default: {d['weight_decay']})")
+    train.add_argument("--perturbation", choices=("full_rank", "low_rank"), default=None,
+                       help="shape of each member's perturbation: dense noise, or a rank-r product per weight matrix "
+                            "(EGGROLL; batch-inference speed for large policies; openai_es and ars) (default: full_rank)")
+    train.add_argument("--rank", type=int, default=None, help="rank r of --perturbation low_rank (default: 1)")
     train.add_argument("--no-antithetic", action="store_true",
                        help="independent perturbations instead of mirrored pairs (allows an odd --population)")
     train.add_argument("--eval-every", type=int, default=None,

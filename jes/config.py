@@ -37,6 +37,12 @@ class ESConfig:
             updated from member rollouts.
         stop_at_return: stop once a centre evaluation reaches this mean return
             (``None``: run all generations).
+        perturbation: the shape of each member's perturbation (:mod:`jes.perturbations`):
+            ``"full_rank"`` (default, dense noise; every strategy) or ``"low_rank"`` (EGGROLL: each
+            weight matrix perturbed by a rank-``perturbation_rank`` product, applied without
+            materialising per-member matrices; ``openai_es`` and ``ars``). A ``jes.LowRank(rank=r)``
+            or ``jes.FullRank()`` object is accepted and stored as these two fields.
+        perturbation_rank: ``r`` of low-rank perturbations.
     """
 
     num_members: int = 512
@@ -53,14 +59,24 @@ class ESConfig:
     chunk_size: int | None = None
     normalize_observations: bool = True
     stop_at_return: float | None = None
+    perturbation: Any = "full_rank"
+    perturbation_rank: int = 1
 
     def __post_init__(self):
+        if not isinstance(self.perturbation, str) and hasattr(self.perturbation, "name"):
+            given = self.perturbation  # a jes.LowRank / jes.FullRank object: stored as plain fields
+            object.__setattr__(self, "perturbation", given.name)
+            if getattr(given, "rank", None) is not None:
+                object.__setattr__(self, "perturbation_rank", given.rank)
+        if self.perturbation not in ("full_rank", "low_rank"):
+            raise ValueError(f"unknown perturbation {self.perturbation!r}; choose 'full_rank' or 'low_rank' "
+                             f"(or pass jes.FullRank() / jes.LowRank(rank=r))")
         def positive_int(name):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
 
-        for name in ("num_members", "num_generations", "episodes_per_member", "eval_episodes"):
+        for name in ("num_members", "num_generations", "episodes_per_member", "eval_episodes", "perturbation_rank"):
             positive_int(name)
         if self.antithetic and self.num_members % 2:
             raise ValueError(

@@ -33,7 +33,7 @@ from flax import struct
 from jax.flatten_util import ravel_pytree
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from jes import program_cache, strategies
+from jes import perturbations, program_cache, strategies
 from jes.config import ESConfig
 from jes.cpu import compiler_options
 from jes.envs import EnvSpec, make_env
@@ -185,13 +185,29 @@ def fetch(tree: Any) -> Any:
     return jax.device_get(localize(tree))
 
 
-def build_context(strategy: Strategy, optimizer: Any, config: ESConfig, num_params: int) -> tuple[Context, str | None]:
+def build_context(strategy: Strategy, optimizer: Any, config: ESConfig, num_params: int,
+                  layout: Any = None) -> tuple[Context, str | None]:
     """The strategy's :class:`Context` for ``config``, its optimizer built; and the optimizer's name.
+
+    ``layout``: the structured perturbation's layout of the parameters (``None``: full rank).
 
     Raises:
         ValueError: an optimizer given to a strategy that does not use one, or a run the
-            strategy cannot serve (e.g. an odd population for mirrored sampling).
+            strategy cannot serve (e.g. an odd population for mirrored sampling, or a structured
+            perturbation for a strategy with per-parameter sigmas).
     """
+    perturbation = perturbations.get(config.perturbation, config.perturbation_rank)
+    if perturbation.structured:
+        if not strategy.isotropic:
+            supported = [n for n in strategies.names() if strategies.get(n).isotropic]
+            raise ValueError(
+                f"{perturbation.name} perturbations need one sigma for every parameter (members mean + sigma * E_i), "
+                f"but {strategy.name} keeps a sigma per parameter, which a rank-r product cannot carry; use "
+                f"{' or '.join(supported)} with perturbation='{perturbation.name}', or perturbation='full_rank'"
+            )
+        if layout is None:
+            raise ValueError(f"{perturbation.name} perturbations factor a policy's weight matrices; this run has a "
+                             f"flat parameter vector (jes.optimize / AskTell): use perturbation='full_rank'")
     if strategy.uses_optimizer:
         optimizer = strategy.default_optimizer if optimizer is None else optimizer
         learning_rate = getattr(strategy, "center_lr", None)
@@ -206,7 +222,8 @@ def build_context(strategy: Strategy, optimizer: Any, config: ESConfig, num_para
     antithetic = strategy.antithetic(config.antithetic)
     ctx = Context(num_params=num_params, num_members=config.num_members, noise_std=config.noise_std,
                   optimizer=built, fitness_shaping=config.fitness_shaping, weight_decay=config.weight_decay,
-                  antithetic=antithetic)
+                  antithetic=antithetic, perturbation=perturbation if perturbation.structured else None,
+                  layout=layout if perturbation.structured else None)
     if callable(config.noise_std) and strategy.name != "openai_es":
         raise ValueError(f"a noise_std schedule is an openai_es feature; {strategy.name} adapts its own sigma "
                          f"(give a number: its initial sigma)")
@@ -239,7 +256,9 @@ class Generation:
         config = self.config
         self.strategy = strategies.get(strategy)
         self._optimizer_arg = optimizer  # for the program cache's key: only names are cacheable
-        self.ctx, self.optimizer_name = build_context(self.strategy, optimizer, config, self.num_params)
+        self.perturbation = perturbations.get(config.perturbation, config.perturbation_rank)
+        layout = self.perturbation_layout() if self.perturbation.structured else None
+        self.ctx, self.optimizer_name = build_context(self.strategy, optimizer, config, self.num_params, layout)
         self.optimizer = self.ctx.optimizer
         self.antithetic = self.ctx.antithetic
         self.devices = resolve_devices(devices)
@@ -265,6 +284,10 @@ class Generation:
         self._init_program = None
         self._shapes = None
         self._host_unravel = None
+
+    def perturbation_layout(self) -> Any:
+        """The structured perturbation's static layout of the parameters (``None``: only full rank applies)."""
+        return None
 
     # ----------------------------------------------------------------- state
     def init_state(self, key: Any = 0) -> TrainState:
@@ -397,8 +420,9 @@ class Generation:
         """``(score, steps)`` of the unperturbed centre, reported apart from the population."""
         raise NotImplementedError
 
-    def sample_chunk(self, state: TrainState, chunk: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
-        """Flat parameters ``[C, P]`` of chunk ``chunk``'s members, their indices ``[C]``, and which are real."""
+    def sample_chunk(self, state: TrainState, chunk: jax.Array) -> tuple[Any, jax.Array, jax.Array]:
+        """Chunk ``chunk``'s members (flat parameters ``[C, P]``, or a structured perturbation's form, see
+        :mod:`jes.perturbations`), their indices ``[C]``, and which are real."""
         size = self.chunk_size
         gen_key = noise.generation_key(state.es_key, state.generation)
         start = chunk * size
@@ -407,7 +431,14 @@ class Generation:
         return flat, members, members < self.config.num_members
 
     def member_params(self, state: TrainState, member: jax.Array) -> jax.Array:
-        """Flat parameters ``[P]`` of one member of the state's generation, regenerated from its key."""
+        """Flat parameters ``[P]`` of one member of the state's generation, regenerated from its key.
+
+        A structured perturbation's member is materialised here (``mean + sigma * E_i``), which the
+        rollout never does: its forward pass matches this one to float rounding, not bit for bit."""
+        if self.ctx.perturbation is not None:
+            gen_key = noise.generation_key(state.es_key, state.generation)
+            unit = self.ctx.perturbation.member_noise(self.ctx, gen_key, member)
+            return state.params + self.noise_std(state) * unit
         flat, _, _ = self.sample_chunk(state, member // self.chunk_size)
         return flat[member % self.chunk_size]
 
@@ -600,8 +631,14 @@ class Generation:
             fitness_all = results.fitness.reshape(-1)[: self.config.num_members]
             weights = self.weights(state, fitness_all)
             index = jax.lax.axis_index(AXIS)
-            local = jax.tree.map(lambda w: jax.lax.dynamic_slice_in_dim(w, index * per_device, per_device), weights)
-            stats = gather(self.chunk_stats(state, chunk_ids, local))
+            if self.ctx.perturbation is None:
+                local = jax.tree.map(lambda w: jax.lax.dynamic_slice_in_dim(w, index * per_device, per_device), weights)
+                stats = gather(self.chunk_stats(state, chunk_ids, local))
+            else:
+                # Every device rebuilds the whole update from the fitness alone (factors come from keys): no
+                # P-sized statistics cross devices or processes, and the per-chunk sums are the same bits.
+                every = jnp.arange(real, dtype=jnp.int32)
+                stats = self.chunk_stats(state, every, jax.tree.map(lambda w: w[:real], weights))
             # Per-chunk values gathered in chunk order, then reduced sequentially: device count cannot change the sums.
             new_state, metrics = self.update_from_stats(state, fitness_all, self.reduce_chunks(stats),
                                                         self.reduce_chunks(results))
@@ -849,6 +886,13 @@ class Trainer(Generation):
         flat, _ = ravel_pytree(self._init_variables(init_key))
         return flat
 
+    def perturbation_layout(self) -> Any:
+        return self.perturbation.layout(self.fns, self._init_variables(jax.random.key(0), abstract=True))
+
+    def member_fns(self, centre: jax.Array) -> Any:
+        """The rollout's view of a chunk's members around the flat ``centre`` (see :mod:`jes.perturbations`)."""
+        return self.perturbation.member_fns(self.fns, self.unravel, centre, self.ctx.layout)
+
     @property
     def centre_slots(self) -> int:
         """Centre evaluation episodes each chunk's rollout carries in the step (``eval_episodes`` over the chunks)."""
@@ -866,7 +910,8 @@ class Trainer(Generation):
         """
         cfg = self.config
         epm = cfg.episodes_per_member
-        params = jax.vmap(self.unravel)(flat)
+        member_fns = self.member_fns(state.params)
+        params = member_fns.slot_params(flat)
         if centre_episodes is None:
             keys = noise.episode_keys(gen_key, members, epm, self.antithetic).reshape(-1)
         else:
@@ -874,7 +919,7 @@ class Trainer(Generation):
             keys = keys.reshape(-1)
         slot_params = jax.tree.map(lambda p: jnp.repeat(p, epm, axis=0), params) if epm > 1 else params
         done = jnp.repeat(~active, epm)
-        num_member_slots = flat.shape[0] * epm
+        num_member_slots = members.shape[0] * epm
         optional = 0
         if centre_episodes is not None:
             size = centre_keys.shape[0]
@@ -884,7 +929,7 @@ class Trainer(Generation):
             done = jnp.concatenate([done, ~centre_active])
             # With eval_every > 1 most steps leave the centre's slots idle: let the rollout drop them at once.
             optional = 0 if cfg.eval_every == 1 else size
-        out = run_slots(self.fns, self.spec, slot_params, keys, done, obs_scale=self.obs_scale(state),
+        out = run_slots(member_fns, self.spec, slot_params, keys, done, obs_scale=self.obs_scale(state),
                         collect_obs_stats=self.normalize_observations, min_slots=self.rollout_min_batch,
                         optional_slots=optional)
         returns = out["returns"][:num_member_slots].reshape(-1, epm)
@@ -900,8 +945,10 @@ class Trainer(Generation):
 
         A subclass that overrides :meth:`evaluate_members` or :meth:`evaluate_centre` gets them called as
         written (members by chunk, the centre apart), as workers, a master and a sweep call them."""
+        # Structured members apply a GEMM whose bits depend on the batch size, so their chunks run alone
+        # (the centre apart), as every worker and device runs them.
         if type(self).evaluate_members is not Trainer.evaluate_members or \
-                type(self).evaluate_centre is not Trainer.evaluate_centre:
+                type(self).evaluate_centre is not Trainer.evaluate_centre or self.ctx.perturbation is not None:
             return super().step_chunks(state, chunk_ids, evaluate_centre, evaluate_population)
         gen_key = noise.generation_key(state.es_key, state.generation)
         size = self.centre_slots

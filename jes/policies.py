@@ -46,14 +46,20 @@ class TorchGRUCell(nn.Module):
         w_hh = self.param("weight_hh", init, (3 * hidden, hidden))
         b_ih = self.param("bias_ih", init, (3 * hidden,))
         b_hh = self.param("bias_hh", init, (3 * hidden,))
-        gi = w_ih @ x + b_ih
-        gh = w_hh @ h + b_hh
+        gi = self.matvec("weight_ih", w_ih, x) + b_ih
+        gh = self.matvec("weight_hh", w_hh, h) + b_hh
         i_r, i_z, i_n = jnp.split(gi, 3)
         h_r, h_z, h_n = jnp.split(gh, 3)
         reset = jax.nn.sigmoid(i_r + h_r)
         update = jax.nn.sigmoid(i_z + h_z)
         new = jnp.tanh(i_n + reset * h_n)
         return (1.0 - update) * new + update * h
+
+    def matvec(self, name: str, weight: jax.Array, x: jax.Array) -> jax.Array:
+        """``weight @ x`` for the parameter ``name``: a method of its own so that low-rank perturbations
+        (:mod:`jes.perturbations`) add each member's correction without materialising its matrix."""
+        del name
+        return weight @ x
 
 
 class TorchLinear(nn.Module):
@@ -66,7 +72,9 @@ class TorchLinear(nn.Module):
         init = _torch_uniform(1.0 / math.sqrt(x.shape[-1]))
         weight = self.param("weight", init, (self.features, x.shape[-1]))
         bias = self.param("bias", init, (self.features,))
-        return weight @ x + bias
+        return self.matvec("weight", weight, x) + bias
+
+    matvec = TorchGRUCell.matvec
 
 
 class GRUPolicy(nn.Module):

@@ -9,7 +9,7 @@ import jax.numpy as jnp
 from flax import struct
 
 from jes.strategies import noise
-from jes.strategies.base import Context, Strategy, check_optimizer_free, info
+from jes.strategies.base import Context, Strategy, check_optimizer_free, info, isotropic_members, isotropic_weighted_noise
 
 
 @struct.dataclass
@@ -45,6 +45,7 @@ class ARS(Strategy):
     noise_std_init: float | None = None
 
     name = "ars"
+    isotropic = True
     PER_USE_DEFAULTS: ClassVar[dict] = {"step_size": (1.0, 0.1)}
 
     def antithetic(self, requested: bool) -> bool:
@@ -80,7 +81,7 @@ class ARS(Strategy):
         return state.noise_std
 
     def sample(self, ctx, state, gen_key, generation, start, size):
-        return state.mean[None, :] + state.noise_std * noise.chunk_noise(gen_key, start, size, ctx.num_params, True)
+        return isotropic_members(ctx, state.mean, state.noise_std, gen_key, start, size)
 
     def weights(self, ctx, state, fitness):
         plus, minus = fitness[0::2], fitness[1::2]
@@ -95,7 +96,7 @@ class ARS(Strategy):
         return (pair_w * scale).reshape(-1)
 
     def chunk_stats(self, ctx, state, gen_key, generation, start, weights):
-        return noise.chunk_weighted_noise(gen_key, start, weights, ctx.num_params, True)
+        return isotropic_weighted_noise(ctx, gen_key, start, weights)
 
     def update(self, ctx, state, stats, fitness, generation):
         step = self.resolved("step_size") * stats

@@ -43,6 +43,9 @@ class Context:
         fitness_shaping: ``"centered_ranks"``, ``"z_score"`` or ``"raw"`` (strategies that shape fitness).
         weight_decay: L2 coefficient (strategies that take a gradient step).
         antithetic: whether members ``2p``/``2p+1`` are mirrored pairs.
+        perturbation: the structured perturbation (``jes.perturbations.LowRank``) whose shape the
+            members of isotropic strategies take, or ``None`` for the strategy's own dense members.
+        layout: the perturbation's static layout of the parameters (``None`` without one).
     """
 
     num_params: int
@@ -52,6 +55,8 @@ class Context:
     fitness_shaping: str = "centered_ranks"
     weight_decay: float = 0.0
     antithetic: bool = True
+    perturbation: Any = None
+    layout: Any = None
 
     def sigma_at(self, generation: jax.Array) -> jax.Array | None:
         """The scheduled noise std of ``generation``, or ``None`` when ``noise_std`` is a constant."""
@@ -76,6 +81,8 @@ class Strategy:
 
     name: ClassVar[str] = ""
     uses_optimizer: ClassVar[bool] = False
+    # Whether members are mean + sigma * E_i with one sigma, so a structured perturbation may shape E_i.
+    isotropic: ClassVar[bool] = False
     default_optimizer: ClassVar[str | None] = None
     # Optimizer jes.optimize/AskTell use when none is given (None: default_optimizer).
     blackbox_optimizer: ClassVar[str | None] = None
@@ -188,6 +195,22 @@ def info(grad: jax.Array | None = None, update: jax.Array | None = None, noise_s
 def unit_noise(gen_key: jax.Array, start: jax.Array, size: int, num_params: int, antithetic: bool) -> jax.Array:
     """Standard-normal perturbations of members ``start..start+size-1`` (:func:`jes.strategies.noise.chunk_noise`)."""
     return noise.chunk_noise(gen_key, start, size, num_params, antithetic)
+
+
+def isotropic_members(ctx: Context, mean: jax.Array, sigma: jax.Array, gen_key: jax.Array, start: jax.Array,
+                      size: int) -> Any:
+    """``mean + sigma * E_i`` for members ``start..start+size-1``: dense ``[size, P]`` (``E_i`` = :func:`unit_noise`),
+    or in the form of ``ctx.perturbation`` (see :mod:`jes.perturbations`)."""
+    if ctx.perturbation is None:
+        return mean[None, :] + sigma * noise.chunk_noise(gen_key, start, size, ctx.num_params, ctx.antithetic)
+    return ctx.perturbation.members(ctx, mean, sigma, gen_key, start, size)
+
+
+def isotropic_weighted_noise(ctx: Context, gen_key: jax.Array, start: jax.Array, weights: jax.Array) -> jax.Array:
+    """``sum_i weights[i] * E_i`` over one chunk, ``[P]``, for the ``E_i`` of :func:`isotropic_members`."""
+    if ctx.perturbation is None:
+        return noise.chunk_weighted_noise(gen_key, start, weights, ctx.num_params, ctx.antithetic)
+    return ctx.perturbation.weighted_noise(ctx, gen_key, start, weights)
 
 
 def pair_noise(gen_key: jax.Array, start: jax.Array, size: int, num_params: int) -> jax.Array:

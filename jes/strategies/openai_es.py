@@ -11,7 +11,7 @@ from flax import struct
 
 from jes.optimizers import current_learning_rate
 from jes.strategies import noise
-from jes.strategies.base import Context, Strategy, info
+from jes.strategies.base import Context, Strategy, info, isotropic_members, isotropic_weighted_noise
 
 
 @struct.dataclass
@@ -35,6 +35,7 @@ class OpenAIES(Strategy):
     name = "openai_es"
     uses_optimizer = True
     default_optimizer = "adam"
+    isotropic = True
 
     def default_population(self, num_params: int) -> int:
         return 64
@@ -47,14 +48,13 @@ class OpenAIES(Strategy):
         return state.noise_std if scheduled is None else scheduled
 
     def sample(self, ctx, state, gen_key, generation, start, size):
-        eps = noise.chunk_noise(gen_key, start, size, ctx.num_params, ctx.antithetic)
-        return state.mean[None, :] + self.noise_std(ctx, state, generation) * eps
+        return isotropic_members(ctx, state.mean, self.noise_std(ctx, state, generation), gen_key, start, size)
 
     def weights(self, ctx, state, fitness):
         return noise.shape_fitness(fitness, ctx.fitness_shaping)
 
     def chunk_stats(self, ctx, state, gen_key, generation, start, weights):
-        return noise.chunk_weighted_noise(gen_key, start, weights, ctx.num_params, ctx.antithetic)
+        return isotropic_weighted_noise(ctx, gen_key, start, weights)
 
     def update(self, ctx, state, stats, fitness, generation):
         sigma = self.noise_std(ctx, state, generation)

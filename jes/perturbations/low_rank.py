@@ -1,0 +1,324 @@
+"""Low-rank perturbations (EGGROLL: Sarkar et al., "Evolution Strategies at the Hyperscale", 2025).
+
+Member ``i`` of a generation deviates from the mean by ``sigma * E_i``. For every weight matrix
+``W`` (a leaf applied by a layer this module can factor, in its matrix view ``m x n``)::
+
+    E_i[W] = A_i B_i^T / sqrt(r),    A_i ~ N(0, I) (m x r),  B_i ~ N(0, I) (n x r)
+
+and for every other leaf (biases, norms, matrices of layers it cannot factor) ``E_i`` is dense
+Gaussian noise, as in full rank. All of member ``i``'s draws come from one key,
+``fold_in(fold_in(gen_key, LOW_RANK_STREAM), i)`` (``i // 2`` for antithetic pairs, which share
+factors with opposite sign: ``A`` and the dense noise flip, ``B`` does not).
+
+The forward pass never forms ``W + sigma E_i``: inside the rollout's vmap over members the shared
+``W`` is unbatched, so ``x W`` is one GEMM for all members, and a Flax method interceptor adds each
+member's correction ``sigma / sqrt(r) (x A_i) B_i^T``. Factored layers:
+
+* ``flax.linen.Dense`` (and ``DenseGeneral`` with one input and one output axis), ``GRUCell``,
+  ``LSTMCell`` and ``SimpleCell`` (built from ``Dense``): kernel ``(in, out)``;
+* ``flax.linen.Conv`` without feature groups: kernel ``(kh, kw, cin, cout)`` as ``(kh*kw*cin) x cout``,
+  the correction one conv with ``r`` output channels and a ``r x cout`` product;
+* ``flax.linen.Embed``: the table ``(num, features)``, the correction ``A_i[ids] B_i^T``;
+* any module method named ``matvec(self, name, weight, x) -> weight @ x`` (jes's PyTorch-layout
+  ``TorchLinear`` and ``TorchGRUCell``; your own layers can do the same).
+
+Matrices applied any other way (``OptimizedLSTMCell``'s fused kernels, a custom ``self.param`` used
+with ``@``) get dense noise, materialised for that leaf only, with a warning naming it.
+
+The update direction of a chunk is ``sum_i w_i E_i``: per matrix one product ``A^T diag(w) B`` of
+the chunk's stacked factors, summed over chunks in chunk order like every other statistic.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import warnings
+from typing import Any, Callable, ClassVar
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from jes.strategies import noise
+
+# A stream of its own: low-rank draws never reuse full-rank noise, episode or centre keys.
+LOW_RANK_STREAM = 3
+
+
+@dataclasses.dataclass(frozen=True)
+class Leaf:
+    """Where one parameter leaf sits: its key path, shape and offset in the flat vector, and how it is perturbed."""
+
+    path: tuple[str, ...]
+    shape: tuple[int, ...]
+    offset: int
+    size: int
+    factored: bool
+    rows: int = 0
+    cols: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class Layout:
+    """Static: every leaf in flat (ravel) order, and the length of one member's draw."""
+
+    leaves: tuple[Leaf, ...]
+    rank: int
+
+    @property
+    def factored(self) -> tuple[Leaf, ...]:
+        return tuple(leaf for leaf in self.leaves if leaf.factored)
+
+    @property
+    def dense(self) -> tuple[Leaf, ...]:
+        return tuple(leaf for leaf in self.leaves if not leaf.factored)
+
+    @property
+    def dense_size(self) -> int:
+        return sum(leaf.size for leaf in self.dense)
+
+    @property
+    def draw_size(self) -> int:
+        return self.dense_size + sum(self.rank * (leaf.rows + leaf.cols) for leaf in self.factored)
+
+    def split(self, z: jax.Array) -> tuple[jax.Array, list[jax.Array], list[jax.Array]]:
+        """One member's draw ``[F]`` (or a batch ``[k, F]``) as dense noise and each factored leaf's ``(A, B)``."""
+        lead = z.shape[:-1]
+        dense, pos = z[..., : self.dense_size], self.dense_size
+        a_list, b_list = [], []
+        for leaf in self.factored:
+            a = z[..., pos: pos + leaf.rows * self.rank].reshape(lead + (leaf.rows, self.rank))
+            pos += leaf.rows * self.rank
+            b = z[..., pos: pos + leaf.cols * self.rank].reshape(lead + (leaf.cols, self.rank))
+            pos += leaf.cols * self.rank
+            a_list.append(a)
+            b_list.append(b)
+        return dense, a_list, b_list
+
+    def assemble(self, dense: jax.Array, matrices: list[jax.Array]) -> jax.Array:
+        """The flat ``[P]`` vector with dense leaves from ``dense`` ``[Pd]`` and factored leaves from ``matrices``."""
+        pieces, pos, j = [], 0, 0
+        for leaf in self.leaves:
+            if leaf.factored:
+                pieces.append(matrices[j].reshape(leaf.size))
+                j += 1
+            else:
+                pieces.append(dense[pos: pos + leaf.size])
+                pos += leaf.size
+        return jnp.concatenate(pieces) if pieces else jnp.zeros((0,), jnp.float32)
+
+    def dense_of(self, flat: jax.Array) -> jax.Array:
+        """The dense leaves of a flat ``[P]`` vector, concatenated ``[Pd]``."""
+        parts = [flat[leaf.offset: leaf.offset + leaf.size] for leaf in self.dense]
+        return jnp.concatenate(parts) if parts else jnp.zeros((0,), flat.dtype)
+
+
+# ------------------------------------------------------------------ layers it can factor
+def _dense_general_ok(module: nn.DenseGeneral) -> bool:
+    features = module.features if isinstance(module.features, (tuple, list)) else (module.features,)
+    axis = module.axis if isinstance(module.axis, (tuple, list)) else (module.axis,)
+    return len(features) == 1 and tuple(axis) == (-1,) and not module.batch_dims
+
+
+def factored_params(module: nn.Module, method: str) -> tuple[str, ...]:
+    """Names of ``module``'s matrix parameters a call of ``method`` applies in a way this module can factor."""
+    if method == "matvec":
+        return ("*",)  # the name is the call's first argument
+    if method != "__call__":
+        return ()
+    if isinstance(module, nn.Dense) or (isinstance(module, nn.DenseGeneral) and _dense_general_ok(module)):
+        return ("kernel",)
+    if type(module) is nn.Conv and module.feature_group_count == 1:
+        return ("kernel",)
+    if isinstance(module, nn.Embed):
+        return ("embedding",)
+    return ()
+
+
+def _corrected(module: nn.Module, method: str, next_fun: Callable, args: tuple, kwargs: dict,
+               factors: Callable[[str], Any]) -> Any:
+    out = next_fun(*args, **kwargs)
+    if method == "matvec":
+        name, _, x = args
+        ab = factors(name)
+        return out if ab is None else out + ab[0] @ (ab[1].T @ x)
+    ab = factors(factored_params(module, method)[0])
+    if ab is None:
+        return out
+    a, b = ab
+    x = args[0] if args else next(iter(kwargs.values()))
+    if isinstance(module, nn.Embed):
+        return out + jnp.take(a, x, axis=0) @ b.T
+    if isinstance(module, nn.Conv):
+        kernel_shape = tuple(module.kernel_size) + (-1, a.shape[-1])
+        conv = module.clone(parent=None, features=a.shape[-1], use_bias=False, name=None)
+        low = conv.apply({"params": {"kernel": a.reshape(kernel_shape)}}, x)
+        return out + low @ b.T
+    return out + (x @ a) @ b.T
+
+
+def _interceptor(factors: dict, record: dict | None = None) -> Callable:
+    def intercept(next_fun, args, kwargs, context):
+        module, method = context.module, context.method_name
+        names = factored_params(module, method)
+        if not names or module.scope is None:
+            if record is not None and module.scope is not None:
+                record.setdefault("modules", {})[("params",) + tuple(module.scope.path)] = type(module).__name__
+            return next_fun(*args, **kwargs)
+        prefix = ("params",) + tuple(module.scope.path)
+        if record is not None:
+            record.setdefault("modules", {})[prefix] = type(module).__name__
+            handled = record.setdefault("handled", set())
+            handled.update(prefix + (args[0] if n == "*" else n,) for n in names)
+            return next_fun(*args, **kwargs)
+        return _corrected(module, method, next_fun, args, kwargs, lambda name: factors.get(prefix + (name,)))
+
+    return intercept
+
+
+def _key_path(path) -> tuple[str, ...]:
+    return tuple(str(getattr(p, "key", getattr(p, "idx", p))) for p in path)
+
+
+# ------------------------------------------------------------------ the perturbation
+@dataclasses.dataclass(frozen=True)
+class LowRank:
+    """Rank-``rank`` perturbations of every weight matrix (EGGROLL); dense noise for the other leaves.
+
+    Args:
+        rank: ``r``, the rank of each member's perturbation of each matrix (1 in the paper's headline
+            runs). The generation's update ``sum_i w_i E_i`` has rank up to ``min(m, n, r * members)``.
+    """
+
+    rank: int = 1
+
+    name: ClassVar[str] = "low_rank"
+    structured: ClassVar[bool] = True
+
+    def __post_init__(self):
+        if isinstance(self.rank, bool) or not isinstance(self.rank, int) or self.rank < 1:
+            raise ValueError(f"LowRank rank must be a positive integer, got {self.rank!r}")
+
+    # ------------------------------------------------------------- static layout
+    def layout(self, fns: Any, variables: Any) -> Layout:
+        """Which leaves of ``variables`` (shapes suffice) are factored: traced once with a recording interceptor.
+
+        Warns for every matrix leaf (ndim >= 2) applied by a layer it cannot factor; those get dense noise.
+        """
+        record: dict = {}
+        obs = jax.ShapeDtypeStruct(fns.obs_shape, jnp.float32)
+
+        def probe(v, o):
+            with nn.intercept_methods(_interceptor({}, record)):
+                return fns.apply(v, fns.initial_carry(), o)
+
+        jax.eval_shape(probe, variables, obs)
+        handled, modules = record.get("handled", set()), record.get("modules", {})
+        leaves, offset = [], 0
+        for path, leaf in jax.tree_util.tree_flatten_with_path(variables)[0]:
+            key, shape = _key_path(path), tuple(leaf.shape)
+            size = math.prod(shape)
+            factored = len(shape) >= 2 and key in handled
+            if len(shape) >= 2 and not factored:
+                owner = modules.get(key[:-1], "?")
+                warnings.warn(
+                    f"LowRank: parameter {'/'.join(key)} {list(shape)} of layer {owner} is not applied by a layer "
+                    f"jes can factor (Dense, Conv, Embed, GRUCell, LSTMCell, or a `matvec` method); it gets "
+                    f"full-rank noise, materialised per member for this leaf only",
+                    stacklevel=3,
+                )
+            rows, cols = (math.prod(shape[:-1]), shape[-1]) if factored else (0, 0)
+            leaves.append(Leaf(key, shape, offset, size, factored, rows, cols))
+            offset += size
+        return Layout(tuple(leaves), self.rank)
+
+    # ------------------------------------------------------------- noise from keys
+    def _draw(self, layout: Layout, gen_key: jax.Array, source: jax.Array) -> jax.Array:
+        key = jax.random.fold_in(jax.random.fold_in(gen_key, LOW_RANK_STREAM), source)
+        return jax.random.normal(key, (layout.draw_size,), jnp.float32)
+
+    def _sources(self, start: jax.Array, size: int, antithetic: bool) -> tuple[jax.Array, jax.Array]:
+        members = jnp.asarray(start, jnp.int32) + jnp.arange(size, dtype=jnp.int32)
+        if antithetic:
+            return members // 2, jnp.where(members % 2 == 0, 1.0, -1.0).astype(jnp.float32)
+        return members, jnp.ones(size, jnp.float32)
+
+    def members(self, ctx: Any, mean: jax.Array, sigma: jax.Array, gen_key: jax.Array, start: jax.Array,
+                size: int) -> dict:
+        """Members ``start .. start+size-1`` as the rollout carries them: ``{"dense": [C, Pd],
+        "a": [[C, m, r], ...], "b": [[C, n, r], ...]}``, with ``sigma / sqrt(r)`` and the antithetic sign in ``a``."""
+        layout = ctx.layout
+        sources, signs = self._sources(start, size, ctx.antithetic)
+        if ctx.antithetic:
+            noise._check_pairs(size)
+            z = jax.vmap(lambda s: self._draw(layout, gen_key, s))(sources[0::2])
+            z = jnp.repeat(z, 2, axis=0)
+        else:
+            z = jax.vmap(lambda s: self._draw(layout, gen_key, s))(sources)
+        dense, a_list, b_list = layout.split(z)
+        scale = sigma / math.sqrt(self.rank)
+        return {
+            "dense": layout.dense_of(mean)[None, :] + sigma * (signs[:, None] * dense),
+            "a": [(scale * signs)[:, None, None] * a for a in a_list],
+            "b": b_list,
+        }
+
+    def weighted_noise(self, ctx: Any, gen_key: jax.Array, start: jax.Array, weights: jax.Array) -> jax.Array:
+        """``sum_i weights[i] * E_i`` over one chunk, ``[P]``: per matrix one ``A^T diag(w) B`` product."""
+        layout, size = ctx.layout, weights.shape[0]
+        sources, _ = self._sources(start, size, ctx.antithetic)
+        if ctx.antithetic:
+            noise._check_pairs(size)
+            sources, w = sources[0::2], weights[0::2] - weights[1::2]
+        else:
+            w = weights
+        z = jax.vmap(lambda s: self._draw(layout, gen_key, s))(sources)
+        dense, a_list, b_list = layout.split(z)
+        k = w.shape[0]
+        matrices = []
+        for a, b in zip(a_list, b_list):
+            m, n, r = a.shape[1], b.shape[1], self.rank
+            weighted = (a * w[:, None, None]).transpose(1, 0, 2).reshape(m, k * r)
+            matrices.append(weighted @ b.transpose(1, 0, 2).reshape(n, k * r).T / math.sqrt(r))
+        return layout.assemble(w @ dense, matrices)
+
+    def member_noise(self, ctx: Any, gen_key: jax.Array, member: jax.Array) -> jax.Array:
+        """``E_member`` as a flat ``[P]`` vector (the member materialised: for its parameters, not the rollout)."""
+        layout = ctx.layout
+        sources, signs = self._sources(jnp.asarray(member, jnp.int32), 1, ctx.antithetic)
+        dense, a_list, b_list = layout.split(self._draw(layout, gen_key, sources[0]))
+        matrices = [a @ b.T / math.sqrt(self.rank) for a, b in zip(a_list, b_list)]
+        return signs[0] * layout.assemble(dense, matrices)
+
+    # ------------------------------------------------------------- forward pass
+    def member_fns(self, fns: Any, unravel: Callable, centre: jax.Array, layout: Layout) -> "FactoredMembers":
+        """The rollout's view of members given by :meth:`members`, around the flat ``centre`` ``[P]``."""
+        return FactoredMembers(fns, layout, unravel(centre))
+
+
+class FactoredMembers:
+    """``(member, carry, obs) -> (carry, out)`` with the centre's matrices shared and each member's factors added."""
+
+    def __init__(self, fns: Any, layout: Layout, centre_tree: Any):
+        self.fns, self.layout = fns, layout
+        self.centre_leaves, self.treedef = jax.tree.flatten(centre_tree)
+
+    def slot_params(self, members: dict) -> dict:
+        return members
+
+    def initial_carry(self) -> Any:
+        return self.fns.initial_carry()
+
+    def apply(self, member: dict, carry: Any, obs: jax.Array) -> tuple[Any, jax.Array]:
+        leaves, pos = list(self.centre_leaves), 0
+        factors, j = {}, 0
+        for i, leaf in enumerate(self.layout.leaves):
+            if leaf.factored:
+                factors[leaf.path] = (member["a"][j], member["b"][j])
+                j += 1
+            else:
+                leaves[i] = member["dense"][pos: pos + leaf.size].reshape(leaf.shape)
+                pos += leaf.size
+        variables = jax.tree.unflatten(self.treedef, leaves)
+        with nn.intercept_methods(_interceptor(factors)):
+            return self.fns.apply(variables, carry, obs)

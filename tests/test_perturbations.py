@@ -1,0 +1,202 @@
+"""jes.perturbations: low-rank (EGGROLL) members, named after the paper's claims.
+
+Forward equivalence (the factored forward pass equals the materialised ``W + sigma/sqrt(r) A B^T`` one)
+for every supported layer type; noise determinism from (key, generation, member); an antithetic pair
+with equal fitness moves nothing; the accumulated update has rank > r; no member ever holds ``[C, P]``.
+"""
+import math
+import warnings
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jes
+from jes import perturbations
+from jes.policies import PolicyFns
+from jes.strategies import noise
+
+
+class ConvPolicy(nn.Module):
+    """A MinAtar-style CNN: Conv, then Dense."""
+
+    num_outputs: int = 3
+
+    @nn.compact
+    def __call__(self, obs):
+        x = nn.relu(nn.Conv(4, (3, 3), padding="SAME")(obs.astype(jnp.float32)))
+        x = nn.relu(nn.Conv(3, (2, 2), strides=(2, 2), padding="VALID")(x))
+        return nn.Dense(self.num_outputs)(x.reshape(-1))
+
+
+class EmbedPolicy(nn.Module):
+    num_outputs: int = 2
+
+    @nn.compact
+    def __call__(self, obs):
+        ids = jnp.clip(jnp.round(jnp.abs(obs) * 3).astype(jnp.int32), 0, 7)
+        return nn.DenseGeneral(self.num_outputs)(nn.Embed(8, 5)(ids).reshape(-1))
+
+
+class LSTMPolicy(nn.Module):
+    num_outputs: int = 2
+
+    @nn.nowrap
+    def initialize_carry(self, rng, input_shape):
+        return nn.LSTMCell(6, parent=None).initialize_carry(rng, (1,))
+
+    @nn.compact
+    def __call__(self, carry, obs):
+        carry, h = nn.LSTMCell(6)(carry, obs)
+        return carry, nn.Dense(self.num_outputs)(h)
+
+
+class RawMatmul(nn.Module):
+    """A matrix applied with a bare ``@``: low rank cannot factor it, so it falls back to dense noise."""
+
+    num_outputs: int = 2
+
+    @nn.compact
+    def __call__(self, obs):
+        w = self.param("w", nn.initializers.lecun_normal(), (obs.shape[-1], 4))
+        return nn.Dense(self.num_outputs)(jnp.tanh(obs @ w))
+
+
+POLICIES = {
+    "mlp (Dense)": (jes.MLPPolicy((8, 8), num_outputs=2), (4,)),
+    "gru torch layout (matvec)": (jes.GRUPolicy(5, 2, num_outputs=2), (4,)),
+    "gru flax layout (GRUCell)": (jes.GRUPolicy(5, 2, num_outputs=2, torch_layout=False), (4,)),
+    "lstm (LSTMCell)": (LSTMPolicy(), (3,)),
+    "cnn (Conv)": (ConvPolicy(), (6, 6, 2)),
+    "embed + DenseGeneral": (EmbedPolicy(), (3,)),
+    "bare matmul (fallback)": (RawMatmul(), (3,)),
+}
+
+
+class Ctx:
+    """The two Context fields a perturbation reads."""
+
+    def __init__(self, layout, antithetic=True):
+        self.layout, self.antithetic = layout, antithetic
+
+
+def setup(policy, obs_shape, rank):
+    fns = PolicyFns(policy, obs_shape)
+    variables = fns.init(jax.random.key(1))
+    flat, unravel = jax.flatten_util.ravel_pytree(variables)
+    lowrank = jes.LowRank(rank)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        layout = lowrank.layout(fns, variables)
+    return fns, flat, unravel, lowrank, layout
+
+
+@pytest.mark.parametrize("name", list(POLICIES))
+@pytest.mark.parametrize("rank", [1, 3])
+def test_low_rank_forward_equals_the_materialised_member(name, rank):
+    policy, obs_shape = POLICIES[name]
+    fns, flat, unravel, lowrank, layout = setup(policy, obs_shape, rank)
+    ctx, sigma, gen_key = Ctx(layout), jnp.float32(0.3), jax.random.key(7)
+    members = lowrank.members(ctx, flat, sigma, gen_key, jnp.int32(4), 4)
+    factored = lowrank.member_fns(fns, unravel, flat, layout)
+    obs = jax.random.normal(jax.random.key(2), obs_shape)
+    carry = fns.initial_carry()
+    for i in range(4):
+        member = jax.tree.map(lambda x: x[i], members)
+        dense = flat + sigma * lowrank.member_noise(ctx, gen_key, jnp.int32(4 + i))
+        want = fns.apply(unravel(dense), carry, obs)
+        got = factored.apply(member, carry, obs)
+        for w, g in zip(jax.tree.leaves(want), jax.tree.leaves(got)):
+            np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=2e-5, atol=2e-5)
+    # The member really is perturbed: it differs from the centre.
+    centre = fns.apply(unravel(flat), carry, obs)
+    assert not np.allclose(np.asarray(jax.tree.leaves(centre)[-1]), np.asarray(jax.tree.leaves(got)[-1]))
+
+
+@pytest.mark.parametrize("name", [n for n in POLICIES if "fallback" not in n])
+def test_every_matrix_of_the_supported_layers_is_factored(name):
+    policy, obs_shape = POLICIES[name]
+    fns = PolicyFns(policy, obs_shape)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no fallback warning
+        layout = jes.LowRank(2).layout(fns, fns.init(jax.random.key(0)))
+    assert all(leaf.factored == (len(leaf.shape) >= 2) for leaf in layout.leaves)
+    assert layout.factored
+
+
+def test_a_matrix_it_cannot_factor_falls_back_to_dense_noise_with_a_warning_naming_it():
+    policy, obs_shape = POLICIES["bare matmul (fallback)"]
+    fns = PolicyFns(policy, obs_shape)
+    with pytest.warns(UserWarning, match="params/w .* of layer RawMatmul .* full-rank noise"):
+        layout = jes.LowRank(1).layout(fns, fns.init(jax.random.key(0)))
+    assert {leaf.path[-1]: leaf.factored for leaf in layout.leaves} == {"w": False, "kernel": True, "bias": False}
+
+
+def test_factors_are_a_pure_function_of_key_generation_and_member():
+    policy, obs_shape = POLICIES["mlp (Dense)"]
+    fns, flat, unravel, lowrank, layout = setup(policy, obs_shape, 2)
+    ctx, sigma = Ctx(layout), jnp.float32(0.1)
+    gen_key = noise.generation_key(jax.random.key(3), 5)
+    whole = lowrank.members(ctx, flat, sigma, gen_key, jnp.int32(0), 8)
+    halves = [lowrank.members(ctx, flat, sigma, gen_key, jnp.int32(s), 4) for s in (0, 4)]
+    for leaf_whole, *leaf_halves in zip(jax.tree.leaves(whole), *map(jax.tree.leaves, halves)):
+        assert np.array_equal(np.asarray(leaf_whole), np.concatenate([np.asarray(h) for h in leaf_halves]))
+    again = lowrank.members(ctx, flat, sigma, gen_key, jnp.int32(0), 8)
+    assert all(np.array_equal(a, b) for a, b in zip(jax.tree.leaves(whole), jax.tree.leaves(again)))
+    other = lowrank.members(ctx, flat, sigma, noise.generation_key(jax.random.key(3), 6), jnp.int32(0), 8)
+    assert not np.array_equal(np.asarray(whole["b"][0]), np.asarray(other["b"][0]))
+    # Mirrored pairs share factors with opposite sign: A and the dense noise flip, B does not.
+    assert np.array_equal(np.asarray(whole["a"][0][0]), -np.asarray(whole["a"][0][1]))
+    assert np.array_equal(np.asarray(whole["b"][0][0]), np.asarray(whole["b"][0][1]))
+
+
+def test_an_antithetic_pair_with_equal_fitness_gives_no_update():
+    policy, obs_shape = POLICIES["gru torch layout (matvec)"]
+    fns, flat, unravel, lowrank, layout = setup(policy, obs_shape, 1)
+    weights = jnp.array([0.7, 0.7, -0.2, -0.2, 1.5, 1.5], jnp.float32)
+    update = lowrank.weighted_noise(Ctx(layout), jax.random.key(0), jnp.int32(0), weights)
+    assert update.shape == flat.shape and not np.any(np.asarray(update))
+
+
+def test_the_weighted_sum_is_sum_w_E_and_accumulates_a_rank_above_r():
+    policy, obs_shape = POLICIES["mlp (Dense)"]
+    fns, flat, unravel, lowrank, layout = setup(policy, obs_shape, 1)
+    ctx, gen_key = Ctx(layout), jax.random.key(9)
+    weights = jax.random.normal(jax.random.key(4), (16,))
+    update = np.asarray(lowrank.weighted_noise(ctx, gen_key, jnp.int32(0), weights))
+    by_member = sum(float(weights[i]) * np.asarray(lowrank.member_noise(ctx, gen_key, jnp.int32(i))) for i in range(16))
+    np.testing.assert_allclose(update, by_member, rtol=1e-4, atol=1e-5)
+    kernel = next(leaf for leaf in layout.factored if leaf.shape == (8, 8))
+    matrix = update[kernel.offset: kernel.offset + kernel.size].reshape(8, 8)
+    assert np.linalg.matrix_rank(matrix) > 1
+    one = np.asarray(lowrank.member_noise(ctx, gen_key, jnp.int32(0)))[kernel.offset: kernel.offset + kernel.size]
+    assert np.linalg.matrix_rank(one.reshape(8, 8)) == 1  # each member's perturbation is rank r = 1
+
+
+def test_a_chunk_of_members_holds_factors_never_a_dense_population():
+    """O(C r (m + n)) perturbation floats per chunk for an MLP 256x256 (P ~ 67k), never C x P."""
+    trainer = jes.Trainer(jes.MLPPolicy((256, 256)), "Pendulum-v1", "adam",
+                          jes.ESConfig(num_members=64, perturbation="low_rank", perturbation_rank=2))
+    state = jax.eval_shape(lambda: trainer.init_state(0))
+    members, _, _ = jax.eval_shape(trainer.sample_chunk, state, jnp.int32(0))
+    floats = sum(math.prod(x.shape) for x in jax.tree.leaves(members))
+    C, P = trainer.chunk_size, trainer.num_params
+    assert P > 60_000 and floats < C * P / 20
+    factored = sum(leaf.rows + leaf.cols for leaf in trainer.ctx.layout.factored)
+    assert floats == C * (2 * factored + trainer.ctx.layout.dense_size)
+
+
+def test_strategies_with_per_parameter_sigmas_refuse_low_rank_naming_the_ones_that_take_it():
+    for name in ("pgpe", "snes", "sep_cma_es"):
+        with pytest.raises(ValueError, match=f"{name} keeps a sigma per parameter.*openai_es or ars"):
+            jes.Trainer(jes.MLPPolicy((4,)), "CartPole-v1", None,
+                        jes.ESConfig(num_members=8, perturbation="low_rank"), strategy=name)
+    with pytest.raises(ValueError, match="unknown perturbation"):
+        jes.ESConfig(perturbation="sparse")
+    with pytest.raises(ValueError, match="rank must be a positive integer"):
+        jes.LowRank(0)
+    config = jes.ESConfig(perturbation=jes.LowRank(4))
+    assert (config.perturbation, config.perturbation_rank) == ("low_rank", 4)
+    assert perturbations.get(config.perturbation, config.perturbation_rank) == jes.LowRank(4)
