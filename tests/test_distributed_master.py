@@ -283,3 +283,111 @@ def test_audit_catches_a_worker_that_alters_fitness_and_keeps_the_generation_exa
         assert all(not r.any() for r in master._results)  # nothing the liar said survived
     finally:
         master.close()
+
+
+# ------------------------------------------------------- results are not trusted
+def issue(master, fake, sent):
+    """Have ``fake`` ask for work; the work message it got."""
+    master._handle(fake.identity, request_message(fake))
+    work = [m for m in sent if m["type"] == "work"][-1]
+    fake.last_aid = work["aid"]
+    return work
+
+
+def serve(trainer, fakes, **options):
+    clock = Clock()
+    master = make_master(trainer, clock, **options)
+    sent = []
+    for fake in fakes:
+        connect(master, fake, clock)
+    master._send = lambda worker, message: sent.append(message)
+    master._begin(None, 0, "h")
+    return master, sent
+
+
+def test_a_result_is_used_only_for_the_live_assignment_it_was_issued_for(trainer):
+    a, b = FakeWorker(b"a"), FakeWorker(b"b")
+    master, sent = serve(trainer, (a, b))
+    try:
+        work_a, work_b = issue(master, a, sent), issue(master, b, sent)
+        others = [c for c in range(trainer.num_chunks) if c not in (work_a["start"], work_b["start"])]
+        master._handle(b"a", result_message(trainer, work_b["aid"], work_b["start"], work_b["stop"]))  # b's id
+        master._handle(b"a", result_message(trainer, 999, others[0], others[0] + 1))                   # never issued
+        assert not master._have.any() and master.stats["stale_results"] == 2 and not master.workers[b"a"].distrusted
+        master._handle(b"a", result_message(trainer, work_a["aid"], others[0], others[0] + 1))  # its id, another range
+        assert not master._have.any() and master.workers[b"a"].distrusted
+        assert work_a["start"] in master._pending and work_b["aid"] in master.assignments  # b keeps its range
+    finally:
+        master.close()
+
+
+@pytest.mark.parametrize("seconds", [float("inf"), float("nan"), 0.0, -1.0, 1e300])
+def test_an_impossible_time_distrusts_the_worker_and_no_deadline_divides_by_it(trainer, seconds):
+    a, b = FakeWorker(b"a"), FakeWorker(b"b")
+    master, sent = serve(trainer, (a, b))
+    try:
+        work = issue(master, a, sent)
+        master._handle(b"a", dict(result_message(trainer, work["aid"], work["start"], work["stop"]), seconds=seconds))
+        assert master.workers[b"a"].distrusted and not master._have.any() and work["start"] in master._pending
+        master.clock.now += 0.5
+        work = issue(master, b, sent)  # an honest worker: its speed is learned from clamped times
+        master._handle(b"b", dict(result_message(trainer, work["aid"], work["start"], work["stop"]), seconds=1e-30))
+        assert 0 < master.workers[b"b"].chunks_per_second <= 1e6
+        issue(master, b, sent)
+        check_invariant(master)
+    finally:
+        master.close()
+
+
+def test_non_finite_fitness_is_settled_by_the_masters_own_evaluation(trainer):
+    """An honest run can give NaN fitness: a worker that reports the master's own NaN stays trusted."""
+    honest, liar = FakeWorker(b"honest"), FakeWorker(b"liar")
+    master, sent = serve(trainer, (honest, liar))
+    truth = []
+
+    def master_evaluates(start, stop):  # the truth: NaN in the first member of every chunk
+        truth.append((start, stop))
+        fitness = np.zeros((stop - start, trainer.chunk_size), np.float32)
+        fitness[:, 0] = np.nan
+        return (fitness, *(np.zeros((stop - start, *a.shape[1:]), a.dtype) for a in master._results[1:]))
+
+    master._evaluate_range = master_evaluates
+    try:
+        for fake, value in ((honest, np.nan), (liar, np.inf)):
+            work = issue(master, fake, sent)
+            k = work["stop"] - work["start"]
+            fitness = np.zeros((k, trainer.chunk_size), np.float32)
+            fitness[:, 0] = value
+            master._handle(fake.identity, dict(result_message(trainer, work["aid"], work["start"], work["stop"]),
+                                               fitness=protocol.pack_array(fitness)))
+            assert master._have[work["start"]] and np.isnan(master._results[0][work["start"], 0])
+        assert len(truth) == 2 and master.stats["verified_here"] == 2
+        assert master.workers[b"honest"].verified and not master.workers[b"honest"].distrusted
+        assert master.workers[b"liar"].distrusted
+    finally:
+        master.close()
+
+
+def test_an_unverified_auditor_agreeing_with_a_liar_settles_nothing(trainer):
+    """Two identities of one liar: an audit is never assigned to, nor settled by, a worker the master has not
+    verified; the master's own evaluation decides, and both are distrusted."""
+    a, b = FakeWorker(b"a"), FakeWorker(b"b")
+    master, sent = serve(trainer, (a, b), audit=1.0)
+    try:
+        work = issue(master, a, sent)
+        lie = dict(result_message(trainer, work["aid"], work["start"], work["stop"]),
+                   fitness=protocol.pack_array(np.ones((1, trainer.chunk_size), np.float32)))
+        master._handle(b"a", lie)
+        assert master._audits and not master.workers[b"b"].verified
+        master._pending = []  # only the audit is left: b, idle and unverified, is not given it
+        master._handle(b"b", request_message(b))
+        assert not any(a.audit for a in master.assignments.values()) and master._should_audit_here()
+        # Even an audit result of b that agrees with a (as if b had been handed it) is settled by the master.
+        master._check_audit(work["start"], work["stop"],
+                            tuple(protocol.unpack_array(lie[k]) for k in ("fitness", "env_steps", "obs_sum", "obs_sumsq")),
+                            b"b")
+        assert master.workers[b"a"].distrusted and master.workers[b"b"].distrusted
+        assert not master._results[0].any() and master.stats["audit_mismatches"] == 0
+        assert master.stats["audits_settled_here"] == 1
+    finally:
+        master.close()

@@ -24,10 +24,29 @@ they were re-queued once already. Assignment ids are unique per master and
 ``last_aid`` is per session, so a worker of a previous master can never make
 this one release ranges it has just handed out.
 
+Results are not trusted (a worker holds the shared secret, not the master's
+confidence). A result is used only for a live assignment of the worker that
+sends it: its own assignment id, exactly the range it was issued, the current
+run, generation and state hash, and arrays of exactly the issued shapes and
+dtypes; anything else is dropped (a late or foreign result) or, for a live
+assignment, makes the worker distrusted. Its values must be plausible: a
+positive, finite ``seconds`` no longer than the master has waited for it (else
+the worker is distrusted: timing cannot be checked), finite fitness and
+observation sums, non-negative sums of squares, env step counts within what the
+range's episodes can take. An implausible value is not stored: the master
+evaluates the range itself and uses its own result (an honest run can produce
+non-finite fitness, e.g. a policy whose outputs overflow; a worker whose values
+equal the master's bit for bit stays trusted, any other is distrusted). A
+distrusted worker (by its ZeroMQ identity, also across new sessions) gets no
+more work for the rest of the run, and what it delivered in the generation
+goes back to the queue. Reported times enter the speed estimate only clamped
+to what the master measured itself, so no deadline can be zero or unbounded.
+
 With ``audit > 0`` a fraction of delivered ranges is evaluated a second time
-(by another worker, or by the master) and compared bit for bit; the master
-settles a mismatch with its own evaluation and stops trusting the worker that
-was wrong. A generation then also waits for its open audits.
+and compared bit for bit, by the master or by a worker the master has verified
+(one whose delivery matched the master's own evaluation); the master settles a
+mismatch with its own evaluation and distrusts whoever was wrong. A generation
+then also waits for its open audits.
 """
 from __future__ import annotations
 
@@ -49,6 +68,19 @@ from jes.distributed.protocol import ProtocolError, field
 from jes.generation import ChunkResults
 
 log = logging.getLogger("jes.distributed.master")
+
+# A reported evaluation time above this many times what the master waited for the range (its own clock),
+# plus TIMING_SLACK_SECONDS for clocks of other hosts, is impossible: the worker is distrusted.
+TIMING_SLACK_FACTOR = 2.0
+TIMING_SLACK_SECONDS = 1.0
+MIN_SECONDS = 1e-6                  # times are clamped to at least this before they divide anything
+MIN_RATE, MAX_RATE = 1e-6, 1e6      # chunks per second, the bounds of any speed estimate
+
+
+def _same_bits(a: np.ndarray, b: np.ndarray) -> bool:
+    """Equal dtype, shape and bytes (NaN equals the same NaN: an honest non-finite result matches itself)."""
+    a, b = np.asarray(a), np.asarray(b)
+    return a.dtype == b.dtype and a.shape == b.shape and a.tobytes() == b.tobytes()
 
 
 def bind_address(address: str) -> str:
@@ -88,7 +120,8 @@ class _Worker:
     idle: bool = False
     setup_sent: bool = False
     refused: str | None = None  # the run this worker said it cannot build
-    distrusted: bool = False    # delivered results that an audit proved wrong: never given work again
+    distrusted: bool = False    # delivered wrong, malformed or impossible results: never given work again
+    verified: bool = False      # a delivery of it matched the master's own evaluation: it may audit others
     aids: set = dataclasses.field(default_factory=set)  # its live assignments
     chunks_per_second: float | None = None
     members_done: int = 0
@@ -116,11 +149,12 @@ class Master:
         max_message_bytes: larger incoming messages are dropped (ZeroMQ cuts the peer off).
         description_extra: further parts of the run described to workers and passed to their
             ``Trainer`` by name (e.g. ``{"strategy": jes.strategies.PGPE(...)}``).
-        audit: fraction of delivered ranges (0 to 1) evaluated a second time, by another worker (or by the
-            master when none is free), and compared bit for bit (same backend, same bits). On a mismatch
-            the master evaluates the range itself; a worker whose results differ from the master's is
-            distrusted for the rest of the run: its deliveries of the generation are dropped and
-            re-queued, and it gets no more work. Default 0 (off).
+        audit: fraction of delivered ranges (0 to 1) evaluated a second time, by a worker the master has
+            verified (or by the master itself when none is free), and compared bit for bit (same backend,
+            same bits). On a mismatch, or whenever no verified worker audits, the master evaluates the range
+            itself; a worker whose results differ from the master's is distrusted for the rest of the run:
+            its deliveries of the generation are dropped and re-queued, and it gets no more work. Default 0
+            (off).
         audit_seed: seed of the choice of audited ranges.
         curve_secret_key: encrypt and authenticate the server with ZeroMQ CURVE: this master's secret
             key (Z85 text or a file made by ``jes keys NAME``, the ``NAME.secret`` one); workers then
@@ -177,6 +211,12 @@ class Master:
         self._audit_rng = random.Random(audit_seed)
         self._audits: list[tuple[int, int, bytes]] = []  # (start, stop, first deliverer) waiting for a second look
         self._delivered_by: dict[int, bytes] = {}         # chunk -> the worker whose result is stored
+        self._distrusted: set[bytes] = set()              # identities distrusted for the rest of the run
+        spec = trainer.spec
+        max_steps = getattr(spec, "max_steps", None)
+        # The most env steps a chunk's episodes can take (each member slot's episode stops at max_steps).
+        self._max_chunk_steps = (None if not isinstance(max_steps, int) else
+                                 trainer.chunk_size * trainer.config.episodes_per_member * max_steps)
         self.status_interval = float(status_interval)
         self.max_message_bytes = int(max_message_bytes)
         self.clock = time.monotonic  # a seam for tests of the bookkeeping
@@ -429,6 +469,7 @@ class Master:
                             self.stats["dropped"])
         except Exception:  # an authenticated peer sent something we failed on: never take the master down
             self.stats["dropped"] += 1
+            self.stats["handler_errors"] += 1  # a validation gap: every malformed input should be a ProtocolError
             log.exception("error handling a message from peer %s; dropped", identity.hex()[:12])
 
     def _hello(self, identity: bytes, message: dict) -> None:
@@ -441,7 +482,8 @@ class Master:
             if worker is not None:  # the same connection opens a new session: the old one is over
                 self._drop_worker(worker, "opened a new session")
             worker = self.workers[identity] = _Worker(identity, name, self.clock(), nonce=nonce,
-                                                      session=protocol.Session(self.key, protocol.new_nonce()))
+                                                      session=protocol.Session(self.key, protocol.new_nonce()),
+                                                      distrusted=identity in self._distrusted)
             log.info("worker %s connected (%d connected)", name, len(self.workers))
         # A repeated hello (its first welcome was lost) gets the same session.
         self._send_frames(identity, protocol.encode({"type": "welcome", "nonce": nonce, "sid": worker.session.sid},
@@ -499,36 +541,95 @@ class Master:
 
     def _handle_result(self, worker: _Worker, message: dict, run, generation: int, state_hash: str) -> None:
         aid = field(message, "aid", int)
-        start, stop = field(message, "start", int), field(message, "stop", int)
-        seconds = field(message, "seconds", (float, int))
-        current = self._active and run == self._run and generation == self._generation and state_hash == self._hash
         assignment = self.assignments.get(aid) if aid in worker.aids else None
+        if assignment is None or not self._active or assignment.generation != self._generation or worker.distrusted:
+            # Not a live assignment of this worker: late (past its deadline, or the generation is over), of
+            # another worker, or never issued. Nothing in it is used.
+            self.stats["stale_results"] += 1
+            log.debug("worker %s: dropped a result for assignment %d, not one it holds", worker.name, aid)
+            return
+        start, stop = assignment.chunks[0], assignment.chunks[-1] + 1
         try:
-            if not current or worker.distrusted:
-                self.stats["stale_results"] += 1
+            try:
+                seconds, values = self._result_values(message, start, stop, run, generation, state_hash)
+            except ProtocolError as err:
+                self.stats["bad_results"] += 1
+                self._distrust(worker.identity, f"sent a malformed result ({err})")
                 return
-            n, size, obs = self.trainer.num_chunks, self.trainer.chunk_size, self.trainer.spec.obs_shape
-            if not 0 <= start < stop <= n:
-                raise ProtocolError(f"result chunk range [{start}, {stop}) outside [0, {n})")
-            k = stop - start
-            fitness = protocol.unpack_array(message.get("fitness"), "float32", (k, size))
-            env_steps = protocol.unpack_array(message.get("env_steps"), "int32", (k,))
-            obs_sum = protocol.unpack_array(message.get("obs_sum"), "float32", (k, *obs))
-            obs_sumsq = protocol.unpack_array(message.get("obs_sumsq"), "float32", (k, *obs))
-            if assignment is not None and assignment.audit:
-                self._check_audit(start, stop, (fitness, env_steps, obs_sum, obs_sumsq), worker.identity)
+            elapsed = max(0.0, self.clock() - assignment.issued)
+            if not (math.isfinite(seconds) and 0 < seconds <= TIMING_SLACK_FACTOR * elapsed + TIMING_SLACK_SECONDS):
+                self.stats["bad_results"] += 1
+                self._distrust(worker.identity, f"reported an impossible evaluation time ({seconds!r} s for chunks "
+                                                f"{start}..{stop - 1}, issued {elapsed:.3g} s before)")
                 return
-            stored = self._store(list(range(start, stop)), fitness, env_steps, obs_sum, obs_sumsq, worker.identity)
-            if stored == k and self.audit and self._audit_rng.random() < self.audit:
+            problem = self._implausible(values)
+            if problem is not None:
+                self._verify_here(worker, assignment, values, problem)
+                return
+            if assignment.audit:
+                self._check_audit(start, stop, values, worker.identity)
+                return
+            stored = self._store(list(range(start, stop)), *values, worker.identity)
+            if stored and self.audit and self._audit_rng.random() < self.audit:
                 self._audits.append((start, stop, worker.identity))
-            worker.members_done += stored * size
-            worker.interval_members += stored * size
-            if seconds > 0:
-                rate = k / seconds
-                worker.chunks_per_second = rate if worker.chunks_per_second is None else 0.5 * (worker.chunks_per_second + rate)
+            worker.members_done += stored * self.trainer.chunk_size
+            worker.interval_members += stored * self.trainer.chunk_size
+            self._learn_speed(worker, stop - start, seconds, elapsed)
         finally:
             if aid in worker.aids:  # whatever it held and did not deliver goes back to the queue
                 self._end_assignment(aid, "not delivered, back")
+
+    def _result_values(self, message: dict, start: int, stop: int, run, generation: int, state_hash: str) -> tuple:
+        """``(seconds, (fitness, env_steps, obs_sum, obs_sumsq))`` of a result for the issued range ``[start, stop)``,
+        every field checked; raises :class:`ProtocolError` for anything else."""
+        if (field(message, "start", int), field(message, "stop", int)) != (start, stop):
+            raise ProtocolError(f"result for chunks [{message['start']}, {message['stop']}), but it was issued "
+                                f"[{start}, {stop})")
+        if (run, generation, state_hash) != (self._run, self._generation, self._hash):
+            raise ProtocolError("result of another run, generation or state than its assignment")
+        seconds = float(field(message, "seconds", (float, int)))
+        k, size, obs = stop - start, self.trainer.chunk_size, self.trainer.spec.obs_shape
+        return seconds, (protocol.unpack_array(message.get("fitness"), "float32", (k, size)),
+                         protocol.unpack_array(message.get("env_steps"), "int32", (k,)),
+                         protocol.unpack_array(message.get("obs_sum"), "float32", (k, *obs)),
+                         protocol.unpack_array(message.get("obs_sumsq"), "float32", (k, *obs)))
+
+    def _implausible(self, values: tuple) -> str | None:
+        """Why a worker's per-chunk values cannot be used as they are (``None``: they can)."""
+        fitness, env_steps, obs_sum, obs_sumsq = values
+        if not np.isfinite(fitness).all():
+            return "non-finite fitness"
+        if (env_steps < 0).any() or (self._max_chunk_steps is not None and (env_steps > self._max_chunk_steps).any()):
+            return f"env step counts outside [0, {self._max_chunk_steps}]"
+        if not (np.isfinite(obs_sum).all() and np.isfinite(obs_sumsq).all()):
+            return "non-finite observation sums"
+        if (obs_sumsq < 0).any():
+            return "negative sums of squares"
+        return None
+
+    def _verify_here(self, worker: _Worker, assignment: _Assignment, values: tuple, problem: str) -> None:
+        """Settle an implausible result with the master's own evaluation of its range, which is what is stored."""
+        start, stop = assignment.chunks[0], assignment.chunks[-1] + 1
+        log.warning("worker %s: chunks %d..%d of generation %d came with %s; the master evaluates them itself",
+                    worker.name, start, stop - 1, self._generation, problem)
+        self.stats["verified_here"] += 1
+        truth = self._evaluate_range(start, stop)
+        honest = all(_same_bits(v, t) for v, t in zip(values, truth))
+        if assignment.audit:
+            self._check_audit(start, stop, truth, None)
+        else:
+            self._store(list(range(start, stop)), *truth)
+        if honest:  # e.g. a policy whose outputs overflow: the master gets the same non-finite fitness
+            worker.verified = True
+        else:
+            self.stats["bad_results"] += 1
+            self._distrust(worker.identity, f"sent {problem} that differ from the master's own evaluation")
+
+    def _learn_speed(self, worker: _Worker, chunks: int, seconds: float, elapsed: float) -> None:
+        # Clamped before any arithmetic: no worker computed longer than the master waited for it.
+        seconds = min(max(seconds, MIN_SECONDS), max(elapsed, MIN_SECONDS))
+        rate = min(max(chunks / seconds, MIN_RATE), MAX_RATE)
+        worker.chunks_per_second = rate if worker.chunks_per_second is None else 0.5 * (worker.chunks_per_second + rate)
 
     # ------------------------------------------------------------ scheduling
     def _end_assignment(self, aid: int, why: str, level: int = logging.INFO) -> list[int]:
@@ -571,13 +672,13 @@ class Master:
             for aid in sorted(worker.aids):
                 assignment = self.assignments[aid]
                 if now > assignment.deadline:
-                    # The worker may still deliver (its result is stored if it is first), but nobody waits for it.
+                    # Nobody waits for it any more; a late result is not a live assignment's and is dropped.
                     self._end_assignment(aid, "overran their deadline, back", logging.WARNING)
 
     def _assign_idle(self) -> None:
         for worker in list(self.workers.values()):
-            if worker.idle and not self._benched(worker) and not worker.distrusted and (
-                    self._pending or (self._audits and any(a[2] != worker.identity for a in self._audits))):
+            if worker.idle and not self._benched(worker) and not worker.distrusted and (self._pending or (
+                    worker.verified and any(a[2] != worker.identity for a in self._audits))):
                 self._assign(worker)
 
     # --------------------------------------------------------------- audits
@@ -586,11 +687,15 @@ class Master:
         return bool(self._audits) or any(a.audit for a in self.assignments.values())
 
     def _should_audit_here(self) -> bool:
-        """The master takes a queued audit when no worker that may take it is idle and no worker is busy."""
-        ready = self._ready_workers()
-        if any(w.idle and not self._benched(w) and w.identity != self._audits[0][2] for w in ready):
+        """The master takes a queued audit when no verified worker (other than the deliverer) is idle or busy.
+
+        Only workers the master has verified audit: a second opinion of an unverified worker (perhaps the
+        same liar under another identity) would settle nothing."""
+        auditors = [w for w in self._ready_workers()
+                    if w.verified and not self._benched(w) and w.identity != self._audits[0][2]]
+        if any(w.idle for w in auditors):
             return False
-        return not any(w.aids for w in ready)
+        return not any(w.aids for w in auditors)
 
     def _evaluate_range(self, start: int, stop: int) -> tuple:
         outs = [self._evaluate(self._state, jnp.array([c], jnp.int32)) for c in range(start, stop)]
@@ -601,30 +706,57 @@ class Master:
         self._check_audit(start, stop, self._evaluate_range(start, stop), None)
 
     def _check_audit(self, start: int, stop: int, values: tuple, by: bytes | None) -> None:
-        """Compare a second evaluation of chunks [start, stop) (by worker ``by``, or the master) with the stored one."""
+        """Compare a second evaluation of chunks [start, stop) (by worker ``by``, or the master) with the stored one.
+
+        Settled without the master only when ``by`` is a verified worker and both agree bit for bit;
+        otherwise the master's own evaluation is the truth, and every worker that differs from it is distrusted.
+        """
         self.stats["audits"] += 1
         for aid in [aid for aid, a in self.assignments.items() if a.audit and a.chunks[0] == start]:
             self._end_assignment(aid, "audited")
         chunks = range(start, stop)
         if not self._have[start:stop].all():
             return  # its first delivery was dropped meanwhile (that worker was distrusted): nothing to compare
-        if all(np.array_equal(r[start:stop], v) for r, v in zip(self._results, values)):
+        auditor = self.workers.get(by) if by is not None else None
+        trusted = by is None or (auditor is not None and auditor.verified and not auditor.distrusted)
+        agree = all(_same_bits(r[start:stop], v) for r, v in zip(self._results, values))
+        if agree and trusted:
+            if by is None:
+                self._mark_verified({self._delivered_by.get(c) for c in chunks})
             return
-        self.stats["audit_mismatches"] += 1
+        if not agree:
+            self.stats["audit_mismatches"] += 1
+        else:
+            self.stats["audits_settled_here"] += 1  # an unverified auditor agreeing proves nothing
         truth = values if by is None else self._evaluate_range(start, stop)  # the master settles it
         for identity in {self._delivered_by.get(c) for c in chunks} - {None}:
             theirs = [c for c in chunks if self._delivered_by.get(c) == identity]
-            if any(not np.array_equal(r[c], t[c - start]) for c in theirs for r, t in zip(self._results, truth)):
+            if any(not _same_bits(r[c], t[c - start]) for c in theirs for r, t in zip(self._results, truth)):
                 self._distrust(identity)
-        if by is not None and not all(np.array_equal(v, t) for v, t in zip(values, truth)):
-            self._distrust(by)
+            else:
+                self._mark_verified({identity})
+        if by is not None:
+            if all(_same_bits(v, t) for v, t in zip(values, truth)):
+                self._mark_verified({by})
+            else:
+                self._distrust(by)
         self._have[start:stop] = False
         for chunk in chunks:
             self._delivered_by.pop(chunk, None)
         self._store(list(chunks), *truth)
 
-    def _distrust(self, identity: bytes) -> None:
-        """Drop everything ``identity`` delivered in this generation and give it no more work."""
+    def _mark_verified(self, identities: set) -> None:
+        for identity in identities:
+            worker = self.workers.get(identity) if identity is not None else None
+            if worker is not None and not worker.distrusted:
+                worker.verified = True
+
+    def _distrust(self, identity: bytes,
+                  why: str = "returned results that differ from the master's own evaluation") -> None:
+        """Drop everything ``identity`` delivered in this generation and give it no more work (for the rest of
+        the run, also in a new session of the same identity)."""
+        already = identity in self._distrusted
+        self._distrusted.add(identity)
         worker = self.workers.get(identity)
         name = worker.name if worker is not None else identity.hex()[:12]
         dropped = sorted(c for c, who in self._delivered_by.items() if who == identity)
@@ -635,13 +767,14 @@ class Master:
         self._reissued.update(dropped)
         self._audits = [a for a in self._audits if a[2] != identity]
         if worker is not None:
-            worker.distrusted = True
+            worker.distrusted, worker.verified = True, False
             for aid in sorted(worker.aids):
                 self._end_assignment(aid, "from a distrusted worker, back")
+        if already:
+            return
         self.stats["distrusted_workers"] += 1
-        log.error("worker %s returned results that differ from the master's own evaluation: distrusted for the rest "
-                  "of the run; its %d chunk(s) of generation %d go back to the queue", name, len(dropped),
-                  self._generation)
+        log.error("worker %s %s: distrusted for the rest of the run; its %d chunk(s) of generation %d go back "
+                  "to the queue", name, why, len(dropped), self._generation)
 
     def _range_size(self, worker: _Worker) -> int:
         rate = worker.chunks_per_second
@@ -673,7 +806,7 @@ class Master:
             return
         worker.setup_sent = True
         audit = None
-        if not self._pending and not worker.distrusted:
+        if not self._pending and not worker.distrusted and worker.verified:
             audit = next((a for a in self._audits if a[2] != worker.identity), None)
         if (not self._pending and audit is None) or self._benched(worker) or worker.distrusted:
             # Nothing to do, a worker that keeps failing to sync (it sits this generation out), or one
@@ -705,7 +838,7 @@ class Master:
         now = self.clock()
         if worker.chunks_per_second is None:
             deadline = now + self.assign_timeout
-        else:
+        else:  # the rate is clamped to [MIN_RATE, MAX_RATE] where it is learned: a finite deadline
             deadline = now + max(self.min_deadline, self.deadline_factor * len(chunks) / worker.chunks_per_second)
         aid, self._next_aid = self._next_aid, self._next_aid + 1
         self.assignments[aid] = _Assignment(aid, worker.identity, self._generation, chunks, now, deadline,
@@ -722,7 +855,7 @@ class Master:
     def _status(self, generation: int) -> None:
         now = time.monotonic()
         elapsed = now - self._last_status
-        if elapsed < self.status_interval:
+        if elapsed < self.status_interval or elapsed <= 0:
             return
         parts = [f"{w.name} {w.interval_members / elapsed:.0f}" for w in self.workers.values()]
         log.info("generation %d: %d worker(s) connected; members/s: %s%s", generation, len(self.workers),

@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import math
 import os
 import secrets
 from typing import Any
@@ -223,7 +224,7 @@ def unpack_array(value: Any, dtype: str | None = None, shape: tuple | None = Non
     if not all(isinstance(d, int) and not isinstance(d, bool) and 0 <= d < 2**31 for d in dims) or len(dims) > 8:
         raise ProtocolError("malformed array shape")
     dt = np.dtype(name).newbyteorder("<")
-    if len(data) != int(np.prod(dims, dtype=np.int64)) * dt.itemsize:
+    if len(data) != math.prod(dims) * dt.itemsize:  # Python ints: np.prod would wrap around to a small count
         raise ProtocolError(f"array data has {len(data)} bytes, shape {dims} of {name} needs more or fewer")
     if dtype is not None and name != dtype:
         raise ProtocolError(f"array dtype {name}, expected {dtype}")
