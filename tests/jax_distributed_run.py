@@ -4,7 +4,8 @@
 
 Trains the small run of :func:`small_run` with ``distributed=True`` and writes what this process's
 result holds to ``OUT_DIR/result<process id>.npz``. ``JES_TEST_DIE_AT=G`` makes process 1 exit
-abruptly (status 3) after generation G, as a crashed host would.
+abruptly (status 3) after generation G, as a crashed host would; ``JES_TEST_PERTURBATION=low_rank`` trains
+with low-rank members.
 """
 import os
 import sys
@@ -16,9 +17,11 @@ def small_run(num_generations: int) -> dict:
     """Keyword arguments of ``jes.train`` shared by the launched processes and the one-process reference."""
     import jes
 
+    perturbation = os.environ.get("JES_TEST_PERTURBATION", "full_rank")
     return dict(policy=jes.MLPPolicy(hidden_sizes=(8,)), env="CartPole-v1", optimizer="adam", key=7,
                 config=jes.ESConfig(num_members=16, chunk_size=4, num_generations=num_generations, eval_every=1,
-                                    eval_episodes=2, max_episode_steps=60))
+                                    eval_episodes=2, max_episode_steps=60, perturbation=perturbation,
+                                    perturbation_rank=2))
 
 
 def main(out: str, generations: int, resume: str | None = None) -> None:

@@ -57,6 +57,16 @@ SCRIPT = textwrap.dedent("""
                 "state": [np.asarray(x).tolist() for x in jax.tree.leaves(r.state.strategy)],
                 "chunks": [r.trainer.padded_chunks, len(r.trainer.devices)]}
             for d, r in runs.items()}
+    # Low-rank (EGGROLL) members: every device rebuilds the whole update from the fitness alone.
+    for name, policy, env in (("low_rank/mlp", jes.MLPPolicy(hidden_sizes=(16, 16)), "Pendulum-v1"),
+                              ("low_rank/gru", jes.GRUPolicy(hidden=4, layers=2), "CartPole-v1")):
+        runs = {d: jes.train(policy, env, "adam", key=11, devices=d, log_dir=None, num_members=24, chunk_size=8,
+                             num_generations=3, eval_episodes=4, perturbation="low_rank", perturbation_rank=2)
+                for d in (1, 2)}
+        out[name] = {d: {"params": r.flat_params.tolist(), "pop_mean": r.history["pop_mean"].tolist(),
+                         "centre": r.history["centre_return"].tolist(), "steps": r.history["env_steps"].tolist(),
+                         "chunks": r.trainer.padded_chunks}
+                     for d, r in runs.items()}
     print(json.dumps(out))
 """)
 
@@ -69,7 +79,8 @@ def two_device_runs():
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-@pytest.mark.parametrize("case", ["12/4", "10/2", "8/8", "pendulum", "sep_cma_es", "ars/centered_ranks", "openai_es/z_score"])
+@pytest.mark.parametrize("case", ["12/4", "10/2", "8/8", "pendulum", "sep_cma_es", "ars/centered_ranks", "openai_es/z_score",
+                                  "low_rank/mlp", "low_rank/gru"])
 def test_two_devices_equal_one_device_bit_for_bit(two_device_runs, case):
     one, two = two_device_runs[case]["1"], two_device_runs[case]["2"]
     assert one["params"] == two["params"]          # exact float equality, element by element

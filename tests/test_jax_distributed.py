@@ -89,6 +89,19 @@ def test_two_processes_with_one_and_two_devices_are_bit_identical_to_one_process
         np.testing.assert_array_equal(got["best"], one.best.flat_params)
 
 
+def test_two_processes_of_a_low_rank_run_are_bit_identical_to_one_process(tmp_path, monkeypatch):
+    """Low-rank members: every process rebuilds the update from the all-gathered fitness alone."""
+    monkeypatch.setenv("JES_TEST_PERTURBATION", "low_rank")
+    one = reference(3)
+    status, output = launch(tmp_path / "lowrank", 2, 1, 3)
+    assert status == 0, output
+    for got in results(tmp_path / "lowrank", 2):
+        assert int(got["processes"]) == 2
+        np.testing.assert_array_equal(got["flat"], one.flat_params)
+        np.testing.assert_array_equal(got["pop_mean"], one.history["pop_mean"])
+        np.testing.assert_array_equal(got["centre"], one.history["centre_return"])
+
+
 def test_a_process_that_dies_stops_the_others_with_a_clear_error(tmp_path):
     status, output = launch(tmp_path / "die", 2, 1, 6, env={"JES_TEST_DIE_AT": "2"})
     assert status == 3, output

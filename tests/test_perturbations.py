@@ -200,3 +200,16 @@ def test_strategies_with_per_parameter_sigmas_refuse_low_rank_naming_the_ones_th
     config = jes.ESConfig(perturbation=jes.LowRank(4))
     assert (config.perturbation, config.perturbation_rank) == ("low_rank", 4)
     assert perturbations.get(config.perturbation, config.perturbation_rank) == jes.LowRank(4)
+
+
+def test_a_low_rank_run_interrupted_and_resumed_is_bit_identical(tmp_path):
+    kwargs = dict(key=4, log_dir=None, progress=False, num_members=16, chunk_size=8, eval_episodes=2,
+                  perturbation=jes.LowRank(2))
+    policy = jes.MLPPolicy((8, 8))
+    full = jes.train(policy, "Pendulum-v1", "adam", num_generations=4, checkpoint_path=None, **kwargs)
+    path = str(tmp_path / "half.ckpt")
+    jes.train(policy, "Pendulum-v1", "adam", num_generations=2, checkpoint_path=path, **kwargs)
+    resumed = jes.train(policy, "Pendulum-v1", "adam", num_generations=4, resume=path, checkpoint_path=None, **kwargs)
+    assert np.array_equal(resumed.flat_params, full.flat_params)
+    assert np.array_equal(resumed.history["pop_mean"], full.history["pop_mean"])
+    assert jes.checkpoint.read(path).meta["config"]["perturbation"] == "low_rank"
