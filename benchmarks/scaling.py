@@ -139,9 +139,11 @@ def program_quantities(population: int) -> dict:
     import jes
 
     out = {}
-    for label, policy in (("GRU 5x2", jes.GRUPolicy(hidden=5, layers=2)),
-                          ("MLP 256-256-128", jes.MLPPolicy(hidden_sizes=(256, 256, 128)))):
-        config = jes.ESConfig(num_members=population, chunk_size=CHUNK, eval_every=0)
+    for label, policy, perturbation in (
+            ("GRU 5x2", jes.GRUPolicy(hidden=5, layers=2), "full_rank"),
+            ("MLP 256-256-128", jes.MLPPolicy(hidden_sizes=(256, 256, 128)), "full_rank"),
+            ("MLP 1024-1024 low rank r=1", jes.MLPPolicy(hidden_sizes=(1024, 1024)), "low_rank")):
+        config = jes.ESConfig(num_members=population, chunk_size=CHUNK, eval_every=0, perturbation=perturbation)
         trainer = jes.Trainer(policy, "CartPole-v1", "adam", config, devices=1)
         state = trainer.init_state(0)
         chunks = jnp.arange(1, dtype=jnp.int32)
@@ -158,8 +160,9 @@ def program_quantities(population: int) -> dict:
             t0 = time.perf_counter()
             jax.block_until_ready(update(state, all_results))
             samples.append(time.perf_counter() - t0)
+        # Low-rank statistics are never gathered: every host rebuilds them from the fitness (keys give the factors).
         out[label] = dict(params=trainer.num_params, results_bytes_per_chunk=nbytes(results),
-                          stats_bytes_per_chunk=nbytes(stats),
+                          stats_bytes_per_chunk=0 if perturbation == "low_rank" else nbytes(stats),
                           update_s_per_member_param=statistics.median(samples) / (population * trainer.num_params))
     return out
 
@@ -217,7 +220,8 @@ def main() -> None:
     print("\nModel: where each backend stops scaling. Assumptions: one device per host, "
           f"{pop} members per host (population grows with the hosts), chunks of {CHUNK}, every host evaluates "
           "its own chunks; jax.distributed all-gathers each chunk's fitness record and sufficient statistics to "
-          "every device (the chunk-ordered sum that keeps results bit-identical); a ZeroMQ master sends one range "
+          "every device (the chunk-ordered sum that keeps results bit-identical; low-rank runs gather only the fitness "
+          "records and every host rebuilds the statistics from keys); a ZeroMQ master sends one range "
           f"per host per generation at the measured {human(per_range_bytes)} and {seconds(per_range_cpu)} of master "
           "CPU per range, and runs the update itself, regenerating every member's noise (measured cost per "
           "member x parameter on this CPU, linear extrapolation).\n")

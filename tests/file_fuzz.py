@@ -116,7 +116,7 @@ def cases(kind: str, valid: bytes, count: int, seed: int = 0) -> Iterator[tuple[
         elif how == 3:
             path, new = rng.choice(meta_paths), rng.choice(WRONG_VALUES + [_junk(rng)])
             bad_meta = _replace(meta, path, new)
-            yield f"meta{list(path)} = {new!r:.40}", _with_content(kind, dict(content, meta=json.dumps(bad_meta)))
+            yield f"meta{list(path)} = {new!r:.40}", _with_content(kind, dict(content, meta=json.dumps(bad_meta, default=repr)))
         elif how == 4:
             path = rng.choice(content_paths)
             if rng.random() < 0.3:

@@ -82,14 +82,15 @@ class Layout:
         return self.dense_size + sum(self.rank * (leaf.rows + leaf.cols) for leaf in self.factored)
 
     def split(self, z: jax.Array) -> tuple[jax.Array, list[jax.Array], list[jax.Array]]:
-        """One member's draw ``[F]`` (or a batch ``[k, F]``) as dense noise and each factored leaf's ``(A, B)``."""
+        """One member's draw ``[F]`` (or a batch ``[k, F]``) as dense noise and each factored leaf's ``(A^T, B^T)``,
+        ``[r, m]`` and ``[r, n]``: rank-major, so the forward pass reads each factor column contiguously."""
         lead = z.shape[:-1]
         dense, pos = z[..., : self.dense_size], self.dense_size
         a_list, b_list = [], []
         for leaf in self.factored:
-            a = z[..., pos: pos + leaf.rows * self.rank].reshape(lead + (leaf.rows, self.rank))
+            a = z[..., pos: pos + leaf.rows * self.rank].reshape(lead + (self.rank, leaf.rows))
             pos += leaf.rows * self.rank
-            b = z[..., pos: pos + leaf.cols * self.rank].reshape(lead + (leaf.cols, self.rank))
+            b = z[..., pos: pos + leaf.cols * self.rank].reshape(lead + (self.rank, leaf.cols))
             pos += leaf.cols * self.rank
             a_list.append(a)
             b_list.append(b)
@@ -135,26 +136,40 @@ def factored_params(module: nn.Module, method: str) -> tuple[str, ...]:
     return ()
 
 
+def low_rank_product(x: jax.Array, a_t: jax.Array, b_t: jax.Array) -> jax.Array:
+    """``x @ A @ B^T`` for ``x`` ``[..., m]``, ``A^T`` ``[r, m]``, ``B^T`` ``[r, n]``: ``[..., n]``.
+
+    Unrolled over small ranks (a dot and a scaled vector per rank): XLA:CPU runs the batched
+    ``[m, r]`` matrix products of a vmapped ``(x @ A) @ B^T`` several times slower."""
+    rank = a_t.shape[0]
+    if rank > 8:
+        return (x @ a_t.T) @ b_t
+    out = (x @ a_t[0])[..., None] * b_t[0]
+    for k in range(1, rank):
+        out = out + (x @ a_t[k])[..., None] * b_t[k]
+    return out
+
+
 def _corrected(module: nn.Module, method: str, next_fun: Callable, args: tuple, kwargs: dict,
                factors: Callable[[str], Any]) -> Any:
     out = next_fun(*args, **kwargs)
-    if method == "matvec":
+    if method == "matvec":  # weight [m, n] @ x [n]: A (B^T x)
         name, _, x = args
         ab = factors(name)
-        return out if ab is None else out + ab[0] @ (ab[1].T @ x)
+        return out if ab is None else out + low_rank_product(x, ab[1], ab[0])
     ab = factors(factored_params(module, method)[0])
     if ab is None:
         return out
-    a, b = ab
+    a_t, b_t = ab
     x = args[0] if args else next(iter(kwargs.values()))
-    if isinstance(module, nn.Embed):
-        return out + jnp.take(a, x, axis=0) @ b.T
-    if isinstance(module, nn.Conv):
-        kernel_shape = tuple(module.kernel_size) + (-1, a.shape[-1])
-        conv = module.clone(parent=None, features=a.shape[-1], use_bias=False, name=None)
-        low = conv.apply({"params": {"kernel": a.reshape(kernel_shape)}}, x)
-        return out + low @ b.T
-    return out + (x @ a) @ b.T
+    if isinstance(module, nn.Embed):  # rows of the table: A[ids] B^T
+        return out + jnp.tensordot(jnp.take(a_t, x, axis=1), b_t, axes=([0], [0]))
+    if isinstance(module, nn.Conv):  # conv(x, reshape(A B^T)) = conv(x, reshape(A)) B^T: r output channels
+        rank = a_t.shape[0]
+        conv = module.clone(parent=None, features=rank, use_bias=False, name=None)
+        kernel = a_t.T.reshape(tuple(module.kernel_size) + (-1, rank))
+        return out + conv.apply({"params": {"kernel": kernel}}, x) @ b_t
+    return out + low_rank_product(x, a_t, b_t)
 
 
 def _interceptor(factors: dict, record: dict | None = None) -> Callable:
@@ -246,7 +261,8 @@ class LowRank:
     def members(self, ctx: Any, mean: jax.Array, sigma: jax.Array, gen_key: jax.Array, start: jax.Array,
                 size: int) -> dict:
         """Members ``start .. start+size-1`` as the rollout carries them: ``{"dense": [C, Pd],
-        "a": [[C, m, r], ...], "b": [[C, n, r], ...]}``, with ``sigma / sqrt(r)`` and the antithetic sign in ``a``."""
+        "a": [[C, r, m], ...], "b": [[C, r, n], ...]}`` (``A^T``, ``B^T``), with ``sigma / sqrt(r)`` and the
+        antithetic sign in ``a``."""
         layout = ctx.layout
         sources, signs = self._sources(start, size, ctx.antithetic)
         if ctx.antithetic:
@@ -276,10 +292,10 @@ class LowRank:
         dense, a_list, b_list = layout.split(z)
         k = w.shape[0]
         matrices = []
-        for a, b in zip(a_list, b_list):
-            m, n, r = a.shape[1], b.shape[1], self.rank
-            weighted = (a * w[:, None, None]).transpose(1, 0, 2).reshape(m, k * r)
-            matrices.append(weighted @ b.transpose(1, 0, 2).reshape(n, k * r).T / math.sqrt(r))
+        for a_t, b_t in zip(a_list, b_list):  # [k, r, m], [k, r, n]: one [m, k r] x [k r, n] product
+            m, n, r = a_t.shape[2], b_t.shape[2], self.rank
+            weighted = (a_t * w[:, None, None]).reshape(k * r, m)
+            matrices.append(weighted.T @ b_t.reshape(k * r, n) / math.sqrt(r))
         return layout.assemble(w @ dense, matrices)
 
     def member_noise(self, ctx: Any, gen_key: jax.Array, member: jax.Array) -> jax.Array:
@@ -287,7 +303,7 @@ class LowRank:
         layout = ctx.layout
         sources, signs = self._sources(jnp.asarray(member, jnp.int32), 1, ctx.antithetic)
         dense, a_list, b_list = layout.split(self._draw(layout, gen_key, sources[0]))
-        matrices = [a @ b.T / math.sqrt(self.rank) for a, b in zip(a_list, b_list)]
+        matrices = [a_t.T @ b_t / math.sqrt(self.rank) for a_t, b_t in zip(a_list, b_list)]
         return signs[0] * layout.assemble(dense, matrices)
 
     # ------------------------------------------------------------- forward pass
