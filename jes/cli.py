@@ -164,7 +164,11 @@ def _parser() -> argparse.ArgumentParser:
     sweep = commands.add_parser("sweep", help="grid search described by a JSON or TOML file")
     sweep.add_argument("config", help="sweep file (.json or .toml); see jes.sweep.load_sweep_file")
     sweep.add_argument("--out-dir", default=None, help="where sweep.csv/sweep.json go (overrides the file)")
-    sweep.add_argument("--no-vmap", action="store_true", help="run seeds one after another instead of vmapped")
+    sweep.add_argument("--vmap", action="store_true",
+                       help="run seeds and learning_rate/noise_std values as one vmapped program (faster on "
+                            "accelerators; may differ from standalone runs in the last bits). Default: one after "
+                            "another through one compiled step, bit-identical to standalone runs")
+    sweep.add_argument("--no-vmap", action="store_true", help=argparse.SUPPRESS)  # the default since 0.3
 
     launch = commands.add_parser(
         "launch", help="start the processes of a multi-process (jax.distributed) run on this machine",
@@ -380,7 +384,7 @@ def _sweep(args: argparse.Namespace) -> int:
     kwargs = load_sweep_file(args.config)
     if args.out_dir is not None:
         kwargs["out_dir"] = args.out_dir
-    result = sweep(**kwargs, vmap=not args.no_vmap)
+    result = sweep(**kwargs, vmap=args.vmap and not args.no_vmap)
     keys = [k for k in result.rows[0] if k in kwargs["grid"]]
     for row in result.rows:
         values = ", ".join(f"{k}={row[k]}" for k in keys) or "base"

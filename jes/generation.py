@@ -449,6 +449,16 @@ class Generation:
             self._member_program = self._cached_member_program(state) or self._member_jit
         return self._member_program(state, member)
 
+    def _compile_member(self, state: TrainState) -> Callable:
+        """:meth:`member_params` compiled ahead of time for ``state``'s shapes (from the program cache if there)."""
+        cached = self._cached_member_program(state)
+        if cached is not None:
+            return cached
+        member_arg = jax.ShapeDtypeStruct((), jnp.int32, sharding=self.replicated)
+        compiled = self._member_jit.lower(self._abstract(state), member_arg).compile()
+        signature = _signature(state)
+        return lambda s, m: compiled(s, np.int32(m)) if _signature(s) == signature else self._member_jit(s, m)
+
     def _cached_member_program(self, state: TrainState) -> Callable | None:
         try:
             key = self._program_key("member_params", state)
@@ -679,6 +689,12 @@ class Generation:
             except Exception:  # compiled_step compiles again in the caller's thread and raises there
                 pass
             out["seconds"] = time.perf_counter() - t0
+            # The best member's regeneration program too, so that nothing compiles inside the generation loop.
+            try:
+                if self._member_program is None:
+                    self._member_program = self._compile_member(abstract)
+            except Exception:  # noqa: BLE001 - member() traces it when first asked, as without this
+                pass
 
         thread = threading.Thread(target=compile_step, name="jes-compile-step", daemon=True)
         thread.start()

@@ -351,3 +351,32 @@ def test_max_episode_steps_moves_the_envs_own_limit():
         result = jes.train(jes.MLPPolicy(hidden_sizes=(4,)), (env, long), "adam", max_episode_steps=limit,
                            log_dir=None, **dict(SMALL, num_generations=1))
         assert result.history["pop_mean"][-1] == limit and result.trainer.spec.params.max_steps_in_episode == limit
+
+
+def test_nothing_compiles_inside_the_generation_loop_after_generation_1(tmp_path):
+    """The step and the best member's regeneration program are compiled before or during generation 1; later
+    generations (checkpoints, which regenerate the best member, included) run without a compile (JAX's log)."""
+    import logging
+
+    compiles, seen = [], {"generation": 0}
+
+    class Record(logging.Handler):
+        def emit(self, record):
+            message = record.getMessage()
+            if message.startswith("Compiling "):
+                compiles.append((seen["generation"], message[:100]))
+
+    handler, logger = Record(), logging.getLogger("jax")
+    logger.addHandler(handler)
+    previous = jax.config.jax_log_compiles
+    jax.config.update("jax_log_compiles", True)
+    try:
+        jes.train(jes.GRUPolicy(hidden=3, layers=1), "CartPole-v1", "adam", key=8, num_generations=5, num_members=16,
+                  eval_episodes=4, log_dir=str(tmp_path / "run"), checkpoint_every=1, progress=False,
+                  callbacks=[lambda row: seen.update(generation=row["generation"])])
+    finally:
+        jax.config.update("jax_log_compiles", previous)
+        logger.removeHandler(handler)
+    assert any(g == 0 for g, _ in compiles)  # the log is seen: the step compiled before generation 1 ended
+    inside = [(g, m) for g, m in compiles if 1 <= g < 5]
+    assert inside == [], inside
