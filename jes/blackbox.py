@@ -23,8 +23,15 @@ from jes.generation import ChunkResults, Generation, TrainState, as_key
 from jes.strategies import get as get_strategy
 
 
+def _x0_dtype(x0: Any) -> Any:
+    """float64 where JAX's x64 mode is on and ``x0`` holds float64 leaves, else float32."""
+    wide = jax.config.jax_enable_x64 and any(jnp.asarray(x).dtype == jnp.float64 for x in jax.tree.leaves(x0))
+    return jnp.float64 if wide else jnp.float32
+
+
 def _flatten_x0(x0: Any) -> tuple[jax.Array, Callable]:
-    flat, unravel = ravel_pytree(jax.tree.map(lambda x: jnp.asarray(x, jnp.float32), x0))
+    dtype = _x0_dtype(x0)
+    flat, unravel = ravel_pytree(jax.tree.map(lambda x: jnp.asarray(x, dtype), x0))
     if flat.ndim != 1 or flat.shape[0] == 0:
         raise ValueError("x0 must be a non-empty array or pytree of arrays (the initial mean)")
     if not bool(jnp.isfinite(flat).all()):
@@ -59,16 +66,20 @@ class FunctionProblem(Generation):
             optimizer = strategy.blackbox_optimizer or strategy.default_optimizer
         self._setup(strategy, optimizer, devices)
         self.normalize_observations = False
+        # float64 fitness (x64 mode) keeps its precision through the centre's evaluation too (see step_chunks)
+        self.fitness_dtype = (jax.eval_shape(self.objective, self.x0).dtype if fitness_fn is not None
+                              else jnp.dtype(jnp.float32))
 
     def initial_mean(self, init_key):
         return self.x0
 
     def objective(self, flat: jax.Array) -> jax.Array:
-        """The user's function at one flat parameter vector, as a float32 scalar."""
+        """The user's function at one flat parameter vector, as a float32 scalar (float64 if it returns one,
+        which it can in JAX's x64 mode)."""
         value = jnp.asarray(self.fitness_fn(self.unravel(flat)))
         if value.shape != ():
             raise ValueError(f"fitness_fn must return a scalar, got shape {value.shape}")
-        return value.astype(jnp.float32)
+        return value.astype(jnp.float64 if value.dtype == jnp.float64 else jnp.float32)
 
     def evaluate_members(self, state, flat, members, gen_key, active):
         fitness = self.sign * jax.vmap(self.objective)(flat)
@@ -78,6 +89,26 @@ class FunctionProblem(Generation):
 
     def centre_score(self, state):
         return self.sign * self.objective(state.params), jnp.int32(1)
+
+    def step_chunks(self, state, chunk_ids, evaluate_centre, evaluate_population):
+        """As :meth:`Generation.step_chunks`; with float64 fitness the centre is evaluated here (each device's
+        chunk 0 slot), as the generation step keeps a chunk-evaluated centre's dtype and would round a
+        separately evaluated one to float32."""
+        results, centre = super().step_chunks(state, chunk_ids, evaluate_centre, evaluate_population)
+        if self.fitness_dtype != jnp.float64:
+            return results, centre
+        score = jax.lax.cond(evaluate_centre, lambda s: self.sign * self.objective(s.params),
+                             lambda s: jnp.full((), jnp.nan, jnp.float64), state)
+        k = chunk_ids.shape[0]
+        return results, (jnp.full((k, 1), score), jnp.ones((k, 1), jnp.int32))
+
+    def centre_from_chunks(self, centre):
+        returns, steps = centre
+        return returns[0, 0], steps[0, 0]
+
+    def params_tree(self, flat_params: jax.Array) -> Any:
+        """Flat parameters as a pytree shaped like ``x0``, in ``x0``'s float dtype (float64 in x64 mode)."""
+        return self.unravel(jnp.asarray(flat_params, self.x0.dtype))
 
     def population(self, state: TrainState) -> jax.Array:
         """Flat parameters of every member of the state's generation, ``[num_members, P]``."""
@@ -515,13 +546,31 @@ class AskTell:
         """The generation's members as a pytree shaped like ``x0`` with a leading ``[num_members]`` axis."""
         return jax.vmap(self.problem.unravel)(self.problem.population(state))
 
-    @jax.jit
-    def tell(self, state: TrainState, fitness: jax.Array) -> tuple[TrainState, dict]:
-        """The next state from the members' fitness ``[num_members]`` (minimised if ``minimize``).
+    def tell(self, state: TrainState, fitness: Any) -> tuple[TrainState, dict]:
+        """The next state from the members' fitness ``[num_members]`` (minimised if ``minimize``); jittable.
 
         A non-finite fitness leaves the state unchanged and sets ``info["bad_member"] >= 0``.
+
+        Float64 fitness is ranked in float64: in JAX's x64 mode as it is; without it, a float64 NumPy array
+        is shifted by its median on the host before it becomes float32, which keeps its order (every
+        strategy here depends on fitness only through ranks or differences), and ``info``'s ``pop_*``
+        are shifted back.
         """
-        fitness = jnp.asarray(fitness, jnp.float32).reshape(self.num_members) * self.problem.sign
+        if (not jax.config.jax_enable_x64 and isinstance(fitness, np.ndarray) and fitness.dtype == np.float64
+                and np.isfinite(fitness).all()):
+            shift = float(np.median(fitness))
+            state, info = self._tell(state, (fitness - shift).astype(np.float32))
+            moved = {k: info[k] + np.float32(shift) for k in ("pop_mean", "pop_max", "pop_min")}
+            if self.minimize:  # info is in the maximised units, -fitness, as without the shift
+                moved = {k: info[k] - np.float32(shift) for k in ("pop_mean", "pop_max", "pop_min")}
+            return state, dict(info, **moved)
+        return self._tell(state, fitness)
+
+    @jax.jit
+    def _tell(self, state: TrainState, fitness: jax.Array) -> tuple[TrainState, dict]:
+        fitness = jnp.asarray(fitness)
+        dtype = jnp.float64 if fitness.dtype == jnp.float64 else jnp.float32
+        fitness = fitness.astype(dtype).reshape(self.num_members) * self.problem.sign
         return self.problem.apply_fitness(state, fitness)
 
     def mean(self, state: TrainState) -> Any:

@@ -81,3 +81,33 @@ def test_ipop_cma_es_solves_10d_rastrigin():
         if sum(solved) >= 3:
             break
     assert sum(solved) >= 3, solved
+
+
+OFFSET = 79.48  # bbob f1's f_opt: float32 resolves ~8e-6 there
+
+
+def test_float64_fitness_with_a_large_offset_in_x64_mode():
+    """With JAX's x64 mode and a float64 x0, means, samples, covariance and f are float64: the sphere + 79.48
+    reaches 1e-8 above its offset (in float32 every member within ~4e-6 of it would tie)."""
+    with jax.enable_x64(True):
+        r = jes.optimize(lambda x: jnp.sum(x ** 2) + OFFSET, jnp.ones(3, jnp.float64), "cma_es", minimize=True,
+                         num_generations=400, target=OFFSET + 1e-8)
+        assert r.x.dtype == np.float64 and r.state.strategy.cov.dtype == np.float64
+        assert r.stop_reason == "target" and r.value - OFFSET < 1e-8 and r.history["mean_value"].dtype == np.float64
+
+
+def test_float64_fitness_from_the_host_is_ranked_in_float64_without_x64_mode():
+    """AskTell.tell given float64 NumPy fitness ranks it in float64 (shifted by its median before float32):
+    the float32 mean gets to within 1e-8 of the offset; the same values rounded to float32 tie and stall."""
+    def run(dtype):
+        es = jes.AskTell("cma_es", jnp.ones(3), num_members=8, minimize=True)
+        state = es.init(0)
+        for _ in range(300):
+            xs = np.asarray(es.ask(state), np.float64)
+            state, info = es.tell(state, (np.sum(xs ** 2, axis=1) + OFFSET).astype(dtype))
+        return float(np.sum(np.asarray(es.mean(state), np.float64) ** 2)), info
+
+    wide, info = run(np.float64)
+    assert wide < 1e-8 and float(info["pop_mean"]) == pytest.approx(-OFFSET)
+    narrow, _ = run(np.float32)
+    assert narrow > 1e-7

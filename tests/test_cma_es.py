@@ -36,6 +36,7 @@ def _tutorial_generation(state, z, loss, generation, n):
     c_mu = min(1 - c_1, 2 * (mu_eff - 2 + 1 / mu_eff) / ((d + 2) ** 2 + mu_eff))
     alpha = min(1 + c_1 / c_mu, 1 + 2 * mu_eff_minus / (mu_eff + 2), (1 - c_1 - c_mu) / (d * c_mu))
     w = np.where(raw >= 0, raw / raw[raw >= 0].sum(), alpha * raw / -raw[raw < 0].sum())
+    w = w.astype(np.float32).astype(np.float64)  # jes keeps the rank weights (constants) in float32
     chi = np.sqrt(d) * (1 - 1 / (4 * d) + 1 / (21 * d ** 2))
     order = np.argsort(loss)
     y = (z @ np.diag(scales) @ basis.T)[order]                    # y_k = B D z_k, best first

@@ -10,6 +10,7 @@ import math
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import struct
 
 from jes.strategies.base import Context, Strategy, check_optimizer_free, info, sorted_utilities, unit_noise
@@ -83,7 +84,8 @@ class CMAES(Strategy):
 
     @staticmethod
     def constants(d: int, n: int) -> dict:
-        """The tutorial's defaults (its Table 1) for dimension ``d`` and population ``n`` (computed in float64)."""
+        """The tutorial's defaults (its Table 1) for dimension ``d`` and population ``n`` (computed in float64;
+        ``weight_sum`` of the weights as used, rounded to float32)."""
         mu = n // 2
         raw = [math.log((n + 1) / 2) - math.log(i + 1) for i in range(n)]
         positive, negative = raw[:mu], raw[mu:]
@@ -103,7 +105,7 @@ class CMAES(Strategy):
         chi_n = math.sqrt(d) * (1 - 1 / (4 * d) + 1 / (21 * d * d))
         eigen_interval = max(1, int(1 / (10 * d * (c_1 + c_mu))))
         return dict(weights=weights, mu=mu, mu_eff=mu_eff, c_sigma=c_sigma, d_sigma=d_sigma, c_c=c_c, c_1=c_1,
-                    c_mu=c_mu, weight_sum=sum(weights), chi_n=chi_n, eigen_interval=eigen_interval)
+                    c_mu=c_mu, weight_sum=sum(float(np.float32(w)) for w in weights), chi_n=chi_n, eigen_interval=eigen_interval)
 
     def eigen_interval_for(self, d: int, n: int) -> int:
         """Generations between eigendecompositions."""
@@ -125,8 +127,12 @@ class CMAES(Strategy):
         return state.mean[None, :] + state.sigma * (z * state.scales[None, :]) @ state.basis.T
 
     def weights(self, ctx, state, fitness):
-        w = jnp.asarray(self.constants(ctx.num_params, fitness.shape[0])["weights"], state.mean.dtype)
-        return {"mean": sorted_utilities(fitness, jnp.maximum(w, 0.0)), "cov": sorted_utilities(fitness, w)}
+        # Ranked in the fitness's dtype, returned in float32 whatever the state's: the generation pads weights
+        # into float32 arrays (they are rank constants; float64 means and covariances still sum float64
+        # products of them).
+        w = jnp.asarray(self.constants(ctx.num_params, fitness.shape[0])["weights"], fitness.dtype)
+        narrow = lambda u: sorted_utilities(fitness, u).astype(jnp.float32)
+        return {"mean": narrow(jnp.maximum(w, 0.0)), "cov": narrow(w)}
 
     def chunk_stats(self, ctx, state, gen_key, generation, start, weights):
         z = unit_noise(gen_key, start, weights["mean"].shape[0], ctx.num_params, False).astype(state.mean.dtype)
