@@ -23,8 +23,15 @@ from jes.generation import ChunkResults, Generation, TrainState, as_key
 from jes.strategies import get as get_strategy
 
 
+def _x0_dtype(x0: Any) -> Any:
+    """float64 where JAX's x64 mode is on and ``x0`` holds float64 leaves, else float32."""
+    wide = jax.config.jax_enable_x64 and any(jnp.asarray(x).dtype == jnp.float64 for x in jax.tree.leaves(x0))
+    return jnp.float64 if wide else jnp.float32
+
+
 def _flatten_x0(x0: Any) -> tuple[jax.Array, Callable]:
-    flat, unravel = ravel_pytree(jax.tree.map(lambda x: jnp.asarray(x, jnp.float32), x0))
+    dtype = _x0_dtype(x0)
+    flat, unravel = ravel_pytree(jax.tree.map(lambda x: jnp.asarray(x, dtype), x0))
     if flat.ndim != 1 or flat.shape[0] == 0:
         raise ValueError("x0 must be a non-empty array or pytree of arrays (the initial mean)")
     if not bool(jnp.isfinite(flat).all()):
@@ -59,16 +66,20 @@ class FunctionProblem(Generation):
             optimizer = strategy.blackbox_optimizer or strategy.default_optimizer
         self._setup(strategy, optimizer, devices)
         self.normalize_observations = False
+        # float64 fitness (x64 mode) keeps its precision through the centre's evaluation too (see step_chunks)
+        self.fitness_dtype = (jax.eval_shape(self.objective, self.x0).dtype if fitness_fn is not None
+                              else jnp.dtype(jnp.float32))
 
     def initial_mean(self, init_key):
         return self.x0
 
     def objective(self, flat: jax.Array) -> jax.Array:
-        """The user's function at one flat parameter vector, as a float32 scalar."""
+        """The user's function at one flat parameter vector, as a float32 scalar (float64 if it returns one,
+        which it can in JAX's x64 mode)."""
         value = jnp.asarray(self.fitness_fn(self.unravel(flat)))
         if value.shape != ():
             raise ValueError(f"fitness_fn must return a scalar, got shape {value.shape}")
-        return value.astype(jnp.float32)
+        return value.astype(jnp.float64 if value.dtype == jnp.float64 else jnp.float32)
 
     def evaluate_members(self, state, flat, members, gen_key, active):
         fitness = self.sign * jax.vmap(self.objective)(flat)
@@ -78,6 +89,26 @@ class FunctionProblem(Generation):
 
     def centre_score(self, state):
         return self.sign * self.objective(state.params), jnp.int32(1)
+
+    def step_chunks(self, state, chunk_ids, evaluate_centre, evaluate_population):
+        """As :meth:`Generation.step_chunks`; with float64 fitness the centre is evaluated here (each device's
+        chunk 0 slot), as the generation step keeps a chunk-evaluated centre's dtype and would round a
+        separately evaluated one to float32."""
+        results, centre = super().step_chunks(state, chunk_ids, evaluate_centre, evaluate_population)
+        if self.fitness_dtype != jnp.float64:
+            return results, centre
+        score = jax.lax.cond(evaluate_centre, lambda s: self.sign * self.objective(s.params),
+                             lambda s: jnp.full((), jnp.nan, jnp.float64), state)
+        k = chunk_ids.shape[0]
+        return results, (jnp.full((k, 1), score), jnp.ones((k, 1), jnp.int32))
+
+    def centre_from_chunks(self, centre):
+        returns, steps = centre
+        return returns[0, 0], steps[0, 0]
+
+    def params_tree(self, flat_params: jax.Array) -> Any:
+        """Flat parameters as a pytree shaped like ``x0``, in ``x0``'s float dtype (float64 in x64 mode)."""
+        return self.unravel(jnp.asarray(flat_params, self.x0.dtype))
 
     def population(self, state: TrainState) -> jax.Array:
         """Flat parameters of every member of the state's generation, ``[num_members, P]``."""
@@ -98,6 +129,75 @@ def _default_members(strategy, num_params: int) -> int:
     return n + n % 2 if strategy.antithetic(True) else n
 
 
+@dataclasses.dataclass(frozen=True)
+class StopCriteria:
+    """When one run of :func:`optimize` has converged or stalled (pycma's criteria, simplified); with
+    ``restarts`` a stop starts the next run.
+
+    Checked after every generation, on values the host reads back anyway (so a stop is the same generation
+    whatever else happens):
+
+    - ``tolfun``: the best values of the last ``10 + ceil(30 d / n)`` generations and the current
+      generation's values all lie within ``tolfun`` of each other.
+    - ``tolx``: the search distribution's mean standard deviation (``history["noise_std"]``) is below ``tolx``.
+    - ``stagnation``: over the last ``120 + 30 d / n`` generations (at least), the median of the newest 30 %
+      of the generations' best and median values is no better than that of the oldest 30 %
+      (``stagnation=False`` turns it off).
+    - ``max_condition``: the covariance's condition number exceeds it (cma_es: ``max(D)^2 / min(D)^2``;
+      sep_cma_es: ``max(diag_c) / min(diag_c)``). ``None``: 1e14 for float64 states, 1e7 for float32 ones,
+      where the eigendecomposition stops resolving the small axes.
+    """
+
+    tolfun: float = 1e-11
+    tolx: float = 1e-11
+    stagnation: bool = True
+    max_condition: float | None = None
+
+    def check(self, rows: list, num_params: int, num_members: int, condition: float | None, dtype) -> str | None:
+        """The name of the criterion that fires after the newest of ``rows`` (per generation: best value,
+        lowest value, median-like ``pop_mean``, ``noise_std``, signed to maximise), else ``None``."""
+        g = len(rows)
+        best, worst, middle, noise_std = rows[-1]
+        window = 10 + -(-30 * num_params // num_members)
+        if g >= window:
+            recent = [r[0] for r in rows[-window:]]
+            if max(max(recent), best) - min(min(recent), worst) < self.tolfun:
+                return "tolfun"
+        if noise_std < self.tolx:
+            return "tolx"
+        limit = self.max_condition
+        if limit is None:
+            limit = 1e14 if np.dtype(dtype) == np.float64 else 1e7
+        if condition is not None and not condition <= limit:
+            return "max_condition"
+        if self.stagnation:
+            span = int(120 + 30 * num_params / num_members)
+            if g >= span:
+                part = max(1, int(0.3 * span))
+                old, new = rows[-span:][:part], rows[-part:]
+                if (np.median([r[0] for r in new]) <= np.median([r[0] for r in old])
+                        and np.median([r[2] for r in new]) <= np.median([r[2] for r in old])):
+                    return "stagnation"
+        return None
+
+
+def _condition_source(strategy_state: Any) -> jax.Array | None:
+    """What the condition number of the search distribution's covariance is read from (``None``: no covariance)."""
+    if hasattr(strategy_state, "scales"):
+        return strategy_state.scales
+    if hasattr(strategy_state, "diag_c"):
+        return strategy_state.diag_c
+    return None
+
+
+def _condition(values: np.ndarray | None, strategy_state: Any) -> float | None:
+    if values is None:
+        return None
+    values = np.asarray(values, np.float64)
+    ratio = float(values.max() / values.min()) if values.min() > 0 else np.inf
+    return ratio ** 2 if hasattr(strategy_state, "scales") else ratio
+
+
 @dataclasses.dataclass
 class OptimizeResult:
     """What :func:`optimize` returns. Values are in the units of *your* function.
@@ -113,6 +213,12 @@ class OptimizeResult:
             ``evaluations`` (cumulative).
         num_evaluations: function evaluations, the population's and the mean's.
         strategy: the strategy's name. state: final state (continue with ``AskTell`` or the problem).
+        stop_reason: ``"num_generations"``, ``"max_evaluations"``, ``"target"`` or the
+            :class:`StopCriteria` criterion that ended the (last) run.
+        runs: with ``restarts``, one dict per run: ``population``, ``noise_std`` (initial sigma),
+            ``generations``, ``evaluations``, ``value`` (f at its final mean), ``best_value``, ``stop_reason``;
+            ``x`` / ``value`` / ``state`` are then those of the run whose final mean was best, ``history``
+            runs on across the runs (``evaluations`` cumulative).
     """
 
     direction: str
@@ -127,6 +233,8 @@ class OptimizeResult:
     compile_time: float
     state: TrainState
     problem: FunctionProblem
+    stop_reason: str = "num_generations"
+    runs: list = dataclasses.field(default_factory=list)
 
     def summary(self) -> str:
         return (f"{self.strategy} {self.direction}d f: f(mean) = {self.value:.6g}, best f = {self.best_value:.6g} "
@@ -141,7 +249,7 @@ def optimize(
     *,
     minimize: bool = False,
     num_members: int | None = None,
-    num_generations: int = 100,
+    num_generations: int | None = None,
     key: Any = 0,
     noise_std: Any = 0.2,
     optimizer: Any = None,
@@ -152,6 +260,10 @@ def optimize(
     target: float | None = None,
     devices: Any = None,
     callbacks: Sequence[Callable[[dict], Any]] = (),
+    restarts: str | None = None,
+    max_restarts: int = 9,
+    max_evaluations: int | None = None,
+    stop: StopCriteria | None = None,
 ) -> OptimizeResult:
     """Optimise ``fitness_fn`` with an evolution strategy, one compiled program per generation.
 
@@ -167,7 +279,8 @@ def optimize(
         minimize: minimise instead of maximise (the default). Reported values are ``fitness_fn``'s own.
         num_members: population (``None``: the strategy's default for this dimension, e.g.
             ``4 + 3 ln d`` for snes/sep_cma_es, 64 for openai_es/ars).
-        num_generations: generations to run.
+        num_generations: generations to run (``None``: 100; with ``restarts``, per run, unlimited: each
+            run ends by ``stop``, ``target`` or ``max_evaluations``).
         key: int seed or ``jax.random`` key.
         noise_std: initial sigma (openai_es/ars: fixed sigma; openai_es also takes a schedule).
         optimizer, learning_rate: the mean's optimizer for openai_es/pgpe (``None``: the strategy's default).
@@ -175,7 +288,16 @@ def optimize(
         chunk_size: members per compiled chunk (part of the run's identity).
         target: stop once f(mean) reaches this value (below it when minimising, above when maximising).
         devices: local devices to shard the population over.
-        callbacks: called with each generation's record.
+        callbacks: called with each generation's record (with ``restarts``: ``evaluations`` cumulative over
+            the runs, and ``run``, the run's index).
+        restarts: ``"ipop"`` (Auger & Hansen 2005: after each stop, restart from ``x0`` with twice the
+            population) or ``"bipop"`` (Hansen 2009, pycma's variant: IPOP runs interleaved with runs of
+            population ``n * (n_ipop / n)^(u^2)`` and sigma ``noise_std * 10^(-2 u')``, ``u, u'`` uniform from
+            the run's key, whenever those have used fewer evaluations than the IPOP runs); for ``cma_es`` and ``sep_cma_es``. Run ``k``'s key is the run
+            key for ``k = 0``, else ``fold_in(fold_in(key, RESTART_STREAM), k)``.
+        max_restarts: restarts after the first run.
+        max_evaluations: evaluations budget (population and mean), over all runs.
+        stop: :class:`StopCriteria` ending a run (``None``: the defaults with ``restarts``, none without).
 
     Returns:
         An :class:`OptimizeResult`.
@@ -184,16 +306,110 @@ def optimize(
     flat, _ = _flatten_x0(x0)
     if num_members is None:
         num_members = _default_members(strategy, int(flat.shape[0]))
-    config = _config(num_members, num_generations, noise_std, learning_rate, fitness_shaping, weight_decay,
-                     chunk_size, strategy)
-    problem = FunctionProblem(fitness_fn, x0, strategy, config, optimizer=optimizer, minimize=minimize, devices=devices)
-    return run_optimization(problem, key, num_generations, target=target, callbacks=callbacks)
+
+    def build(members, sigma, generations):
+        config = _config(members, generations, sigma, learning_rate, fitness_shaping, weight_decay, chunk_size,
+                         strategy)
+        return FunctionProblem(fitness_fn, x0, strategy, config, optimizer=optimizer, minimize=minimize,
+                               devices=devices)
+
+    if restarts is None:
+        num_generations = 100 if num_generations is None else num_generations
+        return run_optimization(build(num_members, noise_std, num_generations), key, num_generations, target=target,
+                                callbacks=callbacks, stop=stop, max_evaluations=max_evaluations)
+    if restarts not in ("ipop", "bipop"):
+        raise ValueError(f"restarts must be 'ipop', 'bipop' or None, got {restarts!r}")
+    if strategy.name not in ("cma_es", "sep_cma_es"):
+        raise ValueError(f"restarts are for cma_es and sep_cma_es (their stop criteria read the covariance); "
+                         f"got {strategy.name!r}")
+    if not isinstance(max_restarts, int) or max_restarts < 0:
+        raise ValueError(f"max_restarts must be a non-negative int, got {max_restarts!r}")
+    if callable(noise_std):
+        raise ValueError("restarts need a constant noise_std (the initial sigma of each run)")
+    return _optimize_with_restarts(build, key, restarts, num_members, float(noise_std), num_generations,
+                                   max_restarts, max_evaluations, StopCriteria() if stop is None else stop, target,
+                                   callbacks)
+
+
+RESTART_STREAM = 0x5EED  # folded into the run key before the restart index: restart keys never meet other keys
+
+
+def restart_key(key: Any, index: int) -> jax.Array:
+    """The key of run ``index`` of a restarted :func:`optimize` (run 0: the run key itself)."""
+    key = as_key(key)
+    return key if index == 0 else jax.random.fold_in(jax.random.fold_in(key, RESTART_STREAM), index)
+
+
+def _optimize_with_restarts(build, key, restarts, num_members, noise_std, num_generations, max_restarts,
+                            max_evaluations, stop, target, callbacks) -> OptimizeResult:
+    """IPOP / BIPOP: runs of :func:`run_optimization` until the target, the budget or ``max_restarts``."""
+    t_start = time.perf_counter()
+    generations = 10 ** 9 if num_generations is None else num_generations
+    used, large_population, budgets = 0, num_members, {"large": 0, "small": 0}
+    results, runs = [], []
+    for index in range(max_restarts + 1):
+        run_key = restart_key(key, index)
+        regime = "large"
+        if restarts == "bipop" and index > 0 and budgets["small"] < budgets["large"]:
+            regime = "small"
+            u = np.asarray(jax.random.uniform(jax.random.fold_in(run_key, 1), (2,)), np.float64)
+            members = max(4, int(num_members * (large_population / num_members) ** (u[0] ** 2)))  # as pycma
+            sigma = noise_std * 10 ** (-2 * u[1])
+        else:
+            if index > 0:
+                large_population *= 2
+            members, sigma = large_population, noise_std
+        remaining = None if max_evaluations is None else max_evaluations - used
+        if remaining is not None and remaining < members + 1:
+            break
+        offset, run = used, index
+
+        def shifted(record, offset=offset, run=run):
+            record = dict(record, evaluations=record["evaluations"] + offset, run=run)
+            for callback in callbacks:
+                callback(record)
+
+        problem = build(members, sigma, 1)
+        result = run_optimization(problem, run_key, generations, target=target, callbacks=(shifted,) if callbacks else (),
+                                  stop=stop, max_evaluations=remaining)
+        used += result.num_evaluations
+        budgets[regime] += result.num_evaluations
+        results.append(result)
+        runs.append(dict(population=members, noise_std=sigma, generations=len(result.history["generation"]),
+                         evaluations=result.num_evaluations, value=result.value, best_value=result.best_value,
+                         stop_reason=result.stop_reason))
+        if result.stop_reason in ("target", "max_evaluations"):
+            break
+    sign = results[0].problem.sign
+    final = max(results, key=lambda r: sign * r.value)
+    best = max(results, key=lambda r: sign * r.best_value)
+    history, offset, generation = {k: [] for k in results[0].history}, 0, 0
+    history["run"] = []
+    for index, r in enumerate(results):
+        for k, v in r.history.items():
+            history[k].append(v + (offset if k == "evaluations" else generation if k == "generation" else 0))
+        history["run"].append(np.full(len(r.history["generation"]), index))
+        offset, generation = offset + r.num_evaluations, generation + len(r.history["generation"])
+    return dataclasses.replace(
+        final, best_x=best.best_x, best_value=best.best_value,
+        history={k: np.concatenate(v) for k, v in history.items()}, num_evaluations=used,
+        wall_time=time.perf_counter() - t_start, compile_time=sum(r.compile_time for r in results),
+        stop_reason=results[-1].stop_reason, runs=runs)
 
 
 def run_optimization(problem: FunctionProblem, key: Any = 0, num_generations: int | None = None, *,
-                     target: float | None = None, callbacks: Sequence[Callable[[dict], Any]] = ()) -> OptimizeResult:
-    """The host loop of :func:`optimize` for a built problem (reuse one problem, and its compiled step, over seeds)."""
+                     target: float | None = None, callbacks: Sequence[Callable[[dict], Any]] = (),
+                     stop: StopCriteria | None = None, max_evaluations: int | None = None) -> OptimizeResult:
+    """The host loop of :func:`optimize` for a built problem (reuse one problem, and its compiled step, over seeds).
+
+    ``stop``: end the run when a :class:`StopCriteria` criterion fires; ``max_evaluations``: run no generation
+    that would take the count (population and mean) past it.
+    """
     num_generations = problem.config.num_generations if num_generations is None else num_generations
+    stop_reason = "num_generations"
+    if max_evaluations is not None and max_evaluations // (problem.config.num_members + 1) < num_generations:
+        num_generations, stop_reason = max(0, max_evaluations // (problem.config.num_members + 1)), "max_evaluations"
+    rows = []  # per generation, for the stop criteria
     minimize, num_members = problem.minimize, problem.config.num_members
     state = problem.init_state(key)
     t_start = time.perf_counter()
@@ -210,6 +426,7 @@ def run_optimization(problem: FunctionProblem, key: Any = 0, num_generations: in
     pending, head = None, state
 
     def finish(record, after, centre) -> bool:
+        nonlocal stop_reason
         nonlocal best_value, best_of
         if centre > best_value:
             best_value, best_of = centre, (after, None)
@@ -218,7 +435,10 @@ def run_optimization(problem: FunctionProblem, key: Any = 0, num_generations: in
             history[k].append(record[k])
         for callback in callbacks:
             callback(record)
-        return target is not None and (record["mean_value"] <= target if minimize else record["mean_value"] >= target)
+        reached = target is not None and (record["mean_value"] <= target if minimize else record["mean_value"] >= target)
+        if reached:
+            stop_reason = "target"
+        return reached
 
     while not done:
         population = gen < num_generations
@@ -237,8 +457,9 @@ def run_optimization(problem: FunctionProblem, key: Any = 0, num_generations: in
             new_state, metrics = compiled(head, flags[pending is not None or bool(block)], flags[population])
             block.append((head, new_state, metrics))
             head = new_state
-        fetched = jax.device_get([metrics for _, _, metrics in block])
-        for (before, after, _), metrics in zip(block, fetched):
+        conditions = [_condition_source(after.strategy) if stop is not None else None for _, after, _ in block]
+        fetched, conditions = jax.device_get(([metrics for _, _, metrics in block], conditions))
+        for (before, after, _), metrics, condition in zip(block, fetched, conditions):
             m = {k: v.item() for k, v in metrics.items()}
             if pending is not None:
                 (record, state), pending = pending, None
@@ -258,6 +479,13 @@ def run_optimization(problem: FunctionProblem, key: Any = 0, num_generations: in
             gen += 1
             pending = (dict(generation=gen, best_value=sign * m["pop_max"], pop_mean=sign * m["pop_mean"],
                             noise_std=m["noise_std"], evaluations=evaluations), after)
+            if stop is not None:
+                rows.append((m["pop_max"], m["pop_min"], m["pop_mean"], m["noise_std"]))
+                reason = stop.check(rows, problem.num_params, num_members, _condition(condition, after.strategy),
+                                    after.params.dtype)
+                if reason is not None:  # the generations dispatched after this one are discarded
+                    stop_reason, num_generations, head = reason, gen, after
+                    break
         per_generation = (time.perf_counter() - t_block) / len(block)
         ahead = min(2 * ahead, 64) if per_generation < 0.002 and single_device else max(1, ahead // 2)
     best_state, best_member = best_of
@@ -269,7 +497,7 @@ def run_optimization(problem: FunctionProblem, key: Any = 0, num_generations: in
         best_x=problem.params_tree(jnp.asarray(best_flat)), best_value=sign * best_value,
         history={k: np.asarray(v) for k, v in history.items()}, num_evaluations=evaluations,
         strategy=problem.strategy.name, wall_time=time.perf_counter() - t_start, compile_time=compile_time,
-        state=state, problem=problem,
+        state=state, problem=problem, stop_reason=stop_reason,
     )
 
 
@@ -318,13 +546,31 @@ class AskTell:
         """The generation's members as a pytree shaped like ``x0`` with a leading ``[num_members]`` axis."""
         return jax.vmap(self.problem.unravel)(self.problem.population(state))
 
-    @jax.jit
-    def tell(self, state: TrainState, fitness: jax.Array) -> tuple[TrainState, dict]:
-        """The next state from the members' fitness ``[num_members]`` (minimised if ``minimize``).
+    def tell(self, state: TrainState, fitness: Any) -> tuple[TrainState, dict]:
+        """The next state from the members' fitness ``[num_members]`` (minimised if ``minimize``); jittable.
 
         A non-finite fitness leaves the state unchanged and sets ``info["bad_member"] >= 0``.
+
+        Float64 fitness is ranked in float64: in JAX's x64 mode as it is; without it, a float64 NumPy array
+        is shifted by its median on the host before it becomes float32, which keeps its order (every
+        strategy here depends on fitness only through ranks or differences), and ``info``'s ``pop_*``
+        are shifted back.
         """
-        fitness = jnp.asarray(fitness, jnp.float32).reshape(self.num_members) * self.problem.sign
+        if (not jax.config.jax_enable_x64 and isinstance(fitness, np.ndarray) and fitness.dtype == np.float64
+                and np.isfinite(fitness).all()):
+            shift = float(np.median(fitness))
+            state, info = self._tell(state, (fitness - shift).astype(np.float32))
+            moved = {k: info[k] + np.float32(shift) for k in ("pop_mean", "pop_max", "pop_min")}
+            if self.minimize:  # info is in the maximised units, -fitness, as without the shift
+                moved = {k: info[k] - np.float32(shift) for k in ("pop_mean", "pop_max", "pop_min")}
+            return state, dict(info, **moved)
+        return self._tell(state, fitness)
+
+    @jax.jit
+    def _tell(self, state: TrainState, fitness: jax.Array) -> tuple[TrainState, dict]:
+        fitness = jnp.asarray(fitness)
+        dtype = jnp.float64 if fitness.dtype == jnp.float64 else jnp.float32
+        fitness = fitness.astype(dtype).reshape(self.num_members) * self.problem.sign
         return self.problem.apply_fitness(state, fitness)
 
     def mean(self, state: TrainState) -> Any:

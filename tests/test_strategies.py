@@ -10,7 +10,7 @@ from jes.strategies import noise
 
 NAMES = jes.strategies.names()
 MIRRORED = {"openai_es", "pgpe", "ars"}
-ADAPTIVE_SIGMA = {"pgpe", "snes", "sep_cma_es"}
+ADAPTIVE_SIGMA = {"pgpe", "snes", "sep_cma_es", "cma_es"}
 D = 6
 
 
@@ -22,17 +22,18 @@ def _context(name, num_members=8, optimizer=None):
 
 
 def test_names_and_lookup():
-    assert set(NAMES) == {"openai_es", "pgpe", "snes", "sep_cma_es", "ars"}
+    assert set(NAMES) == {"openai_es", "pgpe", "snes", "sep_cma_es", "ars", "cma_es"}
     assert isinstance(jes.strategies.get("sep-cma-es"), jes.strategies.SepCMAES)
+    assert isinstance(jes.strategies.get("CMA-ES"), jes.strategies.CMAES)
     pgpe = jes.strategies.PGPE(center_lr=0.3, stdev_lr=0.05, stdev_max_change=0.1)
     assert jes.strategies.get(pgpe) is pgpe
-    with pytest.raises(ValueError, match="valid names are: openai_es, pgpe, snes, sep_cma_es, ars"):
+    with pytest.raises(ValueError, match="valid names are: openai_es, pgpe, snes, sep_cma_es, ars, cma_es"):
         jes.strategies.get("cmaes-full")
     with pytest.raises(TypeError, match="strategy must be a name"):
         jes.strategies.get(3)
 
 
-@pytest.mark.parametrize("name", ["snes", "sep_cma_es", "ars"])
+@pytest.mark.parametrize("name", ["snes", "sep_cma_es", "ars", "cma_es"])
 def test_strategies_without_an_optimizer_refuse_one(name):
     with pytest.raises(ValueError, match="does not use an optax optimizer"):
         _context(name, optimizer="adam")
@@ -61,7 +62,7 @@ def test_equal_fitness_moves_the_mean_only_where_the_algorithm_says_so(name):
     state = es.init(0)
     new, info = es.tell(state, jnp.full(8, 2.5))
     assert int(new.generation) == 1 and int(info["bad_member"]) == -1
-    if name == "sep_cma_es":  # recombination moves the mean to the weighted mean of the best half
+    if name in ("sep_cma_es", "cma_es"):  # recombination moves the mean to the weighted mean of the best half
         assert not np.array_equal(new.params, state.params)
     else:  # a mirrored pair, or rank utilities summing to zero, cancel exactly
         np.testing.assert_array_equal(new.params, state.params)

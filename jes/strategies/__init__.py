@@ -10,13 +10,15 @@ from typing import Any
 
 from jes.strategies.ars import ARS, ARSState
 from jes.strategies.base import Context, Strategy
+from jes.strategies.cma_es import CMAES, CMAState
 from jes.strategies.openai_es import OpenAIES, OpenAIESState
 from jes.strategies.pgpe import PGPE, PGPEState
 from jes.strategies.sep_cma_es import SepCMAES, SepCMAState
 from jes.strategies.snes import SNES, SNESState
 
-REGISTRY: dict[str, type[Strategy]] = {cls.name: cls for cls in (OpenAIES, PGPE, SNES, SepCMAES, ARS)}
-ALIASES = {"openai-es": "openai_es", "openes": "openai_es", "sep-cma-es": "sep_cma_es", "sepcma": "sep_cma_es"}
+REGISTRY: dict[str, type[Strategy]] = {cls.name: cls for cls in (OpenAIES, PGPE, SNES, SepCMAES, ARS, CMAES)}
+ALIASES = {"openai-es": "openai_es", "openes": "openai_es", "sep-cma-es": "sep_cma_es", "sepcma": "sep_cma_es",
+           "cma-es": "cma_es", "cmaes": "cma_es"}
 
 
 def names() -> list[str]:
@@ -44,5 +46,5 @@ def get(strategy: "str | Strategy", **hyperparameters: Any) -> Strategy:
                     f"got {type(strategy).__name__}")
 
 
-__all__ = ["ARS", "ARSState", "Context", "OpenAIES", "OpenAIESState", "PGPE", "PGPEState",
+__all__ = ["ARS", "ARSState", "CMAES", "CMAState", "Context", "OpenAIES", "OpenAIESState", "PGPE", "PGPEState",
            "SNES", "SNESState", "SepCMAES", "SepCMAState", "Strategy", "get", "names"]
