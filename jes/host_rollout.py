@@ -136,7 +136,10 @@ def run_host_slots(spec: EnvSpec, pool: HostEnvPool, groups: Sequence[tuple[Call
             message = f"env {spec.name!r}: {what} raised {type(err).__name__}: {err} in {label(slot)} after {steps[slot]} steps"
         return HostEnvError(message, spec.name, label(slot))
 
-    alarm = limit is not None and threading.current_thread() is threading.main_thread()
+    # A SIGALRM timer interrupts an env call that hangs; only in the main thread, and never over someone else's
+    # timer (a test's hard timeout, the user's own): then the limit is checked after every time step instead.
+    alarm = (limit is not None and threading.current_thread() is threading.main_thread()
+             and signal.getitimer(signal.ITIMER_REAL)[0] == 0)
     if alarm:
         def on_alarm(signum, frame):
             raise _Timeout()
