@@ -112,7 +112,7 @@ def test_specs_of_ids_instances_classes_and_factories():
 
 @pytest.mark.hard_timeout(600)
 def test_user_env_subclass_trains_and_improves():
-    result = jes.train(jes.MLPPolicy(hidden=(8,)), Target, "adam", log_dir=None, progress=False, num_members=32,
+    result = jes.train(jes.MLPPolicy(hidden_sizes=(8,)), Target, "adam", log_dir=None, progress=False, num_members=32,
                        chunk_size=8, eval_episodes=8, max_episode_steps=10, num_generations=8, learning_rate=0.05)
     scores = result.history["centre_return"]
     assert np.isfinite(scores).all() and scores[-1] > scores[0] + 1.0, scores
