@@ -112,6 +112,9 @@ def _parser() -> argparse.ArgumentParser:
                             "(with a warning) --learning-rate; other changes are refused")
     train.add_argument("--devices", type=int, default=None, help="number of local devices to use (default: all)")
     train.add_argument("--listen", default=None, metavar="HOST:PORT", help="be a distributed master listening here")
+    train.add_argument("--workers", type=int, default=0, metavar="N",
+                       help="local jes-worker processes for a Python (Gymnasium) env, e.g. --env gymnasium:CartPole-v1 "
+                            "--workers 2 (default 0: this process alone; results are the same bits)")
     train.add_argument("--distributed", action="store_true",
                        help="one run over all processes of a jax.distributed runtime (start them with jes launch, "
                             "srun, or on every host of a TPU pod)")
@@ -313,6 +316,8 @@ def _train(args: argparse.Namespace) -> int:
         # No --secret-file: secret=None makes jes.train read the JES_SECRET environment variable.
         secret = load_secret(secret_file=args.secret_file) if args.secret_file is not None else None
         kwargs.update(master=args.listen, secret=secret)
+    if args.workers:
+        kwargs.update(num_workers=args.workers)
 
     master_options = {name: value for name, value in (
         ("heartbeat_interval", args.heartbeat_interval), ("worker_timeout", args.worker_timeout),

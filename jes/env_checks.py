@@ -29,9 +29,10 @@ def check_env(env: Any) -> None:
         spec_id = getattr(getattr(target, "spec", None), "id", None)
         same = f"; for {spec_id!r} try the gymnax id {spec_id!r}" if spec_id else ""
         raise TypeError(
-            f"env is a Gym/Gymnasium environment ({type(target).__module__}.{type(target).__name__}); jes compiles "
-            f"whole episodes with JAX and cannot step a Python env{same}. Use a JAX env instead: {SUPPORTED}. "
-            f"To optimise over a Python simulator, evaluate members yourself with jes.AskTell (README: ask/tell).")
+            f"env is a Gym/Gymnasium environment ({type(target).__module__}.{type(target).__name__}) but not a "
+            f"gymnasium.Env; jes steps Python simulators through Gymnasium: pass 'gymnasium:<id>', a gymnasium.Env "
+            f"instance or jes.envs.gymnasium.make(factory) (pip install \"jax-jes[gymnasium]\"){same}. Or a JAX "
+            f"env: {SUPPORTED}. Or evaluate members yourself with jes.AskTell (README: ask/tell).")
 
 
 def _has_env_methods(obj: Any) -> bool:

@@ -20,7 +20,9 @@ import numpy as np
 
 from jes import checkpoint, logging as jes_logging
 from jes.distributed import jax_runtime
+from jes.distributed.local import LOCAL_MASTER_OPTIONS, LocalWorkers, new_secret
 from jes.distributed.master import Master
+from jes.describe import DescriptionError
 from jes.config import ESConfig
 from jes.generation import Trainer, TrainState, as_key, fetch, localize
 from jes.trained import ActionMap, TrainedPolicy
@@ -262,6 +264,7 @@ def train(
     master_options: dict | None = None,
     distributed: bool = False,
     rollout_min_batch: int = 32,
+    num_workers: int = 0,
     **overrides: Any,
 ) -> TrainResult:
     """Train ``policy`` on ``env`` with an evolution strategy (OpenAI-ES by default).
@@ -311,10 +314,19 @@ def train(
             process. Bit-identical to one process; process 0 writes logs and checkpoints; every process
             returns the same result. A run already inside an initialised runtime uses it without this flag.
         rollout_min_batch: see :class:`Trainer` (a speed/compile-time knob; results do not depend on it).
+        num_workers: local ``jes-worker`` processes to spread each generation's chunks over (0: this process
+            alone). Meant for host (Python) envs such as ``"gymnasium:CartPole-v1"``: a master on 127.0.0.1
+            with a fresh secret serves them, a worker that dies is replaced, and the result is bit-identical to
+            ``num_workers=0``. The run must be describable as data (the env by its registered id).
 
     Returns:
         A :class:`TrainResult`.
     """
+    if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 0:
+        raise ValueError(f"num_workers must be an integer >= 0, got {num_workers!r}")
+    if num_workers and (master is not None or distributed):
+        raise ValueError("num_workers= starts local worker processes with a master of its own; it cannot be combined "
+                         "with master= or distributed=True (start jes-worker processes against master= instead)")
     if distributed:
         if master is not None:
             raise ValueError("distributed=True (JAX's multi-process runtime) and master= (the ZeroMQ master for "
@@ -324,7 +336,7 @@ def train(
     config = (config or ESConfig()).replace(**overrides) if overrides else (config or ESConfig())
     trainer = Trainer(policy, env, optimizer, config, env_params=env_params, devices=devices,
                       rollout_min_batch=rollout_min_batch, strategy=strategy)
-    if master is None:  # a master farms generations out and never runs the local step
+    if master is None and not num_workers and not trainer.spec.host:  # a master or a host env runs no local step
         trainer.start_compiling_step()  # overlaps building or restoring the state
     history = None
     if resume is not None:
@@ -352,6 +364,20 @@ def train(
                        key=str(np.asarray(jax.random.key_data(as_key(key))).tolist()))
         loggers.append(jes_logging.TensorBoardLogger(log_dir, hparams))
     try:
+        if num_workers:
+            local_secret = new_secret()
+            try:
+                server = Master(trainer, "127.0.0.1:0", secret=local_secret, env=env, optimizer=optimizer,
+                                env_params=env_params, **{**LOCAL_MASTER_OPTIONS, **(master_options or {})})
+            except DescriptionError as err:
+                raise ValueError(f"num_workers={num_workers}: worker processes rebuild the run from plain data, but "
+                                 f"{err}. Pass the env by its registered id (e.g. 'gymnasium:CartPole-v1'), or use "
+                                 f"num_workers=0") from err
+            with server, LocalWorkers(f"127.0.0.1:{server.port}", local_secret, num_workers):
+                server.wait_for_workers(state, num_workers, timeout=120.0)
+                return run(trainer, state, key=key, callbacks=[*loggers, *callbacks], history=history,
+                           checkpoint_path=checkpoint_path, checkpoint_every=checkpoint_every, step_fn=server.step,
+                           log_dir=log_dir, best=best)
         if master is not None:
             with Master(trainer, master, secret=secret, env=env, optimizer=optimizer, env_params=env_params,
                         **(master_options or {})) as server:
@@ -454,6 +480,8 @@ def run(trainer: Trainer, state: TrainState, *, key: Any = 0, callbacks: Iterabl
     t_start = time.perf_counter()
 
     state = trainer.place(state)
+    if step_fn is None and trainer.spec.host:
+        step_fn = trainer.host_step  # a Python simulator: envs stepped here, the update compiled
     if step_fn is None:
         compiled, compile_time = trainer.compiled_step(state)
         # Placed once like the state (in a multi-process run a host bool would be checked across processes each call).
@@ -521,7 +549,7 @@ def run(trainer: Trainer, state: TrainState, *, key: Any = 0, callbacks: Iterabl
                 if metrics["bad_member"] >= 0:
                     member = metrics["bad_member"]
                     raise NonFiniteFitnessError(
-                        f"member {member} of generation {gen + 1} has non-finite fitness (NaN or inf); the update was "
+                        f"member {member} of generation {gen + 1} on env {trainer.spec.name!r} has non-finite fitness (NaN or inf); the update was "
                         f"not applied: an env reward or one of its policy outputs was NaN or inf (a too-large "
                         f"noise_std or learning rate can overflow them; so can unnormalised huge observations). error.result holds the {gen} generation(s) completed.",
                         generation=gen + 1, member=member, result=partial,

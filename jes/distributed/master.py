@@ -239,9 +239,10 @@ class Master:
         self._results = None
         self._last_status = time.monotonic()
         self._master_members = 0
-        self._evaluate = jax.jit(lambda s, c: ChunkResults.as_tuple(trainer.evaluate_chunks(s, c)))
+        # Compiled for JAX envs; a host env's (Gymnasium) chunks and centre run on the host (jes.host_rollout).
+        self._evaluate = trainer.chunk_program()
         self._apply = jax.jit(lambda s, *r: trainer.apply_chunk_results(s, ChunkResults(*r)))
-        self._centre = jax.jit(lambda s: tuple(f(x) for f, x in zip((jnp.mean, jnp.sum), trainer.evaluate_centre(s))))
+        self._centre = trainer.centre_program()
 
         self.context = zmq.Context()
         self.socket = self.context.socket(zmq.ROUTER)

@@ -5,6 +5,9 @@
   ``"brax/hopper"``, ``"brax/hopper?backend=generalized"``, or a raw brax env object.
 * wrappers (:mod:`jes.envs.wrappers`): ``mask_observations(env, keep=[0, 2])``, also written
   as the name suffix ``"CartPole-v1?keep_obs=0,2"``.
+* gymnasium (:mod:`jes.envs.gymnasium`, optional extra ``pip install 'jax-jes[gymnasium]'``): a *host*
+  env family, ``"gymnasium:CartPole-v1"``, a ``gymnasium.Env`` instance or subclass, or
+  ``jes.envs.gymnasium.make(factory)``; stepped on the host by :mod:`jes.host_rollout` (``spec.host``).
 
 Every env is brought to the gymnax protocol :mod:`jes.rollout` drives. An env's
 ``EnvSpec.name`` resolves back to the same env with :func:`make_env`, which is how checkpoints
@@ -15,6 +18,7 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from jes.envs import brax as brax_family
+from jes.envs import gymnasium as gymnasium_family
 from jes.envs import gymnax as gymnax_family
 from jes.envs.gymnax import SOLVED_RETURNS
 from jes.envs.spec import EnvSpec, spec_from_env
@@ -85,6 +89,10 @@ def make_env(env: Any, env_params: Any = None, max_steps: int | None = None) -> 
         TypeError: an object that does not follow the env protocol.
         ImportError: a brax env without brax installed (the message names the extra).
     """
+    if gymnasium_family.is_gymnasium_env(env):
+        if env_params is not None:
+            raise ValueError("Gymnasium envs take no env_params; pass keyword arguments through your own factory")
+        return gymnasium_family.make(env, max_steps).spec(max_steps)
     check_env(env)
     env_obj, default_params, name = _resolve(env)
     params = default_params if env_params is None else env_params
@@ -116,5 +124,7 @@ def resolvable_name(env: Any) -> str | None:
     if brax_family.is_brax_env(env):
         return brax_family.BraxEnv(env).name
     if isinstance(env, (brax_family.BraxEnv, MaskedObservations)):
+        return env.name
+    if isinstance(env, gymnasium_family.GymnasiumEnv) and env.env_id is not None:
         return env.name
     return None

@@ -46,6 +46,11 @@ class EnvSpec:
     max_steps: int
     solved_return: float | None
 
+    @property
+    def host(self) -> bool:
+        """Whether the env is a host (Python) env stepped by :mod:`jes.host_rollout`, not compiled."""
+        return bool(getattr(self.env, "is_host_env", False))
+
     def action(self, out: jax.Array) -> jax.Array:
         """Map one raw policy output of shape ``(num_outputs,)`` to an env action."""
         if self.discrete:

@@ -1,0 +1,195 @@
+"""Gymnasium env family: Python simulators stepped on the host, the policy compiled and batched.
+
+A host env is not a gymnax-protocol object: :mod:`jes.host_rollout` steps one ``gymnasium.Env`` per
+episode slot on the host and calls one jitted, vmapped policy step per env step for all of them.
+
+Accepted (:func:`make`):
+
+* ``"gymnasium:CartPole-v1"``: a registered Gymnasium id, optionally with
+  ``?episode_seconds=60`` (a per-episode wall-time limit). Only this form travels to workers and into
+  checkpoints: the id is data, and ``gymnasium.make`` builds it from gymnasium's own registry (ids
+  with a ``module:`` prefix, which would import a module, are refused).
+* a ``gymnasium.Env`` instance (each slot gets a deep copy), a ``gymnasium.Env`` subclass or any
+  zero-argument factory returning a ``gymnasium.Env`` (called once per slot): in-process only.
+
+Each episode's ``reset(seed=...)`` comes from its episode key, so a member's fitness depends only on
+(key, generation, member, episode): bit-identical wherever it runs *when the env is deterministic given
+its seed* (nothing checks that; it is the user's env).
+"""
+from __future__ import annotations
+
+import copy
+import inspect
+from typing import Any, Callable
+
+import numpy as np
+
+from jes.envs.spec import EnvSpec
+from jes.envs.wrappers import split_option
+
+PREFIX = "gymnasium:"
+TIME_OPTION = "episode_seconds"
+EXTRA = 'pip install "jax-jes[gymnasium]" (and "gymnasium[mujoco]" for MuJoCo envs)'
+
+
+def import_gymnasium() -> Any:
+    """The ``gymnasium`` module, or an ``ImportError`` naming the extra."""
+    try:
+        import gymnasium
+    except ImportError as err:
+        raise ImportError(f"Gymnasium envs need gymnasium: {EXTRA}") from err
+    return gymnasium
+
+
+def _gymnasium_or_none() -> Any:
+    try:
+        import gymnasium
+    except ImportError:
+        return None
+    return gymnasium
+
+
+def is_gymnasium_env(env: Any) -> bool:
+    """Whether ``env`` is something this family takes: a ``gymnasium:`` id, a ``gymnasium.Env`` instance or
+    subclass, or a :class:`GymnasiumEnv`. (A plain factory function is taken by :func:`make` explicitly.)"""
+    if isinstance(env, GymnasiumEnv):
+        return True
+    if isinstance(env, str):
+        return env.startswith(PREFIX)
+    gymnasium = _gymnasium_or_none()
+    if gymnasium is None:
+        return False
+    if inspect.isclass(env):
+        return issubclass(env, gymnasium.Env)
+    return isinstance(env, gymnasium.Env)
+
+
+class GymnasiumEnv:
+    """A host env: builds one ``gymnasium.Env`` per episode slot and converts observations and actions.
+
+    Args:
+        factory: zero-argument callable returning a fresh ``gymnasium.Env``.
+        name: the env's name (``"gymnasium:CartPole-v1"`` for ids: :func:`jes.envs.make_env` resolves it back).
+        env_id: the registered id when built from one (``None``: a user's factory; it cannot travel to workers).
+        episode_seconds: wall-time limit of one episode (``None``: none).
+    """
+
+    is_host_env = True
+
+    def __init__(self, factory: Callable[[], Any], name: str, env_id: str | None = None,
+                 episode_seconds: float | None = None):
+        gymnasium = import_gymnasium()
+        self.factory, self.name, self.env_id, self.episode_seconds = factory, name, env_id, episode_seconds
+        probe = self.make()
+        if not isinstance(probe, gymnasium.Env):
+            raise TypeError(f"env factory for {name!r} returned {type(probe).__name__}, not a gymnasium.Env")
+        self.observation_space, self.action_space = probe.observation_space, probe.action_space
+        self.spec_max_steps = getattr(getattr(probe, "spec", None), "max_episode_steps", None)
+        self.reward_threshold = getattr(getattr(probe, "spec", None), "reward_threshold", None)
+        spaces = gymnasium.spaces
+        space = self.observation_space
+        if isinstance(space, spaces.Box):
+            self.obs_shape = tuple(int(d) for d in space.shape)
+            self._flatten = None
+        elif isinstance(space, (spaces.Dict, spaces.Tuple, spaces.Discrete, spaces.MultiDiscrete, spaces.MultiBinary)):
+            self.obs_shape = (int(spaces.flatdim(space)),)
+            self._flatten = lambda obs: spaces.flatten(space, obs)
+        else:
+            raise ValueError(f"env {name!r} has observation space {type(space).__name__}; jes takes Box, Discrete, "
+                             f"MultiDiscrete, MultiBinary and Dict/Tuple of those (flattened)")
+        action = self.action_space
+        if isinstance(action, spaces.Discrete):
+            self.discrete, self.action_shape, self.num_outputs = True, (), int(action.n)
+            self._start = int(action.start)
+        elif isinstance(action, spaces.Box):
+            self.discrete, self.action_shape = False, tuple(int(d) for d in action.shape)
+            self.num_outputs = int(np.prod(self.action_shape)) if self.action_shape else 1
+            self._dtype = action.dtype
+        else:
+            raise ValueError(f"env {name!r} has action space {type(action).__name__}; jes supports Discrete and Box "
+                             f"action spaces")
+        probe.close()
+
+    def make(self) -> Any:
+        """A fresh env instance."""
+        return self.factory()
+
+    def observation(self, obs: Any) -> np.ndarray:
+        """One observation as the policy's flat float32 array of :attr:`obs_shape`."""
+        if self._flatten is not None:
+            obs = self._flatten(obs)
+        return np.asarray(obs, np.float32).reshape(self.obs_shape)
+
+    def env_action(self, action: np.ndarray) -> Any:
+        """One policy action (numpy) as the env takes it."""
+        if self.discrete:
+            return int(action) + self._start
+        return np.asarray(action, self._dtype).reshape(self.action_shape)
+
+    def spec(self, max_steps: int | None) -> EnvSpec:
+        """This env described as an :class:`EnvSpec` (``params`` is ``None``: nothing is compiled)."""
+        limit = max_steps if max_steps is not None else self.spec_max_steps
+        if limit is None:
+            raise ValueError(f"env {self.name!r} has no episode limit (no TimeLimit / spec.max_episode_steps); pass "
+                             f"max_episode_steps=... to jes.train")
+        if int(limit) <= 0:
+            raise ValueError(f"max_episode_steps must be positive, got {limit}")
+        low = high = None
+        if not self.discrete:
+            low = np.broadcast_to(np.asarray(self.action_space.low, np.float32), self.action_shape).copy()
+            high = np.broadcast_to(np.asarray(self.action_space.high, np.float32), self.action_shape).copy()
+        return EnvSpec(env=self, params=None, name=self.name, obs_shape=self.obs_shape, num_outputs=self.num_outputs,
+                       discrete=self.discrete, action_shape=self.action_shape, action_low=low, action_high=high,
+                       max_steps=int(limit),
+                       solved_return=None if self.reward_threshold is None else float(self.reward_threshold))
+
+
+def _from_id(name: str, max_steps: int | None, render_mode: str | None = None) -> GymnasiumEnv:
+    base, seconds = split_option(name, TIME_OPTION)
+    if "?" in base:
+        raise ValueError(f"unknown option in env name {name!r}; gymnasium envs take only ?{TIME_OPTION}=60")
+    env_id = base[len(PREFIX):]
+    if not env_id or ":" in env_id:
+        raise ValueError(f"env name {name!r}: write a registered Gymnasium id, e.g. 'gymnasium:CartPole-v1'. Ids "
+                         f"with a 'module:' prefix (which import a module) are refused: import your module so that "
+                         f"it registers the env, then pass 'gymnasium:YourEnv-v0'")
+    try:
+        limit = None if seconds is None else float(seconds)
+    except ValueError:
+        raise ValueError(f"bad {TIME_OPTION}={seconds!r} in env name {name!r}; write seconds like "
+                         f"{TIME_OPTION}=60") from None
+    if limit is not None and not limit > 0:
+        raise ValueError(f"{TIME_OPTION} must be positive, got {seconds!r} in {name!r}")
+    gymnasium = import_gymnasium()
+    if env_id not in gymnasium.registry:
+        close = [k for k in gymnasium.registry if k.split("-")[0].lower() == env_id.split("-")[0].lower()]
+        raise ValueError(f"unknown Gymnasium id {env_id!r} in {name!r}" + (f"; did you mean {close}?" if close else
+                         "; see gymnasium.pprint_registry()") + " (an env outside gymnasium needs its package installed "
+                         "and imported, on every worker too)")
+    kwargs: dict = {"disable_env_checker": True}
+    if max_steps is not None:
+        kwargs["max_episode_steps"] = int(max_steps)
+    if render_mode is not None:
+        kwargs["render_mode"] = render_mode
+    return GymnasiumEnv(lambda: gymnasium.make(env_id, **kwargs), name, env_id=env_id, episode_seconds=limit)
+
+
+def make(env: Any, max_steps: int | None = None, render_mode: str | None = None) -> GymnasiumEnv:
+    """A :class:`GymnasiumEnv` for a ``gymnasium:`` id, an env instance, an env class or a factory.
+
+    Raises:
+        ImportError: gymnasium is not installed (the message names the extra).
+        ValueError: an unknown id or an unsupported space.
+    """
+    if isinstance(env, GymnasiumEnv):
+        return env
+    if isinstance(env, str):
+        return _from_id(env, max_steps, render_mode)
+    gymnasium = import_gymnasium()
+    if isinstance(env, gymnasium.Env):
+        template = env
+        name = getattr(getattr(env, "spec", None), "id", None) or type(env.unwrapped).__name__
+        return GymnasiumEnv(lambda: copy.deepcopy(template), name)
+    if callable(env):
+        return GymnasiumEnv(env, getattr(env, "__name__", type(env).__name__))
+    raise TypeError(f"not a Gymnasium env: {type(env).__name__}")

@@ -1,0 +1,192 @@
+"""Host rollouts: Python simulators (Gymnasium) stepped on the host, the policy compiled and batched.
+
+The host twin of :func:`jes.rollout.run_slots`: ``S`` episode slots side by side, one env instance per slot;
+each time step makes ONE call of a jitted, vmapped policy step for a group of slots (the same observation
+normaliser, action mapping and non-finite-output rule as the compiled rollout), then steps every live
+slot's env. Finished slots are masked (their rewards, steps and observations never count), and every
+slot's return and observation sums are accumulated step by step in float32, in time order, so a slot's
+results depend only on its parameters and its seed, never on which other slots share the batch.
+
+Episode ``k`` is reset with ``seed = seed_of(fold_in(key_k, 0))`` (:func:`episode_seeds`); nothing else
+is random on the host side, so a member's fitness is a function of (key, generation, member, episode)
+when the env is deterministic given its seed.
+"""
+from __future__ import annotations
+
+import signal
+import threading
+import time
+from typing import Any, Callable, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jes.envs.spec import EnvSpec
+from jes.rollout import normalise
+
+
+class HostEnvError(RuntimeError):
+    """A host env failed during a member's (or the centre's) episode: its step or reset raised, or the episode ran
+    past its wall-time limit.
+
+    Attributes:
+        env: the env's name. slot: what was evaluated (``"member 3 (episode 0) of generation 2"``).
+    """
+
+    def __init__(self, message: str, env: str, slot: str):
+        super().__init__(message)
+        self.env, self.slot = env, slot
+
+
+class _Timeout(BaseException):
+    """Raised by the alarm inside a hung env call (a BaseException so the env's own ``except Exception`` passes it on)."""
+
+
+def episode_seeds(keys: jax.Array) -> jax.Array:
+    """``uint32 [S, 2]`` key data of ``fold_in(key, 0)`` per episode key (traceable); :func:`seed_of` makes an int."""
+    return jax.random.key_data(jax.vmap(lambda k: jax.random.fold_in(k, 0))(keys))
+
+
+def seed_of(data: np.ndarray) -> int:
+    """The ``reset(seed=...)`` int of one episode's ``uint32[2]`` key data (a 64-bit non-negative int)."""
+    return (int(data[0]) << 32) | int(data[1])
+
+
+def policy_step(apply: Callable, spec: EnvSpec, params: Any, carry: Any, obs: jax.Array,
+                obs_scale: tuple[jax.Array, jax.Array] | None) -> tuple[Any, jax.Array, jax.Array]:
+    """One vmapped policy step over slots (traceable): ``(carry, actions, finite)``, as inside :func:`jes.rollout.run_slots`.
+
+    Args:
+        apply: ``apply(params, carry, obs) -> (carry, outputs)`` for one slot.
+        params, carry: pytrees whose leaves lead with the slots axis ``[S, ...]``; obs: ``[S, *obs_shape]``.
+    """
+
+    def act(p, c, o):
+        c, out = apply(p, c, normalise(o, obs_scale))
+        return c, spec.action(out), jnp.all(jnp.isfinite(out))
+
+    return jax.vmap(act)(params, carry, obs)
+
+
+class HostEnvPool:
+    """Env instances of one host env, one per slot index, made on first use and reused (each reset reseeds)."""
+
+    def __init__(self, env: Any):
+        self.env = env
+        self.instances: list = []
+
+    def get(self, count: int) -> list:
+        while len(self.instances) < count:
+            self.instances.append(self.env.make())
+        return self.instances[:count]
+
+    def close(self) -> None:
+        for instance in self.instances:
+            try:
+                instance.close()
+            except Exception:  # noqa: BLE001 - closing is best effort
+                pass
+        self.instances = []
+
+
+def run_host_slots(spec: EnvSpec, pool: HostEnvPool, groups: Sequence[tuple[Callable, int]], initial_carry: Any,
+                   seeds: np.ndarray, done: np.ndarray, collect_obs_stats: bool, label: Callable[[int], str]) -> dict:
+    """Run ``S`` host episodes side by side, one per slot.
+
+    Args:
+        spec: the host env's spec (``spec.env`` a :class:`jes.envs.gymnasium.GymnasiumEnv`).
+        pool: env instances to step (slot ``i`` uses instance ``i``).
+        groups: ``(step, size)`` pairs covering the slots in order: ``step(carry, obs) -> (carry, actions,
+            finite)`` is one jitted call for ``size`` slots (params bound in).
+        initial_carry: one slot's initial policy carry.
+        seeds: ``uint32 [S, 2]`` (:func:`episode_seeds`); done: bool ``[S]``, slots that start done (padding).
+        collect_obs_stats: also sum raw observations of live steps per slot.
+        label: slot index -> what it evaluates, for error messages.
+
+    Returns:
+        Per-slot numpy arrays ``returns`` (float32, NaN where the policy output a non-finite value), ``steps``
+        (int32), and with ``collect_obs_stats`` ``obs_sum``/``obs_sumsq`` ``[S, *obs_shape]``.
+
+    Raises:
+        HostEnvError: an env's reset or step raised, or an episode ran past ``spec.env.episode_seconds``.
+    """
+    env = spec.env
+    num_slots = int(seeds.shape[0])
+    instances = pool.get(num_slots)
+    obs = np.zeros((num_slots, *spec.obs_shape), np.float32)
+    live = ~np.asarray(done, bool)
+    returns = np.zeros(num_slots, np.float32)
+    steps = np.zeros(num_slots, np.int32)
+    finite = np.ones(num_slots, bool)
+    obs_sum = np.zeros_like(obs) if collect_obs_stats else None
+    obs_sumsq = np.zeros_like(obs) if collect_obs_stats else None
+    bounds = np.cumsum([0] + [size for _, size in groups])
+    if bounds[-1] != num_slots:
+        raise ValueError(f"policy groups cover {bounds[-1]} slots, not {num_slots}")
+    carries = [jax.tree.map(lambda c: jnp.broadcast_to(c, (size,) + c.shape), initial_carry) for _, size in groups]
+    limit = env.episode_seconds
+    current = [-1, "reset"]  # the slot and call in progress, for the alarm's message
+
+    def fail(slot: int, what: str, err: BaseException | None) -> HostEnvError:
+        if err is None or isinstance(err, _Timeout):
+            message = (f"env {spec.name!r}: {label(slot)} ran past its time limit of {limit:g} s per episode "
+                       f"(in {what}, after {steps[slot]} steps); raise or drop ?episode_seconds=")
+        else:
+            message = f"env {spec.name!r}: {what} raised {type(err).__name__}: {err} in {label(slot)} after {steps[slot]} steps"
+        return HostEnvError(message, spec.name, label(slot))
+
+    # A SIGALRM timer interrupts an env call that hangs; only in the main thread, and never over someone else's
+    # timer (a test's hard timeout, the user's own): then the limit is checked after every time step instead.
+    alarm = (limit is not None and threading.current_thread() is threading.main_thread()
+             and signal.getitimer(signal.ITIMER_REAL)[0] == 0)
+    if alarm:
+        def on_alarm(signum, frame):
+            raise _Timeout()
+
+        previous = signal.signal(signal.SIGALRM, on_alarm)
+        # Every slot's episode starts now, so one timer for the batch is each episode's limit.
+        signal.setitimer(signal.ITIMER_REAL, limit)
+    start = time.monotonic()
+    try:
+        for slot in np.flatnonzero(live):
+            current[:] = [slot, "reset"]
+            first, _ = instances[slot].reset(seed=seed_of(seeds[slot]))
+            obs[slot] = env.observation(first)
+        for _t in range(spec.max_steps):
+            if not live.any():
+                break
+            outputs = []
+            for g, (step, _) in enumerate(groups):
+                carries[g], actions, fin = step(carries[g], obs[bounds[g]:bounds[g + 1]])
+                outputs.append((actions, fin))
+            actions = np.concatenate([np.asarray(a) for a, _ in outputs])
+            finite &= np.concatenate([np.asarray(f) for _, f in outputs]) | ~live
+            if collect_obs_stats:
+                live_obs = np.where(live.reshape((-1,) + (1,) * len(spec.obs_shape)), obs, np.float32(0))
+                obs_sum += live_obs
+                obs_sumsq += live_obs * live_obs
+            for slot in np.flatnonzero(live):
+                current[:] = [slot, "step"]
+                new_obs, reward, terminated, truncated, _ = instances[slot].step(env.env_action(actions[slot]))
+                returns[slot] += np.float32(reward)
+                steps[slot] += 1
+                obs[slot] = env.observation(new_obs)
+                if terminated or truncated:
+                    live[slot] = False
+            if limit is not None and not alarm and time.monotonic() - start > limit and live.any():
+                raise fail(int(np.flatnonzero(live)[0]), "step", None)
+    except _Timeout as err:
+        raise fail(int(current[0]), current[1], err) from None
+    except HostEnvError:
+        raise
+    except Exception as err:  # noqa: BLE001 - any env failure becomes an error naming env, member, generation
+        raise fail(int(current[0]), current[1], err) from err
+    finally:
+        if alarm:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, previous)
+    out = {"returns": np.where(finite, returns, np.float32(np.nan)).astype(np.float32), "steps": steps}
+    if collect_obs_stats:
+        out["obs_sum"], out["obs_sumsq"] = obs_sum, obs_sumsq
+    return out

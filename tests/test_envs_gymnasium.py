@@ -1,0 +1,199 @@
+"""Gymnasium envs (jes.envs.gymnasium + jes.host_rollout): real Gymnasium envs, real worker processes.
+
+Bit-identity is asserted for 0 vs 2 local worker processes, a dying worker and a resume; envs that are
+deterministic given their seed (CartPole is) are what the guarantee covers.
+"""
+import os
+import signal
+import time
+
+import numpy as np
+import pytest
+
+gymnasium = pytest.importorskip("gymnasium")
+
+import jax  # noqa: E402
+
+import jes  # noqa: E402
+from jes.distributed.local import LOCAL_MASTER_OPTIONS, LocalWorkers, new_secret  # noqa: E402
+from jes.distributed.master import Master  # noqa: E402
+from jes.envs import make_env  # noqa: E402
+from jes.envs.gymnasium import GymnasiumEnv  # noqa: E402
+from jes.generation import Trainer  # noqa: E402
+from jes.host_rollout import HostEnvError  # noqa: E402
+from jes.loop import NonFiniteFitnessError, run  # noqa: E402
+
+SMALL = dict(num_members=16, chunk_size=4, eval_episodes=4, max_episode_steps=60, num_generations=2)
+POLICY = dict(hidden=4, layers=1)
+
+
+def small_train(env="gymnasium:CartPole-v1", **kw):
+    return jes.train(jes.GRUPolicy(**POLICY), env, "adam", log_dir=None, progress=False,
+                     checkpoint_path=kw.pop("checkpoint_path", None), **{**SMALL, **kw})
+
+
+class Target(gymnasium.Env):
+    """A user's own env: observe a target in [-1, 1]^2, act near it (reward -|a - target|), 10 steps."""
+
+    def __init__(self):
+        self.observation_space = gymnasium.spaces.Box(-1.0, 1.0, (2,), np.float32)
+        self.action_space = gymnasium.spaces.Box(-1.0, 1.0, (2,), np.float32)
+        self.t, self.target = 0, np.zeros(2, np.float32)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        self.target = self.np_random.uniform(-1, 1, 2).astype(np.float32)
+        return self.target, {}
+
+    def step(self, action):
+        self.t += 1
+        reward = -float(np.abs(np.asarray(action) - self.target).sum())
+        return self.target, reward, False, self.t >= 10, {}
+
+
+class Broken(Target):
+    """Raises on its third step, or returns a NaN reward (``mode``), or hangs."""
+
+    mode = "raise"
+
+    def step(self, action):
+        if self.t == 2:
+            if self.mode == "raise":
+                raise RuntimeError("simulator exploded")
+            if self.mode == "hang":
+                time.sleep(3)
+            if self.mode == "nan":
+                self.t += 1
+                return self.target, float("nan"), False, False, {}
+        return super().step(action)
+
+
+class DictObs(Target):
+    def __init__(self):
+        super().__init__()
+        self.observation_space = gymnasium.spaces.Dict({"target": gymnasium.spaces.Box(-1.0, 1.0, (2,), np.float32),
+                                                        "phase": gymnasium.spaces.Discrete(3)})
+
+    def reset(self, *, seed=None, options=None):
+        target, info = super().reset(seed=seed)
+        return {"target": target, "phase": 0}, info
+
+    def step(self, action):
+        obs, *rest = super().step(action)
+        return {"target": obs, "phase": self.t % 3}, *rest
+
+
+def test_specs_of_ids_instances_classes_and_factories():
+    spec = make_env("gymnasium:CartPole-v1")
+    assert spec.host and spec.discrete and spec.num_outputs == 2 and spec.obs_shape == (4,)
+    assert spec.max_steps == 500 and spec.solved_return == 475.0 and spec.name == "gymnasium:CartPole-v1"
+    assert make_env("gymnasium:CartPole-v1", max_steps=50).max_steps == 50
+    box = make_env(Target, max_steps=10)  # a class: called once per slot
+    assert box.host and not box.discrete and box.action_shape == (2,)
+    with pytest.raises(ValueError, match="max_episode_steps"):
+        make_env(Target())  # no TimeLimit, no spec: the limit must be given
+    assert make_env(Target(), max_steps=10).max_steps == 10
+    assert make_env(DictObs, max_steps=10).obs_shape == (5,)  # Dict of Box(2) and Discrete(3), flattened
+    assert make_env(gymnasium.make("Pendulum-v1")).action_low.tolist() == [-2.0]
+    with pytest.raises(ValueError, match="unknown Gymnasium id"):
+        make_env("gymnasium:CartPoleee-v1")
+    with pytest.raises(ValueError, match="module:"):
+        make_env("gymnasium:os:CartPole-v1")
+
+    class TextObs(Target):
+        def __init__(self):
+            super().__init__()
+            self.observation_space = gymnasium.spaces.Text(5)
+
+    with pytest.raises(ValueError, match="observation space Text"):
+        make_env(TextObs, max_steps=10)
+
+
+@pytest.mark.hard_timeout(600)
+def test_user_env_subclass_trains_and_improves():
+    result = jes.train(jes.MLPPolicy(hidden_sizes=(8,)), Target, "adam", log_dir=None, progress=False, num_members=32,
+                       chunk_size=8, eval_episodes=8, max_episode_steps=10, num_generations=8, learning_rate=0.05)
+    scores = result.history["centre_return"]
+    assert np.isfinite(scores).all() and scores[-1] > scores[0] + 1.0, scores
+
+
+@pytest.mark.hard_timeout(600)
+def test_reset_seed_from_episode_keys_same_fitness_in_any_batch():
+    trainer = Trainer(jes.GRUPolicy(**POLICY), "gymnasium:CartPole-v1", "adam",
+                      jes.ESConfig(**{**SMALL, "num_members": 8}))
+    state = trainer.init_state(3)
+    together = trainer.host_evaluate_chunks(state, np.arange(2))
+    apart = [trainer.host_evaluate_chunks(state, np.array([c])) for c in range(2)]
+    for j in range(4):
+        np.testing.assert_array_equal(together[j], np.concatenate([a[j] for a in apart]))
+    again = trainer.host_evaluate_chunks(state, np.arange(2))
+    assert all(np.array_equal(a, b) for a, b in zip(together, again))
+    other = trainer.host_evaluate_chunks(trainer.init_state(4), np.arange(2))
+    assert not np.array_equal(together[0], other[0])  # other key, other episodes
+
+
+@pytest.mark.hard_timeout(900)
+def test_zero_vs_two_local_workers_and_resume_bit_identical(tmp_path):
+    alone = small_train()
+    spread = small_train(num_workers=2)
+    np.testing.assert_array_equal(alone.flat_params, spread.flat_params)
+    np.testing.assert_array_equal(alone.history["centre_return"], spread.history["centre_return"])
+    path = str(tmp_path / "run.ckpt")
+    small_train(num_generations=1, checkpoint_path=path)
+    resumed = small_train(resume=path, checkpoint_path=path)
+    np.testing.assert_array_equal(alone.flat_params, resumed.flat_params)
+    assert np.isfinite(alone.history["centre_return"]).all()
+
+
+@pytest.mark.hard_timeout(900)
+def test_dying_worker_is_replaced_and_its_members_rerun():
+    """Workers built by id from the description (no code travels); one is killed after generation 1."""
+    config = jes.ESConfig(**{**SMALL, "num_generations": 3})
+    reference = small_train(num_generations=3)
+    trainer = Trainer(jes.GRUPolicy(**POLICY), "gymnasium:CartPole-v1", "adam", config)
+    secret = new_secret()
+    with Master(trainer, "127.0.0.1:0", secret=secret, env="gymnasium:CartPole-v1", optimizer="adam",
+                **LOCAL_MASTER_OPTIONS) as server, LocalWorkers(f"127.0.0.1:{server.port}", secret, 2) as workers:
+        state = trainer.init_state(0)
+        assert server.wait_for_workers(state, 2, timeout=300) == 2, "local workers did not connect within 300 s"
+        killed = []
+
+        def kill_one(record):
+            if record["generation"] == 1:
+                pid = workers.pids()[0]
+                killed.append(pid)
+                os.kill(pid, signal.SIGKILL)
+
+        result = run(trainer, state, step_fn=server.step, callbacks=[kill_one])
+        deadline = time.monotonic() + 60
+        while workers.restarts < 1 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert workers.restarts >= 1 and killed and killed[0] not in workers.pids()
+    np.testing.assert_array_equal(reference.flat_params, result.flat_params)
+    assert server.stats["master_chunks"] < 3 * trainer.num_chunks, server.stats
+
+
+@pytest.mark.hard_timeout(600)
+@pytest.mark.parametrize("mode", ["raise", "hang"])
+def test_env_failure_names_env_member_and_generation(mode, monkeypatch):
+    monkeypatch.setattr(Broken, "mode", mode)
+    env = GymnasiumEnv(Broken, "Broken", episode_seconds=1.0 if mode == "hang" else None)
+    with pytest.raises(HostEnvError, match=r"env 'Broken'.*member 0 \(episode 0\) of generation 1") as err:
+        small_train(env, max_episode_steps=10, eval_episodes=2)
+    assert ("exploded" in str(err.value)) if mode == "raise" else ("time limit of 1 s" in str(err.value))
+
+
+@pytest.mark.hard_timeout(600)
+def test_nan_reward_is_non_finite_fitness(monkeypatch):
+    monkeypatch.setattr(Broken, "mode", "nan")
+    with pytest.raises(NonFiniteFitnessError, match=r"member 0 of generation 1 on env 'Broken'"):
+        small_train(GymnasiumEnv(Broken, "Broken"), max_episode_steps=10, eval_episodes=2)
+
+
+@pytest.mark.slow
+@pytest.mark.hard_timeout(1800)
+def test_cartpole_solved_with_default_gru_and_novograd():
+    result = jes.train(jes.GRUPolicy(), "gymnasium:CartPole-v1", "novograd", key=0, log_dir=None, progress=False)
+    returns, _ = result.trainer.host_evaluate_centre(result.state, 64, key=jax.random.key(10_000))
+    assert returns.mean() >= 475, (returns.mean(), result.history["centre_return"])
