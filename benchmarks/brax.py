@@ -6,8 +6,9 @@
     python benchmarks/brax.py --gpu-humanoid       # Salimans et al. 2017 on Humanoid: needs a GPU (pip install ".[cuda,brax]")
     python benchmarks/brax.py --gpu-ant            # the same setup on Ant
 
-Reported per run: generations, the centre policy's return on fresh episodes, env steps, env steps/s of the
-generations (compile excluded), compile time, wall time. Seeds vmapped are not used here: one run per task.
+Reported per task over seeds (``--seeds``, default 0-9; one trainer, so one compile, per task): how many seeds
+solved it, the generations they needed, the final centre return (mean +- std), env steps/s of the generations
+(compile excluded, median), compile time and the median wall time per seed.
 
 The GPU configurations follow the paper: noise sigma 0.02, Adam with learning rate 0.01, 10,000 episodes per
 generation (5,000 antithetic pairs), a 256x256 tanh MLP, observation normalisation, centred ranks, L2 0.005,
@@ -28,6 +29,7 @@ sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != HERE]
 sys.path.insert(0, os.path.dirname(HERE))
 
 import jax  # noqa: E402
+import numpy as np  # noqa: E402
 
 import jes  # noqa: E402
 
@@ -49,18 +51,31 @@ def salimans_config(env: str, backend: str) -> tuple[str, jes.MLPPolicy, dict, s
     return f"brax/{env}?backend={backend}", jes.MLPPolicy(hidden_sizes=(256, 256), activation=jax.numpy.tanh), config, "adam"
 
 
-def run_task(label: str, env: str, policy: jes.MLPPolicy, config: dict, optimizer: str, generations: int | None) -> None:
+def run_task(label: str, env: str, policy: jes.MLPPolicy, config: dict, optimizer: str, generations: int | None,
+             seeds: list[int]) -> None:
+    """One trainer (one compile) and one run per seed; a row of seed statistics."""
+    from jes.loop import run
+
     if generations is not None:
         config = dict(config, num_generations=generations)
-    t0 = time.perf_counter()
-    result = jes.train(policy, env, optimizer, key=0, log_dir=f"runs/brax-{label}", progress=False, **config)
-    wall = time.perf_counter() - t0
-    history = result.history
-    gen_time = float(history["generation_time"].sum())
-    steps = int(history["env_steps"][-1])
-    print(f"| {label} | `{env}` | {result.trainer.num_params} | {config['num_members']} | {len(history['generation'])} | "
-          f"{result.final_centre_return:.1f} | {steps:,} | {steps / max(gen_time, 1e-9):,.0f} | "
-          f"{result.solved_generation or '-'} | {result.compile_time:.0f} s | {wall:.0f} s |", flush=True)
+    trainer = jes.Trainer(policy, env, optimizer, jes.ESConfig(**config))
+    solved, finals, rates, walls, compile_time = [], [], [], [], None
+    for seed in seeds:
+        t0 = time.perf_counter()
+        result = run(trainer, trainer.init_state(seed), key=seed)
+        walls.append(time.perf_counter() - t0)
+        history = result.history
+        compile_time = result.compile_time if compile_time is None else compile_time
+        solved.append(result.solved_generation)
+        finals.append(result.final_centre_return)
+        rates.append(int(history["env_steps"][-1]) / max(float(history["generation_time"].sum()), 1e-9))
+        print(f"#   {label} seed {seed}: solved at {result.solved_generation}, final centre {result.final_centre_return:.1f}",
+              flush=True)
+    ok = [g for g in solved if g is not None]
+    gens = f"{np.median(ok):.0f} ({min(ok)}-{max(ok)})" if ok else "-"
+    print(f"| {label} | `{env}` | {trainer.num_params} | {config['num_members']} | {config['num_generations']} | "
+          f"{len(ok)}/{len(seeds)} | {gens} | {np.mean(finals):.1f} +- {np.std(finals):.1f} | {np.median(rates):,.0f} | "
+          f"{compile_time:.0f} s | {np.median(walls):.0f} s |", flush=True)
 
 
 def main() -> None:
@@ -70,22 +85,26 @@ def main() -> None:
     parser.add_argument("--gpu-humanoid", action="store_true", help="Salimans et al.'s Humanoid run (GPU)")
     parser.add_argument("--gpu-ant", action="store_true", help="the same configuration on Ant (GPU)")
     parser.add_argument("--backend", default="mjx", help="physics backend of the GPU runs")
+    parser.add_argument("--seeds", default="0,1,2,3,4,5,6,7,8,9", help="run keys, comma-separated (one run each)")
     args = parser.parse_args()
     jes.use_cpu_cores()
     jes.enable_compilation_cache()
     print(f"# jax {jax.__version__} on {jax.default_backend()} ({platform.machine()}, {len(jax.devices())} device(s), "
           f"{os.cpu_count()} CPUs)", flush=True)
-    print("| task | env | params | population | generations | final centre return | env steps | env steps/s | solved at | compile | wall |")
+    seeds = [int(s) for s in args.seeds.split(",")]
+    print(f"# seeds {seeds}; solved: the centre's mean return over fresh episodes reached the task's threshold")
+    print("| task | env | params | population | generation budget | solved | generations to solve, median (range) | "
+          "final centre return (mean +- std) | env steps/s (median) | compile | wall per seed (median) |")
     print("|---|---|---|---|---|---|---|---|---|---|---|", flush=True)
     gpu = [name for name, wanted in (("humanoid", args.gpu_humanoid), ("ant", args.gpu_ant)) if wanted]
     if gpu:
         if jax.default_backend() == "cpu":
             print("# warning: no GPU found; this configuration takes days on a CPU", file=sys.stderr)
         for name in gpu:
-            run_task(f"gpu-{name}", *salimans_config(name, args.backend), args.generations)
+            run_task(f"gpu-{name}", *salimans_config(name, args.backend), args.generations, seeds)
         return
     for name in args.task or list(CPU_TASKS):
-        run_task(name, *CPU_TASKS[name], args.generations)
+        run_task(name, *CPU_TASKS[name], args.generations, seeds)
 
 
 if __name__ == "__main__":
