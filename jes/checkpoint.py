@@ -477,14 +477,9 @@ def read(path: str) -> Checkpoint:
     if hashlib.sha256(payload).digest() != digest:
         raise CheckpointError(f"checkpoint {path} is corrupt: its sha256 checksum does not match; use an earlier checkpoint")
     try:
-        content = serialization.msgpack_restore(payload)
-        schema.validate(content, CONTENT_SCHEMA, f"checkpoint {path}")
-        meta = json.loads(content["meta"])
-        schema.validate(meta, META_SCHEMA, f"checkpoint {path}: meta")
+        content, meta = schema.decode(payload, CONTENT_SCHEMA, META_SCHEMA, f"checkpoint {path}")
     except schema.SchemaError as err:
-        raise CheckpointError(f"{err}; it was not written by jes (or by a jes this one cannot read)") from err
-    except Exception as err:  # noqa: BLE001 - a checksum-valid file that still does not decode: written by something else
-        raise CheckpointError(f"checkpoint {path} cannot be decoded: {type(err).__name__}: {err}") from err
+        raise CheckpointError(str(err)) from err
     if meta["version"] > FORMAT_VERSION:
         raise CheckpointError(f"checkpoint {path} has format version {meta['version']}; this jes reads up to "
                               f"{FORMAT_VERSION}; upgrade jes")

@@ -19,9 +19,11 @@ Spec forms (small on purpose):
 from __future__ import annotations
 
 import dataclasses
+import json
 from typing import Any, Callable
 
 import numpy as np
+from flax import serialization
 
 ANY = object()
 INT = (int,)
@@ -134,3 +136,26 @@ def validate(value: Any, spec: Any, what: str) -> None:
 
 # A description as jes.describe writes it: an object, a value (recursively checked by jes.describe when built).
 OBJECT = {"class": str, "fields?": dict}
+
+
+def decode(payload: bytes, content_spec: Any, meta_spec: Any, what: str) -> tuple[dict, dict]:
+    """A jes file's msgpack ``payload`` with its JSON ``meta`` text, both validated: ``(content, meta)``.
+
+    Raises:
+        SchemaError: the payload or the meta does not decode, or does not match its spec (``what`` names the file).
+    """
+    not_jes = "; it was not written by jes (or by a jes this one cannot read)"
+    try:
+        content = serialization.msgpack_restore(payload)
+    except Exception as err:  # noqa: BLE001 - a checksum-valid payload that does not decode: written by something else
+        raise SchemaError(f"{what} cannot be decoded: {type(err).__name__}: {err}{not_jes}") from err
+    try:
+        validate(content, content_spec, what)
+        try:
+            meta = json.loads(content["meta"])
+        except ValueError as err:
+            raise SchemaError(f"{what} cannot be decoded: its meta is not JSON: {err}") from err
+        validate(meta, meta_spec, f"{what}: meta")
+    except SchemaError as err:
+        raise SchemaError(f"{err}{not_jes}") from err
+    return content, meta

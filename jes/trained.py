@@ -334,14 +334,9 @@ def load_policy(path: str, env: Any = None, allow_modules: Any = ()) -> TrainedP
     if len(payload) != length or hashlib.sha256(payload).digest() != digest:
         raise PolicyFileError(f"{path} is truncated or corrupt (length or sha256 checksum does not match)")
     try:
-        content = serialization.msgpack_restore(payload)
-        schema.validate(content, POLICY_CONTENT_SCHEMA, f"policy file {path}")
-        meta = json.loads(content["meta"])
-        schema.validate(meta, POLICY_META_SCHEMA, f"policy file {path}: meta")
+        content, meta = schema.decode(payload, POLICY_CONTENT_SCHEMA, POLICY_META_SCHEMA, f"policy file {path}")
     except schema.SchemaError as err:
-        raise PolicyFileError(f"{err}; it was not written by jes (or by a jes this one cannot read)") from err
-    except Exception as err:  # noqa: BLE001 - a checksum-valid payload that does not decode: written by something else
-        raise PolicyFileError(f"{path} cannot be decoded: {type(err).__name__}: {err}") from err
+        raise PolicyFileError(str(err)) from err
     if meta["version"] > POLICY_FORMAT_VERSION:
         raise PolicyFileError(f"{path} has policy format version {meta['version']}; this jes reads up to "
                               f"{POLICY_FORMAT_VERSION}; upgrade jes")

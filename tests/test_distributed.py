@@ -536,13 +536,7 @@ def test_audit_catches_a_worker_that_alters_fitness_and_the_run_stays_bit_identi
         workers.close()
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("name", jes.strategies.names())
-def test_every_strategy_with_two_workers_is_bit_identical(name, pool):
-    """0 vs 2 workers for every strategy: the strategy travels in the run description and every host
-    applies its update from chunk-ordered statistics."""
-    config = CONFIG.replace(num_members=16, num_generations=3)
-    trainer = jes.Trainer(jes.MLPPolicy(hidden_sizes=(4,)), "CartPole-v1", None, config, strategy=name)
+def assert_two_workers_match_local(trainer, pool):
     local = run(trainer, trainer.init_state(KEY), key=KEY)
     pool.ensure(2)
     optimizer = trainer.optimizer_name if trainer.strategy.uses_optimizer else None
@@ -553,7 +547,18 @@ def test_every_strategy_with_two_workers_is_bit_identical(name, pool):
         result = run(trainer, state, key=KEY, step_fn=master.step)
     np.testing.assert_array_equal(result.flat_params, local.flat_params)
     np.testing.assert_array_equal(result.history["noise_std"], local.history["noise_std"])
+    np.testing.assert_array_equal(result.history["pop_mean"], local.history["pop_mean"])
     assert master.stats["assigned_ranges"] > 0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", jes.strategies.names())
+def test_every_strategy_with_two_workers_is_bit_identical(name, pool):
+    """0 vs 2 workers for every strategy: the strategy travels in the run description and every host
+    applies its update from chunk-ordered statistics."""
+    config = CONFIG.replace(num_members=16, num_generations=3)
+    trainer = jes.Trainer(jes.MLPPolicy(hidden_sizes=(4,)), "CartPole-v1", None, config, strategy=name)
+    assert_two_workers_match_local(trainer, pool)
 
 
 @pytest.mark.slow
@@ -562,14 +567,4 @@ def test_low_rank_runs_with_two_workers_are_bit_identical(name, pool):
     """0 vs 2 workers with low-rank (EGGROLL) members: a worker's chunk runs the very program the master's does."""
     config = CONFIG.replace(num_members=16, num_generations=3, perturbation="low_rank", perturbation_rank=2)
     trainer = jes.Trainer(jes.MLPPolicy(hidden_sizes=(8, 8)), "CartPole-v1", None, config, strategy=name)
-    local = run(trainer, trainer.init_state(KEY), key=KEY)
-    pool.ensure(2)
-    optimizer = trainer.optimizer_name if trainer.strategy.uses_optimizer else None
-    with Master(trainer, f"127.0.0.1:{pool.port}", secret=SECRET, env="CartPole-v1", optimizer=optimizer,
-                **{**FAST, **(dict(curve_secret_key=CURVE[1]) if CURVE else {})}) as master:
-        state = trainer.init_state(KEY)
-        assert master.wait_for_workers(state, 2, READY_TIMEOUT) >= 2, [pool.log(n) for n in pool.live()]
-        result = run(trainer, state, key=KEY, step_fn=master.step)
-    np.testing.assert_array_equal(result.flat_params, local.flat_params)
-    np.testing.assert_array_equal(result.history["pop_mean"], local.history["pop_mean"])
-    assert master.stats["assigned_ranges"] > 0
+    assert_two_workers_match_local(trainer, pool)
