@@ -4,7 +4,7 @@ Env steps per second of evaluating a generation's members (GRU 5x2, 367 paramete
 ``--repeats`` generations, printed side by side. The plain loop steps one env at a time and calls the
 same jitted policy once per step for that env alone. EvoTorch's GymNE is not measured here (not installed).
 
-    PYTHONPATH=. python benchmarks/gymnasium.py --members 256 --repeats 5
+    PYTHONPATH=. python benchmarks/gymnasium_envs.py --members 256 --repeats 5
 """
 from __future__ import annotations
 
