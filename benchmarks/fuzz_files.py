@@ -34,8 +34,15 @@ def main() -> None:
     trained = jes.TrainedPolicy(trainer.policy, trainer.init_state(0).strategy.mean, trainer.spec.obs_shape,
                                 ActionMap.from_spec(trainer.spec), env_name="CartPole-v1", max_steps=50)
     policy = jes.save_policy(trained, os.path.join(directory, "valid.policy"))
+    def read_checkpoint(path):
+        # Every reader step of `jes eval` / `jes train --resume` except building a Trainer (a compile per file):
+        # the file, its policy, config and strategy rebuilt, then its state restored into a trainer of this run.
+        ckpt = checkpoint.read(path)
+        ckpt.policy(), ckpt.config(), checkpoint.build_strategy(ckpt.meta.get("strategy")), ckpt.run_key
+        ckpt.restore_state(trainer)
+
     readers = {
-        "checkpoint": (ckpt, lambda path: checkpoint.load(path), (checkpoint.CheckpointError,)),
+        "checkpoint": (ckpt, read_checkpoint, (checkpoint.CheckpointError,)),
         "policy": (policy, lambda path: jes.load_policy(path), (PolicyFileError,)),
     }
     print(f"| reader | malformed files | raw exceptions | seconds |  (seed {args.seed})")

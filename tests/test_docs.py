@@ -1,0 +1,78 @@
+"""The documentation site builds with ``mkdocs build --strict``, and every ```python block of docs/**/*.md runs.
+
+A page's blocks run in order in one namespace (a later block may use an earlier one's names), in the test's
+temporary working directory. A block preceded by ``<!-- skip: why -->`` is not run: only for what cannot run
+in a test (several machines, a GPU, the brax extra, a long training). ```bash blocks are never run.
+"""
+import glob
+import importlib.util
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DOCS = os.path.join(ROOT, "docs")
+FENCE = re.compile(r"^```python[^\n]*\n(.*?)^```\s*$", re.S | re.M)
+SKIP = re.compile(r"<!--\s*skip:\s*(.+?)\s*-->\s*$")
+
+
+def python_blocks(path: str) -> list[tuple[int, str, str | None]]:
+    """``(line, code, skip reason or None)`` for every ```python fence of a markdown file."""
+    text = open(path, encoding="utf-8").read()
+    blocks = []
+    for match in FENCE.finditer(text):
+        before = text[:match.start()].rstrip("\n").rsplit("\n", 1)[-1]
+        skip = SKIP.search(before)
+        blocks.append((text.count("\n", 0, match.start()) + 1, match.group(1), skip.group(1) if skip else None))
+    return blocks
+
+
+PAGES = sorted(os.path.relpath(p, DOCS) for p in glob.glob(os.path.join(DOCS, "**", "*.md"), recursive=True))
+
+
+def test_the_snippet_finder_sees_fences_and_skip_markers(tmp_path):
+    page = tmp_path / "page.md"
+    page.write_text("text\n\n```python\nx = 1\n```\n\n<!-- skip: needs a cluster -->\n```python\ny = 2\n```\n"
+                    "```bash\nls\n```\n")
+    assert python_blocks(str(page)) == [(3, "x = 1\n", None), (8, "y = 2\n", "needs a cluster")]
+
+
+def test_every_page_has_been_found():
+    assert "index.md" in PAGES and "getting-started.md" in PAGES and "api.md" in PAGES
+    blocks = [b for p in PAGES for b in python_blocks(os.path.join(DOCS, p))]
+    assert len(blocks) >= 20
+    skipped = [b for b in blocks if b[2]]
+    assert len(skipped) <= 4, f"skip markers are for what cannot run in a test, not {len(skipped)} blocks"
+
+
+@pytest.mark.hard_timeout(240)
+@pytest.mark.parametrize("page", [p for p in PAGES if any(not skip for _, _, skip in python_blocks(os.path.join(DOCS, p)))])
+def test_snippets_run(page):
+    namespace = {"__name__": f"docs_{page.replace('/', '_').removesuffix('.md')}"}
+    ran = 0
+    for line, code, skip in python_blocks(os.path.join(DOCS, page)):
+        if skip:
+            continue
+        try:
+            exec(compile(code, f"docs/{page}:{line}", "exec"), namespace)
+        except Exception as err:
+            raise AssertionError(f"the ```python block at docs/{page}:{line} failed: {err!r}") from err
+        ran += 1
+    assert ran
+
+
+@pytest.mark.hard_timeout(240)
+def test_mkdocs_build_strict(tmp_path):
+    missing = [m for m in ("mkdocs", "material", "mkdocstrings", "mkdocstrings_handlers.python", "mkdocs_jupyter")
+               if importlib.util.find_spec(m) is None]
+    if missing:
+        pytest.skip(f"the docs extra is not installed ({', '.join(missing)}): pip install '.[docs]'")
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""), NO_MKDOCS_2_WARNING="1")
+    proc = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "-f", os.path.join(ROOT, "mkdocs.yml"),
+                           "-d", str(tmp_path / "site")], capture_output=True, text=True, env=env, timeout=220)
+    assert proc.returncode == 0, f"mkdocs build --strict failed:\n{proc.stdout}\n{proc.stderr}"
+    assert (tmp_path / "site" / "api" / "index.html").read_text().count("jes.loop.train") >= 1
+    assert (tmp_path / "site" / "notebooks" / "quickstart" / "index.html").exists()
