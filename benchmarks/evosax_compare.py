@@ -16,7 +16,8 @@ evaluation of the mean) and seeds; each library's own defaults otherwise. The st
 the two that have no optimizer or learning rate to choose, so "defaults" means the paper's algorithm in
 both: sep-CMA-ES and SNES. Both minimise; the target is on f(mean). evosax runs its generations inside
 compiled ``lax.scan`` blocks of 25 generations (stopping after the block that reaches the target), jes
-through ``jes.optimize``'s compiled generation (one call per generation, stopping at the target);
+through ``jes.optimize``'s blocks of generations (``--generations-per-call``, default 100; stopping at the
+target inside the block); the libraries alternate per seed, so both see the same machine load;
 each compiles once per configuration, shared by the seeds; "s" is the median wall time per run over
 the seeds (the first seed's includes the compile).
 
@@ -338,9 +339,10 @@ def rl(args, algorithms):
 def functions(args, algorithms):
     """The black-box function part (one table, both libraries)."""
     seeds = [int(s) for s in args.seeds.split(",")]
+    print(f"command: {' '.join(sys.argv)}; seeds {seeds}; jes generations_per_call={args.generations_per_call}")
     print("\n| function | d | strategy | library | population | evaluations to f < 1e-6 (median, runs that reached it) "
-          "| final f(mean) (median) | s per run (median) |")
-    print("|---|---|---|---|---|---|---|---|")
+          "| final f(mean) (median) | s per run (median) | ms per generation (median) |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for fname in args.functions.split(","):
         fn, start, sigma, target = FUNCTIONS[fname]
         for d in (int(x) for x in args.dims.split(",")):
@@ -356,22 +358,25 @@ def functions(args, algorithms):
                 evosax_run = EvosaxRun(getattr(algorithms, PAIRS[name]), fn, x0, sigma, population, generations)
                 for seed in seeds:
                     t0 = time.perf_counter()
-                    r = blackbox.run_optimization(problem, seed, target=target)
+                    r = blackbox.run_optimization(problem, seed, target=target,
+                                                  generations_per_call=args.generations_per_call)
                     reached = int(r.history["evaluations"][-1]) if target is not None and r.value < target else None
-                    results["jes"].append((reached, float(r.value), time.perf_counter() - t0))
+                    seconds = time.perf_counter() - t0
+                    results["jes"].append((reached, float(r.value), seconds, seconds / len(r.history["generation"])))
                     t0 = time.perf_counter()
                     values = evosax_run(seed, target)
                     hit = np.flatnonzero(values < target) if target is not None else []
                     reached = int((hit[0] + 1) * (population + 1)) if len(hit) else None
                     final = values[hit[0]] if len(hit) else values[-1]  # where jes stops too: at the target
-                    results["evosax"].append((reached, float(final), time.perf_counter() - t0))
+                    seconds = time.perf_counter() - t0
+                    results["evosax"].append((reached, float(final), seconds, seconds / len(values)))
                 for library, rows in results.items():
-                    got = [e for e, _, _ in rows if e is not None]
+                    got = [e for e, _, _, _ in rows if e is not None]
                     ev = "n/a" if target is None else (
                         f"{np.median(got):.0f} ({len(got)}/{len(rows)})" if got else f"- (0/{len(rows)})")
                     print(f"| {fname} | {d} | {name} | {library} | {population} | {ev} | "
-                          f"{np.median([v for _, v, _ in rows]):.3g} | {np.median([s for _, _, s in rows]):.2f} |",
-                          flush=True)
+                          f"{np.median([r[1] for r in rows]):.3g} | {np.median([r[2] for r in rows]):.3f} | "
+                          f"{1e3 * np.median([r[3] for r in rows]):.3f} |", flush=True)
 
 
 def main(argv=None):
@@ -380,6 +385,8 @@ def main(argv=None):
     parser.add_argument("--dims", default="10,100")
     parser.add_argument("--seeds", default="0,1,2", help="seeds of the function part")
     parser.add_argument("--functions", default=",".join(FUNCTIONS))
+    parser.add_argument("--generations-per-call", type=int, default=100,
+                        help="jes.optimize's generations per compiled call (1: one call per generation)")
     parser.add_argument("--strategies", default=",".join(PAIRS), help="strategies of the function part")
     parser.add_argument("--envs", default="CartPole-v1,Pendulum-v1", help="envs of the RL part (from strategies.ENVS)")
     parser.add_argument("--rl-seeds", default="0,1,2,3,4", help="seeds of the RL part")

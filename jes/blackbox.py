@@ -10,6 +10,7 @@ reports values in your function's own units; every result says which way it went
 from __future__ import annotations
 
 import dataclasses
+import functools
 import time
 from typing import Any, Callable, Sequence
 
@@ -19,6 +20,7 @@ import numpy as np
 from jax.flatten_util import ravel_pytree
 
 from jes.config import ESConfig
+from jes.cpu import compiler_options
 from jes.generation import ChunkResults, Generation, TrainState, as_key
 from jes.strategies import get as get_strategy
 
@@ -69,6 +71,8 @@ class FunctionProblem(Generation):
         # float64 fitness (x64 mode) keeps its precision through the centre's evaluation too (see step_chunks)
         self.fitness_dtype = (jax.eval_shape(self.objective, self.x0).dtype if fitness_fn is not None
                               else jnp.dtype(jnp.float32))
+        self.best_dtype = self.fitness_dtype  # of the centre's and the members' values, hence of the best one
+        self.objective_jit = jax.jit(self.objective)  # f(final mean): traced once per problem, not once per run
 
     def initial_mean(self, init_key):
         return self.x0
@@ -82,7 +86,13 @@ class FunctionProblem(Generation):
         return value.astype(jnp.float64 if value.dtype == jnp.float64 else jnp.float32)
 
     def evaluate_members(self, state, flat, members, gen_key, active):
-        fitness = self.sign * jax.vmap(self.objective)(flat)
+        # In a cond of its own (a runtime predicate, so XLA keeps it): the user's function is then compiled as
+        # one computation, the same in the one-generation step and in the block program's loop body. Fused
+        # with its surroundings, its reductions (jnp.sum) were emitted differently in the two programs and the
+        # values differed in the last bits (snes, sep_cma_es on Rosenbrock; the ranks, hence states, did not).
+        evaluate = lambda x: self.sign * jax.vmap(self.objective)(x)
+        fitness = jax.lax.cond(active.any(), evaluate,
+                               lambda x: jnp.zeros(x.shape[:1], self.fitness_dtype), flat)
         zeros = jnp.zeros((), jnp.float32)
         return ChunkResults(fitness=jnp.where(active, fitness, 0.0), env_steps=active.sum().astype(jnp.int32),
                             obs_sum=zeros, obs_sumsq=zeros)
@@ -110,10 +120,85 @@ class FunctionProblem(Generation):
         """Flat parameters as a pytree shaped like ``x0``, in ``x0``'s float dtype (float64 in x64 mode)."""
         return self.unravel(jnp.asarray(flat_params, self.x0.dtype))
 
+    def generation_block(self, state: TrainState, best: tuple, evaluate_centre: jax.Array, calls: jax.Array,
+                         population_calls: jax.Array, threshold: jax.Array, *, capacity: int) -> tuple:
+        """Up to ``calls`` calls of :meth:`generation_step` in one program (a ``while_loop``), stopping inside.
+
+        Call ``j`` is exactly the call the one-generation host loop makes: it evaluates the centre of the state
+        it is given (``evaluate_centre`` for ``j = 0``, always after) and, for ``j < population_calls``, runs
+        that state's generation. The loop ends after ``calls`` calls, or after the call whose centre reaches
+        ``threshold`` (``sign * centre >= threshold`` in the maximised units; NaN: no target; that call's
+        generation is then discarded, as the host loop discards it), or after a call with a non-finite fitness
+        or update (the step already left the state unchanged).
+
+        Args:
+            state: the state of the first call. best: ``(value, state, member)``, the best value seen (maximised
+                units; ``-inf`` at first), the state whose population (``member >= 0``) or centre (``-1``) gave it.
+            capacity: static length of the per-call metrics buffers (``calls <= capacity``).
+
+        Returns:
+            ``(calls made, state, best, metrics)``: ``metrics`` leaves ``[capacity]``, rows ``>= calls made``
+            undefined; ``cond_max``/``cond_min`` are the covariance condition source's extremes after the call.
+        """
+        def step(state, evaluate_centre, evaluate_population):
+            new_state, metrics = self.generation_step(state, evaluate_centre, evaluate_population)
+            row = {k: metrics[k] for k in BLOCK_METRICS}
+            source = _condition_source(new_state.strategy)
+            if source is not None:
+                row["cond_max"], row["cond_min"] = jnp.max(source), jnp.min(source)
+            return new_state, row
+
+        shapes = jax.eval_shape(step, state, evaluate_centre, evaluate_centre)[1]
+        buffers = {k: jnp.zeros((capacity,), v.dtype) for k, v in shapes.items()}
+
+        def body(carry):
+            j, _, state, (best_value, best_state, best_member), buffers = carry
+            centre_on = (j > 0) | evaluate_centre
+            population_on = j < population_calls
+            new_state, row = step(state, centre_on, population_on)
+            centre = row["centre_return"]
+            hit = centre_on & (centre >= threshold.astype(centre.dtype))
+            bad = population_on & ((row["bad_member"] >= 0) | row["bad_update"])
+            # the host loop's order: the centre (completing the row before), then the target, then the members
+            by_centre = centre_on & (centre > best_value)
+            best_value = jnp.where(by_centre, centre.astype(best_value.dtype), best_value)
+            best_member = jnp.where(by_centre, -1, best_member)
+            by_member = population_on & ~hit & ~bad & (row["pop_max"] > best_value)
+            best_value = jnp.where(by_member, row["pop_max"].astype(best_value.dtype), best_value)
+            best_member = jnp.where(by_member, row["best_member"], best_member)
+            keep_state = by_centre | by_member
+            best_state = jax.tree.map(lambda n, o: jnp.where(keep_state, n, o), state, best_state)
+            state = jax.tree.map(lambda n, o: jnp.where(hit, o, n), new_state, state)
+            buffers = {k: buffers[k].at[j].set(row[k]) for k in buffers}
+            return j + 1, hit | bad | ~population_on, state, (best_value, best_state, best_member), buffers
+
+        carry = (jnp.int32(0), jnp.bool_(False), state, best, buffers)
+        j, _, state, best, buffers = jax.lax.while_loop(lambda c: (c[0] < calls) & ~c[1], body, carry)
+        return j, state, best, buffers
+
+    def compiled_block(self, state: TrainState, capacity: int) -> tuple[Callable, float]:
+        """:meth:`generation_block` compiled for ``state``'s shapes and ``capacity`` (once per problem), and the
+        seconds it took."""
+        programs = self.__dict__.setdefault("_block_programs", {})
+        if capacity not in programs:
+            t0 = time.perf_counter()
+            best = (jnp.full((), -jnp.inf, self.best_dtype), state, jnp.int32(-1))
+            flag, count = jnp.bool_(True), jnp.int32(1)
+            jitted = jax.jit(functools.partial(self.generation_block, capacity=capacity),
+                             compiler_options=compiler_options(self.devices))
+            programs[capacity] = (jitted.lower(state, best, flag, count, count, jnp.zeros((), self.best_dtype))
+                                  .compile(), time.perf_counter() - t0)
+        return programs[capacity]
+
     def population(self, state: TrainState) -> jax.Array:
         """Flat parameters of every member of the state's generation, ``[num_members, P]``."""
         flat, _, _ = jax.lax.map(lambda c: self.sample_chunk(state, c), jnp.arange(self.num_chunks, dtype=jnp.int32))
         return flat.reshape(-1, self.num_params)[: self.config.num_members]
+
+
+# What the block program reads back per call (the host loop's rows and checks)
+BLOCK_METRICS = ("pop_max", "pop_min", "pop_mean", "noise_std", "centre_return", "best_member", "bad_member",
+                 "bad_update")
 
 
 def _config(num_members: int, num_generations: int, noise_std: Any, learning_rate: Any, fitness_shaping: str,
@@ -264,8 +349,9 @@ def optimize(
     max_restarts: int = 9,
     max_evaluations: int | None = None,
     stop: StopCriteria | None = None,
+    generations_per_call: int = 100,
 ) -> OptimizeResult:
-    """Optimise ``fitness_fn`` with an evolution strategy, one compiled program per generation.
+    """Optimise ``fitness_fn`` with an evolution strategy, many generations per compiled call.
 
     Example:
         >>> r = jes.optimize(lambda x: jnp.sum(x ** 2), 3 * jnp.ones(10), "sep_cma_es", minimize=True)
@@ -298,6 +384,13 @@ def optimize(
         max_restarts: restarts after the first run.
         max_evaluations: evaluations budget (population and mean), over all runs.
         stop: :class:`StopCriteria` ending a run (``None``: the defaults with ``restarts``, none without).
+        generations_per_call: at most this many generations run inside one compiled call (a ``while_loop``
+            over the generation step, with the target and non-finite checks inside); the host reads the
+            block's metrics back once. Blocks adapt their length to ~0.25 s (from 8 generations, at most
+            doubling), so ``callbacks`` and progress arrive at block granularity, each generation's record in
+            order. ``StopCriteria`` are checked on the host on every generation's row; a stop before a block's
+            end reruns that block's start for exactly the generations kept. Same bits as ``1`` (one compiled
+            call per generation, dispatched ahead) and as :class:`AskTell`, whatever the block lengths.
 
     Returns:
         An :class:`OptimizeResult`.
@@ -316,7 +409,8 @@ def optimize(
     if restarts is None:
         num_generations = 100 if num_generations is None else num_generations
         return run_optimization(build(num_members, noise_std, num_generations), key, num_generations, target=target,
-                                callbacks=callbacks, stop=stop, max_evaluations=max_evaluations)
+                                callbacks=callbacks, stop=stop, max_evaluations=max_evaluations,
+                                generations_per_call=generations_per_call)
     if restarts not in ("ipop", "bipop"):
         raise ValueError(f"restarts must be 'ipop', 'bipop' or None, got {restarts!r}")
     if strategy.name not in ("cma_es", "sep_cma_es"):
@@ -328,7 +422,7 @@ def optimize(
         raise ValueError("restarts need a constant noise_std (the initial sigma of each run)")
     return _optimize_with_restarts(build, key, restarts, num_members, float(noise_std), num_generations,
                                    max_restarts, max_evaluations, StopCriteria() if stop is None else stop, target,
-                                   callbacks)
+                                   callbacks, generations_per_call)
 
 
 RESTART_STREAM = 0x5EED  # folded into the run key before the restart index: restart keys never meet other keys
@@ -341,7 +435,7 @@ def restart_key(key: Any, index: int) -> jax.Array:
 
 
 def _optimize_with_restarts(build, key, restarts, num_members, noise_std, num_generations, max_restarts,
-                            max_evaluations, stop, target, callbacks) -> OptimizeResult:
+                            max_evaluations, stop, target, callbacks, generations_per_call=100) -> OptimizeResult:
     """IPOP / BIPOP: runs of :func:`run_optimization` until the target, the budget or ``max_restarts``."""
     t_start = time.perf_counter()
     generations = 10 ** 9 if num_generations is None else num_generations
@@ -371,7 +465,7 @@ def _optimize_with_restarts(build, key, restarts, num_members, noise_std, num_ge
 
         problem = build(members, sigma, 1)
         result = run_optimization(problem, run_key, generations, target=target, callbacks=(shifted,) if callbacks else (),
-                                  stop=stop, max_evaluations=remaining)
+                                  stop=stop, max_evaluations=remaining, generations_per_call=generations_per_call)
         used += result.num_evaluations
         budgets[regime] += result.num_evaluations
         results.append(result)
@@ -399,12 +493,15 @@ def _optimize_with_restarts(build, key, restarts, num_members, noise_std, num_ge
 
 def run_optimization(problem: FunctionProblem, key: Any = 0, num_generations: int | None = None, *,
                      target: float | None = None, callbacks: Sequence[Callable[[dict], Any]] = (),
-                     stop: StopCriteria | None = None, max_evaluations: int | None = None) -> OptimizeResult:
-    """The host loop of :func:`optimize` for a built problem (reuse one problem, and its compiled step, over seeds).
+                     stop: StopCriteria | None = None, max_evaluations: int | None = None,
+                     generations_per_call: int = 100) -> OptimizeResult:
+    """The host loop of :func:`optimize` for a built problem (reuse one problem, and its compiled programs, over seeds).
 
     ``stop``: end the run when a :class:`StopCriteria` criterion fires; ``max_evaluations``: run no generation
-    that would take the count (population and mean) past it.
+    that would take the count (population and mean) past it. ``generations_per_call``: see :func:`optimize`.
     """
+    if not isinstance(generations_per_call, int) or generations_per_call < 1:
+        raise ValueError(f"generations_per_call must be an int >= 1, got {generations_per_call!r}")
     num_generations = problem.config.num_generations if num_generations is None else num_generations
     stop_reason = "num_generations"
     if max_evaluations is not None and max_evaluations // (problem.config.num_members + 1) < num_generations:
@@ -413,9 +510,14 @@ def run_optimization(problem: FunctionProblem, key: Any = 0, num_generations: in
     minimize, num_members = problem.minimize, problem.config.num_members
     state = problem.init_state(key)
     t_start = time.perf_counter()
-    compiled, compile_time = problem.compiled_step(state)
     sign = problem.sign
     history = {k: [] for k in ("generation", "mean_value", "best_value", "pop_mean", "noise_std", "evaluations")}
+    if generations_per_call > 1:
+        state, best_value, best_state, best_member, evaluations, stop_reason, compile_time = _run_in_blocks(
+            problem, state, num_generations, stop_reason, target, callbacks, stop, generations_per_call, history)
+        return _result(problem, state, history, best_value, best_state, best_member, evaluations, stop_reason,
+                       t_start, compile_time)
+    compiled, compile_time = problem.compiled_step(state)
     best_value, best_of = -np.inf, (state, None)  # (state, member): regenerated once, at the end
     evaluations = 0
     flags = {flag: jnp.bool_(flag) for flag in (False, True)}
@@ -489,16 +591,112 @@ def run_optimization(problem: FunctionProblem, key: Any = 0, num_generations: in
         per_generation = (time.perf_counter() - t_block) / len(block)
         ahead = min(2 * ahead, 64) if per_generation < 0.002 and single_device else max(1, ahead // 2)
     best_state, best_member = best_of
-    best_flat = np.asarray(best_state.params if best_member is None else problem.member(best_state, jnp.int32(best_member)))
-    x = problem.params_tree(state.params)
+    return _result(problem, state, history, best_value, best_state, -1 if best_member is None else best_member,
+                   evaluations, stop_reason, t_start, compile_time)
+
+
+def _result(problem, state, history, best_value, best_state, best_member, evaluations, stop_reason, t_start,
+            compile_time) -> OptimizeResult:
+    best_flat = np.asarray(best_state.params if best_member < 0 else problem.member(best_state, jnp.int32(best_member)))
     return OptimizeResult(
-        direction="minimize" if minimize else "maximize",
-        x=x, value=float(jax.jit(problem.objective)(state.params)),
-        best_x=problem.params_tree(jnp.asarray(best_flat)), best_value=sign * best_value,
+        direction="minimize" if problem.minimize else "maximize",
+        x=problem.params_tree(state.params), value=float(problem.objective_jit(state.params)),
+        best_x=problem.params_tree(jnp.asarray(best_flat)), best_value=problem.sign * best_value,
         history={k: np.asarray(v) for k, v in history.items()}, num_evaluations=evaluations,
         strategy=problem.strategy.name, wall_time=time.perf_counter() - t_start, compile_time=compile_time,
         state=state, problem=problem, stop_reason=stop_reason,
     )
+
+
+def _threshold(problem: FunctionProblem, target: float | None) -> np.ndarray:
+    """The target as the block program tests it, ``centre >= threshold`` (maximised units, the centre's dtype):
+    the smallest value of that dtype at or above ``sign * target``, so that the test holds exactly when the host
+    loop's (``sign * centre <= target`` minimising, ``>=`` maximising, in float64) does. NaN: no target."""
+    dtype = np.dtype(problem.best_dtype)
+    if target is None:
+        return np.array(np.nan, dtype)
+    wanted = problem.sign * float(target)
+    value = np.array(wanted, dtype)
+    if float(value) < wanted:
+        value = np.nextafter(value, np.array(np.inf, dtype))
+    return value
+
+
+BLOCK_SECONDS = 0.25  # a block's wall time the adaptive block length aims at (progress and callbacks this often)
+
+
+def _run_in_blocks(problem, state, num_generations, stop_reason, target, callbacks, stop, capacity, history):
+    """:func:`run_optimization`'s loop over :meth:`FunctionProblem.generation_block` calls: the same calls of the
+    same generation step as one call per generation, their rows read back once per block.
+
+    A block holds at most ``capacity`` calls and aims at ``BLOCK_SECONDS`` of wall time (starting at 8 and at
+    most doubling). The target and non-finite values stop a block inside; a :class:`StopCriteria` is checked on
+    the host, on the rows read back: when it fires before a block's last row, the block is run again from its
+    start for exactly that many calls (the same program, so the same bits) to get the state it stopped on.
+    """
+    compiled, compile_time = problem.compiled_block(state, capacity)
+    sign, minimize, num_members = problem.sign, problem.minimize, problem.config.num_members
+    best = (jnp.full((), -jnp.inf, problem.best_dtype), state, jnp.int32(-1))
+    threshold = jnp.asarray(_threshold(problem, target))
+    flags = {flag: jnp.bool_(flag) for flag in (False, True)}
+    gen, evaluations, pending, rows, size = 0, 0, None, [], min(capacity, 8)
+
+    def finish(record, centre) -> bool:
+        record["mean_value"] = sign * centre
+        for k in history:
+            history[k].append(record[k])
+        for callback in callbacks:
+            callback(record)
+        return target is not None and (record["mean_value"] <= target if minimize else record["mean_value"] >= target)
+
+    while num_generations > gen or pending is not None:
+        population_calls = min(num_generations - gen, size)
+        # the last generation's centre in the same block when it fits (a centre-only call)
+        calls = population_calls + (population_calls == num_generations - gen and population_calls < capacity)
+        start = (state, best, flags[pending is not None])
+        t_block = time.perf_counter()
+        made, after, new_best, metrics = compiled(*start, jnp.int32(calls), jnp.int32(population_calls), threshold)
+        made, metrics = jax.device_get((made, metrics))
+        made, done, stopped_at = int(made), False, None
+        for i in range(made):
+            m = {k: v[i].item() for k, v in metrics.items()}
+            if pending is not None:
+                record, pending = pending, None
+                if finish(record, m["centre_return"]):
+                    stop_reason, done = "target", True
+                    break
+            if i >= population_calls:  # the centre-only call
+                done = True
+                break
+            if m["bad_member"] >= 0 or m["bad_update"]:
+                what = (f"member {m['bad_member']} has a non-finite value" if m["bad_member"] >= 0
+                        else "the strategy's update is not finite")
+                raise FloatingPointError(f"generation {gen + 1}: {what}; the update was not applied. Check fitness_fn "
+                                         f"for NaN/inf in the region searched (noise_std={problem.config.noise_std}).")
+            evaluations += num_members + 1
+            gen += 1
+            pending = dict(generation=gen, best_value=sign * m["pop_max"], pop_mean=sign * m["pop_mean"],
+                           noise_std=m["noise_std"], evaluations=evaluations)
+            if stop is not None:
+                rows.append((m["pop_max"], m["pop_min"], m["pop_mean"], m["noise_std"]))
+                condition = None
+                if "cond_max" in m:
+                    condition = _condition(np.array([m["cond_max"], m["cond_min"]]), state.strategy)
+                reason = stop.check(rows, problem.num_params, num_members, condition, state.params.dtype)
+                if reason is not None:
+                    stop_reason, num_generations, stopped_at = reason, gen, i
+                    break
+        if done and made != i + 1:
+            raise AssertionError("internal: the block program and the host loop disagree on where the run ends")
+        if stopped_at is not None and stopped_at + 1 < made:
+            made, after, new_best, _ = compiled(*start, jnp.int32(stopped_at + 1), jnp.int32(stopped_at + 1), threshold)
+        state, best = after, new_best
+        if done:
+            break
+        per_call = (time.perf_counter() - t_block) / max(1, made)
+        size = max(1, min(capacity, 2 * size, int(BLOCK_SECONDS / max(per_call, 1e-9))))
+    best_value, best_state, best_member = best
+    return (state, float(best_value), best_state, int(best_member), evaluations, stop_reason, compile_time)
 
 
 @jax.tree_util.register_static
@@ -512,6 +710,16 @@ class AskTell:
         ...     xs = es.ask(state)                       # pytree, leading axis num_members
         ...     state, info = es.tell(state, my_loss(xs))  # your evaluation, anywhere
         >>> es.mean(state)
+
+    ``ask`` and ``tell`` are pure and jittable, so a JAX ``my_loss`` can run whole blocks of generations in the
+    user's own compiled loop (traced once)::
+
+        @jax.jit
+        def generations(state):
+            def body(state, _):
+                state, info = es.tell(state, jax.vmap(my_loss)(es.ask(state)))
+                return state, info["pop_max"]
+            return jax.lax.scan(body, state, None, length=100)
 
     Member ``i`` of generation ``g`` is a pure function of ``(key, g, i)`` and ``tell`` reduces
     statistics in the same chunk order as :func:`optimize`, so with the same settings the two

@@ -111,3 +111,86 @@ def test_float64_fitness_from_the_host_is_ranked_in_float64_without_x64_mode():
     assert wide < 1e-8 and float(info["pop_mean"]) == pytest.approx(-OFFSET)
     narrow, _ = run(np.float32)
     assert narrow > 1e-7
+
+
+# ------------------------------------------------------------------ many generations per compiled call
+def rosenbrock(x):
+    return jnp.sum(100.0 * (x[1:] - x[:-1] ** 2) ** 2 + (1.0 - x[:-1]) ** 2)
+
+
+def _same(a, b):
+    assert a.stop_reason == b.stop_reason and a.num_evaluations == b.num_evaluations
+    for k in a.history:
+        np.testing.assert_array_equal(a.history[k], b.history[k], err_msg=k)
+    for x, y in zip(jax.tree.leaves(a.state), jax.tree.leaves(b.state)):
+        np.testing.assert_array_equal(np.asarray(jax.random.key_data(x) if jnp.issubdtype(x.dtype, jax.dtypes.prng_key)
+                                                 else x), np.asarray(jax.random.key_data(y) if jnp.issubdtype(
+                                                     y.dtype, jax.dtypes.prng_key) else y))
+    np.testing.assert_array_equal(a.x, b.x)
+    np.testing.assert_array_equal(a.best_x, b.best_x)
+    assert a.value == b.value and a.best_value == b.best_value
+
+
+@pytest.mark.parametrize("name", jes.strategies.names())
+def test_blocks_of_generations_give_the_bits_of_one_generation_per_call(name):
+    """generations_per_call=16 (blocks of 8, 16, ... calls in one while_loop program) against one compiled call per
+    generation: history, state, best member and f(mean) bit for bit, with and without a stop inside a block
+    (the target; for cma_es/sep_cma_es a StopCriteria, checked on the host, which reruns the block's start); and
+    the mean of AskTell driven by the host with the same settings. Callbacks get every generation, in order."""
+    from jes.blackbox import FunctionProblem, _config, run_optimization
+
+    strategy = jes.strategies.get(name).for_functions()
+    members = 8
+    problem = FunctionProblem(rosenbrock, jnp.zeros(4), strategy,
+                              _config(members, 30, 0.3, None, "centered_ranks", 0.0, None, strategy), minimize=True)
+    records = []
+    one = run_optimization(problem, key=3, generations_per_call=1)
+    blocks = run_optimization(problem, key=3, generations_per_call=16, callbacks=(records.append,))
+    _same(one, blocks)
+    assert [r["generation"] for r in records] == list(range(1, 31))
+    target = float(np.min(one.history["mean_value"][:13]))  # reached at generation <= 13, inside the 2nd block
+    stopped = [run_optimization(problem, key=3, target=target, generations_per_call=g) for g in (1, 16)]
+    assert stopped[0].stop_reason == "target" and len(stopped[0].history["generation"]) <= 13
+    _same(*stopped)
+    if name in ("cma_es", "sep_cma_es"):
+        tolx = float(one.history["noise_std"][10]) * 1.0001  # fires at generation ~11: mid-block, a rerun
+        runs = [run_optimization(problem, key=3, stop=StopCriteria(tolx=tolx), generations_per_call=g) for g in (1, 16)]
+        assert runs[0].stop_reason == "tolx" and len(runs[0].history["generation"]) < 16
+        _same(*runs)
+    es = jes.AskTell(strategy, jnp.zeros(4), num_members=members, minimize=True, noise_std=0.3)
+    state = es.init(3)
+    for _ in range(30):
+        state, _ = es.tell(state, jax.vmap(rosenbrock)(es.ask(state)))
+    if name == "ars":  # its update uses fitness differences, and here the user's function is compiled apart,
+        # its sums rounded in another order than inside the step: the same up to that rounding
+        np.testing.assert_allclose(es.mean(state), blocks.x, rtol=1e-4, atol=1e-6)
+    else:  # ranks only: the same bits
+        np.testing.assert_array_equal(es.mean(state), blocks.x)
+
+
+def test_ask_tell_inside_the_users_own_scan_traces_once():
+    """The documented pattern: ask -> the user's evaluation -> tell as the body of the user's lax.scan, jitted.
+    One trace for any number of calls; the same means as ask/tell called from the host (sep_cma_es ranks: the same
+    bits, though the user's function is compiled inside the scan here and apart there)."""
+    es = jes.AskTell("sep_cma_es", jnp.zeros(4), num_members=8, minimize=True, noise_std=0.3)
+    traces = []
+
+    def loss(x):
+        traces.append(1)
+        return rosenbrock(x)
+
+    @jax.jit
+    def generations(state):
+        def body(state, _):
+            state, info = es.tell(state, jax.vmap(loss)(es.ask(state)))
+            return state, info["pop_max"]
+        return jax.lax.scan(body, state, None, length=10)
+
+    state, _ = generations(es.init(3))
+    state, best = generations(state)
+    assert len(traces) == 1 and generations._cache_size() == 1 and best.shape == (10,)
+    host = es.init(3)
+    for _ in range(20):
+        host, _ = es.tell(host, jax.vmap(rosenbrock)(es.ask(host)))
+    np.testing.assert_array_equal(es.mean(state), es.mean(host))
+    assert int(state.generation) == 20
