@@ -36,7 +36,7 @@ import jes  # noqa: E402
 CPU_TASKS = {
     # name: (env, policy, config, optimizer)
     "inverted_pendulum": ("brax/inverted_pendulum?backend=spring", jes.MLPPolicy(hidden_sizes=(16,)),
-                          dict(num_members=32, num_generations=60, noise_std=0.1, learning_rate=0.05,
+                          dict(num_members=64, num_generations=100, noise_std=0.1, learning_rate=0.03,
                                eval_episodes=16, stop_at_return=950.0), "adam"),
     "hopper": ("brax/hopper?backend=spring", jes.MLPPolicy(hidden_sizes=(32, 32)),
                dict(num_members=64, num_generations=30, noise_std=0.05, learning_rate=0.03, eval_episodes=16), "adam"),
