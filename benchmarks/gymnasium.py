@@ -26,6 +26,7 @@ import jes  # noqa: E402
 from jes.distributed.local import LOCAL_MASTER_OPTIONS, LocalWorkers, new_secret  # noqa: E402
 from jes.distributed.master import Master  # noqa: E402
 from jes.generation import Trainer  # noqa: E402
+from jes.host_step import HostGeneration  # noqa: E402
 
 ENV = "gymnasium:CartPole-v1"
 
@@ -73,10 +74,11 @@ def main() -> None:
     config = jes.ESConfig(num_members=args.members, eval_episodes=8)
     trainer = Trainer(jes.GRUPolicy(hidden=5, layers=2), ENV, "novograd", config)
     state = trainer.init_state(0)
+    host = HostGeneration(trainer)
     for _ in range(args.warm_generations):
-        state, _ = trainer.host_step(state, False, True)
-    trainer.host_step(state, False, True)  # compile
-    one = generations(trainer.host_step, state, args.repeats)
+        state, _ = host.step(state, False, True)
+    host.step(state, False, True)  # compile
+    one = generations(host.step, state, args.repeats)
     secret = new_secret()
     with Master(trainer, "127.0.0.1:0", secret=secret, env=ENV, optimizer="novograd",
                 **LOCAL_MASTER_OPTIONS) as server, LocalWorkers(f"127.0.0.1:{server.port}", secret, 2):

@@ -25,6 +25,7 @@ from jes.distributed.master import Master
 from jes.describe import DescriptionError
 from jes.config import ESConfig
 from jes.generation import Trainer, TrainState, as_key, fetch, localize
+from jes.host_step import HostGeneration
 from jes.trained import ActionMap, TrainedPolicy
 
 
@@ -481,7 +482,7 @@ def run(trainer: Trainer, state: TrainState, *, key: Any = 0, callbacks: Iterabl
 
     state = trainer.place(state)
     if step_fn is None and trainer.spec.host:
-        step_fn = trainer.host_step  # a Python simulator: envs stepped here, the update compiled
+        step_fn = HostGeneration(trainer).step  # a Python simulator: envs stepped here, the update compiled
     if step_fn is None:
         compiled, compile_time = trainer.compiled_step(state)
         # Placed once like the state (in a multi-process run a host bool would be checked across processes each call).

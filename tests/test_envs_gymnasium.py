@@ -21,6 +21,7 @@ from jes.envs import make_env  # noqa: E402
 from jes.envs.gymnasium import GymnasiumEnv  # noqa: E402
 from jes.generation import Trainer  # noqa: E402
 from jes.host_rollout import HostEnvError  # noqa: E402
+from jes.host_step import HostGeneration  # noqa: E402
 from jes.loop import NonFiniteFitnessError, run  # noqa: E402
 
 SMALL = dict(num_members=16, chunk_size=4, eval_episodes=4, max_episode_steps=60, num_generations=2)
@@ -123,13 +124,14 @@ def test_reset_seed_from_episode_keys_same_fitness_in_any_batch():
     trainer = Trainer(jes.GRUPolicy(**POLICY), "gymnasium:CartPole-v1", "adam",
                       jes.ESConfig(**{**SMALL, "num_members": 8}))
     state = trainer.init_state(3)
-    together = trainer.host_evaluate_chunks(state, np.arange(2))
-    apart = [trainer.host_evaluate_chunks(state, np.array([c])) for c in range(2)]
+    host = HostGeneration(trainer)
+    together = host.evaluate_chunks(state, np.arange(2))
+    apart = [host.evaluate_chunks(state, np.array([c])) for c in range(2)]
     for j in range(4):
         np.testing.assert_array_equal(together[j], np.concatenate([a[j] for a in apart]))
-    again = trainer.host_evaluate_chunks(state, np.arange(2))
+    again = host.evaluate_chunks(state, np.arange(2))
     assert all(np.array_equal(a, b) for a, b in zip(together, again))
-    other = trainer.host_evaluate_chunks(trainer.init_state(4), np.arange(2))
+    other = host.evaluate_chunks(trainer.init_state(4), np.arange(2))
     assert not np.array_equal(together[0], other[0])  # other key, other episodes
 
 
@@ -195,5 +197,5 @@ def test_nan_reward_is_non_finite_fitness(monkeypatch):
 @pytest.mark.hard_timeout(1800)
 def test_cartpole_solved_with_default_gru_and_novograd():
     result = jes.train(jes.GRUPolicy(), "gymnasium:CartPole-v1", "novograd", key=0, log_dir=None, progress=False)
-    returns, _ = result.trainer.host_evaluate_centre(result.state, 64, key=jax.random.key(10_000))
+    returns, _ = HostGeneration(result.trainer).evaluate_centre(result.state, 64, key=jax.random.key(10_000))
     assert returns.mean() >= 475, (returns.mean(), result.history["centre_return"])
