@@ -129,10 +129,8 @@ class HostGeneration:
         scale = self._scale(state)
         generation = int(fetch(state.generation))
         step = lambda c, o: self._centre_step(params, c, o, scale)
-        out = host_rollout.run_host_slots(
-            trainer.spec, self.pool, [(step, num_episodes)], trainer.fns.initial_carry(), np.asarray(seeds),
-            np.zeros(num_episodes, bool), False, lambda slot: f"centre episode {slot} after generation {generation}")
-        return out["returns"], out["steps"]
+        return host_rollout.evaluate_centre(trainer.spec, self.pool, step, trainer.fns.initial_carry(), seeds,
+                                            lambda slot: f"centre episode {slot} after generation {generation}")
 
     def centre(self, state: TrainState) -> tuple[np.float32, np.int32]:
         """``(mean return, env steps)`` of the centre's ``eval_episodes`` episodes (the centre program)."""

@@ -191,7 +191,7 @@ class TrainResult:
         return self.trained_policy().save(path)
 
     def render(self, path: str, key: Any = 0, max_steps: int | None = None) -> str:
-        """Draw one centre episode to ``path`` (``.gif`` for gymnax CartPole/Pendulum, ``.html`` for brax).
+        """Draw one centre episode to ``path`` (``.gif`` for gymnax CartPole/Pendulum and Gymnasium envs, ``.html`` for brax).
 
         Needs the ``viz`` extra for GIFs (``pip install "jax-jes[viz]"``); see :func:`jes.render.render`.
         """
