@@ -152,7 +152,7 @@ def _parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--episodes", type=int, default=100, help="fresh episodes to average")
     evaluate.add_argument("--seed", type=int, default=12345, help="key of the evaluation episodes")
     evaluate.add_argument("--render", default=None, metavar="PATH",
-                          help="also draw one episode: a .gif for gymnax CartPole/Pendulum, a .html for brax envs")
+                          help="also draw one episode: a .gif for gymnax CartPole/Pendulum and Gymnasium envs (their rgb_array frames), a .html for brax envs")
     evaluate.add_argument("--render-steps", type=int, default=None, help="steps to draw at most (default: the episode limit)")
     evaluate.add_argument("--allow-module", action="append", default=[], metavar="MODULE",
                           help="a module the checkpoint's policy may come from besides jes/flax (repeatable); "
@@ -361,7 +361,12 @@ def _eval(args: argparse.Namespace) -> int:
     from jes.generation import as_key
 
     trainer, state, ckpt = checkpoint.load(args.checkpoint, allow_modules=args.allow_module)
-    returns, _ = jax.jit(trainer.evaluate_centre, static_argnums=1)(state, args.episodes, as_key(args.seed))
+    if trainer.spec.host:  # a Python simulator (Gymnasium): episodes stepped here, the policy compiled
+        from jes.host_step import HostGeneration
+
+        returns, _ = HostGeneration(trainer).evaluate_centre(state, args.episodes, as_key(args.seed))
+    else:
+        returns, _ = jax.jit(trainer.evaluate_centre, static_argnums=1)(state, args.episodes, as_key(args.seed))
     returns = np.asarray(returns)
     print(f"{args.checkpoint}: {ckpt.env_name}, {type(trainer.policy).__name__}, {ckpt.optimizer}, generation "
           f"{ckpt.generation}: centre return {returns.mean():.2f} +/- {returns.std():.2f} over {args.episodes} episodes")

@@ -33,7 +33,7 @@ from flax import struct
 from jax.flatten_util import ravel_pytree
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from jes import host_rollout, perturbations, program_cache, strategies
+from jes import perturbations, program_cache, strategies
 from jes.config import ESConfig
 from jes.cpu import compiler_options
 from jes.envs import EnvSpec, make_env
@@ -864,7 +864,6 @@ class Trainer(Generation):
         self.num_params = int(flat.shape[0])
         self._setup(strategy, optimizer, devices)
         self.normalize_observations = self.strategy.uses_obs_norm(config.normalize_observations)
-        self._host = None  # host-env pieces (jitted policy steps, env instances), built on first use
 
     def program_parts(self) -> dict | None:
         if type(self) is not Trainer or not (self._optimizer_arg is None or isinstance(self._optimizer_arg, str)):
@@ -1010,153 +1009,3 @@ class Trainer(Generation):
         out = run_episodes(self.fns, self.spec, params, keys, jnp.ones((1,), bool), obs_scale=self.obs_scale(state),
                            min_slots=self.rollout_min_batch)
         return out.returns[0], out.steps[0]
-
-
-    # ------------------------------------------------------------ host envs
-    # A host env (spec.host: a Python simulator, jes.envs.gymnasium) cannot run inside the compiled step. Its
-    # generation is: sample each chunk's members (compiled), step the envs on the host with one jitted policy
-    # step per env step (jes.host_rollout), then the compiled update from the per-chunk results
-    # (apply_chunk_results), bit-identical whoever evaluated which chunk.
-
-    def chunk_program(self) -> Callable[[TrainState, Any], tuple]:
-        """``(state, chunk_ids [k]) -> (fitness [k, C], env_steps [k], obs_sum, obs_sumsq)``: what a device, a
-        worker or a master evaluates chunks with (jitted for compiled envs; the host rollout for host envs)."""
-        if self.spec.host:
-            return _HostChunks(self)
-        return jax.jit(lambda s, c: ChunkResults.as_tuple(self.evaluate_chunks(s, c)))
-
-    def centre_program(self) -> Callable[[TrainState], tuple]:
-        """``state -> (mean return, env steps)`` of the centre's ``eval_episodes`` evaluation episodes."""
-        if self.spec.host:
-            def centre(state):
-                returns, steps = self.host_evaluate_centre(state)
-                return np.float32(np.mean(returns, dtype=np.float32)), np.int32(steps.sum())
-            return centre
-        return jax.jit(lambda s: tuple(f(x) for f, x in zip((jnp.mean, jnp.sum), self.evaluate_centre(s))))
-
-    def _host_parts(self) -> dict:
-        if self._host is None:
-            if not self.spec.host:
-                raise TypeError(f"env {self.spec.name!r} is compiled, not a host env")
-            epm = self.config.episodes_per_member
-
-            def prepare(state, chunk):
-                flat, members, active = self.sample_chunk(state, chunk)
-                gen_key = noise.generation_key(state.es_key, state.generation)
-                keys = noise.episode_keys(gen_key, members, epm, self.antithetic).reshape(-1)
-                params = self.member_fns(state.params).slot_params(flat)
-                params = jax.tree.map(lambda p: jnp.repeat(p, epm, axis=0), params) if epm > 1 else params
-                return params, host_rollout.episode_seeds(keys), jnp.repeat(~active, epm), active
-
-            def prepare_centre(state, key, num_episodes):
-                key = noise.generation_key(state.es_key, state.generation) if key is None else key
-                keys = noise.centre_episode_keys(key, num_episodes)
-                params = jax.tree.map(lambda x: jnp.broadcast_to(x, (num_episodes,) + x.shape), self.unravel(state.params))
-                return params, host_rollout.episode_seeds(keys)
-
-            def member_step(centre, params, carry, obs, scale):
-                return host_rollout.policy_step(self.member_fns(centre).apply, self.spec, params, carry, obs, scale)
-
-            def centre_step(params, carry, obs, scale):
-                return host_rollout.policy_step(self.fns.apply, self.spec, params, carry, obs, scale)
-
-            self._host = dict(
-                prepare=jax.jit(prepare), prepare_centre=jax.jit(prepare_centre, static_argnums=2),
-                member_step=jax.jit(member_step), centre_step=jax.jit(centre_step), scale=jax.jit(self.obs_scale),
-                apply=jax.jit(lambda s, *r: self.apply_chunk_results(s, ChunkResults(*r))),
-                pool=host_rollout.HostEnvPool(self.spec.env),
-            )
-        return self._host
-
-    def host_evaluate_chunks(self, state: TrainState, chunk_ids: Any) -> tuple[np.ndarray, ...]:
-        """Chunks ``chunk_ids`` of a host env's population evaluated on the host, all their slots stepped together:
-        numpy ``(fitness [k, C], env_steps [k], obs_sum [k, *obs], obs_sumsq [k, *obs])``, as :meth:`evaluate_chunks`.
-
-        Raises:
-            jes.host_rollout.HostEnvError: an env failed (the message names env, member and generation).
-        """
-        host = self._host_parts()
-        chunks = [int(c) for c in np.asarray(chunk_ids).reshape(-1)]
-        epm, size = self.config.episodes_per_member, self.chunk_size
-        slots = size * epm
-        generation = int(fetch(state.generation)) + 1  # 1-based, as in the history and errors
-        prepared = [host["prepare"](state, np.int32(c)) for c in chunks]
-        scale = host["scale"](state)
-        centre = state.params
-        if self.ctx.perturbation is None:
-            # Full-rank members: each slot has its own parameters and the vmapped step's per-slot bits do not depend
-            # on the batch (as the compiled rollout's compaction relies on), so all chunks go in one call.
-            params = jax.tree.map(lambda *xs: jax.device_put(np.concatenate([np.asarray(x) for x in xs])),
-                                  *[p[0] for p in prepared]) if len(chunks) > 1 else prepared[0][0]
-            groups = [(params, slots * len(chunks))]
-        else:
-            # A structured perturbation's shared GEMM depends on its batch: one call per chunk, its own shape.
-            groups = [(p[0], slots) for p in prepared]
-        groups = [(lambda c, o, p=p: host["member_step"](centre, p, c, o, scale), n) for p, n in groups]
-        seeds = np.concatenate([np.asarray(p[1]) for p in prepared])
-        done = np.concatenate([np.asarray(p[2]) for p in prepared])
-
-        def label(slot):
-            chunk, within = divmod(slot, slots)
-            member, episode = divmod(within, epm)
-            return f"member {chunks[chunk] * size + member} (episode {episode}) of generation {generation}"
-
-        out = host_rollout.run_host_slots(self.spec, host["pool"], groups, self.fns.initial_carry(), seeds, done,
-                                          self.normalize_observations, label)
-        fitness, env_steps, obs_sum, obs_sumsq = [], [], [], []
-        zeros = np.zeros(self.obs_shape, np.float32)
-        for k, p in enumerate(prepared):
-            rows = slice(k * slots, (k + 1) * slots)
-            returns = out["returns"][rows].reshape(size, epm)
-            fitness.append(np.where(np.asarray(p[3]), returns.mean(axis=1, dtype=np.float32), np.float32(0)))
-            env_steps.append(np.int32(out["steps"][rows].sum()))
-            if self.normalize_observations:  # chunk by chunk: the same shapes, the same numpy sums, wherever it ran
-                obs_sum.append(np.add.reduce(np.ascontiguousarray(out["obs_sum"][rows]), axis=0))
-                obs_sumsq.append(np.add.reduce(np.ascontiguousarray(out["obs_sumsq"][rows]), axis=0))
-            else:
-                obs_sum.append(zeros)
-                obs_sumsq.append(zeros)
-        return (np.stack(fitness).astype(np.float32), np.asarray(env_steps, np.int32), np.stack(obs_sum),
-                np.stack(obs_sumsq))
-
-    def host_evaluate_centre(self, state: TrainState, num_episodes: int | None = None,
-                             key: jax.Array | None = None) -> tuple[np.ndarray, np.ndarray]:
-        """A host env's :meth:`evaluate_centre`: numpy returns and steps of the centre, each ``[num_episodes]``."""
-        host = self._host_parts()
-        num_episodes = int(num_episodes or self.config.eval_episodes)
-        params, seeds = host["prepare_centre"](state, key, num_episodes)
-        scale = host["scale"](state)
-        generation = int(fetch(state.generation))
-        step = lambda c, o: host["centre_step"](params, c, o, scale)
-        out = host_rollout.run_host_slots(
-            self.spec, host["pool"], [(step, num_episodes)], self.fns.initial_carry(), np.asarray(seeds),
-            np.zeros(num_episodes, bool), False, lambda slot: f"centre episode {slot} after generation {generation}")
-        return out["returns"], out["steps"]
-
-    def host_step(self, state: TrainState, evaluate_centre: Any, evaluate_population: Any = True) -> tuple[TrainState, dict]:
-        """A host env's generation in this process (a ``step_fn`` for :func:`jes.loop.run`): every chunk on the host,
-        then the compiled update; the same results and metrics as a master spreading the chunks over workers."""
-        host = self._host_parts()
-        state = self.place(state)
-        if evaluate_centre:
-            centre_return, centre_steps = self.centre_program()(state)
-        else:
-            centre_return, centre_steps = np.float32(np.nan), np.int32(0)
-        if not evaluate_population:
-            return state, dict(centre_return=centre_return, centre_steps=centre_steps)
-        results = self.host_evaluate_chunks(state, np.arange(self.num_chunks, dtype=np.int32))
-        new_state, metrics = host["apply"](state, *(jnp.asarray(r) for r in results))
-        return new_state, dict(metrics, centre_return=centre_return, centre_steps=centre_steps)
-
-
-class _HostChunks:
-    """:meth:`Trainer.chunk_program` of a host env (called like the jitted one; ``_cache_size`` for workers' checks)."""
-
-    def __init__(self, trainer: Trainer):
-        self.trainer = trainer
-
-    def __call__(self, state: TrainState, chunk_ids: Any) -> tuple[np.ndarray, ...]:
-        return self.trainer.host_evaluate_chunks(state, chunk_ids)
-
-    def _cache_size(self) -> int:
-        return self.trainer._host_parts()["member_step"]._cache_size()

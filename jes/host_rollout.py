@@ -54,17 +54,20 @@ def seed_of(data: np.ndarray) -> int:
 
 
 def policy_step(apply: Callable, spec: EnvSpec, params: Any, carry: Any, obs: jax.Array,
-                obs_scale: tuple[jax.Array, jax.Array] | None) -> tuple[Any, jax.Array, jax.Array]:
+                obs_scale: tuple[jax.Array, jax.Array] | None,
+                action_fn: Callable | None = None) -> tuple[Any, jax.Array, jax.Array]:
     """One vmapped policy step over slots (traceable): ``(carry, actions, finite)``, as inside :func:`jes.rollout.run_slots`.
 
     Args:
         apply: ``apply(params, carry, obs) -> (carry, outputs)`` for one slot.
         params, carry: pytrees whose leaves lead with the slots axis ``[S, ...]``; obs: ``[S, *obs_shape]``.
+        action_fn: one output -> one action (default ``spec.action``; a :class:`jes.ActionMap` gives the same bits).
     """
+    action_fn = spec.action if action_fn is None else action_fn
 
     def act(p, c, o):
         c, out = apply(p, c, normalise(o, obs_scale))
-        return c, spec.action(out), jnp.all(jnp.isfinite(out))
+        return c, action_fn(out), jnp.all(jnp.isfinite(out))
 
     return jax.vmap(act)(params, carry, obs)
 
@@ -88,6 +91,16 @@ class HostEnvPool:
             except Exception:  # noqa: BLE001 - closing is best effort
                 pass
         self.instances = []
+
+
+def evaluate_centre(spec: EnvSpec, pool: HostEnvPool, step: Callable, initial_carry: Any, seeds: np.ndarray,
+                    label: Callable[[int], str]) -> tuple[np.ndarray, np.ndarray]:
+    """Returns and steps ``[E]`` of one parameter set on ``E = len(seeds)`` host episodes: ``step(carry, obs)`` is
+    the jitted policy step for all ``E`` slots (its parameters bound in); see :func:`run_host_slots`."""
+    num_episodes = int(seeds.shape[0])
+    out = run_host_slots(spec, pool, [(step, num_episodes)], initial_carry, np.asarray(seeds),
+                         np.zeros(num_episodes, bool), False, label)
+    return out["returns"], out["steps"]
 
 
 def run_host_slots(spec: EnvSpec, pool: HostEnvPool, groups: Sequence[tuple[Callable, int]], initial_carry: Any,

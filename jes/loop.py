@@ -25,6 +25,7 @@ from jes.distributed.master import Master
 from jes.describe import DescriptionError
 from jes.config import ESConfig
 from jes.generation import Trainer, TrainState, as_key, fetch, localize
+from jes.host_step import HostGeneration
 from jes.trained import ActionMap, TrainedPolicy
 
 
@@ -190,7 +191,7 @@ class TrainResult:
         return self.trained_policy().save(path)
 
     def render(self, path: str, key: Any = 0, max_steps: int | None = None) -> str:
-        """Draw one centre episode to ``path`` (``.gif`` for gymnax CartPole/Pendulum, ``.html`` for brax).
+        """Draw one centre episode to ``path`` (``.gif`` for gymnax CartPole/Pendulum and Gymnasium envs, ``.html`` for brax).
 
         Needs the ``viz`` extra for GIFs (``pip install "jax-jes[viz]"``); see :func:`jes.render.render`.
         """
@@ -481,7 +482,7 @@ def run(trainer: Trainer, state: TrainState, *, key: Any = 0, callbacks: Iterabl
 
     state = trainer.place(state)
     if step_fn is None and trainer.spec.host:
-        step_fn = trainer.host_step  # a Python simulator: envs stepped here, the update compiled
+        step_fn = HostGeneration(trainer).step  # a Python simulator: envs stepped here, the update compiled
     if step_fn is None:
         compiled, compile_time = trainer.compiled_step(state)
         # Placed once like the state (in a multi-process run a host bool would be checked across processes each call).

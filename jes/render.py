@@ -4,9 +4,13 @@
 * Other gymnax envs have no drawing yet (gymnax's own matplotlib visualiser failed on Acrobot here).
 * brax envs render to brax's interactive HTML viewer (``.html``); images of brax scenes need an
   OpenGL context this library does not assume.
+* Gymnasium envs (host envs) draw themselves: the env is made with ``render_mode="rgb_array"`` and its
+  frames become the GIF (CartPole needs pygame, ``pip install "gymnasium[classic-control]"``; MuJoCo
+  envs an OpenGL context, e.g. ``MUJOCO_GL=egl``).
 
 The episode runs in one compiled ``lax.scan`` (the same keys and done rule as training rollouts);
-drawing happens on the host afterwards.
+drawing happens on the host afterwards. A Gymnasium episode is stepped on the host, reset with the seed its
+episode key gives in training (:func:`jes.host_rollout.episode_seeds`).
 """
 from __future__ import annotations
 
@@ -17,6 +21,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jes import host_rollout
+from jes.envs import gymnasium as gymnasium_family
 from jes.envs.brax import BraxEnv
 from jes.envs.wrappers import MaskedObservations
 from jes.rollout import normalise
@@ -65,6 +71,44 @@ def record_episode(trainer: Any, state: Any, key: jax.Array, max_steps: int | No
     return jax.device_get(states), np.asarray(rewards), int(length)
 
 
+def record_host_episode(trainer: Any, state: Any, key: jax.Array, max_steps: int | None = None) -> tuple[list, float]:
+    """One centre episode of a Gymnasium env, drawn by the env itself: ``(frames, fps)``, frames ``[H, W, 3]`` uint8.
+
+    The env is rebuilt from its id with ``render_mode="rgb_array"``; a user's own env (a factory or class) must
+    already render that way. Reset with the seed of episode key ``key`` (as training seeds its episodes).
+
+    Raises:
+        ValueError: the env does not render to ``rgb_array``.
+    """
+    spec, fns = trainer.spec, trainer.fns
+    host_env = spec.env
+    if host_env.env_id is not None:
+        instance = gymnasium_family.make(spec.name, spec.max_steps, render_mode="rgb_array").make()
+    else:
+        instance = host_env.make()
+    if getattr(instance, "render_mode", None) != "rgb_array":
+        raise ValueError(f"env {spec.name!r} renders with render_mode={getattr(instance, 'render_mode', None)!r}; "
+                         f"jes draws a Gymnasium env from its render_mode='rgb_array' frames: make your env with it")
+    params = jax.tree.map(lambda x: x[None], trainer.unravel(state.params))
+    obs_scale = trainer.obs_scale(state)
+    step = jax.jit(lambda c, o: host_rollout.policy_step(fns.apply, spec, params, c, o, obs_scale))
+    seed = host_rollout.seed_of(np.asarray(host_rollout.episode_seeds(key[None]))[0])
+    carry = jax.tree.map(lambda c: c[None], fns.initial_carry())
+    try:
+        obs, _ = instance.reset(seed=seed)
+        frames = [instance.render()]
+        for _ in range(int(max_steps or spec.max_steps)):
+            carry, action, _ = step(carry, host_env.observation(obs)[None])
+            obs, _, terminated, truncated, _ = instance.step(host_env.env_action(np.asarray(action)[0]))
+            frames.append(instance.render())
+            if terminated or truncated:
+                break
+        fps = float((getattr(instance, "metadata", None) or {}).get("render_fps") or 30)
+    finally:
+        instance.close()
+    return frames, fps
+
+
 def _unwrap(env: Any) -> Any:
     while isinstance(env, MaskedObservations):
         env = env.env
@@ -91,6 +135,14 @@ def render(trainer: Any, state: Any, path: str, key: Any = 0, max_steps: int | N
     key = jax.random.key(int(key)) if isinstance(key, (int, np.integer)) else key
     suffix = os.path.splitext(path)[1].lower()
     base_env = _unwrap(trainer.spec.env)
+    if trainer.spec.host:
+        if suffix != ".gif":
+            raise ValueError(f"Gymnasium envs render to an animated GIF of their rgb_array frames: give a .gif path, "
+                             f"not {path!r}")
+        frames, fps = record_host_episode(trainer, state, key, max_steps)
+        Image, _ = _pil()
+        _save_gif([Image.fromarray(np.asarray(f, np.uint8)) for f in frames], path, duration_ms=int(1000 / fps))
+        return path
     if isinstance(base_env, BraxEnv):
         if suffix != ".html":
             raise ValueError(f"brax envs render to brax's HTML viewer: give a .html path, not {path!r}")

@@ -31,7 +31,7 @@ import numpy as np
 from flax import serialization
 from jax.flatten_util import ravel_pytree
 
-from jes import schema
+from jes import host_rollout, schema
 from jes.checkpoint import build_policy, describe_policy
 from jes.cpu import compiler_options
 from jes.envs import EnvSpec, make_env
@@ -212,10 +212,13 @@ class TrainedPolicy:
             env: an env (id, gymnax object or :class:`EnvSpec`) instead of the recorded one.
         """
         spec = self.env_spec() if env is None else (env if isinstance(env, EnvSpec) else make_env(env, max_steps=self.max_steps))
-        seed = int32_seed(key)  # seeded inside the program when it is one (no eager compile)
-        key = as_key(key) if seed is None else seed
+        if spec.host:  # a Python simulator (Gymnasium): the same host episodes as training's centre evaluation
+            key = as_key(key)
+        else:
+            seed = int32_seed(key)  # seeded inside the program when it is one (no eager compile)
+            key = as_key(key) if seed is None else seed
         if spec not in self._evaluators:
-            self._evaluators[spec] = _evaluate(self.fns, spec, self.action_map)
+            self._evaluators[spec] = (_host_evaluate if spec.host else _evaluate)(self.fns, spec, self.action_map)
         returns = self._evaluators[spec](self.variables, key, int(num_episodes))
         return np.asarray(returns)
 
@@ -250,6 +253,28 @@ def _evaluate(fns: PolicyFns, spec: EnvSpec, action_map: ActionMap) -> Callable:
         return out.returns[0]
 
     return jax.jit(run, static_argnums=2, compiler_options=compiler_options())
+
+
+def _host_evaluate(fns: PolicyFns, spec: EnvSpec, action_map: ActionMap) -> Callable:
+    """:func:`_evaluate` for a host env: ``(variables, key, E) -> returns[E]`` over host episodes seeded as training's
+    centre evaluation (:class:`jes.host_step.HostGeneration`), one jitted policy step per env step."""
+    pool = host_rollout.HostEnvPool(spec.env)
+    seeds_of = jax.jit(lambda key, n: host_rollout.episode_seeds(noise.centre_episode_keys(key, n)), static_argnums=1)
+
+    def step(params, obs_scale, carry, obs):
+        return host_rollout.policy_step(fns.apply, spec, params, carry, obs, obs_scale, action_map)
+
+    step = jax.jit(step)
+
+    def run(variables, key, num_episodes):
+        params = jax.tree.map(lambda x: jnp.broadcast_to(x, (num_episodes,) + x.shape), variables["params"])
+        obs_scale = _obs_scale(variables["obs_stats"])
+        returns, _ = host_rollout.evaluate_centre(spec, pool, lambda c, o: step(params, obs_scale, c, o),
+                                                  fns.initial_carry(), np.asarray(seeds_of(key, num_episodes)),
+                                                  lambda slot: f"evaluation episode {slot}")
+        return returns
+
+    return run
 
 
 def _obs_scale(obs_stats: Any) -> tuple[jax.Array, jax.Array] | None:

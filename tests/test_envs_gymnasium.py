@@ -21,6 +21,7 @@ from jes.envs import make_env  # noqa: E402
 from jes.envs.gymnasium import GymnasiumEnv  # noqa: E402
 from jes.generation import Trainer  # noqa: E402
 from jes.host_rollout import HostEnvError  # noqa: E402
+from jes.host_step import HostGeneration  # noqa: E402
 from jes.loop import NonFiniteFitnessError, run  # noqa: E402
 
 SMALL = dict(num_members=16, chunk_size=4, eval_episodes=4, max_episode_steps=60, num_generations=2)
@@ -123,13 +124,14 @@ def test_reset_seed_from_episode_keys_same_fitness_in_any_batch():
     trainer = Trainer(jes.GRUPolicy(**POLICY), "gymnasium:CartPole-v1", "adam",
                       jes.ESConfig(**{**SMALL, "num_members": 8}))
     state = trainer.init_state(3)
-    together = trainer.host_evaluate_chunks(state, np.arange(2))
-    apart = [trainer.host_evaluate_chunks(state, np.array([c])) for c in range(2)]
+    host = HostGeneration(trainer)
+    together = host.evaluate_chunks(state, np.arange(2))
+    apart = [host.evaluate_chunks(state, np.array([c])) for c in range(2)]
     for j in range(4):
         np.testing.assert_array_equal(together[j], np.concatenate([a[j] for a in apart]))
-    again = trainer.host_evaluate_chunks(state, np.arange(2))
+    again = host.evaluate_chunks(state, np.arange(2))
     assert all(np.array_equal(a, b) for a, b in zip(together, again))
-    other = trainer.host_evaluate_chunks(trainer.init_state(4), np.arange(2))
+    other = host.evaluate_chunks(trainer.init_state(4), np.arange(2))
     assert not np.array_equal(together[0], other[0])  # other key, other episodes
 
 
@@ -195,5 +197,61 @@ def test_nan_reward_is_non_finite_fitness(monkeypatch):
 @pytest.mark.hard_timeout(1800)
 def test_cartpole_solved_with_default_gru_and_novograd():
     result = jes.train(jes.GRUPolicy(), "gymnasium:CartPole-v1", "novograd", key=0, log_dir=None, progress=False)
-    returns, _ = result.trainer.host_evaluate_centre(result.state, 64, key=jax.random.key(10_000))
+    returns, _ = HostGeneration(result.trainer).evaluate_centre(result.state, 64, key=jax.random.key(10_000))
     assert returns.mean() >= 475, (returns.mean(), result.history["centre_return"])
+
+
+class Drawn(Target):
+    """:class:`Target` drawing itself: ``render_mode="rgb_array"``, an 8x12 frame with the target's pixel and time lit."""
+
+    render_mode = "rgb_array"
+    metadata = {"render_modes": ["rgb_array"], "render_fps": 10}
+
+    def render(self):
+        frame = np.zeros((8, 12, 3), np.uint8)
+        i, j = ((self.target + 1) * 3.5).round().astype(int)
+        frame[i, j] = 255
+        frame[0, 8 + self.t % 4] = frame[1, 8 + self.t // 4] = 128  # distinct frames (a GIF merges equal ones)
+        return frame
+
+
+@pytest.mark.hard_timeout(600)
+def test_trained_policy_evaluates_as_training_evaluates_the_centre(tmp_path):
+    result = small_train(normalize_observations=True)
+    assert result.trainer.normalize_observations
+    reference, _ = HostGeneration(result.trainer).evaluate_centre(result.state, 6, key=jax.random.key(7))
+    np.testing.assert_array_equal(result.evaluate(6, key=7), reference)
+    loaded = jes.load_policy(result.save_policy(str(tmp_path / "cartpole.jes")))  # the env rebuilt from its id
+    np.testing.assert_array_equal(loaded.evaluate(6, key=7), reference)
+    assert not np.array_equal(result.evaluate(6, key=8), reference)
+
+
+@pytest.mark.hard_timeout(600)
+def test_render_draws_the_envs_own_rgb_array_frames(tmp_path):
+    PIL = pytest.importorskip("PIL.Image")
+    result = small_train(Drawn, max_episode_steps=10, num_generations=1)
+    path = result.render(str(tmp_path / "drawn.gif"))
+    with PIL.open(path) as gif:
+        assert gif.n_frames == 11 and gif.size == (12, 8)  # the reset frame and one per step
+    with pytest.raises(ValueError, match=r"\.gif path"):
+        result.render(str(tmp_path / "drawn.html"))
+    plain = small_train(Target, max_episode_steps=10, num_generations=1)
+    with pytest.raises(ValueError, match="rgb_array"):
+        plain.render(str(tmp_path / "plain.gif"))
+
+
+@pytest.mark.hard_timeout(600)
+def test_jes_eval_and_render_of_a_gymnasium_checkpoint(tmp_path, capsys):
+    pytest.importorskip("pygame")  # CartPole draws with pygame (gymnasium[classic-control])
+    PIL = pytest.importorskip("PIL.Image")
+    from jes.cli import main
+
+    path = str(tmp_path / "run.ckpt")
+    result = small_train(num_generations=1, checkpoint_path=path)
+    gif = str(tmp_path / "cartpole.gif")
+    assert main(["eval", path, "--episodes", "4", "--seed", "3", "--render", gif, "--render-steps", "20"]) == 0
+    out = capsys.readouterr().out
+    expected = result.evaluate(4, key=3).mean()
+    assert f"centre return {expected:.2f}" in out and "gymnasium:CartPole-v1" in out, out
+    with PIL.open(gif) as frames:
+        assert 2 <= frames.n_frames <= 21 and frames.size[0] > 100

@@ -63,6 +63,7 @@ import jax.numpy as jnp
 import numpy as np
 import zmq
 
+from jes import host_step
 from jes.distributed import protocol
 from jes.distributed.protocol import ProtocolError, field
 from jes.generation import ChunkResults
@@ -240,9 +241,8 @@ class Master:
         self._last_status = time.monotonic()
         self._master_members = 0
         # Compiled for JAX envs; a host env's (Gymnasium) chunks and centre run on the host (jes.host_rollout).
-        self._evaluate = trainer.chunk_program()
+        self._evaluate, self._centre = host_step.programs(trainer)
         self._apply = jax.jit(lambda s, *r: trainer.apply_chunk_results(s, ChunkResults(*r)))
-        self._centre = trainer.centre_program()
 
         self.context = zmq.Context()
         self.socket = self.context.socket(zmq.ROUTER)
