@@ -1,0 +1,100 @@
+"""Keys, placement and host copies of the arrays a run holds: helpers shared by the core and host services.
+
+``as_key`` / ``int32_seed`` turn what users pass as a key into typed keys; ``resolve_devices`` picks the
+devices a population is sharded over; ``localize`` / ``fetch`` read replicated arrays in single- and
+multi-process runs alike; ``host_unravel`` splits a flat parameter vector on the host without a program.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+
+def as_key(key: Any) -> jax.Array:
+    """A typed PRNG key from an int seed, a typed key, or raw ``uint32[2]`` key data."""
+    if isinstance(key, (int, np.integer)) and not isinstance(key, bool):
+        return jax.random.key(int(key))
+    arr = jnp.asarray(key)
+    if jnp.issubdtype(arr.dtype, jax.dtypes.prng_key):
+        return arr
+    if arr.dtype == jnp.uint32 and arr.shape == (2,):
+        return jax.random.wrap_key_data(arr)
+    raise TypeError(f"key must be an int seed or a jax.random key, got {type(key).__name__} {getattr(arr, 'shape', '')}")
+
+
+def int32_seed(key: Any) -> np.int32 | None:
+    """``key`` as an ``int32`` seed when it is an int seed in range, else ``None``.
+
+    A program seeded from it (``jax.random.key(seed)`` inside) gives the same key as eager ``as_key(key)``,
+    without the eager seeding's own compile in a fresh process."""
+    if isinstance(key, (int, np.integer)) and not isinstance(key, bool) and -2**31 <= key < 2**31:
+        return np.int32(key)
+    return None
+
+
+def host_unravel(unravel: Callable, size: int) -> Callable[[np.ndarray], Any]:
+    """``flat -> unravel(flat)`` for a ``ravel_pytree`` unravel of ``size`` float32s, split and reshaped in numpy,
+    then placed: the same arrays as the eager ``unravel``, but no program runs (each eager split or reshape is a
+    compile in a fresh process, ~0.1 s together after every run and for every evaluation). The layout is traced
+    once, here."""
+    leaves, treedef = jax.tree.flatten(jax.eval_shape(unravel, jax.ShapeDtypeStruct((size,), jnp.float32)))
+    if any(leaf.dtype != np.float32 for leaf in leaves):
+        return lambda flat: unravel(jnp.asarray(flat, jnp.float32))
+    ends = np.cumsum([leaf.size for leaf in leaves])[:-1]
+
+    def on_host(flat: np.ndarray) -> Any:
+        parts = np.split(np.asarray(flat, np.float32), ends)
+        return jax.tree.unflatten(treedef, jax.device_put([part.reshape(leaf.shape) for part, leaf in zip(parts, leaves)]))
+
+    return on_host
+
+
+def resolve_devices(devices: Any) -> list:
+    """The devices a run's population is sharded over.
+
+    In one process: ``None`` -> all local devices; an int n -> the first n; or an explicit list.
+    In a multi-process ``jax.distributed`` run: every device of every process (``None`` only),
+    so that each process holds its share of the population.
+    """
+    if jax.process_count() > 1:
+        if devices is not None:
+            raise ValueError(
+                f"devices={devices!r}: in a multi-process jax.distributed run the population is sharded over "
+                f"every device of every process ({jax.device_count()} here); leave devices=None and choose "
+                f"each process's devices when it starts (jes launch --devices-per-process, CUDA_VISIBLE_DEVICES, "
+                f"JAX_NUM_CPU_DEVICES)")
+        return list(jax.devices())
+    local = jax.local_devices()
+    if devices is None:
+        return list(local)
+    if isinstance(devices, int) and not isinstance(devices, bool):
+        if not 1 <= devices <= len(local):
+            raise ValueError(f"devices={devices}, but this process sees {len(local)} local device(s): {local}")
+        return list(local[:devices])
+    devices = list(devices)
+    if not devices:
+        raise ValueError("devices must name at least one device")
+    return devices
+
+
+def localize(tree: Any) -> Any:
+    """This process's copy of each replicated array in ``tree`` (a no-op in a single-process run).
+
+    In a multi-process run the compiled step returns arrays that span every process's devices;
+    host code (metrics, checkpoints, results) reads them through this process's own replica.
+    Only valid for replicated arrays, which is what the step returns.
+    """
+    def one(x):
+        if isinstance(x, jax.Array) and not x.is_fully_addressable:
+            return x.addressable_data(0)
+        return x
+
+    return jax.tree.map(one, tree)
+
+
+def fetch(tree: Any) -> Any:
+    """Host (numpy) values of a tree of replicated arrays, in single- and multi-process runs alike."""
+    return jax.device_get(localize(tree))
