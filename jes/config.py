@@ -32,7 +32,8 @@ class ESConfig:
         max_episode_steps: episode step limit; ``None`` uses the env's own.
         chunk_size: members evaluated together in one compiled chunk. Results do not
             depend on how chunks are spread over devices or hosts, so this is part of
-            the run's identity. ``None`` picks ``min(num_members, 256)`` (rounded to pairs).
+            the run's identity. ``None`` picks ``min(num_members, 256)`` (1,024 for low-rank perturbations,
+            32 for Python simulators), rounded to pairs.
         normalize_observations: running mean/std observation normalisation (OpenAI ES),
             updated from member rollouts.
         stop_at_return: stop once a centre evaluation reaches this mean return
@@ -108,14 +109,6 @@ class ESConfig:
             positive_int("chunk_size")
             if self.antithetic and self.chunk_size % 2:
                 raise ValueError(f"chunk_size={self.chunk_size} must be even with antithetic sampling (whole pairs)")
-
-    @property
-    def resolved_chunk_size(self) -> int:
-        """Members per compiled chunk."""
-        if self.chunk_size is not None:
-            return self.chunk_size
-        size = min(self.num_members, 256)
-        return size + (size % 2 if self.antithetic else 0)
 
     def replace(self, **changes) -> "ESConfig":
         """A copy with fields changed (validated again)."""

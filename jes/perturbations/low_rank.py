@@ -139,10 +139,11 @@ def factored_params(module: nn.Module, method: str) -> tuple[str, ...]:
 def low_rank_product(x: jax.Array, a_t: jax.Array, b_t: jax.Array) -> jax.Array:
     """``x @ A @ B^T`` for ``x`` ``[..., m]``, ``A^T`` ``[r, m]``, ``B^T`` ``[r, n]``: ``[..., n]``.
 
-    Unrolled over small ranks (a dot and a scaled vector per rank): XLA:CPU runs the batched
-    ``[m, r]`` matrix products of a vmapped ``(x @ A) @ B^T`` several times slower."""
+    Rank 1 and 2 unrolled (a dot and a scaled vector per rank): faster on XLA:CPU than the two batched
+    products a vmap makes of ``(x @ A) @ B^T``, which win from rank 3 on (MLP 1024 x 1024, 512 members,
+    one layer: +10 % over the shared GEMM at r = 1 unrolled, +35 % at r = 4 as products, +53 % unrolled)."""
     rank = a_t.shape[0]
-    if rank > 8:
+    if rank > 2:
         return (x @ a_t.T) @ b_t
     out = (x @ a_t[0])[..., None] * b_t[0]
     for k in range(1, rank):
