@@ -72,6 +72,7 @@ POLICIES = {
     "cnn (Conv)": (ConvPolicy(), (6, 6, 2)),
     "embed + DenseGeneral": (EmbedPolicy(), (3,)),
     "bare matmul (fallback)": (RawMatmul(), (3,)),
+    "a bare Conv as the whole policy": (nn.Conv(2, (3,), padding="SAME"), (5, 1)),
 }
 
 

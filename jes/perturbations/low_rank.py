@@ -152,7 +152,7 @@ def low_rank_product(x: jax.Array, a_t: jax.Array, b_t: jax.Array) -> jax.Array:
 
 
 def _corrected(module: nn.Module, method: str, next_fun: Callable, args: tuple, kwargs: dict,
-               factors: Callable[[str], Any]) -> Any:
+               factors: Callable[[str], Any], inner: list) -> Any:
     out = next_fun(*args, **kwargs)
     if method == "matvec":  # weight [m, n] @ x [n]: A (B^T x)
         name, _, x = args
@@ -169,13 +169,22 @@ def _corrected(module: nn.Module, method: str, next_fun: Callable, args: tuple, 
         rank = a_t.shape[0]
         conv = module.clone(parent=None, features=rank, use_bias=False, name=None)
         kernel = a_t.T.reshape(tuple(module.kernel_size) + (-1, rank))
-        return out + conv.apply({"params": {"kernel": kernel}}, x) @ b_t
+        inner.append(True)  # the correction's own conv is not a member's layer: no correction of its own
+        try:
+            low = conv.apply({"params": {"kernel": kernel}}, x)
+        finally:
+            inner.pop()
+        return out + low @ b_t
     return out + low_rank_product(x, a_t, b_t)
 
 
 def _interceptor(factors: dict, record: dict | None = None) -> Callable:
+    inner: list = []  # non-empty while a correction runs a module of its own
+
     def intercept(next_fun, args, kwargs, context):
         module, method = context.module, context.method_name
+        if inner:
+            return next_fun(*args, **kwargs)
         names = factored_params(module, method)
         if not names or module.scope is None:
             if record is not None and module.scope is not None:
@@ -187,7 +196,7 @@ def _interceptor(factors: dict, record: dict | None = None) -> Callable:
             handled = record.setdefault("handled", set())
             handled.update(prefix + (args[0] if n == "*" else n,) for n in names)
             return next_fun(*args, **kwargs)
-        return _corrected(module, method, next_fun, args, kwargs, lambda name: factors.get(prefix + (name,)))
+        return _corrected(module, method, next_fun, args, kwargs, lambda name: factors.get(prefix + (name,)), inner)
 
     return intercept
 
