@@ -30,8 +30,8 @@ CELLS = {
     "cartpole-mlp64": ("CartPole-v1", lambda: jes.MLPPolicy((64, 64)), 475.0, 50, dict(num_members=512)),
     "pendulum-32": ("Pendulum-v1", lambda: jes.MLPPolicy((32, 32)), -200.0, 100, dict(num_members=512)),
     "pendulum-256": ("Pendulum-v1", lambda: jes.MLPPolicy((256, 256)), -200.0, 100, dict(num_members=512)),
-    "brax-inverted-pendulum": ("brax/inverted_pendulum?backend=spring", lambda: jes.MLPPolicy((16,)), 950.0, 60,
-                               dict(num_members=32, noise_std=0.1, learning_rate=0.05, eval_episodes=16)),
+    "brax-inverted-pendulum": ("brax/inverted_pendulum?backend=spring", lambda: jes.MLPPolicy((16,)), 950.0, 100,
+                               dict(num_members=64, noise_std=0.1, learning_rate=0.03, eval_episodes=16)),
     "minatar-breakout": ("Breakout-MinAtar", lambda: MinAtarCNN(hidden=64), 10.0, 100,
                          dict(num_members=512, max_episode_steps=1000)),
 }
