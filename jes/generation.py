@@ -378,7 +378,16 @@ class Generation:
         member_arg = jax.ShapeDtypeStruct((), jnp.int32, sharding=self.replicated)
         compiled = self._member_jit.lower(self._abstract(state), member_arg).compile()
         signature = _signature(state)
-        return lambda s, m: compiled(s, np.int32(m)) if _signature(s) == signature else self._member_jit(s, m)
+
+        def member(s, m):
+            if _signature(s) == signature:
+                try:
+                    return compiled(s, np.int32(m))
+                except ValueError:  # placed otherwise than compiled for (checked before it runs): trace instead
+                    pass
+            return self._member_jit(s, m)
+
+        return member
 
     def _cached_member_program(self, state: TrainState) -> Callable | None:
         try:
@@ -612,7 +621,8 @@ class Generation:
             out["seconds"] = time.perf_counter() - t0
             # The best member's regeneration program too, so that nothing compiles inside the generation loop.
             try:
-                if self._member_program is None:
+                # Multi-process runs regenerate members from this process's replica (other shardings): traced then.
+                if self._member_program is None and jax.process_count() == 1:
                     self._member_program = self._compile_member(abstract)
             except Exception:  # noqa: BLE001 - member() traces it when first asked, as without this
                 pass
