@@ -570,11 +570,7 @@ def run_optimization(problem: FunctionProblem, key: Any = 0, num_generations: in
                     break
             if not population:
                 break
-            if m["bad_member"] >= 0 or m["bad_update"]:
-                what = (f"member {m['bad_member']} has a non-finite value" if m["bad_member"] >= 0
-                        else "the strategy's update is not finite")
-                raise FloatingPointError(f"generation {gen + 1}: {what}; the update was not applied. Check fitness_fn "
-                                         f"for NaN/inf in the region searched (noise_std={problem.config.noise_std}).")
+            _check_finite(m, gen, problem)
             evaluations += num_members + 1
             if m["pop_max"] > best_value:
                 best_value, best_of = m["pop_max"], (before, int(m["best_member"]))
@@ -668,11 +664,7 @@ def _run_in_blocks(problem, state, num_generations, stop_reason, target, callbac
             if i >= population_calls:  # the centre-only call
                 done = True
                 break
-            if m["bad_member"] >= 0 or m["bad_update"]:
-                what = (f"member {m['bad_member']} has a non-finite value" if m["bad_member"] >= 0
-                        else "the strategy's update is not finite")
-                raise FloatingPointError(f"generation {gen + 1}: {what}; the update was not applied. Check fitness_fn "
-                                         f"for NaN/inf in the region searched (noise_std={problem.config.noise_std}).")
+            _check_finite(m, gen, problem)
             evaluations += num_members + 1
             gen += 1
             pending = dict(generation=gen, best_value=sign * m["pop_max"], pop_mean=sign * m["pop_mean"],
@@ -784,3 +776,12 @@ class AskTell:
     def mean(self, state: TrainState) -> Any:
         """The current mean, shaped like ``x0``."""
         return self.problem.params_tree(state.params)
+
+
+def _check_finite(metrics: dict, generation: int, problem: Any) -> None:
+    """Raise ``FloatingPointError`` for a generation (0-based ``generation``) whose fitness or update was not finite."""
+    if metrics["bad_member"] >= 0 or metrics["bad_update"]:
+        what = (f"member {metrics['bad_member']} has a non-finite value" if metrics["bad_member"] >= 0
+                else "the strategy's update is not finite")
+        raise FloatingPointError(f"generation {generation + 1}: {what}; the update was not applied. Check fitness_fn "
+                                 f"for NaN/inf in the region searched (noise_std={problem.config.noise_std}).")
