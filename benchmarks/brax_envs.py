@@ -1,10 +1,10 @@
 """ES on brax continuous control: what this CPU can do, and the GPU configuration of Salimans et al.
 
-    python benchmarks/brax.py                      # inverted_pendulum (spring) until solved (950 of 1000), then hopper
-    python benchmarks/brax.py --task inverted_pendulum
-    python benchmarks/brax.py --task hopper [--generations 30]      # a fixed budget
-    python benchmarks/brax.py --gpu-humanoid       # Salimans et al. 2017 on Humanoid: needs a GPU (pip install ".[cuda,brax]")
-    python benchmarks/brax.py --gpu-ant            # the same setup on Ant
+    python benchmarks/brax_envs.py                      # inverted_pendulum (spring) until solved (950 of 1000), then hopper
+    python benchmarks/brax_envs.py --task inverted_pendulum
+    python benchmarks/brax_envs.py --task hopper [--generations 30]      # a fixed budget
+    python benchmarks/brax_envs.py --gpu-humanoid       # Salimans et al. 2017 on Humanoid: needs a GPU (pip install ".[cuda,brax]")
+    python benchmarks/brax_envs.py --gpu-ant            # the same setup on Ant
 
 Reported per task over seeds (``--seeds``, default 0-9; one trainer, so one compile, per task): how many seeds
 solved it, the generations they needed, the final centre return (mean +- std), env steps/s of the generations
@@ -23,7 +23,7 @@ import platform
 import sys
 import time
 
-# This file is named brax.py: drop its own directory from the path so `import brax` finds the package.
+# Scripts here must not shadow packages (brax.py did): drop this directory from the path all the same.
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != HERE]
 sys.path.insert(0, os.path.dirname(HERE))
