@@ -79,3 +79,15 @@ def test_core_never_imports_host_services():
     for module in core:
         if module in graph:
             assert not reach(module) & host, f"{module} reaches host services {sorted(reach(module) & host)}"
+
+
+def test_no_benchmark_script_shadows_a_package():
+    """A script runs with its own directory first on sys.path: benchmarks/brax.py made `import brax` (and
+    benchmarks/gymnasium.py `import gymnasium`, which gymnax imports) find the script in every other benchmark."""
+    import importlib.util
+
+    benchmarks = ROOT.parent / "benchmarks"
+    shadowing = [p.name for p in benchmarks.glob("*.py") if p.stem not in ("__init__",)
+                 and (importlib.util.find_spec(p.stem) is not None and
+                      pathlib.Path(importlib.util.find_spec(p.stem).origin or "").parent != benchmarks)]
+    assert shadowing == [], f"rename these benchmark scripts, they shadow installed packages: {shadowing}"
