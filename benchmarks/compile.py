@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -43,8 +44,10 @@ w0, c0 = time.perf_counter(), time.process_time()
 flags = (jnp.bool_(True),) * (len(inspect.signature(trainer.generation_step).parameters) - 1)
 lowered = trainer.step.lower(state, *flags)
 w1, c1 = time.perf_counter(), time.process_time()
+print("MARK compile-start", file=sys.stderr, flush=True)  # --passes: XLA's pass log between the marks
 compiled = lowered.compile(compiler_options=options) if options else lowered.compile()
 w2, c2 = time.perf_counter(), time.process_time()
+print("MARK compile-end", file=sys.stderr, flush=True)
 def generations(count, *flags):
     global state
     walls, cpus = [], []
@@ -65,8 +68,49 @@ print("RESULT", json.dumps(dict(lower_wall=w1 - w0, lower_cpu=c1 - c0, compile_w
 """
 
 
-def run_child(pythonpath: str, min_batch: int, options: str, workload: str, eval_every: int) -> dict:
+PIPELINE = re.compile(r"Running HLO pass pipeline on module (\S+): (.*)$")
+PASS = re.compile(r"HLO pass: (\S+) time: ([\d.]+) (us|ms|s) ")
+UNIT = {"us": 1e-6, "ms": 1e-3, "s": 1.0}
+STAMP = re.compile(r"^[IWE]\d{4} (\d\d):(\d\d):(\d\d\.\d+)")
+
+
+def pass_times(stderr: str) -> dict:
+    """XLA's own log of the step's compile (``TF_CPP_VMODULE=hlo_pass_pipeline=1``): the wall seconds of the HLO
+    pass pipelines (first to last pass line, from the log's timestamps), seconds per pipeline, and the costliest
+    leaf passes (a pass that is itself a pipeline, e.g. ``simplification``, is counted through its passes)."""
+    inside, module, pipeline, first, last = False, None, None, None, None
+    modules: dict = {}
+    for line in stderr.splitlines():
+        if "MARK compile-start" in line:
+            inside = True
+        elif "MARK compile-end" in line:
+            break
+        elif inside and (m := PIPELINE.search(line)):
+            module, pipeline = m.group(1), m.group(2)
+        elif inside and module and (m := PASS.search(line)):
+            by_pipeline = modules.setdefault(module, {}).setdefault(pipeline, {})
+            by_pipeline[m.group(1)] = by_pipeline.get(m.group(1), 0.0) + float(m.group(2)) * UNIT[m.group(3)]
+            if (stamp := STAMP.match(line)) is not None:
+                clock = int(stamp.group(1)) * 3600 + int(stamp.group(2)) * 60 + float(stamp.group(3))
+                first, last = clock if first is None else first, clock
+    if not modules:
+        return dict(module=None, wall=0.0, pipelines={}, passes={})
+    name = max(modules, key=lambda k: sum(sum(p.values()) for p in modules[k].values()))
+    nested = set(modules[name])  # passes that are pipelines themselves: counted through their own passes
+    pipelines, passes = {}, {}
+    for pipeline, times in modules[name].items():
+        pipelines[pipeline] = sum(v for k, v in times.items() if k not in nested)
+        for k, v in times.items():
+            if k not in nested:
+                passes[k] = passes.get(k, 0.0) + v
+    return dict(module=name, wall=(last - first) if first is not None else 0.0, pipelines=pipelines, passes=passes)
+
+
+def run_child(pythonpath: str, min_batch: int, options: str, workload: str, eval_every: int,
+              passes: bool = False) -> dict:
     env = dict(os.environ, PYTHONPATH=os.path.abspath(pythonpath))
+    if passes:
+        env.update(TF_CPP_MIN_LOG_LEVEL="0", TF_CPP_VMODULE="hlo_pass_pipeline=1")
     env.pop("XLA_FLAGS", None)
     env.pop("JES_COMPILATION_CACHE", None)
     # cwd: `python -c` puts the working directory first on sys.path, ahead of PYTHONPATH, so run in the checkout
@@ -77,7 +121,36 @@ def run_child(pythonpath: str, min_batch: int, options: str, workload: str, eval
     if proc.returncode != 0:
         raise RuntimeError(f"child failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
     line = next(x for x in proc.stdout.splitlines() if x.startswith("RESULT "))
-    return json.loads(line[len("RESULT "):])
+    result = json.loads(line[len("RESULT "):])
+    if passes:
+        result["passes"] = pass_times(proc.stderr)
+    return result
+
+
+def print_passes(rows: dict) -> None:
+    """Where the compile goes: XLA's HLO pass pipelines (wall, from the log) against the whole compile, and the
+    costliest passes, medians over the repeats."""
+    for key, runs in rows.items():
+        w, ev, label, mb, opts = key
+        logged = [(r, r["passes"]) for r in runs if r.get("passes", {}).get("module")]
+        if not logged:
+            continue
+        med = lambda f: statistics.median(f(r, p) for r, p in logged)
+        compile_wall = med(lambda r, p: r["compile_wall"])
+        hlo = med(lambda r, p: p["wall"])
+        print(f"\n{w} eval_every={ev} {label} min_batch={mb} options={opts}: module {logged[0][1]['module']}; compile "
+              f"{compile_wall:.2f} s wall / {med(lambda r, p: r['compile_cpu']):.2f} s CPU with the pass log on: HLO "
+              f"pass pipelines {hlo:.2f} s wall ({hlo / compile_wall:.0%}), then {compile_wall - hlo:.2f} s "
+              f"({1 - hlo / compile_wall:.0%}) of LLVM code generation, buffer assignment and thunk emission")
+        print("| HLO pipeline (its passes' times) | s |")
+        print("|---|---|")
+        pipelines = sorted(logged[0][1]["pipelines"], key=lambda k: -med(lambda r, p, k=k: p["pipelines"].get(k, 0.0)))
+        for name in pipelines[:6]:
+            print(f"| {name} | {med(lambda r, p, k=name: p['pipelines'].get(k, 0.0)):.3f} |")
+        print("| costliest passes | s |")
+        names = sorted(logged[0][1]["passes"], key=lambda k: -med(lambda r, p, k=k: p["passes"].get(k, 0.0)))
+        for name in names[:8]:
+            print(f"| {name} | {med(lambda r, p, k=name: p['passes'].get(k, 0.0)):.3f} |")
 
 
 def main() -> None:
@@ -90,6 +163,9 @@ def main() -> None:
     parser.add_argument("--eval-every", default="1", help="comma-separated ESConfig.eval_every values")
     parser.add_argument("--options", action="append", default=None,
                         help="a JSON dict of XLA compiler options (repeatable; default: none)")
+    parser.add_argument("--passes", action="store_true",
+                        help="also log XLA's per-pass times (TF_CPP_VMODULE=hlo_pass_pipeline=1) and print where "
+                             "the compile goes")
     args = parser.parse_args()
     checkouts = [item.split("=", 1) for item in args.compare.split(",")]
     variants = [(w, ev, label, path, int(mb), opts) for w in args.workloads.split(",")
@@ -98,10 +174,10 @@ def main() -> None:
     rows: dict = {(w, ev, label, mb, opts): [] for w, ev, label, _, mb, opts in variants}
     for repeat in range(args.repeats):
         for w, ev, label, path, mb, opts in variants:
-            r = run_child(path, mb, opts, w, ev)
+            r = run_child(path, mb, opts, w, ev, args.passes)
             rows[(w, ev, label, mb, opts)].append(r)
-            print(f"{w} eval_every={ev} {label} min_batch={mb} options={opts} repeat {repeat}: " + json.dumps(r),
-                  flush=True)
+            print(f"{w} eval_every={ev} {label} min_batch={mb} options={opts} repeat {repeat}: "
+                  + json.dumps({k: v for k, v in r.items() if k != "passes"}), flush=True)
     print()
     print("| workload | eval_every | checkout | rollout_min_batch | compiler options | lower s (wall / CPU) | "
           "compile s (wall / CPU) | s/generation with centre (wall / CPU) | without centre | per generation over a run "
@@ -115,6 +191,8 @@ def main() -> None:
         print(f"| {w} | {ev} | {label} | {mb} | {opts} | {med('lower_wall'):.2f} / {med('lower_cpu'):.2f} | "
               f"{med('compile_wall'):.2f} / {med('compile_cpu'):.2f} | {med('gen_wall'):.4f} / {med('gen_cpu'):.4f} | "
               f"{med('off_wall'):.4f} / {med('off_cpu'):.4f} | {run_wall:.4f} / {run_cpu:.4f} | {bits} |")
+    if args.passes:
+        print_passes(rows)
     print(f"\n(medians over {args.repeats} repeats; load average at the end: {os.getloadavg()[0]:.1f} "
           f"on {os.cpu_count()} CPUs)")
 

@@ -1,15 +1,18 @@
-"""Gymnasium throughput and a MuJoCo learning curve: jes's host rollout vs a plain loop vs EvoTorch's GymNE.
+"""Gymnasium throughput and MuJoCo learning curves: jes's host rollout vs a plain loop vs EvoTorch's GymNE.
 
-CartPole-v1: env steps per second of evaluating a generation's members, medians over ``--repeats``
-generations, printed side by side: jes's host rollout (GRU 5x2, 367 parameters) in 1 process and as a master
-with 2 local worker processes; a plain loop stepping one env at a time with the same jitted policy called for
-that env alone; EvoTorch 0.6's ``GymNE`` (benchmark-only: ``pip install evotorch==0.6.1``) with an MLP
-4-52-2 of 366 parameters (EvoTorch has no GRU of that shape) under PGPE, in-process (``num_actors=0``)
-and over 2 Ray actors. Mean episode lengths are printed too (short episodes cost more resets per step).
-``--mujoco Hopper-v5`` adds a jes learning curve on a MuJoCo env (MLP 32x32) with env steps/s and wall time.
-EnvPool (``pip install envpool``, benchmark-only) is measured as a batch backend when it is installed.
+Throughput (``--envs CartPole-v1,Hopper-v5``): env steps per second of evaluating a generation's members,
+printed side by side, the rows interleaved seed by seed so all of them see the same machine load: jes's
+host rollout in 1 process and as a master with 2 local worker processes; a plain loop stepping one env at a
+time with the same jitted policy called for that env alone; EvoTorch 0.6's ``GymNE`` (benchmark-only:
+``pip install evotorch==0.6.1``) under PGPE, in-process (``num_actors=0``) and over 2 Ray actors. CartPole:
+jes's GRU 5x2 (367 parameters) against EvoTorch's MLP 4-52-2 (366; EvoTorch has no GRU of that shape);
+Hopper: the same MLP 32x32 (tanh) in both. Per seed each row is the median of ``--repeats`` generations;
+the table gives the median [min, max] over ``--seeds`` and jes's 1-process rate over each row's. Mean
+episode lengths are printed too (short episodes cost more resets per step). EnvPool (``pip install
+envpool``, benchmark-only) is measured as a batch backend for CartPole when it is installed.
+``--mujoco Hopper-v5`` adds jes learning curves (MLP 32x32, adam) over the same seeds.
 
-    PYTHONPATH=. python benchmarks/gymnasium_envs.py --members 256 --repeats 5 --seed 0 --mujoco Hopper-v5
+    PYTHONPATH=. python benchmarks/gymnasium_envs.py --envs CartPole-v1,Hopper-v5 --seeds 0,1,2,3,4 --mujoco Hopper-v5
 
 ``--table`` runs instead the portable-es table (benchmarks/portable_es.py) on Gymnasium's CartPole-v1: GRU 5x2,
 256 antithetic pairs, 25 generations, the five optimizers, seeds 0..4 (``--table-seeds``):
@@ -40,8 +43,17 @@ from jes.host_step import HostGeneration  # noqa: E402
 
 ENV = "gymnasium:CartPole-v1"
 
+# The workloads of the throughput table: the env, jes's policy, and EvoTorch's network of (about) the same size.
+WORKLOADS = {
+    "CartPole-v1": dict(policy=lambda: jes.GRUPolicy(hidden=5, layers=2), label="GRU 5x2", optimizer="novograd",
+                        evotorch="Linear(obs_length, 52) >> Tanh() >> Linear(52, act_length)", evotorch_label="MLP 4-52-2"),
+    "Hopper-v5": dict(policy=lambda: jes.MLPPolicy(hidden_sizes=(32, 32)), label="MLP 32x32", optimizer="adam",
+                      evotorch="Linear(obs_length, 32) >> Tanh() >> Linear(32, 32) >> Tanh() >> Linear(32, act_length)",
+                      evotorch_label="MLP 32x32"),
+}
 
-def plain_loop(trainer: Trainer, state, members: int) -> float:
+
+def plain_loop(trainer: Trainer, state, env_id: str, members: int) -> float:
     """Env steps/s of evaluating ``members`` members one env and one policy call at a time."""
     params = [trainer.params_tree(np.asarray(trainer.member(state, np.int32(m)))) for m in range(members)]
     scale = trainer.obs_scale(state)
@@ -51,53 +63,86 @@ def plain_loop(trainer: Trainer, state, members: int) -> float:
         c, out = trainer.fns.apply(p, c, (o - scale[0]) * scale[1])
         return c, trainer.spec.action(out)
 
-    env = gymnasium.make("CartPole-v1", disable_env_checker=True)
+    env = gymnasium.make(env_id, disable_env_checker=True)
+    to_env = (lambda a: int(a)) if trainer.spec.discrete else (lambda a: np.asarray(a))
+    act(params[0], trainer.fns.initial_carry(), jnp.zeros(trainer.spec.obs_shape, jnp.float32))  # compile
     steps, t0 = 0, time.perf_counter()
     for m, p in enumerate(params):
         obs, _ = env.reset(seed=m)
         carry = trainer.fns.initial_carry()
         for _ in range(trainer.spec.max_steps):
             carry, action = act(p, carry, jnp.asarray(obs, jnp.float32))
-            obs, _, terminated, truncated, _ = env.step(int(action))
+            obs, _, terminated, truncated, _ = env.step(to_env(action))
             steps += 1
             if terminated or truncated:
                 break
     return steps / (time.perf_counter() - t0)
 
 
-def generations(step, state, repeats: int) -> list[float]:
-    """Env steps/s of ``repeats`` generations of ``step`` (members only; the centre is not evaluated)."""
-    rates = []
+def env_alone(env_id: str, seconds: float = 1.0) -> float:
+    """Env steps/s of the env by itself: one instance, a constant action, reset when an episode ends. The
+    ceiling of any rollout that steps this env in one process."""
+    env = gymnasium.make(env_id, disable_env_checker=True)
+    action = env.action_space.sample() * 0
+    env.reset(seed=0)
+    steps, t0 = 0, time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        _, _, terminated, truncated, _ = env.step(action)
+        steps += 1
+        if terminated or truncated:
+            env.reset()
+    return steps / (time.perf_counter() - t0)
+
+
+def generations(step, state, repeats: int) -> tuple[list[float], float]:
+    """Env steps/s of ``repeats`` generations of ``step`` (members only; the centre is not evaluated), and the
+    mean episode length."""
+    rates, steps = [], 0
     for _ in range(repeats):
         t0 = time.perf_counter()
         state, metrics = step(state, False, True)
         rates.append(int(metrics["env_steps"]) / (time.perf_counter() - t0))
-    return rates
+        steps += int(metrics["env_steps"])
+    return rates, steps
 
 
-def evotorch_rates(members: int, repeats: int, num_actors: int, seed: int) -> tuple[list[float], float]:
-    """EvoTorch GymNE + PGPE on CartPole-v1: env steps/s per generation and the mean episode length."""
-    import torch
-    from evotorch.algorithms import PGPE
-    from evotorch.neuroevolution import GymNE
+class EvoTorchRows:
+    """EvoTorch 0.6's ``GymNE`` + PGPE on ``env_id``: in-process (``num_actors=0``) and over Ray actors, each
+    problem made once (actors started and warm) and a fresh searcher per seed."""
 
-    torch.manual_seed(seed)
-    problem = GymNE(env="CartPole-v1", network="Linear(obs_length, 52) >> Tanh() >> Linear(52, act_length)",
-                    num_actors=num_actors, observation_normalization=False, num_episodes=1)
-    searcher = PGPE(problem, popsize=members, center_learning_rate=0.03, stdev_learning_rate=0.1, stdev_init=0.1)
-    searcher.step()  # actors started and warm
-    rates, lengths = [], []
-    for _ in range(repeats):
-        before = problem.status["total_interaction_count"]
-        episodes = problem.status["total_episode_count"]
-        t0 = time.perf_counter()
-        searcher.step()
-        steps = problem.status["total_interaction_count"] - before
-        rates.append(steps / (time.perf_counter() - t0))
-        lengths.append(steps / (problem.status["total_episode_count"] - episodes))
-    if num_actors:
-        problem.kill_actors()
-    return rates, float(np.mean(lengths)), problem.solution_length
+    def __init__(self, env_id: str, network: str, members: int, actors: tuple[int, ...]):
+        from evotorch.neuroevolution import GymNE
+
+        self.members = members
+        self.problems = {n: GymNE(env=env_id, network=network, num_actors=n, observation_normalization=False,
+                                  num_episodes=1) for n in actors}
+        self.size = next(iter(self.problems.values())).solution_length
+        for n in actors:
+            self.rates(n, 0, 1)  # actors started, torch warm
+
+    def rates(self, num_actors: int, seed: int, repeats: int) -> tuple[list[float], float]:
+        import torch
+        from evotorch.algorithms import PGPE
+
+        problem = self.problems[num_actors]
+        torch.manual_seed(seed)
+        searcher = PGPE(problem, popsize=self.members, center_learning_rate=0.03, stdev_learning_rate=0.1,
+                        stdev_init=0.1)
+        rates, steps, episodes = [], 0, 0
+        for _ in range(repeats):
+            before = problem.status.get("total_interaction_count", 0)  # absent before a problem's first step
+            count = problem.status.get("total_episode_count", 0)
+            t0 = time.perf_counter()
+            searcher.step()
+            done = problem.status["total_interaction_count"] - before
+            rates.append(done / (time.perf_counter() - t0))
+            steps, episodes = steps + done, episodes + problem.status["total_episode_count"] - count
+        return rates, steps / episodes
+
+    def close(self) -> None:
+        for problem in self.problems.values():
+            if problem.num_actors:
+                problem.kill_actors()
 
 
 def envpool_rate(trainer: Trainer, state, members: int) -> tuple[float, float] | None:
@@ -130,33 +175,110 @@ def envpool_rate(trainer: Trainer, state, members: int) -> tuple[float, float] |
     return steps / (time.perf_counter() - t0), steps / members
 
 
-def mujoco_curve(env_id: str, generations_: int, members: int, seed: int) -> None:
-    """A jes learning curve on a MuJoCo env: centre return, population mean, env steps/s and wall time."""
-    result = jes.train(jes.MLPPolicy(hidden_sizes=(32, 32)), f"gymnasium:{env_id}", "adam", key=seed,
-                       num_members=members, num_generations=generations_, eval_every=1, eval_episodes=4,
-                       log_dir=None, progress=False)
-    h = result.history
-    print(f"\ngymnasium:{env_id}, MLP 32x32 ({result.trainer.num_params} params), {members} members, adam, key {seed}, "
-          f"1 process:")
-    print(f"{'gen':>4}{'centre':>10}{'pop mean':>10}{'env steps':>12}{'steps/s':>10}{'wall s':>8}")
-    for i, g in enumerate(h["generation"]):
-        steps = h["env_steps"][i] - (h["env_steps"][i - 1] if i else 0)
-        print(f"{int(g):>4}{h['centre_return'][i]:>10.1f}{h['pop_mean'][i]:>10.1f}{int(h['env_steps'][i]):>12,}"
-              f"{steps / h['generation_time'][i]:>10,.0f}{h['wall_time'][i]:>8.1f}")
+def mujoco_curve(env_id: str, generations_: int, members: int, seeds: list[int]) -> None:
+    """jes learning curves on a MuJoCo env over ``seeds``: centre return and population mean per generation
+    (median [min, max] over the seeds), env steps/s and wall time."""
+    runs = []
+    for seed in seeds:
+        t0 = time.perf_counter()
+        result = jes.train(jes.MLPPolicy(hidden_sizes=(32, 32)), f"gymnasium:{env_id}", "adam", key=seed,
+                           num_members=members, num_generations=generations_, eval_every=1, eval_episodes=4,
+                           log_dir=None, progress=False)
+        runs.append((result.history, time.perf_counter() - t0, result.trainer.num_params))
+    print(f"\ngymnasium:{env_id}, MLP 32x32 ({runs[0][2]} params), {members} members, adam, 1 process, "
+          f"keys {','.join(map(str, seeds))}: median [min, max] over the keys")
+    print(f"{'gen':>4}{'centre return':>26}{'population mean':>26}{'env steps/s':>22}")
+
+    def cell(values, fmt):
+        return f"{format(np.median(values), fmt)} [{format(min(values), fmt)}, {format(max(values), fmt)}]"
+
+    for i in range(generations_):
+        centre = [h["centre_return"][i] for h, _, _ in runs]
+        mean = [h["pop_mean"][i] for h, _, _ in runs]
+        rate = [(h["env_steps"][i] - (h["env_steps"][i - 1] if i else 0)) / h["generation_time"][i] for h, _, _ in runs]
+        print(f"{i + 1:>4}{cell(centre, '.1f'):>26}{cell(mean, '.1f'):>26}{cell(rate, ',.0f'):>22}")
+    steps = [int(h["env_steps"][-1]) for h, _, _ in runs]
+    print(f"env steps per run {cell(steps, ',')}; wall s per run (trainer built, compiles included) "
+          f"{cell([w for _, w, _ in runs], '.1f')}")
+
+
+def throughput(env_id: str, members: int, repeats: int, seeds: list[int], warm: int, evotorch: bool) -> None:
+    """The rows of one env's throughput table, interleaved seed by seed so every row sees the same load."""
+    work = WORKLOADS[env_id]
+    config = jes.ESConfig(num_members=members, eval_episodes=8)
+    trainer = Trainer(work["policy"](), f"gymnasium:{env_id}", work["optimizer"], config)
+    host = HostGeneration(trainer)
+    states = {}
+    for seed in seeds:
+        states[seed] = trainer.init_state(seed)
+        for _ in range(warm):
+            states[seed], _ = host.step(states[seed], False, True)
+    host.step(states[seeds[0]], False, True)  # compile
+    label = f"{work['label']} ({trainer.num_params} params)"
+    rows: dict[str, list[tuple[float, float]]] = {}
+
+    def add(name, rates, length):
+        rows.setdefault(name, []).append((float(np.median(rates)), length))
+
+    secret = new_secret()
+    evo = EvoTorchRows(env_id, work["evotorch"], members, (0, 2)) if evotorch else None
+    try:
+        with Master(trainer, "127.0.0.1:0", secret=secret, env=f"gymnasium:{env_id}", optimizer=work["optimizer"],
+                    **LOCAL_MASTER_OPTIONS) as server, LocalWorkers(f"127.0.0.1:{server.port}", secret, 2):
+            server.wait_for_workers(states[seeds[0]], 2, timeout=300)
+            server.step(states[seeds[0]], False, True)  # workers warm
+            for seed in seeds:
+                state = states[seed]
+                add("the env alone: 1 env, a constant action, no policy", [env_alone(env_id)], float("nan"))
+                plain = [plain_loop(trainer, state, env_id, min(members, 32)) for _ in range(repeats)]
+                add("plain loop: 1 env, 1 jitted policy call per step", plain, float("nan"))
+                rates, steps = generations(host.step, state, repeats)
+                add(f"jes host rollout, 1 process, {label}", rates, steps / (repeats * members * config.episodes_per_member))
+                # The other rows leave the master silent (it serves only inside its calls): the workers are
+                # back and warm on this seed's run before its generations are timed.
+                server.wait_for_workers(state, 2, timeout=300)
+                server.step(state, False, True)
+                rates, steps = generations(server.step, state, repeats)
+                add("jes host rollout, master + 2 local worker processes", rates, float("nan"))
+                if evo is not None:
+                    for n in (0, 2):
+                        rates, length = evo.rates(n, seed, repeats)
+                        add(f"EvoTorch 0.6 GymNE+PGPE, {'1 process' if n == 0 else f'{n} Ray actors'}, "
+                            f"{work['evotorch_label']} ({evo.size} params)", rates, length)
+                if env_id == "CartPole-v1":
+                    pooled = envpool_rate(trainer, state, members)
+                    if pooled is not None:
+                        add("EnvPool batch (C++ pool) + jes GRU, 1 call per step", [pooled[0]], pooled[1])
+    finally:
+        if evo is not None:
+            evo.close()
+    print(f"\nGymnasium {env_id}, {members} members, keys/seeds {','.join(map(str, seeds))}, after {warm} training "
+          f"generations; env steps/s: per seed the median of {repeats} generations, then median [min, max] over the "
+          f"seeds; load average now {os.getloadavg()[0]:.1f}")
+    jes_one = np.median([r for r, _ in rows[f"jes host rollout, 1 process, {label}"]])
+    print(f"{'':<66}{'env steps/s':>26}{'jes 1 process / row':>21}{'episode':>9}")
+    for name, cells in rows.items():
+        rates = [r for r, _ in cells]
+        length = np.nanmean([l for _, l in cells]) if not np.isnan(cells[0][1]) else float("nan")
+        spread = f"{np.median(rates):,.0f} [{min(rates):,.0f}, {max(rates):,.0f}]"
+        ratio = jes_one / np.median(rates)
+        print(f"{name:<66}{spread:>26}{ratio:>20.2f}x{'' if np.isnan(length) else f'{length:.1f}':>9}")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
+    parser.add_argument("--envs", default="CartPole-v1", help=f"comma-separated, of {', '.join(WORKLOADS)}")
     parser.add_argument("--members", type=int, default=256)
-    parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--repeats", type=int, default=5, help="timed generations per seed and row")
+    parser.add_argument("--seeds", default="0,1,2,3,4", help="comma-separated keys/seeds")
     parser.add_argument("--warm-generations", type=int, default=0, help="train first, so episodes are longer")
     parser.add_argument("--no-evotorch", action="store_true")
-    parser.add_argument("--mujoco", default=None, metavar="ID", help="also a learning curve on e.g. Hopper-v5")
-    parser.add_argument("--mujoco-generations", type=int, default=5)
+    parser.add_argument("--mujoco", default=None, metavar="ID", help="also learning curves on e.g. Hopper-v5")
+    parser.add_argument("--mujoco-generations", type=int, default=10)
     parser.add_argument("--mujoco-members", type=int, default=64)
     parser.add_argument("--table", action="store_true", help="the portable-es table on Gymnasium CartPole-v1 instead")
     parser.add_argument("--table-seeds", type=int, default=5)
+    parser.add_argument("--table-optimizers", default=None, help="comma-separated (default: the five)")
     args = parser.parse_args()
     if args.table:
         import importlib.util
@@ -164,44 +286,21 @@ def main() -> None:
         spec = importlib.util.spec_from_file_location("portable_es", os.path.join(_HERE, "portable_es.py"))
         portable_es = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(portable_es)
-        table = argparse.Namespace(optimizers=",".join(portable_es.OPTIMIZERS), seeds=args.table_seeds,
+        table = argparse.Namespace(optimizers=args.table_optimizers or ",".join(portable_es.OPTIMIZERS),
+                                   seeds=args.table_seeds,
                                    generations=25, pairs=256, eval_episodes=64)
         portable_es.benchmark(ENV, jes.GRUPolicy(hidden=5, layers=2), table)
         return
     print("command: python benchmarks/gymnasium_envs.py " + " ".join(sys.argv[1:]))
     print(f"machine: {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} at start")
-    config = jes.ESConfig(num_members=args.members, eval_episodes=8)
-    trainer = Trainer(jes.GRUPolicy(hidden=5, layers=2), ENV, "novograd", config)
-    state = trainer.init_state(args.seed)
-    host = HostGeneration(trainer)
-    for _ in range(args.warm_generations):
-        state, _ = host.step(state, False, True)
-    _, first = host.step(state, False, True)  # compile
-    one = generations(host.step, state, args.repeats)
-    jes_length = int(first["env_steps"]) / (args.members * config.episodes_per_member)
-    secret = new_secret()
-    with Master(trainer, "127.0.0.1:0", secret=secret, env=ENV, optimizer="novograd",
-                **LOCAL_MASTER_OPTIONS) as server, LocalWorkers(f"127.0.0.1:{server.port}", secret, 2):
-        server.wait_for_workers(state, 2, timeout=300)
-        server.step(state, False, True)  # workers warm
-        two = generations(server.step, state, args.repeats)
-    plain = [plain_loop(trainer, state, min(args.members, 32)) for _ in range(args.repeats)]
-    evo = {} if args.no_evotorch else {n: evotorch_rates(args.members, args.repeats, n, args.seed) for n in (0, 2)}
-    print(f"\nGymnasium CartPole-v1, {args.members} members, key/seed {args.seed}, after {args.warm_generations} "
-          f"generations; env steps/s, median of {args.repeats} generations:")
-    print(f"{'':<58}{'steps/s':>10}{'episode':>9}")
-    print(f"{'plain loop (1 env, 1 policy call per step), GRU 5x2':<58}{np.median(plain):>10,.0f}")
-    print(f"{f'jes host rollout, 1 process, GRU 5x2 ({trainer.num_params})':<58}{np.median(one):>10,.0f}{jes_length:>9.1f}")
-    print(f"{'jes host rollout, master + 2 local workers':<58}{np.median(two):>10,.0f}")
-    for n, (rates, length, size) in evo.items():
-        label = f"EvoTorch 0.6 GymNE+PGPE, {'1 process' if n == 0 else f'{n} Ray actors'}, MLP ({size})"
-        print(f"{label:<58}{np.median(rates):>10,.0f}{length:>9.1f}")
-    pooled = [envpool_rate(trainer, state, args.members) for _ in range(args.repeats)]
-    if pooled[0] is not None:
-        rate, length = np.median([r for r, _ in pooled]), pooled[0][1]
-        print(f"{'EnvPool batch (C++ pool) + jes GRU, 1 call per step':<58}{rate:>10,.0f}{length:>9.1f}")
+    seeds = [int(s) for s in args.seeds.split(",")]
+    for env_id in args.envs.split(","):
+        if env_id not in WORKLOADS:
+            parser.error(f"--envs: unknown env {env_id!r}; choose from {', '.join(WORKLOADS)}")
+        members = args.members if env_id == "CartPole-v1" else args.mujoco_members
+        throughput(env_id, members, args.repeats, seeds, args.warm_generations, not args.no_evotorch)
     if args.mujoco:
-        mujoco_curve(args.mujoco, args.mujoco_generations, args.mujoco_members, args.seed)
+        mujoco_curve(args.mujoco, args.mujoco_generations, args.mujoco_members, seeds)
 
 
 if __name__ == "__main__":

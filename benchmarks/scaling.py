@@ -14,6 +14,10 @@ Each row: median ms/generation over the timed generations (the first and the las
 evaluates the centre, left out), env steps/s, and whether the final parameters are bit-identical
 to the 1-process 1-device run. Every figure comes from fresh processes started by this script.
 
+``--part gymnasium`` does the same for a Python simulator (Gymnasium CartPole-v1, the host rollout): 1 process
+vs a ZeroMQ master with 1 and 2 workers, then a model of N hosts from the measured per-process rate and the
+master's measured CPU per range and per member x parameter of the update.
+
 Part 2 models where each backend stops scaling, from quantities measured here (bytes per chunk
 of the program's all-gathers, bytes per ZeroMQ range, master CPU per range, the master's update
 cost per member and parameter) extrapolated to 100 and 1,000 hosts; the assumptions are printed
@@ -40,10 +44,11 @@ import hashlib, json, os, sys
 import numpy as np
 import jes
 distributed, devices, gens, population = sys.argv[1] == "1", int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+env = sys.argv[5] if len(sys.argv) > 5 else "CartPole-v1"
 if not distributed:
     jes.use_cpu_cores(devices)
 config = jes.ESConfig(num_members=population, chunk_size=64, num_generations=gens, eval_every=0, eval_episodes=8)
-result = jes.train(jes.GRUPolicy(hidden=5, layers=2), "CartPole-v1", "adam", key=0, config=config,
+result = jes.train(jes.GRUPolicy(hidden=5, layers=2), env, "adam", key=0, config=config,
                    distributed=distributed, log_dir=None, checkpoint_path=None, progress=False)
 import jax
 if jax.process_index() == 0:
@@ -71,8 +76,8 @@ def timed(result: dict) -> tuple[float, float]:
     return statistics.median(times), sum(steps) / sum(times)
 
 
-def run_local(devices: int, gens: int, population: int) -> dict:
-    out = subprocess.run([sys.executable, "-c", CHILD, "0", str(devices), str(gens), str(population)],
+def run_local(devices: int, gens: int, population: int, env: str = "CartPole-v1") -> dict:
+    out = subprocess.run([sys.executable, "-c", CHILD, "0", str(devices), str(gens), str(population), env],
                          capture_output=True, text=True, env=child_env(), timeout=900)
     return parse(out.stdout + out.stderr)
 
@@ -86,7 +91,7 @@ def run_jax_distributed(processes: int, gens: int, population: int, pin: bool = 
     return parse(out.stdout)
 
 
-def run_zeromq(workers: int, gens: int, population: int) -> dict:
+def run_zeromq(workers: int, gens: int, population: int, env: str = "CartPole-v1") -> dict:
     """A master in this process (1 CPU device) with ``workers`` local jes-workers, one per core."""
     import jax
 
@@ -98,12 +103,12 @@ def run_zeromq(workers: int, gens: int, population: int) -> dict:
 
     config = jes.ESConfig(num_members=population, chunk_size=CHUNK, num_generations=gens, eval_every=0,
                           eval_episodes=8)
-    trainer = jes.Trainer(jes.GRUPolicy(hidden=5, layers=2), "CartPole-v1", "adam", config)
+    trainer = jes.Trainer(jes.GRUPolicy(hidden=5, layers=2), env, "adam", config)
     port = free_port()
     cores = [str(i % (os.cpu_count() or 1)) for i in range(workers)]
     procs = start_workers(port, cores)
     try:
-        with Master(trainer, f"127.0.0.1:{port}", secret=SECRET, env="CartPole-v1", optimizer="adam",
+        with Master(trainer, f"127.0.0.1:{port}", secret=SECRET, env=env, optimizer="adam",
                     status_interval=1e9) as master:
             state = trainer.init_state(0)
             if master.wait_for_workers(state, workers, 600) < workers:
@@ -179,12 +184,70 @@ def seconds(s: float) -> str:
     return f"{s * 1000:.1f} ms" if s < 1 else f"{s:.1f} s"
 
 
+GYM = "gymnasium:CartPole-v1"
+
+
+def gymnasium_part(gens: int, pop: int) -> None:
+    """A Python simulator over processes: measured on this machine (1 process vs a ZeroMQ master with 1 and 2
+    workers, Gymnasium CartPole-v1), then modelled to N hosts from the measured per-process rate and master costs."""
+    rows = []
+    for label, fn in (("1 process (host rollout)", lambda: run_local(1, gens, pop, GYM)),
+                      ("ZeroMQ: master + 1 worker", lambda: run_zeromq(1, gens, pop, GYM)),
+                      ("ZeroMQ: master + 2 workers (1 per core)", lambda: run_zeromq(2, gens, pop, GYM))):
+        print(f"running: {label} ...", file=sys.stderr, flush=True)
+        rows.append((label, fn()))
+    base_time, base_rate = timed(rows[0][1])
+    print(f"\nOpenAI-ES (adam), {GYM}, GRU 5x2 (367 params), population {pop} in chunks of {CHUNK}, {gens} "
+          f"generations from key 0, median over generations 2..{gens - 1}; load average at the end: "
+          f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs\n")
+    print("| setup | ms / generation | env steps / s | speed-up vs 1 process | bit-identical to 1 process |")
+    print("|---|---|---|---|---|")
+    for label, result in rows:
+        t, rate = timed(result)
+        print(f"| {label} | {t * 1000:.1f} | {rate:,.0f} | {base_time / t:.2f}x | "
+              f"{'yes' if result['sha'] == rows[0][1]['sha'] else 'NO'} |")
+    zmq = rows[-1][1]
+    per_range_cpu = zmq["master_cpu_per_gen"] / max(zmq["ranges_per_gen"], 1)
+    per_range_bytes = zmq["bytes_per_gen"] / max(zmq["ranges_per_gen"], 1)
+    update = program_quantities(pop)["GRU 5x2"]["update_s_per_member_param"]
+    steps_per_member = statistics.median(zmq["steps"][1:-1]) / pop
+    print(f"\nZeroMQ, 2 workers: {zmq['ranges_per_gen']:.1f} ranges per generation, {human(per_range_bytes)} and "
+          f"{seconds(per_range_cpu)} of master CPU per range (the update included), "
+          f"{steps_per_member:.1f} env steps per member")
+    update_own = update * pop * 367  # the update's share of the measured per-range CPU (2 workers: one update)
+    per_range = max(per_range_cpu - update_own / max(zmq["ranges_per_gen"], 1), 0.0)
+    print(f"\nModel: N hosts, each a jes-worker process evaluating one range of {pop} members per generation at "
+          f"the measured 1-process rate ({base_rate:,.0f} env steps/s); the master spends the measured "
+          f"{seconds(per_range)} of CPU per range (the update taken out) and regenerates every member for the update "
+          f"(measured {update * 1e9:.2f} ns per member x parameter), serially, after the ranges are in (no overlap: a "
+          "lower bound); the network moves the measured bytes per range. Two episode lengths: the measured one (an "
+          f"untrained policy, {steps_per_member:.1f} steps) and 500 steps (a solved CartPole-v1 policy).\n")
+    print("| hosts | population | master CPU / gen | env steps / s, measured episodes | efficiency | "
+          "env steps / s, 500-step episodes | efficiency |")
+    print("|---|---|---|---|---|---|---|")
+    for hosts in (1, 2, 10, 100, 1000):
+        population = pop * hosts
+        master = hosts * per_range + update * population * 367
+        cells = []
+        for length in (steps_per_member, 500.0):
+            evaluate = pop * length / base_rate  # one range on one host
+            cells += [f"{population * length / (evaluate + master):,.0f}", f"{evaluate / (evaluate + master):.0%}"]
+        print(f"| {hosts:,} | {population:,} | {seconds(master)} | " + " | ".join(cells) + " |")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--generations", type=int, default=8)
     parser.add_argument("--population", type=int, default=512)
+    parser.add_argument("--part", choices=("jax", "gymnasium", "all"), default="jax",
+                        help="jax: a gymnax env over devices, processes and workers, and the model; gymnasium: a "
+                             "Python simulator over worker processes and its N-host model")
     args = parser.parse_args()
     gens, pop = args.generations, args.population
+    if args.part in ("gymnasium", "all"):
+        gymnasium_part(gens, pop)
+        if args.part == "gymnasium":
+            return
 
     rows = []
     for label, fn in (("1 process, 1 device", lambda: run_local(1, gens, pop)),

@@ -2,6 +2,7 @@
 
     python benchmarks/startup.py [--seeds 5] [--compare base=/path/to/old/checkout,new=.]
     PYTHONPATH=/tmp/evosax python benchmarks/startup.py --peer evosax   # after the line below
+    PYTHONPATH=/tmp/evosax python benchmarks/startup.py --as-user --peer evosax  # `python -m jes` itself
     pip install --target /tmp/evosax "evosax==0.3.2" dotmap --no-deps     # a peer, beside jes's environment
 
 Each run is a fresh ``python -c`` child doing what ``python -m jes`` does with the defaults
@@ -176,6 +177,51 @@ def run_child(pythonpath: str, seed: int, cache_dir: str, extra_env: dict | None
     return dict(total=total, solved_at=marks["generations"] - start, phases=phases, **result)
 
 
+def run_module(seed: int, cache_dir: str) -> dict:
+    """``python -m jes --seed SEED`` itself, as a user runs it: a fresh process with a fresh home and the given
+    compilation cache; the wall time from just before starting it to its exit, measured from outside."""
+    home = os.path.join(os.path.dirname(os.path.abspath(cache_dir)), f"home-{os.path.basename(cache_dir)}")
+    os.makedirs(home, exist_ok=True)
+    env = dict(os.environ, HOME=home, JES_COMPILATION_CACHE=cache_dir)
+    env.pop("XLA_FLAGS", None)
+    start = time.time()
+    proc = subprocess.run([sys.executable, "-m", "jes", "--seed", str(seed)], env=env, capture_output=True, text=True,
+                          timeout=600, cwd=home)
+    total = time.time() - start
+    if proc.returncode not in (0, 1):  # 1: not solved within its generations (reported, not an error)
+        raise RuntimeError(f"python -m jes failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
+    gens = [int(line.split()[1]) for line in proc.stdout.splitlines()
+            if line.startswith("generation ") and "population mean" in line]
+    score = [float(line.split(":")[1].split()[0]) for line in proc.stdout.splitlines() if "fresh episodes:" in line]
+    return dict(total=total, solved=gens[-1] if proc.returncode == 0 else None, score=score[0] if score else None)
+
+
+def as_user(seeds: int, peers: list[str]) -> None:
+    """``python -m jes`` and each peer's child, cold then warm, interleaved seed by seed; wall time from outside."""
+    children = [("python -m jes", None)] + [(peer, {"evosax": CHILD_EVOSAX}[peer]) for peer in peers]
+    rows = {(label, kind): [] for label, _ in children for kind in ("cold", "warm")}
+    with tempfile.TemporaryDirectory() as tmp:
+        for seed in range(seeds):
+            for label, child in children:
+                cache = os.path.join(tmp, f"{label.replace(' ', '_')}-{seed}")
+                for kind in ("cold", "warm"):
+                    r = run_module(seed, cache) if child is None else run_child("", seed, cache, child=child)
+                    rows[(label, kind)].append(r)
+                    print(f"{label:>14s} seed {seed} {kind}: {r['total']:5.2f} s, solved at generation {r['solved']}, "
+                          f"100-episode score {r['score']}", flush=True)
+    print()
+    print("| program | cache | process start -> exit, median [min, max] s | ratio to `python -m jes` (medians) | "
+          "generations to solve | 100-episode score |")
+    print("|---|---|---|---|---|---|")
+    for (label, kind), runs in rows.items():
+        totals = [r["total"] for r in runs]
+        base = statistics.median(r["total"] for r in rows[("python -m jes", kind)])
+        print(f"| {label} | {kind} | {statistics.median(totals):.2f} [{min(totals):.2f}, {max(totals):.2f}] | "
+              f"{statistics.median(totals) / base:.2f}x | {', '.join(str(r['solved']) for r in runs)} | "
+              + ", ".join(f"{r['score']:.1f}" for r in runs) + " |")
+    print(f"\n(seeds 0-{seeds - 1}; load average at the end: {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs)")
+
+
 def steady_generation_s(runs: list[dict]) -> float:
     """Median seconds per generation after the first, over runs."""
     times = [t for r in runs for t in r["generation_times"][1:]]
@@ -188,9 +234,15 @@ def main() -> None:
     parser.add_argument("--compare", default=f"jes={os.path.dirname(os.path.dirname(os.path.abspath(__file__)))}",
                         help="label=PATH,... checkouts to compare (default: this one)")
     parser.add_argument("--no-warm", action="store_true", help="cold runs only")
+    parser.add_argument("--as-user", action="store_true",
+                        help="time `python -m jes --seed N` itself from outside (fresh home; cold, then warm) "
+                             "beside the peers, instead of the phase-stamped children")
     parser.add_argument("--peer", choices=("evosax",), action="append", default=[],
                         help="also run a peer library's equivalent, interleaved (evosax: importable from PYTHONPATH)")
     args = parser.parse_args()
+    if args.as_user:
+        as_user(args.seeds, args.peer)
+        return
     # (label, checkout put first on PYTHONPATH or "" for a peer, child script)
     checkouts = [(*item.split("=", 1), CHILD) for item in args.compare.split(",")] + \
         [(peer, "", {"evosax": CHILD_EVOSAX}[peer]) for peer in args.peer]

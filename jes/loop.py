@@ -125,7 +125,8 @@ class TrainResult:
         solved_generation: first generation (1-based) whose centre evaluation reached the
             env's solved return, or ``None``.
         compile_time: seconds spent compiling the generation step.
-        wall_time: seconds of the whole run including compile.
+        wall_time: seconds of the whole run: from :func:`train`'s call (the trainer's build and the step's compile
+            included) or :func:`run`'s.
         state: the final :class:`TrainState` (to continue training).
         trainer: the :class:`Trainer` that ran it.
         best: the best member evaluated in the run (:class:`BestMember`; kept across a resume by the
@@ -323,6 +324,7 @@ def train(
     Returns:
         A :class:`TrainResult`.
     """
+    started = time.perf_counter()
     if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 0:
         raise ValueError(f"num_workers must be an integer >= 0, got {num_workers!r}")
     if num_workers and (master is not None or distributed):
@@ -378,15 +380,16 @@ def train(
                 server.wait_for_workers(state, num_workers, timeout=120.0)
                 return run(trainer, state, key=key, callbacks=[*loggers, *callbacks], history=history,
                            checkpoint_path=checkpoint_path, checkpoint_every=checkpoint_every, step_fn=server.step,
-                           log_dir=log_dir, best=best)
+                           log_dir=log_dir, best=best, started=started)
         if master is not None:
             with Master(trainer, master, secret=secret, env=env, optimizer=optimizer, env_params=env_params,
                         **(master_options or {})) as server:
                 return run(trainer, state, key=key, callbacks=[*loggers, *callbacks], history=history,
                            checkpoint_path=checkpoint_path, checkpoint_every=checkpoint_every, step_fn=server.step,
-                           log_dir=log_dir, best=best)
+                           log_dir=log_dir, best=best, started=started)
         return run(trainer, state, key=key, callbacks=[*loggers, *callbacks], history=history,
-                   checkpoint_path=checkpoint_path, checkpoint_every=checkpoint_every, log_dir=log_dir, best=best)
+                   checkpoint_path=checkpoint_path, checkpoint_every=checkpoint_every, log_dir=log_dir, best=best,
+                   started=started)
     finally:
         jes_logging.close_all(loggers)
 
@@ -443,7 +446,7 @@ StepFn = Callable[[TrainState, bool, bool], "tuple[TrainState, dict]"]
 def run(trainer: Trainer, state: TrainState, *, key: Any = 0, callbacks: Iterable[Callback] = (),
         history: dict | None = None, num_generations: int | None = None, step_fn: StepFn | None = None,
         checkpoint_path: str | None = None, checkpoint_every: int = 0, log_dir: str | None = None,
-        best: BestMember | None = None) -> TrainResult:
+        best: BestMember | None = None, started: float | None = None) -> TrainResult:
     """Host loop: call the generation step until ``num_generations`` (default: config's) are done.
 
     Args:
@@ -462,6 +465,8 @@ def run(trainer: Trainer, state: TrainState, *, key: Any = 0, callbacks: Iterabl
             (then re-raised). ``None``: no checkpoints.
         log_dir: where the run's logs go (only recorded in the result and its summary).
         best: the best member of the generations before ``state`` (a resumed run's, from its checkpoint).
+        started: ``time.perf_counter()`` when the run began (the result's ``wall_time`` counts from it; default: now).
+            :func:`train` passes its own start, so the trainer's build and the step's compile, begun there, count.
     """
     if checkpoint_every < 0:
         raise ValueError(f"checkpoint_every must be >= 0, got {checkpoint_every}")
@@ -478,7 +483,7 @@ def run(trainer: Trainer, state: TrainState, *, key: Any = 0, callbacks: Iterabl
     solved_generation = _first_solved(history, solved_return)
     if solved_generation is not None and cfg.stop_at_return is not None:
         total = start_gen  # a resumed run that had already stopped at its target stays stopped
-    t_start = time.perf_counter()
+    t_start = time.perf_counter() if started is None else started
 
     state = trainer.place(state)
     if step_fn is None and trainer.spec.host:
