@@ -22,6 +22,7 @@ envpool``, benchmark-only) is measured as a batch backend for CartPole when it i
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import sys
 import time
@@ -42,6 +43,7 @@ from jes.generation import Trainer  # noqa: E402
 from jes.host_step import HostGeneration  # noqa: E402
 
 ENV = "gymnasium:CartPole-v1"
+NAN = float("nan")
 
 # The workloads of the throughput table: the env, jes's policy, and EvoTorch's network of (about) the same size.
 WORKLOADS = {
@@ -94,18 +96,6 @@ def env_alone(env_id: str, seconds: float = 1.0) -> float:
     return steps / (time.perf_counter() - t0)
 
 
-def generations(step, state, repeats: int) -> tuple[list[float], float]:
-    """Env steps/s of ``repeats`` generations of ``step`` (members only; the centre is not evaluated), and the
-    mean episode length."""
-    rates, steps = [], 0
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        state, metrics = step(state, False, True)
-        rates.append(int(metrics["env_steps"]) / (time.perf_counter() - t0))
-        steps += int(metrics["env_steps"])
-    return rates, steps
-
-
 class EvoTorchRows:
     """EvoTorch 0.6's ``GymNE`` + PGPE on ``env_id``: in-process (``num_actors=0``) and over Ray actors, each
     problem made once (actors started and warm) and a fresh searcher per seed."""
@@ -118,26 +108,26 @@ class EvoTorchRows:
                                   num_episodes=1) for n in actors}
         self.size = next(iter(self.problems.values())).solution_length
         for n in actors:
-            self.rates(n, 0, 1)  # actors started, torch warm
+            self.generation(n, self.searcher(n, 0))  # actors started, torch warm
 
-    def rates(self, num_actors: int, seed: int, repeats: int) -> tuple[list[float], float]:
+    def searcher(self, num_actors: int, seed: int):
+        """A PGPE searcher on the problem with ``num_actors`` actors, seeded with ``seed``."""
         import torch
         from evotorch.algorithms import PGPE
 
-        problem = self.problems[num_actors]
         torch.manual_seed(seed)
-        searcher = PGPE(problem, popsize=self.members, center_learning_rate=0.03, stdev_learning_rate=0.1,
-                        stdev_init=0.1)
-        rates, steps, episodes = [], 0, 0
-        for _ in range(repeats):
-            before = problem.status.get("total_interaction_count", 0)  # absent before a problem's first step
-            count = problem.status.get("total_episode_count", 0)
-            t0 = time.perf_counter()
-            searcher.step()
-            done = problem.status["total_interaction_count"] - before
-            rates.append(done / (time.perf_counter() - t0))
-            steps, episodes = steps + done, episodes + problem.status["total_episode_count"] - count
-        return rates, steps / episodes
+        return PGPE(self.problems[num_actors], popsize=self.members, center_learning_rate=0.03,
+                    stdev_learning_rate=0.1, stdev_init=0.1)
+
+    def generation(self, num_actors: int, searcher) -> tuple[float, float]:
+        """One generation of ``searcher``: env steps/s and the mean episode length."""
+        problem = self.problems[num_actors]
+        before = problem.status.get("total_interaction_count", 0)  # absent before a problem's first step
+        count = problem.status.get("total_episode_count", 0)
+        t0 = time.perf_counter()
+        searcher.step()
+        steps = problem.status["total_interaction_count"] - before
+        return steps / (time.perf_counter() - t0), steps / (problem.status["total_episode_count"] - count)
 
     def close(self) -> None:
         for problem in self.problems.values():
@@ -216,10 +206,6 @@ def throughput(env_id: str, members: int, repeats: int, seeds: list[int], warm: 
     host.step(states[seeds[0]], False, True)  # compile
     label = f"{work['label']} ({trainer.num_params} params)"
     rows: dict[str, list[tuple[float, float]]] = {}
-
-    def add(name, rates, length):
-        rows.setdefault(name, []).append((float(np.median(rates)), length))
-
     secret = new_secret()
     evo = EvoTorchRows(env_id, work["evotorch"], members, (0, 2)) if evotorch else None
     try:
@@ -228,41 +214,58 @@ def throughput(env_id: str, members: int, repeats: int, seeds: list[int], warm: 
             server.wait_for_workers(states[seeds[0]], 2, timeout=300)
             server.step(states[seeds[0]], False, True)  # workers warm
             for seed in seeds:
-                state = states[seed]
-                add("the env alone: 1 env, a constant action, no policy", [env_alone(env_id)], float("nan"))
-                plain = [plain_loop(trainer, state, env_id, min(members, 32)) for _ in range(repeats)]
-                add("plain loop: 1 env, 1 jitted policy call per step", plain, float("nan"))
-                rates, steps = generations(host.step, state, repeats)
-                add(f"jes host rollout, 1 process, {label}", rates, steps / (repeats * members * config.episodes_per_member))
-                # The other rows leave the master silent (it serves only inside its calls): the workers are
-                # back and warm on this seed's run before its generations are timed.
-                server.wait_for_workers(state, 2, timeout=300)
-                server.step(state, False, True)
-                rates, steps = generations(server.step, state, repeats)
-                add("jes host rollout, master + 2 local worker processes", rates, float("nan"))
-                if evo is not None:
-                    for n in (0, 2):
-                        rates, length = evo.rates(n, seed, repeats)
-                        add(f"EvoTorch 0.6 GymNE+PGPE, {'1 process' if n == 0 else f'{n} Ray actors'}, "
-                            f"{work['evotorch_label']} ({evo.size} params)", rates, length)
-                if env_id == "CartPole-v1":
-                    pooled = envpool_rate(trainer, state, members)
-                    if pooled is not None:
-                        add("EnvPool batch (C++ pool) + jes GRU, 1 call per step", [pooled[0]], pooled[1])
+                # Each row is one generation (its own state moving on); the rows take turns generation by
+                # generation, so a change of machine load falls on all of them.
+                own = dict(host=states[seed], master=states[seed])
+                searchers = {n: evo.searcher(n, seed) for n in (0, 2)} if evo is not None else {}
+
+                def jes_row(kind, step):
+                    t0 = time.perf_counter()
+                    own[kind], metrics = step(own[kind], False, True)
+                    steps = int(metrics["env_steps"])
+                    return steps / (time.perf_counter() - t0), steps / (members * config.episodes_per_member)
+
+                # The master serves only inside its calls: after a seed's other rows, its workers are back and
+                # warm on this seed's run before its generations are timed.
+                server.wait_for_workers(states[seed], 2, timeout=300)
+                server.step(states[seed], False, True)
+                timed = {"the env alone: 1 env, a constant action, no policy": lambda: (env_alone(env_id), NAN),
+                         "plain loop: 1 env, 1 jitted policy call per step":
+                             lambda: (plain_loop(trainer, states[seed], env_id, min(members, 32)), NAN),
+                         f"jes host rollout, 1 process, {label}": lambda: jes_row("host", host.step),
+                         "jes host rollout, master + 2 local worker processes":
+                             lambda: (jes_row("master", server.step)[0], NAN)}
+                for n, searcher in searchers.items():
+                    name = (f"EvoTorch 0.6 GymNE+PGPE, {'1 process' if n == 0 else f'{n} Ray actors'}, "
+                            f"{work['evotorch_label']} ({evo.size} params)")
+                    timed[name] = lambda n=n, searcher=searcher: evo.generation(n, searcher)
+                if env_id == "CartPole-v1" and importlib.util.find_spec("envpool") is not None:
+                    timed["EnvPool batch (C++ pool) + jes GRU, 1 call per step"] = \
+                        lambda: envpool_rate(trainer, states[seed], members)
+                cells: dict[str, list] = {name: [] for name in timed}
+                for _ in range(repeats):
+                    for name, one in timed.items():
+                        cells[name].append(one())
+                for name, got in cells.items():
+                    rows.setdefault(name, []).append((float(np.median([r for r, _ in got])),
+                                                      float(np.mean([l for _, l in got]))))
     finally:
         if evo is not None:
             evo.close()
     print(f"\nGymnasium {env_id}, {members} members, keys/seeds {','.join(map(str, seeds))}, after {warm} training "
-          f"generations; env steps/s: per seed the median of {repeats} generations, then median [min, max] over the "
-          f"seeds; load average now {os.getloadavg()[0]:.1f}")
-    jes_one = np.median([r for r, _ in rows[f"jes host rollout, 1 process, {label}"]])
-    print(f"{'':<66}{'env steps/s':>26}{'jes 1 process / row':>21}{'episode':>9}")
+          f"generations; env steps/s: per seed the median of {repeats} generations (the rows taking turns generation "
+          f"by generation), then the median [min, max] over the seeds; the ratio per seed, then its median [min, "
+          f"max]; load average now {os.getloadavg()[0]:.1f}")
+    jes_one = [r for r, _ in rows[f"jes host rollout, 1 process, {label}"]]
+    print(f"{'':<60}{'env steps/s':>26}{'jes 1 process / row':>24}{'episode':>9}")
     for name, cells in rows.items():
         rates = [r for r, _ in cells]
-        length = np.nanmean([l for _, l in cells]) if not np.isnan(cells[0][1]) else float("nan")
+        ratios = [j / r for j, r in zip(jes_one, rates)]
+        lengths = [l for _, l in cells if not np.isnan(l)]
+        length = float(np.mean(lengths)) if lengths else NAN
         spread = f"{np.median(rates):,.0f} [{min(rates):,.0f}, {max(rates):,.0f}]"
-        ratio = jes_one / np.median(rates)
-        print(f"{name:<66}{spread:>26}{ratio:>20.2f}x{'' if np.isnan(length) else f'{length:.1f}':>9}")
+        ratio = f"{np.median(ratios):.2f} [{min(ratios):.2f}, {max(ratios):.2f}]"
+        print(f"{name:<60}{spread:>26}{ratio:>24}{'' if np.isnan(length) else f'{length:.1f}':>9}")
 
 
 def main() -> None:
@@ -281,8 +284,6 @@ def main() -> None:
     parser.add_argument("--table-optimizers", default=None, help="comma-separated (default: the five)")
     args = parser.parse_args()
     if args.table:
-        import importlib.util
-
         spec = importlib.util.spec_from_file_location("portable_es", os.path.join(_HERE, "portable_es.py"))
         portable_es = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(portable_es)
