@@ -229,7 +229,9 @@ def run_slots(
         return jax.tree.map(lambda f, r: f.at[slot_ids].set(r), final, results)
 
     t = jnp.int32(0)
-    sizes = compaction_sizes(num_slots, min_slots, optional_slots=optional_slots)
+    # Episodes that all run max_steps never leave a batch early: only an idle optional group can be dropped.
+    floor = num_slots - optional_slots if spec.fixed_length else min_slots
+    sizes = compaction_sizes(num_slots, floor, optional_slots=optional_slots)
     for level, size in enumerate(sizes):
         if level > 0:
             # Record every slot's results, then keep the running ones (at most `size` of them).

@@ -47,3 +47,30 @@ def test_trainer_results_do_not_depend_on_rollout_min_batch():
         return jes.loop.run(trainer, trainer.init_state(1), key=1).flat_params
 
     np.testing.assert_array_equal(params(4), params(64))
+
+
+def test_fixed_length_envs_compile_no_compaction_levels_and_keep_their_bits():
+    """Pendulum never ends an episode itself (gymnax's is_terminated is the constant False): its rollout has one
+    batch level instead of three, with the same bits; a wrong hint (CartPole's episodes do end early) costs
+    speed, never bits."""
+    import dataclasses
+
+    for name, fixed in (("Pendulum-v1", True), ("CartPole-v1", False)):
+        spec = make_env(name)
+        assert spec.fixed_length is fixed, name
+        fns = PolicyFns(jes.MLPPolicy(hidden_sizes=(4,), num_outputs=spec.num_outputs), spec.obs_shape)
+        members, episodes = 32, 2
+        params = jax.vmap(fns.init)(jax.random.split(jax.random.key(0), members))
+        keys = jax.random.split(jax.random.key(1), members * episodes).reshape(members, episodes)
+        active = jnp.arange(members) < 30     # two padding members too
+
+        def go(s):
+            run = jax.jit(lambda p, k, a: run_episodes(fns, s, p, k, a, min_slots=4, collect_obs_stats=True))
+            return run(params, keys, active), run.lower(params, keys, active).as_text().count("stablehlo.while")
+
+        (hinted, hinted_loops), (plain, plain_loops) = go(dataclasses.replace(spec, fixed_length=True)), \
+            go(dataclasses.replace(spec, fixed_length=False))
+        assert hinted_loops < plain_loops, (name, hinted_loops, plain_loops)
+        for a, b in zip(jax.tree.leaves(hinted), jax.tree.leaves(plain)):
+            np.testing.assert_array_equal(np.asarray(a), np.asarray(b))    # bit for bit
+        np.testing.assert_array_equal(hinted.steps[30:], 0)

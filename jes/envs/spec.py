@@ -9,6 +9,7 @@ import dataclasses
 from typing import Any
 
 import jax
+import jax.extend.core as jax_core
 import jax.numpy as jnp
 import numpy as np
 from jes.lazy_gymnax import import_gymnax
@@ -32,6 +33,9 @@ class EnvSpec:
         action_shape: shape of one action.
         max_steps: episode length limit used by rollouts.
         solved_return: the task's "solved" threshold when known, else ``None``.
+        fixed_length: whether the env never ends an episode itself (only its time limit does), so every
+            episode runs ``max_steps`` steps: the rollout then compiles no compaction levels, which could
+            never be entered (a speed and compile-time hint; results never depend on compaction).
     """
 
     env: Any
@@ -45,6 +49,7 @@ class EnvSpec:
     action_high: np.ndarray | None
     max_steps: int
     solved_return: float | None
+    fixed_length: bool = False
 
     @property
     def host(self) -> bool:
@@ -73,6 +78,20 @@ class EnvSpec:
         except (NotImplementedError, AttributeError):
             return terminated.astype(bool)
         return jnp.logical_or(terminated, truncated)
+
+
+def never_terminates(env: Any, params: Any) -> bool:
+    """Whether ``env``'s own termination is the constant ``False``: gymnax >= 1.0 envs report it apart from the
+    time limit (``is_terminated``), traced once here, without running the env (Pendulum: yes; CartPole: no)."""
+    is_terminated = getattr(env, "is_terminated", None)
+    if is_terminated is None:
+        return False
+    try:
+        traced = jax.make_jaxpr(lambda k: is_terminated(env.reset(k, params)[1], params))(jax.random.key(0))
+    except Exception:  # noqa: BLE001 - an env that cannot be traced this way simply gets no hint
+        return False
+    outs = traced.jaxpr.outvars
+    return len(outs) == 1 and isinstance(outs[0], jax_core.Literal) and not bool(outs[0].val)
 
 
 def spec_from_env(env: Any, params: Any, name: str, max_steps: int | None,
@@ -127,4 +146,5 @@ def spec_from_env(env: Any, params: Any, name: str, max_steps: int | None,
         action_high=high,
         max_steps=int(max_steps),
         solved_return=solved,
+        fixed_length=never_terminates(env, params),
     )
