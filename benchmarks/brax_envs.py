@@ -33,6 +33,17 @@ import numpy as np  # noqa: E402
 
 import jes  # noqa: E402
 
+
+def provenance(seeds: list[int]) -> None:
+    """The command, seeds, date and load (benchmarks/provenance.py's lines; this script keeps its directory off sys.path)."""
+    import datetime
+    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    one, five, fifteen = os.getloadavg()
+    print(f"# command: python {os.path.relpath(os.path.abspath(sys.argv[0]))} {' '.join(sys.argv[1:])}".rstrip())
+    if seeds:
+        print(f"# seeds: {','.join(map(str, seeds))} ({len(seeds)})")
+    print(f"# {stamp}, load average {one:.2f} / {five:.2f} / {fifteen:.2f} on {os.cpu_count()} CPUs", flush=True)
+
 CPU_TASKS = {
     # name: (env, policy, config, optimizer)
     "inverted_pendulum": ("brax/inverted_pendulum?backend=spring", jes.MLPPolicy(hidden_sizes=(16,)),
@@ -92,6 +103,7 @@ def main() -> None:
     print(f"# jax {jax.__version__} on {jax.default_backend()} ({platform.machine()}, {len(jax.devices())} device(s), "
           f"{os.cpu_count()} CPUs)", flush=True)
     seeds = [int(s) for s in args.seeds.split(",")]
+    provenance(seeds)
     print(f"# seeds {seeds}; solved: the centre's mean return over fresh episodes reached the task's threshold")
     print("| task | env | params | population | generation budget | solved | generations to solve, median (range) | "
           "final centre return (mean +- std) | env steps/s (median) | compile | wall per seed (median) |")
@@ -105,6 +117,7 @@ def main() -> None:
         return
     for name in args.task or list(CPU_TASKS):
         run_task(name, *CPU_TASKS[name], args.generations, seeds)
+    provenance([])
 
 
 if __name__ == "__main__":

@@ -29,6 +29,9 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 import jes  # noqa: E402
 from jes.sweep import sweep  # noqa: E402
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from provenance import print_load, print_provenance  # noqa: E402
+
 # name: (env, config overrides). Budgets sized for ~10 minutes on 2 loaded vCPUs.
 TASKS = {
     "cartpole": ("CartPole-v1?keep_obs=0,2", dict(num_members=128)),
@@ -49,6 +52,7 @@ def main() -> None:
     parser.add_argument("--tasks", default=",".join(TASKS))
     args = parser.parse_args()
     jes.use_cpu_cores()
+    print_provenance(range(args.seeds))
     print(f"# {args.seeds} seeds, {args.generations} generations, adam; jax {jax.__version__} on "
           f"{jax.default_backend()} ({platform.machine()}, {len(jax.devices())} device(s))", flush=True)
     print("| task | policy | params | final centre return (mean ± std over seeds) | seeds solved | env steps/seed | time |")
@@ -69,6 +73,7 @@ def main() -> None:
             print(f"| `{env}` | {label} | {trainer_params} | {finals.mean():.{digits}f} ± {finals.std():.{digits}f} "
                   f"({' '.join(f'{f:.0f}' if abs(f) >= 10 else f'{f:.2f}' for f in finals)}) | "
                   f"{n_solved}/{args.seeds} (≥ {solved:g}) | {row['env_steps_per_seed']:,} | {wall:.0f} s |", flush=True)
+    print_load()
 
 
 if __name__ == "__main__":

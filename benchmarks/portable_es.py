@@ -17,6 +17,7 @@ import numpy as np
 
 import jes
 from jes.loop import run
+from provenance import print_load, print_provenance
 
 OPTIMIZERS = ("novograd", "adabelief", "adam", "radam", "amsgrad")
 
@@ -33,6 +34,7 @@ def parse_args(description: str, default_seeds: int = 5) -> argparse.Namespace:
 
 def benchmark(env: str, policy: jes.GRUPolicy, args: argparse.Namespace) -> list[dict]:
     """Run the table and print it; returns one row per optimizer."""
+    print_provenance(range(args.seeds))
     print(f"# {env}, {policy}, {2 * args.pairs} evaluations/generation, {args.generations} generations, "
           f"{args.seeds} seeds; jax {jax.__version__} on {jax.default_backend()} ({platform.machine()}, "
           f"{len(jax.devices())} device(s))", flush=True)
@@ -76,6 +78,7 @@ def benchmark(env: str, policy: jes.GRUPolicy, args: argparse.Namespace) -> list
             compile_s=compile_time, gen_s=float(np.median(per_gen)),
         )
         rows.append(row)
+    print_load()
     print()
     print(f"| optimizer | params | pop mean @{args.generations} | centre @{args.generations} | solved | "
           f"gens to solve (median, range) | s to solve incl. setup and compile (median) | compile s | s/generation (median) |")

@@ -1,6 +1,6 @@
 """Scaling out: one process vs two (jax.distributed) vs a ZeroMQ master with 1 and 2 workers, side by side.
 
-    python benchmarks/scaling.py [--generations 8] [--population 512]
+    python benchmarks/scaling.py [--generations 8] [--population 512] [--seeds 0,1,2,3,4]
 
 Part 1 measures, in one run on this machine, OpenAI-ES on CartPole-v1 with a GRU 5x2 (367 params),
 the population in chunks of 64, no centre evaluation in the timed generations:
@@ -12,7 +12,10 @@ the population in chunks of 64, no centre evaluation in the timed generations:
 
 Each row: median ms/generation over the timed generations (the first and the last, which
 evaluates the centre, left out), env steps/s, and whether the final parameters are bit-identical
-to the 1-process 1-device run. Every figure comes from fresh processes started by this script.
+to the 1-process 1-device run of the same seed. Every figure comes from fresh processes started by this
+script. With ``--seeds`` every setup runs once per seed (run key and initial policy), interleaved seed by
+seed so that all setups see the same load; cells are the median [min, max] over seeds of each seed's
+median, speed-ups are taken seed by seed.
 
 ``--part gymnasium`` does the same for a Python simulator (Gymnasium CartPole-v1, the host rollout): 1 process
 vs a ZeroMQ master with 1 and 2 workers, then a model of N hosts from the measured per-process rate and the
@@ -44,11 +47,12 @@ import hashlib, json, os, sys
 import numpy as np
 import jes
 distributed, devices, gens, population = sys.argv[1] == "1", int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
-env = sys.argv[5] if len(sys.argv) > 5 else "CartPole-v1"
+seed = int(sys.argv[5])
+env = sys.argv[6] if len(sys.argv) > 6 else "CartPole-v1"
 if not distributed:
     jes.use_cpu_cores(devices)
 config = jes.ESConfig(num_members=population, chunk_size=64, num_generations=gens, eval_every=0, eval_episodes=8)
-result = jes.train(jes.GRUPolicy(hidden=5, layers=2), env, "adam", key=0, config=config,
+result = jes.train(jes.GRUPolicy(hidden=5, layers=2), env, "adam", key=seed, config=config,
                    distributed=distributed, log_dir=None, checkpoint_path=None, progress=False)
 import jax
 if jax.process_index() == 0:
@@ -76,22 +80,23 @@ def timed(result: dict) -> tuple[float, float]:
     return statistics.median(times), sum(steps) / sum(times)
 
 
-def run_local(devices: int, gens: int, population: int, env: str = "CartPole-v1") -> dict:
-    out = subprocess.run([sys.executable, "-c", CHILD, "0", str(devices), str(gens), str(population), env],
+def run_local(devices: int, gens: int, population: int, seed: int = 0, env: str = "CartPole-v1") -> dict:
+    out = subprocess.run([sys.executable, "-c", CHILD, "0", str(devices), str(gens), str(population), str(seed), env],
                          capture_output=True, text=True, env=child_env(), timeout=900)
     return parse(out.stdout + out.stderr)
 
 
-def run_jax_distributed(processes: int, gens: int, population: int, pin: bool = False) -> dict:
+def run_jax_distributed(processes: int, gens: int, population: int, pin: bool = False, seed: int = 0) -> dict:
     cmd = [sys.executable, "-m", "jes.cli", "launch", "--processes", str(processes), "--devices-per-process", "1",
-           *([] if pin else ["--no-pin-cores"]), "--", sys.executable, "-c", CHILD, "1", "1", str(gens), str(population)]
+           *([] if pin else ["--no-pin-cores"]), "--", sys.executable, "-c", CHILD, "1", "1", str(gens), str(population),
+           str(seed)]
     out = subprocess.run(cmd, capture_output=True, text=True, env=child_env(), timeout=900)
     if out.returncode != 0:
         raise RuntimeError(f"jes launch failed:\n{out.stdout[-3000:]}{out.stderr[-3000:]}")
     return parse(out.stdout)
 
 
-def run_zeromq(workers: int, gens: int, population: int, env: str = "CartPole-v1") -> dict:
+def run_zeromq(workers: int, gens: int, population: int, seed: int = 0, env: str = "CartPole-v1") -> dict:
     """A master in this process (1 CPU device) with ``workers`` local jes-workers, one per core."""
     import jax
 
@@ -110,7 +115,7 @@ def run_zeromq(workers: int, gens: int, population: int, env: str = "CartPole-v1
     try:
         with Master(trainer, f"127.0.0.1:{port}", secret=SECRET, env=env, optimizer="adam",
                     status_interval=1e9) as master:
-            state = trainer.init_state(0)
+            state = trainer.init_state(seed)
             if master.wait_for_workers(state, workers, 600) < workers:
                 raise RuntimeError("the workers did not come up")
             times, steps, cpu, ranges, sent, received = [], [], 0.0, 0, 0, 0
@@ -187,35 +192,45 @@ def seconds(s: float) -> str:
 GYM = "gymnasium:CartPole-v1"
 
 
-def gymnasium_part(gens: int, pop: int) -> None:
+def gymnasium_part(gens: int, pop: int, seeds: list[int]) -> None:
     """A Python simulator over processes: measured on this machine (1 process vs a ZeroMQ master with 1 and 2
-    workers, Gymnasium CartPole-v1), then modelled to N hosts from the measured per-process rate and master costs."""
-    rows = []
-    for label, fn in (("1 process (host rollout)", lambda: run_local(1, gens, pop, GYM)),
-                      ("ZeroMQ: master + 1 worker", lambda: run_zeromq(1, gens, pop, GYM)),
-                      ("ZeroMQ: master + 2 workers (1 per core)", lambda: run_zeromq(2, gens, pop, GYM))):
-        print(f"running: {label} ...", file=sys.stderr, flush=True)
-        rows.append((label, fn()))
-    base_time, base_rate = timed(rows[0][1])
+    workers, Gymnasium CartPole-v1) for each seed, then modelled to N hosts from the measured medians."""
+    setups = (("1 process (host rollout)", lambda seed: run_local(1, gens, pop, seed, GYM)),
+              ("ZeroMQ: master + 1 worker", lambda seed: run_zeromq(1, gens, pop, seed, GYM)),
+              ("ZeroMQ: master + 2 workers (1 per core)", lambda seed: run_zeromq(2, gens, pop, seed, GYM)))
+    results = {label: [] for label, _ in setups}
+    for seed in seeds:
+        for label, fn in setups:
+            print(f"running: seed {seed}, {label} ...", file=sys.stderr, flush=True)
+            results[label].append(fn(seed))
+    base = results[setups[0][0]]
+    cell = lambda values, fmt: (fmt.format(statistics.median(values)) if len(values) == 1 else
+                                f"{fmt.format(statistics.median(values))} [{fmt.format(min(values))}, "
+                                f"{fmt.format(max(values))}]")
     print(f"\nOpenAI-ES (adam), {GYM}, GRU 5x2 (367 params), population {pop} in chunks of {CHUNK}, {gens} "
-          f"generations from key 0, median over generations 2..{gens - 1}; load average at the end: "
-          f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs\n")
+          f"generations, per seed the median over generations 2..{gens - 1}, then median [min, max] over seeds "
+          f"{','.join(map(str, seeds))}; load average at the end: {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs\n")
     print("| setup | ms / generation | env steps / s | speed-up vs 1 process | bit-identical to 1 process |")
     print("|---|---|---|---|---|")
-    for label, result in rows:
-        t, rate = timed(result)
-        print(f"| {label} | {t * 1000:.1f} | {rate:,.0f} | {base_time / t:.2f}x | "
-              f"{'yes' if result['sha'] == rows[0][1]['sha'] else 'NO'} |")
-    zmq = rows[-1][1]
-    per_range_cpu = zmq["master_cpu_per_gen"] / max(zmq["ranges_per_gen"], 1)
-    per_range_bytes = zmq["bytes_per_gen"] / max(zmq["ranges_per_gen"], 1)
+    for label, runs in results.items():
+        times = [timed(r)[0] for r in runs]
+        rates = [timed(r)[1] for r in runs]
+        speed = [timed(b)[0] / t for b, t in zip(base, times)]
+        same = sum(r["sha"] == b["sha"] for r, b in zip(runs, base))
+        print(f"| {label} | {cell([t * 1000 for t in times], '{:.1f}')} | {cell(rates, '{:,.0f}')} | "
+              f"{cell(speed, '{:.2f}x')} | {'yes' if same == len(runs) else 'NO'} ({same}/{len(runs)} seeds) |")
+    zmq = results[setups[-1][0]]
+    per_range_cpu = statistics.median(r["master_cpu_per_gen"] / max(r["ranges_per_gen"], 1) for r in zmq)
+    per_range_bytes = statistics.median(r["bytes_per_gen"] / max(r["ranges_per_gen"], 1) for r in zmq)
+    ranges_per_gen = statistics.median(r["ranges_per_gen"] for r in zmq)
+    base_rate = statistics.median(timed(r)[1] for r in base)
     update = program_quantities(pop)["GRU 5x2"]["update_s_per_member_param"]
-    steps_per_member = statistics.median(zmq["steps"][1:-1]) / pop
-    print(f"\nZeroMQ, 2 workers: {zmq['ranges_per_gen']:.1f} ranges per generation, {human(per_range_bytes)} and "
-          f"{seconds(per_range_cpu)} of master CPU per range (the update included), "
+    steps_per_member = statistics.median(statistics.median(r["steps"][1:-1]) / pop for r in zmq)
+    print(f"\nZeroMQ, 2 workers (medians over the seeds): {ranges_per_gen:.1f} ranges per generation, "
+          f"{human(per_range_bytes)} and {seconds(per_range_cpu)} of master CPU per range (the update included), "
           f"{steps_per_member:.1f} env steps per member")
     update_own = update * pop * 367  # the update's share of the measured per-range CPU (2 workers: one update)
-    per_range = max(per_range_cpu - update_own / max(zmq["ranges_per_gen"], 1), 0.0)
+    per_range = max(per_range_cpu - update_own / max(ranges_per_gen, 1), 0.0)
     print(f"\nModel: N hosts, each a jes-worker process evaluating one range of {pop} members per generation at "
           f"the measured 1-process rate ({base_rate:,.0f} env steps/s); the master spends the measured "
           f"{seconds(per_range)} of CPU per range (the update taken out) and regenerates every member for the update "
@@ -239,47 +254,68 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--generations", type=int, default=8)
     parser.add_argument("--population", type=int, default=512)
+    parser.add_argument("--seeds", default="0", help="run keys, comma-separated; every setup runs once per seed")
     parser.add_argument("--part", choices=("jax", "gymnasium", "all"), default="jax",
                         help="jax: a gymnax env over devices, processes and workers, and the model; gymnasium: a "
                              "Python simulator over worker processes and its N-host model")
     args = parser.parse_args()
     gens, pop = args.generations, args.population
+    seeds = [int(x) for x in args.seeds.split(",")]
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from provenance import print_load, print_provenance
+
+    print_provenance(seeds)
     if args.part in ("gymnasium", "all"):
-        gymnasium_part(gens, pop)
+        gymnasium_part(gens, pop, seeds)
         if args.part == "gymnasium":
             return
+    setups = (("1 process, 1 device", lambda seed: run_local(1, gens, pop, seed)),
+              ("1 process, 2 devices (1 per core)", lambda seed: run_local(2, gens, pop, seed)),
+              ("jax.distributed: 2 processes x 1 device, unpinned (--no-pin-cores)",
+               lambda seed: run_jax_distributed(2, gens, pop, seed=seed)),
+              ("jax.distributed: 2 processes x 1 device, 1 core each (jes launch's default)",
+               lambda seed: run_jax_distributed(2, gens, pop, pin=True, seed=seed)),
+              ("ZeroMQ: master + 1 worker", lambda seed: run_zeromq(1, gens, pop, seed)),
+              ("ZeroMQ: master + 2 workers (1 per core)", lambda seed: run_zeromq(2, gens, pop, seed)))
+    results = {label: [] for label, _ in setups}
+    for seed in seeds:
+        for label, fn in setups:
+            print(f"running: seed {seed}, {label} ...", file=sys.stderr, flush=True)
+            results[label].append(fn(seed))
+    base = results[setups[0][0]]
 
-    rows = []
-    for label, fn in (("1 process, 1 device", lambda: run_local(1, gens, pop)),
-                      ("1 process, 2 devices (1 per core)", lambda: run_local(2, gens, pop)),
-                      ("jax.distributed: 2 processes x 1 device, unpinned (--no-pin-cores)",
-                          lambda: run_jax_distributed(2, gens, pop)),
-                      ("jax.distributed: 2 processes x 1 device, 1 core each (jes launch's default)",
-                       lambda: run_jax_distributed(2, gens, pop, pin=True)),
-                      ("ZeroMQ: master + 1 worker", lambda: run_zeromq(1, gens, pop)),
-                      ("ZeroMQ: master + 2 workers (1 per core)", lambda: run_zeromq(2, gens, pop))):
-        print(f"running: {label} ...", file=sys.stderr, flush=True)
-        rows.append((label, fn()))
-    base_time, base_rate = timed(rows[0][1])
-    base_sha = rows[0][1]["sha"]
+    def spread(values, fmt):
+        values = np.asarray(values, dtype=float)
+        if len(values) == 1:
+            return fmt.format(values[0])
+        return f"{fmt.format(np.median(values))} [{fmt.format(values.min())}, {fmt.format(values.max())}]"
+
     print(f"\nOpenAI-ES, CartPole-v1, GRU 5x2 (367 params), population {pop} in chunks of {CHUNK}, "
-          f"{gens} generations, median over generations 2..{gens - 1}; load average at the end: "
+          f"{gens} generations, per seed the median over generations 2..{gens - 1}; seeds {args.seeds}"
+          f"{' (median [min, max] over seeds)' if len(seeds) > 1 else ''}; load average at the end: "
           f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs\n")
     print("| setup | ms / generation | env steps / s | speed-up vs 1x1 | bit-identical to 1x1 |")
     print("|---|---|---|---|---|")
-    for label, result in rows:
-        t, rate = timed(result)
-        print(f"| {label} | {t * 1000:.1f} | {rate:,.0f} | {base_time / t:.2f}x | "
-              f"{'yes' if result['sha'] == base_sha else 'NO'} |")
-    zmq = rows[-1][1]
-    print(f"\nZeroMQ, 2 workers: {zmq['ranges_per_gen']:.1f} ranges (round trips) per generation, "
+    for label, _ in setups:
+        t = [timed(r)[0] for r in results[label]]
+        rate = [timed(r)[1] for r in results[label]]
+        speed = [timed(b)[0] / timed(r)[0] for b, r in zip(base, results[label])]
+        same = sum(r["sha"] == b["sha"] for b, r in zip(base, results[label]))
+        print(f"| {label} | {spread(np.array(t) * 1000, '{:.1f}')} | {spread(rate, '{:,.0f}')} | "
+              f"{spread(speed, '{:.2f}')}x | {'yes' if same == len(seeds) else 'NO'} ({same}/{len(seeds)} seeds) |")
+    zmq_runs = results[setups[-1][0]]
+    zmq = {k: float(np.median([r[k] for r in zmq_runs])) for k in
+           ("ranges_per_gen", "bytes_per_gen", "master_cpu_per_gen", "master_chunks")}
+    per_range = [r["master_cpu_per_gen"] / max(r["ranges_per_gen"], 1) for r in zmq_runs]
+    print(f"\nZeroMQ, 2 workers (medians over seeds): {zmq['ranges_per_gen']:.1f} ranges (round trips) per generation, "
           f"{human(zmq['bytes_per_gen'])} on the wire per generation, master CPU {seconds(zmq['master_cpu_per_gen'])} "
-          f"per generation ({seconds(zmq['master_cpu_per_gen'] / max(zmq['ranges_per_gen'], 1))} per range, "
-          f"the update included); chunks the master evaluated itself: {zmq['master_chunks']}")
+          f"per generation ({seconds(float(np.median(per_range)))} per range [{seconds(min(per_range))}, "
+          f"{seconds(max(per_range))}], the update included); chunks the master evaluated itself: "
+          f"{zmq['master_chunks']:.0f}")
 
     quantities = program_quantities(pop)
-    per_range_cpu = zmq["master_cpu_per_gen"] / max(zmq["ranges_per_gen"], 1)
-    per_range_bytes = zmq["bytes_per_gen"] / max(zmq["ranges_per_gen"], 1)
+    per_range_cpu = float(np.median(per_range))
+    per_range_bytes = float(np.median([r["bytes_per_gen"] / max(r["ranges_per_gen"], 1) for r in zmq_runs]))
     print("\nModel: where each backend stops scaling. Assumptions: one device per host, "
           f"{pop} members per host (population grows with the hosts), chunks of {CHUNK}, every host evaluates "
           "its own chunks; jax.distributed all-gathers each chunk's fitness record and sufficient statistics to "
@@ -287,7 +323,10 @@ def main() -> None:
           "records and every host rebuilds the statistics from keys); a ZeroMQ master sends one range "
           f"per host per generation at the measured {human(per_range_bytes)} and {seconds(per_range_cpu)} of master "
           "CPU per range, and runs the update itself, regenerating every member's noise (measured cost per "
-          "member x parameter on this CPU, linear extrapolation).\n")
+          "member x parameter on this CPU, linear extrapolation). Measured inputs: bytes per chunk from the compiled "
+          "program's shapes (no seed involved); bytes and master CPU per range: the medians over seeds "
+          f"{args.seeds} of the ZeroMQ 2-worker row above; the update's cost: the median of 5 timed calls on "
+          "seed 0's initial state.\n")
     print("| policy | hosts | population | jax.distributed: bytes received per host / gen | "
           "ZeroMQ: round trips / gen | ZeroMQ: bytes through the master / gen | ZeroMQ: master CPU / gen |")
     print("|---|---|---|---|---|---|---|")
@@ -299,6 +338,7 @@ def main() -> None:
             master_cpu = hosts * per_range_cpu + q["update_s_per_member_param"] * population * q["params"]
             print(f"| {label} ({q['params']:,} params) | {hosts:,} | {population:,} | {human(gathered)} | {hosts:,} | "
                   f"{human(hosts * per_range_bytes)} | {seconds(master_cpu)} |")
+    print_load()
 
 
 if __name__ == "__main__":

@@ -30,6 +30,9 @@ import jes  # noqa: E402
 from jes import blackbox  # noqa: E402
 from jes.loop import run  # noqa: E402
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from provenance import print_load, print_provenance  # noqa: E402
+
 ENVS = {
     # env: (policy, threshold, generations, members)
     "CartPole-v1": (lambda: jes.GRUPolicy(hidden=5, layers=2), 475.0, 50, 512),
@@ -46,7 +49,7 @@ def rl(strategies, envs, seeds, generations_override):
         for name in strategies:
             config = jes.ESConfig(num_members=members, num_generations=generations, stop_at_return=threshold)
             trainer = jes.Trainer(make_policy(), env, None, config, strategy=name)
-            solved, finals, gen_times, evals = [], [], [], []
+            solved, finals, gen_times, evals, seed_gen_s = [], [], [], [], []
             compile_time = None
             for seed in seeds:
                 result = run(trainer, trainer.init_state(seed), key=seed)
@@ -55,6 +58,8 @@ def rl(strategies, envs, seeds, generations_override):
                 solved.append(result.solved_generation)
                 finals.append(result.final_centre_return)
                 gen_times.extend(h["generation_time"][1:])
+                if len(h["generation_time"]) > 1:
+                    seed_gen_s.append(float(np.median(h["generation_time"][1:])))
                 n = len(h["generation"]) if result.solved_generation is None else result.solved_generation
                 evals.append(n * (members + config.eval_episodes))
                 print(f"  {env} {name} seed {seed}: solved at {result.solved_generation}, centre "
@@ -64,14 +69,19 @@ def rl(strategies, envs, seeds, generations_override):
                              gens=f"{np.median(ok):.0f} ({min(ok)}-{max(ok)})" if ok else "-",
                              evals=f"{np.median([e for e, g in zip(evals, solved) if g is not None]):.0f}" if ok else "-",
                              final=f"{np.mean(finals):.1f} +- {np.std(finals):.1f}",
-                             s_per_gen=f"{np.median(gen_times):.3f}" if gen_times else "-",
+                             s_per_gen=(f"{np.median(gen_times):.3f} [{min(seed_gen_s):.3f}, {max(seed_gen_s):.3f}]"
+                                        if gen_times else "-"),
+                             per_seed=" ".join("-" if g is None else str(g) for g in solved),
                              compile=f"{compile_time:.1f}"))
     print("\n| env | strategy | solved | generations to solve, median (range) | evaluations to solve (median) "
-          "| final centre return | s/generation (median) | compile s |")
+          "| final centre return | s/generation, median [min, max of seeds' medians] | compile s |")
     print("|---|---|---|---|---|---|---|---|")
     for r in rows:
         print(f"| {r['env']} | {r['strategy']} | {r['solved']} | {r['gens']} | {r['evals']} | {r['final']} | "
               f"{r['s_per_gen']} | {r['compile']} |")
+    print("\ngeneration each seed solved at (- = not within the budget), in seed order:")
+    for r in rows:
+        print(f"  {r['env']} {r['strategy']}: {r['per_seed']}")
 
 
 def sphere(x):
@@ -96,7 +106,7 @@ FUNCTIONS = {
 
 def functions(strategies, dims, seeds, budget, names=tuple(FUNCTIONS)):
     print("\n| function | d | strategy | population | evaluations to f < 1e-6 (median, runs that reached it) "
-          "| final f(mean) (median) | s |")
+          "| final f(mean), median [min, max] | s per run (median) |")
     print("|---|---|---|---|---|---|---|")
     for fname in names:
         fn, start, sigma, target = FUNCTIONS[fname]
@@ -119,8 +129,8 @@ def functions(strategies, dims, seeds, budget, names=tuple(FUNCTIONS)):
                 ev = f"{np.median(reached):.0f} ({len(reached)}/{len(seeds)})" if reached else f"- (0/{len(seeds)})"
                 if target is None:
                     ev = "n/a"
-                print(f"| {fname} | {d} | {name} | {pop} | {ev} | {np.median(finals):.3g} | {np.median(walls):.1f} |",
-                      flush=True)
+                print(f"| {fname} | {d} | {name} | {pop} | {ev} | {np.median(finals):.3g} "
+                      f"[{np.min(finals):.3g}, {np.max(finals):.3g}] | {np.median(walls):.1f} |", flush=True)
 
 
 def main(argv=None):
@@ -137,12 +147,14 @@ def main(argv=None):
     jes.use_cpu_cores()
     strategies = args.strategies.split(",")
     seeds = [int(s) for s in args.seeds.split(",")]
+    print_provenance(seeds)
     print(f"jax {jax.__version__} on {jax.devices()}")
     if args.part in ("rl", "all"):
         rl(strategies, args.envs.split(","), seeds, args.generations)
     if args.part in ("functions", "all"):
         budget = (lambda d: args.budget) if args.budget else (lambda d: int(20000 * math.sqrt(d / 10)))
         functions(strategies, [int(d) for d in args.dims.split(",")], seeds, budget, args.functions.split(","))
+    print_load()
 
 
 if __name__ == "__main__":

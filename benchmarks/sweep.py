@@ -8,7 +8,9 @@ Both modes run the same trainer configuration on CartPole-v1 and end with the sa
 from __future__ import annotations
 
 import argparse
+import os
 import platform
+import sys
 import time
 
 import jax
@@ -17,6 +19,9 @@ import numpy as np
 
 import jes
 from jes.sweep import compile_batch, run_batch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from provenance import print_load, print_provenance  # noqa: E402
 
 
 def main() -> None:
@@ -30,6 +35,7 @@ def main() -> None:
     parser.add_argument("--eval-episodes", type=int, default=8)
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
+    print_provenance(range(args.seeds))
 
     config = jes.ESConfig(num_members=args.population, num_generations=args.generations,
                           eval_episodes=args.eval_episodes, eval_every=0)
@@ -52,16 +58,17 @@ def main() -> None:
             final, _, _ = run_batch(trainer, states, vmap=vmap, compiled=compiled)
             jax.block_until_ready(final)
             times.append(time.perf_counter() - t0)
-        results[mode] = (float(np.median(times)), compile_time, np.asarray(final.params))
+        results[mode] = (float(np.median(times)), compile_time, np.asarray(final.params), min(times), max(times))
 
     same = np.array_equal(results["sequential"][2], results["vmapped"][2])
     print(f"{platform.node()} {jax.devices()[0].platform} x{len(jax.devices())}, jax {jax.__version__}")
     print(f"{args.env}, GRU {args.hidden}x{args.layers} ({trainer.num_params} params), population {args.population}, "
           f"{args.generations} generations, {args.seeds} seeds, median of {args.repeats}")
-    for mode, (wall, compile_s, _) in results.items():
-        print(f"  {mode:10s}: {wall:7.2f} s run   ({compile_s:5.2f} s compile)")
+    for mode, (wall, compile_s, _, low, high) in results.items():
+        print(f"  {mode:10s}: {wall:7.2f} s run [{low:.2f}, {high:.2f} over repeats]   ({compile_s:5.2f} s compile)")
     print(f"  speed-up of vmapped seeds: {results['sequential'][0] / results['vmapped'][0]:.2f}x; "
           f"final params {'bit-identical' if same else 'differ'} between modes")
+    print_load()
 
 
 if __name__ == "__main__":

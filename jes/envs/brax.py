@@ -20,9 +20,8 @@ What the adapter does, and why:
 * The observation shape comes from ``jax.eval_shape(env.reset, key)`` (~1 s), not
   ``env.observation_size``, which runs an un-jitted reset (8-25 s).
 
-Backends: the default is ``spring`` wherever the env supports it (fast on CPU: inverted_pendulum
-~110-160k steps/s, hopper ~35k on 2 vCPUs, 3-5x ``generalized``, 10x ``mjx``); ``swimmer`` only
-has ``generalized``. ``spring`` is brax's cheapest, least accurate physics; for results
+Backends: the default is ``spring`` wherever the env supports it (the fastest on CPU in a one-off
+comparison, kept in CHANGELOG.md); ``swimmer`` only has ``generalized``. ``spring`` is brax's cheapest, least accurate physics; for results
 comparable with MuJoCo on a GPU ask for ``?backend=mjx`` (or ``generalized``). The backend is
 part of the env's name, so checkpoints and distributed runs carry it.
 
