@@ -44,6 +44,9 @@ def _flatten_x0(x0: Any) -> tuple[jax.Array, Callable]:
 class FunctionProblem(Generation):
     """The compiled generation for maximising ``sign * fitness_fn(params)`` (``fitness_fn`` may be ``None`` for ask/tell).
 
+    A device holding one chunk draws its members' noise once per generation for their evaluation and their
+    statistics (:attr:`Generation.shares_draws`): on a cheap function the draws are a good part of a generation.
+
     Args:
         fitness_fn: maps one parameter pytree shaped like ``x0`` to a scalar; vmapped over members.
         x0: initial mean (array or pytree).
@@ -52,6 +55,8 @@ class FunctionProblem(Generation):
         optimizer: for strategies that use one.
         minimize: minimise ``fitness_fn`` instead of maximising it.
     """
+
+    shares_draws = True
 
     def __init__(self, fitness_fn: Callable | None, x0: Any, strategy: Any, config: ESConfig, optimizer: Any = None,
                  minimize: bool = False, devices: Any = None):
@@ -73,6 +78,7 @@ class FunctionProblem(Generation):
                               else jnp.dtype(jnp.float32))
         self.best_dtype = self.fitness_dtype  # of the centre's and the members' values, hence of the best one
         self.objective_jit = jax.jit(self.objective)  # f(final mean): traced once per problem, not once per run
+        self._result_programs_ready = False
 
     def initial_mean(self, init_key):
         return self.x0
@@ -100,11 +106,11 @@ class FunctionProblem(Generation):
     def centre_score(self, state):
         return self.sign * self.objective(state.params), jnp.int32(1)
 
-    def step_chunks(self, state, chunk_ids, evaluate_centre, evaluate_population):
+    def step_chunks(self, state, chunk_ids, evaluate_centre, evaluate_population, draws=None):
         """As :meth:`Generation.step_chunks`; with float64 fitness the centre is evaluated here (each device's
         chunk 0 slot), as the generation step keeps a chunk-evaluated centre's dtype and would round a
         separately evaluated one to float32."""
-        results, centre = super().step_chunks(state, chunk_ids, evaluate_centre, evaluate_population)
+        results, centre = super().step_chunks(state, chunk_ids, evaluate_centre, evaluate_population, draws)
         if self.fitness_dtype != jnp.float64:
             return results, centre
         score = jax.lax.cond(evaluate_centre, lambda s: self.sign * self.objective(s.params),
@@ -189,6 +195,19 @@ class FunctionProblem(Generation):
             programs[capacity] = (jitted.lower(state, best, flag, count, count, jnp.zeros((), self.best_dtype))
                                   .compile(), time.perf_counter() - t0)
         return programs[capacity]
+
+    def compile_result_programs(self, state: TrainState) -> float:
+        """Compile, once per problem, the two programs a run's result needs (the best member's regeneration and
+        f at the final mean), and return the seconds it took (0 after the first call): compiled on first use
+        instead, they landed in whichever run first had a member as its best, seconds into its wall time."""
+        if self._result_programs_ready:
+            return 0.0
+        t0 = time.perf_counter()
+        if self._member_program is None and jax.process_count() == 1:
+            self._member_program = self._compile_member(state)
+        jax.block_until_ready(self.objective_jit(state.params))  # traced and compiled by jit's own cache
+        self._result_programs_ready = True
+        return time.perf_counter() - t0
 
     def population(self, state: TrainState) -> jax.Array:
         """Flat parameters of every member of the state's generation, ``[num_members, P]``."""
@@ -518,6 +537,7 @@ def run_optimization(problem: FunctionProblem, key: Any = 0, num_generations: in
         return _result(problem, state, history, best_value, best_state, best_member, evaluations, stop_reason,
                        t_start, compile_time)
     compiled, compile_time = problem.compiled_step(state)
+    compile_time += problem.compile_result_programs(state)
     best_value, best_of = -np.inf, (state, None)  # (state, member): regenerated once, at the end
     evaluations = 0
     flags = {flag: jnp.bool_(flag) for flag in (False, True)}
@@ -631,6 +651,7 @@ def _run_in_blocks(problem, state, num_generations, stop_reason, target, callbac
     start for exactly that many calls (the same program, so the same bits) to get the state it stopped on.
     """
     compiled, compile_time = problem.compiled_block(state, capacity)
+    compile_time += problem.compile_result_programs(state)
     sign, minimize, num_members = problem.sign, problem.minimize, problem.config.num_members
     best = (jnp.full((), -jnp.inf, problem.best_dtype), state, jnp.int32(-1))
     threshold = jnp.asarray(_threshold(problem, target))
@@ -654,26 +675,31 @@ def _run_in_blocks(problem, state, num_generations, stop_reason, target, callbac
         made, after, new_best, metrics = compiled(*start, jnp.int32(calls), jnp.int32(population_calls), threshold)
         made, metrics = jax.device_get((made, metrics))
         made, done, stopped_at = int(made), False, None
+        # One conversion per metric and block (Python numbers, as .item() gives them), not one per generation:
+        # on a cheap function the host's work per generation is a good part of a generation's time.
+        col = {k: v[:made].tolist() for k, v in metrics.items()}
+        centres, pop_max, pop_mean, noise_std = col["centre_return"], col["pop_max"], col["pop_mean"], col["noise_std"]
+        bad_member, bad_update = col["bad_member"], col["bad_update"]
         for i in range(made):
-            m = {k: v[i].item() for k, v in metrics.items()}
             if pending is not None:
                 record, pending = pending, None
-                if finish(record, m["centre_return"]):
+                if finish(record, centres[i]):
                     stop_reason, done = "target", True
                     break
             if i >= population_calls:  # the centre-only call
                 done = True
                 break
-            _check_finite(m, gen, problem)
+            if bad_member[i] >= 0 or bad_update[i]:
+                _check_finite({k: v[i] for k, v in col.items()}, gen, problem)
             evaluations += num_members + 1
             gen += 1
-            pending = dict(generation=gen, best_value=sign * m["pop_max"], pop_mean=sign * m["pop_mean"],
-                           noise_std=m["noise_std"], evaluations=evaluations)
+            pending = dict(generation=gen, best_value=sign * pop_max[i], pop_mean=sign * pop_mean[i],
+                           noise_std=noise_std[i], evaluations=evaluations)
             if stop is not None:
-                rows.append((m["pop_max"], m["pop_min"], m["pop_mean"], m["noise_std"]))
+                rows.append((pop_max[i], col["pop_min"][i], pop_mean[i], noise_std[i]))
                 condition = None
-                if "cond_max" in m:
-                    condition = _condition(np.array([m["cond_max"], m["cond_min"]]), state.strategy)
+                if "cond_max" in col:
+                    condition = _condition(np.array([col["cond_max"][i], col["cond_min"][i]]), state.strategy)
                 reason = stop.check(rows, problem.num_params, num_members, condition, state.params.dtype)
                 if reason is not None:
                     stop_reason, num_generations, stopped_at = reason, gen, i

@@ -67,6 +67,18 @@ SCRIPT = textwrap.dedent("""
                          "centre": r.history["centre_return"].tolist(), "steps": r.history["env_steps"].tolist(),
                          "chunks": r.trainer.padded_chunks}
                      for d, r in runs.items()}
+    # jes.optimize: on two devices each holds one chunk and draws its members' noise once for their evaluation and
+    # their statistics; one device holds both chunks and redraws it for the statistics.
+    rosenbrock = lambda x: jax.numpy.sum(100.0 * (x[1:] - x[:-1] ** 2) ** 2 + (1.0 - x[:-1]) ** 2)
+    for strategy in ("sep_cma_es", "snes", "pgpe", "openai_es"):
+        runs = {d: jes.optimize(rosenbrock, np.zeros(6, np.float32), strategy, minimize=True, num_members=8,
+                                chunk_size=4, num_generations=12, key=3, devices=d) for d in (1, 2)}
+        out["optimize/" + strategy] = {
+            d: {"params": np.asarray(r.x).tolist(), "pop_mean": r.history["pop_mean"].tolist(),
+                "centre": r.history["mean_value"].tolist(), "steps": r.history["evaluations"].tolist(),
+                "state": [np.asarray(x).tolist() for x in jax.tree.leaves(r.state.strategy)],
+                "chunks": [r.problem.padded_chunks, len(r.problem.devices)]}
+            for d, r in runs.items()}
     print(json.dumps(out))
 """)
 
@@ -80,7 +92,8 @@ def two_device_runs():
 
 
 @pytest.mark.parametrize("case", ["12/4", "10/2", "8/8", "pendulum", "sep_cma_es", "ars/centered_ranks", "openai_es/z_score",
-                                  "low_rank/mlp", "low_rank/gru"])
+                                  "low_rank/mlp", "low_rank/gru", "optimize/sep_cma_es", "optimize/snes",
+                                  "optimize/pgpe", "optimize/openai_es"])
 def test_two_devices_equal_one_device_bit_for_bit(two_device_runs, case):
     one, two = two_device_runs[case]["1"], two_device_runs[case]["2"]
     assert one["params"] == two["params"]          # exact float equality, element by element
