@@ -143,19 +143,13 @@ class FunctionProblem(Generation):
             capacity: static length of the per-call metrics buffers (``calls <= capacity``).
 
         Returns:
-            ``(calls made, state, best, metrics)``: ``metrics`` leaves ``[capacity]``, rows ``>= calls made``
-            undefined; ``cond_max``/``cond_min`` are the covariance condition source's extremes after the call.
+            ``(calls made, state, best, metrics)``: ``metrics[dtype]`` ``[capacity, len(names)]`` holds the
+            metrics :meth:`block_layout` names for that dtype, one row per call (rows ``>= calls made`` undefined);
+            ``cond_max``/``cond_min`` are the covariance condition source's extremes after the call.
         """
-        def step(state, evaluate_centre, evaluate_population):
-            new_state, metrics = self.generation_step(state, evaluate_centre, evaluate_population)
-            row = {k: metrics[k] for k in BLOCK_METRICS}
-            source = _condition_source(new_state.strategy)
-            if source is not None:
-                row["cond_max"], row["cond_min"] = jnp.max(source), jnp.min(source)
-            return new_state, row
-
-        shapes = jax.eval_shape(step, state, evaluate_centre, evaluate_centre)[1]
-        buffers = {k: jnp.zeros((capacity,), v.dtype) for k, v in shapes.items()}
+        step = self._block_step
+        layout = self.block_layout(state)
+        buffers = {dtype: jnp.zeros((capacity, len(names)), dtype) for dtype, names in layout.items()}
 
         def body(carry):
             j, _, state, (best_value, best_state, best_member), buffers = carry
@@ -175,16 +169,36 @@ class FunctionProblem(Generation):
             keep_state = by_centre | by_member
             best_state = jax.tree.map(lambda n, o: jnp.where(keep_state, n, o), state, best_state)
             state = jax.tree.map(lambda n, o: jnp.where(hit, o, n), new_state, state)
-            buffers = {k: buffers[k].at[j].set(row[k]) for k in buffers}
+            buffers = {dtype: buffers[dtype].at[j].set(jnp.stack([row[k] for k in names]))
+                       for dtype, names in layout.items()}
             return j + 1, hit | bad | ~population_on, state, (best_value, best_state, best_member), buffers
 
         carry = (jnp.int32(0), jnp.bool_(False), state, best, buffers)
         j, _, state, best, buffers = jax.lax.while_loop(lambda c: (c[0] < calls) & ~c[1], body, carry)
         return j, state, best, buffers
 
-    def compiled_block(self, state: TrainState, capacity: int) -> tuple[Callable, float]:
-        """:meth:`generation_block` compiled for ``state``'s shapes and ``capacity`` (once per problem), and the
-        seconds it took."""
+    def _block_step(self, state, evaluate_centre, evaluate_population):
+        """:meth:`generation_step` and the row of metrics the block program keeps of it."""
+        new_state, metrics = self.generation_step(state, evaluate_centre, evaluate_population)
+        row = {k: metrics[k] for k in BLOCK_METRICS}
+        source = _condition_source(new_state.strategy)
+        if source is not None:
+            row["cond_max"], row["cond_min"] = jnp.max(source), jnp.min(source)
+        return new_state, row
+
+    def block_layout(self, state: TrainState) -> dict[str, tuple[str, ...]]:
+        """The metrics :meth:`generation_block` keeps per call, grouped by dtype (``{dtype name: metric names}``):
+        each group is one array, so a block's rows come back in a few transfers, not one per metric."""
+        flag = jax.ShapeDtypeStruct((), jnp.bool_)
+        shapes = jax.eval_shape(self._block_step, state, flag, flag)[1]
+        layout: dict[str, list] = {}
+        for name, shape in shapes.items():
+            layout.setdefault(jnp.dtype(shape.dtype).name, []).append(name)
+        return {dtype: tuple(names) for dtype, names in layout.items()}
+
+    def compiled_block(self, state: TrainState, capacity: int) -> tuple[Callable, float, dict]:
+        """:meth:`generation_block` compiled for ``state``'s shapes and ``capacity`` (once per problem), the
+        seconds it took, and its metrics' :meth:`block_layout`."""
         programs = self.__dict__.setdefault("_block_programs", {})
         if capacity not in programs:
             t0 = time.perf_counter()
@@ -192,8 +206,8 @@ class FunctionProblem(Generation):
             flag, count = jnp.bool_(True), jnp.int32(1)
             jitted = jax.jit(functools.partial(self.generation_block, capacity=capacity),
                              compiler_options=compiler_options(self.devices))
-            programs[capacity] = (jitted.lower(state, best, flag, count, count, jnp.zeros((), self.best_dtype))
-                                  .compile(), time.perf_counter() - t0)
+            compiled = jitted.lower(state, best, flag, count, count, jnp.zeros((), self.best_dtype)).compile()
+            programs[capacity] = (compiled, time.perf_counter() - t0, self.block_layout(state))
         return programs[capacity]
 
     def compile_result_programs(self, state: TrainState) -> float:
@@ -613,7 +627,7 @@ def run_optimization(problem: FunctionProblem, key: Any = 0, num_generations: in
 
 def _result(problem, state, history, best_value, best_state, best_member, evaluations, stop_reason, t_start,
             compile_time) -> OptimizeResult:
-    best_flat = np.asarray(best_state.params if best_member < 0 else problem.member(best_state, jnp.int32(best_member)))
+    best_flat = np.asarray(best_state.params if best_member < 0 else problem.member(best_state, np.int32(best_member)))
     return OptimizeResult(
         direction="minimize" if problem.minimize else "maximize",
         x=problem.params_tree(state.params), value=float(problem.objective_jit(state.params)),
@@ -650,12 +664,13 @@ def _run_in_blocks(problem, state, num_generations, stop_reason, target, callbac
     the host, on the rows read back: when it fires before a block's last row, the block is run again from its
     start for exactly that many calls (the same program, so the same bits) to get the state it stopped on.
     """
-    compiled, compile_time = problem.compiled_block(state, capacity)
+    compiled, compile_time, layout = problem.compiled_block(state, capacity)
     compile_time += problem.compile_result_programs(state)
     sign, minimize, num_members = problem.sign, problem.minimize, problem.config.num_members
-    best = (jnp.full((), -jnp.inf, problem.best_dtype), state, jnp.int32(-1))
-    threshold = jnp.asarray(_threshold(problem, target))
-    flags = {flag: jnp.bool_(flag) for flag in (False, True)}
+    # NumPy scalars as the program's small arguments: a jnp scalar is an eager computation of its own per call
+    best = (np.full((), -np.inf, problem.best_dtype), state, np.int32(-1))
+    threshold = _threshold(problem, target)
+    flags = {flag: np.bool_(flag) for flag in (False, True)}
     gen, evaluations, pending, rows, size = 0, 0, None, [], min(capacity, 8)
 
     def finish(record, centre) -> bool:
@@ -672,12 +687,12 @@ def _run_in_blocks(problem, state, num_generations, stop_reason, target, callbac
         calls = population_calls + (population_calls == num_generations - gen and population_calls < capacity)
         start = (state, best, flags[pending is not None])
         t_block = time.perf_counter()
-        made, after, new_best, metrics = compiled(*start, jnp.int32(calls), jnp.int32(population_calls), threshold)
+        made, after, new_best, metrics = compiled(*start, np.int32(calls), np.int32(population_calls), threshold)
         made, metrics = jax.device_get((made, metrics))
         made, done, stopped_at = int(made), False, None
         # One conversion per metric and block (Python numbers, as .item() gives them), not one per generation:
         # on a cheap function the host's work per generation is a good part of a generation's time.
-        col = {k: v[:made].tolist() for k, v in metrics.items()}
+        col = {k: metrics[dtype][:made, i].tolist() for dtype, names in layout.items() for i, k in enumerate(names)}
         centres, pop_max, pop_mean, noise_std = col["centre_return"], col["pop_max"], col["pop_mean"], col["noise_std"]
         bad_member, bad_update = col["bad_member"], col["bad_update"]
         for i in range(made):
@@ -707,7 +722,7 @@ def _run_in_blocks(problem, state, num_generations, stop_reason, target, callbac
         if done and made != i + 1:
             raise AssertionError("internal: the block program and the host loop disagree on where the run ends")
         if stopped_at is not None and stopped_at + 1 < made:
-            made, after, new_best, _ = compiled(*start, jnp.int32(stopped_at + 1), jnp.int32(stopped_at + 1), threshold)
+            made, after, new_best, _ = compiled(*start, np.int32(stopped_at + 1), np.int32(stopped_at + 1), threshold)
         state, best = after, new_best
         if done:
             break

@@ -17,6 +17,9 @@ Member ``i``'s perturbation is a pure function of ``(gen_key, i)``: ``sample``
 and ``chunk_stats`` regenerate it from the key rather than keeping it, so a
 chunk's statistics can be computed wherever its weights are known, and the
 chunk-ordered sum is the same bits whoever computed which chunk.
+Where one device holds the chunk for both (``jes.optimize`` with one chunk per
+device), ``draws = draw(ctx, gen_key, start, size)`` is computed once and given to
+both (``draws=``): the same values, drawn once.
 """
 from __future__ import annotations
 
