@@ -44,6 +44,9 @@ def _flatten_x0(x0: Any) -> tuple[jax.Array, Callable]:
 class FunctionProblem(Generation):
     """The compiled generation for maximising ``sign * fitness_fn(params)`` (``fitness_fn`` may be ``None`` for ask/tell).
 
+    A device holding one chunk draws its members' noise once per generation for their evaluation and their
+    statistics (:attr:`Generation.shares_draws`): on a cheap function the draws are a good part of a generation.
+
     Args:
         fitness_fn: maps one parameter pytree shaped like ``x0`` to a scalar; vmapped over members.
         x0: initial mean (array or pytree).
@@ -52,6 +55,8 @@ class FunctionProblem(Generation):
         optimizer: for strategies that use one.
         minimize: minimise ``fitness_fn`` instead of maximising it.
     """
+
+    shares_draws = True
 
     def __init__(self, fitness_fn: Callable | None, x0: Any, strategy: Any, config: ESConfig, optimizer: Any = None,
                  minimize: bool = False, devices: Any = None):
@@ -73,6 +78,7 @@ class FunctionProblem(Generation):
                               else jnp.dtype(jnp.float32))
         self.best_dtype = self.fitness_dtype  # of the centre's and the members' values, hence of the best one
         self.objective_jit = jax.jit(self.objective)  # f(final mean): traced once per problem, not once per run
+        self._result_programs_ready = False
 
     def initial_mean(self, init_key):
         return self.x0
@@ -100,11 +106,11 @@ class FunctionProblem(Generation):
     def centre_score(self, state):
         return self.sign * self.objective(state.params), jnp.int32(1)
 
-    def step_chunks(self, state, chunk_ids, evaluate_centre, evaluate_population):
+    def step_chunks(self, state, chunk_ids, evaluate_centre, evaluate_population, draws=None):
         """As :meth:`Generation.step_chunks`; with float64 fitness the centre is evaluated here (each device's
         chunk 0 slot), as the generation step keeps a chunk-evaluated centre's dtype and would round a
         separately evaluated one to float32."""
-        results, centre = super().step_chunks(state, chunk_ids, evaluate_centre, evaluate_population)
+        results, centre = super().step_chunks(state, chunk_ids, evaluate_centre, evaluate_population, draws)
         if self.fitness_dtype != jnp.float64:
             return results, centre
         score = jax.lax.cond(evaluate_centre, lambda s: self.sign * self.objective(s.params),
@@ -137,19 +143,13 @@ class FunctionProblem(Generation):
             capacity: static length of the per-call metrics buffers (``calls <= capacity``).
 
         Returns:
-            ``(calls made, state, best, metrics)``: ``metrics`` leaves ``[capacity]``, rows ``>= calls made``
-            undefined; ``cond_max``/``cond_min`` are the covariance condition source's extremes after the call.
+            ``(calls made, state, best, metrics)``: ``metrics[dtype]`` ``[capacity, len(names)]`` holds the
+            metrics :meth:`block_layout` names for that dtype, one row per call (rows ``>= calls made`` undefined);
+            ``cond_max``/``cond_min`` are the covariance condition source's extremes after the call.
         """
-        def step(state, evaluate_centre, evaluate_population):
-            new_state, metrics = self.generation_step(state, evaluate_centre, evaluate_population)
-            row = {k: metrics[k] for k in BLOCK_METRICS}
-            source = _condition_source(new_state.strategy)
-            if source is not None:
-                row["cond_max"], row["cond_min"] = jnp.max(source), jnp.min(source)
-            return new_state, row
-
-        shapes = jax.eval_shape(step, state, evaluate_centre, evaluate_centre)[1]
-        buffers = {k: jnp.zeros((capacity,), v.dtype) for k, v in shapes.items()}
+        step = self._block_step
+        layout = self.block_layout(state)
+        buffers = {dtype: jnp.zeros((capacity, len(names)), dtype) for dtype, names in layout.items()}
 
         def body(carry):
             j, _, state, (best_value, best_state, best_member), buffers = carry
@@ -169,16 +169,36 @@ class FunctionProblem(Generation):
             keep_state = by_centre | by_member
             best_state = jax.tree.map(lambda n, o: jnp.where(keep_state, n, o), state, best_state)
             state = jax.tree.map(lambda n, o: jnp.where(hit, o, n), new_state, state)
-            buffers = {k: buffers[k].at[j].set(row[k]) for k in buffers}
+            buffers = {dtype: buffers[dtype].at[j].set(jnp.stack([row[k] for k in names]))
+                       for dtype, names in layout.items()}
             return j + 1, hit | bad | ~population_on, state, (best_value, best_state, best_member), buffers
 
         carry = (jnp.int32(0), jnp.bool_(False), state, best, buffers)
         j, _, state, best, buffers = jax.lax.while_loop(lambda c: (c[0] < calls) & ~c[1], body, carry)
         return j, state, best, buffers
 
-    def compiled_block(self, state: TrainState, capacity: int) -> tuple[Callable, float]:
-        """:meth:`generation_block` compiled for ``state``'s shapes and ``capacity`` (once per problem), and the
-        seconds it took."""
+    def _block_step(self, state, evaluate_centre, evaluate_population):
+        """:meth:`generation_step` and the row of metrics the block program keeps of it."""
+        new_state, metrics = self.generation_step(state, evaluate_centre, evaluate_population)
+        row = {k: metrics[k] for k in BLOCK_METRICS}
+        source = _condition_source(new_state.strategy)
+        if source is not None:
+            row["cond_max"], row["cond_min"] = jnp.max(source), jnp.min(source)
+        return new_state, row
+
+    def block_layout(self, state: TrainState) -> dict[str, tuple[str, ...]]:
+        """The metrics :meth:`generation_block` keeps per call, grouped by dtype (``{dtype name: metric names}``):
+        each group is one array, so a block's rows come back in a few transfers, not one per metric."""
+        flag = jax.ShapeDtypeStruct((), jnp.bool_)
+        shapes = jax.eval_shape(self._block_step, state, flag, flag)[1]
+        layout: dict[str, list] = {}
+        for name, shape in shapes.items():
+            layout.setdefault(jnp.dtype(shape.dtype).name, []).append(name)
+        return {dtype: tuple(names) for dtype, names in layout.items()}
+
+    def compiled_block(self, state: TrainState, capacity: int) -> tuple[Callable, float, dict]:
+        """:meth:`generation_block` compiled for ``state``'s shapes and ``capacity`` (once per problem), the
+        seconds it took, and its metrics' :meth:`block_layout`."""
         programs = self.__dict__.setdefault("_block_programs", {})
         if capacity not in programs:
             t0 = time.perf_counter()
@@ -186,9 +206,22 @@ class FunctionProblem(Generation):
             flag, count = jnp.bool_(True), jnp.int32(1)
             jitted = jax.jit(functools.partial(self.generation_block, capacity=capacity),
                              compiler_options=compiler_options(self.devices))
-            programs[capacity] = (jitted.lower(state, best, flag, count, count, jnp.zeros((), self.best_dtype))
-                                  .compile(), time.perf_counter() - t0)
+            compiled = jitted.lower(state, best, flag, count, count, jnp.zeros((), self.best_dtype)).compile()
+            programs[capacity] = (compiled, time.perf_counter() - t0, self.block_layout(state))
         return programs[capacity]
+
+    def compile_result_programs(self, state: TrainState) -> float:
+        """Compile, once per problem, the two programs a run's result needs (the best member's regeneration and
+        f at the final mean), and return the seconds it took (0 after the first call): compiled on first use
+        instead, they landed in whichever run first had a member as its best, seconds into its wall time."""
+        if self._result_programs_ready:
+            return 0.0
+        t0 = time.perf_counter()
+        if self._member_program is None and jax.process_count() == 1:
+            self._member_program = self._compile_member(state)
+        jax.block_until_ready(self.objective_jit(state.params))  # traced and compiled by jit's own cache
+        self._result_programs_ready = True
+        return time.perf_counter() - t0
 
     def population(self, state: TrainState) -> jax.Array:
         """Flat parameters of every member of the state's generation, ``[num_members, P]``."""
@@ -518,6 +551,7 @@ def run_optimization(problem: FunctionProblem, key: Any = 0, num_generations: in
         return _result(problem, state, history, best_value, best_state, best_member, evaluations, stop_reason,
                        t_start, compile_time)
     compiled, compile_time = problem.compiled_step(state)
+    compile_time += problem.compile_result_programs(state)
     best_value, best_of = -np.inf, (state, None)  # (state, member): regenerated once, at the end
     evaluations = 0
     flags = {flag: jnp.bool_(flag) for flag in (False, True)}
@@ -593,7 +627,7 @@ def run_optimization(problem: FunctionProblem, key: Any = 0, num_generations: in
 
 def _result(problem, state, history, best_value, best_state, best_member, evaluations, stop_reason, t_start,
             compile_time) -> OptimizeResult:
-    best_flat = np.asarray(best_state.params if best_member < 0 else problem.member(best_state, jnp.int32(best_member)))
+    best_flat = np.asarray(best_state.params if best_member < 0 else problem.member(best_state, np.int32(best_member)))
     return OptimizeResult(
         direction="minimize" if problem.minimize else "maximize",
         x=problem.params_tree(state.params), value=float(problem.objective_jit(state.params)),
@@ -630,11 +664,13 @@ def _run_in_blocks(problem, state, num_generations, stop_reason, target, callbac
     the host, on the rows read back: when it fires before a block's last row, the block is run again from its
     start for exactly that many calls (the same program, so the same bits) to get the state it stopped on.
     """
-    compiled, compile_time = problem.compiled_block(state, capacity)
+    compiled, compile_time, layout = problem.compiled_block(state, capacity)
+    compile_time += problem.compile_result_programs(state)
     sign, minimize, num_members = problem.sign, problem.minimize, problem.config.num_members
-    best = (jnp.full((), -jnp.inf, problem.best_dtype), state, jnp.int32(-1))
-    threshold = jnp.asarray(_threshold(problem, target))
-    flags = {flag: jnp.bool_(flag) for flag in (False, True)}
+    # NumPy scalars as the program's small arguments: a jnp scalar is an eager computation of its own per call
+    best = (np.full((), -np.inf, problem.best_dtype), state, np.int32(-1))
+    threshold = _threshold(problem, target)
+    flags = {flag: np.bool_(flag) for flag in (False, True)}
     gen, evaluations, pending, rows, size = 0, 0, None, [], min(capacity, 8)
 
     def finish(record, centre) -> bool:
@@ -651,29 +687,34 @@ def _run_in_blocks(problem, state, num_generations, stop_reason, target, callbac
         calls = population_calls + (population_calls == num_generations - gen and population_calls < capacity)
         start = (state, best, flags[pending is not None])
         t_block = time.perf_counter()
-        made, after, new_best, metrics = compiled(*start, jnp.int32(calls), jnp.int32(population_calls), threshold)
+        made, after, new_best, metrics = compiled(*start, np.int32(calls), np.int32(population_calls), threshold)
         made, metrics = jax.device_get((made, metrics))
         made, done, stopped_at = int(made), False, None
+        # One conversion per metric and block (Python numbers, as .item() gives them), not one per generation:
+        # on a cheap function the host's work per generation is a good part of a generation's time.
+        col = {k: metrics[dtype][:made, i].tolist() for dtype, names in layout.items() for i, k in enumerate(names)}
+        centres, pop_max, pop_mean, noise_std = col["centre_return"], col["pop_max"], col["pop_mean"], col["noise_std"]
+        bad_member, bad_update = col["bad_member"], col["bad_update"]
         for i in range(made):
-            m = {k: v[i].item() for k, v in metrics.items()}
             if pending is not None:
                 record, pending = pending, None
-                if finish(record, m["centre_return"]):
+                if finish(record, centres[i]):
                     stop_reason, done = "target", True
                     break
             if i >= population_calls:  # the centre-only call
                 done = True
                 break
-            _check_finite(m, gen, problem)
+            if bad_member[i] >= 0 or bad_update[i]:
+                _check_finite({k: v[i] for k, v in col.items()}, gen, problem)
             evaluations += num_members + 1
             gen += 1
-            pending = dict(generation=gen, best_value=sign * m["pop_max"], pop_mean=sign * m["pop_mean"],
-                           noise_std=m["noise_std"], evaluations=evaluations)
+            pending = dict(generation=gen, best_value=sign * pop_max[i], pop_mean=sign * pop_mean[i],
+                           noise_std=noise_std[i], evaluations=evaluations)
             if stop is not None:
-                rows.append((m["pop_max"], m["pop_min"], m["pop_mean"], m["noise_std"]))
+                rows.append((pop_max[i], col["pop_min"][i], pop_mean[i], noise_std[i]))
                 condition = None
-                if "cond_max" in m:
-                    condition = _condition(np.array([m["cond_max"], m["cond_min"]]), state.strategy)
+                if "cond_max" in col:
+                    condition = _condition(np.array([col["cond_max"][i], col["cond_min"][i]]), state.strategy)
                 reason = stop.check(rows, problem.num_params, num_members, condition, state.params.dtype)
                 if reason is not None:
                     stop_reason, num_generations, stopped_at = reason, gen, i
@@ -681,7 +722,7 @@ def _run_in_blocks(problem, state, num_generations, stop_reason, target, callbac
         if done and made != i + 1:
             raise AssertionError("internal: the block program and the host loop disagree on where the run ends")
         if stopped_at is not None and stopped_at + 1 < made:
-            made, after, new_best, _ = compiled(*start, jnp.int32(stopped_at + 1), jnp.int32(stopped_at + 1), threshold)
+            made, after, new_best, _ = compiled(*start, np.int32(stopped_at + 1), np.int32(stopped_at + 1), threshold)
         state, best = after, new_best
         if done:
             break

@@ -167,6 +167,10 @@ class Generation:
     num_params: int
     obs_shape: tuple[int, ...] = ()
     normalize_observations: bool = False
+    # Whether the step draws a one-chunk device's noise once for its members and their statistics (see chunk_draws).
+    # On for functions (jes.blackbox), where the draws are a good part of a generation; off here and for policies,
+    # whose generation is the rollout, and whose step this change has not been measured on.
+    shares_draws: bool = False
 
     def _setup(self, strategy: Any, optimizer: Any, devices: Any) -> None:
         config = self.config
@@ -341,15 +345,28 @@ class Generation:
         """``(score, steps)`` of the unperturbed centre, reported apart from the population."""
         raise NotImplementedError
 
-    def sample_chunk(self, state: TrainState, chunk: jax.Array) -> tuple[Any, jax.Array, jax.Array]:
+    def sample_chunk(self, state: TrainState, chunk: jax.Array, draws: Any = None) -> tuple[Any, jax.Array, jax.Array]:
         """Chunk ``chunk``'s members (flat parameters ``[C, P]``, or a structured perturbation's form, see
-        :mod:`jes.perturbations`), their indices ``[C]``, and which are real."""
+        :mod:`jes.perturbations`), their indices ``[C]``, and which are real (``draws``: see :meth:`chunk_draws`)."""
         size = self.chunk_size
         gen_key = noise.generation_key(state.es_key, state.generation)
         start = chunk * size
         members = start + jnp.arange(size, dtype=jnp.int32)
-        flat = self.strategy.sample(self.ctx, state.strategy, gen_key, state.generation, start, size)
+        if draws is None:
+            flat = self.strategy.sample(self.ctx, state.strategy, gen_key, state.generation, start, size)
+        else:
+            flat = self.strategy.sample(self.ctx, state.strategy, gen_key, state.generation, start, size, draws=draws)
         return flat, members, members < self.config.num_members
+
+    def chunk_draws(self, state: TrainState, chunk_ids: jax.Array) -> Any:
+        """The strategy's random draws (:meth:`Strategy.draw`) of one device's chunks, leaves ``[k, ...]``, drawn once
+        for the members and their statistics; ``None`` (each draws its own) unless :attr:`shares_draws` and the
+        device holds one chunk (more would keep every chunk's draws in memory at once) or the strategy has none."""
+        if not self.shares_draws or chunk_ids.shape[0] != 1:
+            return None
+        gen_key = noise.generation_key(state.es_key, state.generation)
+        draws = self.strategy.draw(self.ctx, gen_key, chunk_ids[0] * self.chunk_size, self.chunk_size)
+        return None if draws is None else jax.tree.map(lambda x: x[None], draws)
 
     def member_params(self, state: TrainState, member: jax.Array) -> jax.Array:
         """Flat parameters ``[P]`` of one member of the state's generation, regenerated from its key.
@@ -406,10 +423,11 @@ class Generation:
         except Exception:  # noqa: BLE001 - any failure of the cached path: trace as without a cache
             return None
 
-    def evaluate_chunk(self, state: TrainState, chunk: jax.Array, evaluate_population: Any = True) -> ChunkResults:
+    def evaluate_chunk(self, state: TrainState, chunk: jax.Array, evaluate_population: Any = True,
+                       draws: Any = None) -> ChunkResults:
         """Evaluate members ``[chunk*C, (chunk+1)*C)`` of the state's generation (padding members get fitness 0;
-        with ``evaluate_population`` false, every member is treated as padding)."""
-        flat, members, active = self.sample_chunk(state, chunk)
+        with ``evaluate_population`` false, every member is treated as padding; ``draws``: see :meth:`chunk_draws`)."""
+        flat, members, active = self.sample_chunk(state, chunk, draws)
         gen_key = noise.generation_key(state.es_key, state.generation)
         return self.evaluate_members(state, flat, members, gen_key, active & evaluate_population)
 
@@ -438,16 +456,19 @@ class Generation:
 
         return jax.tree.map(pad, shaped)
 
-    def chunk_stats(self, state: TrainState, chunks: jax.Array, weights: Any) -> Any:
-        """The strategy's sufficient statistics of each chunk, leaves ``[k, ...]``; ``weights`` leaves are ``[k, C]``."""
+    def chunk_stats(self, state: TrainState, chunks: jax.Array, weights: Any, draws: Any = None) -> Any:
+        """The strategy's sufficient statistics of each chunk, leaves ``[k, ...]``; ``weights`` leaves are ``[k, C]``
+        (``draws``: the chunks' draws, see :meth:`chunk_draws`; ``None``: redrawn)."""
         gen_key = noise.generation_key(state.es_key, state.generation)
 
         def one(args):
-            chunk, w = args
-            return self.strategy.chunk_stats(self.ctx, state.strategy, gen_key, state.generation,
-                                             chunk * self.chunk_size, w)
+            chunk, w, d = args
+            start = chunk * self.chunk_size
+            if d is None:
+                return self.strategy.chunk_stats(self.ctx, state.strategy, gen_key, state.generation, start, w)
+            return self.strategy.chunk_stats(self.ctx, state.strategy, gen_key, state.generation, start, w, draws=d)
 
-        return jax.lax.map(one, (chunks, weights))
+        return jax.lax.map(one, (chunks, weights, draws))
 
     @staticmethod
     def reduce_chunks(values: Any) -> Any:
@@ -532,15 +553,16 @@ class Generation:
         return self.apply_fitness(state, flat, self.reduce_chunks(results))
 
     def step_chunks(self, state: TrainState, chunk_ids: jax.Array, evaluate_centre: jax.Array,
-                    evaluate_population: jax.Array) -> tuple[ChunkResults, Any]:
+                    evaluate_population: jax.Array, draws: Any = None) -> tuple[ChunkResults, Any]:
         """One device's part of the step: its chunks' results (leaves ``[k, ...]``; no member evaluated unless
         ``evaluate_population``) and its part of the centre's evaluation, or ``None`` when the centre is
-        evaluated apart (by :meth:`centre_score`, as here).
+        evaluated apart (by :meth:`centre_score`, as here). ``draws``: the chunks' (:meth:`chunk_draws`), or ``None``.
 
         A subclass that evaluates the centre inside its chunks returns ``(returns, steps)``, each ``[k, S]``:
         centre episode ``j`` in slot ``j % S`` of chunk ``j // S`` (see :meth:`Trainer.step_chunks`).
         """
-        return jax.lax.map(lambda c: self.evaluate_chunk(state, c, evaluate_population), chunk_ids), None
+        return jax.lax.map(lambda a: self.evaluate_chunk(state, a[0], evaluate_population, a[1]),
+                           (chunk_ids, draws)), None
 
     def centre_from_chunks(self, centre: Any) -> tuple[jax.Array, jax.Array]:
         """``(score, steps)`` of the centre from every real chunk's part ``[num_chunks, S]`` (see :meth:`step_chunks`)."""
@@ -566,14 +588,18 @@ class Generation:
         def sharded(state, chunk_ids, evaluate_centre, evaluate_population):
             real = self.num_chunks  # device padding chunks are dropped before any reduction
             gather = lambda tree: jax.tree.map(lambda x: jax.lax.all_gather(x, AXIS, tiled=True)[:real], tree)
-            results, centre = self.step_chunks(state, chunk_ids, evaluate_centre, evaluate_population)
+            draws = self.chunk_draws(state, chunk_ids)
+            if draws is None:  # (a subclass's step_chunks may not take draws)
+                results, centre = self.step_chunks(state, chunk_ids, evaluate_centre, evaluate_population)
+            else:
+                results, centre = self.step_chunks(state, chunk_ids, evaluate_centre, evaluate_population, draws)
             results = gather(results)
             fitness_all = results.fitness.reshape(-1)[: self.config.num_members]
             weights = self.weights(state, fitness_all)
             index = jax.lax.axis_index(AXIS)
             if self.ctx.perturbation is None:
                 local = jax.tree.map(lambda w: jax.lax.dynamic_slice_in_dim(w, index * per_device, per_device), weights)
-                stats = gather(self.chunk_stats(state, chunk_ids, local))
+                stats = gather(self.chunk_stats(state, chunk_ids, local, draws))
             else:
                 # Every device rebuilds the whole update from the fitness alone (factors come from keys): no
                 # P-sized statistics cross devices or processes, and the per-chunk sums are the same bits.

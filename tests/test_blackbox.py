@@ -168,6 +168,26 @@ def test_blocks_of_generations_give_the_bits_of_one_generation_per_call(name):
         np.testing.assert_array_equal(es.mean(state), blocks.x)
 
 
+@pytest.mark.parametrize("name", jes.strategies.names())
+def test_noise_drawn_once_for_members_and_statistics_gives_the_bits_of_redrawing_it(name):
+    """A one-chunk function problem draws its members' noise once per generation for their evaluation and their
+    statistics (Generation.shares_draws); the same problem with the statistics redrawing it (the step before,
+    and what AskTell's tell and a multi-chunk device do) gives the same bits: history, state, best member."""
+    from jes.blackbox import FunctionProblem, _config, run_optimization
+
+    strategy = jes.strategies.get(name).for_functions()
+    config = _config(8, 12, 0.3, None, "centered_ranks", 0.0, None, strategy)
+    shared = FunctionProblem(rosenbrock, jnp.zeros(5), strategy, config, minimize=True)
+    redrawn = FunctionProblem(rosenbrock, jnp.zeros(5), strategy, config, minimize=True)
+    redrawn.shares_draws = False
+    state = shared.init_state(3)
+    assert shared.chunk_draws(state, jnp.zeros(1, jnp.int32)) is not None
+    assert redrawn.chunk_draws(state, jnp.zeros(1, jnp.int32)) is None
+    for calls in (1, 16):
+        _same(run_optimization(redrawn, key=3, generations_per_call=calls),
+              run_optimization(shared, key=3, generations_per_call=calls))
+
+
 def test_ask_tell_inside_the_users_own_scan_traces_once():
     """The documented pattern: ask -> the user's evaluation -> tell as the body of the user's lax.scan, jitted.
     One trace for any number of calls; the same means as ask/tell called from the host (sep_cma_es ranks: the same

@@ -95,6 +95,40 @@ def test_two_devices_equal_one_device_bit_for_bit(two_device_runs, case):
         assert two["chunks"] % 2 == 0 and two["chunks"] >= one["chunks"]
 
 
+OPTIMIZE_SCRIPT = textwrap.dedent("""
+    import json
+    import jax, numpy as np
+    import jes
+    jes.enable_compilation_cache()   # the session's cache (tests/conftest.py)
+    assert len(jax.devices()) == 2, jax.devices()
+    rosenbrock = lambda x: jax.numpy.sum(100.0 * (x[1:] - x[:-1] ** 2) ** 2 + (1.0 - x[:-1]) ** 2)
+    out = {}
+    for strategy in ("sep_cma_es", "snes", "pgpe", "openai_es"):
+        runs = {d: jes.optimize(rosenbrock, np.zeros(6, np.float32), strategy, minimize=True, num_members=8,
+                                chunk_size=4, num_generations=12, key=3, devices=d) for d in (1, 2)}
+        out[strategy] = {d: {"x": np.asarray(r.x).tolist(), "history": {k: v.tolist() for k, v in r.history.items()},
+                             "state": [np.asarray(x).tolist() for x in jax.tree.leaves(r.state.strategy)],
+                             "chunks": [r.problem.padded_chunks, len(r.problem.devices)]}
+                         for d, r in runs.items()}
+    print(json.dumps(out))
+""")
+
+
+def test_optimize_on_two_devices_equals_one_device_bit_for_bit():
+    """jes.optimize, 8 members in chunks of 4: on two devices each holds one chunk and draws its members' noise once
+    for their evaluation and their statistics; one device holds both chunks and redraws it for the statistics."""
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2", JAX_PLATFORMS="cpu")
+    proc = subprocess.run([sys.executable, "-c", OPTIMIZE_SCRIPT], capture_output=True, text=True, env=env, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    for strategy, runs in out.items():
+        one, two = runs["1"], runs["2"]
+        assert one["chunks"] == [2, 1] and two["chunks"] == [2, 2]
+        assert one["x"] == two["x"], strategy  # exact float equality, element by element
+        assert one["history"] == two["history"], strategy
+        assert one["state"] == two["state"], strategy
+
+
 def test_bad_device_count_is_explained():
     import jes
 

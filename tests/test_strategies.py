@@ -57,6 +57,29 @@ def test_member_is_a_pure_function_of_key_generation_and_index(name):
 
 
 @pytest.mark.parametrize("name", NAMES)
+def test_members_and_statistics_from_the_draws_equal_those_that_draw_their_own(name):
+    """Strategy.draw's draws given to sample and chunk_stats (draws=) give the bits of each drawing its own, compiled
+    as one program with the draws shared (as jes.optimize's one-chunk step) and as separate programs."""
+    strategy, ctx = _context(name)
+    state = strategy.init(ctx, jnp.arange(D, dtype=jnp.float32))
+    gen_key, generation, start = noise.generation_key(jax.random.key(7), 3), jnp.int32(3), jnp.int32(8)
+    weights = jax.tree.map(lambda w: w.astype(jnp.float32),
+                           strategy.weights(ctx, state, jnp.sin(jnp.arange(8, dtype=jnp.float32))))
+
+    @jax.jit
+    def shared(state):
+        draws = strategy.draw(ctx, gen_key, start, 8)
+        return (strategy.sample(ctx, state, gen_key, generation, start, 8, draws=draws),
+                strategy.chunk_stats(ctx, state, gen_key, generation, start, weights, draws=draws))
+
+    own = (jax.jit(lambda s: strategy.sample(ctx, s, gen_key, generation, start, 8))(state),
+           jax.jit(lambda s: strategy.chunk_stats(ctx, s, gen_key, generation, start, weights))(state))
+    assert strategy.draw(ctx, gen_key, start, 8) is not None
+    for a, b in zip(jax.tree.leaves(shared(state)), jax.tree.leaves(own)):
+        assert np.array_equal(np.asarray(a), np.asarray(b))
+
+
+@pytest.mark.parametrize("name", NAMES)
 def test_equal_fitness_moves_the_mean_only_where_the_algorithm_says_so(name):
     es = jes.AskTell(name, jnp.ones(D), num_members=8)
     state = es.init(0)

@@ -9,7 +9,8 @@ import jax.numpy as jnp
 from flax import struct
 
 from jes.strategies import noise
-from jes.strategies.base import Context, Strategy, check_optimizer_free, info, isotropic_members, isotropic_weighted_noise
+from jes.strategies.base import (Context, Strategy, check_optimizer_free, info, isotropic_draws, isotropic_members,
+                                isotropic_weighted_noise)
 
 
 @struct.dataclass
@@ -80,8 +81,11 @@ class ARS(Strategy):
     def noise_std(self, ctx, state, generation):
         return state.noise_std
 
-    def sample(self, ctx, state, gen_key, generation, start, size):
-        return isotropic_members(ctx, state.mean, state.noise_std, gen_key, start, size)
+    def draw(self, ctx, gen_key, start, size):
+        return isotropic_draws(ctx, gen_key, start, size)
+
+    def sample(self, ctx, state, gen_key, generation, start, size, draws=None):
+        return isotropic_members(ctx, state.mean, state.noise_std, gen_key, start, size, draws)
 
     def weights(self, ctx, state, fitness):
         plus, minus = fitness[0::2], fitness[1::2]
@@ -95,8 +99,8 @@ class ARS(Strategy):
         pair_w = jnp.stack([jnp.where(selected, plus, 0.0), jnp.where(selected, minus, 0.0)], axis=1)
         return (pair_w * scale).reshape(-1)
 
-    def chunk_stats(self, ctx, state, gen_key, generation, start, weights):
-        return isotropic_weighted_noise(ctx, gen_key, start, weights)
+    def chunk_stats(self, ctx, state, gen_key, generation, start, weights, draws=None):
+        return isotropic_weighted_noise(ctx, gen_key, start, weights, draws)
 
     def update(self, ctx, state, stats, fitness, generation):
         step = self.resolved("step_size") * stats

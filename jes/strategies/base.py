@@ -17,6 +17,9 @@ Member ``i``'s perturbation is a pure function of ``(gen_key, i)``: ``sample``
 and ``chunk_stats`` regenerate it from the key rather than keeping it, so a
 chunk's statistics can be computed wherever its weights are known, and the
 chunk-ordered sum is the same bits whoever computed which chunk.
+Where one device holds the chunk for both (``jes.optimize`` with one chunk per
+device), ``draws = draw(ctx, gen_key, start, size)`` is computed once and given to
+both (``draws=``): the same values, drawn once.
 """
 from __future__ import annotations
 
@@ -143,9 +146,19 @@ class Strategy:
     def init(self, ctx: Context, mean: jax.Array) -> Any:
         raise NotImplementedError
 
+    def draw(self, ctx: Context, gen_key: jax.Array, start: jax.Array, size: int) -> Any:
+        """The random draws members ``start .. start+size-1`` are built from, or ``None`` (the default: only
+        :meth:`sample` and :meth:`chunk_stats` know them, and each draws its own).
+
+        A generation that holds one chunk per device draws them once and gives them to both (``draws=``) instead
+        of having the statistics redraw what the members were sampled from: the same values from the same keys,
+        computed once (inside a compiled loop of generations XLA does not merge the two draws itself).
+        """
+        return None
+
     def sample(self, ctx: Context, state: Any, gen_key: jax.Array, generation: jax.Array, start: jax.Array,
-               size: int) -> jax.Array:
-        """Flat parameters of members ``start .. start+size-1``, ``[size, P]``."""
+               size: int, draws: Any = None) -> jax.Array:
+        """Flat parameters of members ``start .. start+size-1``, ``[size, P]`` (from ``draws``, :meth:`draw`'s, if given)."""
         raise NotImplementedError
 
     def weights(self, ctx: Context, state: Any, fitness: jax.Array) -> Any:
@@ -153,8 +166,9 @@ class Strategy:
         raise NotImplementedError
 
     def chunk_stats(self, ctx: Context, state: Any, gen_key: jax.Array, generation: jax.Array, start: jax.Array,
-                    weights: Any) -> Any:
-        """Sufficient statistics of one chunk from its members' weights (leaves ``[size]``); summed over chunks."""
+                    weights: Any, draws: Any = None) -> Any:
+        """Sufficient statistics of one chunk from its members' weights (leaves ``[size]``); summed over chunks
+        (from ``draws``, :meth:`draw`'s, if given, else redrawn)."""
         raise NotImplementedError
 
     def update(self, ctx: Context, state: Any, stats: Any, fitness: jax.Array, generation: jax.Array) -> tuple[Any, dict]:
@@ -197,19 +211,37 @@ def unit_noise(gen_key: jax.Array, start: jax.Array, size: int, num_params: int,
     return noise.chunk_noise(gen_key, start, size, num_params, antithetic)
 
 
+def isotropic_draws(ctx: Context, gen_key: jax.Array, start: jax.Array, size: int) -> jax.Array | None:
+    """:meth:`Strategy.draw` of the isotropic strategies: the mirrored pairs' draws ``[size // 2, P]``
+    (:func:`pair_noise`) or every member's ``[size, P]``; ``None`` with a structured perturbation (it draws its own)."""
+    if ctx.perturbation is not None:
+        return None
+    if ctx.antithetic:
+        return pair_noise(gen_key, start, size, ctx.num_params)
+    return noise.chunk_noise(gen_key, start, size, ctx.num_params, False)
+
+
 def isotropic_members(ctx: Context, mean: jax.Array, sigma: jax.Array, gen_key: jax.Array, start: jax.Array,
-                      size: int) -> Any:
-    """``mean + sigma * E_i`` for members ``start..start+size-1``: dense ``[size, P]`` (``E_i`` = :func:`unit_noise`),
-    or in the form of ``ctx.perturbation`` (see :mod:`jes.perturbations`)."""
+                      size: int, draws: jax.Array | None = None) -> Any:
+    """``mean + sigma * E_i`` for members ``start..start+size-1``: dense ``[size, P]`` (``E_i`` = :func:`unit_noise`,
+    or from :func:`isotropic_draws`'s ``draws``), or in the form of ``ctx.perturbation`` (see :mod:`jes.perturbations`)."""
     if ctx.perturbation is None:
-        return mean[None, :] + sigma * noise.chunk_noise(gen_key, start, size, ctx.num_params, ctx.antithetic)
+        if draws is None:
+            unit = noise.chunk_noise(gen_key, start, size, ctx.num_params, ctx.antithetic)
+        else:
+            unit = noise.mirrored(draws) if ctx.antithetic else draws
+        return mean[None, :] + sigma * unit
     return ctx.perturbation.members(ctx, mean, sigma, gen_key, start, size)
 
 
-def isotropic_weighted_noise(ctx: Context, gen_key: jax.Array, start: jax.Array, weights: jax.Array) -> jax.Array:
-    """``sum_i weights[i] * E_i`` over one chunk, ``[P]``, for the ``E_i`` of :func:`isotropic_members`."""
+def isotropic_weighted_noise(ctx: Context, gen_key: jax.Array, start: jax.Array, weights: jax.Array,
+                             draws: jax.Array | None = None) -> jax.Array:
+    """``sum_i weights[i] * E_i`` over one chunk, ``[P]``, for the ``E_i`` of :func:`isotropic_members` (from
+    :func:`isotropic_draws`'s ``draws`` if given)."""
     if ctx.perturbation is None:
-        return noise.chunk_weighted_noise(gen_key, start, weights, ctx.num_params, ctx.antithetic)
+        if draws is None:
+            return noise.chunk_weighted_noise(gen_key, start, weights, ctx.num_params, ctx.antithetic)
+        return noise.weighted_draws(weights, draws, ctx.antithetic)
     return ctx.perturbation.weighted_noise(ctx, gen_key, start, weights)
 
 

@@ -122,8 +122,11 @@ class CMAES(Strategy):
     def noise_std(self, ctx, state, generation):
         return state.sigma * jnp.sqrt(jnp.diagonal(state.cov)).mean()
 
-    def sample(self, ctx, state, gen_key, generation, start, size):
-        z = unit_noise(gen_key, start, size, ctx.num_params, False).astype(state.mean.dtype)
+    def draw(self, ctx, gen_key, start, size):
+        return unit_noise(gen_key, start, size, ctx.num_params, False)
+
+    def sample(self, ctx, state, gen_key, generation, start, size, draws=None):
+        z = (self.draw(ctx, gen_key, start, size) if draws is None else draws).astype(state.mean.dtype)
         return state.mean[None, :] + state.sigma * (z * state.scales[None, :]) @ state.basis.T
 
     def weights(self, ctx, state, fitness):
@@ -134,8 +137,8 @@ class CMAES(Strategy):
         narrow = lambda u: sorted_utilities(fitness, u).astype(jnp.float32)
         return {"mean": narrow(jnp.maximum(w, 0.0)), "cov": narrow(w)}
 
-    def chunk_stats(self, ctx, state, gen_key, generation, start, weights):
-        z = unit_noise(gen_key, start, weights["mean"].shape[0], ctx.num_params, False).astype(state.mean.dtype)
+    def chunk_stats(self, ctx, state, gen_key, generation, start, weights, draws=None):
+        z = (self.draw(ctx, gen_key, start, weights["mean"].shape[0]) if draws is None else draws).astype(state.mean.dtype)
         w = weights["cov"].astype(z.dtype)
         # Active CMA's negative weights act on directions rescaled to length sqrt(P) (tutorial eq. 46):
         # ||C^(-1/2) y_k|| = ||z_k|| for the distribution the member was drawn from.

@@ -57,9 +57,13 @@ def chunk_noise(gen_key: jax.Array, start: jax.Array | int, size: int, num_param
     members = jnp.asarray(start, jnp.int32) + jnp.arange(size, dtype=jnp.int32)
     if antithetic:
         _check_pairs(size)
-        pairs = jax.vmap(lambda m: member_noise(gen_key, m, num_params, True))(members[0::2])
-        return jnp.stack([pairs, -pairs], axis=1).reshape(size, num_params)
+        return mirrored(jax.vmap(lambda m: member_noise(gen_key, m, num_params, True))(members[0::2]))
     return jax.vmap(lambda m: member_noise(gen_key, m, num_params, False))(members)
+
+
+def mirrored(pairs: jax.Array) -> jax.Array:
+    """Members ``2p, 2p + 1`` as ``+pairs[p], -pairs[p]``: ``[2 * len(pairs), P]``."""
+    return jnp.stack([pairs, -pairs], axis=1).reshape(2 * pairs.shape[0], pairs.shape[1])
 
 
 def _check_pairs(size: int) -> None:
@@ -143,8 +147,15 @@ def chunk_weighted_noise(gen_key: jax.Array, start: jax.Array | int, weights: ja
     if antithetic:
         _check_pairs(size)
         eps = jax.vmap(lambda m: member_noise(gen_key, m, num_params, True))(members[0::2])
-        return (weights[0::2] - weights[1::2]) @ eps
-    return weights @ chunk_noise(gen_key, start, size, num_params, False)
+        return weighted_draws(weights, eps, True)
+    return weighted_draws(weights, chunk_noise(gen_key, start, size, num_params, False), False)
+
+
+def weighted_draws(weights: jax.Array, draws: jax.Array, antithetic: bool) -> jax.Array:
+    """:func:`chunk_weighted_noise` from the chunk's draws: the pairs' ``[C // 2, P]`` (antithetic) or the members' ``[C, P]``."""
+    if antithetic:
+        return (weights[0::2] - weights[1::2]) @ draws
+    return weights @ draws
 
 
 def es_gradient(weighted_sum: jax.Array, num_members: int, noise_std: jax.Array) -> jax.Array:

@@ -11,7 +11,7 @@ from flax import struct
 
 from jes.optimizers import current_learning_rate
 from jes.strategies import noise
-from jes.strategies.base import Context, Strategy, info, isotropic_members, isotropic_weighted_noise
+from jes.strategies.base import Context, Strategy, info, isotropic_draws, isotropic_members, isotropic_weighted_noise
 
 
 @struct.dataclass
@@ -47,14 +47,17 @@ class OpenAIES(Strategy):
         scheduled = ctx.sigma_at(generation)
         return state.noise_std if scheduled is None else scheduled
 
-    def sample(self, ctx, state, gen_key, generation, start, size):
-        return isotropic_members(ctx, state.mean, self.noise_std(ctx, state, generation), gen_key, start, size)
+    def draw(self, ctx, gen_key, start, size):
+        return isotropic_draws(ctx, gen_key, start, size)
+
+    def sample(self, ctx, state, gen_key, generation, start, size, draws=None):
+        return isotropic_members(ctx, state.mean, self.noise_std(ctx, state, generation), gen_key, start, size, draws)
 
     def weights(self, ctx, state, fitness):
         return noise.shape_fitness(fitness, ctx.fitness_shaping)
 
-    def chunk_stats(self, ctx, state, gen_key, generation, start, weights):
-        return isotropic_weighted_noise(ctx, gen_key, start, weights)
+    def chunk_stats(self, ctx, state, gen_key, generation, start, weights, draws=None):
+        return isotropic_weighted_noise(ctx, gen_key, start, weights, draws)
 
     def update(self, ctx, state, stats, fitness, generation):
         sigma = self.noise_std(ctx, state, generation)

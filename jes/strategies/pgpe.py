@@ -94,15 +94,19 @@ class PGPE(Strategy):
     def noise_std(self, ctx, state, generation):
         return state.stdev.mean()
 
-    def sample(self, ctx, state, gen_key, generation, start, size):
-        return state.mean[None, :] + state.stdev[None, :] * noise.chunk_noise(gen_key, start, size, ctx.num_params, True)
+    def draw(self, ctx, gen_key, start, size):
+        return pair_noise(gen_key, start, size, ctx.num_params)
+
+    def sample(self, ctx, state, gen_key, generation, start, size, draws=None):
+        unit = noise.chunk_noise(gen_key, start, size, ctx.num_params, True) if draws is None else noise.mirrored(draws)
+        return state.mean[None, :] + state.stdev[None, :] * unit
 
     def weights(self, ctx, state, fitness):
         shaped = noise.shape_fitness(fitness, ctx.fitness_shaping)
         return shaped - shaped.mean()
 
-    def chunk_stats(self, ctx, state, gen_key, generation, start, weights):
-        z = pair_noise(gen_key, start, weights.shape[0], ctx.num_params)
+    def chunk_stats(self, ctx, state, gen_key, generation, start, weights, draws=None):
+        z = self.draw(ctx, gen_key, start, weights.shape[0]) if draws is None else draws
         plus, minus = weights[0::2], weights[1::2]
         return {"mean": ((plus - minus) * 0.5) @ z, "stdev": ((plus + minus) * 0.5) @ (z * z - 1.0)}
 

@@ -112,16 +112,19 @@ class SepCMAES(Strategy):
     def noise_std(self, ctx, state, generation):
         return state.sigma * jnp.sqrt(state.diag_c).mean()
 
-    def sample(self, ctx, state, gen_key, generation, start, size):
-        z = unit_noise(gen_key, start, size, ctx.num_params, False)
+    def draw(self, ctx, gen_key, start, size):
+        return unit_noise(gen_key, start, size, ctx.num_params, False)
+
+    def sample(self, ctx, state, gen_key, generation, start, size, draws=None):
+        z = self.draw(ctx, gen_key, start, size) if draws is None else draws
         return state.mean[None, :] + (state.sigma * jnp.sqrt(state.diag_c))[None, :] * z
 
     def weights(self, ctx, state, fitness):
         c = self.constants(ctx.num_params, fitness.shape[0])
         return sorted_utilities(fitness, jnp.asarray(c["weights"], jnp.float32))
 
-    def chunk_stats(self, ctx, state, gen_key, generation, start, weights):
-        z = unit_noise(gen_key, start, weights.shape[0], ctx.num_params, False)
+    def chunk_stats(self, ctx, state, gen_key, generation, start, weights, draws=None):
+        z = self.draw(ctx, gen_key, start, weights.shape[0]) if draws is None else draws
         return {"z": weights @ z, "z2": weights @ (z * z)}
 
     def update(self, ctx, state, stats, fitness, generation):

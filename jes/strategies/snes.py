@@ -101,15 +101,19 @@ class SNES(Strategy):
     def noise_std(self, ctx, state, generation):
         return state.sigma.mean()
 
-    def sample(self, ctx, state, gen_key, generation, start, size):
-        return state.mean[None, :] + state.sigma[None, :] * unit_noise(gen_key, start, size, ctx.num_params, False)
+    def draw(self, ctx, gen_key, start, size):
+        return unit_noise(gen_key, start, size, ctx.num_params, False)
+
+    def sample(self, ctx, state, gen_key, generation, start, size, draws=None):
+        z = self.draw(ctx, gen_key, start, size) if draws is None else draws
+        return state.mean[None, :] + state.sigma[None, :] * z
 
     def weights(self, ctx, state, fitness):
         n = fitness.shape[0]
         return sorted_utilities(fitness, linear_utilities(n) if self.resolved("linear_utilities") else snes_utilities(n))
 
-    def chunk_stats(self, ctx, state, gen_key, generation, start, weights):
-        z = unit_noise(gen_key, start, weights.shape[0], ctx.num_params, False)
+    def chunk_stats(self, ctx, state, gen_key, generation, start, weights, draws=None):
+        z = self.draw(ctx, gen_key, start, weights.shape[0]) if draws is None else draws
         return {"mean": weights @ z, "sigma": weights @ (z * z - 1.0)}
 
     def update(self, ctx, state, stats, fitness, generation):
