@@ -264,13 +264,53 @@ def print_table(out: str) -> None:
             f"{len(table.get((name, d), {}))}" for d in dims))
 
 
-def post(out: str) -> None:
-    print_table(out)
+def cocopp_fraction(folder: str, budget_multiplier: float) -> float:
+    """The solved fraction of one (optimizer, dimension) folder from COCO's own records, read by cocopp."""
     import cocopp
 
+    hits = []
+    for ds in cocopp.load(folder):
+        evals = np.array(ds.detEvals(list(TARGETS)))  # [targets, instances], NaN: not reached
+        hits.append(np.isfinite(evals) & (evals <= budget_multiplier * ds.dim))
+    return float(np.concatenate(hits, axis=1).mean())
+
+
+def post(out: str, budget_multiplier: float) -> None:
+    """The table; one cell against cocopp's reading of COCO's records; cocopp's figures (``ppdata/``); and the
+    aggregated ECDFs of every dimension side by side in ``bbob_ecdf.png``."""
+    import warnings
+
+    warnings.simplefilter("ignore")  # cocopp's many deprecation and archive warnings
+    print_table(out)
+    import cocopp
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    table = load_records(out)
+    name, dim = min(table, key=lambda k: (OPTIMIZERS.index(k[0]), k[1]))
+    print(f"\ncross-check {name} d={dim}: here {solved_fraction(list(table[(name, dim)].values())):.4f}, "
+          f"cocopp {cocopp_fraction(os.path.join(out, name, f'd{dim:02d}'), budget_multiplier):.4f}", flush=True)
     folders = [os.path.join(out, n) for n in OPTIMIZERS if os.path.isdir(os.path.join(out, n))]
-    cocopp.genericsettings.isConv = False
-    cocopp.main(" ".join(["-o", os.path.join(out, "..", "ppdata")] + folders))
+    cocopp.genericsettings.figure_file_formats = ["png"]
+    cocopp.main(" ".join(["-o", "ppdata"] + folders))
+    dims = sorted({k[1] for k in table})
+    pictures = []
+    for d in dims:
+        found = [os.path.join(root, f) for root, _, files in os.walk("ppdata") for f in files
+                 if f == f"pprldmany_{d:02d}D_noiselessall.png"]
+        if found:
+            pictures.append((d, max(found, key=os.path.getmtime)))
+    if pictures:
+        fig, axes = plt.subplots(1, len(pictures), figsize=(4.2 * len(pictures), 3.4), squeeze=False)
+        for ax, (d, path) in zip(axes[0], pictures):
+            ax.imshow(plt.imread(path))
+            ax.set_title(f"bbob, 24 functions x 5 instances, d = {d}", fontsize=9)
+            ax.axis("off")
+        fig.tight_layout()
+        fig.savefig("bbob_ecdf.png", dpi=110)
+        print("aggregated ECDFs:", ", ".join(p for _, p in pictures), "-> bbob_ecdf.png")
 
 
 def main() -> None:
@@ -286,7 +326,7 @@ def main() -> None:
     args = parser.parse_args()
     print("command:", " ".join(sys.argv), flush=True)
     if args.post:
-        post(args.out)
+        post(args.out, args.budget_multiplier)
         return
 
     def span(text):
