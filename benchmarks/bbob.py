@@ -12,7 +12,9 @@ Every (optimizer, dimension) writes COCO's standard observer output to ``exdata/
 ``exdata/<optimizer>`` as one algorithm) and one JSON line per problem to ``exdata/records/<optimizer>.jsonl``.
 ``--post`` prints, per optimizer and dimension, the fraction of (function, instance, target) triples solved
 within the budget over COCO's 51 standard targets ``f - f_opt < 10^k``, ``k = 2, 1.8, ..., -8`` (computed here
-from each problem's best f - f_opt seen within the budget), and runs cocopp on the folders (``ppdata/``).
+from each problem's best f - f_opt seen within the budget; one cell is checked against cocopp's reading of
+COCO's own records), runs cocopp on the folders (``ppdata/``) and puts its aggregated ECDF of each dimension
+side by side in ``ppdata/bbob_ecdf.png`` (docs/images/bbob_ecdf.png).
 
 The same for every optimizer: budget ``10^4 d`` calls of the COCO problem (``--budget-multiplier``); the start
 point ``x0`` uniform in ``[-4, 4]^d`` from ``numpy.random.default_rng([seed, function, instance, d])``
@@ -125,7 +127,8 @@ def run_jes(strategy: str, restarts: str | None):
         else:
             r = jes.optimize(recorder, x0, strategy, minimize=True, noise_std=sigma, restarts=restarts,
                              max_evaluations=budget, target=target, key=key, host=True)
-        return dict(runs=len(r.runs) or 1, stop_reason=r.stop_reason, jes_evaluations=r.num_evaluations)
+        return dict(runs=len(r.runs) or 1, stop_reason=r.stop_reason, jes_evaluations=r.num_evaluations,
+                    compile_seconds=round(r.compile_time, 2))
     return run
 
 
@@ -175,7 +178,13 @@ class EvosaxCMA:
 
 # ------------------------------------------------------------------------------------------------ running
 def run_cell(name: str, dim: int, functions: list[int], instances: list[int], args) -> list[dict]:
-    """One optimizer on one dimension: COCO's observer output in ``exdata/<name>/dNN``, records returned."""
+    """One optimizer on one dimension: COCO's observer output in ``exdata/<name>/dNN``; each problem's record
+    appended to ``exdata/records/<name>.jsonl`` as it ends (the dimension's old records dropped first), and
+    returned."""
+    path = os.path.join(args.out, "records", f"{name}.jsonl")
+    kept = [json.loads(line) for line in open(path)] if os.path.exists(path) else []
+    with open(path, "w") as f:  # a rerun of a cell replaces it
+        f.writelines(json.dumps(r) + "\n" for r in kept if r["dim"] != dim)
     import cocoex
 
     sigma = 2.0
@@ -216,6 +225,8 @@ def run_cell(name: str, dim: int, functions: list[int], instances: list[int], ar
         if record["coco_evaluations"] != record["evaluations"]:
             raise AssertionError(f"{problem.id}: COCO counted {problem.evaluations} calls, the recorder {recorder.calls}")
         records.append(record)
+        with open(path, "a") as f:
+            f.write(json.dumps(record) + "\n")
         print(f"  {name} {problem.id}: {recorder.calls} evaluations, f - f_opt = {record['best_delta']:.3g}, "
               f"{record['seconds']:.1f}s {info}", flush=True)
         problem.free()
@@ -253,9 +264,10 @@ def print_table(out: str) -> None:
             if not records:
                 cells.append("-")
                 continue
-            functions = len({r["function"] for r in records})
+            functions = sorted({r["function"] for r in records})
             seconds = sum(r["seconds"] for r in records)
-            cells.append(f"{solved_fraction(records):.3f} ({len(records)} = {functions} f, {seconds:.0f} s)")
+            which = f"{len(functions)} f" if len(functions) == 24 else f"f{functions[0]}-f{functions[-1]}"
+            cells.append(f"{solved_fraction(records):.3f} ({len(records)} = {which}, {seconds:.0f} s)")
         print(f"| {name} | " + " | ".join(cells) + " |")
     print("\nfinal target 1e-8 hit (problems):")
     for name in names:
@@ -277,7 +289,7 @@ def cocopp_fraction(folder: str, budget_multiplier: float) -> float:
 
 def post(out: str, budget_multiplier: float) -> None:
     """The table; one cell against cocopp's reading of COCO's records; cocopp's figures (``ppdata/``); and the
-    aggregated ECDFs of every dimension side by side in ``bbob_ecdf.png``."""
+    aggregated ECDFs of every dimension side by side in ``ppdata/bbob_ecdf.png``."""
     import warnings
 
     warnings.simplefilter("ignore")  # cocopp's many deprecation and archive warnings
@@ -293,9 +305,15 @@ def post(out: str, budget_multiplier: float) -> None:
     print(f"\ncross-check {name} d={dim}: here {solved_fraction(list(table[(name, dim)].values())):.4f}, "
           f"cocopp {cocopp_fraction(os.path.join(out, name, f'd{dim:02d}'), budget_multiplier):.4f}", flush=True)
     folders = [os.path.join(out, n) for n in OPTIMIZERS if os.path.isdir(os.path.join(out, n))]
+    partial = [os.path.join(out, n, f"d{d:02d}") for n, d in table if d not in dims]
+    if partial:  # cocopp reads every folder below the ones it is given
+        print("left out of cocopp (not run completely by every optimizer):", ", ".join(partial))
+        for folder in partial:
+            shutil.move(folder, folder + ".partial")
     cocopp.genericsettings.figure_file_formats = ["png"]
     cocopp.main(" ".join(["-o", "ppdata"] + folders))
-    dims = sorted({k[1] for k in table})
+    # a figure only for dimensions every optimizer ran completely (24 functions x 5 instances)
+    dims = sorted(d for d in {k[1] for k in table} if all(len(v) == 120 for k, v in table.items() if k[1] == d))
     pictures = []
     for d in dims:
         found = [os.path.join(root, f) for root, _, files in os.walk("ppdata") for f in files
@@ -309,8 +327,8 @@ def post(out: str, budget_multiplier: float) -> None:
             ax.set_title(f"bbob, 24 functions x 5 instances, d = {d}", fontsize=9)
             ax.axis("off")
         fig.tight_layout()
-        fig.savefig("bbob_ecdf.png", dpi=110)
-        print("aggregated ECDFs:", ", ".join(p for _, p in pictures), "-> bbob_ecdf.png")
+        fig.savefig(os.path.join("ppdata", "bbob_ecdf.png"), dpi=110)
+        print("aggregated ECDFs:", ", ".join(p for _, p in pictures), "-> ppdata/bbob_ecdf.png")
 
 
 def main() -> None:
@@ -348,11 +366,6 @@ def main() -> None:
         for name in names:
             t0 = time.perf_counter()
             records = run_cell(name, dim, functions, instances, args)
-            path = os.path.join(args.out, "records", f"{name}.jsonl")
-            kept = [r for r in (json.loads(line) for line in open(path))] if os.path.exists(path) else []
-            kept = [r for r in kept if r["dim"] != dim] + records  # a rerun of a cell replaces it
-            with open(path, "w") as f:
-                f.writelines(json.dumps(r) + "\n" for r in kept)
             print(f"{name} d={dim}: solved fraction {solved_fraction(records):.3f} over {len(records)} problems, "
                   f"{time.perf_counter() - t0:.0f} s", flush=True)
     print_table(args.out)
