@@ -257,10 +257,19 @@ def print_table(out: str) -> None:
           "(51 targets 10^[2..-8]; problems run):")
     print("| optimizer | " + " | ".join(f"d={d}" for d in dims) + " |")
     print("|---|" + "---|" * len(dims))
+    # where not every optimizer ran a dimension completely, its cells count the functions all of them ran on
+    # every instance
+    common = {}
+    for d in dims:
+        cells = [set(table[k]) for k in table if k[1] == d]
+        problems = set.intersection(*cells)
+        instances = {i for cell in cells for _, i in cell}
+        whole = {f for f, _ in problems if all((f, i) in problems for i in instances)}
+        common[d] = {key for key in problems if key[0] in whole}
     for name in names:
         cells = []
         for d in dims:
-            records = list(table.get((name, d), {}).values())
+            records = [r for key, r in table.get((name, d), {}).items() if key in common[d]]
             if not records:
                 cells.append("-")
                 continue
