@@ -304,25 +304,32 @@ def post(out: str, budget_multiplier: float) -> None:
     warnings.simplefilter("ignore")  # cocopp's many deprecation and archive warnings
     print_table(out)
     import cocopp
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
 
     table = load_records(out)
     name, dim = min(table, key=lambda k: (OPTIMIZERS.index(k[0]), k[1]))
     print(f"\ncross-check {name} d={dim}: here {solved_fraction(list(table[(name, dim)].values())):.4f}, "
           f"cocopp {cocopp_fraction(os.path.join(out, name, f'd{dim:02d}'), budget_multiplier):.4f}", flush=True)
-    folders = [os.path.join(out, n) for n in OPTIMIZERS if os.path.isdir(os.path.join(out, n))]
-    partial = [os.path.join(out, n, f"d{d:02d}") for n, d in table if d not in dims]
-    if partial:  # cocopp reads every folder below the ones it is given
-        print("left out of cocopp (not run completely by every optimizer):", ", ".join(partial))
-        for folder in partial:
-            shutil.move(folder, folder + ".partial")
-    cocopp.genericsettings.figure_file_formats = ["png"]
-    cocopp.main(" ".join(["-o", "ppdata"] + folders))
     # a figure only for dimensions every optimizer ran completely (24 functions x 5 instances)
     dims = sorted(d for d in {k[1] for k in table} if all(len(v) == 120 for k, v in table.items() if k[1] == d))
+    folders = [os.path.join(out, n) for n in OPTIMIZERS if os.path.isdir(os.path.join(out, n))]
+    partial = [os.path.join(out, n, f"d{d:02d}") for n, d in table if d not in dims]
+    if partial:  # cocopp reads every folder below the ones it is given: moved to exdata/partial/
+        print("left out of cocopp (not run completely by every optimizer):", ", ".join(partial))
+        for folder in partial:
+            os.makedirs(os.path.join(out, "partial"), exist_ok=True)
+            shutil.move(folder, os.path.join(out, "partial", "-".join(folder.split(os.sep)[-2:])))
+    cocopp.genericsettings.figure_file_formats = ["png"]
+    cocopp.main(" ".join(["-o", "ppdata"] + folders))
+    montage(dims)
+
+
+def montage(dims: list[int]) -> None:
+    """cocopp's newest aggregated ECDF of each of ``dims`` side by side in ``ppdata/bbob_ecdf.png``."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
     pictures = []
     for d in dims:
         found = [os.path.join(root, f) for root, _, files in os.walk("ppdata") for f in files
