@@ -96,6 +96,16 @@ def test_float64_fitness_with_a_large_offset_in_x64_mode():
         assert r.stop_reason == "target" and r.value - OFFSET < 1e-8 and r.history["mean_value"].dtype == np.float64
 
 
+def test_sep_cma_es_in_x64_mode_is_float64_and_reaches_the_offset_target():
+    """sep_cma_es's sigma starts in the mean's dtype (it started float32 and its update, float64 in x64 mode,
+    failed the generation's cond: "cond branches must have equal output types")."""
+    with jax.enable_x64(True):
+        r = jes.optimize(lambda x: jnp.sum(x ** 2) + OFFSET, jnp.ones(3, jnp.float64), "sep_cma_es", minimize=True,
+                         num_generations=400, target=OFFSET + 1e-8)
+        assert r.state.strategy.sigma.dtype == np.float64 and r.state.strategy.diag_c.dtype == np.float64
+        assert r.stop_reason == "target" and r.value - OFFSET < 1e-8
+
+
 def test_float64_fitness_from_the_host_is_ranked_in_float64_without_x64_mode():
     """AskTell.tell given float64 NumPy fitness ranks it in float64 (shifted by its median before float32):
     the float32 mean gets to within 1e-8 of the offset; the same values rounded to float32 tie and stall."""
