@@ -383,6 +383,7 @@ def optimize(
     max_evaluations: int | None = None,
     stop: StopCriteria | None = None,
     generations_per_call: int = 100,
+    host: bool = False,
 ) -> OptimizeResult:
     """Optimise ``fitness_fn`` with an evolution strategy, many generations per compiled call.
 
@@ -424,6 +425,15 @@ def optimize(
             order. ``StopCriteria`` are checked on the host on every generation's row; a stop before a block's
             end reruns that block's start for exactly the generations kept. Same bits as ``1`` (one compiled
             call per generation, dispatched ahead) and as :class:`AskTell`, whatever the block lengths.
+        host: ``fitness_fn`` is plain host code (Python, NumPy, a simulator or a C library; not traced): it is
+            called with one NumPy point shaped like ``x0`` (float64 where ``x0`` is, in x64 mode) at a time, for
+            each member in member order and then once at the updated mean, exactly ``num_members + 1`` calls a
+            generation, never a call past a stop or ``max_evaluations``. Sampling and the update run as two
+            compiled programs per generation, shared by every run, restart and problem with the same strategy,
+            settings, dimension and dtype (compiled once per process). Everything else (``restarts``,
+            ``stop``, ``target``, ``max_evaluations``, ``callbacks``) works as for a JAX function; the
+            generations are the same as ``optimize``'s for a JAX function with the same values (in x64 mode,
+            or for float32 values); ``generations_per_call`` and ``devices`` do not apply.
 
     Returns:
         An :class:`OptimizeResult`.
@@ -432,10 +442,19 @@ def optimize(
     flat, _ = _flatten_x0(x0)
     if num_members is None:
         num_members = _default_members(strategy, int(flat.shape[0]))
+    if not isinstance(host, bool):
+        raise TypeError(f"host must be True or False, got {host!r}")
+    if host and not callable(fitness_fn):
+        raise TypeError(f"fitness_fn must be callable, got {type(fitness_fn).__name__}")
+    if host and devices is not None:
+        raise ValueError("host=True evaluates on the host and runs sampling and updates on one device; "
+                         "leave devices=None")
 
     def build(members, sigma, generations):
         config = _config(members, generations, sigma, learning_rate, fitness_shaping, weight_decay, chunk_size,
                          strategy)
+        if host:
+            return HostFunctionProblem(fitness_fn, x0, strategy, config, optimizer=optimizer, minimize=minimize)
         return FunctionProblem(fitness_fn, x0, strategy, config, optimizer=optimizer, minimize=minimize,
                                devices=devices)
 
@@ -539,6 +558,8 @@ def run_optimization(problem: FunctionProblem, key: Any = 0, num_generations: in
     stop_reason = "num_generations"
     if max_evaluations is not None and max_evaluations // (problem.config.num_members + 1) < num_generations:
         num_generations, stop_reason = max(0, max_evaluations // (problem.config.num_members + 1)), "max_evaluations"
+    if isinstance(problem, HostFunctionProblem):
+        return _run_on_host(problem, key, num_generations, stop_reason, target, callbacks, stop)
     rows = []  # per generation, for the stop criteria
     minimize, num_members = problem.minimize, problem.config.num_members
     state = problem.init_state(key)
@@ -730,6 +751,175 @@ def _run_in_blocks(problem, state, num_generations, stop_reason, target, callbac
         size = max(1, min(capacity, 2 * size, int(BLOCK_SECONDS / max(per_call, 1e-9))))
     best_value, best_state, best_member = best
     return (state, float(best_value), best_state, int(best_member), evaluations, stop_reason, compile_time)
+
+
+@dataclasses.dataclass(frozen=True)
+class _HostPrograms:
+    """Everything the compiled sampling and update of a host-evaluated run depend on, hashable: ``jax.jit``'s
+    cache, keyed on it as a static argument, shares the programs between equal runs (restarts, seeds, other
+    functions of the same dimension), where a problem object per run would trace and compile them anew."""
+
+    strategy: Any
+    config: ESConfig
+    optimizer: Any
+    num_params: int
+    dtype: str
+    minimize: bool
+
+    def problem(self) -> FunctionProblem:
+        """The problem whose methods the programs trace (built while tracing them: its constants are concrete)."""
+        with jax.ensure_compile_time_eval():
+            return FunctionProblem(None, np.zeros(self.num_params, self.dtype), self.strategy, self.config,
+                                   optimizer=self.optimizer, minimize=self.minimize, devices=1)
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _host_init(programs: _HostPrograms, run_key: jax.Array, mean: jax.Array) -> TrainState:
+    return programs.problem().fresh_state(run_key, mean)
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _host_ask(programs: _HostPrograms, state: TrainState) -> jax.Array:
+    return programs.problem().population(state)
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _host_tell(programs: _HostPrograms, state: TrainState, fitness: jax.Array) -> tuple[TrainState, dict]:
+    problem = programs.problem()
+    dtype = jnp.float64 if fitness.dtype == jnp.float64 else jnp.float32
+    new_state, metrics = problem.apply_fitness(state, fitness.astype(dtype) * problem.sign)
+    info = {k: metrics[k] for k in ("pop_max", "pop_min", "pop_mean", "noise_std", "bad_member", "bad_update")}
+    source = _condition_source(new_state.strategy)
+    if source is not None:
+        info["cond_max"], info["cond_min"] = jnp.max(source), jnp.min(source)
+    return new_state, info
+
+
+class HostFunctionProblem(FunctionProblem):
+    """A :class:`FunctionProblem` whose function runs on the host (``jes.optimize(..., host=True)``): no function
+    is traced; :func:`run_optimization` alternates the compiled sampling, the host calls and the compiled update.
+
+    Args:
+        host_fn: maps one NumPy point shaped like ``x0`` to a scalar (a Python or NumPy number).
+        x0, strategy, config, optimizer, minimize: as for :class:`FunctionProblem`.
+    """
+
+    def __init__(self, host_fn: Callable, x0: Any, strategy: Any, config: ESConfig, optimizer: Any = None,
+                 minimize: bool = False):
+        if not callable(host_fn):
+            raise TypeError(f"host_fn must be callable, got {type(host_fn).__name__}")
+        super().__init__(None, x0, strategy, config, optimizer=optimizer, minimize=minimize, devices=1)
+        self.host_fn = host_fn
+        # num_generations is the host loop's, no program's: runs of any length share the programs
+        self.programs = _HostPrograms(self.strategy, dataclasses.replace(config, num_generations=1), optimizer,
+                                      self.num_params, str(self.x0.dtype), minimize)
+        try:
+            hash(self.programs)
+        except TypeError as e:
+            raise TypeError(f"host=True needs hashable settings (its compiled programs are shared by equal runs): "
+                            f"{e}") from None
+        leaves, self._treedef = jax.tree.flatten(jax.eval_shape(self.unravel, self.x0))
+        self._shapes = [leaf.shape for leaf in leaves]
+        self._ends = np.cumsum([leaf.size for leaf in leaves])[:-1]
+        self._host_x0 = np.asarray(self.x0)
+
+    def init_state(self, key: Any = 0) -> TrainState:
+        return _host_init(self.programs, as_key(key), self.x0)
+
+    def point(self, flat: np.ndarray) -> Any:
+        """A flat NumPy vector as ``x0``'s structure, NumPy leaves (no device round trip)."""
+        parts = np.split(np.asarray(flat), self._ends)
+        return jax.tree.unflatten(self._treedef, [part.reshape(shape) for part, shape in zip(parts, self._shapes)])
+
+    def call(self, flat: np.ndarray) -> float:
+        """The host function at one flat point, as a float."""
+        value = np.asarray(self.host_fn(self.point(flat)))
+        if value.shape != ():
+            raise ValueError(f"fitness_fn must return a scalar, got shape {value.shape}")
+        if not np.issubdtype(value.dtype, np.number) or np.iscomplexobj(value):
+            raise TypeError(f"fitness_fn must return a real number, got {value.dtype}")
+        return float(value)
+
+    def fitness_for_update(self, values: np.ndarray) -> tuple[np.ndarray, bool]:
+        """``values`` (float64) as the update takes them, and whether they were shifted: float64 in x64 mode;
+        else float32, shifted by their median first unless float32 holds them exactly (every strategy here uses
+        fitness only through ranks or differences, which the shift keeps)."""
+        if self.x0.dtype == jnp.float64:
+            return values, False
+        narrow = values.astype(np.float32)
+        if np.array_equal(narrow, values):
+            return narrow, False
+        return (values - np.median(values)).astype(np.float32), True
+
+
+def _run_on_host(problem: HostFunctionProblem, key: Any, num_generations: int, stop_reason: str,
+                 target: float | None, callbacks: Sequence[Callable[[dict], Any]],
+                 stop: StopCriteria | None) -> OptimizeResult:
+    """:func:`run_optimization` for a host function: per generation the compiled sampling, ``num_members`` host
+    calls in member order, the compiled update, one host call at the new mean; then the same record, target,
+    best and stop bookkeeping as the compiled loops (best: the members before the mean they lead to)."""
+    t_start = time.perf_counter()
+    programs, sign, num_members = problem.programs, problem.sign, problem.config.num_members
+    compile_time = 0.0
+
+    def timed(fn, *args):
+        nonlocal compile_time
+        before, t0 = fn._cache_size(), time.perf_counter()
+        out = jax.block_until_ready(fn(programs, *args))
+        if fn._cache_size() > before:  # this call traced and compiled (once per process for equal runs)
+            compile_time += time.perf_counter() - t0
+        return out
+
+    state = timed(_host_init, as_key(key), problem.x0)
+    history = {k: [] for k in ("generation", "mean_value", "best_value", "pop_mean", "noise_std", "evaluations")}
+    rows, evaluations, gen = [], 0, 0
+    best_value, best_flat = -np.inf, problem._host_x0
+    value = float("nan")  # f at the final mean: NaN when no generation ran (nothing was evaluated)
+    while gen < num_generations:
+        members = np.asarray(timed(_host_ask, state))
+        values = np.array([problem.call(x) for x in members], np.float64)
+        bad = np.flatnonzero(~np.isfinite(values))
+        if bad.size:
+            _check_finite(dict(bad_member=int(bad[0]), bad_update=False), gen, problem)
+        fitness, shifted = problem.fitness_for_update(values)
+        state, info = timed(_host_tell, state, fitness)
+        info = {k: v.item() for k, v in jax.device_get(info).items()}
+        _check_finite(info, gen, problem)
+        signed = sign * values
+        if shifted:  # the update's statistics of the shifted values: the float64 ones instead
+            info.update(pop_max=float(signed.max()), pop_min=float(signed.min()), pop_mean=float(signed.mean()))
+        if info["pop_max"] > best_value:
+            best_value, best_flat = info["pop_max"], members[int(np.argmax(signed))]
+        mean = np.asarray(state.params)
+        value = problem.call(mean)
+        evaluations += num_members + 1
+        gen += 1
+        if sign * value > best_value:
+            best_value, best_flat = sign * value, mean
+        record = dict(generation=gen, mean_value=value, best_value=sign * info["pop_max"],
+                      pop_mean=sign * info["pop_mean"], noise_std=info["noise_std"], evaluations=evaluations)
+        for k in history:
+            history[k].append(record[k])
+        for callback in callbacks:
+            callback(record)
+        if target is not None and (value <= target if problem.minimize else value >= target):
+            stop_reason = "target"
+            break
+        if stop is not None:
+            rows.append((info["pop_max"], info["pop_min"], info["pop_mean"], info["noise_std"]))
+            condition = None
+            if "cond_max" in info:
+                condition = _condition(np.array([info["cond_max"], info["cond_min"]]), state.strategy)
+            reason = stop.check(rows, problem.num_params, num_members, condition, state.params.dtype)
+            if reason is not None:
+                stop_reason = reason
+                break
+    return OptimizeResult(
+        direction="minimize" if problem.minimize else "maximize", x=problem.params_tree(state.params), value=value,
+        best_x=problem.params_tree(jnp.asarray(best_flat)), best_value=sign * best_value,
+        history={k: np.asarray(v) for k, v in history.items()}, num_evaluations=evaluations,
+        strategy=problem.strategy.name, wall_time=time.perf_counter() - t_start, compile_time=compile_time,
+        state=state, problem=problem, stop_reason=stop_reason)
 
 
 @jax.tree_util.register_static

@@ -261,12 +261,13 @@ class Generation:
     def _fresh_state_from_seed(self, seed: jax.Array) -> TrainState:
         return self.fresh_state(jax.random.key(seed))
 
-    def fresh_state(self, run_key: jax.Array) -> TrainState:
-        """The fresh state of :meth:`init_state` for a typed run key (traceable; not yet placed)."""
+    def fresh_state(self, run_key: jax.Array, mean: jax.Array | None = None) -> TrainState:
+        """The fresh state of :meth:`init_state` for a typed run key (traceable; not yet placed); ``mean``: the
+        initial mean ``[P]`` as an argument instead of :meth:`initial_mean` (one program for any start point)."""
         init_key, es_key = jax.random.split(run_key)
         zeros = jnp.zeros(self.obs_shape, jnp.float32)
         return TrainState(
-            strategy=self.strategy.init(self.ctx, self.initial_mean(init_key)),
+            strategy=self.strategy.init(self.ctx, self.initial_mean(init_key) if mean is None else mean),
             generation=jnp.int32(0),
             es_key=es_key,
             obs_count=jnp.float32(OBS_EPS),

@@ -106,7 +106,7 @@ class SepCMAES(Strategy):
         else:
             sigma = float(self.sigma_init)
         zeros = jnp.zeros_like(mean)
-        return SepCMAState(mean=mean, sigma=jnp.float32(sigma), diag_c=jnp.ones_like(mean), path_sigma=zeros,
+        return SepCMAState(mean=mean, sigma=jnp.asarray(sigma, mean.dtype), diag_c=jnp.ones_like(mean), path_sigma=zeros,
                            path_c=zeros)
 
     def noise_std(self, ctx, state, generation):
