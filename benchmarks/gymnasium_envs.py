@@ -27,9 +27,7 @@ import os
 import sys
 import time
 
-# Run as a script, this file's folder is sys.path[0] and this file would shadow the gymnasium package.
 _HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != _HERE]
 
 import gymnasium  # noqa: E402
 import jax  # noqa: E402
