@@ -157,7 +157,10 @@ def test_with_eval_every_above_one_the_idle_centre_slots_leave_the_batch_with_th
     flag = jax.ShapeDtypeStruct((), jnp.bool_)
     loops = [_while_loops(jax.make_jaxpr(t.generation_step)(t._state_shapes(), flag, flag).jaxpr)
              for t in (every_step, sometimes)]
-    assert loops == [len(compaction_sizes(8 + 2, 2)), len(compaction_sizes(8 + 2, 2, optional_slots=2))] == [2, 3]
+    if every_step.spec.fixed_length:  # Pendulum: every episode runs to the limit, so no compaction levels at all
+        assert env == "Pendulum-v1" and loops == [1, 2]
+    else:
+        assert loops == [len(compaction_sizes(8 + 2, 2)), len(compaction_sizes(8 + 2, 2, optional_slots=2))] == [2, 3]
     yes, no = jnp.bool_(True), jnp.bool_(False)
     state, _ = every_step.step(every_step.init_state(4), no, yes)  # a non-trivial normaliser
     for flags in ((yes, yes), (no, yes), (yes, no)):
