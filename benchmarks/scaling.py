@@ -192,21 +192,32 @@ def seconds(s: float) -> str:
 GYM = "gymnasium:CartPole-v1"
 
 
+def run_setups(setups, seeds: list[int]) -> dict:
+    """Every ``(label, fn)`` setup run once per seed, seed by seed (fresh processes each): label -> results."""
+    results = {label: [] for label, _ in setups}
+    for seed in seeds:
+        for label, fn in setups:
+            print(f"running: seed {seed}, {label} ...", file=sys.stderr, flush=True)
+            results[label].append(fn(seed))
+    return results
+
+
+def spread(values, fmt):
+    values = np.asarray(values, dtype=float)
+    if len(values) == 1:
+        return fmt.format(values[0])
+    return f"{fmt.format(np.median(values))} [{fmt.format(values.min())}, {fmt.format(values.max())}]"
+
+
 def gymnasium_part(gens: int, pop: int, seeds: list[int]) -> None:
     """A Python simulator over processes: measured on this machine (1 process vs a ZeroMQ master with 1 and 2
     workers, Gymnasium CartPole-v1) for each seed, then modelled to N hosts from the measured medians."""
     setups = (("1 process (host rollout)", lambda seed: run_local(1, gens, pop, seed, GYM)),
               ("ZeroMQ: master + 1 worker", lambda seed: run_zeromq(1, gens, pop, seed, GYM)),
               ("ZeroMQ: master + 2 workers (1 per core)", lambda seed: run_zeromq(2, gens, pop, seed, GYM)))
-    results = {label: [] for label, _ in setups}
-    for seed in seeds:
-        for label, fn in setups:
-            print(f"running: seed {seed}, {label} ...", file=sys.stderr, flush=True)
-            results[label].append(fn(seed))
+    results = run_setups(setups, seeds)
     base = results[setups[0][0]]
-    cell = lambda values, fmt: (fmt.format(statistics.median(values)) if len(values) == 1 else
-                                f"{fmt.format(statistics.median(values))} [{fmt.format(min(values))}, "
-                                f"{fmt.format(max(values))}]")
+    cell = spread
     print(f"\nOpenAI-ES (adam), {GYM}, GRU 5x2 (367 params), population {pop} in chunks of {CHUNK}, {gens} "
           f"generations, per seed the median over generations 2..{gens - 1}, then median [min, max] over seeds "
           f"{','.join(map(str, seeds))}; load average at the end: {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs\n")
@@ -277,18 +288,9 @@ def main() -> None:
                lambda seed: run_jax_distributed(2, gens, pop, pin=True, seed=seed)),
               ("ZeroMQ: master + 1 worker", lambda seed: run_zeromq(1, gens, pop, seed)),
               ("ZeroMQ: master + 2 workers (1 per core)", lambda seed: run_zeromq(2, gens, pop, seed)))
-    results = {label: [] for label, _ in setups}
-    for seed in seeds:
-        for label, fn in setups:
-            print(f"running: seed {seed}, {label} ...", file=sys.stderr, flush=True)
-            results[label].append(fn(seed))
+    results = run_setups(setups, seeds)
     base = results[setups[0][0]]
 
-    def spread(values, fmt):
-        values = np.asarray(values, dtype=float)
-        if len(values) == 1:
-            return fmt.format(values[0])
-        return f"{fmt.format(np.median(values))} [{fmt.format(values.min())}, {fmt.format(values.max())}]"
 
     print(f"\nOpenAI-ES, CartPole-v1, GRU 5x2 (367 params), population {pop} in chunks of {CHUNK}, "
           f"{gens} generations, per seed the median over generations 2..{gens - 1}; seeds {args.seeds}"
