@@ -7,8 +7,9 @@ For each policy size and population, side by side in one process:
 * (c) batch inference: the same rollout (same env, episodes, slots and compaction) with one shared parameter
   set, the policy applied as one GEMM per env step, no noise and no update.
 
-Printed: medians over ``--repeats`` timed generations (after one warm-up), env steps/s, and the ratios
-(a)/(c), (b)/(c). The centre is not evaluated in the timed generations. Full rank is skipped where its
+Printed: env steps/s, the median over ``--seeds`` (one run per key) of each seed's median over ``--repeats``
+timed generations (after one warm-up), and the ratios (a)/(c), (b)/(c) as median [min, max] over the seeds. The
+rows take turns generation by generation, so a change of this machine's load falls on every row alike. The centre is not evaluated in the timed generations. Full rank is skipped where its
 members would stream more than ``--full-rank-limit`` parameter floats per env step (C x P; it is then
 memory-bound and takes minutes per generation here).
 
@@ -62,43 +63,63 @@ class SharedParams:
         return self.fns.apply(self.variables, carry, obs)
 
 
-def time_generations(trainer, repeats):
-    state = trainer.init_state(0)
-    step = trainer.step
-    state, metrics = step(state, False, True)  # compile + warm-up
-    jax.block_until_ready(state)
-    times, steps = [], []
-    for _ in range(repeats):
+def generation_timer(trainer, seeds):
+    """``time(seed) -> (seconds, env steps)`` of one more generation of ``seed``'s run (compiled and warmed here)."""
+    states = {}
+    for seed in seeds:
+        state, _ = trainer.step(trainer.init_state(seed), False, True)  # compile (first seed) + warm-up
+        states[seed] = jax.block_until_ready(state)
+
+    def time_one(seed):
         start = time.perf_counter()
-        state, metrics = step(state, False, True)
+        state, metrics = trainer.step(states[seed], False, True)
         jax.block_until_ready(state)
-        times.append(time.perf_counter() - start)
-        steps.append(int(metrics["env_steps"]))
-    return statistics.median(times), statistics.median(steps)
+        seconds = time.perf_counter() - start
+        states[seed] = state
+        return seconds, int(metrics["env_steps"])
+
+    time_one.generation = lambda seed: int(states[seed].generation)
+    return time_one
 
 
-def time_inference(trainer, repeats):
-    """The members' episodes of generation 0 (same keys, slots and compaction) with the centre's parameters."""
-    state = trainer.init_state(0)
-    members = jnp.arange(trainer.config.num_members, dtype=jnp.int32)
-    keys = noise.episode_keys(noise.generation_key(state.es_key, 0), members, 1, trainer.antithetic).reshape(-1)
+def inference_timer(trainer, seeds, generation_of):
+    """``time(seed) -> (seconds, env steps)``: the members' episodes of the generation ``generation_of(seed)`` of
+    ``seed``'s run would evaluate next (same keys, slots and compaction), with the centre's parameters."""
+    states = {seed: trainer.init_state(seed) for seed in seeds}
 
     @jax.jit
-    def rollout(flat, keys):
+    def rollout(flat, es_key, generation):
+        members = jnp.arange(trainer.config.num_members, dtype=jnp.int32)
+        keys = noise.episode_keys(noise.generation_key(es_key, generation), members, 1, trainer.antithetic)
+        keys = keys.reshape(-1)
         shared = SharedParams(trainer.fns, trainer.unravel(flat))
         slot_params = jnp.zeros((keys.shape[0], 0), jnp.float32)
         out = run_slots(shared, trainer.spec, slot_params, keys, jnp.zeros(keys.shape[0], bool),
-                        obs_scale=trainer.obs_scale(state), min_slots=trainer.rollout_min_batch)
+                        obs_scale=trainer.obs_scale(states[seeds[0]]), min_slots=trainer.rollout_min_batch)
         return out["returns"], out["steps"].sum()
 
-    jax.block_until_ready(rollout(state.params, keys))
-    times, steps = [], []
-    for _ in range(repeats):
+    def time_one(seed):
+        state = states[seed]
+        args = (state.params, state.es_key, jnp.int32(generation_of(seed)))
         start = time.perf_counter()
-        _, total = jax.block_until_ready(rollout(state.params, keys))
-        times.append(time.perf_counter() - start)
-        steps.append(int(total))
-    return statistics.median(times), statistics.median(steps)
+        _, total = jax.block_until_ready(rollout(*args))
+        return time.perf_counter() - start, int(total)
+
+    for seed in seeds:
+        time_one(seed)  # compile (first seed) + warm-up
+    return time_one
+
+
+def measure(timers, seeds, repeats):
+    """Every row timed in turn, generation by generation (so a change of the machine's load falls on all rows
+    alike): ``{row: [[steps/s of each repeat] of each seed]}``."""
+    rates = {name: [[] for _ in seeds] for name in timers}
+    for _ in range(repeats):
+        for i, seed in enumerate(seeds):
+            for name, time_one in timers.items():
+                seconds, steps = time_one(seed)
+                rates[name][i].append(steps / seconds)
+    return rates
 
 
 def workload(env: str, hidden: int):
@@ -115,7 +136,8 @@ def main() -> None:
     parser.add_argument("--hidden", default="64,256,1024")
     parser.add_argument("--members", default="512,4096")
     parser.add_argument("--ranks", default="1,4")
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--seeds", default="0,1,2,3,4", help="runs (keys) per cell; rows take turns on each")
+    parser.add_argument("--repeats", type=int, default=2, help="timed generations per seed and row")
     parser.add_argument("--max-steps", type=int, default=200)
     parser.add_argument("--full-rank-limit", type=float, default=1.5e8,
                         help="skip full rank above this many member parameter floats (members x P)")
@@ -123,8 +145,10 @@ def main() -> None:
                         help="skip a whole cell above this many GEMM multiply-adds per env step (members x P)")
     args = parser.parse_args()
     ranks = [int(r) for r in args.ranks.split(",")]
-    print(f"jax {jax.__version__}, {jax.devices()[0].device_kind}, {os.cpu_count()} CPUs; medians of "
-          f"{args.repeats} generations; env steps/s")
+    seeds = [int(x) for x in args.seeds.split(",")]
+    print(f"jax {jax.__version__}, {jax.devices()[0].device_kind}, {os.cpu_count()} CPUs; env steps/s, median over "
+          f"seeds {args.seeds} of each seed's median of {args.repeats} generations; ratios per seed and generation "
+          f"(the rows take turns), median [min, max] over seeds")
     header = ["env / policy", "P", "members", "full rank", *[f"low rank r={r}" for r in ranks], "inference",
               "full / inf", *[f"r={r} / inf" for r in ranks]]
     print("| " + " | ".join(header) + " |")
@@ -143,18 +167,26 @@ def main() -> None:
                     continue
                 for r in ranks:
                     trainers[r] = jes.Trainer(policy, env, "adam", jes.ESConfig(**base, perturbation=jes.LowRank(r)))
-                inf_time, inf_steps = time_inference(trainers["full"], args.repeats)
-                rates = {"inf": inf_steps / inf_time}
-                for name, trainer in trainers.items():
-                    if name == "full" and members * num_params > args.full_rank_limit:
-                        rates[name] = None
-                        continue
-                    seconds, steps = time_generations(trainer, args.repeats)
-                    rates[name] = steps / seconds
-                fmt = lambda v: "skipped" if v is None else f"{v:,.0f}"
-                ratio = lambda v: "-" if v is None else f"{v / rates['inf']:.2f}"
-                row = [label, f"{num_params:,}", str(members), fmt(rates["full"]), *[fmt(rates[r]) for r in ranks],
-                       fmt(rates["inf"]), ratio(rates["full"]), *[ratio(rates[r]) for r in ranks]]
+                if members * num_params > args.full_rank_limit:
+                    del trainers["full"]
+                timers = {name: generation_timer(trainer, seeds) for name, trainer in trainers.items()}
+                # the episodes of the generation the first row evaluates next (the rows' generations stay in step)
+                first = next(iter(timers.values()))
+                timers = {"inf": inference_timer(trainers.get("full") or trainers[ranks[0]], seeds, first.generation),
+                          **timers}
+                rates = measure(timers, seeds, args.repeats)
+                per_seed = lambda name: [statistics.median(r) for r in rates[name]]
+                fmt = lambda name: f"{statistics.median(per_seed(name)):,.0f}" if name in rates else "skipped"
+
+                def ratio(name):
+                    if name not in rates:
+                        return "-"
+                    each = [statistics.median(a / b for a, b in zip(mine, inf))
+                            for mine, inf in zip(rates[name], rates["inf"])]
+                    return f"{statistics.median(each):.2f} [{min(each):.2f}, {max(each):.2f}]"
+
+                row = [label, f"{num_params:,}", str(members), fmt("full"), *[fmt(r) for r in ranks], fmt("inf"),
+                       ratio("full"), *[ratio(r) for r in ranks]]
                 print("| " + " | ".join(row) + " |", flush=True)
 
 

@@ -108,6 +108,14 @@ class Layout:
                 pos += leaf.size
         return jnp.concatenate(pieces) if pieces else jnp.zeros((0,), jnp.float32)
 
+    def dense_leaves(self, dense: jax.Array) -> list[jax.Array]:
+        """Concatenated dense leaves ``[..., Pd]`` as one array per leaf, ``[..., *shape]``."""
+        lead, pieces, pos = dense.shape[:-1], [], 0
+        for leaf in self.dense:
+            pieces.append(dense[..., pos: pos + leaf.size].reshape(lead + leaf.shape))
+            pos += leaf.size
+        return pieces
+
     def dense_of(self, flat: jax.Array) -> jax.Array:
         """The dense leaves of a flat ``[P]`` vector, concatenated ``[Pd]``."""
         parts = [flat[leaf.offset: leaf.offset + leaf.size] for leaf in self.dense]
@@ -270,9 +278,10 @@ class LowRank:
 
     def members(self, ctx: Any, mean: jax.Array, sigma: jax.Array, gen_key: jax.Array, start: jax.Array,
                 size: int) -> dict:
-        """Members ``start .. start+size-1`` as the rollout carries them: ``{"dense": [C, Pd],
-        "a": [[C, r, m], ...], "b": [[C, r, n], ...]}`` (``A^T``, ``B^T``), with ``sigma / sqrt(r)`` and the
-        antithetic sign in ``a``."""
+        """Members ``start .. start+size-1`` as the rollout carries them: ``{"dense": [[C, *shape], ...],
+        "a": [[C, r, m], ...], "b": [[C, r, n], ...]}`` (each dense leaf's own array, so the forward pass reads
+        it in place rather than slicing a concatenation at every step; ``A^T``, ``B^T``), with
+        ``sigma / sqrt(r)`` and the antithetic sign in ``a``."""
         layout = ctx.layout
         sources, signs = self._sources(start, size, ctx.antithetic)
         if ctx.antithetic:
@@ -283,8 +292,9 @@ class LowRank:
             z = jax.vmap(lambda s: self._draw(layout, gen_key, s))(sources)
         dense, a_list, b_list = layout.split(z)
         scale = sigma / math.sqrt(self.rank)
+        dense = layout.dense_of(mean)[None, :] + sigma * (signs[:, None] * dense)
         return {
-            "dense": layout.dense_of(mean)[None, :] + sigma * (signs[:, None] * dense),
+            "dense": layout.dense_leaves(dense),
             "a": [(scale * signs)[:, None, None] * a for a in a_list],
             "b": b_list,
         }
@@ -336,15 +346,14 @@ class FactoredMembers:
         return self.fns.initial_carry()
 
     def apply(self, member: dict, carry: Any, obs: jax.Array) -> tuple[Any, jax.Array]:
-        leaves, pos = list(self.centre_leaves), 0
+        leaves, dense = list(self.centre_leaves), iter(member["dense"])
         factors, j = {}, 0
         for i, leaf in enumerate(self.layout.leaves):
             if leaf.factored:
                 factors[leaf.path] = (member["a"][j], member["b"][j])
                 j += 1
             else:
-                leaves[i] = member["dense"][pos: pos + leaf.size].reshape(leaf.shape)
-                pos += leaf.size
+                leaves[i] = next(dense)
         variables = jax.tree.unflatten(self.treedef, leaves)
         with nn.intercept_methods(_interceptor(factors)):
             return self.fns.apply(variables, carry, obs)
