@@ -17,7 +17,8 @@ member's correction ``sigma / sqrt(r) (x A_i) B_i^T``. Factored layers:
 * ``flax.linen.Dense`` (and ``DenseGeneral`` with one input and one output axis), ``GRUCell``,
   ``LSTMCell`` and ``SimpleCell`` (built from ``Dense``): kernel ``(in, out)``;
 * ``flax.linen.Conv`` without feature groups: kernel ``(kh, kw, cin, cout)`` as ``(kh*kw*cin) x cout``,
-  the correction one conv with ``r`` output channels and a ``r x cout`` product;
+  the correction the layer's patches (its own conv with a constant identity kernel, shared by all members)
+  times ``A`` and ``B^T``;
 * ``flax.linen.Embed``: the table ``(num, features)``, the correction ``A_i[ids] B_i^T``;
 * any module method named ``matvec(self, name, weight, x) -> weight @ x`` (jes's PyTorch-layout
   ``TorchLinear`` and ``TorchGRUCell``; your own layers can do the same).
@@ -173,16 +174,20 @@ def _corrected(module: nn.Module, method: str, next_fun: Callable, args: tuple, 
     x = args[0] if args else next(iter(kwargs.values()))
     if isinstance(module, nn.Embed):  # rows of the table: A[ids] B^T
         return out + jnp.tensordot(jnp.take(a_t, x, axis=1), b_t, axes=([0], [0]))
-    if isinstance(module, nn.Conv):  # conv(x, reshape(A B^T)) = conv(x, reshape(A)) B^T: r output channels
-        rank = a_t.shape[0]
-        conv = module.clone(parent=None, features=rank, use_bias=False, name=None)
-        kernel = a_t.T.reshape(tuple(module.kernel_size) + (-1, rank))
+    if isinstance(module, nn.Conv):  # conv(x, reshape(A B^T)) = patches(x) A B^T
+        # The patches come from the layer's own convolution (padding, strides, dilation) with a constant identity
+        # kernel, the same for every member: one batched conv over the members, where a conv with each member's
+        # own kernel reshape(A) would be a grouped conv with a group per member (MinAtar CNN 16c3x3 + 64, 512
+        # members, seeds 0-2: 0.45x batch inference's env steps/s, against 0.29x with the grouped conv).
+        rows = a_t.shape[1]
+        conv = module.clone(parent=None, features=rows, use_bias=False, name=None)
+        identity = jnp.eye(rows, dtype=a_t.dtype).reshape(tuple(module.kernel_size) + (-1, rows))
         inner.append(True)  # the correction's own conv is not a member's layer: no correction of its own
         try:
-            low = conv.apply({"params": {"kernel": kernel}}, x)
+            patches = conv.apply({"params": {"kernel": identity}}, x)
         finally:
             inner.pop()
-        return out + low @ b_t
+        return out + low_rank_product(patches, a_t, b_t)
     return out + low_rank_product(x, a_t, b_t)
 
 
