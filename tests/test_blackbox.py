@@ -182,6 +182,26 @@ def test_blocks_of_generations_give_the_bits_of_one_generation_per_call(name):
         np.testing.assert_array_equal(es.mean(state), blocks.x)
 
 
+@pytest.mark.parametrize("name", ["sep_cma_es", "snes", "openai_es"])
+def test_block_program_with_threefry_unrolled_gives_the_bits_of_jax_rolled_lowering(name, monkeypatch):
+    """A population draw of >= UNROLLED_THREEFRY_MIN floats compiles its block with threefry's rounds unrolled
+    (jes.threefry): another XLA program, the same bits as JAX's own rolled CPU lowering, run for run."""
+    import jes.blackbox as blackbox
+    from jes.blackbox import FunctionProblem, _config, run_optimization
+
+    strategy = jes.strategies.get(name).for_functions()
+    config = _config(16, 20, 0.3, None, "centered_ranks", 0.0, None, strategy)
+    assert 16 * 12 >= blackbox.UNROLLED_THREEFRY_MIN
+    unrolled = FunctionProblem(rosenbrock, jnp.zeros(12), strategy, config, minimize=True)
+    a = run_optimization(unrolled, key=5, generations_per_call=8)
+    monkeypatch.setattr(blackbox, "UNROLLED_THREEFRY_MIN", 10 ** 9)
+    rolled = FunctionProblem(rosenbrock, jnp.zeros(12), strategy, config, minimize=True)
+    b = run_optimization(rolled, key=5, generations_per_call=8)
+    texts = [next(iter(p._block_programs.values()))[0].as_text() for p in (unrolled, rolled)]
+    assert texts[0] != texts[1]  # the swap happened: two programs
+    _same(a, b)
+
+
 @pytest.mark.parametrize("name", jes.strategies.names())
 def test_noise_drawn_once_for_members_and_statistics_gives_the_bits_of_redrawing_it(name):
     """A one-chunk function problem draws its members' noise once per generation for their evaluation and their
