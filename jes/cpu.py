@@ -3,8 +3,8 @@
 XLA's CPU backend keeps a second core poorly busy from one device. Because a
 jes population sharded over several devices gives bit-identical results, the
 ``jes`` CLI and ``python -m jes`` expose one CPU device per usable core before
-JAX starts (measured on 2 vCPUs: 1.8-2.1x more env steps/s, see
-benchmarks/README.md). The library never does this on its own: call
+JAX starts (measured on 2 quiet vCPUs: 1.73-2.67x more env steps/s, median over
+seeds 0-4; slower on a crowded machine; see benchmarks/README.md). The library never does this on its own: call
 :func:`use_cpu_cores` at the top of your script to get the same.
 """
 from __future__ import annotations
