@@ -9,7 +9,6 @@ reports values in your function's own units; every result says which way it went
 """
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import functools
 import time
@@ -24,7 +23,7 @@ from jes.config import ESConfig
 from jes.cpu import compiler_options
 from jes.generation import ChunkResults, Generation, TrainState, as_key
 from jes.strategies import get as get_strategy
-from jes.threefry import unrolled_on_cpu
+from jes.threefry import lower_unrolled
 
 
 def _x0_dtype(x0: Any) -> Any:
@@ -59,6 +58,8 @@ class FunctionProblem(Generation):
     """
 
     shares_draws = True
+    # Whether the last block program compiled hashes with threefry unrolled (see UNROLLED_THREEFRY_MIN).
+    threefry_unrolled = False
 
     def __init__(self, fitness_fn: Callable | None, x0: Any, strategy: Any, config: ESConfig, optimizer: Any = None,
                  minimize: bool = False, devices: Any = None):
@@ -209,9 +210,11 @@ class FunctionProblem(Generation):
             jitted = jax.jit(functools.partial(self.generation_block, capacity=capacity),
                              compiler_options=compiler_options(self.devices))
             # same bits either way; unrolled, the hash is faster on larger draws and slower on the smallest
-            unroll = self.config.num_members * self.num_params >= UNROLLED_THREEFRY_MIN
-            with unrolled_on_cpu() if unroll else contextlib.nullcontext():
-                lowered = jitted.lower(state, best, flag, count, count, jnp.zeros((), self.best_dtype))
+            args = (state, best, flag, count, count, jnp.zeros((), self.best_dtype))
+            if self.config.num_members * self.num_params >= UNROLLED_THREEFRY_MIN:
+                lowered, self.threefry_unrolled = lower_unrolled(jitted, *args)
+            else:
+                lowered, self.threefry_unrolled = jitted.lower(*args), False
             compiled = lowered.compile()
             programs[capacity] = (compiled, time.perf_counter() - t0, self.block_layout(state))
         return programs[capacity]

@@ -9,40 +9,33 @@ kernels each, those loops are most of a generation on a mid-sized problem: jes's
 from 1.1-1.7x evosax's time per run to 0.65-0.81x (docs/benchmarks.md, "Side by side with evosax"). The
 hash is integer arithmetic, so both lowerings give the same bits; only speed and compile time differ.
 
-:func:`unrolled_on_cpu` swaps the CPU lowering rule for the duration of a ``with`` block (one at a time,
-under a lock; another thread lowering meanwhile gets the same bits either way). It relies on two private
-names of ``jax._src``; where they are missing it does nothing.
+:func:`lower_unrolled` lowers one traced program with JAX's unrolled rule, through JAX's per-lowering rule
+override: nothing global changes (other programs, other threads and JAX's lowering cache, which keys on the
+override, see JAX's own rules). It relies on private names of ``jax._src``; where they are missing it lowers
+as JAX would.
 """
 from __future__ import annotations
 
-import contextlib
-import threading
-from typing import Iterator
-
-_LOCK = threading.Lock()
+from typing import Any
 
 
-def _rules():
+def _override() -> Any:
     try:
         from jax._src.interpreters import mlir
         from jax._src.random import threefry2x32 as tf
 
-        return mlir, tf.threefry2x32_p, tf._threefry2x32_lowering_rule, tf._threefry2x32_cpu_lowering_rule
-    except (ImportError, AttributeError):  # pragma: no cover - another jax layout: JAX's own lowering
+        return mlir.LoweringParameters(
+            override_lowering_rules=((tf.threefry2x32_p, tf._threefry2x32_lowering_rule),))
+    except (ImportError, AttributeError, TypeError):  # pragma: no cover - another jax layout: JAX's own lowering
         return None
 
 
-@contextlib.contextmanager
-def unrolled_on_cpu() -> Iterator[bool]:
-    """Within the block, programs lowered for CPU hash unrolled; yields whether the swap happened."""
-    rules = _rules()
-    if rules is None:  # pragma: no cover
-        yield False
-        return
-    mlir, primitive, unrolled, rolled = rules
-    with _LOCK:
-        mlir.register_lowering(primitive, unrolled, platform="cpu")
+def lower_unrolled(jitted: Any, *args: Any) -> tuple[Any, bool]:
+    """``jitted.lower(*args)`` with threefry unrolled; returns ``(lowered, whether the override applied)``."""
+    override = _override()
+    if override is not None:
         try:
-            yield True
-        finally:
-            mlir.register_lowering(primitive, rolled, platform="cpu")
+            return jitted.trace(*args).lower(_private_parameters=override), True
+        except TypeError:  # pragma: no cover - a jax whose lower() takes no such parameter
+            pass
+    return jitted.lower(*args), False

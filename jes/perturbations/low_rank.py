@@ -16,7 +16,7 @@ member's correction ``sigma / sqrt(r) (x A_i) B_i^T``. Factored layers:
 
 * ``flax.linen.Dense`` (and ``DenseGeneral`` with one input and one output axis), ``GRUCell``,
   ``LSTMCell`` and ``SimpleCell`` (built from ``Dense``): kernel ``(in, out)``;
-* ``flax.linen.Conv`` without feature groups: kernel ``(kh, kw, cin, cout)`` as ``(kh*kw*cin) x cout``,
+* ``flax.linen.Conv`` without feature groups or a mask: kernel ``(kh, kw, cin, cout)`` as ``(kh*kw*cin) x cout``,
   the correction the layer's patches (its own conv with a constant identity kernel, shared by all members)
   times ``A`` and ``B^T``;
 * ``flax.linen.Embed``: the table ``(num, features)``, the correction ``A_i[ids] B_i^T``;
@@ -138,7 +138,7 @@ def factored_params(module: nn.Module, method: str) -> tuple[str, ...]:
         return ()
     if isinstance(module, nn.Dense) or (isinstance(module, nn.DenseGeneral) and _dense_general_ok(module)):
         return ("kernel",)
-    if type(module) is nn.Conv and module.feature_group_count == 1:
+    if type(module) is nn.Conv and module.feature_group_count == 1 and module.mask is None:
         return ("kernel",)
     if isinstance(module, nn.Embed):
         return ("embedding",)
