@@ -694,9 +694,9 @@ class Trainer(Generation):
         if self.spec.host:
             return HOST_CHUNK_SIZE
         # Low-rank members hold O(r (m + n)) floats each, so a chunk can be large, and the shared GEMM is
-        # faster on more rows (MLP 256x256, 4,096 members, 1 device: 0.72x batch inference with chunks of 1,024,
-        # 0.79x with 2,048 or 4,096; 0.69M env steps/s with 256). 2,048 leaves two chunks to spread over two
-        # devices from 4,096 members; the float cap bounds a chunk whose layers jes cannot factor (dense leaves).
+        # faster on more rows, up to a point (MLP 256x256, 4,096 members, 1 device, seeds 0-4: 0.73x batch inference
+        # with chunks of 1,024, 0.76x with 2,048, 0.70x with 4,096). 2,048 also leaves two chunks to spread over
+        # two devices from 4,096 members; the float cap bounds a chunk whose layers jes cannot factor (dense leaves).
         if self.config.perturbation == "low_rank":
             return max(2, min(LOW_RANK_CHUNK_SIZE, LOW_RANK_CHUNK_FLOATS // max(1, self.ctx.layout.draw_size)))
         return 256
