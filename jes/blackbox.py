@@ -82,6 +82,8 @@ class FunctionProblem(Generation):
         self.best_dtype = self.fitness_dtype  # of the centre's and the members' values, hence of the best one
         self.objective_jit = jax.jit(self.objective)  # f(final mean): traced once per problem, not once per run
         self._result_programs_ready = False
+        # seconds per call of the block program in this problem's last block (None: no block run yet)
+        self._block_call_seconds: float | None = None
 
     def initial_mean(self, init_key):
         return self.x0
@@ -691,12 +693,19 @@ def _threshold(problem: FunctionProblem, target: float | None) -> np.ndarray:
 BLOCK_SECONDS = 0.25  # a block's wall time the adaptive block length aims at (progress and callbacks this often)
 
 
+def _block_size(call_seconds: float) -> int:
+    """Calls of the block program that take about ``BLOCK_SECONDS`` at ``call_seconds`` each (at least 1)."""
+    return max(1, int(BLOCK_SECONDS / max(call_seconds, 1e-9)))
+
+
 def _run_in_blocks(problem, state, num_generations, stop_reason, target, callbacks, stop, capacity, history):
     """:func:`run_optimization`'s loop over :meth:`FunctionProblem.generation_block` calls: the same calls of the
     same generation step as one call per generation, their rows read back once per block.
 
-    A block holds at most ``capacity`` calls and aims at ``BLOCK_SECONDS`` of wall time (starting at 8 and at
-    most doubling). The target and non-finite values stop a block inside; a :class:`StopCriteria` is checked on
+    A block holds at most ``capacity`` calls and aims at ``BLOCK_SECONDS`` of wall time, at most doubling from
+    one block to the next. The first block holds 8 calls, or, when the problem has run blocks before (another
+    seed), as many as its last block's time per call allows: a short run on a cheap function is then one or two
+    calls of the program, not four or five. Block lengths never change the results. The target and non-finite values stop a block inside; a :class:`StopCriteria` is checked on
     the host, on the rows read back: when it fires before a block's last row, the block is run again from its
     start for exactly that many calls (the same program, so the same bits) to get the state it stopped on.
     """
@@ -707,7 +716,8 @@ def _run_in_blocks(problem, state, num_generations, stop_reason, target, callbac
     best = (np.full((), -np.inf, problem.best_dtype), state, np.int32(-1))
     threshold = _threshold(problem, target)
     flags = {flag: np.bool_(flag) for flag in (False, True)}
-    gen, evaluations, pending, rows, size = 0, 0, None, [], min(capacity, 8)
+    gen, evaluations, pending, rows = 0, 0, None, []
+    size = min(capacity, 8 if problem._block_call_seconds is None else _block_size(problem._block_call_seconds))
 
     def finish(record, centre) -> bool:
         record["mean_value"] = sign * centre
@@ -762,8 +772,8 @@ def _run_in_blocks(problem, state, num_generations, stop_reason, target, callbac
         state, best = after, new_best
         if done:
             break
-        per_call = (time.perf_counter() - t_block) / max(1, made)
-        size = max(1, min(capacity, 2 * size, int(BLOCK_SECONDS / max(per_call, 1e-9))))
+        problem._block_call_seconds = (time.perf_counter() - t_block) / max(1, made)
+        size = min(capacity, 2 * size, _block_size(problem._block_call_seconds))
     best_value, best_state, best_member = best
     return (state, float(best_value), best_state, int(best_member), evaluations, stop_reason, compile_time)
 

@@ -548,7 +548,12 @@ class Generation(CompiledPrograms):
 
         def sharded(state, chunk_ids, evaluate_centre, evaluate_population):
             real = self.num_chunks  # device padding chunks are dropped before any reduction
-            gather = lambda tree: jax.tree.map(lambda x: jax.lax.all_gather(x, AXIS, tiled=True)[:real], tree)
+            if len(self.devices) == 1:
+                # the identity: an all-gather over one device was still a collective thunk of its own, ~15-25 %
+                # of a small black-box generation (benchmarks/README.md); dropping it kept every pinned bit
+                gather = lambda tree: jax.tree.map(lambda x: x[:real], tree)
+            else:
+                gather = lambda tree: jax.tree.map(lambda x: jax.lax.all_gather(x, AXIS, tiled=True)[:real], tree)
             draws = self.chunk_draws(state, chunk_ids)
             if draws is None:  # (a subclass's step_chunks may not take draws)
                 results, centre = self.step_chunks(state, chunk_ids, evaluate_centre, evaluate_population)

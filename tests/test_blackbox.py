@@ -182,6 +182,34 @@ def test_blocks_of_generations_give_the_bits_of_one_generation_per_call(name):
         np.testing.assert_array_equal(es.mean(state), blocks.x)
 
 
+def test_first_block_follows_the_problems_last_block_time_and_keeps_the_bits(monkeypatch):
+    """A problem's first block holds 8 calls; a later run of the same problem (another seed) starts at the length
+    its last block's time per call allows (BLOCK_SECONDS / that time, at most the capacity), and the results are
+    those of one call per generation whatever the lengths."""
+    from jes import blackbox
+    from jes.blackbox import FunctionProblem, _config, run_optimization
+
+    strategy = jes.strategies.get("sep_cma_es").for_functions()
+    problem = FunctionProblem(rosenbrock, jnp.zeros(4), strategy,
+                              _config(8, 40, 0.3, None, "centered_ranks", 0.0, None, strategy), minimize=True)
+    one = run_optimization(problem, key=3, generations_per_call=1)
+    assert problem._block_call_seconds is None  # no block ran
+    lengths = []
+    compiled_block = problem.compiled_block
+
+    def counting(state, capacity):
+        program, seconds, layout = compiled_block(state, capacity)
+        return (lambda *args: lengths.append(int(args[4])) or program(*args)), seconds, layout
+
+    monkeypatch.setattr(problem, "compiled_block", counting)
+    _same(one, run_optimization(problem, key=3, generations_per_call=32))
+    assert lengths[0] == 8 and problem._block_call_seconds > 0
+    for per_call, first in ((blackbox.BLOCK_SECONDS / 3, 3), (blackbox.BLOCK_SECONDS / 1000, 32), (10.0, 1)):
+        problem._block_call_seconds, lengths[:] = per_call, []
+        _same(one, run_optimization(problem, key=3, generations_per_call=32))
+        assert lengths[0] == first, (per_call, lengths)
+
+
 @pytest.mark.parametrize("name", ["sep_cma_es", "snes", "openai_es"])
 def test_block_program_with_threefry_unrolled_gives_the_bits_of_jax_rolled_lowering(name, monkeypatch):
     """A population draw of >= UNROLLED_THREEFRY_MIN floats compiles its block with threefry's rounds unrolled
