@@ -341,8 +341,8 @@ def functions(args, algorithms):
     seeds = [int(s) for s in args.seeds.split(",")]
     print(f"command: {' '.join(sys.argv)}; seeds {seeds}; jes generations_per_call={args.generations_per_call}")
     print("\n| function | d | strategy | library | population | evaluations to f < 1e-6 (median, runs that reached it) "
-          "| final f(mean) (median) | s per run (median) | ms per generation (median) |")
-    print("|---|---|---|---|---|---|---|---|---|")
+          "| final f(mean) (median) | s per run (median) | s per run / evosax's | ms per generation (median) |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for fname in args.functions.split(","):
         fn, start, sigma, target = FUNCTIONS[fname]
         for d in (int(x) for x in args.dims.split(",")):
@@ -370,12 +370,14 @@ def functions(args, algorithms):
                     final = values[hit[0]] if len(hit) else values[-1]  # where jes stops too: at the target
                     seconds = time.perf_counter() - t0
                     results["evosax"].append((reached, float(final), seconds, seconds / len(values)))
+                evosax_seconds = np.median([r[2] for r in results["evosax"]])
                 for library, rows in results.items():
                     got = [e for e, _, _, _ in rows if e is not None]
                     ev = "n/a" if target is None else (
                         f"{np.median(got):.0f} ({len(got)}/{len(rows)})" if got else f"- (0/{len(rows)})")
+                    seconds = np.median([r[2] for r in rows])
                     print(f"| {fname} | {d} | {name} | {library} | {population} | {ev} | "
-                          f"{np.median([r[1] for r in rows]):.3g} | {np.median([r[2] for r in rows]):.3f} | "
+                          f"{np.median([r[1] for r in rows]):.3g} | {seconds:.4f} | {seconds / evosax_seconds:.2f} | "
                           f"{1e3 * np.median([r[3] for r in rows]):.3f} |", flush=True)
 
 

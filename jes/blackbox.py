@@ -58,7 +58,7 @@ class FunctionProblem(Generation):
     """
 
     shares_draws = True
-    # Whether the last block program compiled hashes with threefry unrolled (see UNROLLED_THREEFRY_MIN).
+    # Whether the last block program compiled hashes with threefry unrolled (see THREEFRY_UNROLLED).
     threefry_unrolled = False
 
     def __init__(self, fitness_fn: Callable | None, x0: Any, strategy: Any, config: ESConfig, optimizer: Any = None,
@@ -211,9 +211,9 @@ class FunctionProblem(Generation):
             flag, count = jnp.bool_(True), jnp.int32(1)
             jitted = jax.jit(functools.partial(self.generation_block, capacity=capacity),
                              compiler_options=compiler_options(self.devices))
-            # same bits either way; unrolled, the hash is faster on larger draws and slower on the smallest
+            # the same bits either way, and unrolled faster at every size measured (see THREEFRY_UNROLLED)
             args = (state, best, flag, count, count, jnp.zeros((), self.best_dtype))
-            if self.config.num_members * self.num_params >= UNROLLED_THREEFRY_MIN:
+            if THREEFRY_UNROLLED:
                 lowered, self.threefry_unrolled = lower_unrolled(jitted, *args)
             else:
                 lowered, self.threefry_unrolled = jitted.lower(*args), False
@@ -240,11 +240,12 @@ class FunctionProblem(Generation):
         return flat.reshape(-1, self.num_params)[: self.config.num_members]
 
 
-# Smallest population draw (members x parameters) whose block program hashes with threefry unrolled
-# (jes.threefry). benchmarks/evosax_compare.py, seeds 0-4, jes's s/run over evosax's: at d = 100 (17 x 100)
-# 0.65-0.81x unrolled against 1.1-1.7x rolled; at d = 10 (10 x 10) 1.24-1.58x unrolled against 0.86-1.40x
-# rolled. Keys and draws alone in a while loop of generations: 5.0 vs 11.9 us unrolled vs rolled at 10 x 20.
-UNROLLED_THREEFRY_MIN = 128
+# Block programs hash with threefry unrolled (jes.threefry; False: JAX's rolled CPU lowering, the same bits).
+# Faster at every draw size measured, rows interleaved in one process (benchmarks/README.md, "Side by side with
+# evosax"): d = 100 (17 x 100 floats) 0.65-0.81x evosax's s/run unrolled against 1.1-1.7x rolled; d = 10
+# (10 x 10) 44 against 53 ms per Rosenbrock run (sep_cma_es), 37 against 41 (snes), once the one-device step
+# lost its all-gather. (An unpaired d = 10 run, before that, had favoured rolled loops below 128 floats.)
+THREEFRY_UNROLLED = True
 
 # What the block program reads back per call (the host loop's rows and checks)
 BLOCK_METRICS = ("pop_max", "pop_min", "pop_mean", "noise_std", "centre_return", "best_member", "bad_member",

@@ -212,18 +212,17 @@ def test_first_block_follows_the_problems_last_block_time_and_keeps_the_bits(mon
 
 @pytest.mark.parametrize("name", ["sep_cma_es", "snes", "openai_es"])
 def test_block_program_with_threefry_unrolled_gives_the_bits_of_jax_rolled_lowering(name, monkeypatch):
-    """A population draw of >= UNROLLED_THREEFRY_MIN floats compiles its block with threefry's rounds unrolled
-    (jes.threefry): another XLA program (fewer while loops: the hash's rolled loops are gone), the same bits as
-    JAX's own rolled CPU lowering, run for run."""
+    """Block programs compile threefry's rounds unrolled (jes.threefry, THREEFRY_UNROLLED): another XLA program
+    (fewer while loops: the hash's rolled loops are gone), the same bits as JAX's own rolled CPU lowering, run for
+    run."""
     import jes.blackbox as blackbox
     from jes.blackbox import FunctionProblem, _config, run_optimization
 
     strategy = jes.strategies.get(name).for_functions()
     config = _config(16, 20, 0.3, None, "centered_ranks", 0.0, None, strategy)
-    assert 16 * 12 >= blackbox.UNROLLED_THREEFRY_MIN
     unrolled = FunctionProblem(rosenbrock, jnp.zeros(12), strategy, config, minimize=True)
     a = run_optimization(unrolled, key=5, generations_per_call=8)
-    monkeypatch.setattr(blackbox, "UNROLLED_THREEFRY_MIN", 10 ** 9)
+    monkeypatch.setattr(blackbox, "THREEFRY_UNROLLED", False)
     rolled = FunctionProblem(rosenbrock, jnp.zeros(12), strategy, config, minimize=True)
     b = run_optimization(rolled, key=5, generations_per_call=8)
     assert unrolled.threefry_unrolled and not rolled.threefry_unrolled
