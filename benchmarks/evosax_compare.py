@@ -16,7 +16,7 @@ evaluation of the mean) and seeds; each library's own defaults otherwise. The st
 the two that have no optimizer or learning rate to choose, so "defaults" means the paper's algorithm in
 both: sep-CMA-ES and SNES. Both minimise; the target is on f(mean). evosax runs its generations inside
 compiled ``lax.scan`` blocks of 25 generations (stopping after the block that reaches the target), jes
-through ``jes.optimize``'s blocks of generations (``--generations-per-call``, default 100; stopping at the
+through ``jes.optimize``'s blocks of generations (``--generations-per-call``, default jes's own: 128 with float32 values; stopping at the
 target inside the block); the libraries alternate per seed, so both see the same machine load;
 each compiles once per configuration, shared by the seeds; "s" is the median wall time per run over
 the seeds (the first seed's includes the compile).
@@ -387,8 +387,9 @@ def main(argv=None):
     parser.add_argument("--dims", default="10,100")
     parser.add_argument("--seeds", default="0,1,2", help="seeds of the function part")
     parser.add_argument("--functions", default=",".join(FUNCTIONS))
-    parser.add_argument("--generations-per-call", type=int, default=100,
-                        help="jes.optimize's generations per compiled call (1: one call per generation)")
+    parser.add_argument("--generations-per-call", type=int, default=None,
+                        help="jes.optimize's generations per compiled call (1: one call per generation; "
+                             "default: jes's, 128 with float32 values)")
     parser.add_argument("--strategies", default=",".join(PAIRS), help="strategies of the function part")
     parser.add_argument("--envs", default="CartPole-v1,Pendulum-v1", help="envs of the RL part (from strategies.ENVS)")
     parser.add_argument("--rl-seeds", default="0,1,2,3,4", help="seeds of the RL part")

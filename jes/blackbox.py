@@ -39,6 +39,9 @@ def _flatten_x0(x0: Any) -> tuple[jax.Array, Callable]:
         raise ValueError("x0 must be a non-empty array or pytree of arrays (the initial mean)")
     if not bool(jnp.isfinite(flat).all()):
         raise ValueError("x0 holds NaN or inf; give a finite starting point")
+    if jax.tree.structure(x0).num_nodes == 1:  # one array: a reshape, not the pytree's eager split per call
+        shape = jnp.shape(x0)
+        return flat, lambda f: f if f.shape == shape else f.reshape(shape)
     return flat, unravel
 
 
@@ -129,7 +132,9 @@ class FunctionProblem(Generation):
 
     def params_tree(self, flat_params: jax.Array) -> Any:
         """Flat parameters as a pytree shaped like ``x0``, in ``x0``'s float dtype (float64 in x64 mode)."""
-        return self.unravel(jnp.asarray(flat_params, self.x0.dtype))
+        if not (isinstance(flat_params, jax.Array) and flat_params.dtype == self.x0.dtype):
+            flat_params = jnp.asarray(flat_params, self.x0.dtype)
+        return self.unravel(flat_params)
 
     def generation_block(self, state: TrainState, best: tuple, evaluate_centre: jax.Array, calls: jax.Array,
                          population_calls: jax.Array, threshold: jax.Array, *, capacity: int) -> tuple:
@@ -154,7 +159,11 @@ class FunctionProblem(Generation):
         """
         step = self._block_step
         layout = self.block_layout(state)
-        buffers = {dtype: jnp.zeros((capacity, len(names)), dtype) for dtype, names in layout.items()}
+        # One [capacity] buffer per metric inside the loop, stacked per dtype after it: XLA:CPU runs a loop body's
+        # kernels one after another, without its concurrent scheduler's overhead, only when every buffer they
+        # touch holds at most 512 bytes, which a [100, 7] float32 stack of rows does not (d = 10 Rosenbrock:
+        # 25 us a generation with the stacks in the loop; see benchmarks/README.md).
+        buffers = {k: jnp.zeros(capacity, dtype) for dtype, names in layout.items() for k in names}
 
         def body(carry):
             j, _, state, (best_value, best_state, best_member), buffers = carry
@@ -174,13 +183,12 @@ class FunctionProblem(Generation):
             keep_state = by_centre | by_member
             best_state = jax.tree.map(lambda n, o: jnp.where(keep_state, n, o), state, best_state)
             state = jax.tree.map(lambda n, o: jnp.where(hit, o, n), new_state, state)
-            buffers = {dtype: buffers[dtype].at[j].set(jnp.stack([row[k] for k in names]))
-                       for dtype, names in layout.items()}
+            buffers = {k: buffer.at[j].set(row[k]) for k, buffer in buffers.items()}
             return j + 1, hit | bad | ~population_on, state, (best_value, best_state, best_member), buffers
 
         carry = (jnp.int32(0), jnp.bool_(False), state, best, buffers)
         j, _, state, best, buffers = jax.lax.while_loop(lambda c: (c[0] < calls) & ~c[1], body, carry)
-        return j, state, best, buffers
+        return j, state, best, {dtype: jnp.stack([buffers[k] for k in names], axis=1) for dtype, names in layout.items()}
 
     def _block_step(self, state, evaluate_centre, evaluate_population):
         """:meth:`generation_step` and the row of metrics the block program keeps of it."""
@@ -200,6 +208,15 @@ class FunctionProblem(Generation):
         for name, shape in shapes.items():
             layout.setdefault(jnp.dtype(shape.dtype).name, []).append(name)
         return {dtype: tuple(names) for dtype, names in layout.items()}
+
+    def default_block_capacity(self, state: TrainState) -> int:
+        """The default calls per block program (``generations_per_call=None``): the most whose metric buffers,
+        one ``[capacity]`` array per metric, hold at most ``SEQUENTIAL_BUFFER_BYTES`` each (128 float32, 64
+        float64), so that XLA:CPU runs the loop body's kernels one after another (see :meth:`generation_block`)."""
+        if "_default_block_capacity" not in self.__dict__:  # block_layout traces the step: once per problem
+            widest = max(jnp.dtype(dtype).itemsize for dtype in self.block_layout(state))
+            self._default_block_capacity = max(1, SEQUENTIAL_BUFFER_BYTES // widest)
+        return self._default_block_capacity
 
     def compiled_block(self, state: TrainState, capacity: int) -> tuple[Callable, float, dict]:
         """:meth:`generation_block` compiled for ``state``'s shapes and ``capacity`` (once per problem), the
@@ -246,6 +263,13 @@ class FunctionProblem(Generation):
 # (10 x 10) 44 against 53 ms per Rosenbrock run (sep_cma_es), 37 against 41 (snes), once the one-device step
 # lost its all-gather. (An unpaired d = 10 run, before that, had favoured rolled loops below 128 floats.)
 THREEFRY_UNROLLED = True
+
+# XLA:CPU's thunk executor runs a computation's kernels sequentially (no scheduling overhead) when every buffer
+# they use holds at most this many bytes (ThunkExecutor::Options::execute_sequential_buffer_threshold, fixed in
+# XLA, not an option) or when it has at most 8 kernels; else it builds a dependency graph and schedules them on
+# its thread pool, which costs ~7 us per d = 10 generation. Measured d = 10 Rosenbrock, sep_cma_es, 64
+# generations per call: 18.1 us a generation with [capacity] metric buffers of 256 bytes, 25.4 us with 1,600.
+SEQUENTIAL_BUFFER_BYTES = 512
 
 # What the block program reads back per call (the host loop's rows and checks)
 BLOCK_METRICS = ("pop_max", "pop_min", "pop_mean", "noise_std", "centre_return", "best_member", "bad_member",
@@ -400,7 +424,7 @@ def optimize(
     max_restarts: int = 9,
     max_evaluations: int | None = None,
     stop: StopCriteria | None = None,
-    generations_per_call: int = 100,
+    generations_per_call: int | None = None,
     host: bool = False,
 ) -> OptimizeResult:
     """Optimise ``fitness_fn`` with an evolution strategy, many generations per compiled call.
@@ -438,7 +462,9 @@ def optimize(
         stop: :class:`StopCriteria` ending a run (``None``: the defaults with ``restarts``, none without).
         generations_per_call: at most this many generations run inside one compiled call (a ``while_loop``
             over the generation step, with the target and non-finite checks inside); the host reads the
-            block's metrics back once. Blocks adapt their length to ~0.25 s (from 8 generations, at most
+            block's metrics back once. ``None``: 128 with float32 values, 64 with float64 ones (the most whose
+            per-generation metric buffers keep XLA:CPU's loop body on its sequential executor, see
+            :meth:`FunctionProblem.default_block_capacity`). Blocks adapt their length to ~0.25 s (from 8 generations, at most
             doubling), so ``callbacks`` and progress arrive at block granularity, each generation's record in
             order. ``StopCriteria`` are checked on the host on every generation's row; a stop before a block's
             end reruns that block's start for exactly the generations kept. Same bits as ``1`` (one compiled
@@ -505,7 +531,7 @@ def restart_key(key: Any, index: int) -> jax.Array:
 
 
 def _optimize_with_restarts(build, key, restarts, num_members, noise_std, num_generations, max_restarts,
-                            max_evaluations, stop, target, callbacks, generations_per_call=100) -> OptimizeResult:
+                            max_evaluations, stop, target, callbacks, generations_per_call=None) -> OptimizeResult:
     """IPOP / BIPOP: runs of :func:`run_optimization` until the target, the budget or ``max_restarts``."""
     t_start = time.perf_counter()
     generations = 10 ** 9 if num_generations is None else num_generations
@@ -564,14 +590,15 @@ def _optimize_with_restarts(build, key, restarts, num_members, noise_std, num_ge
 def run_optimization(problem: FunctionProblem, key: Any = 0, num_generations: int | None = None, *,
                      target: float | None = None, callbacks: Sequence[Callable[[dict], Any]] = (),
                      stop: StopCriteria | None = None, max_evaluations: int | None = None,
-                     generations_per_call: int = 100) -> OptimizeResult:
+                     generations_per_call: int | None = None) -> OptimizeResult:
     """The host loop of :func:`optimize` for a built problem (reuse one problem, and its compiled programs, over seeds).
 
     ``stop``: end the run when a :class:`StopCriteria` criterion fires; ``max_evaluations``: run no generation
     that would take the count (population and mean) past it. ``generations_per_call``: see :func:`optimize`.
     """
-    if not isinstance(generations_per_call, int) or generations_per_call < 1:
-        raise ValueError(f"generations_per_call must be an int >= 1, got {generations_per_call!r}")
+    if generations_per_call is not None and (isinstance(generations_per_call, bool)
+                                             or not isinstance(generations_per_call, int) or generations_per_call < 1):
+        raise ValueError(f"generations_per_call must be an int >= 1 (or None: the default), got {generations_per_call!r}")
     num_generations = problem.config.num_generations if num_generations is None else num_generations
     stop_reason = "num_generations"
     if max_evaluations is not None and max_evaluations // (problem.config.num_members + 1) < num_generations:
@@ -584,6 +611,8 @@ def run_optimization(problem: FunctionProblem, key: Any = 0, num_generations: in
     t_start = time.perf_counter()
     sign = problem.sign
     history = {k: [] for k in ("generation", "mean_value", "best_value", "pop_mean", "noise_std", "evaluations")}
+    if generations_per_call is None:
+        generations_per_call = problem.default_block_capacity(state)
     if generations_per_call > 1:
         state, best_value, best_state, best_member, evaluations, stop_reason, compile_time = _run_in_blocks(
             problem, state, num_generations, stop_reason, target, callbacks, stop, generations_per_call, history)
@@ -666,11 +695,11 @@ def run_optimization(problem: FunctionProblem, key: Any = 0, num_generations: in
 
 def _result(problem, state, history, best_value, best_state, best_member, evaluations, stop_reason, t_start,
             compile_time) -> OptimizeResult:
-    best_flat = np.asarray(best_state.params if best_member < 0 else problem.member(best_state, np.int32(best_member)))
+    best_flat = best_state.params if best_member < 0 else problem.member(best_state, np.int32(best_member))
     return OptimizeResult(
         direction="minimize" if problem.minimize else "maximize",
         x=problem.params_tree(state.params), value=float(problem.objective_jit(state.params)),
-        best_x=problem.params_tree(jnp.asarray(best_flat)), best_value=problem.sign * best_value,
+        best_x=problem.params_tree(best_flat), best_value=problem.sign * best_value,
         history={k: np.asarray(v) for k, v in history.items()}, num_evaluations=evaluations,
         strategy=problem.strategy.name, wall_time=time.perf_counter() - t_start, compile_time=compile_time,
         state=state, problem=problem, stop_reason=stop_reason,

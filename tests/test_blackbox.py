@@ -1,7 +1,10 @@
 """jes.optimize's stop criteria and restarts (IPOP / BIPOP), and float64 fitness (jes/blackbox.py).
 (The strategies through optimize / AskTell: tests/test_strategies.py, tests/test_cma_es.py.)"""
+import re
+
 import jax
 import jax.numpy as jnp
+
 import numpy as np
 import pytest
 
@@ -208,6 +211,33 @@ def test_first_block_follows_the_problems_last_block_time_and_keeps_the_bits(mon
         problem._block_call_seconds, lengths[:] = per_call, []
         _same(one, run_optimization(problem, key=3, generations_per_call=32))
         assert lengths[0] == first, (per_call, lengths)
+
+
+def test_default_block_length_keeps_every_metric_buffer_within_xla_cpus_sequential_threshold():
+    """generations_per_call=None: 128 calls per block program with float32 metrics, 64 with float64 ones (x64 mode,
+    float64 x0), so that no per-metric buffer of the loop exceeds SEQUENTIAL_BUFFER_BYTES; the compiled block
+    program holds no [capacity, k] stack inside its loop."""
+    from jes import blackbox
+    from jes.blackbox import FunctionProblem, _config, run_optimization
+
+    strategy = jes.strategies.get("sep_cma_es").for_functions()
+    config = _config(8, 5, 0.3, None, "centered_ranks", 0.0, None, strategy)
+    problem = FunctionProblem(rosenbrock, jnp.zeros(4), strategy, config, minimize=True)
+    run_optimization(problem, key=1)
+    assert list(problem._block_programs) == [128] == [blackbox.SEQUENTIAL_BUFFER_BYTES // 4]
+    hlo = problem._block_programs[128][0].as_text()
+    entry = hlo[hlo.index("ENTRY"):]
+    body = re.search(r" while\(.*?body=%([\w.\-]+)", entry).group(1)  # the loop over generations
+    body_text = hlo[hlo.index(f"%{body} "):]
+    body_text = body_text[: body_text.index("\n}\n")]
+    stacked = f"f32[128,{len(problem.block_layout(problem.init_state(0))['float32'])}]"
+    assert "f32[128]" in body_text and stacked not in body_text and stacked in entry
+    with jax.enable_x64(True):
+        wide = FunctionProblem(rosenbrock, jnp.zeros(4, jnp.float64), strategy, config, minimize=True)
+        run_optimization(wide, key=1)
+        assert list(wide._block_programs) == [64]
+    with pytest.raises(ValueError, match="generations_per_call"):
+        run_optimization(problem, key=1, generations_per_call=0)
 
 
 @pytest.mark.parametrize("name", ["sep_cma_es", "snes", "openai_es"])
