@@ -31,6 +31,20 @@ class ConvPolicy(nn.Module):
         return nn.Dense(self.num_outputs)(x.reshape(-1))
 
 
+class ConvVariants(nn.Module):
+    """Conv layers the shifted-window correction has to get right: kernel dilation, circular, reflect and explicit
+    padding, unequal strides; and one it leaves to the identity-kernel patches (input dilation)."""
+
+    @nn.compact
+    def __call__(self, obs):
+        x = nn.relu(nn.Conv(3, (3, 3), kernel_dilation=2, padding="SAME")(obs))
+        x = nn.relu(nn.Conv(3, (2, 3), padding="CIRCULAR")(x))
+        x = nn.relu(nn.Conv(2, (3, 3), padding="REFLECT")(x))
+        x = nn.relu(nn.Conv(3, (3, 2), strides=(2, 1), padding=((1, 0), (0, 2)))(x))
+        x = nn.relu(nn.Conv(2, (2, 2), input_dilation=2, padding=1)(x))
+        return nn.Dense(2)(x.reshape(-1))
+
+
 class EmbedPolicy(nn.Module):
     num_outputs: int = 2
 
@@ -73,7 +87,28 @@ POLICIES = {
     "embed + DenseGeneral": (EmbedPolicy(), (3,)),
     "bare matmul (fallback)": (RawMatmul(), (3,)),
     "a bare Conv as the whole policy": (nn.Conv(2, (3,), padding="SAME"), (5, 1)),
+    "conv variants (dilation, circular, reflect, explicit, input dilation)": (ConvVariants(), (7, 7, 2)),
+    "causal 1-D conv": (nn.Conv(2, (3,), padding="CAUSAL"), (6, 1)),
 }
+
+
+@pytest.mark.parametrize("cin", [2, 8])  # summed channel by channel (18 rows), concatenated patches (72 rows)
+def test_conv_correction_from_shifted_windows_equals_the_identity_kernel_patches(cin):
+    """The Conv correction from the padded input's shifted windows equals patches(x) A B^T with the patches
+    from a conv with an identity kernel, for SAME, strided VALID and circular padding; input dilation is left to
+    the identity-kernel patches (None)."""
+    from jes.perturbations.low_rank import CONV_UNROLLED_ROWS, _conv_correction, low_rank_product
+
+    assert (9 * cin > CONV_UNROLLED_ROWS) == (cin == 8)
+    x = jax.random.normal(jax.random.key(0), (7, 7, cin))
+    a_t, b_t = jax.random.normal(jax.random.key(1), (2, 9 * cin)), jax.random.normal(jax.random.key(2), (2, 3))
+    for conv in (nn.Conv(3, (3, 3), padding="SAME"), nn.Conv(3, (3, 3), strides=2, padding="VALID"),
+                 nn.Conv(3, (3, 3), padding="CIRCULAR")):
+        identity = jnp.eye(9 * cin).reshape(3, 3, cin, 9 * cin)
+        patches = conv.clone(features=9 * cin, use_bias=False).apply({"params": {"kernel": identity}}, x)
+        np.testing.assert_allclose(np.asarray(_conv_correction(conv, x, a_t, b_t)),
+                                   np.asarray(low_rank_product(patches, a_t, b_t)), rtol=1e-5, atol=1e-5)
+    assert _conv_correction(nn.Conv(3, (3, 3), input_dilation=2, padding=1), x, a_t, b_t) is None
 
 
 class Ctx:
