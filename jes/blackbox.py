@@ -260,8 +260,8 @@ class FunctionProblem(Generation):
 # Block programs hash with threefry unrolled (jes.threefry; False: JAX's rolled CPU lowering, the same bits).
 # Faster at every draw size measured, rows interleaved in one process (benchmarks/README.md, "Side by side with
 # evosax"): d = 100 (17 x 100 floats) 0.65-0.81x evosax's s/run unrolled against 1.1-1.7x rolled; d = 10
-# (10 x 10) 44 against 53 ms per Rosenbrock run (sep_cma_es), 37 against 41 (snes), once the one-device step
-# lost its all-gather. (An unpaired d = 10 run, before that, had favoured rolled loops below 128 floats.)
+# (10 x 10, paired, seeds 1-3) 44 against 53 ms per Rosenbrock run (sep_cma_es), 37 against 41 (snes), once the step
+# lost its all-gather on one device. (An unpaired d = 10 run, before that, had favoured rolled loops below 128 floats.)
 THREEFRY_UNROLLED = True
 
 # XLA:CPU's thunk executor runs a computation's kernels sequentially (no scheduling overhead) when every buffer
@@ -464,7 +464,8 @@ def optimize(
             over the generation step, with the target and non-finite checks inside); the host reads the
             block's metrics back once. ``None``: 128 with float32 values, 64 with float64 ones (the most whose
             per-generation metric buffers keep XLA:CPU's loop body on its sequential executor, see
-            :meth:`FunctionProblem.default_block_capacity`). Blocks adapt their length to ~0.25 s (from 8 generations, at most
+            :meth:`FunctionProblem.default_block_capacity`). Blocks adapt their length to ~0.25 s (from 8
+            generations, at most
             doubling), so ``callbacks`` and progress arrive at block granularity, each generation's record in
             order. ``StopCriteria`` are checked on the host on every generation's row; a stop before a block's
             end reruns that block's start for exactly the generations kept. Same bits as ``1`` (one compiled
@@ -735,7 +736,8 @@ def _run_in_blocks(problem, state, num_generations, stop_reason, target, callbac
     A block holds at most ``capacity`` calls and aims at ``BLOCK_SECONDS`` of wall time, at most doubling from
     one block to the next. The first block holds 8 calls, or, when the problem has run blocks before (another
     seed), as many as its last block's time per call allows: a short run on a cheap function is then one or two
-    calls of the program, not four or five. Block lengths never change the results. The target and non-finite values stop a block inside; a :class:`StopCriteria` is checked on
+    calls of the program, not four or five. Block lengths never change the results. The target and non-finite
+    values stop a block inside; a :class:`StopCriteria` is checked on
     the host, on the rows read back: when it fires before a block's last row, the block is run again from its
     start for exactly that many calls (the same program, so the same bits) to get the state it stopped on.
     """
