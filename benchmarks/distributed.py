@@ -69,8 +69,9 @@ def spread(values, fmt="{:.1f}") -> str:
     return f"{fmt.format(np.median(values))} [{fmt.format(values.min())}, {fmt.format(values.max())}]"
 
 
-def wire_bytes(policy, generations: int, seeds: list[int]) -> tuple[int, list[float], list[float]]:
-    config = jes.ESConfig(num_members=64, chunk_size=8, num_generations=generations + 2, eval_every=0, eval_episodes=4)
+def wire_bytes(policy, generations: int, seeds: list[int], perturbation: str = "full_rank") -> tuple[int, list[float], list[float]]:
+    config = jes.ESConfig(num_members=64, chunk_size=8, num_generations=generations + 2, eval_every=0, eval_episodes=4,
+                          perturbation=perturbation)
     trainer = jes.Trainer(policy, "CartPole-v1", "adam", config)
     port = free_port()
     procs = start_workers(port, [None])
@@ -141,18 +142,27 @@ def main() -> None:
     parser.add_argument("--generations", type=int, default=6)
     parser.add_argument("--cores", default="0,1", help="one local worker per listed core")
     parser.add_argument("--seeds", default="0,1,2,3,4", help="run keys, comma-separated")
+    parser.add_argument("--part", choices=("all", "bytes", "overhead"), default="all")
     args = parser.parse_args()
     seeds = [int(s) for s in args.seeds.split(",")]
     print_provenance(seeds)
+    if args.part != "overhead":
+        wire_table(args.generations, seeds)
+    if args.part != "bytes":
+        overhead(args.generations, args.cores.split(","), seeds)
+    print_load()
+
+
+def wire_table(generations: int, seeds: list[int]) -> None:
     print("bytes on the wire per generation, 1 worker, population 64 in chunks of 8 (after the first snapshot), "
           "median [min, max] over seeds:")
-    for label, policy in (("GRUPolicy(hidden=5, layers=2)", jes.GRUPolicy(hidden=5, layers=2)),
-                          ("MLPPolicy(hidden_sizes=(256, 256, 128))", jes.MLPPolicy(hidden_sizes=(256, 256, 128)))):
-        params, sent, received = wire_bytes(policy, args.generations, seeds)
+    big = jes.MLPPolicy(hidden_sizes=(256, 256, 128))
+    for label, policy, perturbation in (("GRUPolicy(hidden=5, layers=2)", jes.GRUPolicy(hidden=5, layers=2), "full_rank"),
+                                        ("MLPPolicy(hidden_sizes=(256, 256, 128))", big, "full_rank"),
+                                        ("the same MLP, low rank r = 1", big, "low_rank")):
+        params, sent, received = wire_bytes(policy, generations, seeds, perturbation)
         print(f"  {label:42s} {params:7d} params: master->worker {spread(sent, '{:.0f}')} B, "
               f"worker->master {spread(received, '{:.0f}')} B", flush=True)
-    overhead(args.generations, args.cores.split(","), seeds)
-    print_load()
 
 
 if __name__ == "__main__":

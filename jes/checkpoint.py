@@ -332,8 +332,11 @@ class Checkpoint:
                 f"checkpoint cannot store; build the Trainer with the same config yourself and call "
                 f"jes.checkpoint.read(path).restore_state(trainer)"
             )
+        fields = dict(self.meta["config"])
+        if fields.get("perturbation", "full_rank") == "full_rank":
+            fields["perturbation_rank"] = 1  # ignored by full-rank runs; older jes stored a --rank given without low_rank
         try:
-            return ESConfig(**self.meta["config"])
+            return ESConfig(**fields)
         except Exception as err:  # noqa: BLE001 - unknown fields or values a config refuses
             raise CheckpointError(f"checkpoint {self.path}: its config cannot be rebuilt: {type(err).__name__}: {err}") from err
 

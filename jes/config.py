@@ -80,6 +80,10 @@ class ESConfig:
 
         for name in ("num_members", "num_generations", "episodes_per_member", "eval_episodes", "perturbation_rank"):
             positive_int(name)
+        if self.perturbation == "full_rank" and self.perturbation_rank != 1:
+            raise ValueError(f"perturbation_rank={self.perturbation_rank} is the rank of low-rank perturbations, but "
+                             f"perturbation is 'full_rank'; add perturbation='low_rank' (jes train: --perturbation "
+                             f"low_rank --rank {self.perturbation_rank}), or drop the rank")
         if self.antithetic and self.num_members % 2:
             raise ValueError(
                 f"num_members={self.num_members} is odd, but antithetic sampling evaluates mirrored pairs; "

@@ -119,9 +119,10 @@ def build_context(strategy: Strategy, optimizer: Any, config: ESConfig, num_para
     if perturbation.structured:
         if not strategy.isotropic:
             supported = [n for n in strategies.names() if strategies.get(n).isotropic]
+            keeps = "a full covariance matrix" if strategy.name == "cma_es" else "a sigma per parameter"
             raise ValueError(
                 f"{perturbation.name} perturbations need one sigma for every parameter (members mean + sigma * E_i), "
-                f"but {strategy.name} keeps a sigma per parameter, which a rank-r product cannot carry; use "
+                f"but {strategy.name} keeps {keeps}, which a rank-r product cannot carry; use "
                 f"{' or '.join(supported)} with perturbation='{perturbation.name}', or perturbation='full_rank'"
             )
         if layout is None:

@@ -90,6 +90,16 @@ class SweepResult:
         raise KeyError(f"no run for configuration {config_index} and seed {seed}")
 
 
+def point_config(base: ESConfig, point: Mapping[str, Any]) -> ESConfig:
+    """``base`` with a grid point's ESConfig fields; a full-rank point drops a swept ``perturbation_rank`` (the
+    rank of low-rank points), so a grid can cross ``perturbation`` with ranks."""
+    fields = {k: v for k, v in point.items() if k not in NOT_CONFIG}
+    perturbation = fields.get("perturbation", base.perturbation)
+    if getattr(perturbation, "name", perturbation) == "full_rank":
+        fields["perturbation_rank"] = 1
+    return base.replace(**fields)
+
+
 def expand_grid(grid: Mapping[str, Any]) -> list[dict]:
     """The Cartesian product of ``grid``: a value that is a list is swept, anything else is fixed.
 
@@ -317,7 +327,7 @@ def sweep(
     for indices in groups.values():
         first = points[indices[0]]
         opt = first.get("optimizer", optimizer)
-        group_config = base.replace(**{k: v for k, v in first.items() if k not in NOT_CONFIG})
+        group_config = point_config(base, first)
         trainer = Trainer(policy, env, opt, group_config, env_params=env_params, devices=devices,
                           strategy=first.get("strategy", strategy))
         members = [(i, seed) for i in indices for seed in seeds]
@@ -331,7 +341,7 @@ def sweep(
         for b, (i, seed) in enumerate(members):
             member_state = jax.tree.map(lambda x: x[b], final)
             runs.append(SweepRun(
-                config_index=i, seed=seed, config=base.replace(**{k: v for k, v in points[i].items() if k not in NOT_CONFIG}),
+                config_index=i, seed=seed, config=point_config(base, points[i]),
                 optimizer=trainer.optimizer_name, flat_params=np.asarray(member_state.params),
                 history={k: v[:, b] for k, v in history.items()}, state=member_state,
             ))
@@ -391,7 +401,7 @@ def _row(point: dict, swept: list, seeds: list, history: dict, compile_time: flo
 
 def _log_configuration(log_dir: str, history: dict, point: dict, base: ESConfig, trainer: Trainer, seeds: list) -> None:
     """One TensorBoard run: each generation's metrics averaged over seeds."""
-    hparams = dict(base.replace(**{k: v for k, v in point.items() if k not in NOT_CONFIG}).to_dict(),
+    hparams = dict(point_config(base, point).to_dict(),
                    env=trainer.spec.name, policy=type(trainer.policy).__name__, optimizer=trainer.optimizer_name or "",
                    strategy=trainer.strategy.name,
                    seeds=" ".join(map(str, seeds)))

@@ -267,3 +267,13 @@ def test_custom_policy_flags_and_resume_from_the_checkpoint_alone(tmp_path, monk
 def test_bad_policy_flags_say_what_to_do(flags, message, capsys):
     assert cli.main(["train", *flags, "--log-dir", "none"]) == 2
     assert message in capsys.readouterr().err
+
+
+def test_train_with_low_rank_perturbations_and_a_rank_without_them(tmp_path, capsys):
+    assert cli.main(["train", *SMALL_FLAGS, "--generations", "1", "--seed", "2", "--perturbation", "low_rank",
+                     "--rank", "2", "--log-dir", str(tmp_path / "run")]) == 0
+    meta = checkpoint.read(str(tmp_path / "run" / "checkpoint.ckpt")).meta["config"]
+    assert (meta["perturbation"], meta["perturbation_rank"]) == ("low_rank", 2)
+    capsys.readouterr()
+    assert cli.main(["train", *SMALL_FLAGS, "--generations", "1", "--rank", "2", "--log-dir", str(tmp_path / "x")]) == 2
+    assert "perturbation_rank=2 is the rank of low-rank perturbations" in capsys.readouterr().err

@@ -58,8 +58,20 @@ SCRIPT = textwrap.dedent("""
                 "chunks": [r.trainer.padded_chunks, len(r.trainer.devices)]}
             for d, r in runs.items()}
     # Low-rank (EGGROLL) members: every device rebuilds the whole update from the fitness alone.
+    import flax.linen as nn
+
+    class SmallCNN(nn.Module):  # a Conv correction (shifted windows) and a Dense one on MinAtar frames
+        num_outputs: int = 3
+
+        @nn.compact
+        def __call__(self, obs):
+            x = nn.relu(nn.Conv(4, (3, 3), padding="VALID")(obs.astype(np.float32)))
+            return nn.Dense(self.num_outputs)(nn.relu(nn.Dense(8)(x.reshape(-1))))
+
     for name, policy, env in (("low_rank/mlp", jes.MLPPolicy(hidden_sizes=(16, 16)), "Pendulum-v1"),
-                              ("low_rank/gru", jes.GRUPolicy(hidden=4, layers=2), "CartPole-v1")):
+                              ("low_rank/gru", jes.GRUPolicy(hidden=4, layers=2), "CartPole-v1"),
+                              ("low_rank/gru-flax", jes.GRUPolicy(hidden=4, layers=1, torch_layout=False), "CartPole-v1"),
+                              ("low_rank/cnn", SmallCNN(), "Breakout-MinAtar")):
         runs = {d: jes.train(policy, env, "adam", key=11, devices=d, log_dir=None, num_members=24, chunk_size=8,
                              num_generations=3, eval_episodes=4, perturbation="low_rank", perturbation_rank=2)
                 for d in (1, 2)}
@@ -80,7 +92,7 @@ def two_device_runs():
 
 
 @pytest.mark.parametrize("case", ["12/4", "10/2", "8/8", "pendulum", "sep_cma_es", "ars/centered_ranks", "openai_es/z_score",
-                                  "low_rank/mlp", "low_rank/gru"])
+                                  "low_rank/mlp", "low_rank/gru", "low_rank/gru-flax", "low_rank/cnn"])
 def test_two_devices_equal_one_device_bit_for_bit(two_device_runs, case):
     one, two = two_device_runs[case]["1"], two_device_runs[case]["2"]
     assert one["params"] == two["params"]          # exact float equality, element by element

@@ -568,3 +568,33 @@ def test_low_rank_runs_with_two_workers_are_bit_identical(name, pool):
     config = CONFIG.replace(num_members=16, num_generations=3, perturbation="low_rank", perturbation_rank=2)
     trainer = jes.Trainer(jes.MLPPolicy(hidden_sizes=(8, 8)), "CartPole-v1", None, config, strategy=name)
     assert_two_workers_match_local(trainer, pool)
+
+
+@pytest.mark.slow
+def test_a_low_rank_runs_bytes_per_generation_do_not_grow_with_the_policy(pool):
+    """Keys, ranges and fitness on the wire: once a worker has the run (the first generation's snapshot), a
+    low-rank generation's bytes are the same for 0.6k and 67k parameters, far below one parameter vector."""
+    per_generation = {}
+    for hidden in (8, 256):
+        config = CONFIG.replace(num_members=16, num_generations=17, eval_episodes=2, eval_every=0,
+                                perturbation="low_rank")
+        trainer = jes.Trainer(jes.MLPPolicy(hidden_sizes=(hidden, hidden)), "Pendulum-v1", "adam", config)
+        pool.ensure(1)
+        with Master(trainer, f"127.0.0.1:{pool.port}", secret=SECRET, env="Pendulum-v1", optimizer="adam",
+                    **{**FAST, **(dict(curve_secret_key=CURVE[1]) if CURVE else {})}) as master:
+            state = trainer.init_state(KEY)
+            assert master.wait_for_workers(state, 1, READY_TIMEOUT) >= 1, [pool.log(n) for n in pool.live()]
+            state, _ = master.step(state, False)
+            for _ in range(5):  # a window of 3 generations in which no worker (the pool may hold several) got a snapshot
+                sent, received, snapshots = (master.stats[k] for k in ("bytes_sent", "bytes_received", "snapshots"))
+                for _ in range(3):
+                    state, _ = master.step(state, False)
+                if master.stats["snapshots"] == snapshots:
+                    break
+            assert master.stats["snapshots"] == snapshots, master.stats
+            per_generation[trainer.num_params] = ((master.stats["bytes_sent"] - sent) / 3,
+                                                  (master.stats["bytes_received"] - received) / 3)
+    (small, small_bytes), (big, big_bytes) = sorted(per_generation.items())
+    assert big > 60_000 and small < 1_000
+    for s, b in zip(small_bytes, big_bytes):  # (heartbeats may add a message or two: not a fixed count)
+        assert 0 < b < 1.5 * s + 2_000 and b < big * 4 / 10, per_generation

@@ -67,6 +67,25 @@ class LSTMPolicy(nn.Module):
         return carry, nn.Dense(self.num_outputs)(h)
 
 
+class RecurrentPolicy(nn.Module):
+    """A flax.linen recurrent cell (``SimpleCell``, or ``OptimizedLSTMCell``: not factorable) and a Dense head."""
+
+    cell: str = "simple"
+    num_outputs: int = 2
+
+    def make(self, **kw):
+        return (nn.SimpleCell if self.cell == "simple" else nn.OptimizedLSTMCell)(6, **kw)
+
+    @nn.nowrap
+    def initialize_carry(self, rng, input_shape):
+        return self.make(parent=None).initialize_carry(rng, (1,))
+
+    @nn.compact
+    def __call__(self, carry, obs):
+        carry, h = self.make()(carry, obs)
+        return carry, nn.Dense(self.num_outputs)(h)
+
+
 class RawMatmul(nn.Module):
     """A matrix applied with a bare ``@``: low rank cannot factor it, so it falls back to dense noise."""
 
@@ -78,6 +97,18 @@ class RawMatmul(nn.Module):
         return nn.Dense(self.num_outputs)(jnp.tanh(obs @ w))
 
 
+class TiedEmbedding(nn.Module):
+    """An Embed table used twice: looked up (factorable) and by ``attend`` (tied output weights, not)."""
+
+    num_outputs: int = 2
+
+    @nn.compact
+    def __call__(self, obs):
+        embed = nn.Embed(8, 5)
+        h = embed(jnp.clip(obs.astype(jnp.int32), 0, 7)).sum(0)
+        return nn.Dense(self.num_outputs)(embed.attend(jnp.tanh(h)))
+
+
 POLICIES = {
     "mlp (Dense)": (jes.MLPPolicy((8, 8), num_outputs=2), (4,)),
     "gru torch layout (matvec)": (jes.GRUPolicy(5, 2, num_outputs=2), (4,)),
@@ -86,6 +117,8 @@ POLICIES = {
     "cnn (Conv)": (ConvPolicy(), (6, 6, 2)),
     "embed + DenseGeneral": (EmbedPolicy(), (3,)),
     "bare matmul (fallback)": (RawMatmul(), (3,)),
+    "tied embedding, Embed.attend (fallback)": (TiedEmbedding(), (3,)),
+    "SimpleCell": (RecurrentPolicy(cell="simple"), (3,)),
     "a bare Conv as the whole policy": (nn.Conv(2, (3,), padding="SAME"), (5, 1)),
     "conv variants (dilation, circular, reflect, explicit, input dilation)": (ConvVariants(), (7, 7, 2)),
     "causal 1-D conv": (nn.Conv(2, (3,), padding="CAUSAL"), (6, 1)),
@@ -170,6 +203,22 @@ def test_a_matrix_it_cannot_factor_falls_back_to_dense_noise_with_a_warning_nami
     assert {leaf.path[-1]: leaf.factored for leaf in layout.leaves} == {"w": False, "kernel": True, "bias": False}
 
 
+def test_an_embedding_also_used_by_attend_falls_back_to_dense_noise_with_a_warning_naming_the_method():
+    fns = PolicyFns(TiedEmbedding(), (3,))
+    warning = r"params/Embed_0/embedding .* of layer Embed \(in TiedEmbedding\) is also used by Embed.attend"
+    with pytest.warns(UserWarning, match=warning):
+        layout = jes.LowRank(1).layout(fns, fns.init(jax.random.key(0)))
+    assert {leaf.path[1:]: leaf.factored for leaf in layout.leaves if len(leaf.shape) == 2} == {
+        ("Dense_0", "kernel"): True, ("Embed_0", "embedding"): False}
+
+
+def test_the_fallback_warning_names_the_layer_and_the_cell_around_it():
+    fns = PolicyFns(RecurrentPolicy(cell="optimized lstm"), (3,))
+    with pytest.warns(UserWarning, match="of layer DenseParams \\(in OptimizedLSTMCell\\)"):
+        layout = jes.LowRank(1).layout(fns, fns.init(jax.random.key(0)))
+    assert [leaf.path[-1] for leaf in layout.factored] == ["kernel"]  # the head; the cell's 8 gate kernels fall back
+
+
 def test_factors_are_a_pure_function_of_key_generation_and_member():
     policy, obs_shape = POLICIES["mlp (Dense)"]
     fns, flat, unravel, lowrank, layout = setup(policy, obs_shape, 2)
@@ -225,10 +274,13 @@ def test_a_chunk_of_members_holds_factors_never_a_dense_population():
 
 
 def test_strategies_with_per_parameter_sigmas_refuse_low_rank_naming_the_ones_that_take_it():
-    for name in ("pgpe", "snes", "sep_cma_es"):
-        with pytest.raises(ValueError, match=f"{name} keeps a sigma per parameter.*openai_es or ars"):
+    for name, keeps in (("pgpe", "a sigma per parameter"), ("snes", "a sigma per parameter"),
+                        ("sep_cma_es", "a sigma per parameter"), ("cma_es", "a full covariance matrix")):
+        with pytest.raises(ValueError, match=f"{name} keeps {keeps}.*openai_es or ars"):
             jes.Trainer(jes.MLPPolicy((4,)), "CartPole-v1", None,
                         jes.ESConfig(num_members=8, perturbation="low_rank"), strategy=name)
+    with pytest.raises(ValueError, match="perturbation_rank=4 is the rank of low-rank perturbations.*'full_rank'"):
+        jes.ESConfig(perturbation_rank=4)
     with pytest.raises(ValueError, match="unknown perturbation"):
         jes.ESConfig(perturbation="sparse")
     with pytest.raises(ValueError, match="rank must be a positive integer"):
@@ -249,3 +301,27 @@ def test_a_low_rank_run_interrupted_and_resumed_is_bit_identical(tmp_path):
     assert np.array_equal(resumed.flat_params, full.flat_params)
     assert np.array_equal(resumed.history["pop_mean"], full.history["pop_mean"])
     assert jes.checkpoint.read(path).meta["config"]["perturbation"] == "low_rank"
+
+
+def test_a_low_rank_run_without_mirrored_pairs_matches_its_materialised_members_and_trains():
+    policy, obs_shape = POLICIES["mlp (Dense)"]
+    fns, flat, unravel, lowrank, layout = setup(policy, obs_shape, 2)
+    ctx, sigma, gen_key = Ctx(layout, antithetic=False), jnp.float32(0.2), jax.random.key(5)
+    members = lowrank.members(ctx, flat, sigma, gen_key, jnp.int32(0), 4)
+    factored = lowrank.member_fns(fns, unravel, flat, layout)
+    obs = jax.random.normal(jax.random.key(2), obs_shape)
+    outs = []
+    for i in range(4):
+        dense = flat + sigma * lowrank.member_noise(ctx, gen_key, jnp.int32(i))
+        want = fns.apply(unravel(dense), fns.initial_carry(), obs)[1]
+        got = factored.apply(jax.tree.map(lambda x: x[i], members), fns.initial_carry(), obs)[1]
+        np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=2e-5, atol=2e-5)
+        outs.append(np.asarray(got))
+    assert not np.allclose(outs[0], outs[1])  # no mirrored pairs: member 1 is not member 0 flipped
+    weights = jax.random.normal(jax.random.key(4), (4,))
+    by_member = sum(float(weights[i]) * np.asarray(lowrank.member_noise(ctx, gen_key, jnp.int32(i))) for i in range(4))
+    np.testing.assert_allclose(np.asarray(lowrank.weighted_noise(ctx, gen_key, jnp.int32(0), weights)), by_member,
+                               rtol=1e-4, atol=1e-5)
+    result = jes.train(jes.MLPPolicy((8,)), "CartPole-v1", "adam", key=1, num_generations=3, num_members=32,
+                       antithetic=False, perturbation=jes.LowRank(1), log_dir=None, progress=False, eval_episodes=4)
+    assert np.all(np.isfinite(result.flat_params)) and len(result.history["pop_mean"]) == 3

@@ -24,8 +24,10 @@ member's correction ``sigma / sqrt(r) (x A_i) B_i^T``. Factored layers:
 * any module method named ``matvec(self, name, weight, x) -> weight @ x`` (jes's PyTorch-layout
   ``TorchLinear`` and ``TorchGRUCell``; your own layers can do the same).
 
-Matrices applied any other way (``OptimizedLSTMCell``'s fused kernels, a custom ``self.param`` used
-with ``@``) get dense noise, materialised for that leaf only, with a warning naming it.
+Matrices applied any other way (``OptimizedLSTMCell``, which concatenates its per-gate kernels into one
+product; a custom ``self.param`` used with ``@``; an ``Embed`` table also used by ``Embed.attend``, as in
+tied embeddings) get dense noise, materialised for that leaf only, with a warning naming it. A matrix read
+directly from another module's variables is not seen at all: apply it through one of the layers above.
 
 The update direction of a chunk is ``sum_i w_i E_i``: per matrix one product ``A^T diag(w) B`` of
 the chunk's stacked factors, summed over chunks in chunk order like every other statistic.
@@ -298,6 +300,11 @@ def _interceptor(factors: dict, record: dict | None = None) -> Callable:
         if inner:
             return next_fun(*args, **kwargs)
         names = factored_params(module, method)
+        if record is not None and not names and module.scope is not None and method not in ("__call__", "setup") \
+                and factored_params(module, "__call__"):
+            # A factorable layer's matrix used by another of its methods (Embed.attend: tied embeddings) is not
+            # corrected there: that matrix gets dense noise instead (see layout)
+            record.setdefault("other_uses", {})[("params",) + tuple(module.scope.path)] = method
         if not names or module.scope is None:
             if record is not None and module.scope is not None:
                 record.setdefault("modules", {})[("params",) + tuple(module.scope.path)] = type(module).__name__
@@ -311,6 +318,14 @@ def _interceptor(factors: dict, record: dict | None = None) -> Callable:
         return _corrected(module, method, next_fun, args, kwargs, lambda name: factors.get(prefix + (name,)), inner)
 
     return intercept
+
+
+def _owner(key: tuple[str, ...], modules: dict) -> str:
+    """The layer a parameter belongs to, with the layers around it: ``DenseParams (in OptimizedLSTMCell)``."""
+    names = [modules[key[:i]] for i in range(len(key) - 1, 0, -1) if key[:i] in modules]
+    if not names:
+        return "?"
+    return names[0] + "".join(f" (in {n})" for n in names[1:2])
 
 
 def _key_path(path) -> tuple[str, ...]:
@@ -351,16 +366,20 @@ class LowRank:
 
         jax.eval_shape(probe, variables, obs)
         handled, modules = record.get("handled", set()), record.get("modules", {})
+        other_uses = record.get("other_uses", {})
         leaves, offset = [], 0
         for path, leaf in jax.tree_util.tree_flatten_with_path(variables)[0]:
             key, shape = _key_path(path), tuple(leaf.shape)
             size = math.prod(shape)
-            factored = len(shape) >= 2 and key in handled
+            factored = len(shape) >= 2 and key in handled and key[:-1] not in other_uses
             if len(shape) >= 2 and not factored:
-                owner = modules.get(key[:-1], "?")
+                owner = _owner(key, modules)
+                why = (f"is also used by {modules.get(key[:-1], '?')}.{other_uses[key[:-1]]}, which jes cannot factor"
+                       if key[:-1] in other_uses else
+                       "is not applied by a layer jes can factor (Dense, Conv, Embed, GRUCell, LSTMCell, or a "
+                       "`matvec` method)")
                 warnings.warn(
-                    f"LowRank: parameter {'/'.join(key)} {list(shape)} of layer {owner} is not applied by a layer "
-                    f"jes can factor (Dense, Conv, Embed, GRUCell, LSTMCell, or a `matvec` method); it gets "
+                    f"LowRank: parameter {'/'.join(key)} {list(shape)} of layer {owner} {why}; it gets "
                     f"full-rank noise, materialised per member for this leaf only",
                     stacklevel=3,
                 )
