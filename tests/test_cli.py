@@ -269,6 +269,7 @@ def test_bad_policy_flags_say_what_to_do(flags, message, capsys):
     assert message in capsys.readouterr().err
 
 
+@pytest.mark.hard_timeout(300)
 def test_train_with_low_rank_perturbations_and_a_rank_without_them(tmp_path, capsys):
     assert cli.main(["train", *SMALL_FLAGS, "--generations", "1", "--seed", "2", "--perturbation", "low_rank",
                      "--rank", "2", "--log-dir", str(tmp_path / "run")]) == 0

@@ -303,6 +303,7 @@ def test_a_low_rank_run_interrupted_and_resumed_is_bit_identical(tmp_path):
     assert jes.checkpoint.read(path).meta["config"]["perturbation"] == "low_rank"
 
 
+@pytest.mark.hard_timeout(300)
 def test_a_low_rank_run_without_mirrored_pairs_matches_its_materialised_members_and_trains():
     policy, obs_shape = POLICIES["mlp (Dense)"]
     fns, flat, unravel, lowrank, layout = setup(policy, obs_shape, 2)

@@ -146,6 +146,7 @@ def test_sweep_is_reachable_after_import_jes():
     assert out.returncode == 0, out.stderr
 
 
+@pytest.mark.hard_timeout(300)
 def test_a_sweep_over_perturbations_and_ranks_equals_standalone_runs_bit_for_bit():
     """Full rank beside low rank r = 1 and 2 in one grid (the full-rank point ignores the swept rank)."""
     config = BASE.replace(num_generations=2)
