@@ -21,7 +21,7 @@ def small_run(num_generations: int) -> dict:
     return dict(policy=jes.MLPPolicy(hidden_sizes=(8,)), env="CartPole-v1", optimizer="adam", key=7,
                 config=jes.ESConfig(num_members=16, chunk_size=4, num_generations=num_generations, eval_every=1,
                                     eval_episodes=2, max_episode_steps=60, perturbation=perturbation,
-                                    perturbation_rank=2))
+                                    perturbation_rank=2 if perturbation == "low_rank" else 1))
 
 
 def main(out: str, generations: int, resume: str | None = None) -> None:
