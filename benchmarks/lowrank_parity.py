@@ -34,7 +34,7 @@ CELLS = {
     "brax-inverted-pendulum": ("brax/inverted_pendulum?backend=spring", lambda: jes.MLPPolicy((16,)), 950.0, 100,
                                dict(num_members=64, noise_std=0.1, learning_rate=0.03, eval_episodes=16)),
     # Threshold 5: uniformly random actions score about 0.5, a scripted ball tracker 84 (--breakout-baselines);
-    # sigma 0.05 because full rank at the default 0.2 stays on random play's plateau (1.4-1.7) for 300 generations.
+    # sigma 0.05 because full rank at the default 0.2 stays on an early plateau (1.4-1.7) for 300 generations.
     "minatar-breakout": ("Breakout-MinAtar", lambda: MinAtarCNN(hidden=64), 5.0, 150,
                          dict(num_members=256, episodes_per_member=4, noise_std=0.05, learning_rate=0.01,
                               eval_episodes=32, max_episode_steps=1000)),
