@@ -11,6 +11,7 @@ One trainer per (cell, perturbation); seeds share its compiled step.
 from __future__ import annotations
 
 import argparse
+import ast
 import os
 import sys
 import time
@@ -82,7 +83,7 @@ def main() -> None:
     parser.add_argument("--cells", default="cartpole-gru,cartpole-mlp64,pendulum-32,pendulum-256")
     parser.add_argument("--seeds", default="0,1,2,3,4")
     parser.add_argument("--perturbations", default=",".join(PERTURBATIONS))
-    parser.add_argument("--set", action="append", default=[], metavar="FIELD=NUMBER",
+    parser.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
                         help="override a cell's ESConfig field (e.g. --set noise_std=0.1); repeatable")
     parser.add_argument("--breakout-baselines", action="store_true",
                         help="print Breakout-MinAtar's returns of random and scripted play over --seeds, then stop")
@@ -93,9 +94,12 @@ def main() -> None:
     overrides = {}
     for item in args.set:
         field, _, value = item.partition("=")
-        if field not in jes.ESConfig.__dataclass_fields__ or not value:
-            parser.error(f"--set {item!r}: expected FIELD=NUMBER with an ESConfig field")
-        overrides[field] = int(value) if value.lstrip("-").isdigit() else float(value)
+        try:
+            overrides[field] = ast.literal_eval(value)
+        except (ValueError, SyntaxError):
+            field = None
+        if field not in jes.ESConfig.__dataclass_fields__:
+            parser.error(f"--set {item!r}: expected FIELD=VALUE with an ESConfig field and a Python literal")
     rows = []
     for cell in args.cells.split(","):
         env, make_policy, threshold, generations, extra = CELLS[cell]
