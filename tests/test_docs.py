@@ -76,3 +76,28 @@ def test_mkdocs_build_strict(tmp_path):
     assert proc.returncode == 0, f"mkdocs build --strict failed:\n{proc.stdout}\n{proc.stderr}"
     assert (tmp_path / "site" / "api" / "index.html").read_text().count("jes.loop.train") >= 1
     assert (tmp_path / "site" / "notebooks" / "quickstart" / "index.html").exists()
+
+
+def _benchmarks_page_module():
+    spec = importlib.util.spec_from_file_location("docs_page", os.path.join(ROOT, "benchmarks", "docs_page.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_benchmarks_page_is_generated_from_the_benchmarks_readme():
+    page = _benchmarks_page_module()
+    with open(page.README, encoding="utf-8") as f:
+        expected = page.render(f.read())
+    with open(page.PAGE, encoding="utf-8") as f:
+        assert f.read() == expected, "docs/benchmarks.md is stale: edit benchmarks/README.md, then run " \
+                                     "python benchmarks/docs_page.py"
+
+
+def test_benchmarks_page_links_resolve_from_docs_or_the_generator_says_which_do_not():
+    page = _benchmarks_page_module()
+    assert page.render("see [the guide](../docs/guides/x.md) and ![plot](../docs/images/p.png), [a](#b), "
+                       "[c](https://example.org/d)") == page.HEADER + \
+        "see [the guide](guides/x.md) and ![plot](images/p.png), [a](#b), [c](https://example.org/d)"
+    with pytest.raises(ValueError, match=r"'throughput\.py'.*\.\./docs/<page>\.md"):
+        page.render("the [script](throughput.py)")
