@@ -69,7 +69,7 @@ def _parser() -> argparse.ArgumentParser:
                             "literals (16, 0.5, True, (32, 32)) or else strings")
     train.add_argument("--hidden", type=int, default=None, help="hidden units per layer of gru/mlp (default: 5)")
     train.add_argument("--layers", type=int, default=None, help="GRU (or MLP hidden) layers of gru/mlp (default: 2)")
-    train.add_argument("--strategy", default=None, help="openai_es, pgpe, snes, sep_cma_es or ars (default: openai_es)")
+    train.add_argument("--strategy", default=None, help="openai_es, pgpe, snes, sep_cma_es, ars or cma_es (default: openai_es)")
     train.add_argument("--optimizer", default=None,
                        help="adam, adabelief, novograd, radam, amsgrad, sgd or clipup, for openai_es and pgpe "
                             "(default: adam for openai_es, clipup for pgpe)")
@@ -95,7 +95,8 @@ def _parser() -> argparse.ArgumentParser:
     train.add_argument("--eval-episodes", type=int, default=None,
                        help=f"episodes per centre evaluation (default: {d['eval_episodes']})")
     train.add_argument("--chunk-size", type=int, default=None,
-                       help="members per compiled chunk (default: min(256, population))")
+                       help="members per compiled chunk (default: min(256, population); low rank: up to 2,048, fewer for "
+                            "large policies)")
     train.add_argument("--max-episode-steps", type=int, default=None, help="episode length limit (default: the env's own)")
     train.add_argument("--stop-at-return", type=float, default=None,
                        help="stop once the centre reaches this return (default: run every generation)")

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import numbers
 from typing import Any, Callable, Union
 
 from jes.strategies.noise import FITNESS_SHAPINGS
@@ -67,16 +68,22 @@ class ESConfig:
     def __post_init__(self):
         if not isinstance(self.perturbation, str) and hasattr(self.perturbation, "name"):
             given = self.perturbation  # a jes.LowRank / jes.FullRank object: stored as plain fields
+            rank = getattr(given, "rank", None)
+            if rank is not None and self.perturbation_rank not in (1, rank):
+                raise ValueError(f"perturbation={given!r} has rank {rank}, but perturbation_rank={self.perturbation_rank}: "
+                                 f"give the rank once (jes.LowRank(rank={self.perturbation_rank}), or drop "
+                                 f"perturbation_rank)")
             object.__setattr__(self, "perturbation", given.name)
-            if getattr(given, "rank", None) is not None:
-                object.__setattr__(self, "perturbation_rank", given.rank)
+            if rank is not None:
+                object.__setattr__(self, "perturbation_rank", rank)
         if self.perturbation not in ("full_rank", "low_rank"):
             raise ValueError(f"unknown perturbation {self.perturbation!r}; choose 'full_rank' or 'low_rank' "
                              f"(or pass jes.FullRank() / jes.LowRank(rank=r))")
         def positive_int(name):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value <= 0:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
+            object.__setattr__(self, name, int(value))  # numpy integers (a grid from np.arange) as plain ints
 
         for name in ("num_members", "num_generations", "episodes_per_member", "eval_episodes", "perturbation_rank"):
             positive_int(name)
@@ -121,6 +128,10 @@ class ESConfig:
         if unknown:
             valid = ", ".join(f.name for f in dataclasses.fields(self))
             raise TypeError(f"unknown ESConfig field(s) {', '.join(unknown)}; valid fields are: {valid}")
+        given = changes.get("perturbation")
+        if given is not None and not isinstance(given, str) and "perturbation_rank" not in changes:
+            # A perturbation object replaces the rank with its own (a full-rank one has none).
+            changes["perturbation_rank"] = getattr(given, "rank", None) or 1
         return dataclasses.replace(self, **changes)
 
     def to_dict(self) -> dict:

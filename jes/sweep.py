@@ -100,6 +100,35 @@ def point_config(base: ESConfig, point: Mapping[str, Any]) -> ESConfig:
     return base.replace(**fields)
 
 
+def _perturbation_name(base: ESConfig, point: Mapping[str, Any]) -> str:
+    perturbation = point.get("perturbation", base.perturbation)
+    return getattr(perturbation, "name", perturbation)
+
+
+def _without_full_rank_duplicates(points: list[dict], base: ESConfig) -> list[dict]:
+    """``points`` with each full-rank point's ``perturbation_rank`` set to 1 (the rank only shapes low-rank
+    perturbations) and the full-rank points that thereby repeat an earlier one dropped: crossing
+    ``perturbation`` with ranks runs full rank once, not once per rank under each rank's label.
+
+    Raises:
+        ValueError: the grid sweeps ``perturbation_rank`` but no point is low rank.
+    """
+    ranks = sorted({p["perturbation_rank"] for p in points if "perturbation_rank" in p})
+    if len(ranks) > 1 and all(_perturbation_name(base, p) == "full_rank" for p in points):
+        raise ValueError(f"the grid sweeps perturbation_rank={ranks}, but every point is full rank, where the rank "
+                         f"means nothing: set config=ESConfig(perturbation='low_rank'), or sweep "
+                         f"'perturbation': ['full_rank', 'low_rank'] beside the ranks")
+    kept, seen = [], []
+    for point in points:
+        if _perturbation_name(base, point) == "full_rank" and "perturbation_rank" in point:
+            point = dict(point, perturbation_rank=1)
+            if point in seen:
+                continue
+        seen.append(point)
+        kept.append(point)
+    return kept
+
+
 def expand_grid(grid: Mapping[str, Any]) -> list[dict]:
     """The Cartesian product of ``grid``: a value that is a list is swept, anything else is fixed.
 
@@ -296,7 +325,7 @@ def sweep(
     seeds = [int(s) for s in seeds]
     if not seeds or len(set(seeds)) != len(seeds):
         raise ValueError(f"seeds must be a non-empty list of distinct integers, got {seeds}")
-    points = expand_grid(dict(grid))
+    points = _without_full_rank_duplicates(expand_grid(dict(grid)), base)
     swept = [k for k, v in grid.items() if isinstance(v, (list, tuple)) and len(v) > 1]
     varying = {k: [p[k] for p in points] for k in grid}
     strategy_names = {jes_strategies.get(s).name for s in (grid.get("strategy", strategy) if isinstance(

@@ -196,6 +196,12 @@ def test_help_needs_no_jax():
     assert out.returncode == 0, out.stderr
 
 
+def test_the_strategy_help_names_every_registered_strategy():
+    help_text = " ".join(jes_cmd("train", "--help").stdout.split())
+    for name in jes.strategies.names():
+        assert name in help_text, f"jes train --help does not list the strategy {name}"
+
+
 def test_help_defaults_match_esconfig():
     config = jes.ESConfig()
     for field, value in cli.CONFIG_DEFAULTS.items():

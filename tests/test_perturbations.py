@@ -219,6 +219,41 @@ def test_the_fallback_warning_names_the_layer_and_the_cell_around_it():
     assert [leaf.path[-1] for leaf in layout.factored] == ["kernel"]  # the head; the cell's 8 gate kernels fall back
 
 
+class _ScannedBlock(nn.Module):
+    @nn.compact
+    def __call__(self, x, _):
+        return nn.tanh(nn.Dense(8)(x)), None
+
+
+class ScannedLayers(nn.Module):
+    """Three Dense layers stacked by ``nn.scan``: each call applies an [8, 8] slice of a [3, 8, 8] kernel."""
+
+    num_outputs: int = 2
+
+    @nn.compact
+    def __call__(self, obs):
+        x = nn.Dense(8)(obs)
+        x, _ = nn.scan(_ScannedBlock, variable_axes={"params": 0}, split_rngs={"params": True}, length=3)()(x, None)
+        return nn.Dense(self.num_outputs)(x)
+
+
+def test_a_kernel_stacked_by_nn_scan_falls_back_to_dense_noise_and_the_run_trains():
+    fns = PolicyFns(ScannedLayers(), (4,))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        layout = jes.LowRank(1).layout(fns, fns.init(jax.random.key(0)))
+    messages = [str(w.message) for w in caught]
+    assert len(messages) == 1 and "/Dense_0/kernel [3, 8, 8]" in messages[0] \
+        and "slices of shape [8, 8]" in messages[0] and "nn.scan" in messages[0], messages  # the stacked bias is quiet
+    assert [(leaf.shape, leaf.factored) for leaf in layout.leaves if leaf.path[-1] == "kernel"] == [
+        ((4, 8), True), ((8, 2), True), ((3, 8, 8), False)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        result = jes.train(ScannedLayers(), "CartPole-v1", "adam", perturbation=jes.LowRank(1), num_members=16,
+                           num_generations=2, eval_episodes=2, log_dir=None, checkpoint_path=None, progress=False)
+    assert np.isfinite(result.history["pop_mean"]).all()
+
+
 def test_factors_are_a_pure_function_of_key_generation_and_member():
     policy, obs_shape = POLICIES["mlp (Dense)"]
     fns, flat, unravel, lowrank, layout = setup(policy, obs_shape, 2)
@@ -288,6 +323,25 @@ def test_strategies_with_per_parameter_sigmas_refuse_low_rank_naming_the_ones_th
     config = jes.ESConfig(perturbation=jes.LowRank(4))
     assert (config.perturbation, config.perturbation_rank) == ("low_rank", 4)
     assert perturbations.get(config.perturbation, config.perturbation_rank) == jes.LowRank(4)
+
+
+def test_a_rank_given_twice_must_agree_and_a_replaced_perturbation_brings_its_own_rank():
+    with pytest.raises(ValueError, match=r"LowRank\(rank=3\) has rank 3, but perturbation_rank=2: give the rank once"):
+        jes.ESConfig(perturbation=jes.LowRank(3), perturbation_rank=2)
+    assert jes.ESConfig(perturbation=jes.LowRank(3), perturbation_rank=3).perturbation_rank == 3
+    low4 = jes.ESConfig(perturbation="low_rank", perturbation_rank=4)
+    assert low4.replace(perturbation=jes.LowRank(2)).perturbation_rank == 2  # train(perturbation=...) overrides
+    assert (low4.replace(perturbation=jes.FullRank()).perturbation, low4.replace(perturbation=jes.FullRank()).perturbation_rank) \
+        == ("full_rank", 1)
+
+
+def test_numpy_integers_are_taken_as_ranks_and_counts_and_stored_as_ints():
+    config = jes.ESConfig(num_members=np.int64(32), perturbation="low_rank", perturbation_rank=np.int32(2))
+    assert (type(config.num_members), type(config.perturbation_rank)) == (int, int)
+    assert type(jes.LowRank(np.int64(3)).rank) is int and jes.LowRank(np.int64(3)) == jes.LowRank(3)
+    for bad in (True, 1.5, "2", np.float32(2.0)):
+        with pytest.raises(ValueError, match="must be a positive integer"):
+            jes.LowRank(bad)
 
 
 def test_a_low_rank_run_interrupted_and_resumed_is_bit_identical(tmp_path):

@@ -148,16 +148,25 @@ def test_sweep_is_reachable_after_import_jes():
 
 @pytest.mark.hard_timeout(300)
 def test_a_sweep_over_perturbations_and_ranks_equals_standalone_runs_bit_for_bit():
-    """Full rank beside low rank r = 1 and 2 in one grid (the full-rank point ignores the swept rank)."""
+    """Full rank beside low rank r = 1 and 2 in one grid: full rank runs once (the rank means nothing there),
+    its row under rank 1, not once per swept rank under that rank's label."""
     config = BASE.replace(num_generations=2)
     result = jes_sweep.sweep(jes.MLPPolicy((8,)), "CartPole-v1", "adam", config=config, seeds=[5], log_dir=None,
-                             grid={"perturbation": ["full_rank", "low_rank"], "perturbation_rank": [1, 2]})
+                             grid={"perturbation": ["full_rank", "low_rank"], "perturbation_rank": [2, 1]})
     assert [(r["perturbation"], r["perturbation_rank"]) for r in result.rows] == [
-        ("full_rank", 1), ("full_rank", 2), ("low_rank", 1), ("low_rank", 2)]
-    for i, rank in ((2, 1), (3, 2)):
+        ("full_rank", 1), ("low_rank", 2), ("low_rank", 1)]
+    for i, rank in ((1, 2), (2, 1)):
         alone = jes.train(jes.MLPPolicy((8,)), "CartPole-v1", "adam", key=5, log_dir=None, checkpoint_path=None,
                           progress=False, config=config.replace(perturbation="low_rank", perturbation_rank=rank))
         assert_same_bits(result.run(i, 5), alone)
+    full = jes.train(jes.MLPPolicy((8,)), "CartPole-v1", "adam", key=5, log_dir=None, checkpoint_path=None,
+                     progress=False, config=config)
     assert result.run(0, 5).config.perturbation_rank == 1
-    assert np.array_equal(result.run(0, 5).flat_params, result.run(1, 5).flat_params)
-    assert not np.array_equal(result.run(2, 5).flat_params, result.run(3, 5).flat_params)
+    assert_same_bits(result.run(0, 5), full)
+    assert not np.array_equal(result.run(1, 5).flat_params, result.run(2, 5).flat_params)
+
+
+def test_a_sweep_over_ranks_with_no_low_rank_point_is_refused_before_it_runs():
+    with pytest.raises(ValueError, match=r"perturbation_rank=\[1, 2\].*every point is full rank.*perturbation='low_rank'"):
+        jes_sweep.sweep(jes.MLPPolicy((8,)), "CartPole-v1", "adam", config=BASE, seeds=[0], log_dir=None,
+                        grid={"perturbation_rank": [1, 2]})

@@ -37,6 +37,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import math
+import numbers
 import warnings
 from typing import Any, Callable, ClassVar
 
@@ -314,7 +315,14 @@ def _interceptor(factors: dict, record: dict | None = None) -> Callable:
             record.setdefault("modules", {})[prefix] = type(module).__name__
             handled = record.setdefault("handled", set())
             handled.update(prefix + (args[0] if n == "*" else n,) for n in names)
-            return next_fun(*args, **kwargs)
+            out = next_fun(*args, **kwargs)
+            # The matrix as this call applies it: a lifted transform (nn.scan, nn.vmap) hands the layer a slice
+            # of a stacked leaf, which the member's factors (drawn for the whole leaf) would not fit.
+            applied = record.setdefault("applied_shapes", {})
+            for n in names:
+                weight = args[1] if n == "*" else module.scope.get_variable("params", n)
+                applied[prefix + (args[0] if n == "*" else n,)] = tuple(getattr(weight, "shape", ()))
+            return out
         return _corrected(module, method, next_fun, args, kwargs, lambda name: factors.get(prefix + (name,)), inner)
 
     return intercept
@@ -348,8 +356,9 @@ class LowRank:
     structured: ClassVar[bool] = True
 
     def __post_init__(self):
-        if isinstance(self.rank, bool) or not isinstance(self.rank, int) or self.rank < 1:
+        if isinstance(self.rank, bool) or not isinstance(self.rank, numbers.Integral) or self.rank < 1:
             raise ValueError(f"LowRank rank must be a positive integer, got {self.rank!r}")
+        object.__setattr__(self, "rank", int(self.rank))  # a numpy integer as a plain int (hashing, file names)
 
     # ------------------------------------------------------------- static layout
     def layout(self, fns: Any, variables: Any) -> Layout:
@@ -366,18 +375,23 @@ class LowRank:
 
         jax.eval_shape(probe, variables, obs)
         handled, modules = record.get("handled", set()), record.get("modules", {})
-        other_uses = record.get("other_uses", {})
+        other_uses, applied = record.get("other_uses", {}), record.get("applied_shapes", {})
         leaves, offset = [], 0
         for path, leaf in jax.tree_util.tree_flatten_with_path(variables)[0]:
             key, shape = _key_path(path), tuple(leaf.shape)
             size = math.prod(shape)
-            factored = len(shape) >= 2 and key in handled and key[:-1] not in other_uses
-            if len(shape) >= 2 and not factored:
+            stacked = key in handled and applied.get(key, shape) != shape
+            factored = len(shape) >= 2 and key in handled and key[:-1] not in other_uses and not stacked
+            if len(shape) >= 2 and not factored and key[-1] != "bias":  # biases get dense noise, as documented
                 owner = _owner(key, modules)
-                why = (f"is also used by {modules.get(key[:-1], '?')}.{other_uses[key[:-1]]}, which jes cannot factor"
-                       if key[:-1] in other_uses else
-                       "is not applied by a layer jes can factor (Dense, Conv, Embed, GRUCell, LSTMCell, or a "
-                       "`matvec` method)")
+                if key[:-1] in other_uses:
+                    why = f"is also used by {modules.get(key[:-1], '?')}.{other_uses[key[:-1]]}, which jes cannot factor"
+                elif stacked:
+                    why = (f"is applied in slices of shape {list(applied[key])} (stacked by a lifted transform such as "
+                           f"nn.scan or nn.vmap), which jes cannot factor")
+                else:
+                    why = ("is not applied by a layer jes can factor (Dense, Conv without feature groups or a mask, "
+                           "Embed, GRUCell, LSTMCell, or a `matvec` method)")
                 warnings.warn(
                     f"LowRank: parameter {'/'.join(key)} {list(shape)} of layer {owner} {why}; it gets "
                     f"full-rank noise, materialised per member for this leaf only",
