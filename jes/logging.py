@@ -218,6 +218,11 @@ def close_all(loggers: Iterable[Any]) -> None:
         raise error
 
 
+def has_event_files(log_dir: str) -> bool:
+    """Whether ``log_dir`` (not its subdirectories) already holds TensorBoard event files."""
+    return bool(glob.glob(os.path.join(log_dir, "events.out.tfevents.*")))
+
+
 def iter_events(log_dir: str):
     """Yield every ``Event`` protobuf in the TensorBoard event files of ``log_dir`` (not its subdirectories).
 

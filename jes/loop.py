@@ -347,6 +347,11 @@ def train(
         state, history, key = restored.restore_state(trainer), restored.history, restored.key
         best = _best_from_checkpoint(trainer, restored.best)
         state = _apply_new_learning_rate(trainer, state, restored.meta["config"].get("learning_rate"), resume)
+        done = int(fetch(state.generation))
+        if done >= config.num_generations:
+            warnings.warn(f"{resume!r} is at generation {done}, and num_generations={config.num_generations}: there is "
+                          f"nothing left to train (the result is the checkpoint's); raise num_generations "
+                          f"(jes train: --generations) to continue the run", stacklevel=2)
     else:
         state, best = trainer.init_state(key), None
     if log_dir == "runs/<auto>":
@@ -361,6 +366,10 @@ def train(
     # In a multi-process run process 0 alone reports (and writes; see run()).
     loggers = [jes_logging.ProgressBar(config.num_generations, int(fetch(state.generation)),
                                        enabled=progress if primary else False)]
+    if log_dir is not None and primary and resume is None and jes_logging.has_event_files(log_dir):
+        warnings.warn(f"log_dir {log_dir!r} already holds the TensorBoard event files of an earlier run; this run's "
+                      f"go beside them, and TensorBoard (and jes.logging.read_scalars) will show both: pass a new "
+                      f"log_dir, or resume= that run's checkpoint to continue it", stacklevel=2)
     if log_dir is not None and primary:
         hparams = dict(config.to_dict(), env=trainer.spec.name, policy=type(trainer.policy).__name__,
                        optimizer=trainer.optimizer_name or "", strategy=trainer.strategy.describe(), num_params=trainer.num_params,

@@ -323,3 +323,15 @@ def test_older_checkpoints_keep_their_strategys_policy_defaults(tmp_path, versio
     fields = checkpoint.read(path).meta["strategy"]["fields"]
     assert all(fields[f] is None for f in old_fields)
     assert checkpoint.read(path).build_trainer().strategy == cls()
+
+
+SMALL_RUN = dict(num_members=16, chunk_size=8, num_generations=3, eval_episodes=4, eval_every=2)
+
+def test_resuming_a_run_that_already_has_all_its_generations_says_there_is_nothing_left(tmp_path):
+    ckpt = str(tmp_path / "c.ckpt")
+    jes.train(jes.MLPPolicy((4,)), "CartPole-v1", "adam", key=0, checkpoint_path=ckpt, log_dir=None, progress=False,
+              **SMALL_RUN)
+    with pytest.warns(UserWarning, match=r"at generation 3, and num_generations=2: there is nothing left to train"):
+        result = jes.train(jes.MLPPolicy((4,)), "CartPole-v1", "adam", resume=ckpt, log_dir=None, progress=False,
+                           **dict(SMALL_RUN, num_generations=2))
+    assert result.history["pop_mean"].shape[0] == 3

@@ -1,6 +1,7 @@
 """jes.logging: TensorBoard scalars and hparams written by jes.train, custom sinks, the progress bar."""
 import math
 import os
+import warnings
 
 import numpy as np
 import pytest
@@ -94,3 +95,16 @@ def test_long_runs_print_every_nth_generation_and_the_last(capsys):
         bar({"generation": g, "pop_max": float(g), "pop_mean": 0.0})
     printed = [int(line.split()[1].split("/")[0]) for line in capsys.readouterr().out.splitlines()]
     assert printed == list(range(4, 201, 4))
+
+
+def test_a_new_run_into_a_log_dir_with_event_files_warns_and_a_resumed_one_does_not(tmp_path):
+    log_dir = str(tmp_path / "tb")
+    common = dict(log_dir=log_dir, progress=False, **SMALL)
+    first = jes.train(jes.MLPPolicy((4,)), "CartPole-v1", "adam", key=0, checkpoint_path=str(tmp_path / "c.ckpt"), **common)
+    with pytest.warns(UserWarning, match="already holds the TensorBoard event files of an earlier run.*resume="):
+        jes.train(jes.MLPPolicy((4,)), "CartPole-v1", "adam", key=0, checkpoint_path=None, **common)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # continuing the run that wrote them is what the directory is for
+        jes.train(jes.MLPPolicy((4,)), "CartPole-v1", "adam", resume=first.checkpoint_path,
+                  **dict(common, num_generations=SMALL["num_generations"] + 1))
+
