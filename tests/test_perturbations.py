@@ -245,6 +245,7 @@ def test_a_kernel_stacked_by_nn_scan_falls_back_to_dense_noise_and_the_run_train
     messages = [str(w.message) for w in caught]
     assert len(messages) == 1 and "/Dense_0/kernel [3, 8, 8]" in messages[0] \
         and "slices of shape [8, 8]" in messages[0] and "nn.scan" in messages[0], messages  # the stacked bias is quiet
+    assert caught[0].filename == __file__  # the warning names the caller's line, not one inside jes
     assert [(leaf.shape, leaf.factored) for leaf in layout.leaves if leaf.path[-1] == "kernel"] == [
         ((4, 8), True), ((8, 2), True), ((3, 8, 8), False)]
     with warnings.catch_warnings():

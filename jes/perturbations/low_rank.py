@@ -38,6 +38,8 @@ import dataclasses
 import itertools
 import math
 import numbers
+import os
+import sys
 import warnings
 from typing import Any, Callable, ClassVar
 
@@ -336,6 +338,16 @@ def _owner(key: tuple[str, ...], modules: dict) -> str:
     return names[0] + "".join(f" (in {n})" for n in names[1:2])
 
 
+def _caller_outside_jes() -> int:
+    """The ``stacklevel`` of the first frame outside the jes package, for a warning raised by the caller of this
+    function: it then names the user's line (``jes.train(...)``, ``jes.Trainer(...)``), however deep jes is."""
+    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+    frame, level = sys._getframe(1), 1
+    while frame is not None and frame.f_code.co_filename.startswith(package):
+        frame, level = frame.f_back, level + 1
+    return level
+
+
 def _key_path(path) -> tuple[str, ...]:
     return tuple(str(getattr(p, "key", getattr(p, "idx", p))) for p in path)
 
@@ -395,7 +407,7 @@ class LowRank:
                 warnings.warn(
                     f"LowRank: parameter {'/'.join(key)} {list(shape)} of layer {owner} {why}; it gets "
                     f"full-rank noise, materialised per member for this leaf only",
-                    stacklevel=3,
+                    stacklevel=_caller_outside_jes(),
                 )
             rows, cols = (math.prod(shape[:-1]), shape[-1]) if factored else (0, 0)
             leaves.append(Leaf(key, shape, offset, size, factored, rows, cols))
