@@ -58,8 +58,9 @@ def test_the_checkpoint_keeps_the_best_member_for_a_resume(saved, full_run, tmp_
     with open(saved, "rb") as src, open(path, "wb") as dst:
         dst.write(src.read())
     # Resumed with nothing left to run: the best member can only come from the file.
-    resumed = jes.train(POLICY, "CartPole-v1", "adam", resume=path, log_dir=None, progress=False,
-                        **dict(SMALL, num_generations=2))
+    with pytest.warns(UserWarning, match="nothing left to train"):
+        resumed = jes.train(POLICY, "CartPole-v1", "adam", resume=path, log_dir=None, progress=False,
+                            **dict(SMALL, num_generations=2))
     assert resumed.best.fitness == first_two.max() and resumed.best.generation == int(kept["generation"])
     np.testing.assert_array_equal(resumed.best.flat_params, kept["flat_params"])
     assert resumed.best.policy.obs_stats is not None  # it acts with the normaliser it was evaluated with
