@@ -118,13 +118,14 @@ def _without_full_rank_duplicates(points: list[dict], base: ESConfig) -> list[di
         raise ValueError(f"the grid sweeps perturbation_rank={ranks}, but every point is full rank, where the rank "
                          f"means nothing: set config=ESConfig(perturbation='low_rank'), or sweep "
                          f"'perturbation': ['full_rank', 'low_rank'] beside the ranks")
-    kept, seen = [], []
+    kept, seen = [], set()
     for point in points:
         if _perturbation_name(base, point) == "full_rank" and "perturbation_rank" in point:
             point = dict(point, perturbation_rank=1)
-            if point in seen:
+            key = tuple((k, repr(v)) for k, v in point.items())  # grid values (arrays, optimizers) need not compare
+            if key in seen:
                 continue
-        seen.append(point)
+            seen.add(key)
         kept.append(point)
     return kept
 
