@@ -218,9 +218,13 @@ def close_all(loggers: Iterable[Any]) -> None:
         raise error
 
 
+def _event_files(log_dir: str) -> list[str]:
+    return sorted(glob.glob(os.path.join(log_dir, "events.out.tfevents.*")))
+
+
 def has_event_files(log_dir: str) -> bool:
     """Whether ``log_dir`` (not its subdirectories) already holds TensorBoard event files."""
-    return bool(glob.glob(os.path.join(log_dir, "events.out.tfevents.*")))
+    return bool(_event_files(log_dir))
 
 
 def iter_events(log_dir: str):
@@ -231,7 +235,7 @@ def iter_events(log_dir: str):
     """
     from tensorboardX.proto import event_pb2
 
-    files = sorted(glob.glob(os.path.join(log_dir, "events.out.tfevents.*")))
+    files = _event_files(log_dir)
     if not files:
         raise FileNotFoundError(f"no TensorBoard event files in {log_dir!r}")
     for path in files:

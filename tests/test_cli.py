@@ -2,6 +2,7 @@
 import csv
 import inspect
 import os
+import re
 import subprocess
 import sys
 
@@ -199,7 +200,8 @@ def test_help_needs_no_jax():
 def test_the_strategy_help_names_every_registered_strategy():
     help_text = " ".join(jes_cmd("train", "--help").stdout.split())
     for name in jes.strategies.names():
-        assert name in help_text, f"jes train --help does not list the strategy {name}"
+        # whole words: "cma_es" is also the tail of "sep_cma_es"
+        assert re.search(rf"(?<![\w]){name}(?![\w])", help_text), f"jes train --help does not list the strategy {name}"
 
 
 def test_help_defaults_match_esconfig():
