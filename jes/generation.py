@@ -732,13 +732,12 @@ class Trainer(Generation):
         cfg = self.config
         epm = cfg.episodes_per_member
         member_fns = self.member_fns(state.params)
-        params = member_fns.slot_params(flat)
+        slot_params = member_fns.slot_params(flat, epm)
         if centre_episodes is None:
             keys = noise.episode_keys(gen_key, members, epm, self.antithetic).reshape(-1)
         else:
             keys, centre_keys = noise.episode_and_centre_keys(gen_key, members, epm, self.antithetic, centre_episodes)
             keys = keys.reshape(-1)
-        slot_params = jax.tree.map(lambda p: jnp.repeat(p, epm, axis=0), params) if epm > 1 else params
         done = jnp.repeat(~active, epm)
         num_member_slots = members.shape[0] * epm
         optional = 0

@@ -23,7 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jes.envs.spec import EnvSpec
-from jes.rollout import normalise
+from jes.rollout import batch_act
 
 
 class HostEnvError(RuntimeError):
@@ -63,13 +63,14 @@ def policy_step(apply: Callable, spec: EnvSpec, params: Any, carry: Any, obs: ja
         params, carry: pytrees whose leaves lead with the slots axis ``[S, ...]``; obs: ``[S, *obs_shape]``.
         action_fn: one output -> one action (default ``spec.action``; a :class:`jes.ActionMap` gives the same bits).
     """
-    action_fn = spec.action if action_fn is None else action_fn
+    return batch_act(jax.vmap(apply), spec, params, carry, obs, obs_scale, action_fn)
 
-    def act(p, c, o):
-        c, out = apply(p, c, normalise(o, obs_scale))
-        return c, action_fn(out), jnp.all(jnp.isfinite(out))
 
-    return jax.vmap(act)(params, carry, obs)
+def batch_policy_step(forward: Callable, spec: EnvSpec, params: Any, carry: Any, obs: jax.Array,
+                      obs_scale: tuple[jax.Array, jax.Array] | None) -> tuple[Any, jax.Array, jax.Array]:
+    """:func:`policy_step` with ``forward(params, carry, obs)`` applying the policy to the whole batch at once (a
+    structured perturbation's compact slots, :meth:`jes.perturbations.low_rank.FactoredMembers.apply_batch`)."""
+    return batch_act(forward, spec, params, carry, obs, obs_scale)
 
 
 class HostEnvPool:

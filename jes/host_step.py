@@ -40,8 +40,7 @@ class HostGeneration:
             flat, members, active = trainer.sample_chunk(state, chunk)
             gen_key = noise.generation_key(state.es_key, state.generation)
             keys = noise.episode_keys(gen_key, members, epm, trainer.antithetic).reshape(-1)
-            params = trainer.member_fns(state.params).slot_params(flat)
-            params = jax.tree.map(lambda p: jnp.repeat(p, epm, axis=0), params) if epm > 1 else params
+            params = trainer.member_fns(state.params).slot_params(flat, epm)
             return params, host_rollout.episode_seeds(keys), jnp.repeat(~active, epm), active
 
         def prepare_centre(state, key, num_episodes):
@@ -51,7 +50,9 @@ class HostGeneration:
             return params, host_rollout.episode_seeds(keys)
 
         def member_step(centre, params, carry, obs, scale):
-            return host_rollout.policy_step(trainer.member_fns(centre).apply, trainer.spec, params, carry, obs, scale)
+            member_fns = trainer.member_fns(centre)
+            forward = getattr(member_fns, "apply_batch", None) or jax.vmap(member_fns.apply)
+            return host_rollout.batch_policy_step(forward, trainer.spec, params, carry, obs, scale)
 
         def centre_step(params, carry, obs, scale):
             return host_rollout.policy_step(trainer.fns.apply, trainer.spec, params, carry, obs, scale)

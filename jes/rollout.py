@@ -76,6 +76,22 @@ def normalise(obs: jax.Array, obs_scale: tuple[jax.Array, jax.Array] | None) -> 
     return obs if obs_scale is None else (obs - obs_scale[0]) * obs_scale[1]
 
 
+def batch_act(forward: Any, spec: EnvSpec, params: Any, carry: Any, obs: jax.Array,
+              obs_scale: tuple[jax.Array, jax.Array] | None, action_fn: Any = None) -> tuple[Any, jax.Array, jax.Array]:
+    """One policy step of a batch of slots: ``(carry, actions, finite)``, each leading with the slots axis.
+
+    Args:
+        forward: ``forward(params, carry, obs) -> (carry, outputs)`` over the whole batch (``jax.vmap`` of a
+            one-slot ``apply``, or a policy's own ``apply_batch``).
+        obs: ``[S, *obs_shape]``, normalised here with ``obs_scale`` (see :func:`normalise`).
+        action_fn: one raw output -> one action (default ``spec.action``).
+    """
+    new_carry, out = forward(params, carry, normalise(obs, obs_scale))
+    flat = out.reshape(out.shape[0], -1)
+    action = jax.vmap(spec.action if action_fn is None else action_fn)(out)
+    return new_carry, action, jnp.all(jnp.isfinite(flat), axis=1)
+
+
 def _select(mask: jax.Array, new: Any, old: Any) -> Any:
     """Per-episode ``where(mask, new, old)`` over pytrees whose leaves lead with ``mask.shape``."""
 
@@ -189,13 +205,15 @@ def run_slots(
     carry = jax.tree.map(lambda c: jnp.broadcast_to(c, (num_slots,) + c.shape), carry0)
     obs_axes = (1,) * len(spec.obs_shape)
 
-    def act(p, c, o):
-        c, out = policy.apply(p, c, normalise(o, obs_scale))
-        return c, (spec.action if action_fn is None else action_fn)(out), jnp.all(jnp.isfinite(out))
+    # The first batch may hold the slots' parameters in a form of the policy's own, applied to the whole batch at
+    # once (a low-rank population's antithetic pairs read their shared factors once); the first compaction turns
+    # it into one parameter set per slot (``policy.take``), and later batches vmap ``policy.apply`` over slots.
+    batch_apply = getattr(policy, "apply_batch", None)
+    vmapped = jax.vmap(policy.apply)
 
-    def step(t, running, results):
+    def step(t, running, results, forward):
         p, k, obs, env_state, carry, done = running
-        new_carry, action, finite_out = jax.vmap(act)(p, carry, obs)
+        new_carry, action, finite_out = batch_act(forward, spec, p, carry, obs, obs_scale, action_fn)
         step_keys = jax.vmap(lambda key: jax.random.fold_in(key, t + 1))(k)
         new_obs, new_state, reward, terminated, _ = jax.vmap(
             lambda key, st, a: env.step_env(key, st, a, env_params)
@@ -237,16 +255,22 @@ def run_slots(
             # Record every slot's results, then keep the running ones (at most `size` of them).
             final = write_back(final, results, slot_ids)
             keep = jnp.argsort(running[5], stable=True)[:size]
-            running, results, slot_ids = jax.tree.map(lambda x: x[keep], (running, results, slot_ids))
+            params = running[0]
+            running, results, slot_ids = jax.tree.map(lambda x: x[keep], (running[1:], results, slot_ids))
+            # (the first batch's slots are 0..S-1, so `keep` are slot ids there)
+            params = policy.take(params, keep) if level == 1 and batch_apply is not None else \
+                jax.tree.map(lambda x: x[keep], params)
+            running = (params, *running)
+        forward = batch_apply if level == 0 and batch_apply is not None else vmapped
         leave_at = sizes[level + 1] if level + 1 < len(sizes) else 0
 
         def cond(state, leave_at=leave_at):
             t, running, _ = state
             return (t < spec.max_steps) & (jnp.sum(~running[5]) > leave_at)
 
-        def body(state):
+        def body(state, forward=forward):
             t, running, results = state
-            return (t + 1, *step(t, running, results))
+            return (t + 1, *step(t, running, results, forward))
 
         t, running, results = jax.lax.while_loop(cond, body, (t, running, results))
     final = write_back(final, results, slot_ids)

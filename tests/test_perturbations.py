@@ -15,6 +15,7 @@ import pytest
 
 import jes
 from jes import perturbations
+from jes.perturbations import low_rank
 from jes.policies import PolicyFns
 from jes.strategies import noise
 
@@ -172,8 +173,9 @@ def test_low_rank_forward_equals_the_materialised_member(name, rank):
     factored = lowrank.member_fns(fns, unravel, flat, layout)
     obs = jax.random.normal(jax.random.key(2), obs_shape)
     carry = fns.initial_carry()
+    own = factored.take(factored.slot_params(members), jnp.arange(4))  # each member in its own form
     for i in range(4):
-        member = jax.tree.map(lambda x: x[i], members)
+        member = jax.tree.map(lambda x: x[i], own)
         dense = flat + sigma * lowrank.member_noise(ctx, gen_key, jnp.int32(4 + i))
         want = fns.apply(unravel(dense), carry, obs)
         got = factored.apply(member, carry, obs)
@@ -182,6 +184,54 @@ def test_low_rank_forward_equals_the_materialised_member(name, rank):
     # The member really is perturbed: it differs from the centre.
     centre = fns.apply(unravel(flat), carry, obs)
     assert not np.allclose(np.asarray(jax.tree.leaves(centre)[-1]), np.asarray(jax.tree.leaves(got)[-1]))
+
+
+@pytest.mark.parametrize("name", list(POLICIES))
+@pytest.mark.parametrize("antithetic", [True, False])
+def test_the_compact_slots_of_a_batch_equal_each_members_materialised_forward(name, antithetic, monkeypatch):
+    """The rollout's first batch applies large members' slots compact (an antithetic pair's episodes share one draw;
+    forced here for small ones): every slot's output is its member's materialised forward, and so is each slot
+    taken into its own form."""
+    monkeypatch.setattr(low_rank, "COMPACT_MIN_DRAW", 0)
+    policy, obs_shape = POLICIES[name]
+    fns, flat, unravel, lowrank, layout = setup(policy, obs_shape, 2)
+    ctx, sigma, gen_key = Ctx(layout, antithetic=antithetic), jnp.float32(0.3), jax.random.key(9)
+    factored = lowrank.member_fns(fns, unravel, flat, layout)
+    episodes = 2
+    slots = factored.slot_params(lowrank.members(ctx, flat, sigma, gen_key, jnp.int32(2), 4), episodes)
+    obs = jax.random.normal(jax.random.key(3), (8,) + obs_shape)
+    carry = jax.tree.map(lambda c: jnp.broadcast_to(c, (8,) + c.shape), fns.initial_carry())
+    batch_carry, batch_out = jax.jit(factored.apply_batch)(slots, carry, obs)
+    own_carry, own_out = jax.jit(jax.vmap(factored.apply))(factored.take(slots, jnp.arange(8)), carry, obs)
+    for slot in range(8):
+        dense = flat + sigma * lowrank.member_noise(ctx, gen_key, jnp.int32(2 + slot // episodes))
+        want = fns.apply(unravel(dense), jax.tree.map(lambda c: c[slot], carry), obs[slot])
+        for got in ((batch_carry, batch_out), (own_carry, own_out)):
+            for w, g in zip(jax.tree.leaves(want), jax.tree.leaves(got)):
+                np.testing.assert_allclose(np.asarray(g[slot]), np.asarray(w), rtol=2e-5, atol=2e-5)
+    assert not np.allclose(np.asarray(batch_out[0]), np.asarray(batch_out[2]))  # slots 0 and 2: two members
+    assert ("sign" in slots) == (antithetic or episodes > 1)  # compact wherever slots share a draw
+
+
+@pytest.mark.hard_timeout(300)
+def test_compact_chunks_give_the_same_bits_in_the_step_and_chunk_by_chunk_as_workers_run_them(monkeypatch):
+    """Large members start the rollout compact and are taken into their own form at its first compaction (CartPole's
+    episodes end early): the one-device step (every chunk in one program) and the chunks evaluated one program at a
+    time, as workers and devices do, give the same bits; the large-member threshold is lowered to reach it here."""
+    monkeypatch.setattr(low_rank, "COMPACT_MIN_DRAW", 0)
+    config = jes.ESConfig(num_members=32, chunk_size=16, episodes_per_member=2, eval_episodes=2,
+                          perturbation=jes.LowRank(1), normalize_observations=True)
+    trainer = jes.Trainer(jes.MLPPolicy((16, 16)), "CartPole-v1", "adam", config)
+    state = trainer.init_state(3)
+    members, _, _ = trainer.sample_chunk(state, jnp.int32(0))
+    assert "sign" in trainer.member_fns(state.params).slot_params(members, 2)
+    stepped, metrics = trainer.step(state, False, True)
+    results = jax.jit(lambda s: trainer.evaluate_chunks(s, jnp.arange(2, dtype=jnp.int32)))(state)
+    applied, _ = jax.jit(trainer.apply_chunk_results)(state, results)
+    assert np.array_equal(np.asarray(stepped.params), np.asarray(applied.params))
+    assert np.array_equal(np.asarray(stepped.obs_sum), np.asarray(applied.obs_sum))
+    steps = np.asarray(results.env_steps)
+    assert int(metrics["env_steps"]) == steps.sum() and steps.sum() < 32 * 2 * 500  # episodes ended early
 
 
 @pytest.mark.parametrize("name", [n for n in POLICIES if "fallback" not in n])
@@ -268,9 +318,15 @@ def test_factors_are_a_pure_function_of_key_generation_and_member():
     assert all(np.array_equal(a, b) for a, b in zip(jax.tree.leaves(whole), jax.tree.leaves(again)))
     other = lowrank.members(ctx, flat, sigma, noise.generation_key(jax.random.key(3), 6), jnp.int32(0), 8)
     assert not np.array_equal(np.asarray(whole["b"][0]), np.asarray(other["b"][0]))
-    # Mirrored pairs share factors with opposite sign: A and the dense noise flip, B does not.
-    assert np.array_equal(np.asarray(whole["a"][0][0]), -np.asarray(whole["a"][0][1]))
-    assert np.array_equal(np.asarray(whole["b"][0][0]), np.asarray(whole["b"][0][1]))
+    # Mirrored pairs share one draw (4 draws for 8 members) with opposite sign: A and the dense noise flip, B does not.
+    assert whole["a"][0].shape[0] == 4 and whole["sign"].tolist() == [1, -1] * 4
+    factored = lowrank.member_fns(fns, unravel, flat, layout)
+    own = factored.take(whole, jnp.arange(8))
+    assert np.array_equal(np.asarray(own["a"][0][0]), -np.asarray(own["a"][0][1]))
+    assert np.array_equal(np.asarray(own["b"][0][0]), np.asarray(own["b"][0][1]))
+    centre, eps = np.asarray(factored.centre_dense[0]), np.asarray(whole["noise"][0][0])
+    assert np.array_equal(np.asarray(own["dense"][0][0]), centre + eps)
+    assert np.array_equal(np.asarray(own["dense"][0][1]), centre - eps)
 
 
 def test_an_antithetic_pair_with_equal_fitness_gives_no_update():
@@ -297,7 +353,8 @@ def test_the_weighted_sum_is_sum_w_E_and_accumulates_a_rank_above_r():
 
 
 def test_a_chunk_of_members_holds_factors_never_a_dense_population():
-    """O(C r (m + n)) perturbation floats per chunk for an MLP 256x256 (P ~ 67k), never C x P."""
+    """O(C r (m + n)) perturbation floats per chunk for an MLP 256x256 (P ~ 67k), never C x P: one draw per
+    mirrored pair (C / 2 of them) and a sign per member."""
     trainer = jes.Trainer(jes.MLPPolicy((256, 256)), "Pendulum-v1", "adam",
                           jes.ESConfig(num_members=64, perturbation="low_rank", perturbation_rank=2))
     state = jax.eval_shape(lambda: trainer.init_state(0))
@@ -306,7 +363,7 @@ def test_a_chunk_of_members_holds_factors_never_a_dense_population():
     C, P = trainer.chunk_size, trainer.num_params
     assert P > 60_000 and floats < C * P / 20
     factored = sum(leaf.rows + leaf.cols for leaf in trainer.ctx.layout.factored)
-    assert floats == C * (2 * factored + trainer.ctx.layout.dense_size)
+    assert floats == C // 2 * (2 * factored + trainer.ctx.layout.dense_size) + C
 
 
 def test_strategies_with_per_parameter_sigmas_refuse_low_rank_naming_the_ones_that_take_it():
@@ -370,7 +427,8 @@ def test_a_low_rank_run_without_mirrored_pairs_matches_its_materialised_members_
     for i in range(4):
         dense = flat + sigma * lowrank.member_noise(ctx, gen_key, jnp.int32(i))
         want = fns.apply(unravel(dense), fns.initial_carry(), obs)[1]
-        got = factored.apply(jax.tree.map(lambda x: x[i], members), fns.initial_carry(), obs)[1]
+        own = factored.take(factored.slot_params(members), jnp.array([i]))
+        got = factored.apply(jax.tree.map(lambda x: x[0], own), fns.initial_carry(), obs)[1]
         np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=2e-5, atol=2e-5)
         outs.append(np.asarray(got))
     assert not np.allclose(outs[0], outs[1])  # no mirrored pairs: member 1 is not member 0 flipped

@@ -5,6 +5,7 @@ import dataclasses
 from typing import Any, Callable, ClassVar
 
 import jax
+import jax.numpy as jnp
 
 
 @dataclasses.dataclass(frozen=True)
@@ -28,9 +29,11 @@ class DenseMembers:
     def __init__(self, fns: Any, unravel: Callable):
         self.fns, self.unravel = fns, unravel
 
-    def slot_params(self, members: jax.Array) -> Any:
-        """Per-slot pytree the rollout carries (and compacts): the unravelled parameters ``[C, ...]``."""
-        return jax.vmap(self.unravel)(members)
+    def slot_params(self, members: jax.Array, episodes: int = 1) -> Any:
+        """Per-slot pytree the rollout carries (and compacts): the unravelled parameters ``[C * episodes, ...]``
+        (slot ``i * episodes + e`` is member ``i``'s episode ``e``)."""
+        params = jax.vmap(self.unravel)(members)
+        return jax.tree.map(lambda p: jnp.repeat(p, episodes, axis=0), params) if episodes > 1 else params
 
     def initial_carry(self) -> Any:
         return self.fns.initial_carry()
