@@ -194,7 +194,7 @@ def test_the_compact_slots_of_a_batch_equal_each_members_materialised_forward(na
     taken into its own form."""
     monkeypatch.setattr(low_rank, "COMPACT_MIN_DRAW", 0)
     policy, obs_shape = POLICIES[name]
-    fns, flat, unravel, lowrank, layout = setup(policy, obs_shape, 2)
+    fns, flat, unravel, lowrank, layout = setup(policy, obs_shape, 1)
     ctx, sigma, gen_key = Ctx(layout, antithetic=antithetic), jnp.float32(0.3), jax.random.key(9)
     factored = lowrank.member_fns(fns, unravel, flat, layout)
     episodes = 2

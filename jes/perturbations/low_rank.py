@@ -480,7 +480,7 @@ class LowRank:
 # pair's slots share one draw in the first batch (FactoredMembers). Env steps/s of the compact form against every slot
 # with its own draw, 512 members, r = 1, interleaved in one process, seeds 0-2 (paired generations): MLP 1024 x 1024
 # (4,100 floats) 1.17x, CNN 16c3x3 + 1024 (4,200) 1.11x; MLP 64 x 64 (400) 0.96x, MLP 256 x 256 (1,300) 0.95x,
-# CNN 16c3x3 + 256 (1,900) 0.95x; MLP 1024 x 1024 at r = 4 1.0x.
+# CNN 16c3x3 + 256 (1,900) 0.95x; MLP 1024 x 1024 at r = 4 1.0x (so rank 1 only).
 COMPACT_MIN_DRAW = 3072
 
 
@@ -488,7 +488,7 @@ class FactoredMembers:
     """``(member, carry, obs) -> (carry, out)`` with the centre's matrices shared and each member's factors added.
 
     Slots come in two forms. In their own form, ``{"dense": [[S, *shape], ...], "a": [[S, r, m], ...], "b":
-    [[S, r, n], ...]}`` (the sign in ``dense`` and ``a``), :meth:`apply` is vmapped over slots. A large member
+    [[S, r, n], ...]}`` (the sign in ``dense`` and ``a``), :meth:`apply` is vmapped over slots. A large rank-1 member
     (a draw of :data:`COMPACT_MIN_DRAW` floats or more) starts the rollout compact instead (:meth:`slot_params`):
     the slots of an antithetic pair's episodes share one draw (its ``B`` read once for them all; the rest XLA
     expands per slot once, before the time loop), applied to the whole batch by :meth:`apply_batch`; the
@@ -507,7 +507,7 @@ class FactoredMembers:
         the draw is large, else each slot in its own form."""
         sign = jnp.repeat(members["sign"], episodes) if episodes > 1 else members["sign"]
         compact = dict(members, sign=sign)
-        if self._group_size(compact) == 1 or self.layout.draw_size < COMPACT_MIN_DRAW:
+        if self._group_size(compact) == 1 or self.layout.rank != 1 or self.layout.draw_size < COMPACT_MIN_DRAW:
             return self.take(compact, jnp.arange(sign.shape[0], dtype=jnp.int32))
         return compact
 
