@@ -13,8 +13,13 @@ rows take turns generation by generation, so a change of this machine's load fal
 members would stream more than ``--full-rank-limit`` parameter floats per env step (C x P; it is then
 memory-bound and takes minutes per generation here).
 
+With ``--compare-forms`` it times instead, per cell and rank, low rank with every slot in its own form against
+the compact form (a mirrored pair's slots sharing one draw in the rollout's first batch; jes picks it for
+large rank-1 members, ``jes.perturbations.low_rank.COMPACT_MIN_DRAW``), and prints compact / per-slot.
+
     python benchmarks/inference_ratio.py                           # Pendulum MLP H x H, H in 64, 256, 1024
     python benchmarks/inference_ratio.py --envs minatar --hidden 64 --members 512
+    python benchmarks/inference_ratio.py --compare-forms --members 512 --ranks 1
 """
 from __future__ import annotations
 
@@ -32,6 +37,7 @@ import numpy as np
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 import jes  # noqa: E402
+from jes.perturbations import low_rank  # noqa: E402
 from jes.rollout import run_slots  # noqa: E402
 from jes.strategies import noise  # noqa: E402
 
@@ -122,6 +128,41 @@ def measure(timers, seeds, repeats):
     return rates
 
 
+def forced_form(trainer, compact: bool):
+    """``trainer`` with its low-rank members in one form whatever their size (see ``--compare-forms``)."""
+    trainer.member_fns = lambda centre: low_rank.FactoredMembers(trainer.fns, trainer.ctx.layout,
+                                                                  trainer.unravel(centre), compact=compact)
+    return trainer
+
+
+def compare_forms(args, ranks, seeds) -> None:
+    print("| env / policy | P | members | r | draw floats | default | per-slot | compact | compact / per-slot |")
+    print("|" + "---|" * 9)
+    for env_name in args.envs.split(","):
+        for hidden in (int(h) for h in args.hidden.split(",")):
+            for members in (int(m) for m in args.members.split(",")):
+                policy, env, label = workload(env_name, hidden)
+                base = dict(num_members=members, eval_episodes=2, max_episode_steps=args.max_steps,
+                            normalize_observations=False)
+                for r in ranks:
+                    config = jes.ESConfig(**base, perturbation=jes.LowRank(r))
+                    trainers = {form: forced_form(jes.Trainer(policy, env, "adam", config), form == "compact")
+                                for form in ("per-slot", "compact")}
+                    some = trainers["compact"]
+                    if members * some.num_params > args.limit:
+                        print(f"| {label} | {some.num_params:,} | {members} | {r} | skipped (--limit) |")
+                        continue
+                    default = "compact" if low_rank.compact_by_default(some.ctx.layout) else "per-slot"
+                    rates = measure({form: generation_timer(t, seeds) for form, t in trainers.items()}, seeds,
+                                    args.repeats)
+                    each = [statistics.median(a / b for a, b in zip(c, p))
+                            for c, p in zip(rates["compact"], rates["per-slot"])]
+                    fmt = lambda form: f"{statistics.median(statistics.median(x) for x in rates[form]):,.0f}"
+                    print(f"| {label} | {some.num_params:,} | {members} | {r} | {some.ctx.layout.draw_size:,} | "
+                          f"{default} | {fmt('per-slot')} | {fmt('compact')} | {statistics.median(each):.2f} "
+                          f"[{min(each):.2f}, {max(each):.2f}] |", flush=True)
+
+
 def workload(env: str, hidden: int):
     if env == "pendulum":
         return jes.MLPPolicy((hidden, hidden)), "Pendulum-v1", f"MLP {hidden}x{hidden}"
@@ -143,9 +184,16 @@ def main() -> None:
                         help="skip full rank above this many member parameter floats (members x P)")
     parser.add_argument("--limit", type=float, default=5e8,
                         help="skip a whole cell above this many GEMM multiply-adds per env step (members x P)")
+    parser.add_argument("--compare-forms", action="store_true",
+                        help="time low rank's per-slot and compact forms against each other instead (see above)")
     args = parser.parse_args()
     ranks = [int(r) for r in args.ranks.split(",")]
     seeds = [int(x) for x in args.seeds.split(",")]
+    if args.compare_forms:
+        print(f"jax {jax.__version__}, {jax.devices()[0].device_kind}, {os.cpu_count()} CPUs; env steps/s, median "
+              f"over seeds {args.seeds} of each seed's median of {args.repeats} generations; compact / per-slot per "
+              f"seed and generation (the forms take turns), median [min, max] over seeds")
+        return compare_forms(args, ranks, seeds)
     print(f"jax {jax.__version__}, {jax.devices()[0].device_kind}, {os.cpu_count()} CPUs; env steps/s, median over "
           f"seeds {args.seeds} of each seed's median of {args.repeats} generations; ratios per seed and generation "
           f"(the rows take turns), median [min, max] over seeds")

@@ -2,7 +2,8 @@
 
 MLP 1024 x 1024 (1,055,745 parameters on Pendulum-v1) with 1,024 members. Printed per generation: the
 centre's return, seconds, and the process's peak resident memory; at the end the perturbation floats a
-chunk holds (``C * (r * sum(m + n) + dense leaves)``) against the ``C x P`` a full-rank chunk would.
+chunk holds as sampled (``C / 2`` mirrored pairs' draws of ``r * sum(m + n) + dense leaves`` floats, and a sign
+per member) against the ``C x P`` a full-rank chunk would.
 
     python benchmarks/large_policy.py --generations 5 --rank 1 --seeds 0,1,2,3,4
 
@@ -67,14 +68,16 @@ def main() -> None:
               f"wall {time.perf_counter() - start:.0f} s; centre {rows[0]['centre_return']:.1f} -> "
               f"{rows[-1]['centre_return']:.1f}", flush=True)
         assert math.isfinite(rows[-1]["centre_return"])
-    layout = trainer.ctx.layout
-    per_member = args.rank * sum(leaf.rows + leaf.cols for leaf in layout.factored) + layout.dense_size
+    # the chunk's members as sampled (one draw per mirrored pair, a sign per member; see the perturbations guide)
+    state = jax.eval_shape(lambda: trainer.init_state(0))
+    members, _, _ = jax.eval_shape(trainer.sample_chunk, state, jax.numpy.int32(0))
+    chunk_floats = sum(math.prod(x.shape) for x in jax.tree.leaves(members))
     print(f"\n{args.env}, MLP {args.hidden}x{args.hidden}: P = {trainer.num_params:,}, {args.members} members, "
           f"chunks of {trainer.chunk_size}, rank {args.rank}, seeds {args.seeds}, jax {jax.__version__}, "
           f"{os.cpu_count()} CPUs")
-    print(f"perturbation floats per chunk: {trainer.chunk_size * per_member:,} "
+    print(f"perturbation floats per chunk: {chunk_floats:,} "
           f"(a full-rank chunk: C x P = {trainer.chunk_size * trainer.num_params:,}, "
-          f"{trainer.chunk_size * trainer.num_params / (trainer.chunk_size * per_member):.0f}x more)")
+          f"{trainer.chunk_size * trainer.num_params / chunk_floats:.0f}x more)")
     print(f"s/generation over seeds: median {np.median(per_seed):.2f} [{min(per_seed):.2f}, {max(per_seed):.2f}] "
           f"(each seed's median of generations 2..{args.generations}); compile median {np.median(compiles):.0f} s "
           f"[{min(compiles):.0f}, {max(compiles):.0f}]; peak RSS of the process {peak_rss_gib():.2f} GiB")

@@ -476,12 +476,18 @@ class LowRank:
         return FactoredMembers(fns, layout, unravel(centre))
 
 
-# Members whose draw (dense noise and factors) has at least this many floats start the rollout compact: an antithetic
-# pair's slots share one draw in the first batch (FactoredMembers). Env steps/s of the compact form against every slot
-# with its own draw, 512 members, r = 1, interleaved in one process, seeds 0-2 (paired generations): MLP 1024 x 1024
-# (4,100 floats) 1.17x, CNN 16c3x3 + 1024 (4,200) 1.11x; MLP 64 x 64 (400) 0.96x, MLP 256 x 256 (1,300) 0.95x,
-# CNN 16c3x3 + 256 (1,900) 0.95x; MLP 1024 x 1024 at r = 4 1.0x (so rank 1 only).
+# Rank-1 members whose draw (dense noise and factors) has at least this many floats start the rollout compact: an
+# antithetic pair's slots share one draw in the first batch (FactoredMembers). Env steps/s of the compact form against
+# every slot in its own form, 512 members, interleaved in one process, median [min, max] over seeds 0-4
+# (`benchmarks/inference_ratio.py --compare-forms`, docs/guides/perturbations.md): r = 1: MLP 1024 x 1024 (6,149
+# floats) 1.23x [0.91, 1.36], CNN 16c3x3 + 1024 (4,170) 1.05x [1.02, 1.23]; MLP 64 x 64, 256 x 256, CNN + 64, + 256
+# (389-1,866) 0.95-1.01x; r = 4: 0.92-1.14x, mixed, so rank 1 only.
 COMPACT_MIN_DRAW = 3072
+
+
+def compact_by_default(layout: Layout) -> bool:
+    """Whether members of ``layout`` start the rollout compact (rank 1, a draw of :data:`COMPACT_MIN_DRAW` or more)."""
+    return layout.rank == 1 and layout.draw_size >= COMPACT_MIN_DRAW
 
 
 class FactoredMembers:
@@ -496,10 +502,12 @@ class FactoredMembers:
     in depends on the layout only, so every device, worker and process runs the same program for it.
     """
 
-    def __init__(self, fns: Any, layout: Layout, centre_tree: Any):
+    def __init__(self, fns: Any, layout: Layout, centre_tree: Any, compact: bool | None = None):
         self.fns, self.layout = fns, layout
         self.centre_leaves, self.treedef = jax.tree.flatten(centre_tree)
         self.centre_dense = [c for c, leaf in zip(self.centre_leaves, layout.leaves) if not leaf.factored]
+        # None: by the member's size (compact_by_default); True / False force a form (benchmarks, tests)
+        self.compact = compact_by_default(layout) if compact is None else compact
 
     def slot_params(self, members: dict, episodes: int = 1) -> dict:
         """``episodes`` slots per member (``members`` from :meth:`LowRank.members`; slot ``i * episodes + e`` is
@@ -507,7 +515,7 @@ class FactoredMembers:
         the draw is large, else each slot in its own form."""
         sign = jnp.repeat(members["sign"], episodes) if episodes > 1 else members["sign"]
         compact = dict(members, sign=sign)
-        if self._group_size(compact) == 1 or self.layout.rank != 1 or self.layout.draw_size < COMPACT_MIN_DRAW:
+        if self._group_size(compact) == 1 or not self.compact:
             return self.take(compact, jnp.arange(sign.shape[0], dtype=jnp.int32))
         return compact
 
@@ -518,7 +526,7 @@ class FactoredMembers:
         return params["sign"].shape[0] // draws[0] if draws else 1
 
     def _member(self, noise_leaves: list, a_list: list, b_list: list, sign: jax.Array) -> dict:
-        """Slots' own form from their draws and signs (leaves ``[..., *shape]`` and ``sign`` ``[...]``, or one slot's)."""
+        """Slots' own form from their draws and signs (leaves ``[..., *shape]``, ``sign`` ``[...]``; or one slot's)."""
         shaped = lambda x: sign.reshape(sign.shape + (1,) * (x.ndim - sign.ndim))
         return {"dense": [c + shaped(n) * n for c, n in zip(self.centre_dense, noise_leaves)],
                 "a": [shaped(a) * a for a in a_list], "b": b_list}
