@@ -135,6 +135,24 @@ def test_reset_seed_from_episode_keys_same_fitness_in_any_batch():
     assert not np.array_equal(together[0], other[0])  # other key, other episodes
 
 
+@pytest.mark.hard_timeout(300)
+def test_low_rank_members_on_a_host_env_step_the_same_episodes_compact_or_one_form_per_slot():
+    """The host rollout applies low-rank members through the member view's batch forward: compact (a mirrored pair's
+    episodes sharing one draw, as jes does for large members) or each slot in its own form, the same episodes."""
+    from jes.perturbations import low_rank
+
+    config = jes.ESConfig(**{**SMALL, "num_members": 8}, episodes_per_member=2, perturbation=jes.LowRank(1))
+    results = {}
+    for compact in (True, False):
+        trainer = Trainer(jes.MLPPolicy((8,)), "gymnasium:CartPole-v1", "adam", config)
+        trainer.member_fns = lambda centre, t=trainer, c=compact: low_rank.FactoredMembers(
+            t.fns, t.ctx.layout, t.unravel(centre), compact=c)
+        results[compact] = HostGeneration(trainer).evaluate_chunks(trainer.init_state(3), np.arange(2))
+    np.testing.assert_array_equal(results[True][0], results[False][0])  # CartPole's returns count whole steps
+    np.testing.assert_array_equal(results[True][1], results[False][1])
+    assert len(set(results[True][0].reshape(-1).tolist())) > 1  # the members differ
+
+
 @pytest.mark.hard_timeout(900)
 def test_zero_vs_two_local_workers_and_resume_bit_identical(tmp_path):
     alone = small_train()
