@@ -32,7 +32,6 @@ import time
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
@@ -138,29 +137,34 @@ def forced_form(trainer, compact: bool):
 def compare_forms(args, ranks, seeds) -> None:
     print("| env / policy | P | members | r | draw floats | default | per-slot | compact | compact / per-slot |")
     print("|" + "---|" * 9)
+    for policy, env, label, members, base in cells(args):
+        for r in ranks:
+            config = jes.ESConfig(**base, perturbation=jes.LowRank(r))
+            trainers = {form: forced_form(jes.Trainer(policy, env, "adam", config), form == "compact")
+                        for form in ("per-slot", "compact")}
+            some = trainers["compact"]
+            if members * some.num_params > args.limit:
+                print(f"| {label} | {some.num_params:,} | {members} | {r} | skipped (--limit) |")
+                continue
+            default = "compact" if low_rank.compact_by_default(some.ctx.layout) else "per-slot"
+            rates = measure({form: generation_timer(t, seeds) for form, t in trainers.items()}, seeds,
+                            args.repeats)
+            each = [statistics.median(a / b for a, b in zip(c, p))
+                    for c, p in zip(rates["compact"], rates["per-slot"])]
+            fmt = lambda form: f"{statistics.median(statistics.median(x) for x in rates[form]):,.0f}"
+            print(f"| {label} | {some.num_params:,} | {members} | {r} | {some.ctx.layout.draw_size:,} | "
+                  f"{default} | {fmt('per-slot')} | {fmt('compact')} | {statistics.median(each):.2f} "
+                  f"[{min(each):.2f}, {max(each):.2f}] |", flush=True)
+
+
+def cells(args):
+    """``(policy, env, label, members, base config fields)`` of every cell the arguments ask for, in table order."""
     for env_name in args.envs.split(","):
         for hidden in (int(h) for h in args.hidden.split(",")):
             for members in (int(m) for m in args.members.split(",")):
                 policy, env, label = workload(env_name, hidden)
-                base = dict(num_members=members, eval_episodes=2, max_episode_steps=args.max_steps,
-                            normalize_observations=False)
-                for r in ranks:
-                    config = jes.ESConfig(**base, perturbation=jes.LowRank(r))
-                    trainers = {form: forced_form(jes.Trainer(policy, env, "adam", config), form == "compact")
-                                for form in ("per-slot", "compact")}
-                    some = trainers["compact"]
-                    if members * some.num_params > args.limit:
-                        print(f"| {label} | {some.num_params:,} | {members} | {r} | skipped (--limit) |")
-                        continue
-                    default = "compact" if low_rank.compact_by_default(some.ctx.layout) else "per-slot"
-                    rates = measure({form: generation_timer(t, seeds) for form, t in trainers.items()}, seeds,
-                                    args.repeats)
-                    each = [statistics.median(a / b for a, b in zip(c, p))
-                            for c, p in zip(rates["compact"], rates["per-slot"])]
-                    fmt = lambda form: f"{statistics.median(statistics.median(x) for x in rates[form]):,.0f}"
-                    print(f"| {label} | {some.num_params:,} | {members} | {r} | {some.ctx.layout.draw_size:,} | "
-                          f"{default} | {fmt('per-slot')} | {fmt('compact')} | {statistics.median(each):.2f} "
-                          f"[{min(each):.2f}, {max(each):.2f}] |", flush=True)
+                yield policy, env, label, members, dict(num_members=members, eval_episodes=2,
+                                                        max_episode_steps=args.max_steps, normalize_observations=False)
 
 
 def workload(env: str, hidden: int):
@@ -201,41 +205,36 @@ def main() -> None:
               "full / inf", *[f"r={r} / inf" for r in ranks]]
     print("| " + " | ".join(header) + " |")
     print("|" + "---|" * len(header))
-    for env_name in args.envs.split(","):
-        for hidden in (int(h) for h in args.hidden.split(",")):
-            for members in (int(m) for m in args.members.split(",")):
-                policy, env, label = workload(env_name, hidden)
-                base = dict(num_members=members, eval_episodes=2, max_episode_steps=args.max_steps,
-                            normalize_observations=False)
-                trainers = {"full": jes.Trainer(policy, env, "adam", jes.ESConfig(**base))}
-                num_params = trainers["full"].num_params
-                if members * num_params > args.limit:
-                    print(f"| {label} | {num_params:,} | {members} | skipped: members x P = "
-                          f"{members * num_params:.1e} per step is beyond this machine's time budget |")
-                    continue
-                for r in ranks:
-                    trainers[r] = jes.Trainer(policy, env, "adam", jes.ESConfig(**base, perturbation=jes.LowRank(r)))
-                if members * num_params > args.full_rank_limit:
-                    del trainers["full"]
-                timers = {name: generation_timer(trainer, seeds) for name, trainer in trainers.items()}
-                # the episodes of the generation the first row evaluates next (the rows' generations stay in step)
-                first = next(iter(timers.values()))
-                timers = {"inf": inference_timer(trainers.get("full") or trainers[ranks[0]], seeds, first.generation),
-                          **timers}
-                rates = measure(timers, seeds, args.repeats)
-                per_seed = lambda name: [statistics.median(r) for r in rates[name]]
-                fmt = lambda name: f"{statistics.median(per_seed(name)):,.0f}" if name in rates else "skipped"
+    for policy, env, label, members, base in cells(args):
+        trainers = {"full": jes.Trainer(policy, env, "adam", jes.ESConfig(**base))}
+        num_params = trainers["full"].num_params
+        if members * num_params > args.limit:
+            print(f"| {label} | {num_params:,} | {members} | skipped: members x P = "
+                  f"{members * num_params:.1e} per step is beyond this machine's time budget |")
+            continue
+        for r in ranks:
+            trainers[r] = jes.Trainer(policy, env, "adam", jes.ESConfig(**base, perturbation=jes.LowRank(r)))
+        if members * num_params > args.full_rank_limit:
+            del trainers["full"]
+        timers = {name: generation_timer(trainer, seeds) for name, trainer in trainers.items()}
+        # the episodes of the generation the first row evaluates next (the rows' generations stay in step)
+        first = next(iter(timers.values()))
+        timers = {"inf": inference_timer(trainers.get("full") or trainers[ranks[0]], seeds, first.generation),
+                  **timers}
+        rates = measure(timers, seeds, args.repeats)
+        per_seed = lambda name: [statistics.median(r) for r in rates[name]]
+        fmt = lambda name: f"{statistics.median(per_seed(name)):,.0f}" if name in rates else "skipped"
 
-                def ratio(name):
-                    if name not in rates:
-                        return "-"
-                    each = [statistics.median(a / b for a, b in zip(mine, inf))
-                            for mine, inf in zip(rates[name], rates["inf"])]
-                    return f"{statistics.median(each):.2f} [{min(each):.2f}, {max(each):.2f}]"
+        def ratio(name):
+            if name not in rates:
+                return "-"
+            each = [statistics.median(a / b for a, b in zip(mine, inf))
+                    for mine, inf in zip(rates[name], rates["inf"])]
+            return f"{statistics.median(each):.2f} [{min(each):.2f}, {max(each):.2f}]"
 
-                row = [label, f"{num_params:,}", str(members), fmt("full"), *[fmt(r) for r in ranks], fmt("inf"),
-                       ratio("full"), *[ratio(r) for r in ranks]]
-                print("| " + " | ".join(row) + " |", flush=True)
+        row = [label, f"{num_params:,}", str(members), fmt("full"), *[fmt(r) for r in ranks], fmt("inf"),
+               ratio("full"), *[ratio(r) for r in ranks]]
+        print("| " + " | ".join(row) + " |", flush=True)
 
 
 if __name__ == "__main__":
