@@ -427,11 +427,12 @@ class LowRank:
 
     def members(self, ctx: Any, mean: jax.Array, sigma: jax.Array, gen_key: jax.Array, start: jax.Array,
                 size: int) -> dict:
-        """Members ``start .. start+size-1`` in the compact form the rollout starts from: ``{"noise": [[G, *shape],
-        ...], "a": [[G, r, m], ...], "b": [[G, r, n], ...], "sign": [C]}``, one draw per antithetic pair (``G = C / 2``;
-        ``G = C`` without antithetic sampling): each dense leaf's ``sigma * eps`` (its own array, so the forward
-        pass reads it in place), ``sigma / sqrt(r) * A^T`` and ``B^T`` unsigned, and each member's sign (member
-        ``2p`` is ``+``, ``2p + 1`` is ``-``). :meth:`FactoredMembers.take` gives one member's own form."""
+        """Members ``start .. start+size-1``, compact: ``{"noise": [[G, *shape], ...], "a": [[G, r, m], ...], "b":
+        [[G, r, n], ...], "sign": [C]}``, one draw per antithetic pair (``G = C / 2``; ``G = C`` without antithetic
+        sampling): each dense leaf's ``sigma * eps`` (its own array, so the forward pass reads it in place),
+        ``sigma / sqrt(r) * A^T`` and ``B^T`` unsigned, and each member's sign (member ``2p`` is ``+``, ``2p + 1``
+        is ``-``). :meth:`FactoredMembers.slot_params` picks the form the rollout starts from, and
+        :meth:`FactoredMembers.take` gives members their own form."""
         layout = ctx.layout
         sources, signs = self._sources(start, size, ctx.antithetic)
         if ctx.antithetic:
