@@ -124,7 +124,8 @@ class TrainResult:
         strategy: the strategy's name.
         solved_generation: first generation (1-based) whose centre evaluation reached the
             env's solved return, or ``None``.
-        compile_time: seconds spent compiling the generation step.
+        compile_time: seconds spent compiling the generation step; 0.0 where it is not compiled here as one
+            program (a Python simulator's jitted pieces, a distributed master's workers, a given ``step_fn``).
         wall_time: seconds of the whole run: from :func:`train`'s call (the trainer's build and the step's compile
             included) or :func:`run`'s.
         state: the final :class:`TrainState` (to continue training).
@@ -206,7 +207,9 @@ class TrainResult:
         return (
             f"{self.env_name} with {self.trainer.run_label}: {len(self.history['generation'])} generations, "
             f"centre return {self.final_centre_return:.1f}, {solved}; "
-            f"{self.trainer.num_params} params, {self.wall_time:.1f}s wall ({self.compile_time:.1f}s compile)"
+            f"{self.trainer.num_params} params, {self.wall_time:.1f}s wall"
+            # 0.0: the step was not compiled here as one program (a host env's pieces, a master's workers)
+            + (f" ({self.compile_time:.1f}s compile)" if self.compile_time else "")
             + (f"; best member {self.best.fitness:.1f} (generation {self.best.generation})" if self.best else "")
             + f"; logs: {self.log_dir or 'off'}; checkpoint: {self.checkpoint_path or 'off'}"
         )

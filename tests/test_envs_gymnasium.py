@@ -120,6 +120,12 @@ def test_user_env_subclass_trains_and_improves():
 
 
 @pytest.mark.hard_timeout(600)
+def test_the_summary_of_a_host_env_run_claims_no_compile_time_it_did_not_measure():
+    result = small_train(num_generations=1)
+    assert result.compile_time == 0.0 and "compile" not in result.summary()
+    assert "1 generations" in result.summary() and "wall" in result.summary()
+
+
 def test_reset_seed_from_episode_keys_same_fitness_in_any_batch():
     trainer = Trainer(jes.GRUPolicy(**POLICY), "gymnasium:CartPole-v1", "adam",
                       jes.ESConfig(**{**SMALL, "num_members": 8}))
