@@ -148,8 +148,11 @@ def _parser() -> argparse.ArgumentParser:
                         help="encrypt with ZeroMQ CURVE using this secret key (NAME.secret from `jes keys NAME`); "
                              "workers pass --curve-server-key NAME.public")
 
-    evaluate = commands.add_parser("eval", help="evaluate a checkpoint's centre policy", formatter_class=_HelpFormatter)
-    evaluate.add_argument("checkpoint", help="a checkpoint file written by jes train")
+    evaluate = commands.add_parser("eval", help="evaluate a checkpoint's centre policy or a saved policy file",
+                                   formatter_class=_HelpFormatter)
+    evaluate.add_argument("checkpoint", metavar="FILE",
+                          help="a checkpoint written by jes train, or a policy file written by TrainResult.save_policy "
+                               "(the same episodes as its training's centre evaluation)")
     evaluate.add_argument("--episodes", type=int, default=100, help="fresh episodes to average")
     evaluate.add_argument("--seed", type=int, default=12345, help="key of the evaluation episodes")
     evaluate.add_argument("--render", default=None, metavar="PATH",
@@ -358,9 +361,18 @@ def _eval(args: argparse.Namespace) -> int:
     import jax
     import numpy as np
 
-    from jes import checkpoint
+    from jes import checkpoint, trained
     from jes.generation import as_key
 
+    if _starts_with(args.checkpoint, trained.POLICY_MAGIC):
+        if args.render is not None:
+            raise ValueError(f"--render draws an episode of a checkpoint; {args.checkpoint} is a saved policy file "
+                             f"(evaluate it without --render, or render the run's checkpoint)")
+        policy = trained.load_policy(args.checkpoint, allow_modules=args.allow_module)
+        returns = policy.evaluate(args.episodes, as_key(args.seed))
+        print(f"{args.checkpoint}: {policy.env_name}, {type(policy.policy).__name__}, saved policy: return "
+              f"{returns.mean():.2f} +/- {returns.std():.2f} over {args.episodes} episodes")
+        return 0
     trainer, state, ckpt = checkpoint.load(args.checkpoint, allow_modules=args.allow_module)
     if trainer.spec.host:  # a Python simulator (Gymnasium): episodes stepped here, the policy compiled
         from jes.host_step import HostGeneration
@@ -377,6 +389,15 @@ def _eval(args: argparse.Namespace) -> int:
         render(trainer, state, args.render, as_key(args.seed), args.render_steps)
         print(f"rendered one episode to {args.render}")
     return 0
+
+
+def _starts_with(path: str, magic: bytes) -> bool:
+    """Whether the file at ``path`` begins with ``magic`` (``False`` when it cannot be read: the loader says why)."""
+    try:
+        with open(path, "rb") as f:
+            return f.read(len(magic)) == magic
+    except OSError:
+        return False
 
 
 def _plot(args: argparse.Namespace) -> int:

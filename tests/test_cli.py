@@ -58,6 +58,21 @@ def test_eval_checkpoint(trained, capsys):
     assert "generation 2: centre return" in line and "over 4 episodes" in line
 
 
+def test_eval_of_a_saved_policy_file_gives_its_checkpoints_returns(trained, tmp_path, capsys):
+    root, _ = trained
+    ckpt = str(root / "run" / "checkpoint.ckpt")
+    trainer, state, _ = checkpoint.load(ckpt)
+    path = jes.loop.trained_policy(trainer, state.params, state).save(str(tmp_path / "centre.policy"))
+    returns = lambda out: re.search(r"return (\S+ \+/- \S+) over 6 episodes", out).group(1)
+    assert cli.main(["eval", ckpt, "--episodes", "6"]) == 0
+    from_checkpoint = returns(capsys.readouterr().out)
+    assert cli.main(["eval", path, "--episodes", "6"]) == 0
+    out = capsys.readouterr().out
+    assert "saved policy" in out and returns(out) == from_checkpoint  # the same episodes, the same bits
+    assert cli.main(["eval", path, "--render", str(tmp_path / "episode.gif")]) == 2
+    assert "--render draws an episode of a checkpoint" in capsys.readouterr().err
+
+
 def test_eval_missing_or_bad_checkpoint(tmp_path, capsys):
     assert cli.main(["eval", str(tmp_path / "none.ckpt")]) == 2
     assert "no checkpoint" in capsys.readouterr().err
