@@ -294,8 +294,9 @@ def train(
         env_params: gymnax env params.
         devices: local devices to shard the population over (``None``: all local devices).
         callbacks: functions called with each generation's metrics dict (host side); see :mod:`jes.logging`.
-        log_dir: TensorBoard directory; the default is ``runs/<env>-<policy>-<optimizer>-<time>``;
-            ``None`` turns TensorBoard logging off.
+        log_dir: TensorBoard directory; the default is ``runs/<env>-<policy>-<optimizer>-<time>``, or with
+            ``resume`` the checkpoint's directory when it holds TensorBoard event files (the run's own log dir,
+            where its curves then continue); ``None`` turns TensorBoard logging off.
         progress: tqdm progress bar; ``None`` shows it only when stdout is a terminal.
         checkpoint_path: checkpoint file, written every ``checkpoint_every`` generations, at the end,
             and on Ctrl-C. The default is ``checkpoint.ckpt`` in ``log_dir`` (the ``resume`` file when
@@ -357,6 +358,8 @@ def train(
                           f"(jes train: --generations) to continue the run", stacklevel=2)
     else:
         state, best = trainer.init_state(key), None
+    if log_dir == "runs/<auto>" and resume is not None and jes_logging.has_event_files(os.path.dirname(resume) or "."):
+        log_dir = os.path.dirname(resume) or "."  # the checkpoint sits in its run's log dir: continue the curves there
     if log_dir == "runs/<auto>":
         name = jes_logging.default_run_name(trainer.spec.name, type(trainer.policy).__name__, trainer.run_label)
         log_dir = jes_logging.unique_dir(os.path.join("runs", name))

@@ -97,6 +97,24 @@ def test_long_runs_print_every_nth_generation_and_the_last(capsys):
     assert printed == list(range(4, 201, 4))
 
 
+def test_a_resumed_run_continues_its_curves_in_the_checkpoints_log_dir_by_default(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # an auto-named directory would go under ./runs
+    common = dict(progress=False, **dict(SMALL, eval_every=1))
+    first = jes.train(jes.MLPPolicy((4,)), "CartPole-v1", "adam", key=0, log_dir=str(tmp_path / "run"), **common)
+    assert first.checkpoint_path == str(tmp_path / "run" / "checkpoint.ckpt")
+    resumed = jes.train(jes.MLPPolicy((4,)), "CartPole-v1", "adam", resume=first.checkpoint_path,
+                        **dict(common, num_generations=SMALL["num_generations"] + 2))
+    assert resumed.log_dir == str(tmp_path / "run") and not os.path.exists(tmp_path / "runs")
+    steps = [step for step, _ in jes.logging.read_scalars(resumed.log_dir)["centre/return"]]
+    assert steps == list(range(1, SMALL["num_generations"] + 3))  # one curve, each generation once
+    # A checkpoint kept apart from any logs: the resumed run logs into a fresh directory, as a new run does.
+    apart = jes.train(jes.MLPPolicy((4,)), "CartPole-v1", "adam", key=1, log_dir=None,
+                      checkpoint_path=str(tmp_path / "apart.ckpt"), **common)
+    again = jes.train(jes.MLPPolicy((4,)), "CartPole-v1", "adam", resume=apart.checkpoint_path,
+                      **dict(common, num_generations=SMALL["num_generations"] + 1))
+    assert os.path.dirname(again.log_dir) == "runs"
+
+
 def test_a_new_run_into_a_log_dir_with_event_files_warns_and_a_resumed_one_does_not(tmp_path):
     log_dir = str(tmp_path / "tb")
     common = dict(log_dir=log_dir, progress=False, **SMALL)
