@@ -149,10 +149,11 @@ class ProgressBar(Logger):
         line_every: generations between console lines (default: 1 up to 50 generations, else
             ``ceil(total / 50)``).
         stream: where console lines go (default ``sys.stdout``).
+        best: the best member fitness so far (a resumed run's, so that "best" continues; default none yet).
     """
 
     def __init__(self, total: int, initial: int = 0, enabled: bool | None = None, desc: str = "generations",
-                 line_every: int | None = None, stream: Any = None):
+                 line_every: int | None = None, stream: Any = None, best: float = -math.inf):
         self.stream = stream
         tty = sys.stdout.isatty()
         self.enabled = tty if enabled is None else bool(enabled)
@@ -164,7 +165,7 @@ class ProgressBar(Logger):
             from tqdm.auto import tqdm
 
             self.bar = tqdm(total=total, initial=initial, desc=desc, unit="gen", dynamic_ncols=True)
-        self._best = -math.inf
+        self._best = float(best)
 
     def __call__(self, record: Mapping[str, Any]) -> None:
         self._best = max(self._best, float(record["pop_max"]))

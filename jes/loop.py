@@ -8,6 +8,7 @@ the ZeroMQ master. Host services are imported here, never by the core.
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import time
 import warnings
@@ -370,8 +371,9 @@ def train(
         log_dir = _from_process_0(log_dir)  # its auto name has process 0's clock in it
         checkpoint_path = _from_process_0(checkpoint_path)
     # In a multi-process run process 0 alone reports (and writes; see run()).
+    earlier = [float(x) for x in (history or {}).get("pop_max", ()) if math.isfinite(float(x))]
     loggers = [jes_logging.ProgressBar(config.num_generations, int(fetch(state.generation)),
-                                       enabled=progress if primary else False)]
+                                       enabled=progress if primary else False, best=max(earlier, default=-math.inf))]
     if log_dir is not None and primary and resume is None and jes_logging.has_event_files(log_dir):
         warnings.warn(f"log_dir {log_dir!r} already holds the TensorBoard event files of an earlier run; this run's "
                       f"go beside them, and TensorBoard (and jes.logging.read_scalars) will show both: pass a new "

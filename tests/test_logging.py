@@ -115,6 +115,18 @@ def test_a_resumed_run_continues_its_curves_in_the_checkpoints_log_dir_by_defaul
     assert os.path.dirname(again.log_dir) == "runs"
 
 
+def test_the_progress_lines_best_continues_across_a_resume(tmp_path, capsys):
+    common = dict(progress=None, log_dir=None, **dict(SMALL, num_generations=2))  # not a terminal: a line each
+    first = jes.train(jes.MLPPolicy((4,)), "CartPole-v1", "adam", key=2, checkpoint_path=str(tmp_path / "c.ckpt"),
+                      **common)
+    capsys.readouterr()
+    resumed = jes.train(jes.MLPPolicy((4,)), "CartPole-v1", "adam", resume=first.checkpoint_path,
+                        **dict(common, num_generations=3))
+    line = [x for x in capsys.readouterr().out.splitlines() if x.startswith("generation 3/3")][0]
+    best = max(float(x) for x in resumed.history["pop_max"])
+    assert f"(best {best:.1f})" in line and best >= max(float(x) for x in first.history["pop_max"])
+
+
 def test_a_new_run_into_a_log_dir_with_event_files_warns_and_a_resumed_one_does_not(tmp_path):
     log_dir = str(tmp_path / "tb")
     common = dict(log_dir=log_dir, progress=False, **SMALL)
