@@ -19,6 +19,7 @@ import math
 import os
 import struct
 import sys
+import time
 from typing import Any, Iterable, Mapping
 
 # record key -> TensorBoard tag. Everything in a record is a plain Python scalar.
@@ -94,7 +95,9 @@ class TensorBoardLogger(Logger):
 
         self.log_dir = log_dir
         self.hparams = {k: _hparam_value(v) for k, v in (hparams or {}).items()}
-        self.writer = SummaryWriter(log_dir)
+        # tensorboardX names the file by the second and the host only: a second writer in the same directory within
+        # the same second (a short run resumed at once into its log dir) would overwrite the first's events
+        self.writer = SummaryWriter(log_dir, filename_suffix=f".{os.getpid()}.{time.time_ns()}")
         self._last: dict = {}
         self._best_centre = -math.inf
         if self.hparams:

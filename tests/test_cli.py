@@ -58,6 +58,7 @@ def test_eval_checkpoint(trained, capsys):
     assert "generation 2: centre return" in line and "over 4 episodes" in line
 
 
+@pytest.mark.hard_timeout(300)
 def test_eval_of_a_saved_policy_file_gives_its_checkpoints_returns(trained, tmp_path, capsys):
     root, _ = trained
     ckpt = str(root / "run" / "checkpoint.ckpt")

@@ -97,6 +97,17 @@ def test_long_runs_print_every_nth_generation_and_the_last(capsys):
     assert printed == list(range(4, 201, 4))
 
 
+def test_two_writers_in_one_log_dir_within_a_second_keep_both_their_events(tmp_path):
+    """tensorboardX names an event file by the second and the host: the second writer used to overwrite the first."""
+    for generation in (1, 2):
+        logger = jes_logging.TensorBoardLogger(str(tmp_path))
+        logger({"generation": generation, "pop_mean": float(generation), "pop_max": 1.0, "pop_min": 0.0})
+        logger.close()
+    assert len(jes_logging._event_files(str(tmp_path))) == 2
+    assert jes_logging.read_scalars(str(tmp_path))["population/mean_return"] == [(1, 1.0), (2, 2.0)]
+
+
+@pytest.mark.hard_timeout(300)
 def test_a_resumed_run_continues_its_curves_in_the_checkpoints_log_dir_by_default(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # an auto-named directory would go under ./runs
     common = dict(progress=False, **dict(SMALL, eval_every=1))
@@ -115,6 +126,7 @@ def test_a_resumed_run_continues_its_curves_in_the_checkpoints_log_dir_by_defaul
     assert os.path.dirname(again.log_dir) == "runs"
 
 
+@pytest.mark.hard_timeout(300)
 def test_the_progress_lines_best_continues_across_a_resume(tmp_path, capsys):
     common = dict(progress=None, log_dir=None, **dict(SMALL, num_generations=2))  # not a terminal: a line each
     first = jes.train(jes.MLPPolicy((4,)), "CartPole-v1", "adam", key=2, checkpoint_path=str(tmp_path / "c.ckpt"),
