@@ -66,13 +66,6 @@ def policy_step(apply: Callable, spec: EnvSpec, params: Any, carry: Any, obs: ja
     return batch_act(jax.vmap(apply), spec, params, carry, obs, obs_scale, action_fn)
 
 
-def batch_policy_step(forward: Callable, spec: EnvSpec, params: Any, carry: Any, obs: jax.Array,
-                      obs_scale: tuple[jax.Array, jax.Array] | None) -> tuple[Any, jax.Array, jax.Array]:
-    """:func:`policy_step` with ``forward(params, carry, obs)`` applying the policy to the whole batch at once (a
-    structured perturbation's compact slots, :meth:`jes.perturbations.low_rank.FactoredMembers.apply_batch`)."""
-    return batch_act(forward, spec, params, carry, obs, obs_scale)
-
-
 class HostEnvPool:
     """Env instances of one host env, one per slot index, made on first use and reused (each reset reseeds)."""
 

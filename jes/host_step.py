@@ -19,6 +19,7 @@ import numpy as np
 
 from jes import host_rollout
 from jes.generation import ChunkResults, Trainer, TrainState, fetch
+from jes.rollout import batch_act
 from jes.strategies import noise
 
 
@@ -52,7 +53,7 @@ class HostGeneration:
         def member_step(centre, params, carry, obs, scale):
             member_fns = trainer.member_fns(centre)
             forward = getattr(member_fns, "apply_batch", None) or jax.vmap(member_fns.apply)
-            return host_rollout.batch_policy_step(forward, trainer.spec, params, carry, obs, scale)
+            return batch_act(forward, trainer.spec, params, carry, obs, scale)
 
         def centre_step(params, carry, obs, scale):
             return host_rollout.policy_step(trainer.fns.apply, trainer.spec, params, carry, obs, scale)
