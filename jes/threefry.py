@@ -1,31 +1,46 @@
-"""JAX's threefry hash lowered unrolled inside jes's black-box programs on CPU: the same bits, less time per draw.
+"""JAX's threefry hash lowered unrolled inside jes's own programs on CPU: the same bits, less time per draw.
 
 On CPU, JAX lowers each threefry hash (every ``fold_in``, ``split`` and the bits behind ``normal``) as a
-rolled 5-iteration loop, to keep compile times short; elsewhere it lowers the 20 rounds unrolled. Inside the
-while loop of :meth:`jes.blackbox.FunctionProblem.generation_block`, whose generations are a few small
-kernels each, those loops are most of a generation on a mid-sized problem: jes's key derivation and
-``[17, 100]`` Gaussian draw in a while loop of generations take 64.9 us per generation rolled against
-9.7 us unrolled (one process, medians of 15 blocks of 200 generations), and ``jes.optimize`` at d = 100 went
-from 1.1-1.7x evosax's time per run to 0.65-0.81x (docs/benchmarks.md, "Side by side with evosax"). The
-hash is integer arithmetic, so both lowerings give the same bits; only speed and compile time differ.
+rolled 5-iteration loop, to keep compile times short; elsewhere it lowers the 20 rounds unrolled. The hash
+is integer arithmetic, so both lowerings give the same bits; only speed and compile time differ:
+
+* Inside the while loop of :meth:`jes.blackbox.FunctionProblem.generation_block`, whose generations are a
+  few small kernels each, those loops are most of a generation on a mid-sized problem: jes's key derivation
+  and ``[17, 100]`` Gaussian draw in a while loop of generations take 64.9 us per generation rolled against
+  9.7 us unrolled (one process, medians of 15 blocks of 200 generations), and ``jes.optimize`` at d = 100 went
+  from 1.1-1.7x evosax's time per run to 0.65-0.81x (docs/benchmarks.md, "Side by side with evosax").
+* In the training step (:mod:`jes.compiled`) a full-rank chunk's ``[C, P]`` draw is the large one: 256 x 67,073
+  normals take 249 ms rolled and 73 ms unrolled, and the whole step of a full-rank MLP 256 x 256 (256
+  members) or MinAtar CNN (512 members) ran 1.17x and 1.55x as fast (``benchmarks/throughput.py
+  --threefry``); the reference GRU's step compiles no slower (2.7-3.0 s against 3.1-3.2 s, CartPole).
 
 :func:`lower_unrolled` lowers one traced program with JAX's unrolled rule, through JAX's per-lowering rule
-override: nothing global changes (other programs, other threads and JAX's lowering cache, which keys on the
-override, see JAX's own rules). It relies on private names of ``jax._src``; where they are missing it lowers
-as JAX would.
+override, and :func:`export_unrolled` exports one (the program cache's path) the same way: nothing global
+changes (other programs, other threads and JAX's lowering cache, which keys on the override, see JAX's own
+rules). They rely on private names of ``jax._src``; where those are missing they lower as JAX would.
 """
 from __future__ import annotations
 
 from typing import Any
 
+import jax
 
-def _override() -> Any:
+
+def _rules() -> Any:
     try:
-        from jax._src.interpreters import mlir
         from jax._src.random import threefry2x32 as tf
 
-        return mlir.LoweringParameters(
-            override_lowering_rules=((tf.threefry2x32_p, tf._threefry2x32_lowering_rule),))
+        return ((tf.threefry2x32_p, tf._threefry2x32_lowering_rule),)
+    except (ImportError, AttributeError):  # pragma: no cover - another jax layout: JAX's own lowering
+        return None
+
+
+def _override() -> Any:
+    rules = _rules()
+    try:
+        from jax._src.interpreters import mlir
+
+        return None if rules is None else mlir.LoweringParameters(override_lowering_rules=rules)
     except (ImportError, AttributeError, TypeError):  # pragma: no cover - another jax layout: JAX's own lowering
         return None
 
@@ -39,3 +54,16 @@ def lower_unrolled(jitted: Any, *args: Any) -> tuple[Any, bool]:
         except TypeError:  # pragma: no cover - a jax whose lower() takes no such parameter
             pass
     return jitted.lower(*args), False
+
+
+def export_unrolled(jitted: Any, *args: Any) -> tuple[Any, bool]:
+    """``jax.export.export(jitted)(*args)`` with threefry unrolled; returns ``(exported, whether it applied)``."""
+    rules = _rules()
+    if rules is not None:
+        try:
+            from jax._src.export import _export
+
+            return _export._export_internal(jitted, override_lowering_rules=rules)(*args), True
+        except (ImportError, AttributeError, TypeError):  # pragma: no cover - another jax layout
+            pass
+    return jax.export.export(jitted)(*args), False
