@@ -7,11 +7,21 @@ For each policy size and population, side by side in one process:
 * (c) batch inference: the same rollout (same env, episodes, slots and compaction) with one shared parameter
   set, the policy applied as one GEMM per env step, no noise and no update.
 
+Every program is compiled as ``jes.train`` compiles its step (threefry unrolled, :mod:`jes.threefry`).
+
 Printed: env steps/s, the median over ``--seeds`` (one run per key) of each seed's median over ``--repeats``
 timed generations (after one warm-up), and the ratios (a)/(c), (b)/(c) as median [min, max] over the seeds. The
 rows take turns generation by generation, so a change of this machine's load falls on every row alike. The centre is not evaluated in the timed generations. Full rank is skipped where its
 members would stream more than ``--full-rank-limit`` parameter floats per env step (C x P; it is then
 memory-bound and takes minutes per generation here).
+
+With ``--breakdown`` it splits instead, per cell and rank, a low-rank generation's time into its parts against
+batch inference's rollout (each part its own compiled program, all taking turns): the member draw (``sample``),
+the rollout of the draw's members (``rollout``, the draw included), the update from a fitness vector
+(``update``), the whole step; and the policy's forward pass alone, ``--forward-steps`` env steps of the
+population's first observations fed back into the policy (no env, no compaction; ``forward / inf``), so that
+what the generation loses to batch inference can be told apart: the forward's correction, or the rest
+(episodes the members' policies play longer than the shared one's, the draw and the update).
 
 With ``--compare-forms`` it times instead, per cell and rank, low rank with every slot in its own form against
 the compact form (a mirrored pair's slots sharing one draw in the rollout's first batch; jes picks it for
@@ -20,6 +30,7 @@ large rank-1 members, ``jes.perturbations.low_rank.COMPACT_MIN_DRAW``), and prin
     python benchmarks/inference_ratio.py                           # Pendulum MLP H x H, H in 64, 256, 1024
     python benchmarks/inference_ratio.py --envs minatar --hidden 64 --members 512
     python benchmarks/inference_ratio.py --compare-forms --members 512 --ranks 1
+    python benchmarks/inference_ratio.py --breakdown --envs minatar --hidden 256 --members 512 --ranks 1
 """
 from __future__ import annotations
 
@@ -39,6 +50,7 @@ import jes  # noqa: E402
 from jes.perturbations import low_rank  # noqa: E402
 from jes.rollout import run_slots  # noqa: E402
 from jes.strategies import noise  # noqa: E402
+from jes.threefry import UnrolledJit  # noqa: E402
 
 
 class MinAtarCNN(nn.Module):
@@ -71,13 +83,16 @@ class SharedParams:
 def generation_timer(trainer, seeds):
     """``time(seed) -> (seconds, env steps)`` of one more generation of ``seed``'s run (compiled and warmed here)."""
     states = {}
+    step = None
     for seed in seeds:
-        state, _ = trainer.step(trainer.init_state(seed), False, True)  # compile (first seed) + warm-up
+        state = trainer.init_state(seed)
+        step = step or trainer.compiled_step(state)[0]  # the program jes.train runs (threefry unrolled)
+        state, _ = step(state, jnp.bool_(False), jnp.bool_(True))  # warm-up
         states[seed] = jax.block_until_ready(state)
 
     def time_one(seed):
         start = time.perf_counter()
-        state, metrics = trainer.step(states[seed], False, True)
+        state, metrics = step(states[seed], jnp.bool_(False), jnp.bool_(True))
         jax.block_until_ready(state)
         seconds = time.perf_counter() - start
         states[seed] = state
@@ -92,7 +107,7 @@ def inference_timer(trainer, seeds, generation_of):
     ``seed``'s run would evaluate next (same keys, slots and compaction), with the centre's parameters."""
     states = {seed: trainer.init_state(seed) for seed in seeds}
 
-    @jax.jit
+    @UnrolledJit
     def rollout(flat, es_key, generation):
         members = jnp.arange(trainer.config.num_members, dtype=jnp.int32)
         keys = noise.episode_keys(noise.generation_key(es_key, generation), members, 1, trainer.antithetic)
@@ -115,15 +130,15 @@ def inference_timer(trainer, seeds, generation_of):
     return time_one
 
 
-def measure(timers, seeds, repeats):
+def measure(timers, seeds, repeats, per_second=True):
     """Every row timed in turn, generation by generation (so a change of the machine's load falls on all rows
-    alike): ``{row: [[steps/s of each repeat] of each seed]}``."""
+    alike): ``{row: [[steps/s of each repeat] of each seed]}`` (``per_second=False``: ``(seconds, steps)``)."""
     rates = {name: [[] for _ in seeds] for name in timers}
     for _ in range(repeats):
         for i, seed in enumerate(seeds):
             for name, time_one in timers.items():
                 seconds, steps = time_one(seed)
-                rates[name][i].append(steps / seconds)
+                rates[name][i].append(steps / seconds if per_second else (seconds, steps))
     return rates
 
 
@@ -157,6 +172,110 @@ def compare_forms(args, ranks, seeds) -> None:
                   f"[{min(each):.2f}, {max(each):.2f}] |", flush=True)
 
 
+def breakdown_timers(trainer, seeds, forward_steps):
+    """``{part: time(seed) -> (seconds, env steps or 0)}`` of a low-rank generation's parts (see ``--breakdown``)."""
+    states, step = {}, None
+    for seed in seeds:  # the state after one generation: the timed parts then see a trained centre's episodes
+        state = trainer.init_state(seed)
+        step = step or trainer.compiled_step(state)[0]  # the program jes.train runs (threefry unrolled)
+        state, _ = step(state, jnp.bool_(False), jnp.bool_(True))
+        states[seed] = jax.block_until_ready(state)
+    members = trainer.config.num_members
+    flat_members = jnp.arange(members, dtype=jnp.int32)
+
+    def keys_of(state):
+        gen_key = noise.generation_key(state.es_key, state.generation)
+        return noise.episode_keys(gen_key, flat_members, 1, trainer.antithetic).reshape(-1)
+
+    def rollout_of(params_view, slot_params, state):
+        keys = keys_of(state)
+        out = run_slots(params_view, trainer.spec, slot_params, keys, jnp.zeros(keys.shape[0], bool),
+                        obs_scale=trainer.obs_scale(state), min_slots=trainer.rollout_min_batch)
+        return out["returns"], out["steps"].sum()
+
+    @UnrolledJit
+    def sample(state):
+        return trainer.sample_chunk(state, jnp.int32(0))[0]
+
+    @UnrolledJit
+    def rollout(state):
+        view = trainer.member_fns(state.params)
+        return rollout_of(view, view.slot_params(trainer.sample_chunk(state, jnp.int32(0))[0]), state)
+
+    @UnrolledJit
+    def inference(state):
+        return rollout_of(SharedParams(trainer.fns, trainer.unravel(state.params)),
+                          jnp.zeros((members, 0), jnp.float32), state)
+
+    fitness = jax.random.normal(jax.random.key(1), (members,))
+    update = UnrolledJit(trainer.apply_fitness)
+
+    def forward_loop(forward):
+        def run(params, obs, carry):
+            def body(_, oc):
+                obs, carry = oc
+                carry, out = forward(params, carry, obs)
+                return obs + 1e-3 * out.sum(-1).reshape((-1,) + (1,) * (obs.ndim - 1)), carry
+            return jax.lax.fori_loop(0, forward_steps, body, (obs, carry))
+        return UnrolledJit(run)
+
+    first_obs = {}
+    for seed, state in states.items():
+        obs, _ = jax.vmap(lambda k: trainer.spec.env.reset_env(jax.random.fold_in(k, 0), trainer.spec.params))(
+            keys_of(state))
+        first_obs[seed] = obs.astype(jnp.float32)
+    carry = jax.tree.map(lambda c: jnp.broadcast_to(c, (members,) + c.shape), trainer.fns.initial_carry())
+    view_of = lambda state: trainer.member_fns(state.params)
+    low_rank_forward = forward_loop(lambda p, c, o: view_of(p[1]).apply_batch(p[0], c, o))
+    shared_forward = forward_loop(lambda p, c, o: jax.vmap(SharedParams(trainer.fns, trainer.unravel(p)).apply,
+                                                           in_axes=(None, 0, 0))(p, c, o))
+    slot_params = {seed: UnrolledJit(lambda st: view_of(st).slot_params(sample(st)))(st) for seed, st in states.items()}
+
+    def timed(fn, steps_of=None):
+        def time_one(seed):
+            start = time.perf_counter()
+            out = jax.block_until_ready(fn(seed))
+            return time.perf_counter() - start, int(steps_of(out)) if steps_of else 0
+        for seed in seeds:
+            time_one(seed)  # compile (first seed) + warm-up
+        return time_one
+
+    return {
+        "step": timed(lambda s: step(states[s], jnp.bool_(False), jnp.bool_(True)), lambda out: out[1]["env_steps"]),
+        "sample": timed(lambda s: sample(states[s])),
+        "rollout": timed(lambda s: rollout(states[s]), lambda out: out[1]),
+        "update": timed(lambda s: update(states[s], fitness)),
+        "inf": timed(lambda s: inference(states[s]), lambda out: out[1]),
+        "forward": timed(lambda s: low_rank_forward((slot_params[s], states[s]), first_obs[s], carry)),
+        "forward inf": timed(lambda s: shared_forward(states[s].params, first_obs[s], carry)),
+    }
+
+
+def breakdown(args, ranks, seeds) -> None:
+    print("| env / policy | members | r | step ms | sample ms | rollout ms | update ms | inference rollout ms | "
+          "rollout / inf | step / inf | forward / inf |")
+    print("|" + "---|" * 12)
+    for policy, env, label, members, base in cells(args):
+        for r in ranks:
+            trainer = jes.Trainer(policy, env, "adam", jes.ESConfig(**base, perturbation=jes.LowRank(r)))
+            if members * trainer.num_params > args.limit or trainer.num_chunks != 1:
+                print(f"| {label} | {members} | {r} | skipped: members x P above --limit, or more than one chunk |")
+                continue
+            raw = measure(breakdown_timers(trainer, seeds, args.forward_steps), seeds, args.repeats, per_second=False)
+            ms = lambda name: statistics.median(statistics.median(t for t, _ in x) for x in raw[name]) * 1e3
+
+            def ratio(mine, inf, per_step):
+                # env steps/s where both count env steps (their episodes differ), else inverse time
+                speed = (lambda t, n: n / t) if per_step else (lambda t, n: 1.0 / t)
+                each = [statistics.median(speed(*m) / speed(*i) for m, i in zip(a, b))
+                        for a, b in zip(raw[mine], raw[inf])]
+                return f"{statistics.median(each):.2f} [{min(each):.2f}, {max(each):.2f}]"
+
+            print(f"| {label} | {members} | {r} | {ms('step'):.1f} | {ms('sample'):.1f} | {ms('rollout'):.1f} | "
+                  f"{ms('update'):.1f} | {ms('inf'):.1f} | {ratio('rollout', 'inf', True)} | "
+                  f"{ratio('step', 'inf', True)} | {ratio('forward', 'forward inf', False)} |", flush=True)
+
+
 def cells(args):
     """``(policy, env, label, members, base config fields)`` of every cell the arguments ask for, in table order."""
     for env_name in args.envs.split(","):
@@ -188,6 +307,9 @@ def main() -> None:
                         help="skip full rank above this many member parameter floats (members x P)")
     parser.add_argument("--limit", type=float, default=5e8,
                         help="skip a whole cell above this many GEMM multiply-adds per env step (members x P)")
+    parser.add_argument("--breakdown", action="store_true",
+                        help="split a low-rank generation's time into its parts against inference (see above)")
+    parser.add_argument("--forward-steps", type=int, default=20, help="--breakdown: policy steps of the forward loop")
     parser.add_argument("--compare-forms", action="store_true",
                         help="time low rank's per-slot and compact forms against each other instead (see above)")
     args = parser.parse_args()
@@ -198,6 +320,11 @@ def main() -> None:
               f"over seeds {args.seeds} of each seed's median of {args.repeats} generations; compact / per-slot per "
               f"seed and generation (the forms take turns), median [min, max] over seeds")
         return compare_forms(args, ranks, seeds)
+    if args.breakdown:
+        print(f"jax {jax.__version__}, {jax.devices()[0].device_kind}, {os.cpu_count()} CPUs; ms: median over seeds "
+              f"{args.seeds} of each seed's median of {args.repeats} calls (the parts take turns); ratios: per seed and "
+              f"call, median [min, max] over seeds (rollout and step: env steps/s; forward: time per step)")
+        return breakdown(args, ranks, seeds)
     print(f"jax {jax.__version__}, {jax.devices()[0].device_kind}, {os.cpu_count()} CPUs; env steps/s, median over "
           f"seeds {args.seeds} of each seed's median of {args.repeats} generations; ratios per seed and generation "
           f"(the rows take turns), median [min, max] over seeds")

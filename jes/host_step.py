@@ -21,6 +21,7 @@ from jes import host_rollout
 from jes.generation import ChunkResults, Trainer, TrainState, fetch
 from jes.rollout import batch_act
 from jes.strategies import noise
+from jes.threefry import UnrolledJit
 
 
 class HostGeneration:
@@ -58,12 +59,12 @@ class HostGeneration:
         def centre_step(params, carry, obs, scale):
             return host_rollout.policy_step(trainer.fns.apply, trainer.spec, params, carry, obs, scale)
 
-        self._prepare = jax.jit(prepare)
+        self._prepare = UnrolledJit(prepare)  # threefry unrolled: the same bits (jes.threefry)
         self._prepare_centre = jax.jit(prepare_centre, static_argnums=2)
         self._member_step = jax.jit(member_step)
         self._centre_step = jax.jit(centre_step)
         self._scale = jax.jit(trainer.obs_scale)
-        self._apply = jax.jit(lambda s, *r: trainer.apply_chunk_results(s, ChunkResults(*r)))
+        self._apply = UnrolledJit(lambda s, *r: trainer.apply_chunk_results(s, ChunkResults(*r)))
         self.pool = host_rollout.HostEnvPool(trainer.spec.env)
 
     def evaluate_chunks(self, state: TrainState, chunk_ids: Any) -> tuple[np.ndarray, ...]:
@@ -168,6 +169,7 @@ def programs(trainer: Trainer) -> tuple[Callable[[TrainState, Any], tuple], Call
     if trainer.spec.host:
         host = HostGeneration(trainer)
         return host, host.centre
-    chunks = jax.jit(lambda s, c: ChunkResults.as_tuple(trainer.evaluate_chunks(s, c)))
-    centre = jax.jit(lambda s: tuple(f(x) for f, x in zip((jnp.mean, jnp.sum), trainer.evaluate_centre(s))))
+    # threefry unrolled in both (jes.threefry): the same bits as jax.jit's programs, full rank's draws faster
+    chunks = UnrolledJit(lambda s, c: ChunkResults.as_tuple(trainer.evaluate_chunks(s, c)))
+    centre = UnrolledJit(lambda s: tuple(f(x) for f, x in zip((jnp.mean, jnp.sum), trainer.evaluate_centre(s))))
     return chunks, centre

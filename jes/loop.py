@@ -16,7 +16,6 @@ from typing import Any, Callable, Iterable, Sequence
 
 import flax.linen as nn
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from jes import checkpoint, logging as jes_logging

@@ -46,6 +46,7 @@ from jes.policies import GRUPolicy, MLPPolicy
 from jes.generation import Trainer, TrainState
 from jes.loop import HISTORY_KEYS, NonFiniteFitnessError, NonFiniteUpdateError, evaluates_centre
 from jes.optimizers import DEFAULT_LEARNING_RATES, resolve_name
+from jes.threefry import lower_unrolled
 
 # Hyperparameters that live in the TrainState, so different values share one compiled program.
 BATCHABLE = ("learning_rate", "noise_std")
@@ -194,8 +195,9 @@ def compile_batch(trainer: Trainer, states: TrainState) -> tuple[Any, Any, float
         return returns.mean(), steps.sum()
 
     t0 = time.perf_counter()
-    generation_fn = jax.jit(jax.vmap(generation)).lower(states).compile()
-    centre_fn = jax.jit(jax.vmap(centre)).lower(states).compile()
+    # threefry unrolled (jes.threefry): the same bits as the runs made alone, whose step hashes unrolled too
+    generation_fn = lower_unrolled(jax.jit(jax.vmap(generation)), states)[0].compile()
+    centre_fn = lower_unrolled(jax.jit(jax.vmap(centre)), states)[0].compile()
     return generation_fn, centre_fn, time.perf_counter() - t0
 
 

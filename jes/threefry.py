@@ -67,3 +67,40 @@ def export_unrolled(jitted: Any, *args: Any) -> tuple[Any, bool]:
         except (ImportError, AttributeError, TypeError):  # pragma: no cover - another jax layout
             pass
     return jax.export.export(jitted)(*args), False
+
+
+class UnrolledJit:
+    """``jax.jit(fn, **jit_kwargs)`` whose programs hash with threefry unrolled (:func:`lower_unrolled`): each new
+    signature of its positional arguments (structure, shapes, dtypes, placement) is lowered and compiled once;
+    called like the jitted function. A call its compiled program refuses (another placement than it was compiled
+    for) runs through the plain ``jax.jit``, which gives the same bits."""
+
+    def __init__(self, fn: Any, **jit_kwargs: Any):
+        self._jitted = jax.jit(fn, **jit_kwargs)
+        self._programs: dict = {}
+        self._fell_back = False  # whether a call ran through the plain jax.jit (its cache then counts too)
+
+    @staticmethod
+    def _signature(args: tuple) -> Any:
+        leaves, treedef = jax.tree.flatten(args)
+        return treedef, tuple((jax.typeof(x), x.sharding if isinstance(x, jax.Array) else None) for x in leaves)
+
+    def __call__(self, *args: Any) -> Any:
+        if any(isinstance(x, jax.core.Tracer) for x in jax.tree.leaves(args)):
+            return self._jitted(*args)  # inside another traced program: part of that program, as jax.jit is
+        key = self._signature(args)
+        program = self._programs.get(key)
+        if program is None:
+            program = self._programs[key] = lower_unrolled(self._jitted, *args)[0].compile()
+        if program is not False:
+            try:
+                return program(*args)
+            except (TypeError, ValueError):  # placed otherwise than compiled for: jax.jit from now on
+                self._programs[key] = False
+        self._fell_back = True
+        return self._jitted(*args)
+
+    def _cache_size(self) -> int:
+        """Programs compiled so far (as ``jax.jit``'s own ``_cache_size``, for compile checks)."""
+        compiled = sum(p is not False for p in self._programs.values())
+        return compiled + (self._jitted._cache_size() if self._fell_back else 0)

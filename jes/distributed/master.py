@@ -67,6 +67,7 @@ from jes import host_step
 from jes.distributed import protocol
 from jes.distributed.protocol import ProtocolError, field
 from jes.generation import ChunkResults
+from jes.threefry import UnrolledJit
 
 log = logging.getLogger("jes.distributed.master")
 
@@ -242,7 +243,7 @@ class Master:
         self._master_members = 0
         # Compiled for JAX envs; a host env's (Gymnasium) chunks and centre run on the host (jes.host_rollout).
         self._evaluate, self._centre = host_step.programs(trainer)
-        self._apply = jax.jit(lambda s, *r: trainer.apply_chunk_results(s, ChunkResults(*r)))
+        self._apply = UnrolledJit(lambda s, *r: trainer.apply_chunk_results(s, ChunkResults(*r)))
 
         self.context = zmq.Context()
         self.socket = self.context.socket(zmq.ROUTER)

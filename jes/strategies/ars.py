@@ -8,7 +8,6 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from jes.strategies import noise
 from jes.strategies.base import (Context, Strategy, check_optimizer_free, info, isotropic_draws, isotropic_members,
                                 isotropic_weighted_noise)
 

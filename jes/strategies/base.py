@@ -257,7 +257,6 @@ def sorted_utilities(fitness: jax.Array, utilities: jax.Array) -> jax.Array:
     Averaging tied utilities makes members with equal fitness weigh the same, so an
     all-equal population moves nothing.
     """
-    n = fitness.shape[0]
     ordered = jnp.sort(-fitness)
     low = jnp.searchsorted(ordered, -fitness, side="left")
     high = jnp.searchsorted(ordered, -fitness, side="right")
