@@ -30,8 +30,8 @@ TrainState = Any  # jes.generation.TrainState (which imports this module)
 
 
 # The step and member programs hash with threefry unrolled (jes.threefry; False: JAX's rolled CPU lowering, the
-# same bits). Full rank's [C, P] draw dominates large policies' steps: MLP 256 x 256 with 256 members 1.17x, MinAtar
-# CNN with 512 members 1.55x the speed unrolled; the GRU CartPole step compiles no slower (see jes.threefry).
+# same bits). Full rank's [C, P] draw weighs in large policies' steps: a MinAtar CNN's (66,387 parameters, 512
+# members) takes 0.69x the time unrolled; low rank and the reference GRU within noise (benchmarks/threefry.py).
 THREEFRY_UNROLLED = True
 
 

@@ -9,10 +9,9 @@ is integer arithmetic, so both lowerings give the same bits; only speed and comp
   and ``[17, 100]`` Gaussian draw in a while loop of generations take 64.9 us per generation rolled against
   9.7 us unrolled (one process, medians of 15 blocks of 200 generations), and ``jes.optimize`` at d = 100 went
   from 1.1-1.7x evosax's time per run to 0.65-0.81x (docs/benchmarks.md, "Side by side with evosax").
-* In the training step (:mod:`jes.compiled`) a full-rank chunk's ``[C, P]`` draw is the large one: 256 x 67,073
-  normals take 249 ms rolled and 73 ms unrolled, and the whole step of a full-rank MLP 256 x 256 (256
-  members) or MinAtar CNN (512 members) ran 1.17x and 1.55x as fast (``benchmarks/throughput.py
-  --threefry``); the reference GRU's step compiles no slower (2.7-3.0 s against 3.1-3.2 s, CartPole).
+* In the training programs (the step and member program, :mod:`jes.compiled`; workers', masters' and host envs'
+  programs and sweeps, :class:`UnrolledJit`) a full-rank chunk's ``[C, P]`` draw is the large one: a full-rank
+  MinAtar CNN's generation (66,387 parameters, 512 members) takes 0.69x the time unrolled; low rank's draws are small and its step is unchanged (``benchmarks/threefry.py``, seeds 0-4).
 
 :func:`lower_unrolled` lowers one traced program with JAX's unrolled rule, through JAX's per-lowering rule
 override, and :func:`export_unrolled` exports one (the program cache's path) the same way: nothing global
