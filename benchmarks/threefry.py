@@ -48,7 +48,7 @@ def compiled_trainer(name: str, unrolled: bool):
         trainer = jes.Trainer(policy(), env, "adam", jes.ESConfig(eval_episodes=2, **fields))
         start = time.perf_counter()
         step, _ = trainer.compiled_step(trainer.init_state(0))
-        assert trainer.threefry_unrolled == unrolled
+        assert trainer.programs_threefry_unrolled == unrolled
         return trainer, step, time.perf_counter() - start
     finally:
         jes.compiled.THREEFRY_UNROLLED = True

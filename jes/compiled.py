@@ -39,7 +39,7 @@ class CompiledPrograms:
     """The generation step and the member program, compiled ahead of time (see the module docstring)."""
 
     # Whether the last program compiled (or exported) here hashes with threefry unrolled (see THREEFRY_UNROLLED).
-    threefry_unrolled = False
+    programs_threefry_unrolled = False
 
     def member(self, state: TrainState, member: Any) -> jax.Array:
         """:meth:`member_params` compiled: from the program cache when this run's program is there (see
@@ -184,11 +184,11 @@ class CompiledPrograms:
 
     def _lower(self, jitted: Any, *args: Any) -> Any:
         """``jitted.lower(*args)``, threefry unrolled where :data:`THREEFRY_UNROLLED` (the same bits; see
-        :mod:`jes.threefry`); records whether it was in :attr:`threefry_unrolled`."""
+        :mod:`jes.threefry`); records whether it was in :attr:`programs_threefry_unrolled`."""
         if THREEFRY_UNROLLED:
-            lowered, self.threefry_unrolled = lower_unrolled(jitted, *args)
+            lowered, self.programs_threefry_unrolled = lower_unrolled(jitted, *args)
         else:
-            lowered, self.threefry_unrolled = jitted.lower(*args), False
+            lowered, self.programs_threefry_unrolled = jitted.lower(*args), False
         return lowered
 
     def _compile_exported(self, key: str, flat_fn: Callable, args: list, out_shardings: Any = None,
@@ -203,9 +203,9 @@ class CompiledPrograms:
         if exported is None:
             jitted = jax.jit(flat_fn) if out_shardings is None else jax.jit(flat_fn, out_shardings=out_shardings)
             if THREEFRY_UNROLLED:
-                exported, self.threefry_unrolled = export_unrolled(jitted, *args)
+                exported, self.programs_threefry_unrolled = export_unrolled(jitted, *args)
             else:
-                exported, self.threefry_unrolled = jax.export.export(jitted)(*args), False
+                exported, self.programs_threefry_unrolled = jax.export.export(jitted)(*args), False
             program_cache.store(key, exported)
         return jax.jit(exported.call, compiler_options=compiler_options).lower(*args).compile()
 

@@ -415,7 +415,7 @@ def test_step_and_member_programs_with_threefry_unrolled_give_the_bits_of_jax_ro
             out.append((jax.device_get(state), jax.device_get(metrics)))
         member = np.asarray(trainer._compile_member(state)(state, 5))
         loops = trainer._compiled.as_text().count(" while(") if hasattr(trainer._compiled, "as_text") else None
-        return out, member, trainer.threefry_unrolled, loops
+        return out, member, trainer.programs_threefry_unrolled, loops
 
     unrolled, member_u, flag_u, loops_u = generations(True)
     rolled, member_r, flag_r, loops_r = generations(False)
