@@ -395,6 +395,7 @@ def test_nothing_compiles_inside_the_generation_loop_after_generation_1(tmp_path
     assert inside == [], inside
 
 
+@pytest.mark.hard_timeout(600)
 @pytest.mark.parametrize("perturbation", ["full_rank", "low_rank"])
 def test_step_and_member_programs_with_threefry_unrolled_give_the_bits_of_jax_rolled_lowering(perturbation, monkeypatch):
     """The step and member programs hash with threefry unrolled (jes.compiled.THREEFRY_UNROLLED): another XLA
