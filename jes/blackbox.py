@@ -230,10 +230,7 @@ class FunctionProblem(Generation):
                              compiler_options=compiler_options(self.devices))
             # the same bits either way, and unrolled faster at every size measured (see THREEFRY_UNROLLED)
             args = (state, best, flag, count, count, jnp.zeros((), self.best_dtype))
-            if THREEFRY_UNROLLED:
-                lowered, self.threefry_unrolled = lower_unrolled(jitted, *args)
-            else:
-                lowered, self.threefry_unrolled = jitted.lower(*args), False
+            lowered, self.threefry_unrolled = lower_unrolled(jitted, *args, enabled=THREEFRY_UNROLLED)
             compiled = lowered.compile()
             programs[capacity] = (compiled, time.perf_counter() - t0, self.block_layout(state))
         return programs[capacity]

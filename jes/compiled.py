@@ -152,7 +152,7 @@ class CompiledPrograms:
         if parts is None or not all(getattr(x, "sharding", None) == self.replicated for x in leaves):
             return None
         return program_cache.program_key(kind, dict(
-            parts, state=str(treedef),
+            parts, threefry_unrolled=THREEFRY_UNROLLED, state=str(treedef),
             leaves=[(tuple(x.shape), str(x.dtype), bool(getattr(x, "weak_type", False))) for x in leaves]))
 
     def _compile_step(self, state: TrainState, evaluate_centre: Any, evaluate_population: Any) -> Callable:
@@ -185,10 +185,7 @@ class CompiledPrograms:
     def _lower(self, jitted: Any, *args: Any) -> Any:
         """``jitted.lower(*args)``, threefry unrolled where :data:`THREEFRY_UNROLLED` (the same bits; see
         :mod:`jes.threefry`); records whether it was in :attr:`programs_threefry_unrolled`."""
-        if THREEFRY_UNROLLED:
-            lowered, self.programs_threefry_unrolled = lower_unrolled(jitted, *args)
-        else:
-            lowered, self.programs_threefry_unrolled = jitted.lower(*args), False
+        lowered, self.programs_threefry_unrolled = lower_unrolled(jitted, *args, enabled=THREEFRY_UNROLLED)
         return lowered
 
     def _compile_exported(self, key: str, flat_fn: Callable, args: list, out_shardings: Any = None,
@@ -202,10 +199,7 @@ class CompiledPrograms:
             exported = None  # a hash collision or a foreign file: never call it
         if exported is None:
             jitted = jax.jit(flat_fn) if out_shardings is None else jax.jit(flat_fn, out_shardings=out_shardings)
-            if THREEFRY_UNROLLED:
-                exported, self.programs_threefry_unrolled = export_unrolled(jitted, *args)
-            else:
-                exported, self.programs_threefry_unrolled = jax.export.export(jitted)(*args), False
+            exported, self.programs_threefry_unrolled = export_unrolled(jitted, *args, enabled=THREEFRY_UNROLLED)
             program_cache.store(key, exported)
         return jax.jit(exported.call, compiler_options=compiler_options).lower(*args).compile()
 

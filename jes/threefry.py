@@ -44,9 +44,10 @@ def _override() -> Any:
         return None
 
 
-def lower_unrolled(jitted: Any, *args: Any) -> tuple[Any, bool]:
-    """``jitted.lower(*args)`` with threefry unrolled; returns ``(lowered, whether the override applied)``."""
-    override = _override()
+def lower_unrolled(jitted: Any, *args: Any, enabled: bool = True) -> tuple[Any, bool]:
+    """``jitted.lower(*args)`` with threefry unrolled (``enabled=False``: as JAX lowers it); returns ``(lowered,
+    whether the override applied)``."""
+    override = _override() if enabled else None
     if override is not None:
         try:
             return jitted.trace(*args).lower(_private_parameters=override), True
@@ -55,9 +56,10 @@ def lower_unrolled(jitted: Any, *args: Any) -> tuple[Any, bool]:
     return jitted.lower(*args), False
 
 
-def export_unrolled(jitted: Any, *args: Any) -> tuple[Any, bool]:
-    """``jax.export.export(jitted)(*args)`` with threefry unrolled; returns ``(exported, whether it applied)``."""
-    rules = _rules()
+def export_unrolled(jitted: Any, *args: Any, enabled: bool = True) -> tuple[Any, bool]:
+    """``jax.export.export(jitted)(*args)`` with threefry unrolled (``enabled=False``: as JAX lowers it); returns
+    ``(exported, whether it applied)``."""
+    rules = _rules() if enabled else None
     if rules is not None:
         try:
             from jax._src.export import _export
