@@ -9,6 +9,7 @@ import ast
 import inspect
 import math
 import sys
+import warnings
 
 EPILOG = """examples:
   jes train --env CartPole-v1 --policy gru --hidden 5 --layers 2 --optimizer novograd --population 256
@@ -363,6 +364,7 @@ def _eval(args: argparse.Namespace) -> int:
 
     from jes import checkpoint, trained
     from jes.generation import as_key
+    from jes.perturbations import LowRankFallbackWarning
 
     if _starts_with(args.checkpoint, trained.POLICY_MAGIC):
         if args.render is not None:
@@ -373,7 +375,11 @@ def _eval(args: argparse.Namespace) -> int:
         print(f"{args.checkpoint}: {policy.env_name}, {type(policy.policy).__name__}, saved policy: return "
               f"{returns.mean():.2f} +/- {returns.std():.2f} over {args.episodes} episodes")
         return 0
-    trainer, state, ckpt = checkpoint.load(args.checkpoint, allow_modules=args.allow_module)
+    with warnings.catch_warnings():
+        # Only the centre is evaluated: which leaves the members' low-rank noise cannot factor does not matter here
+        # (the run warned when it started).
+        warnings.simplefilter("ignore", LowRankFallbackWarning)
+        trainer, state, ckpt = checkpoint.load(args.checkpoint, allow_modules=args.allow_module)
     if trainer.spec.host:  # a Python simulator (Gymnasium): episodes stepped here, the policy compiled
         from jes.host_step import HostGeneration
 

@@ -5,6 +5,7 @@ import os
 import re
 import subprocess
 import sys
+import warnings
 
 import pytest
 
@@ -280,6 +281,38 @@ def test_custom_policy_flags_and_resume_from_the_checkpoint_alone(tmp_path, monk
     allowed = subprocess.run([sys.executable, "-m", "jes.cli", "eval", ckpt, "--episodes", "2", "--allow-module",
                               "mypolicies_cli"], capture_output=True, text=True, env=env, timeout=300)
     assert allowed.returncode == 0 and "centre return" in allowed.stdout, allowed.stderr
+
+
+RAW_MATMUL_MODULE = '''
+import flax.linen as nn
+import jax.numpy as jnp
+
+
+class RawMatmulPolicy(nn.Module):
+    num_outputs: int | None = None
+
+    @nn.compact
+    def __call__(self, obs):
+        w = self.param("w", nn.initializers.lecun_normal(), (obs.shape[-1], 4))
+        return nn.Dense(self.num_outputs)(jnp.tanh(obs @ w))
+'''
+
+
+@pytest.mark.hard_timeout(300)
+def test_eval_of_a_low_rank_checkpoint_does_not_repeat_the_fallback_warning(tmp_path, monkeypatch, capsys):
+    (tmp_path / "rawmatmul_cli.py").write_text(RAW_MATMUL_MODULE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    ckpt = str(tmp_path / "run.ckpt")
+    with pytest.warns(jes.perturbations.LowRankFallbackWarning, match="params/w .* full-rank noise"):
+        assert cli.main(["train", "--policy", "rawmatmul_cli:RawMatmulPolicy", "--perturbation", "low_rank",
+                         "--population", "8", "--generations", "1", "--eval-episodes", "2", "--max-episode-steps",
+                         "20", "--checkpoint", ckpt, "--log-dir", "none", "--no-progress"]) == 0
+    capsys.readouterr()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert cli.main(["eval", ckpt, "--episodes", "2", "--allow-module", "rawmatmul_cli"]) == 0
+    assert "centre return" in capsys.readouterr().out
+    assert not [w for w in caught if issubclass(w.category, jes.perturbations.LowRankFallbackWarning)]
 
 
 @pytest.mark.parametrize("flags,message", [

@@ -18,7 +18,7 @@ from __future__ import annotations
 from typing import Any
 
 from jes.perturbations.full_rank import FullRank
-from jes.perturbations.low_rank import LowRank
+from jes.perturbations.low_rank import LowRank, LowRankFallbackWarning
 
 _REGISTRY = {"full_rank": FullRank, "low_rank": LowRank}
 

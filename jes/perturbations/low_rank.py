@@ -53,6 +53,13 @@ from jes.strategies import noise
 LOW_RANK_STREAM = 3
 
 
+class LowRankFallbackWarning(UserWarning):
+    """A matrix leaf low rank cannot factor gets dense (full-rank) noise, materialised per member for that leaf.
+
+    Its own category, so that a caller that only evaluates the centre (``jes eval``) or a user who has read it once
+    can filter it: ``warnings.simplefilter("ignore", jes.perturbations.LowRankFallbackWarning)``."""
+
+
 @dataclasses.dataclass(frozen=True)
 class Leaf:
     """Where one parameter leaf sits: its key path, shape and offset in the flat vector, and how it is perturbed."""
@@ -407,7 +414,7 @@ class LowRank:
                 warnings.warn(
                     f"LowRank: parameter {'/'.join(key)} {list(shape)} of layer {owner} {why}; it gets "
                     f"full-rank noise, materialised per member for this leaf only",
-                    stacklevel=_caller_outside_jes(),
+                    LowRankFallbackWarning, stacklevel=_caller_outside_jes(),
                 )
             rows, cols = (math.prod(shape[:-1]), shape[-1]) if factored else (0, 0)
             leaves.append(Leaf(key, shape, offset, size, factored, rows, cols))
