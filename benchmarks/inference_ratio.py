@@ -254,7 +254,7 @@ def breakdown_timers(trainer, seeds, forward_steps):
 def breakdown(args, ranks, seeds) -> None:
     print("| env / policy | members | r | step ms | sample ms | rollout ms | update ms | inference rollout ms | "
           "rollout / inf | step / inf | forward / inf |")
-    print("|" + "---|" * 12)
+    print("|" + "---|" * 11)
     for policy, env, label, members, base in cells(args):
         for r in ranks:
             trainer = jes.Trainer(policy, env, "adam", jes.ESConfig(**base, perturbation=jes.LowRank(r)))

@@ -110,6 +110,34 @@ class TiedEmbedding(nn.Module):
         return nn.Dense(self.num_outputs)(embed.attend(jnp.tanh(h)))
 
 
+class MaskedDense(nn.Dense):
+    """A Dense subclass that overrides ``__call__`` (a lower-triangular mask on its kernel): the factored correction
+    of ``Dense`` would ignore the mask, so its kernel falls back to dense noise."""
+
+    @nn.compact
+    def __call__(self, x):
+        kernel = self.param("kernel", self.kernel_init, (x.shape[-1], self.features))
+        return x @ (kernel * jnp.tril(jnp.ones_like(kernel)))
+
+
+class TransposedDense(nn.Dense):
+    """A Dense subclass that keeps its kernel as ``(out, in)`` and applies ``x @ kernel.T``."""
+
+    @nn.compact
+    def __call__(self, x):
+        kernel = self.param("kernel", self.kernel_init, (self.features, x.shape[-1]))
+        return x @ kernel.T
+
+
+class DenseSubclasses(nn.Module):
+    num_outputs: int = 2
+
+    @nn.compact
+    def __call__(self, obs):
+        h = jnp.tanh(MaskedDense(4)(obs))
+        return nn.Dense(self.num_outputs)(jnp.tanh(TransposedDense(6)(h)))
+
+
 POLICIES = {
     "mlp (Dense)": (jes.MLPPolicy((8, 8), num_outputs=2), (4,)),
     "gru torch layout (matvec)": (jes.GRUPolicy(5, 2, num_outputs=2), (4,)),
@@ -119,6 +147,7 @@ POLICIES = {
     "embed + DenseGeneral": (EmbedPolicy(), (3,)),
     "bare matmul (fallback)": (RawMatmul(), (3,)),
     "tied embedding, Embed.attend (fallback)": (TiedEmbedding(), (3,)),
+    "Dense subclasses overriding __call__ (fallback)": (DenseSubclasses(), (4,)),
     "SimpleCell": (RecurrentPolicy(cell="simple"), (3,)),
     "a bare Conv as the whole policy": (nn.Conv(2, (3,), padding="SAME"), (5, 1)),
     "conv variants (dilation, circular, reflect, explicit, input dilation)": (ConvVariants(), (7, 7, 2)),
@@ -251,6 +280,42 @@ def test_a_matrix_it_cannot_factor_falls_back_to_dense_noise_with_a_warning_nami
     with pytest.warns(UserWarning, match="params/w .* of layer RawMatmul .* full-rank noise"):
         layout = jes.LowRank(1).layout(fns, fns.init(jax.random.key(0)))
     assert {leaf.path[-1]: leaf.factored for leaf in layout.leaves} == {"w": False, "kernel": True, "bias": False}
+
+
+def test_a_dense_subclass_that_overrides_call_falls_back_to_dense_noise_with_a_warning():
+    fns = PolicyFns(DenseSubclasses(), (4,))
+    with pytest.warns(perturbations.LowRankFallbackWarning, match="MaskedDense_0/kernel .* of layer MaskedDense"):
+        layout = jes.LowRank(1).layout(fns, fns.init(jax.random.key(0)))
+    assert {leaf.path[1]: leaf.factored for leaf in layout.leaves if len(leaf.shape) == 2} == {
+        "MaskedDense_0": False, "TransposedDense_0": False, "Dense_0": True}
+
+
+class Bf16Recurrent(nn.Module):
+    """A recurrent policy whose carry is a bfloat16 Dense layer's output."""
+
+    num_outputs: int = 2
+
+    @nn.nowrap
+    def initialize_carry(self, rng, input_shape):
+        return jnp.zeros((6,), jnp.bfloat16)
+
+    @nn.compact
+    def __call__(self, carry, obs):
+        h = jnp.tanh(nn.Dense(6, dtype=jnp.bfloat16)(jnp.concatenate([obs, carry.astype(jnp.float32)])))
+        return h, nn.Dense(self.num_outputs)(h.astype(jnp.float32))
+
+
+def test_a_factored_layer_keeps_its_output_dtype_so_a_bfloat16_carry_trains():
+    trainer = jes.Trainer(Bf16Recurrent(), "CartPole-v1", "adam",
+                          jes.ESConfig(num_members=8, eval_episodes=2, max_episode_steps=20, perturbation="low_rank"))
+    state = trainer.init_state(0)
+    factored = trainer.member_fns(state.params)
+    members, _, _ = trainer.sample_chunk(state, jnp.int32(0))
+    member = factored.take(factored.slot_params(members), jnp.arange(1))
+    carry, _ = factored.apply(jax.tree.map(lambda x: x[0], member), factored.initial_carry(), jnp.ones(4))
+    assert carry.dtype == jnp.bfloat16
+    stepped, _ = trainer.step(state, False, True)  # the rollout's while loop keeps the carry's type
+    assert int(stepped.generation) == 1
 
 
 def test_an_embedding_also_used_by_attend_falls_back_to_dense_noise_with_a_warning_naming_the_method():

@@ -14,8 +14,9 @@ The forward pass never forms ``W + sigma E_i``: inside the rollout's vmap over m
 ``W`` is unbatched, so ``x W`` is one GEMM for all members, and a Flax method interceptor adds each
 member's correction ``sigma / sqrt(r) (x A_i) B_i^T``. Factored layers:
 
-* ``flax.linen.Dense`` (and ``DenseGeneral`` with one input and one output axis), ``GRUCell``,
-  ``LSTMCell`` and ``SimpleCell`` (built from ``Dense``): kernel ``(in, out)``;
+* ``flax.linen.Dense`` (and ``DenseGeneral`` over the last input axis, ``axis=-1``, with one output axis),
+  ``GRUCell``, ``LSTMCell`` and ``SimpleCell`` (built from ``Dense``): kernel ``(in, out)``; a subclass of a layer
+  here only if it keeps the layer's ``__call__`` (one that overrides it may apply its matrix otherwise);
 * ``flax.linen.Conv`` without feature groups or a mask: kernel ``(kh, kw, cin, cout)`` as ``(kh*kw*cin) x cout``,
   the correction the layer's patches times ``A`` and ``B^T``, the patches never formed by a convolution: ``x A``
   summed over the padded input's shifted windows (or the windows concatenated, for many rows; with input
@@ -144,17 +145,23 @@ def _dense_general_ok(module: nn.DenseGeneral) -> bool:
     return len(features) == 1 and tuple(axis) == (-1,) and not module.batch_dims
 
 
+def _applies_as(module: nn.Module, layer: type) -> bool:
+    """Whether ``module`` is ``layer`` or a subclass that keeps its ``__call__`` (a subclass that overrides it may
+    apply the matrix otherwise: masked, transposed, ...; it gets dense noise instead)."""
+    return isinstance(module, layer) and type(module).__call__ is layer.__call__
+
+
 def factored_params(module: nn.Module, method: str) -> tuple[str, ...]:
     """Names of ``module``'s matrix parameters a call of ``method`` applies in a way this module can factor."""
     if method == "matvec":
         return ("*",)  # the name is the call's first argument
     if method != "__call__":
         return ()
-    if isinstance(module, nn.Dense) or (isinstance(module, nn.DenseGeneral) and _dense_general_ok(module)):
+    if _applies_as(module, nn.Dense) or (_applies_as(module, nn.DenseGeneral) and _dense_general_ok(module)):
         return ("kernel",)
     if type(module) is nn.Conv and module.feature_group_count == 1 and module.mask is None:
         return ("kernel",)
-    if isinstance(module, nn.Embed):
+    if _applies_as(module, nn.Embed):
         return ("embedding",)
     return ()
 
@@ -274,12 +281,23 @@ def _corrected(module: nn.Module, method: str, next_fun: Callable, args: tuple, 
     if method == "matvec":  # weight [m, n] @ x [n]: A (B^T x)
         name, _, x = args
         ab = factors(name)
-        return out if ab is None else out + low_rank_product(x, ab[1], ab[0])
+        return out if ab is None else _in_dtype_of(out, out + low_rank_product(x, ab[1], ab[0]))
     ab = factors(factored_params(module, method)[0])
     if ab is None:
         return out
     a_t, b_t = ab
     x = args[0] if args else next(iter(kwargs.values()))
+    return _in_dtype_of(out, _correction(module, x, out, a_t, b_t, inner))
+
+
+def _in_dtype_of(out: jax.Array, corrected: jax.Array) -> jax.Array:
+    """The corrected output in the layer's own dtype (a ``Dense(..., dtype=bfloat16)`` stays bfloat16: a recurrent
+    carry built from it keeps its type); the float32 factors would promote it."""
+    return corrected if corrected.dtype == out.dtype else corrected.astype(out.dtype)
+
+
+def _correction(module: nn.Module, x: jax.Array, out: jax.Array, a_t: jax.Array, b_t: jax.Array, inner: list) -> Any:
+    """The layer's output ``out`` plus the member's correction (``__call__`` of a factored layer)."""
     if isinstance(module, nn.Embed):  # rows of the table: A[ids] B^T
         return out + jnp.tensordot(jnp.take(a_t, x, axis=1), b_t, axes=([0], [0]))
     if isinstance(module, nn.Conv):  # conv(x, reshape(A B^T)) = patches(x) A B^T
@@ -409,8 +427,10 @@ class LowRank:
                     why = (f"is applied in slices of shape {list(applied[key])} (stacked by a lifted transform such as "
                            f"nn.scan or nn.vmap), which jes cannot factor")
                 else:
-                    why = ("is not applied by a layer jes can factor (Dense, Conv without feature groups or a mask, "
-                           "Embed, GRUCell, LSTMCell, or a `matvec` method)")
+                    why = ("is not applied by a layer jes can factor (Dense; DenseGeneral over the last input axis "
+                           "with one output axis; Conv without feature groups or a mask; Embed; GRUCell, LSTMCell "
+                           "and SimpleCell; a `matvec` method; subclasses of these only if they keep their "
+                           "__call__)")
                 warnings.warn(
                     f"LowRank: parameter {'/'.join(key)} {list(shape)} of layer {owner} {why}; it gets "
                     f"full-rank noise, materialised per member for this leaf only",
