@@ -120,6 +120,49 @@ def test_two_devices_equal_one_device_bit_for_bit(two_device_runs, case):
         assert two["chunks"] % 2 == 0 and two["chunks"] >= one["chunks"]
 
 
+FALLBACK_SCRIPT = textwrap.dedent("""
+    import json, warnings
+    import flax.linen as nn, jax
+    import jes
+    warnings.simplefilter("ignore", jes.perturbations.LowRankFallbackWarning)
+    assert len(jax.devices()) == 2, jax.devices()
+
+    class OptimizedLSTMPolicy(nn.Module):   # its gate kernels cannot be factored: dense noise, materialised
+        num_outputs: int = 2
+
+        @nn.nowrap
+        def initialize_carry(self, rng, input_shape):
+            return nn.OptimizedLSTMCell(6, parent=None).initialize_carry(rng, (1,))
+
+        @nn.compact
+        def __call__(self, carry, obs):
+            carry, h = nn.OptimizedLSTMCell(6)(carry, obs)
+            return carry, nn.Dense(self.num_outputs)(h)
+
+    runs = {d: jes.train(OptimizedLSTMPolicy(), "CartPole-v1", "adam", key=4, devices=d, log_dir=None,
+                         perturbation=jes.LowRank(2), num_members=8, chunk_size=4, num_generations=2,
+                         eval_episodes=2, max_episode_steps=30)
+            for d in (1, 2)}
+    print(json.dumps({d: r.flat_params.tolist() for d, r in runs.items()}))
+""")
+
+
+@pytest.mark.hard_timeout(600)
+def test_low_rank_with_fallback_leaves_compiles_on_two_devices_and_equals_one_device():
+    """The threefry hash of a low-rank draw, unrolled and fused into the dense fallback leaves' consumers (here
+    OptimizedLSTMCell's concatenated kernels), made LLVM take minutes on the two-device step; now seconds."""
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2", JAX_PLATFORMS="cpu")
+    try:
+        proc = subprocess.run([sys.executable, "-c", FALLBACK_SCRIPT], capture_output=True, text=True, env=env,
+                              timeout=400)
+    except subprocess.TimeoutExpired:
+        pytest.fail("training the two-device low-rank step with fallback leaves did not finish in 400 s "
+                    "(its compile hangs: see LowRank._draws)")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    runs = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert runs["1"] == runs["2"]   # exact float equality, element by element
+
+
 OPTIMIZE_SCRIPT = textwrap.dedent("""
     import json
     import jax, numpy as np

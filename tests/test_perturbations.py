@@ -282,6 +282,22 @@ def test_a_matrix_it_cannot_factor_falls_back_to_dense_noise_with_a_warning_nami
     assert {leaf.path[-1]: leaf.factored for leaf in layout.leaves} == {"w": False, "kernel": True, "bias": False}
 
 
+def test_the_draws_are_jax_random_normal_bit_for_bit():
+    """LowRank._draws hashes apart from the draw's consumers (see its docstring) and turns the bits into normals
+    itself: the values must be ``jax.random.normal``'s, bit for bit (a jax that changes its transform fails here)."""
+    for seed in range(3):
+        key = jax.random.fold_in(jax.random.key(seed), 11)
+        want = jax.random.normal(key, (50_001,), jnp.float32)
+        got = jax.jit(lambda k: low_rank.normal_from_bits(jax.random.bits(k, (50_001,), jnp.uint32)))(key)
+        assert np.array_equal(np.asarray(want).view(np.uint32), np.asarray(got).view(np.uint32))
+    fns = PolicyFns(jes.MLPPolicy((8,), num_outputs=2), (4,))
+    layout = jes.LowRank(2).layout(fns, fns.init(jax.random.key(0)))
+    lowrank, gen_key, sources = jes.LowRank(2), jax.random.key(5), jnp.arange(3, 9, dtype=jnp.int32)
+    want = jax.vmap(lambda s: lowrank._draw(layout, gen_key, s))(sources)
+    got = jax.jit(lambda s: lowrank._draws(layout, gen_key, s))(sources)
+    assert np.array_equal(np.asarray(want).view(np.uint32), np.asarray(got).view(np.uint32))
+
+
 def test_a_dense_subclass_that_overrides_call_falls_back_to_dense_noise_with_a_warning():
     fns = PolicyFns(DenseSubclasses(), (4,))
     with pytest.warns(perturbations.LowRankFallbackWarning, match="MaskedDense_0/kernel .* of layer MaskedDense"):

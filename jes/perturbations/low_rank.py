@@ -47,6 +47,7 @@ from typing import Any, Callable, ClassVar
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from jes.strategies import noise
 
@@ -377,6 +378,19 @@ def _key_path(path) -> tuple[str, ...]:
     return tuple(str(getattr(p, "key", getattr(p, "idx", p))) for p in path)
 
 
+def normal_from_bits(bits: jax.Array) -> jax.Array:
+    """float32 standard normals from uint32 random bits, as ``jax.random.normal(key, shape, float32)`` computes them
+    from ``jax.random.bits(key, shape, uint32)``: the mantissa filled to a uniform in ``(-1, 1)``, then ``sqrt(2)
+    erfinv`` (tests/test_perturbations.py compares the two bit for bit, so a jax that changes its transform fails
+    there)."""
+    lo = jnp.asarray(np.nextafter(np.float32(-1.0), np.float32(0.0)), jnp.float32)
+    hi = jnp.asarray(np.float32(1.0))
+    mantissa = jax.lax.shift_right_logical(bits, jnp.uint32(32 - 23)) | jnp.uint32(np.float32(1.0).view(np.uint32))
+    floats = jax.lax.bitcast_convert_type(mantissa, jnp.float32) - jnp.float32(1.0)
+    uniform = jax.lax.max(lo, floats * (hi - lo) + lo)
+    return jax.lax.mul(jnp.float32(np.sqrt(2)), jax.lax.erf_inv(uniform))
+
+
 # ------------------------------------------------------------------ the perturbation
 @dataclasses.dataclass(frozen=True)
 class LowRank:
@@ -446,6 +460,21 @@ class LowRank:
         key = jax.random.fold_in(jax.random.fold_in(gen_key, LOW_RANK_STREAM), source)
         return jax.random.normal(key, (layout.draw_size,), jnp.float32)
 
+    def _draws(self, layout: Layout, gen_key: jax.Array, sources: jax.Array) -> jax.Array:
+        """:meth:`_draw` of each of ``sources`` ``[k]``, ``[k, F]``, the same values, with the hash computed apart from
+        what reads the draw: the random bits in a ``cond`` of their own (a runtime predicate, always true), so XLA
+        cannot fuse the hash into the draw's consumers; the normal transform after it, as ``jax.random.normal``
+        computes it (:func:`normal_from_bits`). Fused into its consumers (the draw's slices for dense leaves, the
+        centre added, a layer's own concatenation of its kernels), the threefry hash, unrolled (jes.threefry), was
+        copied into each consumer's loop, and LLVM's vectoriser took exponential time on the copies
+        (OptimizedLSTMCell's fallback kernels on 2 devices: minutes to compile one step instead of seconds)."""
+        def bits(s):
+            keys = jax.vmap(lambda one: jax.random.fold_in(jax.random.fold_in(gen_key, LOW_RANK_STREAM), one))(s)
+            return jax.vmap(lambda k: jax.random.bits(k, (layout.draw_size,), jnp.uint32))(keys)
+
+        zeros = lambda s: jnp.zeros((s.shape[0], layout.draw_size), jnp.uint32)
+        return normal_from_bits(jax.lax.cond(jnp.all(sources >= 0), bits, zeros, sources))
+
     def _sources(self, start: jax.Array, size: int, antithetic: bool) -> tuple[jax.Array, jax.Array]:
         members = jnp.asarray(start, jnp.int32) + jnp.arange(size, dtype=jnp.int32)
         if antithetic:
@@ -465,7 +494,7 @@ class LowRank:
         if ctx.antithetic:
             noise._check_pairs(size)
             sources = sources[0::2]
-        z = jax.vmap(lambda s: self._draw(layout, gen_key, s))(sources)
+        z = self._draws(layout, gen_key, sources)
         dense, a_list, b_list = layout.split(z)
         scale = sigma / math.sqrt(self.rank)
         return {"noise": layout.dense_leaves(sigma * dense), "a": [scale * a for a in a_list], "b": b_list,
@@ -480,7 +509,7 @@ class LowRank:
             sources, w = sources[0::2], weights[0::2] - weights[1::2]
         else:
             w = weights
-        z = jax.vmap(lambda s: self._draw(layout, gen_key, s))(sources)
+        z = self._draws(layout, gen_key, sources)
         dense, a_list, b_list = layout.split(z)
         k = w.shape[0]
         matrices = []
