@@ -104,6 +104,18 @@ class ChunkResults:
         return self.fitness, self.env_steps, self.obs_sum, self.obs_sumsq
 
 
+def check_strategy_supports(strategy: Strategy, perturbation: Any) -> None:
+    """Raises ``ValueError`` when ``strategy`` cannot use ``perturbation`` (a structured one needs one sigma)."""
+    if perturbation.structured and not strategy.isotropic:
+        supported = [n for n in strategies.names() if strategies.get(n).isotropic]
+        keeps = "a full covariance matrix" if strategy.name == "cma_es" else "a sigma per parameter"
+        raise ValueError(
+            f"{perturbation.name} perturbations need one sigma for every parameter (members mean + sigma * E_i), "
+            f"but {strategy.name} keeps {keeps}, which a rank-r product cannot carry; use "
+            f"{' or '.join(supported)} with perturbation='{perturbation.name}', or perturbation='full_rank'"
+        )
+
+
 def build_context(strategy: Strategy, optimizer: Any, config: ESConfig, num_params: int,
                   layout: Any = None) -> tuple[Context, str | None]:
     """The strategy's :class:`Context` for ``config``, its optimizer built; and the optimizer's name.
@@ -116,15 +128,8 @@ def build_context(strategy: Strategy, optimizer: Any, config: ESConfig, num_para
             perturbation for a strategy with per-parameter sigmas).
     """
     perturbation = perturbations.get(config.perturbation, config.perturbation_rank)
+    check_strategy_supports(strategy, perturbation)
     if perturbation.structured:
-        if not strategy.isotropic:
-            supported = [n for n in strategies.names() if strategies.get(n).isotropic]
-            keeps = "a full covariance matrix" if strategy.name == "cma_es" else "a sigma per parameter"
-            raise ValueError(
-                f"{perturbation.name} perturbations need one sigma for every parameter (members mean + sigma * E_i), "
-                f"but {strategy.name} keeps {keeps}, which a rank-r product cannot carry; use "
-                f"{' or '.join(supported)} with perturbation='{perturbation.name}', or perturbation='full_rank'"
-            )
         if layout is None:
             raise ValueError(f"{perturbation.name} perturbations factor a policy's weight matrices; this run has a "
                              f"flat parameter vector (jes.optimize / AskTell): use perturbation='full_rank'")

@@ -39,11 +39,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jes import strategies as jes_strategies
+from jes import perturbations, strategies as jes_strategies
 from jes.config import ESConfig
 from jes.logging import TensorBoardLogger, default_run_name, unique_dir
 from jes.policies import GRUPolicy, MLPPolicy
-from jes.generation import Trainer, TrainState
+from jes.generation import Trainer, TrainState, check_strategy_supports
 from jes.loop import HISTORY_KEYS, NonFiniteFitnessError, NonFiniteUpdateError, evaluates_centre
 from jes.optimizers import DEFAULT_LEARNING_RATES, resolve_name
 from jes.threefry import lower_unrolled
@@ -96,9 +96,28 @@ def point_config(base: ESConfig, point: Mapping[str, Any]) -> ESConfig:
     rank of low-rank points), so a grid can cross ``perturbation`` with ranks."""
     fields = {k: v for k, v in point.items() if k not in NOT_CONFIG}
     perturbation = fields.get("perturbation", base.perturbation)
+    rank = getattr(perturbation, "rank", None)
+    if rank is not None and "perturbation_rank" in point and point["perturbation_rank"] != rank:
+        # ESConfig takes a rank of 1 beside a LowRank object as unset: the row would say 1 and run the object's rank
+        raise ValueError(f"grid point perturbation={perturbation!r}, perturbation_rank={point['perturbation_rank']}: "
+                         f"the rank is given twice; sweep 'perturbation': ['low_rank'] with 'perturbation_rank', or "
+                         f"LowRank objects alone")
     if getattr(perturbation, "name", perturbation) == "full_rank":
         fields["perturbation_rank"] = 1
     return base.replace(**fields)
+
+
+def check_points(points: list[dict], base: ESConfig, strategy: Any) -> None:
+    """Every grid point's config and strategy, checked before anything trains (a bad point raises here, not after
+    the points before it have run)."""
+    for point in points:
+        try:
+            config = point_config(base, point)
+            check_strategy_supports(jes_strategies.get(point.get("strategy", strategy)),
+                                    perturbations.get(config.perturbation, config.perturbation_rank))
+        except ValueError as err:
+            shown = ", ".join(f"{k}={v!r}" for k, v in point.items())
+            raise ValueError(f"sweep grid point ({shown or 'the base config'}): {err}") from err
 
 
 def _perturbation_name(base: ESConfig, point: Mapping[str, Any]) -> str:
@@ -329,6 +348,7 @@ def sweep(
     if not seeds or len(set(seeds)) != len(seeds):
         raise ValueError(f"seeds must be a non-empty list of distinct integers, got {seeds}")
     points = _without_full_rank_duplicates(expand_grid(dict(grid)), base)
+    check_points(points, base, strategy)
     swept = [k for k, v in grid.items() if isinstance(v, (list, tuple)) and len(v) > 1]
     varying = {k: [p[k] for p in points] for k in grid}
     strategy_names = {jes_strategies.get(s).name for s in (grid.get("strategy", strategy) if isinstance(

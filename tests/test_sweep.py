@@ -170,3 +170,20 @@ def test_a_sweep_over_ranks_with_no_low_rank_point_is_refused_before_it_runs():
     with pytest.raises(ValueError, match=r"perturbation_rank=\[1, 2\].*every point is full rank.*perturbation='low_rank'"):
         jes_sweep.sweep(jes.MLPPolicy((8,)), "CartPole-v1", "adam", config=BASE, seeds=[0], log_dir=None,
                         grid={"perturbation_rank": [1, 2]})
+
+
+def test_a_grid_point_a_strategy_or_perturbation_refuses_stops_the_sweep_before_any_point_trains(monkeypatch):
+    trained = []
+    monkeypatch.setattr(jes_sweep, "run_batch", lambda *a, **k: trained.append(1) or (_ for _ in ()).throw(AssertionError))
+    low_rank = BASE.replace(perturbation="low_rank")
+    with pytest.raises(ValueError, match=r"grid point \(strategy='pgpe'\).*pgpe keeps a sigma per parameter"):
+        jes_sweep.sweep(jes.MLPPolicy((8,)), "CartPole-v1", "adam", config=low_rank, seeds=[0], log_dir=None,
+                        grid={"strategy": ["openai_es", "ars", "pgpe"]})
+    assert not trained
+
+
+def test_a_rank_given_twice_in_a_grid_point_is_refused_instead_of_mislabelled():
+    # ESConfig reads perturbation_rank=1 beside a LowRank object as unset: the row would say 1 and run rank 2.
+    with pytest.raises(ValueError, match="the rank is given twice"):
+        jes_sweep.sweep(jes.MLPPolicy((8,)), "CartPole-v1", "adam", config=BASE, seeds=[0], log_dir=None,
+                        grid={"perturbation": [jes.LowRank(2)], "perturbation_rank": [1]})
