@@ -289,10 +289,15 @@ class Generation(CompiledPrograms):
 
     @property
     def run_label(self) -> str:
-        """``"adam"`` for OpenAI-ES (as before strategies existed), else ``"pgpe-clipup"``, ``"snes"``, ..."""
+        """``"adam"`` for OpenAI-ES (as before strategies existed), else ``"pgpe-clipup"``, ``"snes"``, ...; a low-rank
+        run adds its rank (``"adam-lowrank-r2"``), so its summary and default run directory say which it was."""
         if self.strategy.name == "openai_es":
-            return self.optimizer_name
-        return f"{self.strategy.name}-{self.optimizer_name}" if self.optimizer_name else self.strategy.name
+            label = self.optimizer_name
+        else:
+            label = f"{self.strategy.name}-{self.optimizer_name}" if self.optimizer_name else self.strategy.name
+        if self.config.perturbation == "low_rank":
+            label += f"-lowrank-r{self.config.perturbation_rank}"
+        return label
 
     def place(self, state: TrainState) -> TrainState:
         """Put a state (fresh, restored, or from another process) replicated on this run's devices.

@@ -332,6 +332,6 @@ def test_train_with_low_rank_perturbations_and_a_rank_without_them(tmp_path, cap
                      "--rank", "2", "--log-dir", str(tmp_path / "run")]) == 0
     meta = checkpoint.read(str(tmp_path / "run" / "checkpoint.ckpt")).meta["config"]
     assert (meta["perturbation"], meta["perturbation_rank"]) == ("low_rank", 2)
-    capsys.readouterr()
+    assert "with adam-lowrank-r2:" in capsys.readouterr().out  # the summary says which perturbation ran
     assert cli.main(["train", *SMALL_FLAGS, "--generations", "1", "--rank", "2", "--log-dir", str(tmp_path / "x")]) == 2
     assert "perturbation_rank=2 is the rank of low-rank perturbations" in capsys.readouterr().err
