@@ -129,9 +129,13 @@ class ESConfig:
             valid = ", ".join(f.name for f in dataclasses.fields(self))
             raise TypeError(f"unknown ESConfig field(s) {', '.join(unknown)}; valid fields are: {valid}")
         given = changes.get("perturbation")
-        if given is not None and not isinstance(given, str) and "perturbation_rank" not in changes:
-            # A perturbation object replaces the rank with its own (a full-rank one has none).
-            changes["perturbation_rank"] = getattr(given, "rank", None) or 1
+        if given is not None and "perturbation_rank" not in changes:
+            # A perturbation object replaces the rank with its own; full rank has none, so switching to it drops
+            # the rank (a resumed low-rank run given --perturbation full_rank then reports the mismatch itself).
+            if not isinstance(given, str):
+                changes["perturbation_rank"] = getattr(given, "rank", None) or 1
+            elif given == "full_rank":
+                changes["perturbation_rank"] = 1
         return dataclasses.replace(self, **changes)
 
     def to_dict(self) -> dict:

@@ -333,5 +333,9 @@ def test_train_with_low_rank_perturbations_and_a_rank_without_them(tmp_path, cap
     meta = checkpoint.read(str(tmp_path / "run" / "checkpoint.ckpt")).meta["config"]
     assert (meta["perturbation"], meta["perturbation_rank"]) == ("low_rank", 2)
     assert "with adam-lowrank-r2:" in capsys.readouterr().out  # the summary says which perturbation ran
+    # Resumed as full rank: the mismatch with the checkpoint, not a rank the user never gave
+    assert cli.main(["train", "--resume", str(tmp_path / "run" / "checkpoint.ckpt"), "--perturbation", "full_rank",
+                     "--generations", "2", "--log-dir", "none"]) == 2
+    assert "config.perturbation: checkpoint has 'low_rank', this run has 'full_rank'" in capsys.readouterr().err
     assert cli.main(["train", *SMALL_FLAGS, "--generations", "1", "--rank", "2", "--log-dir", str(tmp_path / "x")]) == 2
     assert "perturbation_rank=2 is the rank of low-rank perturbations" in capsys.readouterr().err

@@ -470,8 +470,10 @@ def test_a_rank_given_twice_must_agree_and_a_replaced_perturbation_brings_its_ow
     assert jes.ESConfig(perturbation=jes.LowRank(3), perturbation_rank=3).perturbation_rank == 3
     low4 = jes.ESConfig(perturbation="low_rank", perturbation_rank=4)
     assert low4.replace(perturbation=jes.LowRank(2)).perturbation_rank == 2  # train(perturbation=...) overrides
-    assert (low4.replace(perturbation=jes.FullRank()).perturbation, low4.replace(perturbation=jes.FullRank()).perturbation_rank) \
-        == ("full_rank", 1)
+    for full in (jes.FullRank(), "full_rank"):  # full rank has no rank: switching to it drops it, by object or name
+        assert (low4.replace(perturbation=full).perturbation, low4.replace(perturbation=full).perturbation_rank) \
+            == ("full_rank", 1)
+    assert low4.replace(perturbation="low_rank").perturbation_rank == 4
 
 
 def test_numpy_integers_are_taken_as_ranks_and_counts_and_stored_as_ints():
