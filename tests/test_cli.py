@@ -303,7 +303,7 @@ def test_eval_of_a_low_rank_checkpoint_does_not_repeat_the_fallback_warning(tmp_
     (tmp_path / "rawmatmul_cli.py").write_text(RAW_MATMUL_MODULE)
     monkeypatch.syspath_prepend(str(tmp_path))
     ckpt = str(tmp_path / "run.ckpt")
-    with pytest.warns(jes.perturbations.LowRankFallbackWarning, match="params/w .* full-rank noise"):
+    with pytest.warns(jes.perturbations.LowRankFallbackWarning, match=r"(?s)full-rank noise.*params/w \[4, 4\] of layer RawMatmulPolicy"):
         assert cli.main(["train", "--policy", "rawmatmul_cli:RawMatmulPolicy", "--perturbation", "low_rank",
                          "--population", "8", "--generations", "1", "--eval-episodes", "2", "--max-episode-steps",
                          "20", "--checkpoint", ckpt, "--log-dir", "none", "--no-progress"]) == 0

@@ -277,7 +277,8 @@ def test_every_matrix_of_the_supported_layers_is_factored(name):
 def test_a_matrix_it_cannot_factor_falls_back_to_dense_noise_with_a_warning_naming_it():
     policy, obs_shape = POLICIES["bare matmul (fallback)"]
     fns = PolicyFns(policy, obs_shape)
-    with pytest.warns(UserWarning, match="params/w .* of layer RawMatmul .* full-rank noise"):
+    with pytest.warns(UserWarning, match=r"(?s)1 matrix parameter of this policy gets full-rank noise.*\n  params/w "
+                                         r"\[3, 4\] of layer RawMatmul: not applied by a layer jes can factor\nLayers"):
         layout = jes.LowRank(1).layout(fns, fns.init(jax.random.key(0)))
     assert {leaf.path[-1]: leaf.factored for leaf in layout.leaves} == {"w": False, "kernel": True, "bias": False}
 
@@ -300,7 +301,7 @@ def test_the_draws_are_jax_random_normal_bit_for_bit():
 
 def test_a_dense_subclass_that_overrides_call_falls_back_to_dense_noise_with_a_warning():
     fns = PolicyFns(DenseSubclasses(), (4,))
-    with pytest.warns(perturbations.LowRankFallbackWarning, match="MaskedDense_0/kernel .* of layer MaskedDense"):
+    with pytest.warns(perturbations.LowRankFallbackWarning, match=r"MaskedDense_0/kernel \[4, 4\] of layer MaskedDense .*\n.*TransposedDense_0/kernel \[6, 4\]"):
         layout = jes.LowRank(1).layout(fns, fns.init(jax.random.key(0)))
     assert {leaf.path[1]: leaf.factored for leaf in layout.leaves if len(leaf.shape) == 2} == {
         "MaskedDense_0": False, "TransposedDense_0": False, "Dense_0": True}
@@ -336,17 +337,22 @@ def test_a_factored_layer_keeps_its_output_dtype_so_a_bfloat16_carry_trains():
 
 def test_an_embedding_also_used_by_attend_falls_back_to_dense_noise_with_a_warning_naming_the_method():
     fns = PolicyFns(TiedEmbedding(), (3,))
-    warning = r"params/Embed_0/embedding .* of layer Embed \(in TiedEmbedding\) is also used by Embed.attend"
+    warning = r"params/Embed_0/embedding \[8, 5\] of layer Embed \(in TiedEmbedding\): also used by Embed.attend"
     with pytest.warns(UserWarning, match=warning):
         layout = jes.LowRank(1).layout(fns, fns.init(jax.random.key(0)))
     assert {leaf.path[1:]: leaf.factored for leaf in layout.leaves if len(leaf.shape) == 2} == {
         ("Dense_0", "kernel"): True, ("Embed_0", "embedding"): False}
 
 
-def test_the_fallback_warning_names_the_layer_and_the_cell_around_it():
+def test_one_fallback_warning_names_every_leaf_its_layer_and_the_cell_around_it():
     fns = PolicyFns(RecurrentPolicy(cell="optimized lstm"), (3,))
-    with pytest.warns(UserWarning, match="of layer DenseParams \\(in OptimizedLSTMCell\\)"):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
         layout = jes.LowRank(1).layout(fns, fns.init(jax.random.key(0)))
+    assert len(caught) == 1 and caught[0].category is perturbations.LowRankFallbackWarning  # one, for all 8 leaves
+    message = str(caught[0].message)
+    assert message.startswith("LowRank: 8 matrix parameters of this policy get full-rank noise")
+    assert message.count("of layer DenseParams (in OptimizedLSTMCell): not applied by a layer jes can factor") == 8
     assert [leaf.path[-1] for leaf in layout.factored] == ["kernel"]  # the head; the cell's 8 gate kernels fall back
 
 

@@ -27,7 +27,7 @@ member's correction ``sigma / sqrt(r) (x A_i) B_i^T``. Factored layers:
 
 Matrices applied any other way (``OptimizedLSTMCell``, which concatenates its per-gate kernels into one
 product; a custom ``self.param`` used with ``@``; an ``Embed`` table also used by ``Embed.attend``, as in
-tied embeddings) get dense noise, materialised for that leaf only, with a warning naming it. A matrix read
+tied embeddings) get dense noise, materialised for that leaf only, with one warning naming them. A matrix read
 directly from another module's variables is not seen at all: apply it through one of the layers above.
 
 The update direction of a chunk is ``sum_i w_i E_i``: per matrix one product ``A^T diag(w) B`` of
@@ -140,6 +140,12 @@ class Layout:
 
 
 # ------------------------------------------------------------------ layers it can factor
+NOT_FACTORABLE = "not applied by a layer jes can factor"
+FACTORABLE = ("Layers jes can factor: Dense; DenseGeneral over the last input axis with one output axis; Conv without "
+              "feature groups or a mask; Embed; GRUCell, LSTMCell and SimpleCell; a `matvec(name, weight, x)` method; "
+              "subclasses of these only if they keep their __call__ (see jes.perturbations.low_rank).")
+
+
 def _dense_general_ok(module: nn.DenseGeneral) -> bool:
     features = module.features if isinstance(module.features, (tuple, list)) else (module.features,)
     axis = module.axis if isinstance(module.axis, (tuple, list)) else (module.axis,)
@@ -415,7 +421,8 @@ class LowRank:
     def layout(self, fns: Any, variables: Any) -> Layout:
         """Which leaves of ``variables`` (shapes suffice) are factored: traced once with a recording interceptor.
 
-        Warns for every matrix leaf (ndim >= 2) applied by a layer it cannot factor; those get dense noise.
+        Warns once (LowRankFallbackWarning), naming every matrix leaf (ndim >= 2) it cannot factor and why; those
+        get dense noise.
         """
         record: dict = {}
         obs = jax.ShapeDtypeStruct(fns.obs_shape, jnp.float32)
@@ -427,32 +434,34 @@ class LowRank:
         jax.eval_shape(probe, variables, obs)
         handled, modules = record.get("handled", set()), record.get("modules", {})
         other_uses, applied = record.get("other_uses", {}), record.get("applied_shapes", {})
-        leaves, offset = [], 0
+        leaves, offset, fallbacks = [], 0, []
         for path, leaf in jax.tree_util.tree_flatten_with_path(variables)[0]:
             key, shape = _key_path(path), tuple(leaf.shape)
             size = math.prod(shape)
             stacked = key in handled and applied.get(key, shape) != shape
             factored = len(shape) >= 2 and key in handled and key[:-1] not in other_uses and not stacked
             if len(shape) >= 2 and not factored and key[-1] != "bias":  # biases get dense noise, as documented
-                owner = _owner(key, modules)
                 if key[:-1] in other_uses:
-                    why = f"is also used by {modules.get(key[:-1], '?')}.{other_uses[key[:-1]]}, which jes cannot factor"
+                    why = f"also used by {modules.get(key[:-1], '?')}.{other_uses[key[:-1]]}, which jes cannot factor"
                 elif stacked:
-                    why = (f"is applied in slices of shape {list(applied[key])} (stacked by a lifted transform such as "
+                    why = (f"applied in slices of shape {list(applied[key])} (stacked by a lifted transform such as "
                            f"nn.scan or nn.vmap), which jes cannot factor")
                 else:
-                    why = ("is not applied by a layer jes can factor (Dense; DenseGeneral over the last input axis "
-                           "with one output axis; Conv without feature groups or a mask; Embed; GRUCell, LSTMCell "
-                           "and SimpleCell; a `matvec` method; subclasses of these only if they keep their "
-                           "__call__)")
-                warnings.warn(
-                    f"LowRank: parameter {'/'.join(key)} {list(shape)} of layer {owner} {why}; it gets "
-                    f"full-rank noise, materialised per member for this leaf only",
-                    LowRankFallbackWarning, stacklevel=_caller_outside_jes(),
-                )
+                    why = NOT_FACTORABLE
+                fallbacks.append(f"  {'/'.join(key)} {list(shape)} of layer {_owner(key, modules)}: {why}")
             rows, cols = (math.prod(shape[:-1]), shape[-1]) if factored else (0, 0)
             leaves.append(Leaf(key, shape, offset, size, factored, rows, cols))
             offset += size
+        if fallbacks:  # one warning for the policy, however many leaves (an OptimizedLSTMCell has 8)
+            others, many = sum(leaf.factored for leaf in leaves), len(fallbacks) > 1
+            help_line = f"\n{FACTORABLE}" if any(line.endswith(NOT_FACTORABLE) for line in fallbacks) else ""
+            warnings.warn(
+                f"LowRank: {len(fallbacks)} matrix parameter{'s' if many else ''} of this policy "
+                f"get{'' if many else 's'} full-rank noise, materialised per member for "
+                f"{'these leaves' if many else 'this leaf'} only ({others} other{'s are' if others != 1 else ' is'} "
+                f"factored):\n" + "\n".join(fallbacks) + help_line,
+                LowRankFallbackWarning, stacklevel=_caller_outside_jes(),
+            )
         return Layout(tuple(leaves), self.rank)
 
     # ------------------------------------------------------------- noise from keys
