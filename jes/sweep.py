@@ -428,6 +428,9 @@ def _row(point: dict, swept: list, seeds: list, history: dict, compile_time: flo
     best_centre = np.nanmax(np.where(np.isfinite(history["centre_return"]), history["centre_return"], -np.inf), axis=0)
     solved = trainer.spec.solved_return
     row = {k: (v if isinstance(v, (bool, int, float, str)) or v is None else repr(v)) for k, v in point.items()}
+    if "perturbation" in point or "perturbation_rank" in point:
+        # By name and rank, as the config stores them (a swept jes.LowRank(2) is "low_rank" and 2, not its repr)
+        row["perturbation"], row["perturbation_rank"] = trainer.config.perturbation, trainer.config.perturbation_rank
     if "learning_rate" not in point:
         # Say which rate each row ran with: in a multi-optimizer sweep each optimizer has its own default.
         first = history["learning_rate"][0] if len(history["learning_rate"]) else np.array([math.nan])

@@ -172,6 +172,16 @@ def test_a_sweep_over_ranks_with_no_low_rank_point_is_refused_before_it_runs():
                         grid={"perturbation_rank": [1, 2]})
 
 
+def test_swept_perturbation_objects_are_rows_of_a_name_and_a_rank(tmp_path):
+    result = jes_sweep.sweep(jes.MLPPolicy((8,)), "CartPole-v1", "adam", config=BASE.replace(num_generations=1),
+                             seeds=[0], log_dir=None, out_dir=str(tmp_path),
+                             grid={"perturbation": [jes.FullRank(), jes.LowRank(2)]})
+    assert [(r["perturbation"], r["perturbation_rank"]) for r in result.rows] == [("full_rank", 1), ("low_rank", 2)]
+    with open(result.csv_path) as f:
+        table = list(csv.DictReader(f))
+    assert [(r["perturbation"], r["perturbation_rank"]) for r in table] == [("full_rank", "1"), ("low_rank", "2")]
+
+
 def test_a_grid_point_a_strategy_or_perturbation_refuses_stops_the_sweep_before_any_point_trains(monkeypatch):
     trained = []
     monkeypatch.setattr(jes_sweep, "run_batch", lambda *a, **k: trained.append(1) or (_ for _ in ()).throw(AssertionError))
