@@ -23,7 +23,6 @@ import jax.numpy as jnp
 import numpy as np
 
 from jes import program_cache
-from jes.cpu import compiler_options
 from jes.threefry import export_unrolled, lower_unrolled
 
 TrainState = Any  # jes.generation.TrainState (which imports this module)
@@ -54,7 +53,7 @@ class CompiledPrograms:
         if cached is not None:
             return cached
         member_arg = jax.ShapeDtypeStruct((), jnp.int32, sharding=self.replicated)
-        compiled = self._lower(self._member_jit, self._abstract(state), member_arg).compile()
+        compiled = self._lower(self._member_jit, self._abstract(state), member_arg).compile(self.step_compiler_options)
         signature = _signature(state)
 
         def member(s, m):
@@ -77,7 +76,8 @@ class CompiledPrograms:
                 return self.member_params(jax.tree.unflatten(treedef, args[:-1]), args[-1])
 
             member_arg = jax.ShapeDtypeStruct((), jnp.int32, sharding=self.replicated)
-            compiled = self._compile_exported(key, member_params_flat, [*leaves, member_arg])
+            compiled = self._compile_exported(key, member_params_flat, [*leaves, member_arg],
+                                              compiler_options=self.step_compiler_options)
             signature = _signature(state)
             return lambda s, m: (compiled(*jax.tree.leaves(s), np.int32(m)) if _signature(s) == signature
                                  else self._member_jit(s, m))
@@ -115,6 +115,13 @@ class CompiledPrograms:
         thread = threading.Thread(target=compile_step, name="jes-compile-step", daemon=True)
         thread.start()
         self._compiling = (thread, out, abstract)
+
+    def finish_compiling(self) -> None:
+        """Wait for a step compile :meth:`start_compiling_step` started (its program is kept for
+        :meth:`compiled_step`). For a caller that fails before it steps: XLA cannot be interrupted, and a daemon
+        thread still compiling when the interpreter exits aborts it ("FATAL: exception not rethrown", status 134)."""
+        if self._compiling is not None:
+            self._compiling[0].join()
 
     def compiled_step(self, state: TrainState) -> tuple[Callable, float]:
         """The generation step compiled ahead of time for ``state``'s shapes, and the seconds it took.
@@ -176,7 +183,7 @@ class CompiledPrograms:
             try:
                 flag = jax.ShapeDtypeStruct((), jnp.bool_, sharding=self.replicated)
                 compiled = self._compile_exported(key, flat_step, [*leaves, flag, flag],
-                                                  compiler_options=compiler_options(self.devices))
+                                                  compiler_options=self.step_compiler_options)
                 return _FlatStep(compiled, treedef)
             except Exception:  # noqa: BLE001 - any failure of the cached path: trace as without a cache
                 pass

@@ -57,19 +57,27 @@ def use_cpu_cores(count: int | None = None) -> int | None:
     return count
 
 
-def compiler_options(devices: list | None = None) -> dict | None:
+def compiler_options(devices: list | None = None, fusion_emitters: bool = False) -> dict | None:
     """XLA options jes compiles its rollout programs with (the generation step, policy evaluation).
 
-    On CPU, XLA's older fusion emitters (``xla_cpu_use_fusion_emitters=False``): same bits, generations
-    no slower, and less compile time: ~28 % less CPU time for the generation step when a process
-    compiles several programs (sweeps, tests, notebooks), a few percent for a fresh process's first
-    compile, ~20 % for the 100-episode evaluation (benchmarks/README.md, issue 9). ``None`` elsewhere.
-    A jaxlib that drops this option fails to compile with "No such compile option": remove it here.
+    On CPU, XLA's older fusion emitters (``xla_cpu_use_fusion_emitters=False``): generations no slower,
+    and less compile time: ~28 % less CPU time for the generation step when a process compiles several
+    programs (sweeps, tests, notebooks), a few percent for a fresh process's first compile, ~20 % for the
+    100-episode evaluation (benchmarks/README.md, issue 9). ``None`` elsewhere. A jaxlib that drops this
+    option fails to compile with "No such compile option": remove it here.
+
+    **The emitters can change bits**: they order some long sums otherwise (an MLP 256x256's update differed in
+    the last bit of 9,764 of its 67,073 parameters). So every program that computes part of a run's generation
+    (the step; a master's, worker's, host env's or sweep's programs) compiles with the run's options,
+    ``Trainer.step_compiler_options``.
 
     Args:
         devices: the devices the program runs on (default: ``jax.devices()``).
+        fusion_emitters: keep XLA's default (newer) fusion emitters, for programs the older ones run slower
+            (low-rank corrections as batched products, rank 3 and up: see
+            :attr:`jes.perturbations.LowRank.cpu_fusion_emitters`).
     """
     devices = jax.devices() if devices is None else devices
-    if all(d.platform == "cpu" for d in devices):
+    if all(d.platform == "cpu" for d in devices) and not fusion_emitters:
         return {"xla_cpu_use_fusion_emitters": False}
     return None

@@ -201,11 +201,13 @@ class Generation(CompiledPrograms):
         per_device = math.ceil(self.num_chunks / len(self.devices))
         self.padded_chunks = per_device * len(self.devices)
         self.replicated = NamedSharding(self.mesh, P())
-        self.step = jax.jit(self.generation_step, compiler_options=compiler_options(self.devices))
+        # The step's XLA options (CPU: which fusion emitters; the perturbation may want XLA's default ones)
+        self.step_compiler_options = compiler_options(self.devices, self.perturbation.cpu_fusion_emitters)
+        self.step = jax.jit(self.generation_step, compiler_options=self.step_compiler_options)
         # Placed replicated by the program itself, as the step wants it (no recompile, no copy).
         self._init_from_key = jax.jit(self.fresh_state, out_shardings=self.replicated)
         self._init_from_seed = jax.jit(self._fresh_state_from_seed, out_shardings=self.replicated)
-        self._member_jit = jax.jit(self.member_params)
+        self._member_jit = jax.jit(self.member_params, compiler_options=self.step_compiler_options)
         self._member_program = None
         self._compiled = None
         self._compile_time = 0.0
@@ -674,7 +676,7 @@ class Trainer(Generation):
             num_params=self.num_params, obs_shape=tuple(self.obs_shape), chunk_size=self.chunk_size,
             num_chunks=self.num_chunks, padded_chunks=self.padded_chunks,
             devices=[[d.platform, d.device_kind, d.id, d.process_index] for d in self.devices],
-            compiler_options=compiler_options(self.devices),
+            compiler_options=self.step_compiler_options,
         )
 
     def _init_variables(self, key: jax.Array, abstract: bool = False) -> Any:

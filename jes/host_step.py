@@ -59,12 +59,14 @@ class HostGeneration:
         def centre_step(params, carry, obs, scale):
             return host_rollout.policy_step(trainer.fns.apply, trainer.spec, params, carry, obs, scale)
 
-        self._prepare = UnrolledJit(prepare)  # threefry unrolled: the same bits (jes.threefry)
-        self._prepare_centre = jax.jit(prepare_centre, static_argnums=2)
-        self._member_step = jax.jit(member_step)
-        self._centre_step = jax.jit(centre_step)
-        self._scale = jax.jit(trainer.obs_scale)
-        self._apply = UnrolledJit(lambda s, *r: trainer.apply_chunk_results(s, ChunkResults(*r)))
+        # Threefry unrolled (the same bits: jes.threefry), and the step's XLA options (which can change bits)
+        options = trainer.step_compiler_options
+        self._prepare = UnrolledJit(prepare, compiler_options=options)
+        self._prepare_centre = jax.jit(prepare_centre, static_argnums=2, compiler_options=options)
+        self._member_step = jax.jit(member_step, compiler_options=options)
+        self._centre_step = jax.jit(centre_step, compiler_options=options)
+        self._scale = jax.jit(trainer.obs_scale, compiler_options=options)
+        self._apply = UnrolledJit(lambda s, *r: trainer.apply_chunk_results(s, ChunkResults(*r)), compiler_options=options)
         self.pool = host_rollout.HostEnvPool(trainer.spec.env)
 
     def evaluate_chunks(self, state: TrainState, chunk_ids: Any) -> tuple[np.ndarray, ...]:
@@ -169,7 +171,10 @@ def programs(trainer: Trainer) -> tuple[Callable[[TrainState, Any], tuple], Call
     if trainer.spec.host:
         host = HostGeneration(trainer)
         return host, host.centre
-    # threefry unrolled in both (jes.threefry): the same bits as jax.jit's programs, full rank's draws faster
-    chunks = UnrolledJit(lambda s, c: ChunkResults.as_tuple(trainer.evaluate_chunks(s, c)))
-    centre = UnrolledJit(lambda s: tuple(f(x) for f, x in zip((jnp.mean, jnp.sum), trainer.evaluate_centre(s))))
+    # threefry unrolled in both (jes.threefry): the same bits as jax.jit's programs, full rank's draws faster; the
+    # step's XLA options, which can change bits (XLA:CPU's fusion emitters)
+    options = trainer.step_compiler_options
+    chunks = UnrolledJit(lambda s, c: ChunkResults.as_tuple(trainer.evaluate_chunks(s, c)), compiler_options=options)
+    centre = UnrolledJit(lambda s: tuple(f(x) for f, x in zip((jnp.mean, jnp.sum), trainer.evaluate_centre(s))),
+                         compiler_options=options)
     return chunks, centre

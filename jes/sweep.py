@@ -215,8 +215,10 @@ def compile_batch(trainer: Trainer, states: TrainState) -> tuple[Any, Any, float
 
     t0 = time.perf_counter()
     # threefry unrolled (jes.threefry): the same bits as the runs made alone, whose step hashes unrolled too
-    generation_fn = lower_unrolled(jax.jit(jax.vmap(generation)), states)[0].compile()
-    centre_fn = lower_unrolled(jax.jit(jax.vmap(centre)), states)[0].compile()
+    # and the step's XLA options, which can change bits (XLA:CPU's fusion emitters order some sums otherwise)
+    options = trainer.step_compiler_options
+    generation_fn = lower_unrolled(jax.jit(jax.vmap(generation)), states)[0].compile(options)
+    centre_fn = lower_unrolled(jax.jit(jax.vmap(centre)), states)[0].compile(options)
     return generation_fn, centre_fn, time.perf_counter() - t0
 
 

@@ -76,8 +76,11 @@ class UnrolledJit:
     called like the jitted function. A call its compiled program refuses (another placement than it was compiled
     for) runs through the plain ``jax.jit``, which gives the same bits."""
 
-    def __init__(self, fn: Any, **jit_kwargs: Any):
-        self._jitted = jax.jit(fn, **jit_kwargs)
+    def __init__(self, fn: Any, compiler_options: dict | None = None, **jit_kwargs: Any):
+        # XLA options can change bits (XLA:CPU's fusion emitters order some sums otherwise): a program computing part
+        # of a generation compiles with the step's (Trainer.step_compiler_options), as the step does.
+        self._options = compiler_options
+        self._jitted = jax.jit(fn, compiler_options=compiler_options, **jit_kwargs)
         self._programs: dict = {}
         self._fell_back = False  # whether a call ran through the plain jax.jit (its cache then counts too)
 
@@ -92,7 +95,7 @@ class UnrolledJit:
         key = self._signature(args)
         program = self._programs.get(key)
         if program is None:
-            program = self._programs[key] = lower_unrolled(self._jitted, *args)[0].compile()
+            program = self._programs[key] = lower_unrolled(self._jitted, *args)[0].compile(self._options)
         if program is not False:
             try:
                 return program(*args)

@@ -68,12 +68,16 @@ SCRIPT = textwrap.dedent("""
             x = nn.relu(nn.Conv(4, (3, 3), padding="VALID")(obs.astype(np.float32)))
             return nn.Dense(self.num_outputs)(nn.relu(nn.Dense(8)(x.reshape(-1))))
 
-    for name, policy, env in (("low_rank/mlp", jes.MLPPolicy(hidden_sizes=(16, 16)), "Pendulum-v1"),
-                              ("low_rank/gru", jes.GRUPolicy(hidden=4, layers=2), "CartPole-v1"),
-                              ("low_rank/gru-flax", jes.GRUPolicy(hidden=4, layers=1, torch_layout=False), "CartPole-v1"),
-                              ("low_rank/cnn", SmallCNN(), "Breakout-MinAtar")):
+    # Rank 4: corrections as batched products, and a step compiled with XLA's default fusion emitters
+    for name, policy, env, rank in (("low_rank/mlp", jes.MLPPolicy(hidden_sizes=(16, 16)), "Pendulum-v1", 2),
+                                    ("low_rank/mlp-r4", jes.MLPPolicy(hidden_sizes=(16, 16)), "Pendulum-v1", 4),
+                                    ("low_rank/gru", jes.GRUPolicy(hidden=4, layers=2), "CartPole-v1", 2),
+                                    ("low_rank/gru-flax", jes.GRUPolicy(hidden=4, layers=1, torch_layout=False),
+                                     "CartPole-v1", 2),
+                                    ("low_rank/cnn", SmallCNN(), "Breakout-MinAtar", 2),
+                                    ("low_rank/cnn-r4", SmallCNN(), "Breakout-MinAtar", 4)):
         runs = {d: jes.train(policy, env, "adam", key=11, devices=d, log_dir=None, num_members=24, chunk_size=8,
-                             num_generations=3, eval_episodes=4, perturbation="low_rank", perturbation_rank=2)
+                             num_generations=3, eval_episodes=4, perturbation="low_rank", perturbation_rank=rank)
                 for d in (1, 2)}
         out[name] = {d: {"params": r.flat_params.tolist(), "pop_mean": r.history["pop_mean"].tolist(),
                          "centre": r.history["centre_return"].tolist(), "steps": r.history["env_steps"].tolist(),
@@ -104,8 +108,8 @@ def two_device_runs():
 
 
 @pytest.mark.parametrize("case", ["12/4", "10/2", "8/8", "pendulum", "sep_cma_es", "ars/centered_ranks", "openai_es/z_score",
-                                  "low_rank/mlp", "low_rank/gru", "low_rank/gru-flax", "low_rank/cnn",
-                                  "low_rank/compact"])
+                                  "low_rank/mlp", "low_rank/mlp-r4", "low_rank/gru", "low_rank/gru-flax",
+                                  "low_rank/cnn", "low_rank/cnn-r4", "low_rank/compact"])
 def test_two_devices_equal_one_device_bit_for_bit(two_device_runs, case):
     one, two = two_device_runs[case]["1"], two_device_runs[case]["2"]
     assert one["params"] == two["params"]          # exact float equality, element by element

@@ -528,3 +528,17 @@ def test_a_low_rank_run_without_mirrored_pairs_matches_its_materialised_members_
     result = jes.train(jes.MLPPolicy((8,)), "CartPole-v1", "adam", key=1, num_generations=3, num_members=32,
                        antithetic=False, perturbation=jes.LowRank(1), log_dir=None, progress=False, eval_episodes=4)
     assert np.all(np.isfinite(result.flat_params)) and len(result.history["pop_mean"]) == 3
+
+
+@pytest.mark.parametrize("rank", [1, 4])
+def test_the_step_compiles_with_the_fusion_emitters_its_rank_wants(rank):
+    """From rank 3 the step keeps XLA:CPU's default fusion emitters (its batched products run faster there); below,
+    jes's older ones (faster compiles). The options are part of the program's cache key (they can change bits:
+    tests/test_distributed.py checks that a master's and workers' programs use the step's)."""
+    trainer = jes.Trainer(jes.MLPPolicy((16, 16)), "Pendulum-v1", "adam",
+                          jes.ESConfig(num_members=16, eval_episodes=2, max_episode_steps=30, perturbation=jes.LowRank(rank)))
+    options = None if rank >= low_rank.PRODUCT_RANK else {"xla_cpu_use_fusion_emitters": False}
+    assert trainer.step_compiler_options == options
+    assert trainer.program_parts()["compiler_options"] == options
+    state, _ = trainer.step(trainer.init_state(3), jnp.bool_(True), jnp.bool_(True))
+    assert int(state.generation) == 1

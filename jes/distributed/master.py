@@ -243,7 +243,8 @@ class Master:
         self._master_members = 0
         # Compiled for JAX envs; a host env's (Gymnasium) chunks and centre run on the host (jes.host_rollout).
         self._evaluate, self._centre = host_step.programs(trainer)
-        self._apply = UnrolledJit(lambda s, *r: trainer.apply_chunk_results(s, ChunkResults(*r)))
+        self._apply = UnrolledJit(lambda s, *r: trainer.apply_chunk_results(s, ChunkResults(*r)),
+                                  compiler_options=trainer.step_compiler_options)  # the step's: they can change bits
 
         self.context = zmq.Context()
         self.socket = self.context.socket(zmq.ROUTER)

@@ -393,7 +393,8 @@ class Worker:
         trainer = protocol.build_run(description, devices=devices[:1], allow=self.allow)
         self.devices = devices
         self.evaluate, _ = host_step.programs(trainer)  # jitted, or a host env's (Gymnasium) host rollout
-        self.apply = UnrolledJit(lambda s, *r: trainer.apply_chunk_results(s, ChunkResults(*r)))
+        self.apply = UnrolledJit(lambda s, *r: trainer.apply_chunk_results(s, ChunkResults(*r)),
+                                 compiler_options=trainer.step_compiler_options)  # the step's: they can change bits
         # Compile now, while the link heartbeats, so no assignment waits on a compiler. The warm-up
         # places state, chunk ids and results exactly as _set_state/_work do: another placement
         # (sharding) is another program, and the first assignment would compile again.

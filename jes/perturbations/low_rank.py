@@ -173,6 +173,10 @@ def factored_params(module: nn.Module, method: str) -> tuple[str, ...]:
     return ()
 
 
+# From this rank on a correction is two batched products (below it, unrolled: see low_rank_product).
+PRODUCT_RANK = 3
+
+
 def low_rank_product(x: jax.Array, a_t: jax.Array, b_t: jax.Array) -> jax.Array:
     """``x @ A @ B^T`` for ``x`` ``[..., m]``, ``A^T`` ``[r, m]``, ``B^T`` ``[r, n]``: ``[..., n]``.
 
@@ -180,7 +184,7 @@ def low_rank_product(x: jax.Array, a_t: jax.Array, b_t: jax.Array) -> jax.Array:
     products a vmap makes of ``(x @ A) @ B^T``, which win from rank 3 on (MLP 1024 x 1024, 512 members,
     one layer: +10 % over the shared GEMM at r = 1 unrolled, +35 % at r = 4 as products, +53 % unrolled)."""
     rank = a_t.shape[0]
-    if rank > 2:
+    if rank >= PRODUCT_RANK:
         return (x @ a_t.T) @ b_t
     out = (x @ a_t[0])[..., None] * b_t[0]
     for k in range(1, rank):
@@ -192,7 +196,7 @@ def _with_rank_factors(xa: jax.Array, b_t: jax.Array) -> jax.Array:
     """``xa @ B^T`` for ``xa`` ``[..., r]`` (each rank's ``x A``), ``B^T`` ``[r, n]``: ``[..., n]`` (rank 1 and 2 as
     scaled vectors, as in :func:`low_rank_product`)."""
     rank = b_t.shape[0]
-    if rank > 2:
+    if rank >= PRODUCT_RANK:
         return xa @ b_t
     out = xa[..., 0:1] * b_t[0]
     for k in range(1, rank):
@@ -416,6 +420,18 @@ class LowRank:
         if isinstance(self.rank, bool) or not isinstance(self.rank, numbers.Integral) or self.rank < 1:
             raise ValueError(f"LowRank rank must be a positive integer, got {self.rank!r}")
         object.__setattr__(self, "rank", int(self.rank))  # a numpy integer as a plain int (hashing, file names)
+
+    @property
+    def cpu_fusion_emitters(self) -> bool:
+        """Whether the generation step compiles with XLA:CPU's default (newer) fusion emitters rather than jes's
+        older ones (:func:`jes.cpu.compiler_options`): from rank :data:`PRODUCT_RANK` on, whose batched products
+        the older emitters run much slower. Part of the run's identity, like the chunk size: the emitters can
+        change bits (:func:`jes.cpu.compiler_options`), and every program of the run uses the same. Steps at
+        r = 4, 512 members, emitters older / default, median of 5-7 interleaved calls on the loaded 2-core VM
+        (probes, seed 0): MLP 64x64 95 / 50 ms, MLP 256x256 565 / 321, MLP 1024x1024 4,672 / 3,663; MinAtar
+        CNN + 256 188 / 190, + 1024 366 / 336; at r = 1 no gain (MLP 256x256 138 / 146 ms) and compiles up to
+        1.8x longer (GRU 5x2 on CartPole 4.2 / 7.5 s), so rank 1 and 2 keep the older ones."""
+        return self.rank >= PRODUCT_RANK
 
     # ------------------------------------------------------------- static layout
     def layout(self, fns: Any, variables: Any) -> Layout:
