@@ -345,43 +345,47 @@ def train(
                       rollout_min_batch=rollout_min_batch, strategy=strategy)
     if master is None and not num_workers and not trainer.spec.host:  # a master or a host env runs no local step
         trainer.start_compiling_step()  # overlaps building or restoring the state
-    history = None
-    if resume is not None:
-        restored = checkpoint.read(resume)
-        state, history, key = restored.restore_state(trainer), restored.history, restored.key
-        best = _best_from_checkpoint(trainer, restored.best)
-        state = _apply_new_learning_rate(trainer, state, restored.meta["config"].get("learning_rate"), resume)
-        done = int(fetch(state.generation))
-        if done >= config.num_generations:
-            warnings.warn(f"{resume!r} is at generation {done}, and num_generations={config.num_generations}: there is "
-                          f"nothing left to train (the result is the checkpoint's); raise num_generations "
-                          f"(jes train: --generations) to continue the run", stacklevel=2)
-    else:
-        state, best = trainer.init_state(key), None
-    if log_dir == "runs/<auto>" and resume is not None and jes_logging.has_event_files(os.path.dirname(resume) or "."):
-        log_dir = os.path.dirname(resume) or "."  # the checkpoint sits in its run's log dir: continue the curves there
-    if log_dir == "runs/<auto>":
-        name = jes_logging.default_run_name(trainer.spec.name, type(trainer.policy).__name__, trainer.run_label)
-        log_dir = jes_logging.unique_dir(os.path.join("runs", name))
-    if checkpoint_path == "<log_dir>/checkpoint.ckpt":
-        checkpoint_path = resume if resume is not None else (
-            os.path.join(log_dir, "checkpoint.ckpt") if log_dir is not None else None)
-    if jax.process_count() > 1:
-        log_dir = _from_process_0(log_dir)  # its auto name has process 0's clock in it
-        checkpoint_path = _from_process_0(checkpoint_path)
-    # In a multi-process run process 0 alone reports (and writes; see run()).
-    earlier = [float(x) for x in (history or {}).get("pop_max", ()) if math.isfinite(float(x))]
-    loggers = [jes_logging.ProgressBar(config.num_generations, int(fetch(state.generation)),
-                                       enabled=progress if primary else False, best=max(earlier, default=-math.inf))]
-    if log_dir is not None and primary and resume is None and jes_logging.has_event_files(log_dir):
-        warnings.warn(f"log_dir {log_dir!r} already holds the TensorBoard event files of an earlier run; this run's "
-                      f"go beside them, and TensorBoard (and jes.logging.read_scalars) will show both: pass a new "
-                      f"log_dir, or resume= that run's checkpoint to continue it", stacklevel=2)
-    if log_dir is not None and primary:
-        hparams = dict(config.to_dict(), env=trainer.spec.name, policy=type(trainer.policy).__name__,
-                       optimizer=trainer.optimizer_name or "", strategy=trainer.strategy.describe(), num_params=trainer.num_params,
-                       key=str(np.asarray(jax.random.key_data(as_key(key))).tolist()))
-        loggers.append(jes_logging.TensorBoardLogger(log_dir, hparams))
+    try:  # a compile thread left running when this raises would abort the interpreter at its exit
+        history = None
+        if resume is not None:
+            restored = checkpoint.read(resume)
+            state, history, key = restored.restore_state(trainer), restored.history, restored.key
+            best = _best_from_checkpoint(trainer, restored.best)
+            state = _apply_new_learning_rate(trainer, state, restored.meta["config"].get("learning_rate"), resume)
+            done = int(fetch(state.generation))
+            if done >= config.num_generations:
+                warnings.warn(f"{resume!r} is at generation {done}, and num_generations={config.num_generations}: there is "
+                              f"nothing left to train (the result is the checkpoint's); raise num_generations "
+                              f"(jes train: --generations) to continue the run", stacklevel=2)
+        else:
+            state, best = trainer.init_state(key), None
+        if log_dir == "runs/<auto>" and resume is not None and jes_logging.has_event_files(os.path.dirname(resume) or "."):
+            log_dir = os.path.dirname(resume) or "."  # the checkpoint sits in its run's log dir: continue the curves there
+        if log_dir == "runs/<auto>":
+            name = jes_logging.default_run_name(trainer.spec.name, type(trainer.policy).__name__, trainer.run_label)
+            log_dir = jes_logging.unique_dir(os.path.join("runs", name))
+        if checkpoint_path == "<log_dir>/checkpoint.ckpt":
+            checkpoint_path = resume if resume is not None else (
+                os.path.join(log_dir, "checkpoint.ckpt") if log_dir is not None else None)
+        if jax.process_count() > 1:
+            log_dir = _from_process_0(log_dir)  # its auto name has process 0's clock in it
+            checkpoint_path = _from_process_0(checkpoint_path)
+        # In a multi-process run process 0 alone reports (and writes; see run()).
+        earlier = [float(x) for x in (history or {}).get("pop_max", ()) if math.isfinite(float(x))]
+        loggers = [jes_logging.ProgressBar(config.num_generations, int(fetch(state.generation)),
+                                           enabled=progress if primary else False, best=max(earlier, default=-math.inf))]
+        if log_dir is not None and primary and resume is None and jes_logging.has_event_files(log_dir):
+            warnings.warn(f"log_dir {log_dir!r} already holds the TensorBoard event files of an earlier run; this run's "
+                          f"go beside them, and TensorBoard (and jes.logging.read_scalars) will show both: pass a new "
+                          f"log_dir, or resume= that run's checkpoint to continue it", stacklevel=2)
+        if log_dir is not None and primary:
+            hparams = dict(config.to_dict(), env=trainer.spec.name, policy=type(trainer.policy).__name__,
+                           optimizer=trainer.optimizer_name or "", strategy=trainer.strategy.describe(), num_params=trainer.num_params,
+                           key=str(np.asarray(jax.random.key_data(as_key(key))).tolist()))
+            loggers.append(jes_logging.TensorBoardLogger(log_dir, hparams))
+    except BaseException:
+        trainer.finish_compiling()
+        raise
     try:
         if num_workers:
             local_secret = new_secret()

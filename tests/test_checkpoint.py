@@ -336,3 +336,19 @@ def test_resuming_a_run_that_already_has_all_its_generations_says_there_is_nothi
         result = jes.train(jes.MLPPolicy((4,)), "CartPole-v1", "adam", resume=ckpt, log_dir=None, progress=False,
                            **dict(SMALL_RUN, num_generations=2))
     assert result.history["pop_mean"].shape[0] == 3
+
+
+def test_a_refused_resume_leaves_no_compile_running(tmp_path, monkeypatch):
+    """train() starts compiling the step before it reads the checkpoint; a refused resume must wait for that compile
+    (XLA cannot be interrupted) before raising: a daemon thread still compiling when the interpreter finalises
+    aborted it ("FATAL: exception not rethrown", status 134, seen at the end of a pytest process)."""
+    path = str(tmp_path / "run.ckpt")
+    jes.train(jes.MLPPolicy((8,)), "CartPole-v1", "adam", num_members=8, num_generations=1, eval_episodes=2,
+              log_dir=None, progress=False, checkpoint_path=path)
+    trainers, start = [], jes.Trainer.start_compiling_step
+    monkeypatch.setattr(jes.Trainer, "start_compiling_step", lambda self: (start(self), trainers.append(self)))
+    with pytest.raises(checkpoint.CheckpointError, match="does not match this run"):
+        jes.train(jes.MLPPolicy((64, 64)), "CartPole-v1", "adam", num_members=8, num_generations=2, eval_episodes=2,
+                  log_dir=None, progress=False, resume=path)
+    thread = trainers[0]._compiling[0]
+    assert not thread.is_alive()
