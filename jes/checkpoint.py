@@ -374,8 +374,14 @@ class Checkpoint:
             if json.loads(json.dumps(mine[field])) != theirs[field]:
                 problems.append(f"{label}: checkpoint has {theirs[field]}, this run has {mine[field]}")
         schedules = set(theirs["config_schedules"]) | set(mine["config_schedules"])
+        perturbation = lambda c: repr(c.get("perturbation", "full_rank")) + (
+            f" (rank {c.get('perturbation_rank')})" if c.get("perturbation") == "low_rank" else "")
+        if perturbation(theirs["config"]) != perturbation(mine["config"]):  # one line: a rank only low rank has
+            problems.append(f"config.perturbation: checkpoint has {perturbation(theirs['config'])}, this run has "
+                            f"{perturbation(mine['config'])}")
         for name, value in theirs["config"].items():
-            if name in RESUMABLE_CONFIG_CHANGES or name in RESUMABLE_WITH_WARNING or name in schedules:
+            if name in RESUMABLE_CONFIG_CHANGES or name in RESUMABLE_WITH_WARNING or name in schedules \
+                    or name in ("perturbation", "perturbation_rank"):
                 continue
             if mine["config"].get(name) != value:
                 problems.append(f"config.{name}: checkpoint has {value!r}, this run has {mine['config'].get(name)!r}")

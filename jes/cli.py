@@ -115,8 +115,9 @@ def _parser() -> argparse.ArgumentParser:
     train.add_argument("--devices", type=int, default=None, help="number of local devices to use (default: all)")
     train.add_argument("--listen", default=None, metavar="HOST:PORT", help="be a distributed master listening here")
     train.add_argument("--workers", type=int, default=0, metavar="N",
-                       help="local jes-worker processes for a Python (Gymnasium) env, e.g. --env gymnasium:CartPole-v1 "
-                            "--workers 2 (default 0: this process alone; results are the same bits)")
+                       help="local jes-worker processes sharing the population, e.g. for a Python (Gymnasium) env: "
+                            "--env gymnasium:CartPole-v1 --workers 2; any env works (default 0: this process alone; "
+                            "results are the same bits)")
     train.add_argument("--distributed", action="store_true",
                        help="one run over all processes of a jax.distributed runtime (start them with jes launch, "
                             "srun, or on every host of a TPU pod)")

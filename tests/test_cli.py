@@ -336,6 +336,12 @@ def test_train_with_low_rank_perturbations_and_a_rank_without_them(tmp_path, cap
     # Resumed as full rank: the mismatch with the checkpoint, not a rank the user never gave
     assert cli.main(["train", "--resume", str(tmp_path / "run" / "checkpoint.ckpt"), "--perturbation", "full_rank",
                      "--generations", "2", "--log-dir", "none"]) == 2
-    assert "config.perturbation: checkpoint has 'low_rank', this run has 'full_rank'" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "config.perturbation: checkpoint has 'low_rank' (rank 2), this run has 'full_rank'\n" in err
+    assert "perturbation_rank" not in err  # not a rank the user never gave
+    assert cli.main(["train", "--resume", str(tmp_path / "run" / "checkpoint.ckpt"), "--rank", "3",
+                     "--generations", "2", "--log-dir", "none"]) == 2
+    assert "config.perturbation: checkpoint has 'low_rank' (rank 2), this run has 'low_rank' (rank 3)" in \
+        capsys.readouterr().err
     assert cli.main(["train", *SMALL_FLAGS, "--generations", "1", "--rank", "2", "--log-dir", str(tmp_path / "x")]) == 2
     assert "perturbation_rank=2 is the rank of low-rank perturbations" in capsys.readouterr().err
