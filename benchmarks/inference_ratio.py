@@ -193,11 +193,14 @@ def breakdown_timers(trainer, seeds, forward_steps):
                         obs_scale=trainer.obs_scale(state), min_slots=trainer.rollout_min_batch)
         return out["returns"], out["steps"].sum()
 
-    @UnrolledJit
+    # jes's parts compiled with the step's XLA options (as jes.train compiles them); batch inference with XLA's defaults
+    as_jes = lambda fn: UnrolledJit(fn, compiler_options=trainer.step_compiler_options)
+
+    @as_jes
     def sample(state):
         return trainer.sample_chunk(state, jnp.int32(0))[0]
 
-    @UnrolledJit
+    @as_jes
     def rollout(state):
         view = trainer.member_fns(state.params)
         return rollout_of(view, view.slot_params(trainer.sample_chunk(state, jnp.int32(0))[0]), state)
@@ -208,16 +211,16 @@ def breakdown_timers(trainer, seeds, forward_steps):
                           jnp.zeros((members, 0), jnp.float32), state)
 
     fitness = jax.random.normal(jax.random.key(1), (members,))
-    update = UnrolledJit(trainer.apply_fitness)
+    update = as_jes(trainer.apply_fitness)
 
-    def forward_loop(forward):
+    def forward_loop(forward, options):
         def run(params, obs, carry):
             def body(_, oc):
                 obs, carry = oc
                 carry, out = forward(params, carry, obs)
                 return obs + 1e-3 * out.sum(-1).reshape((-1,) + (1,) * (obs.ndim - 1)), carry
             return jax.lax.fori_loop(0, forward_steps, body, (obs, carry))
-        return UnrolledJit(run)
+        return UnrolledJit(run, compiler_options=options)
 
     first_obs = {}
     for seed, state in states.items():
@@ -226,10 +229,10 @@ def breakdown_timers(trainer, seeds, forward_steps):
         first_obs[seed] = obs.astype(jnp.float32)
     carry = jax.tree.map(lambda c: jnp.broadcast_to(c, (members,) + c.shape), trainer.fns.initial_carry())
     view_of = lambda state: trainer.member_fns(state.params)
-    low_rank_forward = forward_loop(lambda p, c, o: view_of(p[1]).apply_batch(p[0], c, o))
+    low_rank_forward = forward_loop(lambda p, c, o: view_of(p[1]).apply_batch(p[0], c, o), trainer.step_compiler_options)
     shared_forward = forward_loop(lambda p, c, o: jax.vmap(SharedParams(trainer.fns, trainer.unravel(p)).apply,
-                                                           in_axes=(None, 0, 0))(p, c, o))
-    slot_params = {seed: UnrolledJit(lambda st: view_of(st).slot_params(sample(st)))(st) for seed, st in states.items()}
+                                                           in_axes=(None, 0, 0))(p, c, o), None)
+    slot_params = {seed: as_jes(lambda st: view_of(st).slot_params(sample(st)))(st) for seed, st in states.items()}
 
     def timed(fn, steps_of=None):
         def time_one(seed):

@@ -81,6 +81,9 @@ class UnrolledJit:
         # of a generation compiles with the step's (Trainer.step_compiler_options), as the step does.
         self._options = compiler_options
         self._jitted = jax.jit(fn, compiler_options=compiler_options, **jit_kwargs)
+        # Called inside another traced program, it is part of that program and its options (JAX refuses
+        # compiler_options on a nested jit).
+        self._nested = jax.jit(fn, **jit_kwargs)
         self._programs: dict = {}
         self._fell_back = False  # whether a call ran through the plain jax.jit (its cache then counts too)
 
@@ -91,7 +94,7 @@ class UnrolledJit:
 
     def __call__(self, *args: Any) -> Any:
         if any(isinstance(x, jax.core.Tracer) for x in jax.tree.leaves(args)):
-            return self._jitted(*args)  # inside another traced program: part of that program, as jax.jit is
+            return self._nested(*args)  # inside another traced program: part of that program, as jax.jit is
         key = self._signature(args)
         program = self._programs.get(key)
         if program is None:

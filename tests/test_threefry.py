@@ -39,3 +39,14 @@ def test_unrolled_jit_compiles_once_per_signature_and_gives_jax_jits_bits():
     assert fn._cache_size() == 1
     fn(np.asarray(ARGS[0]), 5)  # numpy and a Python int (weakly typed): another signature
     assert fn._cache_size() == 2
+
+
+def test_unrolled_jit_with_compiler_options_runs_alone_and_inside_another_program():
+    """A program of a generation compiles with the step's XLA options; called inside another traced program it is
+    part of that one (JAX refuses compiler_options on a nested jit)."""
+    options = {"xla_cpu_use_fusion_emitters": False} if jax.default_backend() == "cpu" else None
+    draw = UnrolledJit(lambda key: jax.random.normal(key, (64,)).sum(), compiler_options=options)
+    alone = draw(jax.random.key(3))
+    inside = jax.jit(lambda key: draw(key) * 2.0)(jax.random.key(3))
+    assert np.asarray(inside) == 2.0 * np.asarray(alone)
+    assert draw._cache_size() == 1
