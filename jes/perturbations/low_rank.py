@@ -426,11 +426,12 @@ class LowRank:
         """Whether the generation step compiles with XLA:CPU's default (newer) fusion emitters rather than jes's
         older ones (:func:`jes.cpu.compiler_options`): from rank :data:`PRODUCT_RANK` on, whose batched products
         the older emitters run much slower. Part of the run's identity, like the chunk size: the emitters can
-        change bits (:func:`jes.cpu.compiler_options`), and every program of the run uses the same. Steps at
-        r = 4, 512 members, emitters older / default, median of 5-7 interleaved calls on the loaded 2-core VM
-        (probes, seed 0): MLP 64x64 95 / 50 ms, MLP 256x256 565 / 321, MLP 1024x1024 4,672 / 3,663; MinAtar
-        CNN + 256 188 / 190, + 1024 366 / 336; at r = 1 no gain (MLP 256x256 138 / 146 ms) and compiles up to
-        1.8x longer (GRU 5x2 on CartPole 4.2 / 7.5 s), so rank 1 and 2 keep the older ones."""
+        change bits (:func:`jes.cpu.compiler_options`), and every program of the run uses the same. The README's
+        inference-ratio table
+        before and after (seeds 0-4, quiet VM), r = 4, 512 members, env steps/s against batch inference: MLP 64x64
+        0.29x -> 0.48x, 256x256 0.26x -> 0.58x, 1024x1024 0.59x -> 0.67x; MinAtar CNNs unchanged (0.33-0.52x). At
+        r = 1 probes showed no gain and up to 1.8x longer compiles (GRU 5x2 on CartPole), so rank 1 and 2 keep the
+        older ones."""
         return self.rank >= PRODUCT_RANK
 
     # ------------------------------------------------------------- static layout
