@@ -427,8 +427,7 @@ class LowRank:
         older ones (:func:`jes.cpu.compiler_options`): from rank :data:`PRODUCT_RANK` on, whose batched products
         the older emitters run much slower. Part of the run's identity, like the chunk size: the emitters can
         change bits (:func:`jes.cpu.compiler_options`), and every program of the run uses the same. The README's
-        inference-ratio table
-        before and after (seeds 0-4, quiet VM), r = 4, 512 members, env steps/s against batch inference: MLP 64x64
+        inference-ratio table before and after (seeds 0-4, quiet VM), r = 4, 512 members, env steps/s against batch inference: MLP 64x64
         0.29x -> 0.48x, 256x256 0.26x -> 0.58x, 1024x1024 0.59x -> 0.67x; MinAtar CNNs unchanged (0.33-0.52x). At
         r = 1 probes showed no gain and up to 1.8x longer compiles (GRU 5x2 on CartPole), so rank 1 and 2 keep the
         older ones."""
