@@ -53,8 +53,6 @@ except ImportError:  # pragma: no cover - older jax
 
 AXIS = "members"
 HOST_CHUNK_SIZE = 32  # default members per chunk of a host (Python) env
-LOW_RANK_CHUNK_SIZE = 2048  # default members per chunk of a low-rank run, at most
-LOW_RANK_CHUNK_FLOATS = 2 ** 26  # and at most this many perturbation floats in a chunk (256 MiB)
 
 
 @struct.dataclass
@@ -711,12 +709,8 @@ class Trainer(Generation):
         # population over processes, and never dependent on how many there are (it decides the bits).
         if self.spec.host:
             return HOST_CHUNK_SIZE
-        # Low-rank members hold O(r (m + n)) floats each, so a chunk can be large, and the shared GEMM is
-        # faster on more rows, up to a point (MLP 256x256, 4,096 members, 1 device, seeds 0-4: 0.73x batch inference
-        # with chunks of 1,024, 0.76x with 2,048, 0.70x with 4,096). 2,048 also leaves two chunks to spread over
-        # two devices from 4,096 members; the float cap bounds a chunk whose layers jes cannot factor (dense leaves).
-        if self.config.perturbation == "low_rank":
-            return max(2, min(LOW_RANK_CHUNK_SIZE, LOW_RANK_CHUNK_FLOATS // max(1, self.ctx.layout.draw_size)))
+        if self.perturbation.structured:  # its members are small: the perturbation sizes their chunks
+            return self.perturbation.default_chunk_size(self.ctx.layout)
         return 256
 
     def perturbation_layout(self) -> Any:

@@ -453,6 +453,26 @@ def test_a_chunk_of_members_holds_factors_never_a_dense_population():
     assert floats == C // 2 * (2 * factored + trainer.ctx.layout.dense_size) + C
 
 
+@pytest.mark.parametrize("hidden, rank, members, chunk", [
+    (64, 4, 4096, 2048),  # 1,169 floats a member: 2,048 of them hold 9.6 MB of draws
+    (256, 1, 4096, 2048),  # 1,541 floats: 12.6 MB
+    (256, 4, 4096, 512),  # 4,625 floats: 2,048 would hold 38 MB, 512 hold 9.5 MB
+    (1024, 4, 4096, 512),  # 18,449 floats: never below 512 members (the shared GEMM's rows)
+    (256, 4, 300, 300),  # a population below the cap is one chunk
+])
+def test_a_low_rank_chunk_holds_up_to_2048_members_and_about_16_mb_of_draws(hidden, rank, members, chunk):
+    trainer = jes.Trainer(jes.MLPPolicy((hidden, hidden)), "Pendulum-v1", "adam",
+                          jes.ESConfig(num_members=members, perturbation=jes.LowRank(rank)))
+    assert trainer.chunk_size == chunk
+    assert trainer.num_chunks == -(-members // chunk)
+
+
+def test_a_low_rank_chunk_of_unfactorable_leaves_is_bounded_by_its_floats():
+    dense = low_rank.Layout(leaves=(low_rank.Leaf(path=("w",), shape=(1024, 1024), offset=0, size=2 ** 20, factored=False),), rank=1)
+    assert dense.draw_size == 2 ** 20 and jes.LowRank(1).default_chunk_size(dense) == 64  # 256 MiB of draws
+    assert jes.LowRank(1).default_chunk_size(low_rank.Layout(leaves=(), rank=1)) == 2048
+
+
 def test_strategies_with_per_parameter_sigmas_refuse_low_rank_naming_the_ones_that_take_it():
     for name, keeps in (("pgpe", "a sigma per parameter"), ("snes", "a sigma per parameter"),
                         ("sep_cma_es", "a sigma per parameter"), ("cma_es", "a full covariance matrix")):

@@ -433,6 +433,14 @@ class LowRank:
         older ones."""
         return self.rank >= PRODUCT_RANK
 
+    def default_chunk_size(self, layout: Layout) -> int:
+        """Most members in a chunk when ``ESConfig.chunk_size`` is ``None``: see :data:`CHUNK_SIZE`. A function of
+        the layout only (never of the devices or the machine): the chunk size decides the bits."""
+        size = CHUNK_SIZE
+        while size > CACHED_CHUNK_SIZE and size * layout.draw_size > CACHED_CHUNK_FLOATS:
+            size //= 2
+        return max(2, min(size, CHUNK_FLOATS // max(1, layout.draw_size)))
+
     # ------------------------------------------------------------- static layout
     def layout(self, fns: Any, variables: Any) -> Layout:
         """Which leaves of ``variables`` (shapes suffice) are factored: traced once with a recording interceptor.
@@ -557,6 +565,21 @@ class LowRank:
         """The rollout's view of members given by :meth:`members`, around the flat ``centre`` ``[P]``."""
         return FactoredMembers(fns, layout, unravel(centre))
 
+
+# A low-rank run's default chunk (LowRank.default_chunk_size). Its members hold O(r (m + n)) floats each, so a chunk
+# can be large, and the shared GEMM is faster on more rows, up to a point (MLP 256x256, r = 1, 4,096 members, one
+# device, seeds 0-4: 0.73x batch inference with chunks of 1,024, 0.76x with 2,048, 0.70x with 4,096): up to
+# CHUNK_SIZE members. But every env step reads the whole chunk's factors, so a chunk whose draws outgrow a server's
+# last-level cache runs at memory bandwidth: MLP 256x256 at r = 4 (4,625 floats a member), 4,096 members, 0.36x
+# with chunks of 2,048 (38 MB of draws) against 0.54x with 512 (9.5 MB; seeds 0-2, one process, 2-core EPYC with
+# 32 MB of L3; the README's table over seeds 0-4). So the chunk halves while its draws exceed CACHED_CHUNK_FLOATS, down to CACHED_CHUNK_SIZE members, below
+# which the shared GEMM loses rows (chunks of 2,048 vs 512, 4,096 members: MLP 1024x1024 r = 1 0.91x / 0.91x, r = 4
+# 0.76x / 0.74x, seeds 0-1; CNN 16c3x3 + 1024 r = 1 0.90x / 0.87x, r = 4 0.62x / 0.66x, seeds 0-2: no loss). CHUNK_FLOATS bounds a chunk
+# whose layers jes cannot factor (dense leaves).
+CHUNK_SIZE = 2048
+CACHED_CHUNK_SIZE = 512
+CACHED_CHUNK_FLOATS = 2 ** 22  # 16 MiB of float32 draws
+CHUNK_FLOATS = 2 ** 26  # 256 MiB
 
 # Rank-1 members whose draw (dense noise and factors) has at least this many floats start the rollout compact: an
 # antithetic pair's slots share one draw in the first batch (FactoredMembers). Env steps/s of the compact form against
