@@ -173,6 +173,9 @@ def describe_run(trainer: Trainer) -> dict:
         "num_params": trainer.num_params,
         "config": config.to_dict(),
         "config_schedules": sorted(f.name for f in dataclasses.fields(config) if callable(getattr(config, f.name))),
+        # the members per chunk the run evaluated (the chunk decides the bits; config.chunk_size may be None,
+        # and the default it stood for can change between jes versions)
+        "chunk_size": trainer.chunk_size,
     }
 
 
@@ -353,8 +356,12 @@ class Checkpoint:
         if config_changes:
             config = config.replace(**config_changes)
         policy, strategy = self.policy(allow_modules), build_strategy(self.meta.get("strategy"))
+        build = lambda c: Trainer(policy, self.env_name, self.optimizer, c, devices=devices, strategy=strategy)
         try:
-            trainer = Trainer(policy, self.env_name, self.optimizer, config, devices=devices, strategy=strategy)
+            trainer = build(config)
+            ran = self.meta.get("chunk_size")  # a default chunk that has changed since: the run's own, as it ran
+            if config.chunk_size is None and ran is not None and ran != trainer.chunk_size:
+                trainer = build(config.replace(chunk_size=ran))
         except Exception as err:  # noqa: BLE001 - an env, optimizer or policy this jes cannot build
             raise CheckpointError(f"checkpoint {self.path}: cannot rebuild its run: {type(err).__name__}: {err}") from err
         if trainer.num_params != self.meta["num_params"]:
@@ -379,9 +386,14 @@ class Checkpoint:
         if perturbation(theirs["config"]) != perturbation(mine["config"]):  # one line: a rank only low rank has
             problems.append(f"config.perturbation: checkpoint has {perturbation(theirs['config'])}, this run has "
                             f"{perturbation(mine['config'])}")
+        ran = theirs.get("chunk_size")  # files from before jes recorded it: their config.chunk_size only
+        if ran is not None and ran != trainer.chunk_size:
+            problems.append(f"chunk size: checkpoint's run evaluated {ran} members a chunk, this run "
+                            f"{trainer.chunk_size} (the chunk decides the bits, and jes's default chunk for this "
+                            f"policy may have changed since: resume with chunk_size={ran})")
         for name, value in theirs["config"].items():
             if name in RESUMABLE_CONFIG_CHANGES or name in RESUMABLE_WITH_WARNING or name in schedules \
-                    or name in ("perturbation", "perturbation_rank"):
+                    or name in ("perturbation", "perturbation_rank") or (name == "chunk_size" and ran is not None):
                 continue
             if mine["config"].get(name) != value:
                 problems.append(f"config.{name}: checkpoint has {value!r}, this run has {mine['config'].get(name)!r}")
@@ -458,6 +470,7 @@ META_SCHEMA = {
     "strategy?": (None, {"name": str, "fields?": dict}), "env_name": str, "obs_shape": schema.shape(),
     "optimizer": (str, None), "num_params": schema.non_negative_int(), "config": dict, "config_schedules": [str],
     "key_impl": _KEY_IMPL, "es_key_impl": _KEY_IMPL,
+    "chunk_size?": schema.Check(schema.INT, lambda v: 1 <= v < schema.MAX_DIM, "a positive int"),
 }
 
 

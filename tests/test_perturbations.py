@@ -511,6 +511,27 @@ def test_numpy_integers_are_taken_as_ranks_and_counts_and_stored_as_ints():
             jes.LowRank(bad)
 
 
+def test_a_checkpoint_keeps_the_chunk_its_run_evaluated_when_the_default_changes(tmp_path, monkeypatch):
+    """A run with the default chunk (``chunk_size=None``) resumed by a jes whose default for that policy differs:
+    refused naming the chunk to give; given, the resumed run is the uninterrupted one's bits; rebuilt from the file
+    alone (``jes.checkpoint.load``, ``jes eval``) it gets its own chunk."""
+    kwargs = dict(key=4, log_dir=None, progress=False, num_members=16, eval_episodes=2, perturbation=jes.LowRank(2))
+    policy = jes.MLPPolicy((8, 8))
+    monkeypatch.setattr(low_rank, "CHUNK_SIZE", 8)  # the default that wrote the file
+    full = jes.train(policy, "Pendulum-v1", "adam", num_generations=4, checkpoint_path=None, **kwargs)
+    path = str(tmp_path / "half.ckpt")
+    jes.train(policy, "Pendulum-v1", "adam", num_generations=2, checkpoint_path=path, **kwargs)
+    assert jes.checkpoint.read(path).meta["chunk_size"] == 8
+    monkeypatch.undo()  # today's default: one chunk of 16
+    with pytest.raises(jes.checkpoint.CheckpointError, match=r"evaluated 8 members a chunk, this run 16 .*chunk_size=8"):
+        jes.train(policy, "Pendulum-v1", "adam", num_generations=4, resume=path, checkpoint_path=None, **kwargs)
+    resumed = jes.train(policy, "Pendulum-v1", "adam", num_generations=4, resume=path, checkpoint_path=None,
+                        chunk_size=8, **kwargs)
+    assert np.array_equal(resumed.flat_params, full.flat_params)
+    trainer, _, _ = jes.checkpoint.load(path)
+    assert trainer.chunk_size == 8
+
+
 def test_a_low_rank_run_interrupted_and_resumed_is_bit_identical(tmp_path):
     kwargs = dict(key=4, log_dir=None, progress=False, num_members=16, chunk_size=8, eval_episodes=2,
                   perturbation=jes.LowRank(2))
