@@ -303,6 +303,8 @@ def _train(args: argparse.Namespace) -> int:
         strategy = checkpoint.build_strategy(ckpt.meta.get("strategy")) if strategy is None else strategy
         optimizer = ckpt.optimizer if optimizer is None else optimizer
         config = ckpt.config()
+        if config.chunk_size is None and ckpt.meta.get("chunk_size") is not None:
+            config = config.replace(chunk_size=ckpt.meta["chunk_size"])  # as it ran, whatever today's default
     policy = jes.GRUPolicy(hidden=5, layers=2) if policy is None else policy
     kwargs = dict(key=args.seed, devices=args.devices, log_dir=_none(args.log_dir), progress=args.progress,
                   checkpoint_every=args.checkpoint_every, resume=args.resume, config=config, **overrides)

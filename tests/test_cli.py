@@ -7,6 +7,8 @@ import subprocess
 import sys
 import warnings
 
+import jax
+import numpy as np
 import pytest
 
 import jes
@@ -327,6 +329,26 @@ def test_bad_policy_flags_say_what_to_do(flags, message, capsys):
 
 
 @pytest.mark.hard_timeout(300)
+def test_resume_continues_with_the_chunk_its_run_evaluated_though_the_default_changed(tmp_path, monkeypatch, capsys):
+    from jes.perturbations import low_rank
+
+    flags = ["--population", "16", "--hidden", "3", "--layers", "1", "--eval-episodes", "2", "--perturbation", "low_rank",
+             "--no-progress", "--log-dir", "none"]
+    first, whole = str(tmp_path / "first.ckpt"), str(tmp_path / "whole.ckpt")
+    monkeypatch.setattr(low_rank, "CHUNK_SIZE", 8)  # the default chunk of the jes that started the run
+    assert cli.main(["train", *flags, "--generations", "2", "--checkpoint", whole]) == 0
+    assert cli.main(["train", *flags, "--generations", "1", "--checkpoint", first]) == 0
+    monkeypatch.undo()  # today's default: one chunk of 16
+    assert cli.main(["train", "--resume", first, "--generations", "2", "--no-progress", "--log-dir", "none"]) == 0
+    resumed, uninterrupted = checkpoint.read(first), checkpoint.read(whole)
+    assert resumed.meta["chunk_size"] == uninterrupted.meta["chunk_size"] == 8
+    assert all(np.array_equal(a, b) for a, b in zip(jax.tree.leaves(resumed.state_dict),
+                                                     jax.tree.leaves(uninterrupted.state_dict)))
+    capsys.readouterr()
+    assert cli.main(["train", "--resume", first, "--generations", "3", "--chunk-size", "16", "--log-dir", "none"]) == 2
+    assert "evaluated 8 members a chunk, this run 16" in capsys.readouterr().err
+
+
 def test_train_with_low_rank_perturbations_and_a_rank_without_them(tmp_path, capsys):
     assert cli.main(["train", *SMALL_FLAGS, "--generations", "1", "--seed", "2", "--perturbation", "low_rank",
                      "--rank", "2", "--log-dir", str(tmp_path / "run")]) == 0
