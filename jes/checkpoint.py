@@ -98,6 +98,29 @@ _OLD_POLICY_DEFAULTS = {
 }
 
 
+# The default chunk of a low-rank run before files recorded the chunk they ran (2026-12-03): up to this many
+# members, and at most this many floats of draws (jes.perturbations.low_rank.CHUNK_SIZE has today's rule).
+_OLD_LOW_RANK_CHUNK = (2048, 2 ** 26)
+
+
+def _check_chunk_size(meta: dict, path: str) -> None:
+    """The recorded chunk size against the file's own config (an edited or corrupt file: a chunk of 2^30
+    members would pad a generation to that many)."""
+    ran, config = meta.get("chunk_size"), meta["config"]
+    if ran is None:
+        return
+    given, members = config.get("chunk_size"), config.get("num_members")
+    antithetic = config.get("antithetic", True)
+    if given is not None:
+        fits, need = ran == given, f"its config's chunk_size {given!r}"
+    else:
+        fits = isinstance(members, int) and ran <= members + 1 and not (antithetic and ran % 2)
+        need = f"its config's num_members {members!r}{' (whole mirrored pairs: an even chunk)' if antithetic else ''}"
+    if not fits:
+        raise CheckpointError(f"checkpoint {path} is inconsistent: it records chunks of {ran} members, which does not "
+                              f"fit {need}; the file was edited or is corrupt: use an earlier checkpoint")
+
+
 def _keep_old_policy_defaults(meta: dict) -> None:
     """Pin the policy defaults of every :data:`_OLD_POLICY_DEFAULTS` change newer than the file."""
     strategy = meta.get("strategy") or {}
@@ -327,6 +350,23 @@ class Checkpoint:
         except Exception as err:  # noqa: BLE001 - key data of another shape than its implementation's
             raise CheckpointError(f"checkpoint {self.path}: its run key does not fit {self.meta['key_impl']}: {err}") from err
 
+    def chunk_size_ran(self, trainer: Trainer | None = None) -> int | None:
+        """The members per chunk the file's run evaluated, where its config alone does not say (``None``: its
+        ``config.chunk_size`` says it, or the default it stood for is today's).
+
+        Recorded by files since jes recorded it. For earlier low-rank files that left the chunk to jes, the
+        default of the jes that wrote them (up to 2,048 members, at most 2^26 floats of draws; see
+        :data:`_OLD_LOW_RANK_CHUNK`), from ``trainer``'s layout (the same policy and rank)."""
+        if self.meta.get("chunk_size") is not None:
+            return self.meta["chunk_size"]
+        config = self.meta["config"]
+        if trainer is None or config.get("chunk_size") is not None or config.get("perturbation") != "low_rank" \
+                or not trainer.perturbation.structured or trainer.spec.host:
+            return None
+        most, floats = _OLD_LOW_RANK_CHUNK
+        size = min(trainer.config.num_members, max(2, min(most, floats // max(1, trainer.ctx.layout.draw_size))))
+        return size + (size % 2 if trainer.antithetic else 0)
+
     def config(self) -> ESConfig:
         """The run's :class:`ESConfig` (fails for runs that used schedules, which cannot be stored)."""
         if self.meta["config_schedules"]:
@@ -359,7 +399,7 @@ class Checkpoint:
         build = lambda c: Trainer(policy, self.env_name, self.optimizer, c, devices=devices, strategy=strategy)
         try:
             trainer = build(config)
-            ran = self.meta.get("chunk_size")  # a default chunk that has changed since: the run's own, as it ran
+            ran = self.chunk_size_ran(trainer)  # a default chunk that has changed since: the run's own, as it ran
             if config.chunk_size is None and ran is not None and ran != trainer.chunk_size:
                 trainer = build(config.replace(chunk_size=ran))
         except Exception as err:  # noqa: BLE001 - an env, optimizer or policy this jes cannot build
@@ -386,7 +426,7 @@ class Checkpoint:
         if perturbation(theirs["config"]) != perturbation(mine["config"]):  # one line: a rank only low rank has
             problems.append(f"config.perturbation: checkpoint has {perturbation(theirs['config'])}, this run has "
                             f"{perturbation(mine['config'])}")
-        ran = theirs.get("chunk_size")  # files from before jes recorded it: their config.chunk_size only
+        ran = self.chunk_size_ran(trainer)
         if ran is not None and ran != trainer.chunk_size:
             problems.append(f"chunk size: checkpoint's run evaluated {ran} members a chunk, this run "
                             f"{trainer.chunk_size} (the chunk decides the bits, and jes's default chunk for this "
@@ -510,6 +550,7 @@ def read(path: str) -> Checkpoint:
     if meta["version"] < 3:
         _keep_old_pgpe_step(meta)
     _keep_old_policy_defaults(meta)
+    _check_chunk_size(meta, path)
     return Checkpoint(path=path, meta=meta, state_dict=content["state"], history=dict(content["history"]),
                       key=content["key"], best=content.get("best"))
 

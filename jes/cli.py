@@ -303,8 +303,13 @@ def _train(args: argparse.Namespace) -> int:
         strategy = checkpoint.build_strategy(ckpt.meta.get("strategy")) if strategy is None else strategy
         optimizer = ckpt.optimizer if optimizer is None else optimizer
         config = ckpt.config()
-        if config.chunk_size is None and ckpt.meta.get("chunk_size") is not None:
-            config = config.replace(chunk_size=ckpt.meta["chunk_size"])  # as it ran, whatever today's default
+        if config.chunk_size is None and args.chunk_size is None:  # the chunk it ran, whatever today's default
+            older = ckpt.meta.get("chunk_size") is None and config.perturbation == "low_rank"  # not recorded
+            with warnings.catch_warnings():  # jes.train warns about the policy's layers itself
+                warnings.simplefilter("ignore", jes.perturbations.LowRankFallbackWarning)
+                trainer = jes.Trainer(policy, env, optimizer, config, strategy=strategy) if older else None
+            ran = ckpt.chunk_size_ran(trainer)
+            config = config if ran is None else config.replace(chunk_size=ran)
     policy = jes.GRUPolicy(hidden=5, layers=2) if policy is None else policy
     kwargs = dict(key=args.seed, devices=args.devices, log_dir=_none(args.log_dir), progress=args.progress,
                   checkpoint_every=args.checkpoint_every, resume=args.resume, config=config, **overrides)

@@ -34,7 +34,8 @@ class ESConfig:
         chunk_size: members evaluated together in one compiled chunk. Results do not
             depend on how chunks are spread over devices or hosts, so this is part of
             the run's identity. ``None`` picks ``min(num_members, 256)`` (for low-rank perturbations up to
-            2,048, halved while the chunk's draws exceed 16 MiB, down to 512; 32 for Python simulators),
+            2,048, halved while the chunk's draws exceed 16 MiB, down to 512, and at most 2^26 floats of
+            draws; 32 for Python simulators),
             rounded to pairs. A checkpoint records the chunk its run evaluated.
         normalize_observations: running mean/std observation normalisation (OpenAI ES),
             updated from member rollouts.

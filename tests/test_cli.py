@@ -347,6 +347,13 @@ def test_resume_continues_with_the_chunk_its_run_evaluated_though_the_default_ch
     capsys.readouterr()
     assert cli.main(["train", "--resume", first, "--generations", "3", "--chunk-size", "16", "--log-dir", "none"]) == 2
     assert "evaluated 8 members a chunk, this run 16" in capsys.readouterr().err
+    # a file from before jes recorded the chunk: the default of the jes that wrote it (a stand-in of 8 here)
+    import test_checkpoint
+
+    old = test_checkpoint._rewrite_meta(first, str(tmp_path / "old.ckpt"), lambda meta: meta.pop("chunk_size"))
+    monkeypatch.setattr(checkpoint, "_OLD_LOW_RANK_CHUNK", (8, 2 ** 26))
+    assert cli.main(["train", "--resume", old, "--generations", "3", "--no-progress", "--log-dir", "none"]) == 0
+    assert checkpoint.read(old).meta["chunk_size"] == 8
 
 
 def test_train_with_low_rank_perturbations_and_a_rank_without_them(tmp_path, capsys):

@@ -532,6 +532,43 @@ def test_a_checkpoint_keeps_the_chunk_its_run_evaluated_when_the_default_changes
     assert trainer.chunk_size == 8
 
 
+def test_a_checkpoint_from_before_jes_recorded_its_chunk_keeps_the_default_of_its_jes(tmp_path, monkeypatch):
+    """A low-rank file without a recorded chunk, its config's chunk_size None: the default of the jes that wrote it
+    (``checkpoint._OLD_LOW_RANK_CHUNK``; here a stand-in of 8 members) is the chunk it ran, not today's."""
+    import test_checkpoint
+
+    kwargs = dict(key=4, log_dir=None, progress=False, num_members=16, eval_episodes=2, perturbation=jes.LowRank(2))
+    policy = jes.MLPPolicy((8, 8))
+    with monkeypatch.context() as patch:
+        patch.setattr(low_rank, "CHUNK_SIZE", 8)
+        full = jes.train(policy, "Pendulum-v1", "adam", num_generations=3, checkpoint_path=None, **kwargs)
+        path = str(tmp_path / "new.ckpt")
+        jes.train(policy, "Pendulum-v1", "adam", num_generations=2, checkpoint_path=path, **kwargs)
+    old = test_checkpoint._rewrite_meta(path, str(tmp_path / "old.ckpt"), lambda meta: meta.pop("chunk_size"))
+    monkeypatch.setattr(jes.checkpoint, "_OLD_LOW_RANK_CHUNK", (8, 2 ** 26))
+    with pytest.raises(jes.checkpoint.CheckpointError, match=r"evaluated 8 members a chunk, this run 16 .*chunk_size=8"):
+        jes.train(policy, "Pendulum-v1", "adam", num_generations=3, resume=old, checkpoint_path=None, **kwargs)
+    resumed = jes.train(policy, "Pendulum-v1", "adam", num_generations=3, resume=old, checkpoint_path=None,
+                        chunk_size=8, **kwargs)
+    assert np.array_equal(resumed.flat_params, full.flat_params)
+    assert jes.checkpoint.load(old)[0].chunk_size == 8
+    monkeypatch.setattr(jes.checkpoint, "_OLD_LOW_RANK_CHUNK", (2048, 2 ** 26))  # a default that was today's
+    assert jes.checkpoint.load(old)[0].chunk_size == 16
+
+
+@pytest.mark.parametrize("chunk, config", [(2 ** 15, {}), (7, {}), (8, {"chunk_size": 4})])
+def test_a_recorded_chunk_that_does_not_fit_the_files_config_is_refused(chunk, config, tmp_path):
+    import test_checkpoint
+
+    path = str(tmp_path / "run.ckpt")
+    jes.train(jes.MLPPolicy((4,)), "Pendulum-v1", "adam", key=1, num_generations=1, num_members=16, eval_episodes=2,
+              perturbation=jes.LowRank(1), log_dir=None, progress=False, checkpoint_path=path)
+    edited = test_checkpoint._rewrite_meta(path, str(tmp_path / "edited.ckpt"),
+                                           lambda meta: (meta.update(chunk_size=chunk), meta["config"].update(config)))
+    with pytest.raises(jes.checkpoint.CheckpointError, match=f"inconsistent: it records chunks of {chunk} members"):
+        jes.checkpoint.read(edited)
+
+
 def test_a_low_rank_run_interrupted_and_resumed_is_bit_identical(tmp_path):
     kwargs = dict(key=4, log_dir=None, progress=False, num_members=16, chunk_size=8, eval_episodes=2,
                   perturbation=jes.LowRank(2))
