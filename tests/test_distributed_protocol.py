@@ -74,6 +74,18 @@ def test_run_description_rebuilds_the_same_trainer_and_refuses_what_cannot_trave
                            allow=describe.allowlist(["no.such.module"]))
 
 
+def test_a_run_description_carries_the_chunk_the_master_runs_whatever_the_workers_default(monkeypatch):
+    from jes.perturbations import low_rank
+
+    config = jes.ESConfig(num_members=16, eval_episodes=2, perturbation="low_rank")
+    trainer = jes.Trainer(jes.MLPPolicy(hidden_sizes=(4,)), "Pendulum-v1", "adam", config)
+    assert trainer.chunk_size == 16 and trainer.config.chunk_size is None
+    description = msgpack.unpackb(msgpack.packb(protocol.describe_run(trainer, "Pendulum-v1", "adam")))
+    monkeypatch.setattr(low_rank, "CHUNK_SIZE", 8)  # a worker whose jes has another default chunk
+    rebuilt = protocol.build_run(description)
+    assert (rebuilt.chunk_size, rebuilt.num_chunks) == (16, 1)
+
+
 def test_secret_sources(tmp_path, monkeypatch):
     monkeypatch.delenv(protocol.SECRET_ENV, raising=False)
     with pytest.raises(ValueError, match="shared secret"):

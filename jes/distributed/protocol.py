@@ -301,7 +301,10 @@ def describe_run(trainer: Any, env: Any, optimizer: Any, env_params: Any = None,
 
         if resolvable_name(env) is not None:  # brax / masked env objects travel by name (it carries the backend)
             env = trainer.spec.name
-    description = describe.describe_run(trainer.policy, trainer.config, env, optimizer, env_params, **extra)
+    config = trainer.config
+    if config.chunk_size is None:  # the chunk the master runs, whatever a worker's jes would take for its default
+        config = config.replace(chunk_size=trainer.chunk_size)
+    description = describe.describe_run(trainer.policy, config, env, optimizer, env_params, **extra)
     return {"version": PROTOCOL_VERSION, **description}
 
 
