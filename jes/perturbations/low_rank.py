@@ -570,12 +570,13 @@ class LowRank:
 # can be large, and the shared GEMM is faster on more rows, up to a point (MLP 256x256, r = 1, 4,096 members, one
 # device, seeds 0-4: 0.73x batch inference with chunks of 1,024, 0.76x with 2,048, 0.70x with 4,096): up to
 # CHUNK_SIZE members. But every env step reads the whole chunk's factors, so a chunk whose draws outgrow a server's
-# last-level cache runs at memory bandwidth: MLP 256x256 at r = 4 (4,625 floats a member), 4,096 members, 0.36x
-# with chunks of 2,048 (38 MB of draws) against 0.54x with 512 (9.5 MB; seeds 0-2, one process, 2-core EPYC with
-# 32 MB of L3; the README's table over seeds 0-4). So the chunk halves while its draws exceed CACHED_CHUNK_FLOATS, down to CACHED_CHUNK_SIZE members, below
-# which the shared GEMM loses rows (chunks of 2,048 vs 512, 4,096 members: MLP 1024x1024 r = 1 0.91x / 0.91x, r = 4
-# 0.76x / 0.74x, seeds 0-1; CNN 16c3x3 + 1024 r = 1 0.90x / 0.87x, r = 4 0.62x / 0.66x, seeds 0-2: no loss). CHUNK_FLOATS bounds a chunk
-# whose layers jes cannot factor (dense leaves).
+# last-level cache runs at memory bandwidth: MLP 256x256 at r = 4 (4,625 floats a member), 4,096 members, chunks
+# of 2,048 (38 MB of draws) against 512 (9.5 MB), one process, seeds 0-4, 2-core EPYC with 32 MB of L3: 0.36x
+# [0.34, 0.37] against 0.43x [0.32, 0.50] batch inference (the README's tables before and after: 0.33x, 0.55x).
+# So the chunk halves while its draws exceed CACHED_CHUNK_FLOATS, down to CACHED_CHUNK_SIZE members, below which
+# the shared GEMM loses rows (chunks of 2,048 vs 512, 4,096 members, seeds 0-4: MLP 1024x1024 r = 1 0.91x / 0.89x,
+# r = 4 0.74x / 0.75x; CNN 16c3x3 + 1024 r = 1 0.80x / 0.88x, r = 4 0.64x / 0.59x: within their spreads).
+# CHUNK_FLOATS bounds a chunk whose layers jes cannot factor (dense leaves).
 CHUNK_SIZE = 2048
 CACHED_CHUNK_SIZE = 512
 CACHED_CHUNK_FLOATS = 2 ** 22  # 16 MiB of float32 draws
