@@ -364,8 +364,7 @@ class Checkpoint:
                 or not trainer.perturbation.structured or trainer.spec.host:
             return None
         most, floats = _OLD_LOW_RANK_CHUNK
-        size = min(trainer.config.num_members, max(2, min(most, floats // max(1, trainer.ctx.layout.draw_size))))
-        return size + (size % 2 if trainer.antithetic else 0)
+        return trainer.fit_chunk_size(max(2, min(most, floats // max(1, trainer.ctx.layout.draw_size))))
 
     def config(self) -> ESConfig:
         """The run's :class:`ESConfig` (fails for runs that used schedules, which cannot be stored)."""

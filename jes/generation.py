@@ -193,8 +193,7 @@ class Generation(CompiledPrograms):
         if config.chunk_size is not None:
             self.chunk_size = config.chunk_size
         else:
-            size = min(config.num_members, self.default_chunk_size)
-            self.chunk_size = size + (size % 2 if self.antithetic else 0)
+            self.chunk_size = self.fit_chunk_size(self.default_chunk_size)
         self.num_chunks = math.ceil(config.num_members / self.chunk_size)
         per_device = math.ceil(self.num_chunks / len(self.devices))
         self.padded_chunks = per_device * len(self.devices)
@@ -222,6 +221,11 @@ class Generation(CompiledPrograms):
     def default_chunk_size(self) -> int:
         """Most members in a chunk when ``config.chunk_size`` is ``None``."""
         return 256
+
+    def fit_chunk_size(self, most: int) -> int:
+        """The chunk a default of ``most`` members gives this run: at most the population, whole mirrored pairs."""
+        size = min(self.config.num_members, most)
+        return size + (size % 2 if self.antithetic else 0)
 
     # ----------------------------------------------------------------- state
     def init_state(self, key: Any = 0) -> TrainState:
