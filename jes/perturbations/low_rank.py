@@ -277,9 +277,11 @@ def _materialised(x: jax.Array) -> jax.Array:
     correction summed over the kernel's offsets and channels) is heavy, and a following Dense layer's fused
     GEMM took ~7x batch inference's (MinAtar CNN 16c3x3 + 64, 512 members, profile). A ``reduce_precision``
     to the dtype's own exponent and mantissa bits is the identity on every value, and YNNPACK does not fuse it:
-    the layer's output is written once and the GEMM reads it (the same CNN, seeds 0-2: 0.50-0.56x batch
-    inference's env steps/s against 0.32-0.40x). Dense layers' outputs are left to the fusion, which is faster
-    for them (MLP 256 x 256: 0.71x fused, 0.53x with their inputs materialised)."""
+    the layer's output is written once and the GEMM reads it. Dense layers' outputs are left to the fusion,
+    which is faster for them. Env steps/s against batch inference, 512 members, r = 1, median over seeds 0-4
+    (``benchmarks/inference_ratio.py --compare-outputs``, 2026-12-03): MinAtar CNN 16c3x3 + 64 / 256 / 1024 0.57x /
+    0.76x / 0.73x as placed here, 0.39x / 0.61x / 0.64x with every output fused; MLP 64 / 256 / 1024 0.69x / 0.76x /
+    0.94x here, 0.36x / 0.55x / 0.78x with every output written."""
     if not jnp.issubdtype(x.dtype, jnp.floating):
         return x
     info = jnp.finfo(x.dtype)
