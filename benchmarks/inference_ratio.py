@@ -397,7 +397,8 @@ def main() -> None:
             print(f"| {label} | {num_params:,} | {members} | skipped: members x P = "
                   f"{members * num_params:.1e} per step is beyond this machine's time budget |")
             continue
-        full = trainers.pop("full") if members * num_params <= args.full_rank_limit else None
+        full = trainers.pop("full")
+        full = full if members * num_params <= args.full_rank_limit else None
         for r in ranks:
             trainers[r] = jes.Trainer(policy, env, "adam", jes.ESConfig(**base, perturbation=jes.LowRank(r)))
         timers = {name: generation_timer(trainer, seeds) for name, trainer in trainers.items()}
