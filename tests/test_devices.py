@@ -95,6 +95,20 @@ SCRIPT = textwrap.dedent("""
                                    "centre": r.history["centre_return"].tolist(),
                                    "steps": r.history["env_steps"].tolist(), "chunks": r.trainer.padded_chunks}
                                for d, r in runs.items()}
+    # A default chunk that leaves a device without members is warned about, with the chunk that fills both.
+    import warnings
+
+    def idle_warnings(**kw):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            jes.train(jes.MLPPolicy(hidden_sizes=(8,)), "Pendulum-v1", "adam", log_dir=None, num_generations=1,
+                      eval_episodes=1, **kw)
+        return [str(w.message) for w in caught if "sit idle" in str(w.message)]
+
+    out["idle"] = {"low_rank": idle_warnings(num_members=64, devices=2, perturbation="low_rank"),
+                   "chunk_given": idle_warnings(num_members=64, devices=2, perturbation="low_rank", chunk_size=32),
+                   "one_device": idle_warnings(num_members=64, devices=1, perturbation="low_rank"),
+                   "two_chunks": idle_warnings(num_members=512, devices=2)}
     print(json.dumps(out))
 """)
 
@@ -122,6 +136,15 @@ def test_two_devices_equal_one_device_bit_for_bit(two_device_runs, case):
         assert one["chunks"] == [2, 1] and two["chunks"] == [2, 2]
     else:
         assert two["chunks"] % 2 == 0 and two["chunks"] >= one["chunks"]
+
+
+def test_a_default_chunk_that_leaves_a_device_idle_is_warned_about_with_the_chunk_that_spreads_it(two_device_runs):
+    idle = two_device_runs["idle"]
+    assert len(idle["low_rank"]) == 1, idle
+    message = idle["low_rank"][0]
+    assert "2 devices" in message and "64 members make 1 chunk(s) of 64" in message and "1 device(s) will sit idle" in message
+    assert "chunk_size=32 (jes train: --chunk-size 32)" in message and "bits" in message
+    assert idle["chunk_given"] == idle["one_device"] == idle["two_chunks"] == []
 
 
 FALLBACK_SCRIPT = textwrap.dedent("""
