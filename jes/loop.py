@@ -359,7 +359,7 @@ def train(
                               f"(jes train: --generations) to continue the run", stacklevel=2)
         else:
             state, best = trainer.init_state(key), None
-            if master is None and not num_workers and not trainer.spec.host:
+            if master is None and not num_workers and not trainer.spec.host and primary:
                 _warn_idle_devices(trainer)
         if log_dir == "runs/<auto>" and resume is not None and jes_logging.has_event_files(os.path.dirname(resume) or "."):
             log_dir = os.path.dirname(resume) or "."  # the checkpoint sits in its run's log dir: continue the curves there
@@ -417,16 +417,19 @@ def train(
 
 
 def _warn_idle_devices(trainer: Trainer) -> None:
-    """Warn when the default chunk leaves devices without members (a fresh run on local or ``jax.distributed``
-    devices): a low-rank chunk holds up to 2,048 members, and the CLI makes one CPU device per core."""
-    devices, chunks, members = len(trainer.devices), trainer.num_chunks, trainer.config.num_members
-    if trainer.config.chunk_size is not None or chunks >= devices:
+    """Warn when the default chunk makes the whole population one chunk on several devices (a fresh run on local or
+    ``jax.distributed`` devices): a chunk runs on one device, a low-rank chunk holds up to 2,048 members, and the
+    CLI makes one CPU device per core. With two chunks or more, whether smaller chunks pay is the machine's say."""
+    devices, members = len(trainer.devices), trainer.config.num_members
+    if trainer.config.chunk_size is not None or trainer.num_chunks > 1 or devices < 2:
         return
     spread = trainer.fit_chunk_size(math.ceil(members / devices))
+    if spread >= trainer.chunk_size:  # too few members (or mirrored pairs) to split
+        return
     warnings.warn(
-        f"{devices} devices, but the population's {members} members make {chunks} chunk(s) of {trainer.chunk_size} "
-        f"(the default chunk for this policy and perturbation), and a chunk runs on one device: {devices - chunks} "
-        f"device(s) will sit idle. chunk_size={spread} (jes train: --chunk-size {spread}) spreads the members over "
+        f"{devices} devices, but the population's {members} members make 1 chunk of {trainer.chunk_size} (the "
+        f"default chunk for this policy and perturbation), and a chunk runs on one device: {devices - 1} device(s) "
+        f"will sit idle. chunk_size={spread} (jes train: --chunk-size {spread}) spreads the members over "
         f"{math.ceil(members / spread)} devices; the chunk size decides the results' bits, so keep it the same "
         f"across the runs you compare", stacklevel=3)
 

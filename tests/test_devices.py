@@ -108,7 +108,8 @@ SCRIPT = textwrap.dedent("""
     out["idle"] = {"low_rank": idle_warnings(num_members=64, devices=2, perturbation="low_rank"),
                    "chunk_given": idle_warnings(num_members=64, devices=2, perturbation="low_rank", chunk_size=32),
                    "one_device": idle_warnings(num_members=64, devices=1, perturbation="low_rank"),
-                   "two_chunks": idle_warnings(num_members=512, devices=2)}
+                   "two_chunks": idle_warnings(num_members=512, devices=2),
+                   "one_pair": idle_warnings(num_members=2, devices=2)}   # a mirrored pair cannot be split
     print(json.dumps(out))
 """)
 
@@ -142,9 +143,9 @@ def test_a_default_chunk_that_leaves_a_device_idle_is_warned_about_with_the_chun
     idle = two_device_runs["idle"]
     assert len(idle["low_rank"]) == 1, idle
     message = idle["low_rank"][0]
-    assert "2 devices" in message and "64 members make 1 chunk(s) of 64" in message and "1 device(s) will sit idle" in message
+    assert "2 devices" in message and "64 members make 1 chunk of 64" in message and "1 device(s) will sit idle" in message
     assert "chunk_size=32 (jes train: --chunk-size 32)" in message and "bits" in message
-    assert idle["chunk_given"] == idle["one_device"] == idle["two_chunks"] == []
+    assert idle["chunk_given"] == idle["one_device"] == idle["two_chunks"] == idle["one_pair"] == []
 
 
 FALLBACK_SCRIPT = textwrap.dedent("""

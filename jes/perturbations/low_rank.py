@@ -281,7 +281,7 @@ def _materialised(x: jax.Array) -> jax.Array:
     which is faster for them. Env steps/s against batch inference, 512 members, r = 1, median over seeds 0-4
     (``benchmarks/inference_ratio.py --compare-outputs``, 2026-12-03): MinAtar CNN 16c3x3 + 64 / 256 / 1024 0.57x /
     0.76x / 0.73x as placed here, 0.39x / 0.61x / 0.64x with every output fused; MLP 64 / 256 / 1024 0.69x / 0.76x /
-    0.94x here, 0.36x / 0.55x / 0.78x with every output written."""
+    0.94x here (the same program as all fused: no Conv), 0.36x / 0.55x / 0.78x with every output written."""
     if not jnp.issubdtype(x.dtype, jnp.floating):
         return x
     info = jnp.finfo(x.dtype)
