@@ -574,7 +574,7 @@ class LowRank:
 # CHUNK_SIZE members. But every env step reads the whole chunk's factors, so a chunk whose draws outgrow a server's
 # last-level cache runs at memory bandwidth: MLP 256x256 at r = 4 (4,625 floats a member), 4,096 members, chunks
 # of 2,048 (38 MB of draws) against 512 (9.5 MB), one process, seeds 0-4, 2-core EPYC with 32 MB of L3: 0.36x
-# [0.34, 0.37] against 0.43x [0.32, 0.50] batch inference (the README's tables before and after: 0.33x, 0.55x).
+# [0.34, 0.37] against 0.43x [0.32, 0.50] batch inference (the README's tables: 0.33x before, 0.55x and 0.43x after).
 # So the chunk halves while its draws exceed CACHED_CHUNK_FLOATS, down to CACHED_CHUNK_SIZE members, below which
 # the shared GEMM loses rows (chunks of 2,048 vs 512, 4,096 members, seeds 0-4: MLP 1024x1024 r = 1 0.91x / 0.89x,
 # r = 4 0.74x / 0.75x; CNN 16c3x3 + 1024 r = 1 0.80x / 0.88x, r = 4 0.64x / 0.59x: within their spreads).
