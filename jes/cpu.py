@@ -9,6 +9,7 @@ seeds 0-4; slower on a crowded machine; see benchmarks/README.md). The library n
 """
 from __future__ import annotations
 
+import functools
 import os
 
 import jax
@@ -71,6 +72,12 @@ def compiler_options(devices: list | None = None, fusion_emitters: bool = False)
     (the step; a master's, worker's, host env's or sweep's programs) compiles with the run's options,
     ``Trainer.step_compiler_options``.
 
+    **Nor may the cores a process runs on change bits** (``jes launch`` gives each process its own cores; workers
+    run on machines of any size): long reductions stay XLA's own loops rather than YNNPACK's, which splits them
+    among the process's threads, and programs with the newer emitters compile without XLA's parallel task
+    assignment, whose split of their loop fusions among threads changed a rank-4 low-rank run's parameters
+    (tests/test_cpu.py runs the same runs on one core and on two).
+
     Args:
         devices: the devices the program runs on (default: ``jax.devices()``).
         fusion_emitters: keep XLA's default (newer) fusion emitters, for programs the older ones run slower
@@ -78,6 +85,33 @@ def compiler_options(devices: list | None = None, fusion_emitters: bool = False)
             :attr:`jes.perturbations.LowRank.cpu_fusion_emitters`).
     """
     devices = jax.devices() if devices is None else devices
-    if all(d.platform == "cpu" for d in devices) and not fusion_emitters:
-        return {"xla_cpu_use_fusion_emitters": False}
-    return None
+    if not all(d.platform == "cpu" for d in devices):
+        return None
+    # The newer emitters' loop fusions split among the process's threads (XLA's parallel task assignment) gave other
+    # bits on one core than on two (a rank-4 low-rank MLP 256x256's update, from its second generation); the older
+    # emitters' did not
+    options = {"xla_disable_hlo_passes": PARALLEL_TASKS_PASS} if fusion_emitters else {"xla_cpu_use_fusion_emitters": False}
+    if _knows_option(YNN_FUSION_OPTION):
+        options[YNN_FUSION_OPTION] = YNN_FUSION_TYPES
+    return options or None
+
+
+# XLA:CPU hands dots, convolutions and reductions to its YNNPACK library (jaxlib 0.10), which splits a long reduction
+# (a norm over the parameters) among the threads of the process: its bits depended on the cores the process may use
+# (param_norm, grad_norm, update_norm and noise_std of an MLP 256x256's run differed in their last bits between one
+# core and two; its parameters did not). Reductions stay XLA's own loops here, whose order the program fixes; dots
+# and convolutions still go to YNNPACK, as by XLA's default (they gave the same bits on one core and on two).
+YNN_FUSION_OPTION = "xla_cpu_experimental_ynn_fusion_type"
+PARALLEL_TASKS_PASS = "cpu-parallel-task-assigner"
+YNN_FUSION_TYPES = "LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT,LIBRARY_FUSION_TYPE_INDIVIDUAL_CONVOLUTION"
+
+
+@functools.cache
+def _knows_option(name: str) -> bool:
+    """Whether this jaxlib's CPU compiler takes option ``name`` (older ones have no YNNPACK and fail on it)."""
+    try:
+        jax.jit(lambda x: x + 1, compiler_options={name: YNN_FUSION_TYPES}).lower(
+            jax.ShapeDtypeStruct((), "float32")).compile()
+    except Exception:  # noqa: BLE001 - "No such compile option" (XlaRuntimeError) or an invalid value
+        return False
+    return True

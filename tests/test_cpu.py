@@ -1,3 +1,5 @@
+import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -6,8 +8,6 @@ import pytest
 
 
 def devices_in_fresh_process(code: str, **env) -> str:
-    import os
-
     full_env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JES_CPU_DEVICES")}
     full_env.update(env, JAX_PLATFORMS="cpu")
     proc = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
@@ -54,3 +54,45 @@ def test_bad_env_value_is_explained(monkeypatch):
     monkeypatch.setenv("JES_CPU_DEVICES", "two")
     with pytest.raises(ValueError, match="JES_CPU_DEVICES must be an integer"):
         use_cpu_cores()
+
+
+# One run per line: its parameters' bits and every metric of its history but the clock's (hex strings: bits).
+SAME_RUN_ON_CORES = """
+    import os, sys, json
+    os.sched_setaffinity(0, set(json.loads(sys.argv[1])))
+    import numpy as np, jes
+    config = jes.ESConfig(num_members=32, num_generations=4, chunk_size=16, max_episode_steps=20, eval_episodes=1)
+    runs = {"openai_es r4": ("openai_es", "adam", jes.LowRank(4)), "openai_es": ("openai_es", "adam", None),
+            "sep_cma_es": ("sep_cma_es", None, None), "pgpe": ("pgpe", "adam", None)}
+    for name, (strategy, optimizer, perturbation) in runs.items():
+        run = config if perturbation is None else config.replace(perturbation=perturbation)
+        result = jes.train(jes.MLPPolicy((256, 256)), "Pendulum-v1", optimizer, strategy=strategy, config=run,
+                           progress=False)
+        history = {k: [float(x).hex() for x in np.asarray(v).reshape(-1)] for k, v in result.history.items()
+                   if k not in ("wall_time", "generation_time")}
+        print(json.dumps({"run": name, "params": np.asarray(result.flat_params).view(np.uint32).tolist(),
+                          "history": history}))
+"""
+
+
+@pytest.mark.hard_timeout(900)
+@pytest.mark.skipif(not hasattr(os, "sched_getaffinity") or len(os.sched_getaffinity(0)) < 2,
+                    reason="needs two cores to compare one against two")
+def test_a_run_gives_the_same_bits_on_one_core_and_on_two():
+    """XLA:CPU splits some work among the threads of the process (YNNPACK's reductions; the newer fusion emitters'
+    loop fusions, compiled at rank 3 and up), so a sum's bits could depend on the cores a process may use: a rank-4
+    run's parameters from its third generation on, and every run's param_norm / grad_norm / update_norm / noise_std
+    metrics. ``jes launch`` gives each process its own cores, and workers run on machines of any size."""
+    two = sorted(os.sched_getaffinity(0))[:2]
+    runs = {}
+    for cores in ([two[0]], two):
+        proc = subprocess.run([sys.executable, "-c", textwrap.dedent(SAME_RUN_ON_CORES), json.dumps(cores)],
+                              capture_output=True, text=True, timeout=840,
+                              env={k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JES_CPU_DEVICES")})
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        runs[len(cores)] = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith('{"run"')]
+    assert [r["run"] for r in runs[1]] == ["openai_es r4", "openai_es", "sep_cma_es", "pgpe"]
+    for one, both in zip(runs[1], runs[2]):
+        assert one["params"] == both["params"], f"{one['run']}: parameters differ between one core and two"
+        differ = [k for k in one["history"] if one["history"][k] != both["history"].get(k)]
+        assert not differ, f"{one['run']}: history differs between one core and two in {differ}"

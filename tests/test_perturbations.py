@@ -615,7 +615,8 @@ def test_the_step_compiles_with_the_fusion_emitters_its_rank_wants(rank):
     tests/test_distributed.py checks that a master's and workers' programs use the step's)."""
     trainer = jes.Trainer(jes.MLPPolicy((16, 16)), "Pendulum-v1", "adam",
                           jes.ESConfig(num_members=16, eval_episodes=2, max_episode_steps=30, perturbation=jes.LowRank(rank)))
-    options = None if rank >= low_rank.PRODUCT_RANK else {"xla_cpu_use_fusion_emitters": False}
+    options = jes.cpu.compiler_options(fusion_emitters=rank >= low_rank.PRODUCT_RANK)
+    assert ("xla_cpu_use_fusion_emitters" in options) == (rank < low_rank.PRODUCT_RANK)
     assert trainer.step_compiler_options == options
     assert trainer.program_parts()["compiler_options"] == options
     state, _ = trainer.step(trainer.init_state(3), jnp.bool_(True), jnp.bool_(True))
