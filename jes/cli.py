@@ -234,13 +234,13 @@ def _policy_args(pairs: list[str]) -> dict:
 
 def _import_policy_class(spec: str):
     import importlib
-    import os
 
     import flax.linen as nn
 
+    from jes.describe import current_directory_importable
+
     module_name, _, qualname = spec.partition(":")
-    if os.getcwd() not in sys.path and "" not in sys.path:
-        sys.path.insert(0, os.getcwd())  # the console script does not put the current directory on the path
+    current_directory_importable()
     try:
         obj = importlib.import_module(module_name)
         for part in qualname.split("."):
@@ -495,6 +495,10 @@ def main(argv: list[str] | None = None) -> int:
             print(f"jes {args.command}: {err}", file=sys.stderr)
             return 2
     enable_compilation_cache()
+    if getattr(args, "allow_module", None):
+        from jes.describe import current_directory_importable
+
+        current_directory_importable()  # the allowed modules import from here, as --policy's does
     handler = {"train": _train, "eval": _eval, "sweep": _sweep, "plot": _plot}[args.command]
     try:
         return handler(args)

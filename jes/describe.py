@@ -38,6 +38,8 @@ from __future__ import annotations
 import dataclasses
 import functools
 import importlib
+import os
+import sys
 import types
 from typing import Any, Callable, Iterable
 
@@ -287,6 +289,40 @@ def describe_object(obj: Any, what: str, *, lenient: bool = False) -> dict:
                 continue  # a default initializer (a closure): the rebuilt object has it too
             fields[f.name] = describe_value(getattr(obj, f.name), f"{what}.{f.name}", lenient=lenient)
     return {"class": path, "fields": fields}
+
+
+def current_directory_importable() -> None:
+    """Put the working directory on ``sys.path``, as ``python -m`` does and the ``jes`` and ``jes-worker`` console
+    scripts do not: a module of the user's own (``--policy MODULE:CLASS``, ``--allow-module MODULE``) imports from
+    where they run the command. What may be built from it is still only what the allowlist admits."""
+    cwd = os.getcwd()
+    if cwd not in sys.path and "" not in sys.path:
+        sys.path.insert(0, cwd)
+
+
+def own_modules(description: Any) -> tuple[str, ...]:
+    """The modules outside jes's registry whose classes or functions ``description`` names (a policy of the user's
+    own, its layers, an activation): what a worker this process starts itself must allow to rebuild the run.
+    Modules of libraries and denied modules are left out (they are never allowed)."""
+    found: list[str] = []
+
+    def walk(value: Any) -> None:
+        if isinstance(value, dict):
+            for key in ("class", "__callable__", "callable"):
+                path = value.get(key)
+                if isinstance(path, str) and ":" in path:
+                    module = path.partition(":")[0]
+                    if (module and module != "__main__" and _root(module) not in LIBRARY_PACKAGES
+                            and _root(module) not in DENIED_MODULES and module not in found):
+                        found.append(module)
+            for item in value.values():
+                walk(item)
+        elif isinstance(value, (list, tuple)):
+            for item in value:
+                walk(item)
+
+    walk(description)
+    return tuple(found)
 
 
 # --------------------------------------------------------------------- build

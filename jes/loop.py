@@ -22,6 +22,7 @@ from jes import checkpoint, logging as jes_logging
 from jes.distributed import jax_runtime
 from jes.distributed.local import LOCAL_MASTER_OPTIONS, LocalWorkers, new_secret
 from jes.distributed.master import Master
+from jes import describe
 from jes.describe import DescriptionError
 from jes.config import ESConfig
 from jes.generation import Trainer, TrainState, as_key, fetch, localize
@@ -240,6 +241,9 @@ def _policy_of(trainer: Trainer, flat_params: Any, obs_stats: tuple | None) -> T
                          max_steps=trainer.spec.max_steps, env=trainer.spec)
 
 
+# Seconds a run with local workers waits for them to build and compile the run before its first generation.
+LOCAL_WORKERS_TIMEOUT = 120.0
+
 HISTORY_KEYS = (
     "generation", "pop_mean", "pop_max", "pop_min", "pop_std", "centre_return", "wall_time",
     "generation_time", "env_steps", "noise_std", "learning_rate", "grad_norm", "update_norm", "param_norm",
@@ -398,8 +402,15 @@ def train(
                 raise ValueError(f"num_workers={num_workers}: worker processes rebuild the run from plain data, but "
                                  f"{err}. Pass the env by its registered id (e.g. 'gymnasium:CartPole-v1'), or use "
                                  f"num_workers=0") from err
-            with server, LocalWorkers(f"127.0.0.1:{server.port}", local_secret, num_workers):
-                server.wait_for_workers(state, num_workers, timeout=120.0)
+            # The workers are this process's own children: they may build the policy class this process runs
+            own = describe.own_modules(server.description)
+            with server, LocalWorkers(f"127.0.0.1:{server.port}", local_secret, num_workers, allow_modules=own):
+                ready = server.wait_for_workers(state, num_workers, timeout=LOCAL_WORKERS_TIMEOUT)
+                if ready < num_workers:
+                    warnings.warn(f"num_workers={num_workers}: {ready} local worker(s) became ready within "
+                                  f"{LOCAL_WORKERS_TIMEOUT:.0f} s (their errors, if any, are logged above); the run "
+                                  f"goes on with them and evaluates the rest in this process (same bits)",
+                                  stacklevel=2)
                 return run(trainer, state, key=key, callbacks=[*loggers, *callbacks], history=history,
                            checkpoint_path=checkpoint_path, checkpoint_every=checkpoint_every, step_fn=server.step,
                            log_dir=log_dir, best=best, started=started)

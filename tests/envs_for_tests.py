@@ -1,5 +1,6 @@
 """Tiny gymnax-protocol environments used by the tests (real envs are used wherever behaviour allows)."""
 
+import flax.linen as nn
 import jax.numpy as jnp
 from flax import struct
 from gymnax.environments import environment, spaces
@@ -60,3 +61,14 @@ class Countdown(environment.Environment):
 def make_countdown() -> Countdown:
     """A function, not a class (tests that a description naming it as a class is refused)."""
     return Countdown()
+
+
+class UsersPolicy(nn.Module):
+    """A policy class of a user's own module (not jes's registry): local workers must be allowed to build it."""
+
+    hidden: int = 8
+    num_outputs: int | None = None
+
+    @nn.compact
+    def __call__(self, obs):
+        return nn.Dense(self.num_outputs)(nn.tanh(nn.Dense(self.hidden)(obs)))

@@ -3,6 +3,7 @@ import csv
 import inspect
 import os
 import re
+import shutil
 import subprocess
 import sys
 import warnings
@@ -374,3 +375,36 @@ def test_train_with_low_rank_perturbations_and_a_rank_without_them(tmp_path, cap
         capsys.readouterr().err
     assert cli.main(["train", *SMALL_FLAGS, "--generations", "1", "--rank", "2", "--log-dir", str(tmp_path / "x")]) == 2
     assert "perturbation_rank=2 is the rank of low-rank perturbations" in capsys.readouterr().err
+
+
+USERS_MODULE = '''
+import flax.linen as nn
+
+
+class TinyPolicy(nn.Module):
+    num_outputs: int | None = None
+
+    @nn.compact
+    def __call__(self, obs):
+        return nn.Dense(self.num_outputs)(nn.tanh(nn.Dense(4)(obs)))
+'''
+
+
+@pytest.mark.hard_timeout(600)
+def test_the_jes_command_imports_an_allowed_module_from_the_current_directory(tmp_path):
+    """``jes eval CKPT --allow-module M`` from the directory that holds M.py: the console script (unlike ``python -m``)
+    does not put the working directory on sys.path, so an allowed module that ``--policy M:Class`` had found there
+    failed to import ("No module named ...") and the error told the user to pass the flag they had passed."""
+    script = shutil.which("jes", path=os.path.dirname(sys.executable))
+    if script is None:
+        pytest.skip("the jes console script is not installed next to this Python")
+    (tmp_path / "users_policies.py").write_text(USERS_MODULE)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    train = subprocess.run([script, "train", "--policy", "users_policies:TinyPolicy", "--generations", "1",
+                            "--population", "16", "--eval-episodes", "2", "--checkpoint", "run.ckpt", "--log-dir",
+                            "none"], capture_output=True, text=True, cwd=tmp_path, env=env, timeout=300)
+    assert train.returncode == 0, train.stderr[-3000:]
+    evaluated = subprocess.run([script, "eval", "run.ckpt", "--allow-module", "users_policies", "--episodes", "2"],
+                               capture_output=True, text=True, cwd=tmp_path, env=env, timeout=300)
+    assert evaluated.returncode == 0, evaluated.stderr[-3000:]
+    assert "TinyPolicy" in evaluated.stdout and "over 2 episodes" in evaluated.stdout, evaluated.stdout

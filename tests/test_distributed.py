@@ -17,6 +17,7 @@ import socket
 import subprocess
 import sys
 import time
+import warnings
 
 import gymnax
 import jax
@@ -611,3 +612,21 @@ def test_a_low_rank_runs_bytes_per_generation_do_not_grow_with_the_policy(pool):
     assert big > 60_000 and small < 1_000
     for s, b in zip(small_bytes, big_bytes):  # (heartbeats may add a message or two: not a fixed count)
         assert 0 < b < 1.5 * s + 2_000 and b < big * 4 / 10, per_generation
+
+
+@pytest.mark.hard_timeout(600)
+def test_local_workers_build_a_policy_of_the_users_own_module():
+    """``num_workers=N`` starts workers of this Python for a run whose policy class is the user's own (from a module of
+    theirs, not jes's registry): the workers allow that module and import it from where this process did, and
+    evaluate chunks (they used to refuse the run, and the master waited 120 s, then ran alone, unwarned)."""
+    from envs_for_tests import UsersPolicy
+
+    kw = dict(num_members=16, chunk_size=4, num_generations=2, eval_episodes=2, log_dir=None, progress=False, key=KEY)
+    alone = jes.train(UsersPolicy(), "CartPole-v1", "adam", **kw)
+    with master_log() as recorder, warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)  # "... local worker(s) became ready ..." would fail here
+        spread = jes.train(UsersPolicy(), "CartPole-v1", "adam", num_workers=2, **kw)
+    assert not [m for m in recorder.messages if "refused" in m], recorder.messages
+    assert [m for m in recorder.messages if re.match(r"worker local-\d: assigned chunks", m)], recorder.messages
+    np.testing.assert_array_equal(alone.flat_params, spread.flat_params)
+    np.testing.assert_array_equal(alone.history["pop_mean"], spread.history["pop_mean"])

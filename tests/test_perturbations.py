@@ -138,6 +138,10 @@ class DenseSubclasses(nn.Module):
         return nn.Dense(self.num_outputs)(jnp.tanh(TransposedDense(6)(h)))
 
 
+class KeptConv(nn.Conv):
+    """A subclass of a layer jes factors that keeps its ``__call__``: factored as the layer is."""
+
+
 POLICIES = {
     "mlp (Dense)": (jes.MLPPolicy((8, 8), num_outputs=2), (4,)),
     "gru torch layout (matvec)": (jes.GRUPolicy(5, 2, num_outputs=2), (4,)),
@@ -152,6 +156,7 @@ POLICIES = {
     "a bare Conv as the whole policy": (nn.Conv(2, (3,), padding="SAME"), (5, 1)),
     "conv variants (dilation, circular, reflect, explicit, input dilation)": (ConvVariants(), (7, 7, 2)),
     "causal 1-D conv": (nn.Conv(2, (3,), padding="CAUSAL"), (6, 1)),
+    "a Conv subclass keeping __call__": (KeptConv(2, (3, 3), padding="SAME"), (5, 5, 2)),
 }
 
 

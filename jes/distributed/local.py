@@ -34,13 +34,17 @@ class LocalWorkers:
         count: worker processes.
         max_restarts: replacements in all before giving up on replacing (a worker that cannot start is not
             restarted forever; the master then evaluates what is left itself).
+        allow_modules: modules of the user's own the workers may build classes from (``--allow-module``): the
+            run's own policy module, which this process runs already. The workers get this process's
+            ``sys.path``, so they import it from where this process did.
     """
 
     def __init__(self, endpoint: str, secret: str, count: int, max_restarts: int | None = None,
-                 log_level: str = "WARNING"):
+                 log_level: str = "WARNING", allow_modules: tuple[str, ...] = ()):
         if isinstance(count, bool) or not isinstance(count, int) or count < 1:
             raise ValueError(f"num_workers must be a positive integer, got {count!r}")
         self.endpoint, self.secret, self.count = endpoint, secret, count
+        self.allow_modules = tuple(allow_modules)
         self.max_restarts = 3 * count if max_restarts is None else max_restarts
         self.restarts = 0
         self.log_level = log_level
@@ -56,6 +60,10 @@ class LocalWorkers:
         env = dict(os.environ, JES_SECRET=self.secret)
         command = [sys.executable, "-m", "jes.distributed.worker", "--master", self.endpoint,
                    "--name", f"local-{index}", "--log-level", self.log_level]
+        for module in self.allow_modules:
+            command += ["--allow-module", module]
+        if self.allow_modules:  # import the user's modules from where this process did ("" is its working directory)
+            env["PYTHONPATH"] = os.pathsep.join(os.path.abspath(p) if p else os.getcwd() for p in sys.path)
         return subprocess.Popen(command, env=env, stdin=subprocess.DEVNULL)
 
     def _watch(self) -> None:

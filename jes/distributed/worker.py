@@ -553,6 +553,8 @@ def main(argv: list[str] | None = None) -> int:
                 devices = [by_id[i] for i in ids]
             else:
                 devices = int(args.devices)
+        if args.allow_module:
+            describe.current_directory_importable()  # the operator's modules import from where they run jes-worker
         worker = Worker(args.master, secret, name=args.name, devices=devices, master_timeout=args.master_timeout,
                         allow_modules=args.allow_module, curve_server_key=args.curve_server_key)
     except (ValueError, OSError) as err:

@@ -166,7 +166,7 @@ def factored_params(module: nn.Module, method: str) -> tuple[str, ...]:
         return ()
     if _applies_as(module, nn.Dense) or (_applies_as(module, nn.DenseGeneral) and _dense_general_ok(module)):
         return ("kernel",)
-    if type(module) is nn.Conv and module.feature_group_count == 1 and module.mask is None:
+    if _applies_as(module, nn.Conv) and module.feature_group_count == 1 and module.mask is None:
         return ("kernel",)
     if _applies_as(module, nn.Embed):
         return ("embedding",)
