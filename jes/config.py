@@ -67,6 +67,10 @@ class ESConfig:
     perturbation_rank: int = 1
 
     def __post_init__(self):
+        if isinstance(self.perturbation, type):  # jes.LowRank without parentheses read as rank 1 before
+            raise ValueError(f"perturbation={self.perturbation.__name__} is the class; pass an instance: "
+                             f"{self.perturbation.__name__}() (e.g. jes.LowRank(rank=2)), or its name "
+                             f"('full_rank', 'low_rank')")
         if not isinstance(self.perturbation, str) and hasattr(self.perturbation, "name"):
             given = self.perturbation  # a jes.LowRank / jes.FullRank object: stored as plain fields
             rank = getattr(given, "rank", None)

@@ -505,6 +505,11 @@ def test_a_rank_given_twice_must_agree_and_a_replaced_perturbation_brings_its_ow
         assert (low4.replace(perturbation=full).perturbation, low4.replace(perturbation=full).perturbation_rank) \
             == ("full_rank", 1)
     assert low4.replace(perturbation="low_rank").perturbation_rank == 4
+    for cls in (jes.LowRank, jes.FullRank):  # the class without parentheses: it read as rank 1
+        with pytest.raises(ValueError, match=rf"perturbation={cls.__name__} is the class; pass an instance"):
+            jes.ESConfig(perturbation=cls)
+        with pytest.raises(ValueError, match="is the class"):
+            low4.replace(perturbation=cls)
 
 
 def test_numpy_integers_are_taken_as_ranks_and_counts_and_stored_as_ints():
