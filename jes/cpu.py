@@ -89,8 +89,9 @@ def compiler_options(devices: list | None = None, fusion_emitters: bool = False)
         return None
     # The newer emitters' loop fusions split among the process's threads (XLA's parallel task assignment) gave other
     # bits on one core than on two (a rank-4 low-rank MLP 256x256's update, from its second generation); the older
-    # emitters' did not
-    options = {"xla_disable_hlo_passes": PARALLEL_TASKS_PASS} if fusion_emitters else {"xla_cpu_use_fusion_emitters": False}
+    # emitters' did not. With the newer emitters a long row reduction also stays one fused loop (NEWER_EMITTERS_PASSES)
+    options = ({"xla_disable_hlo_passes": ",".join(NEWER_EMITTERS_PASSES)} if fusion_emitters
+               else {"xla_cpu_use_fusion_emitters": False})
     if _knows_option(YNN_FUSION_OPTION):
         options[YNN_FUSION_OPTION] = YNN_FUSION_TYPES
     return options or None
@@ -102,7 +103,12 @@ def compiler_options(devices: list | None = None, fusion_emitters: bool = False)
 # core and two; its parameters did not). Reductions stay XLA's own loops here, whose order the program fixes; dots
 # and convolutions still go to YNNPACK, as by XLA's default (they gave the same bits on one core and on two).
 YNN_FUSION_OPTION = "xla_cpu_experimental_ynn_fusion_type"
-PARALLEL_TASKS_PASS = "cpu-parallel-task-assigner"
+# Passes programs compiled with the newer emitters run without: XLA's parallel task assignment (see above), and its
+# tree reduction rewriter, which splits a long reduction into a reduce-window and a second reduce, and left the
+# elementwise product it reduces a fusion of its own, written to memory and read back: a low-rank Dense layer's x A
+# (MLP 256x256, r = 1, 512 members: the whole generation 0.57x batch inference with the rewriter, 0.76x without it,
+# in one process, seeds 0-2, 2026-12-03 23:0x UTC).
+NEWER_EMITTERS_PASSES = ("cpu-parallel-task-assigner", "tree_reduction_rewriter")
 YNN_FUSION_TYPES = "LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT,LIBRARY_FUSION_TYPE_INDIVIDUAL_CONVOLUTION"
 
 

@@ -618,16 +618,31 @@ def test_a_low_rank_run_without_mirrored_pairs_matches_its_materialised_members_
     assert np.all(np.isfinite(result.flat_params)) and len(result.history["pop_mean"]) == 3
 
 
-@pytest.mark.parametrize("rank", [1, 4])
-def test_the_step_compiles_with_the_fusion_emitters_its_rank_wants(rank):
-    """From rank 3 the step keeps XLA:CPU's default fusion emitters (its batched products run faster there); below,
-    jes's older ones (faster compiles). The options are part of the program's cache key (they can change bits:
-    tests/test_distributed.py checks that a master's and workers' programs use the step's)."""
-    trainer = jes.Trainer(jes.MLPPolicy((16, 16)), "Pendulum-v1", "adam",
+class ConvOverObs(nn.Module):
+    """A 1-D Conv over Pendulum's observation, then a head: a policy with a factored Conv layer."""
+
+    num_outputs: int = 1
+
+    @nn.compact
+    def __call__(self, obs):
+        x = nn.relu(nn.Conv(4, (2,), padding="SAME")(obs.astype(jnp.float32)[:, None]))
+        return nn.Dense(self.num_outputs)(x.reshape(-1))
+
+
+@pytest.mark.parametrize("policy, rank, newer", [("mlp", 1, True), ("mlp", 4, True), ("conv", 1, False),
+                                                 ("conv", 4, True)])
+def test_the_step_compiles_with_the_fusion_emitters_its_layers_and_rank_want(policy, rank, newer):
+    """The step keeps XLA:CPU's default (newer) fusion emitters from rank 3 (its batched products run faster there)
+    and at any rank without a factored Conv layer (their tanh is faster); a Conv policy below rank 3 gets jes's older
+    ones. The options are part of the program's cache key (they can change bits: tests/test_distributed.py checks
+    that a master's and workers' programs use the step's)."""
+    module = jes.MLPPolicy((16, 16)) if policy == "mlp" else ConvOverObs()
+    trainer = jes.Trainer(module, "Pendulum-v1", "adam",
                           jes.ESConfig(num_members=16, eval_episodes=2, max_episode_steps=30, perturbation=jes.LowRank(rank)))
-    options = jes.cpu.compiler_options(fusion_emitters=rank >= low_rank.PRODUCT_RANK)
-    assert ("xla_cpu_use_fusion_emitters" in options) == (rank < low_rank.PRODUCT_RANK)
+    options = jes.cpu.compiler_options(fusion_emitters=newer)
+    assert ("xla_cpu_use_fusion_emitters" in options) == (not newer)
     assert trainer.step_compiler_options == options
-    assert trainer.program_parts()["compiler_options"] == options
+    if policy == "mlp":  # a module of a test file has no cache key (program_parts is None)
+        assert trainer.program_parts()["compiler_options"] == options
     state, _ = trainer.step(trainer.init_state(3), jnp.bool_(True), jnp.bool_(True))
     assert int(state.generation) == 1

@@ -17,7 +17,10 @@ class FullRank:
     name: ClassVar[str] = "full_rank"
     structured: ClassVar[bool] = False
     rank: ClassVar[int | None] = None
-    cpu_fusion_emitters: ClassVar[bool] = False  # the step compiles with jes's default XLA options (jes.cpu)
+
+    def cpu_fusion_emitters(self, layout: Any = None) -> bool:
+        """False: the step compiles with jes's default XLA options (:func:`jes.cpu.compiler_options`)."""
+        return False
 
     def member_fns(self, fns: Any, unravel: Callable, centre: jax.Array, layout: Any = None) -> "DenseMembers":
         """The rollout's view of members given as ``[C, P]`` flat vectors (``centre`` and ``layout`` unused)."""

@@ -204,8 +204,8 @@ def _with_rank_factors(xa: jax.Array, b_t: jax.Array) -> jax.Array:
     return out
 
 
-# A Conv correction's rows (prod(kernel) * cin) up to which x A is summed term by term from the input's shifted
-# windows; above it the windows are concatenated into the patches, then multiplied by A (see _conv_correction).
+# A Conv correction's rows (prod(kernel) * cin) up to which x A is a reduction over the input's shifted windows; above
+# it the windows are concatenated into the patches, then multiplied by A (see _conv_correction).
 CONV_UNROLLED_ROWS = 64
 
 
@@ -248,24 +248,23 @@ def _conv_windows(module: nn.Conv, x: jax.Array) -> list[jax.Array] | None:
 def _conv_correction(module: nn.Conv, x: jax.Array, a_t: jax.Array, b_t: jax.Array) -> jax.Array | None:
     """``patches(x) A B^T`` of a Conv layer from its input's shifted windows (``None``: see :func:`_conv_windows`).
 
-    Up to ``CONV_UNROLLED_ROWS`` rows, ``x A`` is summed window channel by window channel (multiply-adds only:
-    ``rows`` per output position and rank); above, the windows are concatenated into the patches (data movement
-    only) and multiplied by ``A``. Either way no convolution: the patches as a conv with an identity kernel cost
-    ``rows^2`` multiply-adds per position. MinAtar 16c3x3 layer, 512 members, one correction: 0.63 ms summed by
-    channel, 1.3 ms concatenated, 4.3 ms through the identity conv; the layer's shared conv itself takes 2.2 ms.
+    Up to ``CONV_UNROLLED_ROWS`` rows, ``x A`` is one reduction over the windows' channels times ``A``, its input
+    (the windows side by side, times ``A``) fused into it and never written: a reduction is a value XLA computes
+    once, where the same terms summed as elementwise adds were copied into every fusion that read the layer's
+    output, once per output channel (MinAtar CNN 16c3x3 + 256, r = 1, 512 members, in one process against batch
+    inference, seeds 0-2, 2026-12-03: the policy's forward pass alone 0.25x as adds, 0.62x as a reduction; the
+    whole generation 0.24x -> 0.58x; with 64 / 1,024 hidden units 0.14x -> 0.40x / 0.40x -> 0.70x). Above, the windows are
+    concatenated into the patches (data movement only) and multiplied by ``A``. Either way no convolution: the
+    patches as a conv with an identity kernel cost ``rows^2`` multiply-adds per position.
     """
     windows = _conv_windows(module, x)
     if windows is None:
         return None
-    rank, cin = a_t.shape[0], x.shape[-1]
-    if len(windows) * cin > CONV_UNROLLED_ROWS:
+    rows = a_t.shape[1]
+    if rows > CONV_UNROLLED_ROWS:
         return low_rank_product(jnp.concatenate(windows, axis=-1), a_t, b_t)
-    a = a_t.reshape(rank, len(windows), cin)
-    xa = None
-    for o, window in enumerate(windows):
-        for c in range(cin):
-            term = window[..., c:c + 1] * a[:, o, c]
-            xa = term if xa is None else xa + term
+    patches = jnp.concatenate(windows, axis=-1)  # [..., *out_spatial, rows]: fused into the reduction below
+    xa = jnp.sum(patches[..., None, :] * a_t, axis=-1)  # [..., *out_spatial, r]
     return _with_rank_factors(xa, b_t)
 
 
@@ -423,17 +422,19 @@ class LowRank:
             raise ValueError(f"LowRank rank must be a positive integer, got {self.rank!r}")
         object.__setattr__(self, "rank", int(self.rank))  # a numpy integer as a plain int (hashing, file names)
 
-    @property
-    def cpu_fusion_emitters(self) -> bool:
+    def cpu_fusion_emitters(self, layout: Layout) -> bool:
         """Whether the generation step compiles with XLA:CPU's default (newer) fusion emitters rather than jes's
         older ones (:func:`jes.cpu.compiler_options`): from rank :data:`PRODUCT_RANK` on, whose batched products
-        the older emitters run much slower. Part of the run's identity, like the chunk size: the emitters can
-        change bits (:func:`jes.cpu.compiler_options`), and every program of the run uses the same. The README's
-        inference-ratio table before and after (seeds 0-4, quiet VM), r = 4, 512 members, env steps/s against batch inference: MLP 64x64
-        0.29x -> 0.48x, 256x256 0.26x -> 0.58x, 1024x1024 0.59x -> 0.67x; MinAtar CNNs unchanged (0.33-0.52x). At
-        r = 1 probes showed no gain and up to 1.8x longer compiles (GRU 5x2 on CartPole), so rank 1 and 2 keep the
-        older ones."""
-        return self.rank >= PRODUCT_RANK
+        the older emitters run much slower, and at any rank for a policy without a factored Conv layer. A function
+        of the perturbation and the layout only, like the chunk size: the emitters can change bits, so every
+        program of the run (every device, worker and process) uses the same.
+
+        Measured in one process, env steps/s against batch inference, 512 members, seeds 0-2, 2026-12-03:
+        rank 1, MLP 256x256 0.46x with the older emitters, 0.75x with the newer (their tanh is faster); MinAtar
+        CNN 16c3x3 + 64 / 256 / 1024 (ReLU) 0.40x / 0.58x / 0.70x with the older, 0.34x / 0.52x / 0.63x with the
+        newer. Earlier (README's table before and after), rank 4: MLP 256x256 0.26x -> 0.58x with the newer. The
+        newer emitters compile a small policy's step longer (GRU 5x2 on CartPole: up to 1.8x)."""
+        return self.rank >= PRODUCT_RANK or not any(len(leaf.shape) > 2 for leaf in layout.factored)
 
     def default_chunk_size(self, layout: Layout) -> int:
         """Most members in a chunk when ``ESConfig.chunk_size`` is ``None``: see :data:`CHUNK_SIZE`. A function of
