@@ -62,11 +62,15 @@ SAME_RUN_ON_CORES = """
     os.sched_setaffinity(0, set(json.loads(sys.argv[1])))
     import numpy as np, jes
     config = jes.ESConfig(num_members=32, num_generations=4, chunk_size=16, max_episode_steps=20, eval_episodes=1)
-    runs = {"openai_es r4": ("openai_es", "adam", jes.LowRank(4)), "openai_es r1": ("openai_es", "adam", jes.LowRank(1)),
-            "openai_es": ("openai_es", "adam", None),
-            "sep_cma_es": ("sep_cma_es", None, None), "pgpe": ("pgpe", "adam", None)}
-    for name, (strategy, optimizer, perturbation) in runs.items():
-        run = config if perturbation is None else config.replace(perturbation=perturbation)
+    # 2,048 members in one chunk: the update's A^T diag(w) B contracts 1,024 pairs (XLA:CPU split that among threads)
+    wide = dict(num_members=2048, chunk_size=2048, num_generations=2, max_episode_steps=5)
+    runs = {"openai_es r4": ("openai_es", "adam", jes.LowRank(4), {}),
+            "openai_es r1": ("openai_es", "adam", jes.LowRank(1), {}),
+            "openai_es r1 2048": ("openai_es", "adam", jes.LowRank(1), wide),
+            "openai_es": ("openai_es", "adam", None, {}),
+            "sep_cma_es": ("sep_cma_es", None, None, {}), "pgpe": ("pgpe", "adam", None, {})}
+    for name, (strategy, optimizer, perturbation, fields) in runs.items():
+        run = config.replace(**fields) if perturbation is None else config.replace(perturbation=perturbation, **fields)
         result = jes.train(jes.MLPPolicy((256, 256)), "Pendulum-v1", optimizer, strategy=strategy, config=run,
                            progress=False)
         history = {k: [float(x).hex() for x in np.asarray(v).reshape(-1)] for k, v in result.history.items()
@@ -82,8 +86,9 @@ SAME_RUN_ON_CORES = """
 def test_a_run_gives_the_same_bits_on_one_core_and_on_two():
     """XLA:CPU splits some work among the threads of the process (YNNPACK's reductions; the newer fusion emitters'
     loop fusions, compiled for low rank), so a sum's bits could depend on the cores a process may use: a rank-4
-    run's parameters from its third generation on, and every run's param_norm / grad_norm / update_norm / noise_std
-    metrics. ``jes launch`` gives each process its own cores, and workers run on machines of any size."""
+    run's parameters from its third generation on, a low-rank update over 1,024 pairs (its A^T diag(w) B products),
+    and every run's param_norm / grad_norm / update_norm / noise_std metrics. ``jes launch`` gives each process its
+    own cores, and workers run on machines of any size."""
     two = sorted(os.sched_getaffinity(0))[:2]
     runs = {}
     for cores in ([two[0]], two):
@@ -92,7 +97,8 @@ def test_a_run_gives_the_same_bits_on_one_core_and_on_two():
                               env={k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JES_CPU_DEVICES")})
         assert proc.returncode == 0, proc.stderr[-3000:]
         runs[len(cores)] = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith('{"run"')]
-    assert [r["run"] for r in runs[1]] == ["openai_es r4", "openai_es r1", "openai_es", "sep_cma_es", "pgpe"]
+    assert [r["run"] for r in runs[1]] == ["openai_es r4", "openai_es r1", "openai_es r1 2048", "openai_es",
+                                           "sep_cma_es", "pgpe"]
     for one, both in zip(runs[1], runs[2]):
         assert one["params"] == both["params"], f"{one['run']}: parameters differ between one core and two"
         differ = [k for k in one["history"] if one["history"][k] != both["history"].get(k)]

@@ -160,7 +160,7 @@ POLICIES = {
 }
 
 
-@pytest.mark.parametrize("cin", [2, 8])  # summed channel by channel (18 rows), concatenated patches (72 rows)
+@pytest.mark.parametrize("cin", [2, 8])  # x A as a reduction (18 rows), as a product (72 rows)
 def test_conv_correction_from_shifted_windows_equals_the_identity_kernel_patches(cin):
     """The Conv correction from the padded input's shifted windows equals patches(x) A B^T with the patches
     from a conv with an identity kernel, for SAME, strided VALID and circular padding; input dilation is left to

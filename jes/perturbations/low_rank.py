@@ -204,8 +204,8 @@ def _with_rank_factors(xa: jax.Array, b_t: jax.Array) -> jax.Array:
     return out
 
 
-# A Conv correction's rows (prod(kernel) * cin) up to which x A is a reduction over the input's shifted windows; above
-# it the windows are concatenated into the patches, then multiplied by A (see _conv_correction).
+# A Conv correction's rows (prod(kernel) * cin) up to which x A is a reduction of its patches times A; above, a product
+# (see _conv_correction).
 CONV_UNROLLED_ROWS = 64
 
 
@@ -248,22 +248,21 @@ def _conv_windows(module: nn.Conv, x: jax.Array) -> list[jax.Array] | None:
 def _conv_correction(module: nn.Conv, x: jax.Array, a_t: jax.Array, b_t: jax.Array) -> jax.Array | None:
     """``patches(x) A B^T`` of a Conv layer from its input's shifted windows (``None``: see :func:`_conv_windows`).
 
-    Up to ``CONV_UNROLLED_ROWS`` rows, ``x A`` is one reduction over the windows' channels times ``A``, its input
-    (the windows side by side, times ``A``) fused into it and never written: a reduction is a value XLA computes
-    once, where the same terms summed as elementwise adds were copied into every fusion that read the layer's
-    output, once per output channel (MinAtar CNN 16c3x3 + 256, r = 1, 512 members, in one process against batch
-    inference, seeds 0-2, 2026-12-03: the policy's forward pass alone 0.25x as adds, 0.62x as a reduction; the
-    whole generation 0.24x -> 0.58x; with 64 / 1,024 hidden units 0.14x -> 0.40x / 0.40x -> 0.70x). Above, the windows are
-    concatenated into the patches (data movement only) and multiplied by ``A``. Either way no convolution: the
-    patches as a conv with an identity kernel cost ``rows^2`` multiply-adds per position.
+    Up to ``CONV_UNROLLED_ROWS`` rows, ``x A`` is one reduction of the windows side by side (the patches, which
+    XLA:CPU writes once) times ``A``: a reduction is a value XLA computes once, where the same terms summed as
+    elementwise adds were copied into every fusion that read the layer's output, once per output channel (MinAtar
+    CNN 16c3x3 + 256, r = 1, 512 members, in one process against batch inference, seeds 0-2, 2026-12-03: the
+    policy's forward pass alone 0.25x as adds, 0.62x as a reduction; the whole generation 0.24x -> 0.58x; with 64 /
+    1,024 hidden units 0.14x -> 0.40x / 0.40x -> 0.70x). Above, the patches are multiplied by ``A`` as a product.
+    Either way no convolution: the patches as a conv with an identity kernel cost ``rows^2`` multiply-adds per
+    position.
     """
     windows = _conv_windows(module, x)
     if windows is None:
         return None
-    rows = a_t.shape[1]
-    if rows > CONV_UNROLLED_ROWS:
-        return low_rank_product(jnp.concatenate(windows, axis=-1), a_t, b_t)
-    patches = jnp.concatenate(windows, axis=-1)  # [..., *out_spatial, rows]: fused into the reduction below
+    patches = jnp.concatenate(windows, axis=-1)  # [..., *out_spatial, rows]
+    if a_t.shape[1] > CONV_UNROLLED_ROWS:
+        return low_rank_product(patches, a_t, b_t)
     xa = jnp.sum(patches[..., None, :] * a_t, axis=-1)  # [..., *out_spatial, r]
     return _with_rank_factors(xa, b_t)
 
@@ -278,7 +277,8 @@ def _materialised(x: jax.Array) -> jax.Array:
     to the dtype's own exponent and mantissa bits is the identity on every value, and YNNPACK does not fuse it:
     the layer's output is written once and the GEMM reads it. Dense layers' outputs are left to the fusion,
     which is faster for them. Env steps/s against batch inference, 512 members, r = 1, median over seeds 0-4
-    (``benchmarks/inference_ratio.py --compare-outputs``, 2026-12-03): MinAtar CNN 16c3x3 + 64 / 256 / 1024 0.57x /
+    (``benchmarks/inference_ratio.py --compare-outputs``, 2026-12-03, with YNNPACK's reductions, before 8ebcb19):
+    MinAtar CNN 16c3x3 + 64 / 256 / 1024 0.57x /
     0.76x / 0.73x as placed here, 0.39x / 0.61x / 0.64x with every output fused; MLP 64 / 256 / 1024 0.69x / 0.76x /
     0.94x here (the same program as all fused: no Conv), 0.36x / 0.55x / 0.78x with every output written."""
     if not jnp.issubdtype(x.dtype, jnp.floating):
@@ -552,7 +552,7 @@ class LowRank:
         for a_t, b_t in zip(a_list, b_list):  # [k, r, m], [k, r, n]: one [m, k r] x [k r, n] product
             m, n, r = a_t.shape[2], b_t.shape[2], self.rank
             weighted = (a_t * w[:, None, None]).reshape(k * r, m)
-            matrices.append(weighted.T @ b_t.reshape(k * r, n) / math.sqrt(r))
+            matrices.append(noise.rows_product(weighted, b_t.reshape(k * r, n)) / math.sqrt(r))
         return layout.assemble(w @ dense, matrices)
 
     def member_noise(self, ctx: Any, gen_key: jax.Array, member: jax.Array) -> jax.Array:

@@ -14,6 +14,7 @@ import numpy as np
 from flax import struct
 
 from jes.strategies.base import Context, Strategy, check_optimizer_free, info, sorted_utilities, unit_noise
+from jes.strategies.noise import rows_product
 
 # Above this many parameters the [P, P] matrices (covariance, eigenbasis, one rank-mu statistic per chunk)
 # take gigabytes and each eigendecomposition seconds to minutes: refused, with the alternatives named.
@@ -146,7 +147,7 @@ class CMAES(Strategy):
         # the one-device program's chunk loop differently than into the two-device one (last bits of C).
         squared = (z * z) @ jnp.ones(z.shape[1], z.dtype)
         w = jnp.where(w < 0, w * (ctx.num_params * (1.0 / squared)), w)
-        return {"z": weights["mean"].astype(z.dtype) @ z, "zz": (z * w[:, None]).T @ z}
+        return {"z": weights["mean"].astype(z.dtype) @ z, "zz": rows_product(z * w[:, None], z)}
 
     def update(self, ctx, state, stats, fitness, generation):
         d = ctx.num_params

@@ -161,3 +161,24 @@ def weighted_draws(weights: jax.Array, draws: jax.Array, antithetic: bool) -> ja
 def es_gradient(weighted_sum: jax.Array, num_members: int, noise_std: jax.Array) -> jax.Array:
     """The paper's ascent direction: ``sum_i F_i eps_i / (n * sigma)``."""
     return weighted_sum / (num_members * noise_std)
+
+
+# Rows of the contracted axis per product in rows_product. XLA:CPU (jaxlib 0.10.2, YNNPACK) splits the contracted
+# axis of a transposed product among the process's threads from ~1,024 rows on: A^T B with A, B [1024, 256] had
+# other bits in a process on one core than on two (at 512 rows and below the same, on 2 cores; products in the
+# normal layout, x [512, 1024] @ W [1024, 1024], the same at every size tried).
+ROWS_PER_PRODUCT = 128
+
+
+def rows_product(a: jax.Array, b: jax.Array) -> jax.Array:
+    """``a.T @ b`` for ``a`` ``[k, m]``, ``b`` ``[k, n]``: ``[m, n]``, with the ``k`` rows taken
+    :data:`ROWS_PER_PRODUCT` at a time and the products summed in row order, so that its bits do not depend on the
+    cores the process may use (one product, the same op as ``a.T @ b``, up to that many rows)."""
+    rows = a.shape[0]
+    if rows <= ROWS_PER_PRODUCT:
+        return a.T @ b
+    out = None
+    for start in range(0, rows, ROWS_PER_PRODUCT):
+        part = a[start:start + ROWS_PER_PRODUCT].T @ b[start:start + ROWS_PER_PRODUCT]
+        out = part if out is None else out + part
+    return out
