@@ -58,7 +58,8 @@ def use_cpu_cores(count: int | None = None) -> int | None:
     return count
 
 
-def compiler_options(devices: list | None = None, fusion_emitters: bool = False) -> dict | None:
+def compiler_options(devices: list | None = None, fusion_emitters: bool = False,
+                     tree_reductions: bool = True) -> dict | None:
     """XLA options jes compiles its rollout programs with (the generation step, policy evaluation).
 
     On CPU, XLA's older fusion emitters (``xla_cpu_use_fusion_emitters=False``): generations no slower,
@@ -83,6 +84,10 @@ def compiler_options(devices: list | None = None, fusion_emitters: bool = False)
         fusion_emitters: keep XLA's default (newer) fusion emitters, for programs the older ones run slower
             (low-rank corrections as batched products, rank 3 and up: see
             :attr:`jes.perturbations.LowRank.cpu_fusion_emitters`).
+        tree_reductions: keep XLA's tree reduction rewriter with the older emitters (the newer ones never run it, see
+            ``NEWER_EMITTERS_PASSES``). False for low-rank programs (``LowRank.cpu_tree_reductions``): it split a
+            corrected layer's ``x A`` into an elementwise product written to memory, a reduce-window and a reduce.
+            Full rank keeps it: it decides the bits of its pinned runs.
     """
     devices = jax.devices() if devices is None else devices
     if not all(d.platform == "cpu" for d in devices):
@@ -90,8 +95,10 @@ def compiler_options(devices: list | None = None, fusion_emitters: bool = False)
     # The newer emitters' loop fusions split among the process's threads (XLA's parallel task assignment) gave other
     # bits on one core than on two (a rank-4 low-rank MLP 256x256's update, from its second generation); the older
     # emitters' did not. With the newer emitters a long row reduction also stays one fused loop (NEWER_EMITTERS_PASSES)
-    options = ({"xla_disable_hlo_passes": ",".join(NEWER_EMITTERS_PASSES)} if fusion_emitters
-               else {"xla_cpu_use_fusion_emitters": False})
+    disabled = list(NEWER_EMITTERS_PASSES) if fusion_emitters else ([] if tree_reductions else [TREE_REDUCTIONS_PASS])
+    options = {} if fusion_emitters else {"xla_cpu_use_fusion_emitters": False}
+    if disabled:
+        options["xla_disable_hlo_passes"] = ",".join(disabled)
     if _knows_option(YNN_FUSION_OPTION):
         options[YNN_FUSION_OPTION] = YNN_FUSION_TYPES
     return options or None
@@ -108,7 +115,8 @@ YNN_FUSION_OPTION = "xla_cpu_experimental_ynn_fusion_type"
 # elementwise product it reduces a fusion of its own, written to memory and read back: a low-rank Dense layer's x A
 # (MLP 256x256, r = 1, 512 members: the whole generation 0.57x batch inference with the rewriter, 0.76x without it,
 # in one process, seeds 0-2, 2026-12-03 23:0x UTC).
-NEWER_EMITTERS_PASSES = ("cpu-parallel-task-assigner", "tree_reduction_rewriter")
+TREE_REDUCTIONS_PASS = "tree_reduction_rewriter"
+NEWER_EMITTERS_PASSES = ("cpu-parallel-task-assigner", TREE_REDUCTIONS_PASS)
 YNN_FUSION_TYPES = "LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT,LIBRARY_FUSION_TYPE_INDIVIDUAL_CONVOLUTION"
 
 

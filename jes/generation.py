@@ -199,7 +199,8 @@ class Generation(CompiledPrograms):
         self.padded_chunks = per_device * len(self.devices)
         self.replicated = NamedSharding(self.mesh, P())
         # The step's XLA options (CPU: which fusion emitters; the perturbation may want XLA's default ones)
-        self.step_compiler_options = compiler_options(self.devices, self.perturbation.cpu_fusion_emitters(layout))
+        self.step_compiler_options = compiler_options(self.devices, self.perturbation.cpu_fusion_emitters(layout),
+                                                      self.perturbation.cpu_tree_reductions)
         self.step = jax.jit(self.generation_step, compiler_options=self.step_compiler_options)
         # Placed replicated by the program itself, as the step wants it (no recompile, no copy).
         self._init_from_key = jax.jit(self.fresh_state, out_shardings=self.replicated)

@@ -60,19 +60,28 @@ def test_bad_env_value_is_explained(monkeypatch):
 SAME_RUN_ON_CORES = """
     import os, sys, json
     os.sched_setaffinity(0, set(json.loads(sys.argv[1])))
-    import numpy as np, jes
+    import numpy as np, jes, flax.linen as nn
+
+    class ConvNet(nn.Module):  # a factored Conv layer: low rank compiles it with the older emitters
+        @nn.compact
+        def __call__(self, obs):
+            x = nn.relu(nn.Conv(8, (3,), padding="SAME")(obs[:, None]))
+            return nn.Dense(1)(nn.relu(nn.Dense(256)(x.reshape(-1))))
+
     config = jes.ESConfig(num_members=32, num_generations=4, chunk_size=16, max_episode_steps=20, eval_episodes=1)
     # 2,048 members in one chunk: the update's A^T diag(w) B contracts 1,024 pairs (XLA:CPU split that among threads)
     wide = dict(num_members=2048, chunk_size=2048, num_generations=2, max_episode_steps=5)
     runs = {"openai_es r4": ("openai_es", "adam", jes.LowRank(4), {}),
             "openai_es r1": ("openai_es", "adam", jes.LowRank(1), {}),
             "openai_es r1 2048": ("openai_es", "adam", jes.LowRank(1), wide),
+            "openai_es r1 conv": ("openai_es", "adam", jes.LowRank(1), {}),
             "openai_es": ("openai_es", "adam", None, {}),
             "sep_cma_es": ("sep_cma_es", None, None, {}), "pgpe": ("pgpe", "adam", None, {})}
     for name, (strategy, optimizer, perturbation, fields) in runs.items():
         run = config.replace(**fields) if perturbation is None else config.replace(perturbation=perturbation, **fields)
-        result = jes.train(jes.MLPPolicy((256, 256)), "Pendulum-v1", optimizer, strategy=strategy, config=run,
-                           progress=False)
+        policy = ConvNet() if name.endswith("conv") else jes.MLPPolicy((256, 256))
+        result = jes.train(policy, "Pendulum-v1", optimizer, strategy=strategy, config=run,
+                           progress=False, log_dir=None)
         history = {k: [float(x).hex() for x in np.asarray(v).reshape(-1)] for k, v in result.history.items()
                    if k not in ("wall_time", "generation_time")}
         print(json.dumps({"run": name, "params": np.asarray(result.flat_params).view(np.uint32).tolist(),
@@ -97,8 +106,8 @@ def test_a_run_gives_the_same_bits_on_one_core_and_on_two():
                               env={k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JES_CPU_DEVICES")})
         assert proc.returncode == 0, proc.stderr[-3000:]
         runs[len(cores)] = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith('{"run"')]
-    assert [r["run"] for r in runs[1]] == ["openai_es r4", "openai_es r1", "openai_es r1 2048", "openai_es",
-                                           "sep_cma_es", "pgpe"]
+    assert [r["run"] for r in runs[1]] == ["openai_es r4", "openai_es r1", "openai_es r1 2048", "openai_es r1 conv",
+                                           "openai_es", "sep_cma_es", "pgpe"]
     for one, both in zip(runs[1], runs[2]):
         assert one["params"] == both["params"], f"{one['run']}: parameters differ between one core and two"
         differ = [k for k in one["history"] if one["history"][k] != both["history"].get(k)]

@@ -18,6 +18,9 @@ class FullRank:
     structured: ClassVar[bool] = False
     rank: ClassVar[int | None] = None
 
+    # XLA:CPU's tree reduction rewriter stays on (jes.cpu.compiler_options): it decides the bits of pinned runs
+    cpu_tree_reductions: ClassVar[bool] = True
+
     def cpu_fusion_emitters(self, layout: Any = None) -> bool:
         """False: the step compiles with jes's default XLA options (:func:`jes.cpu.compiler_options`)."""
         return False
