@@ -507,8 +507,16 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
         return 130
     except (FileNotFoundError, ValueError, ImportError) as err:
-        print(f"jes {args.command}: {err}", file=sys.stderr)
+        print(f"jes {args.command}: {_flag_named(str(err)) if args.command == 'train' else err}", file=sys.stderr)
         return 2
+
+
+def _flag_named(message: str) -> str:
+    """An ESConfig error as the command line gave the value: "perturbation_rank must be ..." names --rank too."""
+    for dest, field in CONFIG_FLAGS.items():
+        if message.startswith(f"{field} "):
+            return f"--{dest.replace('_', '-')} ({field}){message[len(field):]}"
+    return message
 
 
 if __name__ == "__main__":

@@ -329,6 +329,15 @@ def test_bad_policy_flags_say_what_to_do(flags, message, capsys):
     assert message in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("flags,message", [
+    (["--perturbation", "low_rank", "--rank", "0"], "--rank (perturbation_rank) must be a positive integer, got 0"),
+    (["--population", "0"], "--population (num_members) must be a positive integer"),
+])
+def test_a_bad_config_value_is_named_by_its_flag(flags, message, capsys):
+    assert cli.main(["train", "--policy", "gru", *flags, "--log-dir", "none"]) == 2
+    assert message in capsys.readouterr().err
+
+
 @pytest.mark.hard_timeout(300)
 def test_resume_continues_with_the_chunk_its_run_evaluated_though_the_default_changed(tmp_path, monkeypatch, capsys):
     from jes.perturbations import low_rank
