@@ -29,21 +29,14 @@ With ``--compare-forms`` it times instead, per cell and rank, low rank with ever
 the compact form (a mirrored pair's slots sharing one draw in the rollout's first batch; jes picks it for
 large rank-1 members, ``jes.perturbations.low_rank.COMPACT_MIN_DRAW``), and prints compact / per-slot.
 
-With ``--compare-outputs`` it times instead, per cell and rank, where a corrected layer's output goes: jes's
-choice (a Conv layer's corrected output written to memory once, a Dense layer's left to XLA's fusion with the
-GEMM that reads it; ``jes.perturbations.low_rank._materialised``) against every output fused and every output
-written, each as a ratio to batch inference.
-
     python benchmarks/inference_ratio.py                           # Pendulum MLP H x H, H in 64, 256, 1024
     python benchmarks/inference_ratio.py --envs minatar --hidden 64 --members 512
     python benchmarks/inference_ratio.py --compare-forms --members 512 --ranks 1
     python benchmarks/inference_ratio.py --breakdown --envs minatar --hidden 256 --members 512 --ranks 1
-    python benchmarks/inference_ratio.py --compare-outputs --envs minatar --hidden 256 --members 512 --ranks 1
 """
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
 import statistics
 import sys
@@ -179,45 +172,6 @@ def compare_forms(args, ranks, seeds) -> None:
             print(f"| {label} | {some.num_params:,} | {members} | {r} | {some.ctx.layout.draw_size:,} | "
                   f"{default} | {fmt('per-slot')} | {fmt('compact')} | {statistics.median(each):.2f} "
                   f"[{min(each):.2f}, {max(each):.2f}] |", flush=True)
-
-
-OUTPUT_CHOICES = ("jes", "all fused", "all written")
-
-
-@contextlib.contextmanager
-def outputs_placed(choice: str):
-    """While tracing: low rank's corrected layer outputs as jes places them, all fused or all written (``choice``)."""
-    materialised, correction = low_rank._materialised, low_rank._correction
-    if choice == "all fused":
-        low_rank._materialised = lambda x: x
-    elif choice == "all written":
-        low_rank._correction = lambda *args: materialised(correction(*args))
-    try:
-        yield
-    finally:
-        low_rank._materialised, low_rank._correction = materialised, correction
-
-
-def compare_outputs(args, ranks, seeds) -> None:
-    print("| env / policy | members | r | " + " | ".join(f"{c} / inf" for c in OUTPUT_CHOICES) + " |")
-    print("|" + "---|" * (3 + len(OUTPUT_CHOICES)))
-    for policy, env, label, members, base in cells(args):
-        for r in ranks:
-            config = jes.ESConfig(**base, perturbation=jes.LowRank(r))
-            timers = {}
-            for choice in OUTPUT_CHOICES:
-                with outputs_placed(choice):  # generation_timer compiles the step
-                    trainer = jes.Trainer(policy, env, "adam", config)
-                    timers[choice] = generation_timer(trainer, seeds)
-            timers = {"inf": inference_timer(trainer, seeds, timers["jes"].generation), **timers}
-            rates = measure(timers, seeds, args.repeats)
-
-            def ratio(name):
-                each = [statistics.median(a / b for a, b in zip(mine, inf))
-                        for mine, inf in zip(rates[name], rates["inf"])]
-                return f"{statistics.median(each):.2f} [{min(each):.2f}, {max(each):.2f}]"
-
-            print(f"| {label} | {members} | {r} | " + " | ".join(ratio(c) for c in OUTPUT_CHOICES) + " |", flush=True)
 
 
 def breakdown_timers(trainer, seeds, forward_steps):
@@ -363,8 +317,6 @@ def main() -> None:
     parser.add_argument("--forward-steps", type=int, default=20, help="--breakdown: policy steps of the forward loop")
     parser.add_argument("--compare-forms", action="store_true",
                         help="time low rank's per-slot and compact forms against each other instead (see above)")
-    parser.add_argument("--compare-outputs", action="store_true",
-                        help="time where low rank's corrected layer outputs go (fused or written) instead (see above)")
     args = parser.parse_args()
     ranks = [int(r) for r in args.ranks.split(",")]
     seeds = [int(x) for x in args.seeds.split(",")]
@@ -373,11 +325,6 @@ def main() -> None:
               f"over seeds {args.seeds} of each seed's median of {args.repeats} generations; compact / per-slot per "
               f"seed and generation (the forms take turns), median [min, max] over seeds")
         return compare_forms(args, ranks, seeds)
-    if args.compare_outputs:
-        print(f"jax {jax.__version__}, {jax.devices()[0].device_kind}, {os.cpu_count()} CPUs; ratio of env steps/s to "
-              f"batch inference per seed and generation (the rows take turns; {args.repeats} generations per seed), "
-              f"median [min, max] over seeds {args.seeds}")
-        return compare_outputs(args, ranks, seeds)
     if args.breakdown:
         print(f"jax {jax.__version__}, {jax.devices()[0].device_kind}, {os.cpu_count()} CPUs; ms: median over seeds "
               f"{args.seeds} of each seed's median of {args.repeats} calls (the parts take turns); ratios: per seed and "

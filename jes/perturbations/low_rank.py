@@ -272,26 +272,6 @@ def _conv_correction(module: nn.Conv, x: jax.Array, a_t: jax.Array, b_t: jax.Arr
     return _with_rank_factors(xa, b_t)
 
 
-def _materialised(x: jax.Array) -> jax.Array:
-    """``x`` itself, kept out of the fusion of whatever consumes it.
-
-    XLA:CPU's YNNPACK pass fuses a GEMM with the elementwise computations that produce its operands and runs
-    them inside its kernel. For a corrected Conv layer that producer (the shared conv's output plus the
-    correction summed over the kernel's offsets and channels) is heavy, and a following Dense layer's fused
-    GEMM took ~7x batch inference's (MinAtar CNN 16c3x3 + 64, 512 members, profile). A ``reduce_precision``
-    to the dtype's own exponent and mantissa bits is the identity on every value, and YNNPACK does not fuse it:
-    the layer's output is written once and the GEMM reads it. Dense layers' outputs are left to the fusion,
-    which is faster for them. Env steps/s against batch inference, 512 members, r = 1, median over seeds 0-4
-    (``benchmarks/inference_ratio.py --compare-outputs``, 2026-12-03, with YNNPACK's reductions, before 8ebcb19):
-    MinAtar CNN 16c3x3 + 64 / 256 / 1024 0.57x /
-    0.76x / 0.73x as placed here, 0.39x / 0.61x / 0.64x with every output fused; MLP 64 / 256 / 1024 0.69x / 0.76x /
-    0.94x here (the same program as all fused: no Conv), 0.36x / 0.55x / 0.78x with every output written."""
-    if not jnp.issubdtype(x.dtype, jnp.floating):
-        return x
-    info = jnp.finfo(x.dtype)
-    return jax.lax.reduce_precision(x, exponent_bits=info.nexp, mantissa_bits=info.nmant)
-
-
 def _corrected(module: nn.Module, method: str, next_fun: Callable, args: tuple, kwargs: dict,
                factors: Callable[[str], Any], inner: list) -> Any:
     out = next_fun(*args, **kwargs)
@@ -320,7 +300,7 @@ def _correction(module: nn.Module, x: jax.Array, out: jax.Array, a_t: jax.Array,
     if isinstance(module, nn.Conv):  # conv(x, reshape(A B^T)) = patches(x) A B^T
         correction = _conv_correction(module, x, a_t, b_t)
         if correction is not None:
-            return _materialised(out + correction)
+            return out + correction
         # Input dilation: the patches from the layer's own convolution with a constant identity kernel, the same
         # for every member (one batched conv over the members; a conv with each member's own kernel reshape(A)
         # would be a grouped conv with a group per member, slower still: MinAtar CNN 0.45x batch inference's env
@@ -333,7 +313,7 @@ def _correction(module: nn.Module, x: jax.Array, out: jax.Array, a_t: jax.Array,
             patches = conv.apply({"params": {"kernel": identity}}, x)
         finally:
             inner.pop()
-        return _materialised(out + low_rank_product(patches, a_t, b_t))
+        return out + low_rank_product(patches, a_t, b_t)
     return out + low_rank_product(x, a_t, b_t)
 
 
