@@ -264,7 +264,8 @@ def _conv_correction(module: nn.Conv, x: jax.Array, a_t: jax.Array, b_t: jax.Arr
         return low_rank_product(jnp.concatenate(windows, axis=-1), a_t, b_t)  # the patches [..., *out_spatial, rows]
     # The windows stacked before the last spatial axis, [..., K, out_last, cin]: the copy writes rows of out_last * cin
     # floats, where the patches' concatenation along the channels wrote cin at a time (MinAtar CNN 16c3x3 + 256,
-    # r = 1, 512 members: 0.56x -> 0.63x batch inference, seeds 0-2, one process, 2026-12-04).
+    # r = 1, 512 members: 0.56x -> 0.63x batch inference, seeds 0-2, one process, 2026-12-04: a 3-seed diagnostic; the
+    # README's CNN rows over seeds 0-4 are the published figures).
     cin = windows[0].shape[-1]
     stacked = jnp.stack(windows, axis=-3)
     a = a_t.reshape((a_t.shape[0], len(windows), 1, cin))  # [r, K, 1, cin]
@@ -403,7 +404,8 @@ class LowRank:
     structured: ClassVar[bool] = True
     # Without XLA:CPU's tree reduction rewriter (jes.cpu.compiler_options), a corrected layer's x A stays one fused
     # loop, not a product written to memory and reduced in two steps (MinAtar CNN 16c3x3 + 256, r = 1, 512 members:
-    # 0.64x -> 0.66x batch inference, seeds 0-2, one process, 2026-12-04; newer-emitter programs ran without it before)
+    # 0.64x -> 0.66x batch inference, seeds 0-2, one process, 2026-12-04, a 3-seed diagnostic; newer-emitter programs
+    # ran without it before)
     cpu_tree_reductions: ClassVar[bool] = False
 
     def __post_init__(self):
