@@ -37,6 +37,8 @@ large rank-1 members, ``jes.perturbations.low_rank.COMPACT_MIN_DRAW``), and prin
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import math
 import os
 import statistics
 import sys
@@ -45,6 +47,13 @@ import time
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh, PartitionSpec as P
+
+try:
+    from jax import shard_map
+except ImportError:  # older jax
+    from jax.experimental.shard_map import shard_map
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
@@ -82,6 +91,17 @@ class SharedParams:
         return self.fns.apply(self.variables, carry, obs)
 
 
+def trainer_for(policy, env, config):
+    """The cell's jes run. With several devices, chunks that give every device members where the default chunk would
+    leave some idle: the ``chunk_size`` jes's own warning advises then (``jes.loop._warn_idle_devices``)."""
+    trainer = jes.Trainer(policy, env, "adam", config)
+    devices = len(trainer.devices)
+    if devices > 1 and config.chunk_size is None and trainer.num_chunks < devices:
+        spread = trainer.fit_chunk_size(math.ceil(config.num_members / devices))
+        trainer = jes.Trainer(policy, env, "adam", dataclasses.replace(config, chunk_size=spread))
+    return trainer
+
+
 def generation_timer(trainer, seeds):
     """``time(seed) -> (seconds, env steps)`` of one more generation of ``seed``'s run (compiled and warmed here)."""
     states = {}
@@ -109,16 +129,24 @@ def inference_timer(trainer, seeds, generation_of):
     ``seed``'s run would evaluate next (same keys, slots and compaction), with the centre's parameters."""
     states = {seed: trainer.init_state(seed) for seed in seeds}
 
+    def episodes(flat, keys, obs_scale):
+        shared = SharedParams(trainer.fns, trainer.unravel(flat))
+        slot_params = jnp.zeros((keys.shape[0], 0), jnp.float32)
+        out = run_slots(shared, trainer.spec, slot_params, keys, jnp.zeros(keys.shape[0], bool),
+                        obs_scale=obs_scale, min_slots=trainer.rollout_min_batch)
+        return out["returns"], out["steps"].sum()[None]
+
+    mesh = Mesh(np.array(jax.devices()), ("devices",))
+    # With several devices each plays its contiguous share of the episodes, as jes's chunks on its devices do
+    on_devices = shard_map(episodes, mesh=mesh, in_specs=(P(), P("devices"), P()),
+                           out_specs=(P("devices"), P("devices")), check_vma=False)
+
     @UnrolledJit
     def rollout(flat, es_key, generation):
         members = jnp.arange(trainer.config.num_members, dtype=jnp.int32)
         keys = noise.episode_keys(noise.generation_key(es_key, generation), members, 1, trainer.antithetic)
-        keys = keys.reshape(-1)
-        shared = SharedParams(trainer.fns, trainer.unravel(flat))
-        slot_params = jnp.zeros((keys.shape[0], 0), jnp.float32)
-        out = run_slots(shared, trainer.spec, slot_params, keys, jnp.zeros(keys.shape[0], bool),
-                        obs_scale=trainer.obs_scale(states[seeds[0]]), min_slots=trainer.rollout_min_batch)
-        return out["returns"], out["steps"].sum()
+        returns, steps = on_devices(flat, keys.reshape(-1), trainer.obs_scale(states[seeds[0]]))
+        return returns, steps.sum()
 
     def time_one(seed):
         state = states[seed]
@@ -317,7 +345,15 @@ def main() -> None:
     parser.add_argument("--forward-steps", type=int, default=20, help="--breakdown: policy steps of the forward loop")
     parser.add_argument("--compare-forms", action="store_true",
                         help="time low rank's per-slot and compact forms against each other instead (see above)")
+    parser.add_argument("--cpu-devices", type=int, default=1,
+                        help="XLA CPU devices, every row sharded over them (jes train makes one per core: "
+                             "jes.use_cpu_cores); with more than one, chunks that give every device members")
     args = parser.parse_args()
+    if args.cpu_devices > 1 and (args.breakdown or args.compare_forms):
+        parser.error("--breakdown and --compare-forms time one chunk on one device: leave out --cpu-devices")
+    if args.cpu_devices > 1 and jes.use_cpu_cores(args.cpu_devices) is None:
+        parser.error(f"--cpu-devices {args.cpu_devices}: the device count is already set (XLA_FLAGS or "
+                     f"jax_num_cpu_devices); unset it")
     ranks = [int(r) for r in args.ranks.split(",")]
     seeds = [int(x) for x in args.seeds.split(",")]
     if args.compare_forms:
@@ -330,15 +366,15 @@ def main() -> None:
               f"{args.seeds} of each seed's median of {args.repeats} calls (the parts take turns); ratios: per seed and "
               f"call, median [min, max] over seeds (rollout and step: env steps/s; forward: time per step)")
         return breakdown(args, ranks, seeds)
-    print(f"jax {jax.__version__}, {jax.devices()[0].device_kind}, {os.cpu_count()} CPUs; env steps/s, median over "
-          f"seeds {args.seeds} of each seed's median of {args.repeats} generations; ratios per seed and generation "
+    print(f"jax {jax.__version__}, {len(jax.devices())} x {jax.devices()[0].device_kind}, {os.cpu_count()} CPUs; "
+          f"env steps/s, median over seeds {args.seeds} of each seed's median of {args.repeats} generations; ratios per seed and generation "
           f"(the rows take turns), median [min, max] over seeds")
     header = ["env / policy", "P", "members", "full rank", *[f"low rank r={r}" for r in ranks], "inference",
               "full / inf", *[f"r={r} / inf" for r in ranks]]
     print("| " + " | ".join(header) + " |")
     print("|" + "---|" * len(header))
     for policy, env, label, members, base in cells(args):
-        trainers = {"full": jes.Trainer(policy, env, "adam", jes.ESConfig(**base))}
+        trainers = {"full": trainer_for(policy, env, jes.ESConfig(**base))}
         num_params = trainers["full"].num_params
         if members * num_params > args.limit:
             print(f"| {label} | {num_params:,} | {members} | skipped: members x P = "
@@ -347,7 +383,7 @@ def main() -> None:
         full = trainers.pop("full")
         full = full if members * num_params <= args.full_rank_limit else None
         for r in ranks:
-            trainers[r] = jes.Trainer(policy, env, "adam", jes.ESConfig(**base, perturbation=jes.LowRank(r)))
+            trainers[r] = trainer_for(policy, env, jes.ESConfig(**base, perturbation=jes.LowRank(r)))
         timers = {name: generation_timer(trainer, seeds) for name, trainer in trainers.items()}
         # the episodes of the generation the first row evaluates next (the rows' generations stay in step)
         first = next(iter(timers.values()))
