@@ -136,10 +136,10 @@ def inference_timer(trainer, seeds, generation_of):
                         obs_scale=obs_scale, min_slots=trainer.rollout_min_batch)
         return out["returns"], out["steps"].sum()[None]
 
-    mesh = Mesh(np.array(jax.devices()), ("devices",))
     # With several devices each plays its contiguous share of the episodes, as jes's chunks on its devices do
-    on_devices = shard_map(episodes, mesh=mesh, in_specs=(P(), P("devices"), P()),
-                           out_specs=(P("devices"), P("devices")), check_vma=False)
+    on_devices = episodes if len(jax.devices()) == 1 else shard_map(
+        episodes, mesh=Mesh(np.array(jax.devices()), ("devices",)), in_specs=(P(), P("devices"), P()),
+        out_specs=(P("devices"), P("devices")), check_vma=False)
 
     @UnrolledJit
     def rollout(flat, es_key, generation):
