@@ -315,7 +315,8 @@ def cells(args):
         for hidden in (int(h) for h in args.hidden.split(",")):
             for members in (int(m) for m in args.members.split(",")):
                 policy, env, label = workload(env_name, hidden)
-                yield policy, env, label, members, dict(num_members=members, eval_episodes=2,
+                chunk = members if args.chunk_size == "all" else (int(args.chunk_size) if args.chunk_size else None)
+                yield policy, env, label, members, dict(num_members=members, eval_episodes=2, chunk_size=chunk,
                                                         max_episode_steps=args.max_steps, normalize_observations=False)
 
 
@@ -345,6 +346,9 @@ def main() -> None:
     parser.add_argument("--forward-steps", type=int, default=20, help="--breakdown: policy steps of the forward loop")
     parser.add_argument("--compare-forms", action="store_true",
                         help="time low rank's per-slot and compact forms against each other instead (see above)")
+    parser.add_argument("--chunk-size", default=None,
+                        help="members per chunk of jes's rows (ESConfig.chunk_size; 'all': one chunk of the whole "
+                             "population, as on a GPU); default: jes's own (other bits than another chunk size)")
     parser.add_argument("--cpu-devices", type=int, default=1,
                         help="XLA CPU devices, every row sharded over them (jes train makes one per core: "
                              "jes.use_cpu_cores); with more than one, chunks that give every device members")
@@ -366,7 +370,8 @@ def main() -> None:
               f"{args.seeds} of each seed's median of {args.repeats} calls (the parts take turns); ratios: per seed and "
               f"call, median [min, max] over seeds (rollout and step: env steps/s; forward: time per step)")
         return breakdown(args, ranks, seeds)
-    print(f"jax {jax.__version__}, {len(jax.devices())} x {jax.devices()[0].device_kind}, {os.cpu_count()} CPUs; "
+    chunks = "jes's default chunks" if args.chunk_size is None else f"--chunk-size {args.chunk_size}"
+    print(f"jax {jax.__version__}, {len(jax.devices())} x {jax.devices()[0].device_kind}, {os.cpu_count()} CPUs, {chunks}; "
           f"env steps/s, median over seeds {args.seeds} of each seed's median of {args.repeats} generations; ratios per seed and generation "
           f"(the rows take turns), median [min, max] over seeds")
     header = ["env / policy", "P", "members", "full rank", *[f"low rank r={r}" for r in ranks], "inference",

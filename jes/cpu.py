@@ -65,8 +65,8 @@ def compiler_options(devices: list | None = None, fusion_emitters: bool = False,
     On CPU, XLA's older fusion emitters (``xla_cpu_use_fusion_emitters=False``): generations no slower,
     and less compile time: ~28 % less CPU time for the generation step when a process compiles several
     programs (sweeps, tests, notebooks), a few percent for a fresh process's first compile, ~20 % for the
-    100-episode evaluation (benchmarks/README.md, issue 9). ``None`` elsewhere. A jaxlib that drops this
-    option fails to compile with "No such compile option": remove it here.
+    100-episode evaluation (benchmarks/README.md, issue 9). ``None`` elsewhere. A jaxlib without this option
+    (jaxlib 0.11 dropped the older emitters) compiles with the newer ones, as ``fusion_emitters=True`` does.
 
     **The emitters can change bits**: they order some long sums otherwise (an MLP 256x256's update differed in
     the last bit of 9,764 of its 67,073 parameters). So every program that computes part of a run's generation
@@ -95,11 +95,13 @@ def compiler_options(devices: list | None = None, fusion_emitters: bool = False,
     # The newer emitters' loop fusions split among the process's threads (XLA's parallel task assignment) gave other
     # bits on one core than on two (a rank-4 low-rank MLP 256x256's update, from its second generation); the older
     # emitters' did not. With the newer emitters a long row reduction also stays one fused loop (NEWER_EMITTERS_PASSES)
+    if not fusion_emitters and not _knows_option(OLDER_EMITTERS_OPTION, False):
+        fusion_emitters = True  # a jaxlib without the older emitters (jax 0.11): the newer ones, as jes compiles them
     disabled = list(NEWER_EMITTERS_PASSES) if fusion_emitters else ([] if tree_reductions else [TREE_REDUCTIONS_PASS])
-    options = {} if fusion_emitters else {"xla_cpu_use_fusion_emitters": False}
+    options = {} if fusion_emitters else {OLDER_EMITTERS_OPTION: False}
     if disabled:
         options["xla_disable_hlo_passes"] = ",".join(disabled)
-    if _knows_option(YNN_FUSION_OPTION):
+    if _knows_option(YNN_FUSION_OPTION, YNN_FUSION_TYPES):
         options[YNN_FUSION_OPTION] = YNN_FUSION_TYPES
     return options or None
 
@@ -110,6 +112,7 @@ def compiler_options(devices: list | None = None, fusion_emitters: bool = False,
 # core and two; its parameters did not). Reductions stay XLA's own loops here, whose order the program fixes; dots
 # and convolutions still go to YNNPACK, as by XLA's default (they gave the same bits on one core and on two).
 YNN_FUSION_OPTION = "xla_cpu_experimental_ynn_fusion_type"
+OLDER_EMITTERS_OPTION = "xla_cpu_use_fusion_emitters"
 # Passes programs compiled with the newer emitters run without: XLA's parallel task assignment (see above), and its
 # tree reduction rewriter, which splits a long reduction into a reduce-window and a second reduce, and left the
 # elementwise product it reduces a fusion of its own, written to memory and read back: a low-rank Dense layer's x A
@@ -121,10 +124,11 @@ YNN_FUSION_TYPES = "LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT,LIBRARY_FUSION_TYPE_INDIV
 
 
 @functools.cache
-def _knows_option(name: str) -> bool:
-    """Whether this jaxlib's CPU compiler takes option ``name`` (older ones have no YNNPACK and fail on it)."""
+def _knows_option(name: str, value) -> bool:
+    """Whether this jaxlib's CPU compiler takes option ``name`` set to ``value`` (older ones have no YNNPACK and fail
+    on its option; jaxlib 0.11 dropped the older fusion emitters and fails on theirs)."""
     try:
-        jax.jit(lambda x: x + 1, compiler_options={name: YNN_FUSION_TYPES}).lower(
+        jax.jit(lambda x: x + 1, compiler_options={name: value}).lower(
             jax.ShapeDtypeStruct((), "float32")).compile()
     except Exception:  # noqa: BLE001 - "No such compile option" (XlaRuntimeError) or an invalid value
         return False

@@ -56,6 +56,19 @@ def test_bad_env_value_is_explained(monkeypatch):
         use_cpu_cores()
 
 
+def test_a_jaxlib_without_the_older_emitters_gets_the_newer_ones_as_jes_compiles_them(monkeypatch):
+    # jaxlib 0.11 dropped xla_cpu_use_fusion_emitters: asking for it failed every compile ("No such compile option")
+    import jax
+    from jes import cpu
+
+    monkeypatch.setattr(cpu, "_knows_option", lambda name, value: name != cpu.OLDER_EMITTERS_OPTION)
+    options = cpu.compiler_options(jax.devices("cpu"))
+    assert cpu.OLDER_EMITTERS_OPTION not in options
+    assert options == cpu.compiler_options(jax.devices("cpu"), fusion_emitters=True)
+    assert set(options["xla_disable_hlo_passes"].split(",")) == set(cpu.NEWER_EMITTERS_PASSES)
+    assert jax.jit(lambda x: x * 2, compiler_options=options)(1.0) == 2.0
+
+
 # One run per line: its parameters' bits and every metric of its history but the clock's (hex strings: bits).
 SAME_RUN_ON_CORES = """
     import os, sys, json
