@@ -31,6 +31,7 @@ large rank-1 members, ``jes.perturbations.low_rank.COMPACT_MIN_DRAW``), and prin
 
     python benchmarks/inference_ratio.py                           # Pendulum MLP H x H, H in 64, 256, 1024
     python benchmarks/inference_ratio.py --envs minatar --hidden 64 --members 512
+    python benchmarks/inference_ratio.py --limit 1e10 --chunk-size all             # on a GPU: one chunk
     python benchmarks/inference_ratio.py --compare-forms --members 512 --ranks 1
     python benchmarks/inference_ratio.py --breakdown --envs minatar --hidden 256 --members 512 --ranks 1
 """

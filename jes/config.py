@@ -36,7 +36,9 @@ class ESConfig:
             the run's identity. ``None`` picks ``min(num_members, 256)`` (for low-rank perturbations up to
             2,048, halved while the chunk's draws exceed 16 MiB, down to 512, and at most 2^26 floats of
             draws; 32 for Python simulators),
-            rounded to pairs. A checkpoint records the chunk its run evaluated.
+            rounded to pairs. A checkpoint records the chunk its run evaluated. The default is sized for CPU
+            caches; a device runs its chunks one after another, so on a GPU or TPU give each device one chunk
+            (``num_members / devices``, if its memory holds it; ``jes.train`` warns otherwise).
         normalize_observations: running mean/std observation normalisation (OpenAI ES),
             updated from member rollouts.
         stop_at_return: stop once a centre evaluation reaches this mean return
