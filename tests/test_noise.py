@@ -100,3 +100,25 @@ def test_gradient_estimate_points_uphill_on_quadratic(antithetic, shaping):
 def test_odd_antithetic_chunk_rejected():
     with pytest.raises(ValueError, match="whole pairs"):
         strategy.chunk_noise(gen_key(), 0, 3, D, antithetic=True)
+
+
+@pytest.mark.parametrize("n", [2, 7, 512, 4099])
+def test_fitness_ranks_are_the_same_bits_with_the_accelerators_unrolled_search(monkeypatch, n):
+    # On a GPU or TPU the ranks' binary search is unrolled (a loop's every iteration waits on the host there): the
+    # indices, and so the weights, must not change with it
+    from jes.strategies import base, noise
+
+    rng = np.random.default_rng(n)
+    fitness = jnp.asarray(np.round(rng.normal(size=n), 1), jnp.float32)   # many ties
+    utilities = jnp.asarray(rng.normal(size=n), jnp.float32)
+    run = lambda: [np.asarray(jax.jit(noise.centered_ranks)(fitness)).view(np.uint32),
+                   np.asarray(jax.jit(base.sorted_utilities)(fitness, utilities)).view(np.uint32)]
+    loops = lambda: jax.jit(noise.centered_ranks).lower(fitness).as_text().count("stablehlo.while")
+    on_cpu, cpu_loops = run(), loops()
+    monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+    jax.clear_caches()
+    unrolled, accelerator_loops = run(), loops()
+    assert cpu_loops == 2 and accelerator_loops == 0
+    for a, b in zip(on_cpu, unrolled):
+        np.testing.assert_array_equal(a, b)
+    jax.clear_caches()

@@ -258,8 +258,8 @@ def sorted_utilities(fitness: jax.Array, utilities: jax.Array) -> jax.Array:
     all-equal population moves nothing.
     """
     ordered = jnp.sort(-fitness)
-    low = jnp.searchsorted(ordered, -fitness, side="left")
-    high = jnp.searchsorted(ordered, -fitness, side="right")
+    low = jnp.searchsorted(ordered, -fitness, side="left", method=noise.search_method())
+    high = jnp.searchsorted(ordered, -fitness, side="right", method=noise.search_method())
     cumulative = jnp.concatenate([jnp.zeros(1, utilities.dtype), jnp.cumsum(utilities)])
     return (cumulative[high] - cumulative[low]) / jnp.maximum(high - low, 1).astype(utilities.dtype)
 

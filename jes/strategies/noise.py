@@ -106,6 +106,17 @@ def episode_and_centre_keys(gen_key: jax.Array, members: jax.Array, num_episodes
     return member_keys, keys[num_members:]
 
 
+def search_method() -> str:
+    """``jnp.searchsorted``'s method for fitness ranks: the same indices (so the same bits) whichever it is.
+
+    Its binary search is a while loop by default, and on a GPU each iteration waits on the host: on an H200 the
+    ranks of 512 members took 0.68 ms a call as a loop, 0.09 ms unrolled, and a low-rank MLP 256x256 generation
+    (512 members, r = 1) went from 0.74x to 0.83x batch inference (issue 23). On the CPU the loop is faster from
+    ~2,048 members (1.2 ms against 2.0 ms at 4,096), so it stays there.
+    """
+    return "scan" if jax.default_backend() == "cpu" else "scan_unrolled"
+
+
 def centered_ranks(fitness: jax.Array) -> jax.Array:
     """Centered ranks in ``[-0.5, 0.5]`` summing to 0; tied values share their average rank.
 
@@ -114,8 +125,8 @@ def centered_ranks(fitness: jax.Array) -> jax.Array:
     """
     n = fitness.shape[0]
     ordered = jnp.sort(fitness)
-    low = jnp.searchsorted(ordered, fitness, side="left")
-    high = jnp.searchsorted(ordered, fitness, side="right") - 1
+    low = jnp.searchsorted(ordered, fitness, side="left", method=search_method())
+    high = jnp.searchsorted(ordered, fitness, side="right", method=search_method()) - 1
     ranks = (low + high).astype(jnp.float32) * 0.5
     return ranks / (n - 1) - 0.5
 
