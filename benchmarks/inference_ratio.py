@@ -329,6 +329,13 @@ def workload(env: str, hidden: int):
     raise ValueError(env)
 
 
+def chunk_size_arg(value: str) -> str:
+    """``--chunk-size``: a positive even number of members, or ``all``."""
+    if value != "all" and not (value.isdigit() and int(value) > 0 and int(value) % 2 == 0):
+        raise argparse.ArgumentTypeError(f"{value!r}: give a positive even number of members (mirrored pairs), or all")
+    return value
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--envs", default="pendulum", help="pendulum and/or minatar, comma-separated")
@@ -347,13 +354,15 @@ def main() -> None:
     parser.add_argument("--forward-steps", type=int, default=20, help="--breakdown: policy steps of the forward loop")
     parser.add_argument("--compare-forms", action="store_true",
                         help="time low rank's per-slot and compact forms against each other instead (see above)")
-    parser.add_argument("--chunk-size", default=None,
+    parser.add_argument("--chunk-size", default=None, type=chunk_size_arg,
                         help="members per chunk of jes's rows (ESConfig.chunk_size; 'all': one chunk of the whole "
                              "population, as on a GPU); default: jes's own (other bits than another chunk size)")
     parser.add_argument("--cpu-devices", type=int, default=1,
                         help="XLA CPU devices, every row sharded over them (jes train makes one per core: "
                              "jes.use_cpu_cores); with more than one, chunks that give every device members")
     args = parser.parse_args()
+    if args.chunk_size == "all" and args.cpu_devices > 1:
+        parser.error("--chunk-size all makes one chunk, which runs on one device: give a size, or leave out --cpu-devices")
     if args.cpu_devices > 1 and (args.breakdown or args.compare_forms):
         parser.error("--breakdown and --compare-forms time one chunk on one device: leave out --cpu-devices")
     if args.cpu_devices > 1 and jes.use_cpu_cores(args.cpu_devices) is None:

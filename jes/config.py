@@ -38,7 +38,8 @@ class ESConfig:
             draws; 32 for Python simulators),
             rounded to pairs. A checkpoint records the chunk its run evaluated. The default is sized for CPU
             caches; a device runs its chunks one after another, so on a GPU or TPU give each device one chunk
-            (``num_members / devices``, if its memory holds it; ``jes.train`` warns otherwise).
+            (``num_members / devices``, if its memory holds it; ``jes.train`` warns when the default gives a GPU or TPU
+            several).
         normalize_observations: running mean/std observation normalisation (OpenAI ES),
             updated from member rollouts.
         stop_at_return: stop once a centre evaluation reaches this mean return

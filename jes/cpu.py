@@ -127,9 +127,10 @@ YNN_FUSION_TYPES = "LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT,LIBRARY_FUSION_TYPE_INDIV
 def _knows_option(name: str, value) -> bool:
     """Whether this jaxlib's CPU compiler takes option ``name`` set to ``value`` (older ones have no YNNPACK and fail
     on its option; jaxlib 0.11 dropped the older fusion emitters and fails on theirs)."""
+    on_cpu = jax.sharding.SingleDeviceSharding(jax.devices("cpu")[0])   # the CPU's compiler, in a GPU process too
     try:
         jax.jit(lambda x: x + 1, compiler_options={name: value}).lower(
-            jax.ShapeDtypeStruct((), "float32")).compile()
+            jax.ShapeDtypeStruct((), "float32", sharding=on_cpu)).compile()
     except Exception:  # noqa: BLE001 - "No such compile option" (XlaRuntimeError) or an invalid value
         return False
     return True

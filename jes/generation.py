@@ -679,7 +679,7 @@ class Trainer(Generation):
             num_params=self.num_params, obs_shape=tuple(self.obs_shape), chunk_size=self.chunk_size,
             num_chunks=self.num_chunks, padded_chunks=self.padded_chunks,
             devices=[[d.platform, d.device_kind, d.id, d.process_index] for d in self.devices],
-            compiler_options=self.step_compiler_options,
+            compiler_options=self.step_compiler_options, ranks_search=noise.search_method(),  # JAX's default backend's
         )
 
     def _init_variables(self, key: jax.Array, abstract: bool = False) -> Any:

@@ -459,8 +459,9 @@ def _warn_serial_chunks(trainer: Trainer) -> None:
         f"the population's {members} members make {trainer.num_chunks} chunks of {trainer.chunk_size} (the default "
         f"chunk for this policy and perturbation, sized for CPU caches) on {len(devices)} {devices[0].platform} "
         f"device(s), and a device runs its chunks one after another. chunk_size={wide} (jes train: --chunk-size "
-        f"{wide}) gives each device one chunk, which runs faster on an accelerator if its memory holds it; the chunk "
-        f"size decides the results' bits, so keep it the same across the runs you compare", stacklevel=3)
+        f"{wide}) gives each device one chunk, if its memory holds it (a low-rank chunk's draws, a full-rank chunk's "
+        f"members x parameters floats), which ran faster on a GPU; the chunk size decides the results' bits, so keep "
+        f"it the same across the runs you compare", stacklevel=3)
 
 
 def _best_from_checkpoint(trainer: Trainer, saved: dict | None) -> BestMember | None:

@@ -105,20 +105,43 @@ def test_odd_antithetic_chunk_rejected():
 @pytest.mark.parametrize("n", [2, 7, 512, 4099])
 def test_fitness_ranks_are_the_same_bits_with_the_accelerators_unrolled_search(monkeypatch, n):
     # On a GPU or TPU the ranks' binary search is unrolled (a loop's every iteration waits on the host there): the
-    # indices, and so the weights, must not change with it
+    # indices, and so the weights, must not change with it. A fresh function each phase: traced anew, no cache to clear
     from jes.strategies import base, noise
 
     rng = np.random.default_rng(n)
     fitness = jnp.asarray(np.round(rng.normal(size=n), 1), jnp.float32)   # many ties
     utilities = jnp.asarray(rng.normal(size=n), jnp.float32)
-    run = lambda: [np.asarray(jax.jit(noise.centered_ranks)(fitness)).view(np.uint32),
-                   np.asarray(jax.jit(base.sorted_utilities)(fitness, utilities)).view(np.uint32)]
-    loops = lambda: jax.jit(noise.centered_ranks).lower(fitness).as_text().count("stablehlo.while")
-    on_cpu, cpu_loops = run(), loops()
+
+    def run():
+        ranks = jax.jit(lambda f: noise.centered_ranks(f))
+        weights = jax.jit(lambda f, u: base.sorted_utilities(f, u))
+        return ([np.asarray(ranks(fitness)).view(np.uint32), np.asarray(weights(fitness, utilities)).view(np.uint32)],
+                ranks.lower(fitness).as_text().count("stablehlo.while"))
+
+    on_cpu, cpu_loops = run()
     monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
-    jax.clear_caches()
-    unrolled, accelerator_loops = run(), loops()
+    unrolled, accelerator_loops = run()
     assert cpu_loops == 2 and accelerator_loops == 0
     for a, b in zip(on_cpu, unrolled):
         np.testing.assert_array_equal(a, b)
-    jax.clear_caches()
+
+
+@pytest.mark.parametrize("strategy_name, optimizer", [("openai_es", "adam"), ("snes", None)])
+def test_a_run_gives_the_same_bits_with_the_accelerators_unrolled_ranks_search(monkeypatch, strategy_name, optimizer):
+    # The whole step, as its ranks' search is compiled inside it with the rest of the update
+    import jes
+    from jes.strategies import noise
+
+    def run():
+        config = jes.ESConfig(num_members=32, num_generations=2, max_episode_steps=20, eval_episodes=1,
+                              perturbation=jes.LowRank(1) if strategy_name == "openai_es" else "full_rank")
+        result = jes.train(jes.MLPPolicy((16,)), "Pendulum-v1", optimizer, strategy=strategy_name, config=config,
+                           progress=False, log_dir=None)
+        # the search is part of the program cache's key: the suite's cache cannot hand the second run the first's
+        assert result.trainer.program_parts()["ranks_search"] == noise.search_method()
+        return np.asarray(result.flat_params).view(np.uint32)
+
+    on_cpu = run()
+    monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+    assert noise.search_method() == "scan_unrolled"
+    np.testing.assert_array_equal(run(), on_cpu)

@@ -3,6 +3,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+import jes.cpu
 from jes.threefry import UnrolledJit, export_unrolled, lower_unrolled
 
 
@@ -44,7 +45,7 @@ def test_unrolled_jit_compiles_once_per_signature_and_gives_jax_jits_bits():
 def test_unrolled_jit_with_compiler_options_runs_alone_and_inside_another_program():
     """A program of a generation compiles with the step's XLA options; called inside another traced program it is
     part of that one (JAX refuses compiler_options on a nested jit)."""
-    options = {"xla_cpu_use_fusion_emitters": False} if jax.default_backend() == "cpu" else None
+    options = jes.cpu.compiler_options()   # the step's (None off the CPU); jax 0.11 has no older emitters to ask for
     draw = UnrolledJit(lambda key: jax.random.normal(key, (64,)).sum(), compiler_options=options)
     alone = draw(jax.random.key(3))
     inside = jax.jit(lambda key: draw(key) * 2.0)(jax.random.key(3))
