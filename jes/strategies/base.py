@@ -257,9 +257,7 @@ def sorted_utilities(fitness: jax.Array, utilities: jax.Array) -> jax.Array:
     Averaging tied utilities makes members with equal fitness weigh the same, so an
     all-equal population moves nothing.
     """
-    ordered = jnp.sort(-fitness)
-    low = jnp.searchsorted(ordered, -fitness, side="left", method=noise.search_method())
-    high = jnp.searchsorted(ordered, -fitness, side="right", method=noise.search_method())
+    low, high = noise.tie_bounds(-fitness)
     cumulative = jnp.concatenate([jnp.zeros(1, utilities.dtype), jnp.cumsum(utilities)])
     return (cumulative[high] - cumulative[low]) / jnp.maximum(high - low, 1).astype(utilities.dtype)
 

@@ -119,6 +119,14 @@ def search_method() -> str:
     return "scan" if jax.default_backend() == "cpu" else "scan_unrolled"
 
 
+def tie_bounds(values: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """Where each of ``values`` starts and ends among them sorted ascending: ``(first index, one past the last)``
+    of its run of equal values (the binary search by :func:`search_method`)."""
+    ordered = jnp.sort(values)
+    return (jnp.searchsorted(ordered, values, side="left", method=search_method()),
+            jnp.searchsorted(ordered, values, side="right", method=search_method()))
+
+
 def centered_ranks(fitness: jax.Array) -> jax.Array:
     """Centered ranks in ``[-0.5, 0.5]`` summing to 0; tied values share their average rank.
 
@@ -126,10 +134,8 @@ def centered_ranks(fitness: jax.Array) -> jax.Array:
         fitness: ``[n]`` raw fitness values, ``n >= 2``.
     """
     n = fitness.shape[0]
-    ordered = jnp.sort(fitness)
-    low = jnp.searchsorted(ordered, fitness, side="left", method=search_method())
-    high = jnp.searchsorted(ordered, fitness, side="right", method=search_method()) - 1
-    ranks = (low + high).astype(jnp.float32) * 0.5
+    low, end = tie_bounds(fitness)
+    ranks = (low + end - 1).astype(jnp.float32) * 0.5
     return ranks / (n - 1) - 0.5
 
 
