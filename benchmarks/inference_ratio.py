@@ -7,7 +7,10 @@ For each policy size and population, side by side in one process:
 * (c) batch inference: the same rollout (same env, episodes, slots and compaction) with one shared parameter
   set, the policy applied as one GEMM per env step, no noise and no update.
 
-Every program is compiled as ``jes.train`` compiles its step (threefry unrolled, :mod:`jes.threefry`).
+Every program is compiled as ``jes.train`` compiles its step (threefry unrolled, :mod:`jes.threefry`). jes's
+rows with the step's XLA options; batch inference with XLA's defaults on a CPU, and on a GPU with the options jes
+compiles with there (:func:`jes.cpu.gpu_compiler_options`: loops and conditionals in XLA's CUDA graphs), so that
+neither side gains from an option the other lacks.
 
 Printed: env steps/s, the median over ``--seeds`` (one run per key) of each seed's median over ``--repeats``
 timed generations (after one warm-up), and the ratios (a)/(c), (b)/(c) as median [min, max] over the seeds. The
@@ -39,6 +42,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import math
 import os
 import statistics
@@ -125,6 +129,11 @@ def generation_timer(trainer, seeds):
     return time_one
 
 
+def inference_options():
+    """XLA options of batch inference's programs: jes's own on a GPU, XLA's defaults elsewhere (see above)."""
+    return jes.cpu.gpu_compiler_options() if jax.default_backend() == "gpu" else None
+
+
 def inference_timer(trainer, seeds, generation_of):
     """``time(seed) -> (seconds, env steps)``: the members' episodes of the generation ``generation_of(seed)`` of
     ``seed``'s run would evaluate next (same keys, slots and compaction), with the centre's parameters."""
@@ -142,7 +151,7 @@ def inference_timer(trainer, seeds, generation_of):
         episodes, mesh=Mesh(np.array(jax.devices()), ("devices",)), in_specs=(P(), P("devices"), P()),
         out_specs=(P("devices"), P("devices")), check_vma=False)
 
-    @UnrolledJit
+    @functools.partial(UnrolledJit, compiler_options=inference_options())
     def rollout(flat, es_key, generation):
         members = jnp.arange(trainer.config.num_members, dtype=jnp.int32)
         keys = noise.episode_keys(noise.generation_key(es_key, generation), members, 1, trainer.antithetic)
@@ -224,7 +233,7 @@ def breakdown_timers(trainer, seeds, forward_steps):
                         obs_scale=trainer.obs_scale(state), min_slots=trainer.rollout_min_batch)
         return out["returns"], out["steps"].sum()
 
-    # jes's parts compiled with the step's XLA options (as jes.train compiles them); batch inference with XLA's defaults
+    # jes's parts compiled with the step's XLA options (as jes.train compiles them); batch inference with its own
     as_jes = lambda fn: UnrolledJit(fn, compiler_options=trainer.step_compiler_options)
 
     @as_jes
@@ -236,7 +245,7 @@ def breakdown_timers(trainer, seeds, forward_steps):
         view = trainer.member_fns(state.params)
         return rollout_of(view, view.slot_params(trainer.sample_chunk(state, jnp.int32(0))[0]), state)
 
-    @UnrolledJit
+    @functools.partial(UnrolledJit, compiler_options=inference_options())
     def inference(state):
         return rollout_of(SharedParams(trainer.fns, trainer.unravel(state.params)),
                           jnp.zeros((members, 0), jnp.float32), state)
@@ -262,7 +271,7 @@ def breakdown_timers(trainer, seeds, forward_steps):
     view_of = lambda state: trainer.member_fns(state.params)
     low_rank_forward = forward_loop(lambda p, c, o: view_of(p[1]).apply_batch(p[0], c, o), trainer.step_compiler_options)
     shared_forward = forward_loop(lambda p, c, o: jax.vmap(SharedParams(trainer.fns, trainer.unravel(p)).apply,
-                                                           in_axes=(None, 0, 0))(p, c, o), None)
+                                                           in_axes=(None, 0, 0))(p, c, o), inference_options())
     slot_params = {seed: as_jes(lambda st: view_of(st).slot_params(sample(st)))(st) for seed, st in states.items()}
 
     def timed(fn, steps_of=None):

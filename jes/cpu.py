@@ -65,7 +65,8 @@ def compiler_options(devices: list | None = None, fusion_emitters: bool = False,
     On CPU, XLA's older fusion emitters (``xla_cpu_use_fusion_emitters=False``): generations no slower,
     and less compile time: ~28 % less CPU time for the generation step when a process compiles several
     programs (sweeps, tests, notebooks), a few percent for a fresh process's first compile, ~20 % for the
-    100-episode evaluation (benchmarks/README.md, issue 9). ``None`` elsewhere. A jaxlib without this option
+    100-episode evaluation (benchmarks/README.md, issue 9). On GPUs :func:`gpu_compiler_options`; ``None``
+    elsewhere. A jaxlib without this option
     (jaxlib 0.11 dropped the older emitters) compiles with the newer ones, as ``fusion_emitters=True`` does.
 
     **The emitters can change bits**: they order some long sums otherwise (an MLP 256x256's update differed in
@@ -90,6 +91,8 @@ def compiler_options(devices: list | None = None, fusion_emitters: bool = False,
             Full rank keeps it: it decides the bits of its pinned runs.
     """
     devices = jax.devices() if devices is None else devices
+    if devices and all(d.platform == "gpu" for d in devices):
+        return gpu_compiler_options()
     if not all(d.platform == "cpu" for d in devices):
         return None
     # The newer emitters' loop fusions split among the process's threads (XLA's parallel task assignment) gave other
@@ -123,14 +126,32 @@ NEWER_EMITTERS_PASSES = ("cpu-parallel-task-assigner", TREE_REDUCTIONS_PASS)
 YNN_FUSION_TYPES = "LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT,LIBRARY_FUSION_TYPE_INDIVIDUAL_CONVOLUTION"
 
 
+# XLA:GPU records a program's kernels as CUDA graphs (command buffers), by default not its loops and conditionals: then
+# every iteration of a while loop (a rollout's env steps) and every lax.cond (the step's guards) copies its predicate
+# to the host and waits for it, and the GPU idles while the host launches the next kernels one by one. With loops and
+# conditionals in the graphs the predicates stay on the GPU. The same kernels run, so the same bits.
+GPU_COMMAND_BUFFER_OPTION = "xla_gpu_enable_command_buffer"
+GPU_COMMAND_BUFFER_TYPES = "FUSION,CUBLAS,CUBLASLT,CUSTOM_CALL,CUDNN,DYNAMIC_SLICE_FUSION,WHILE,CONDITIONAL"
+
+
+def gpu_compiler_options() -> dict | None:
+    """XLA options jes compiles its rollout programs with on GPUs: while loops and conditionals inside XLA's CUDA
+    graphs (``xla_gpu_enable_command_buffer`` with ``WHILE`` and ``CONDITIONAL`` added to XLA's default types).
+    ``None`` where the jaxlib's GPU compiler does not take them, or there is no GPU."""
+    if not _knows_option(GPU_COMMAND_BUFFER_OPTION, GPU_COMMAND_BUFFER_TYPES, "gpu"):
+        return None
+    return {GPU_COMMAND_BUFFER_OPTION: GPU_COMMAND_BUFFER_TYPES}
+
+
 @functools.cache
-def _knows_option(name: str, value) -> bool:
-    """Whether this jaxlib's CPU compiler takes option ``name`` set to ``value`` (older ones have no YNNPACK and fail
-    on its option; jaxlib 0.11 dropped the older fusion emitters and fails on theirs)."""
-    on_cpu = jax.sharding.SingleDeviceSharding(jax.devices("cpu")[0])   # the CPU's compiler, in a GPU process too
+def _knows_option(name: str, value, platform: str = "cpu") -> bool:
+    """Whether this jaxlib's compiler for ``platform`` takes option ``name`` set to ``value`` (older ones have no
+    YNNPACK and fail on its option; jaxlib 0.11 dropped the older fusion emitters and fails on theirs)."""
     try:
+        # the platform's compiler (the CPU's in a GPU process too)
+        on_device = jax.sharding.SingleDeviceSharding(jax.devices(platform)[0])
         jax.jit(lambda x: x + 1, compiler_options={name: value}).lower(
-            jax.ShapeDtypeStruct((), "float32", sharding=on_cpu)).compile()
+            jax.ShapeDtypeStruct((), "float32", sharding=on_device)).compile()
     except Exception:  # noqa: BLE001 - "No such compile option" (XlaRuntimeError) or an invalid value
         return False
     return True
