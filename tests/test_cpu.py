@@ -70,6 +70,28 @@ def test_a_jaxlib_without_the_older_emitters_gets_the_newer_ones_as_jes_compiles
     assert jax.jit(lambda x: x * 2, compiler_options=options)(1.0) == 2.0
 
 
+
+def test_gpus_compile_with_loops_and_conditionals_in_cuda_graphs_other_accelerators_with_xla_defaults(monkeypatch):
+    # On an H200 the rollout's while loop and the step's conds each waited on the host without them (same bits with)
+    from jes import cpu
+
+    gpu, tpu = type("Gpu", (), {"platform": "gpu"})(), type("Tpu", (), {"platform": "tpu"})()
+    monkeypatch.setattr(cpu, "_knows_option", lambda name, value, platform="cpu": platform == "gpu")
+    assert cpu.compiler_options([gpu, gpu]) == {cpu.GPU_COMMAND_BUFFER_OPTION: cpu.GPU_COMMAND_BUFFER_TYPES}
+    assert {"FUSION", "CUBLAS", "WHILE", "CONDITIONAL"} <= set(cpu.GPU_COMMAND_BUFFER_TYPES.split(","))
+    assert cpu.compiler_options([tpu]) is None and cpu.compiler_options([gpu, tpu]) is None
+    monkeypatch.setattr(cpu, "_knows_option", lambda *args: False)  # a GPU compiler that refuses the option
+    assert cpu.compiler_options([gpu]) is None
+
+
+def test_the_gpu_options_probe_answers_none_without_a_gpu():
+    import jax
+    from jes import cpu
+
+    if any(d.platform == "gpu" for d in jax.devices()):
+        pytest.skip("this machine has a GPU")
+    assert cpu.gpu_compiler_options() is None
+
 # One run per line: its parameters' bits and every metric of its history but the clock's (hex strings: bits).
 SAME_RUN_ON_CORES = """
     import os, sys, json
