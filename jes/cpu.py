@@ -134,10 +134,16 @@ GPU_COMMAND_BUFFER_OPTION = "xla_gpu_enable_command_buffer"
 GPU_COMMAND_BUFFER_TYPES = "FUSION,CUBLAS,CUBLASLT,CUSTOM_CALL,CUDNN,DYNAMIC_SLICE_FUSION,WHILE,CONDITIONAL"
 
 
+GPU_GRAPH_LOOPS_ENV = "JES_GPU_GRAPH_LOOPS"
+
+
 def gpu_compiler_options() -> dict | None:
     """XLA options jes compiles its rollout programs with on GPUs: while loops and conditionals inside XLA's CUDA
     graphs (``xla_gpu_enable_command_buffer`` with ``WHILE`` and ``CONDITIONAL`` added to XLA's default types).
-    ``None`` where the jaxlib's GPU compiler does not take them, or there is no GPU."""
+    ``None`` (XLA's defaults) where the jaxlib's GPU compiler does not take them, where there is no GPU, or with
+    ``$JES_GPU_GRAPH_LOOPS=0`` (programs compiled otherwise: the same bits, jes's program cache keeps them apart)."""
+    if os.environ.get(GPU_GRAPH_LOOPS_ENV, "1").strip() == "0":
+        return None
     if not _knows_option(GPU_COMMAND_BUFFER_OPTION, GPU_COMMAND_BUFFER_TYPES, "gpu"):
         return None
     return {GPU_COMMAND_BUFFER_OPTION: GPU_COMMAND_BUFFER_TYPES}

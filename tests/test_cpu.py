@@ -80,6 +80,9 @@ def test_gpus_compile_with_loops_and_conditionals_in_cuda_graphs_other_accelerat
     assert cpu.compiler_options([gpu, gpu]) == {cpu.GPU_COMMAND_BUFFER_OPTION: cpu.GPU_COMMAND_BUFFER_TYPES}
     assert {"FUSION", "CUBLAS", "WHILE", "CONDITIONAL"} <= set(cpu.GPU_COMMAND_BUFFER_TYPES.split(","))
     assert cpu.compiler_options([tpu]) is None and cpu.compiler_options([gpu, tpu]) is None
+    monkeypatch.setenv(cpu.GPU_GRAPH_LOOPS_ENV, "0")  # the user's way out, should a driver mishandle them
+    assert cpu.compiler_options([gpu]) is None
+    monkeypatch.delenv(cpu.GPU_GRAPH_LOOPS_ENV)
     monkeypatch.setattr(cpu, "_knows_option", lambda *args: False)  # a GPU compiler that refuses the option
     assert cpu.compiler_options([gpu]) is None
 
