@@ -154,8 +154,8 @@ def _knows_option(name: str, value, platform: str = "cpu") -> bool:
     """Whether this jaxlib's compiler for ``platform`` takes option ``name`` set to ``value`` (older ones have no
     YNNPACK and fail on its option; jaxlib 0.11 dropped the older fusion emitters and fails on theirs)."""
     try:
-        # the platform's compiler (the CPU's in a GPU process too)
-        on_device = jax.sharding.SingleDeviceSharding(jax.devices(platform)[0])
+        # the platform's compiler (the CPU's in a GPU process too), on a device of this process
+        on_device = jax.sharding.SingleDeviceSharding(jax.local_devices(backend=platform)[0])
         jax.jit(lambda x: x + 1, compiler_options={name: value}).lower(
             jax.ShapeDtypeStruct((), "float32", sharding=on_device)).compile()
     except Exception:  # noqa: BLE001 - "No such compile option" (XlaRuntimeError) or an invalid value
