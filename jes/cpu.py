@@ -13,6 +13,7 @@ import functools
 import os
 
 import jax
+import jax.numpy as jnp
 
 ENV = "JES_CPU_DEVICES"
 _FLAG = "--xla_force_host_platform_device_count"
@@ -80,7 +81,7 @@ def compiler_options(devices: list | None = None, fusion_emitters: bool = False,
     assignment, whose split of their loop fusions among threads changed a rank-4 low-rank run's parameters
     (tests/test_cpu.py runs the same runs on one core and on two).
 
-    Args:
+    Args (the last two for XLA:CPU only):
         devices: the devices the program runs on (default: ``jax.devices()``).
         fusion_emitters: keep XLA's default (newer) fusion emitters, for programs the older ones run slower
             (low-rank corrections as batched products, rank 3 and up: see
@@ -129,19 +130,22 @@ YNN_FUSION_TYPES = "LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT,LIBRARY_FUSION_TYPE_INDIV
 # XLA:GPU records a program's kernels as CUDA graphs (command buffers), by default not its loops and conditionals: then
 # every iteration of a while loop (a rollout's env steps) and every lax.cond (the step's guards) copies its predicate
 # to the host and waits for it, and the GPU idles while the host launches the next kernels one by one. With loops and
-# conditionals in the graphs the predicates stay on the GPU. The same kernels run, so the same bits.
+# conditionals in the graphs the predicates stay on the GPU. The same kernels run, so the same bits. A compile option
+# replaces the whole list, so it names XLA's default types (jaxlib 0.11) with WHILE and CONDITIONAL added.
 GPU_COMMAND_BUFFER_OPTION = "xla_gpu_enable_command_buffer"
 GPU_COMMAND_BUFFER_TYPES = "FUSION,CUBLAS,CUBLASLT,CUSTOM_CALL,CUDNN,DYNAMIC_SLICE_FUSION,WHILE,CONDITIONAL"
-
-
 GPU_GRAPH_LOOPS_ENV = "JES_GPU_GRAPH_LOOPS"
 
 
 def gpu_compiler_options() -> dict | None:
     """XLA options jes compiles its rollout programs with on GPUs: while loops and conditionals inside XLA's CUDA
     graphs (``xla_gpu_enable_command_buffer`` with ``WHILE`` and ``CONDITIONAL`` added to XLA's default types).
-    ``None`` (XLA's defaults) where the jaxlib's GPU compiler does not take them, where there is no GPU, or with
-    ``$JES_GPU_GRAPH_LOOPS=0`` (programs compiled otherwise: the same bits, jes's program cache keeps them apart)."""
+
+    ``None`` (XLA's defaults) where there is no GPU, where the jaxlib's GPU compiler refuses the option, where a
+    small loop with a conditional compiled with it fails to run or gives a wrong result (a driver without CUDA
+    graphs' conditional nodes, say), or with ``$JES_GPU_GRAPH_LOOPS=0``: programs compiled otherwise, the same bits
+    (measured on an H200), kept apart by jes's program cache.
+    """
     if os.environ.get(GPU_GRAPH_LOOPS_ENV, "1").strip() == "0":
         return None
     if not _knows_option(GPU_COMMAND_BUFFER_OPTION, GPU_COMMAND_BUFFER_TYPES, "gpu"):
@@ -149,15 +153,28 @@ def gpu_compiler_options() -> dict | None:
     return {GPU_COMMAND_BUFFER_OPTION: GPU_COMMAND_BUFFER_TYPES}
 
 
+def _loop_with_a_cond(x: jax.Array) -> jax.Array:
+    """The option probe's program: a while loop whose body holds a ``lax.cond`` (``x + 3`` for ``x`` below 100)."""
+    def body(carry):
+        i, v = carry
+        return i + 1, jax.lax.cond(v > 100, lambda u: u - 1, lambda u: u + 1, v)
+
+    return jax.lax.while_loop(lambda carry: carry[0] < 3, body, (jnp.int32(0), x))[1]
+
+
 @functools.cache
 def _knows_option(name: str, value, platform: str = "cpu") -> bool:
     """Whether this jaxlib's compiler for ``platform`` takes option ``name`` set to ``value`` (older ones have no
-    YNNPACK and fail on its option; jaxlib 0.11 dropped the older fusion emitters and fails on theirs)."""
+    YNNPACK and fail on its option; jaxlib 0.11 dropped the older fusion emitters and fails on theirs). Off the
+    CPU the probe also runs: a loop with a conditional, compiled with the option, must give its result."""
     try:
         # the platform's compiler (the CPU's in a GPU process too), on a device of this process
-        on_device = jax.sharding.SingleDeviceSharding(jax.local_devices(backend=platform)[0])
-        jax.jit(lambda x: x + 1, compiler_options={name: value}).lower(
+        device = jax.local_devices(backend=platform)[0]
+        on_device = jax.sharding.SingleDeviceSharding(device)
+        compiled = jax.jit(_loop_with_a_cond, compiler_options={name: value}).lower(
             jax.ShapeDtypeStruct((), "float32", sharding=on_device)).compile()
-    except Exception:  # noqa: BLE001 - "No such compile option" (XlaRuntimeError) or an invalid value
+        if platform != "cpu":
+            return float(compiled(jax.device_put(jnp.float32(1), device))) == 4.0
+    except Exception:  # noqa: BLE001 - "No such compile option" (XlaRuntimeError), an invalid value, a failed run
         return False
     return True

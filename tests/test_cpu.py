@@ -70,12 +70,12 @@ def test_a_jaxlib_without_the_older_emitters_gets_the_newer_ones_as_jes_compiles
     assert jax.jit(lambda x: x * 2, compiler_options=options)(1.0) == 2.0
 
 
-
 def test_gpus_compile_with_loops_and_conditionals_in_cuda_graphs_other_accelerators_with_xla_defaults(monkeypatch):
     # On an H200 the rollout's while loop and the step's conds each waited on the host without them (same bits with)
     from jes import cpu
 
     gpu, tpu = type("Gpu", (), {"platform": "gpu"})(), type("Tpu", (), {"platform": "tpu"})()
+    monkeypatch.delenv(cpu.GPU_GRAPH_LOOPS_ENV, raising=False)
     monkeypatch.setattr(cpu, "_knows_option", lambda name, value, platform="cpu": platform == "gpu")
     assert cpu.compiler_options([gpu, gpu]) == {cpu.GPU_COMMAND_BUFFER_OPTION: cpu.GPU_COMMAND_BUFFER_TYPES}
     assert {"FUSION", "CUBLAS", "WHILE", "CONDITIONAL"} <= set(cpu.GPU_COMMAND_BUFFER_TYPES.split(","))
@@ -94,6 +94,18 @@ def test_the_gpu_options_probe_answers_none_without_a_gpu():
     if any(d.platform == "gpu" for d in jax.devices()):
         pytest.skip("this machine has a GPU")
     assert cpu.gpu_compiler_options() is None
+
+
+def test_the_option_probe_runs_a_loop_with_a_cond_and_answers_per_option():
+    # the probe's program (run off the CPU, where a driver may lack CUDA graphs' conditional nodes) computes x + 3
+    import jax
+    from jes import cpu
+
+    assert float(jax.jit(cpu._loop_with_a_cond)(jax.numpy.float32(1))) == 4.0
+    assert cpu._knows_option("xla_cpu_enable_fast_math", False)  # an option every XLA:CPU has
+    assert not cpu._knows_option("xla_no_such_option_at_all", True)
+    assert not cpu._knows_option(cpu.GPU_COMMAND_BUFFER_OPTION, cpu.GPU_COMMAND_BUFFER_TYPES, "gpu") or any(
+        d.platform == "gpu" for d in jax.devices())
 
 # One run per line: its parameters' bits and every metric of its history but the clock's (hex strings: bits).
 SAME_RUN_ON_CORES = """

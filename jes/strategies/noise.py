@@ -111,7 +111,8 @@ def search_method() -> str:
 
     Its binary search is a while loop by default, and on a GPU each iteration waits on the host: on an H200 the
     ranks of 512 members took 0.68 ms a call as a loop, 0.09 ms unrolled, and a low-rank MLP 256x256 generation
-    (512 members, r = 1) went from 0.74x to 0.83x batch inference (issue 23). On the CPU the loop is faster from
+    (512 members, r = 1) went from 0.74x to 0.83x batch inference (issue 23; before jes put loops in CUDA graphs,
+    :func:`jes.cpu.gpu_compiler_options`). On the CPU the loop is faster from
     2,048 members (measured at 512, 2,048 and 4,096: 1.2 ms against 2.0 ms at 4,096), so it stays there. Chosen by
     JAX's default backend when the program is traced (a CPU program in a GPU process gets the unrolled search: the
     same bits, slower from 2,048 members); part of the program cache's key (``Trainer.program_parts``).
