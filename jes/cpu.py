@@ -163,17 +163,18 @@ def _loop_with_a_cond(x: jax.Array) -> jax.Array:
 
 
 @functools.cache
-def _knows_option(name: str, value, platform: str = "cpu") -> bool:
+def _knows_option(name: str, value, platform: str = "cpu", run: bool | None = None) -> bool:
     """Whether this jaxlib's compiler for ``platform`` takes option ``name`` set to ``value`` (older ones have no
-    YNNPACK and fail on its option; jaxlib 0.11 dropped the older fusion emitters and fails on theirs). Off the
-    CPU the probe also runs: a loop with a conditional, compiled with the option, must give its result."""
+    YNNPACK and fail on its option; jaxlib 0.11 dropped the older fusion emitters and fails on theirs). With ``run``
+    (default: off the CPU) the probe also runs: a loop with a conditional, compiled with the option, must give its
+    result."""
     try:
         # the platform's compiler (the CPU's in a GPU process too), on a device of this process
         device = jax.local_devices(backend=platform)[0]
         on_device = jax.sharding.SingleDeviceSharding(device)
         compiled = jax.jit(_loop_with_a_cond, compiler_options={name: value}).lower(
             jax.ShapeDtypeStruct((), "float32", sharding=on_device)).compile()
-        if platform != "cpu":
+        if platform != "cpu" if run is None else run:
             return float(compiled(jax.device_put(jnp.float32(1), device))) == 4.0
     except Exception:  # noqa: BLE001 - "No such compile option" (XlaRuntimeError), an invalid value, a failed run
         return False

@@ -103,6 +103,7 @@ def test_the_option_probe_runs_a_loop_with_a_cond_and_answers_per_option():
 
     assert float(jax.jit(cpu._loop_with_a_cond)(jax.numpy.float32(1))) == 4.0
     assert cpu._knows_option("xla_cpu_enable_fast_math", False)  # an option every XLA:CPU has
+    assert cpu._knows_option("xla_cpu_enable_fast_math", False, "cpu", run=True)  # the GPU's path: compiled, run
     assert not cpu._knows_option("xla_no_such_option_at_all", True)
     assert not cpu._knows_option(cpu.GPU_COMMAND_BUFFER_OPTION, cpu.GPU_COMMAND_BUFFER_TYPES, "gpu") or any(
         d.platform == "gpu" for d in jax.devices())
