@@ -26,7 +26,9 @@ the rollout of the draw's members (``rollout``, the draw included), the update f
 (``update``), the whole step; and the policy's forward pass alone, ``--forward-steps`` env steps of the
 population's first observations fed back into the policy (no env, no compaction; ``forward / inf``), so that
 what the generation loses to batch inference can be told apart: the forward's correction, or the rest
-(episodes the members' policies play longer than the shared one's, the draw and the update).
+(episodes the members' policies play longer than the shared one's, the draw and the update). With ``--profile DIR``
+it then traces the step, the update and batch inference with JAX's profiler (on a GPU its kernels, on the CPU
+XLA's thunks) and prints each part's top events per call.
 
 With ``--compare-forms`` it times instead, per cell and rank, low rank with every slot in its own form against
 the compact form (a mirrored pair's slots sharing one draw in the rollout's first batch; jes picks it for
@@ -37,6 +39,7 @@ large rank-1 members, ``jes.perturbations.low_rank.COMPACT_MIN_DRAW``), and prin
     python benchmarks/inference_ratio.py --limit 1e10 --chunk-size all             # on a GPU: one chunk
     python benchmarks/inference_ratio.py --compare-forms --members 512 --ranks 1
     python benchmarks/inference_ratio.py --breakdown --envs minatar --hidden 256 --members 512 --ranks 1
+    python benchmarks/inference_ratio.py --breakdown --profile /tmp/traces --hidden 256 --members 512 --ranks 1
 """
 from __future__ import annotations
 
@@ -304,7 +307,8 @@ def breakdown(args, ranks, seeds) -> None:
             if members * trainer.num_params > args.limit or trainer.num_chunks != 1:
                 print(f"| {label} | {members} | {r} | skipped: members x P above --limit, or more than one chunk |")
                 continue
-            raw = measure(breakdown_timers(trainer, seeds, args.forward_steps), seeds, args.repeats, per_second=False)
+            timers = breakdown_timers(trainer, seeds, args.forward_steps)
+            raw = measure(timers, seeds, args.repeats, per_second=False)
             ms = lambda name: statistics.median(statistics.median(t for t, _ in x) for x in raw[name]) * 1e3
 
             def ratio(mine, inf, per_step):
@@ -317,6 +321,40 @@ def breakdown(args, ranks, seeds) -> None:
             print(f"| {label} | {members} | {r} | {ms('step'):.1f} | {ms('sample'):.1f} | {ms('rollout'):.1f} | "
                   f"{ms('update'):.1f} | {ms('inf'):.1f} | {ratio('rollout', 'inf', True)} | "
                   f"{ratio('step', 'inf', True)} | {ratio('forward', 'forward inf', False)} |", flush=True)
+            if args.profile:
+                for part in ("step", "update", "inf"):
+                    profile(timers[part], seeds[0], args.repeats,
+                            os.path.join(args.profile, f"{label.replace(' ', '')}-{members}-r{r}-{part}"))
+
+
+def profile(time_one, seed, calls, directory, top=20) -> None:
+    """``--profile``: JAX's profiler over ``calls`` calls of one part (a Perfetto trace kept in ``directory``), and
+    its ``top`` events by time per call: the XLA programs' kernels or thunks, then anything else the trace holds."""
+    import collections
+    import glob
+    import gzip
+    import json
+
+    with jax.profiler.trace(directory, create_perfetto_trace=True):
+        for _ in range(calls):
+            time_one(seed)
+    path = glob.glob(os.path.join(directory, "**", "*perfetto_trace.json.gz"), recursive=True)
+    if not path:
+        print(f"  {directory}: no Perfetto trace written", flush=True)
+        return
+    events = json.load(gzip.open(path[0]))
+    events = events["traceEvents"] if isinstance(events, dict) else events
+    names = {e["pid"]: e["args"]["name"] for e in events if e.get("ph") == "M" and e.get("name") == "process_name"}
+    total, count = collections.Counter(), collections.Counter()
+    for e in events:
+        if e.get("ph") == "X" and "dur" in e and not e["name"].startswith("$"):  # "$": Python frames
+            key = (names.get(e["pid"], str(e["pid"]))[:28], e["name"][:100])
+            total[key] += e["dur"]
+            count[key] += 1
+    print(f"  {os.path.basename(directory)}: top events, ms and occurrences per call ({calls} calls; trace in "
+          f"{directory})", flush=True)
+    for (process, name), us in total.most_common(top):
+        print(f"  {us / calls / 1e3:9.3f} ms {count[(process, name)] / calls:8.1f}x  {process:28s} {name}", flush=True)
 
 
 def cells(args):
@@ -361,6 +399,9 @@ def main() -> None:
     parser.add_argument("--breakdown", action="store_true",
                         help="split a low-rank generation's time into its parts against inference (see above)")
     parser.add_argument("--forward-steps", type=int, default=20, help="--breakdown: policy steps of the forward loop")
+    parser.add_argument("--profile", metavar="DIR", default=None,
+                        help="--breakdown: then trace the step, the update and batch inference with JAX's profiler "
+                             "(Perfetto traces under DIR) and print each one's top events per call")
     parser.add_argument("--compare-forms", action="store_true",
                         help="time low rank's per-slot and compact forms against each other instead (see above)")
     parser.add_argument("--chunk-size", default=None, type=chunk_size_arg,
@@ -372,6 +413,8 @@ def main() -> None:
     args = parser.parse_args()
     if args.chunk_size == "all" and args.cpu_devices > 1:
         parser.error("--chunk-size all makes one chunk, which runs on one device: give a size, or leave out --cpu-devices")
+    if args.profile and not args.breakdown:
+        parser.error("--profile profiles --breakdown's parts: add --breakdown")
     if args.cpu_devices > 1 and (args.breakdown or args.compare_forms):
         parser.error("--breakdown and --compare-forms time one chunk on one device: leave out --cpu-devices")
     if args.cpu_devices > 1 and jes.use_cpu_cores(args.cpu_devices) is None:
