@@ -28,7 +28,10 @@ population's first observations fed back into the policy (no env, no compaction;
 what the generation loses to batch inference can be told apart: the forward's correction, or the rest
 (episodes the members' policies play longer than the shared one's, the draw and the update). With ``--profile DIR``
 it then traces the step, the update and batch inference with JAX's profiler (on a GPU its kernels, on the CPU
-XLA's thunks) and prints each part's top events per call.
+XLA's thunks) and prints each part's top events per call. With ``--skip-corrections conv,dense`` (a diagnostic, not
+a way to train) the named layers' low-rank corrections are left out of every jes part: the members keep their
+vector leaves' noise and apply the shared matrices alone, so the parts show what the generation would cost were
+those corrections free.
 
 With ``--compare-forms`` it times instead, per cell and rank, low rank with every slot in its own form against
 the compact form (a mirrored pair's slots sharing one draw in the rollout's first batch; jes picks it for
@@ -40,6 +43,7 @@ large rank-1 members, ``jes.perturbations.low_rank.COMPACT_MIN_DRAW``), and prin
     python benchmarks/inference_ratio.py --compare-forms --members 512 --ranks 1
     python benchmarks/inference_ratio.py --breakdown --envs minatar --hidden 256 --members 512 --ranks 1
     python benchmarks/inference_ratio.py --breakdown --profile /tmp/traces --hidden 256 --members 512 --ranks 1
+    python benchmarks/inference_ratio.py --breakdown --skip-corrections conv --envs minatar --hidden 256 --ranks 1
 """
 from __future__ import annotations
 
@@ -327,6 +331,32 @@ def breakdown(args, ranks, seeds) -> None:
                             os.path.join(args.profile, f"{label.replace(' ', '')}-{members}-r{r}-{part}"))
 
 
+# --skip-corrections: the layer types whose corrections a diagnostic run leaves out
+CORRECTED_LAYERS = {"conv": (nn.Conv,), "dense": (nn.Dense, nn.DenseGeneral), "embed": (nn.Embed,)}
+
+
+def skip_corrections(names: list[str]) -> None:
+    """``--skip-corrections``: from now on in this process, the named layers' low-rank corrections are left out
+    (their output is the shared matrices' alone). A diagnostic: it bounds what the corrections cost."""
+    skipped = tuple(layer for name in names for layer in CORRECTED_LAYERS[name])
+    correction = low_rank._correction
+
+    def without_skipped(module, x, out, a_t, b_t, inner):
+        return out if isinstance(module, skipped) else correction(module, x, out, a_t, b_t, inner)
+
+    low_rank._correction = without_skipped
+
+
+def layer_names_arg(value: str) -> list[str]:
+    """``--skip-corrections``: comma-separated names among :data:`CORRECTED_LAYERS`."""
+    names = [v for v in value.split(",") if v]
+    unknown = [n for n in names if n not in CORRECTED_LAYERS]
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(f"{value!r}: give layer kinds among {', '.join(CORRECTED_LAYERS)}, "
+                                         f"comma-separated")
+    return names
+
+
 def profile(time_one, seed, calls, directory, top=20) -> None:
     """``--profile``: JAX's profiler over ``calls`` calls of one part (a Perfetto trace kept in ``directory``), and
     its ``top`` events by time per call: the XLA programs' kernels or thunks, then anything else the trace holds."""
@@ -402,6 +432,9 @@ def main() -> None:
     parser.add_argument("--profile", metavar="DIR", default=None,
                         help="--breakdown: then trace the step, the update and batch inference with JAX's profiler "
                              "(Perfetto traces under DIR) and print each one's top events per call")
+    parser.add_argument("--skip-corrections", metavar="LAYERS", type=layer_names_arg, default=None,
+                        help="--breakdown, a diagnostic: leave these layers' low-rank corrections out of jes's parts "
+                             f"({', '.join(CORRECTED_LAYERS)}; comma-separated): what the rest costs")
     parser.add_argument("--compare-forms", action="store_true",
                         help="time low rank's per-slot and compact forms against each other instead (see above)")
     parser.add_argument("--chunk-size", default=None, type=chunk_size_arg,
@@ -415,6 +448,8 @@ def main() -> None:
         parser.error("--chunk-size all makes one chunk, which runs on one device: give a size, or leave out --cpu-devices")
     if args.profile and not args.breakdown:
         parser.error("--profile profiles --breakdown's parts: add --breakdown")
+    if args.skip_corrections and not args.breakdown:
+        parser.error("--skip-corrections is a diagnostic of --breakdown's parts: add --breakdown")
     if args.cpu_devices > 1 and (args.breakdown or args.compare_forms):
         parser.error("--breakdown and --compare-forms time one chunk on one device: leave out --cpu-devices")
     if args.cpu_devices > 1 and jes.use_cpu_cores(args.cpu_devices) is None:
@@ -430,7 +465,11 @@ def main() -> None:
     if args.breakdown:
         print(f"jax {jax.__version__}, {jax.devices()[0].device_kind}, {os.cpu_count()} CPUs; ms: median over seeds "
               f"{args.seeds} of each seed's median of {args.repeats} calls (the parts take turns); ratios: per seed and "
-              f"call, median [min, max] over seeds (rollout and step: env steps/s; forward: time per step)")
+              f"call, median [min, max] over seeds (rollout and step: env steps/s; forward: time per step)"
+              + (f"; DIAGNOSTIC: the low-rank corrections of {', '.join(args.skip_corrections)} layers left out"
+                 if args.skip_corrections else ""))
+        if args.skip_corrections:
+            skip_corrections(args.skip_corrections)
         return breakdown(args, ranks, seeds)
     chunks = "jes's default chunks" if args.chunk_size is None else f"--chunk-size {args.chunk_size}"
     print(f"jax {jax.__version__}, {len(jax.devices())} x {jax.devices()[0].device_kind}, {os.cpu_count()} CPUs, {chunks}; "

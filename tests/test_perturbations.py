@@ -648,3 +648,42 @@ def test_the_step_compiles_with_the_fusion_emitters_its_layers_and_rank_want(pol
         assert trainer.program_parts()["compiler_options"] == options
     state, _ = trainer.step(trainer.init_state(3), jnp.bool_(True), jnp.bool_(True))
     assert int(state.generation) == 1
+
+
+class _ConvThenDense(nn.Module):
+    """Matrices only (no biases): a member differs from the centre by its corrections alone."""
+
+    @nn.compact
+    def __call__(self, obs):
+        x = nn.relu(nn.Conv(4, (3, 3), padding="VALID", use_bias=False)(obs))
+        return nn.Dense(2, use_bias=False)(x.reshape(-1))
+
+
+def test_the_benchmarks_skip_corrections_diagnostic_leaves_out_the_named_layers_corrections_only(monkeypatch):
+    import importlib.util
+    import os
+    path = os.path.join(os.path.dirname(__file__), "..", "benchmarks", "inference_ratio.py")
+    spec = importlib.util.spec_from_file_location("inference_ratio_under_test", path)
+    bench = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(__import__("sys").modules, spec.name, bench)  # its dataclasses look their module up
+    spec.loader.exec_module(bench)
+    monkeypatch.setattr(low_rank, "_correction", low_rank._correction)  # restored after the test
+    fns, flat, unravel, lowrank, layout = setup(_ConvThenDense(), (6, 6, 3), 1)
+    ctx, sigma, gen_key = Ctx(layout), jnp.float32(0.3), jax.random.key(7)
+    obs = jax.random.normal(jax.random.key(2), (6, 6, 3))
+    centre = np.asarray(fns.apply(unravel(flat), fns.initial_carry(), obs)[1])
+
+    def member_outputs():  # traced afresh: the corrections are chosen when the forward is traced
+        members = lowrank.members(ctx, flat, sigma, gen_key, jnp.int32(0), 4)
+        factored = lowrank.member_fns(fns, unravel, flat, layout)
+        own = factored.take(factored.slot_params(members), jnp.arange(4))
+        return [np.asarray(factored.apply(jax.tree.map(lambda x: x[i], own), fns.initial_carry(), obs)[1])
+                for i in range(4)]
+
+    assert all(not np.allclose(out, centre) for out in member_outputs())
+    bench.skip_corrections(["dense"])  # the Conv's corrections stay: members still differ from the centre
+    assert all(not np.allclose(out, centre) for out in member_outputs())
+    bench.skip_corrections(["conv"])  # now neither layer is corrected: every member is the centre, bit for bit
+    assert all(np.array_equal(out, centre) for out in member_outputs())
+    with pytest.raises(__import__("argparse").ArgumentTypeError, match="conv, dense, embed"):
+        bench.layer_names_arg("conv,lstm")
