@@ -28,7 +28,9 @@ population's first observations fed back into the policy (no env, no compaction;
 what the generation loses to batch inference can be told apart: the forward's correction, or the rest
 (episodes the members' policies play longer than the shared one's, the draw and the update). With ``--profile DIR``
 it then traces the step, the update and batch inference with JAX's profiler (on a GPU its kernels, on the CPU
-XLA's thunks) and prints each part's top events per call. With ``--skip-corrections conv,dense`` (a diagnostic, not
+XLA's thunks) and prints each part's top events per call; the traces are taken one part after another, not in
+turns as the timings are, so a change of the machine's load between them shows as a difference between parts
+(compare events within one trace). With ``--skip-corrections conv,dense`` (a diagnostic, not
 a way to train) the named layers' low-rank corrections are left out of every jes part: the members keep their
 vector leaves' noise and apply the shared matrices alone, so the parts show what the generation would cost were
 those corrections free.
