@@ -313,7 +313,8 @@ def breakdown(args, ranks, seeds) -> None:
             if members * trainer.num_params > args.limit or trainer.num_chunks != 1:
                 print(f"| {label} | {members} | {r} | skipped: members x P above --limit, or more than one chunk |")
                 continue
-            timers = breakdown_timers(trainer, seeds, args.forward_steps)
+            LEFT_OUT.clear()
+            timers = breakdown_timers(trainer, seeds, args.forward_steps)  # traces (and compiles) every part
             raw = measure(timers, seeds, args.repeats, per_second=False)
             ms = lambda name: statistics.median(statistics.median(t for t, _ in x) for x in raw[name]) * 1e3
 
@@ -327,6 +328,10 @@ def breakdown(args, ranks, seeds) -> None:
             print(f"| {label} | {members} | {r} | {ms('step'):.1f} | {ms('sample'):.1f} | {ms('rollout'):.1f} | "
                   f"{ms('update'):.1f} | {ms('inf'):.1f} | {ratio('rollout', 'inf', True)} | "
                   f"{ratio('step', 'inf', True)} | {ratio('forward', 'forward inf', False)} |", flush=True)
+            missing = [name for name in args.skip_corrections or () if name not in LEFT_OUT]
+            if missing:
+                print(f"  (--skip-corrections: {label} has no factored {' or '.join(missing)} layer; nothing of "
+                      f"it was left out)", flush=True)
             if args.profile:
                 for part in ("step", "update", "inf"):
                     profile(timers[part], seeds[0], args.repeats,
@@ -340,13 +345,20 @@ CORRECTED_LAYERS = {"conv": (nn.Conv,), "dense": (nn.Dense, nn.DenseGeneral), "e
 def skip_corrections(names: list[str]) -> None:
     """``--skip-corrections``: from now on in this process, the named layers' low-rank corrections are left out
     (their output is the shared matrices' alone). A diagnostic: it bounds what the corrections cost."""
-    skipped = tuple(layer for name in names for layer in CORRECTED_LAYERS[name])
     correction = low_rank._correction
 
     def without_skipped(module, x, out, a_t, b_t, inner):
-        return out if isinstance(module, skipped) else correction(module, x, out, a_t, b_t, inner)
+        for name in names:
+            if isinstance(module, CORRECTED_LAYERS[name]):
+                LEFT_OUT.add(name)
+                return out
+        return correction(module, x, out, a_t, b_t, inner)
 
     low_rank._correction = without_skipped
+
+
+# --skip-corrections: the layer kinds whose corrections were left out since the set was last cleared
+LEFT_OUT: set[str] = set()
 
 
 def layer_names_arg(value: str) -> list[str]:
@@ -408,6 +420,17 @@ def workload(env: str, hidden: int):
     raise ValueError(env)
 
 
+WORKLOADS = ("pendulum", "minatar")
+
+
+def env_names_arg(value: str) -> str:
+    """``--envs``: comma-separated names among :data:`WORKLOADS`."""
+    unknown = [v for v in value.split(",") if v not in WORKLOADS]
+    if unknown or not value:
+        raise argparse.ArgumentTypeError(f"{value!r}: give envs among {', '.join(WORKLOADS)}, comma-separated")
+    return value
+
+
 def chunk_size_arg(value: str) -> str:
     """``--chunk-size``: a positive even number of members, or ``all``."""
     if value != "all" and not (value.isdigit() and int(value) > 0 and int(value) % 2 == 0):
@@ -417,7 +440,7 @@ def chunk_size_arg(value: str) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--envs", default="pendulum", help="pendulum and/or minatar, comma-separated")
+    parser.add_argument("--envs", default="pendulum", type=env_names_arg, help="pendulum and/or minatar, comma-separated")
     parser.add_argument("--hidden", default="64,256,1024")
     parser.add_argument("--members", default="512,4096")
     parser.add_argument("--ranks", default="1,4")

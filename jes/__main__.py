@@ -24,9 +24,10 @@ def main(argv: list[str] | None = None) -> int:
         jes.GRUPolicy(hidden=5, layers=2), "CartPole-v1", args.optimizer,
         key=args.seed, num_generations=args.generations, stop_at_return=475.0,
     )
-    for gen, mean, best, centre in zip(result.history["generation"], result.history["pop_mean"],
-                                       result.history["pop_max"], result.history["centre_return"]):
-        print(f"generation {gen:3d}  population mean {mean:6.1f}  max {best:6.1f}  centre {centre:6.1f}")
+    if sys.stdout.isatty():  # the progress bar is gone: the generations as a table (elsewhere a line each was printed)
+        for gen, mean, best, centre in zip(result.history["generation"], result.history["pop_mean"],
+                                           result.history["pop_max"], result.history["centre_return"]):
+            print(f"generation {gen:3d}  population mean {mean:6.1f}  max {best:6.1f}  centre {centre:6.1f}")
     score = float(np.mean(result.evaluate(num_episodes=100)))
     print(result.summary())
     print(f"centre policy over 100 fresh episodes: {score:.1f} (solved is >= 475)")

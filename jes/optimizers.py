@@ -85,7 +85,8 @@ def resolve_name(name: str) -> str:
     key = name.lower()
     key = ALIASES.get(key, key)
     if key not in DEFAULT_LEARNING_RATES:
-        raise ValueError(f"unknown optimizer {name!r}; valid names are: {', '.join(optimizer_names())}")
+        raise ValueError(f"unknown optimizer {name!r}; valid names are: {', '.join(optimizer_names())}; or pass any "
+                         f"optax.GradientTransformation (e.g. optax.adamw(1e-3))")
     return key
 
 

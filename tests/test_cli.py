@@ -36,6 +36,20 @@ def test_quickstart_module_help():
     assert out.returncode == 0 and "--optimizer" in out.stdout
 
 
+def test_quickstart_module_prints_each_generation_once_when_its_output_is_not_a_terminal(tmp_path):
+    # a log or CI: one console line per generation (no progress bar to clear, so no table after it)
+    try:
+        out = subprocess.run([sys.executable, "-m", "jes", "--generations", "2"], capture_output=True, text=True,
+                             cwd=str(tmp_path), timeout=600)
+    except subprocess.TimeoutExpired:
+        pytest.fail("python -m jes --generations 2 did not finish within 600 s")
+    assert "Traceback" not in out.stderr, out.stderr
+    lines = out.stdout.splitlines()
+    assert [line.split(":")[0] for line in lines if line.startswith("generation")] == \
+        ["generation 1/2", "generation 2/2"], out.stdout
+    assert any(line.startswith("centre policy over 100 fresh episodes:") for line in lines), out.stdout
+
+
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
     root = tmp_path_factory.mktemp("cli")

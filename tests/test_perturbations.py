@@ -681,9 +681,14 @@ def test_the_benchmarks_skip_corrections_diagnostic_leaves_out_the_named_layers_
                 for i in range(4)]
 
     assert all(not np.allclose(out, centre) for out in member_outputs())
-    bench.skip_corrections(["dense"])  # the Conv's corrections stay: members still differ from the centre
+    bench.skip_corrections(["dense", "embed"])  # the Conv's corrections stay: members still differ from the centre
     assert all(not np.allclose(out, centre) for out in member_outputs())
+    assert bench.LEFT_OUT == {"dense"}  # what the run's table then says was not left out: no Embed here
     bench.skip_corrections(["conv"])  # now neither layer is corrected: every member is the centre, bit for bit
     assert all(np.array_equal(out, centre) for out in member_outputs())
-    with pytest.raises(__import__("argparse").ArgumentTypeError, match="conv, dense, embed"):
+    assert bench.LEFT_OUT == {"dense", "conv"}
+    argument_error = __import__("argparse").ArgumentTypeError
+    with pytest.raises(argument_error, match="conv, dense, embed"):
         bench.layer_names_arg("conv,lstm")
+    with pytest.raises(argument_error, match="pendulum, minatar"):
+        bench.env_names_arg("pendulum,atari")

@@ -33,6 +33,17 @@ def test_names_and_lookup():
         jes.strategies.get(3)
 
 
+@pytest.mark.parametrize("strategy", ["openai_es", "ars"])
+def test_a_strategy_name_given_as_the_optimizer_is_named_as_a_strategy(strategy):
+    # jes.optimize takes the strategy third, jes.train the optimizer: the error says which is which
+    with pytest.raises(ValueError, match="'SNES' is a strategy, not an optimizer: pass strategy='SNES'"):
+        _context(strategy, optimizer="SNES")
+    with pytest.raises(ValueError, match="'sep-cma-es' is a strategy"):
+        _context(strategy, optimizer="sep-cma-es")
+    with pytest.raises(ValueError, match=r"unknown optimizer 'adamw'.*or pass any optax.GradientTransformation"):
+        _context("openai_es", optimizer="adamw")
+
+
 @pytest.mark.parametrize("name", ["snes", "sep_cma_es", "ars", "cma_es"])
 def test_strategies_without_an_optimizer_refuse_one(name):
     with pytest.raises(ValueError, match="does not use an optax optimizer"):
