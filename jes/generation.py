@@ -132,7 +132,7 @@ def build_context(strategy: Strategy, optimizer: Any, config: ESConfig, num_para
         if layout is None:
             raise ValueError(f"{perturbation.name} perturbations factor a policy's weight matrices; this run has a "
                              f"flat parameter vector (jes.optimize / AskTell): use perturbation='full_rank'")
-    if isinstance(optimizer, str) and strategies.ALIASES.get(optimizer.lower(), optimizer.lower()) in strategies.REGISTRY:
+    if isinstance(optimizer, str) and strategies.canonical_name(optimizer):
         raise ValueError(f"{optimizer!r} is a strategy, not an optimizer: pass strategy={optimizer!r} (the optimizer, "
                          f"jes.train's third argument, is a name such as 'adam' or an optax.GradientTransformation)")
     if strategy.uses_optimizer:

@@ -26,6 +26,12 @@ def names() -> list[str]:
     return list(REGISTRY)
 
 
+def canonical_name(name: str) -> str | None:
+    """The registered name ``name`` stands for (any case, aliases included), or ``None``."""
+    key = ALIASES.get(name.lower(), name.lower())
+    return key if key in REGISTRY else None
+
+
 def get(strategy: "str | Strategy", **hyperparameters: Any) -> Strategy:
     """A strategy by name (with its hyperparameters) or the strategy object itself.
 
@@ -38,8 +44,8 @@ def get(strategy: "str | Strategy", **hyperparameters: Any) -> Strategy:
             raise TypeError("pass hyperparameters to the strategy's constructor, not alongside a strategy object")
         return strategy
     if isinstance(strategy, str):
-        key = ALIASES.get(strategy.lower(), strategy.lower())
-        if key not in REGISTRY:
+        key = canonical_name(strategy)
+        if key is None:
             raise ValueError(f"unknown strategy {strategy!r}; valid names are: {', '.join(names())}")
         return REGISTRY[key](**hyperparameters)
     raise TypeError(f"strategy must be a name ({', '.join(names())}) or a jes.strategies.Strategy, "
