@@ -285,12 +285,16 @@ def _build_policy(args: argparse.Namespace):
 
 def _train(args: argparse.Namespace) -> int:
     import jes
+    from jes import strategies
 
     overrides = {field: getattr(args, dest) for dest, field in CONFIG_FLAGS.items() if getattr(args, dest) is not None}
     if args.no_normalize_observations:
         overrides["normalize_observations"] = False
     if args.no_antithetic:
         overrides["antithetic"] = False
+    if args.optimizer is not None and strategies.canonical_name(args.optimizer):
+        raise ValueError(f"--optimizer {args.optimizer}: {args.optimizer!r} is a strategy, not an optimizer: give it as "
+                         f"--strategy {args.optimizer} (--optimizer takes adam, sgd, clipup, ...)")
     policy = _build_policy(args)
     env, strategy, optimizer, config = args.env, args.strategy, args.optimizer, None
     if args.resume is not None:

@@ -100,6 +100,13 @@ def test_eval_missing_or_bad_checkpoint(tmp_path, capsys):
     assert "not a jes checkpoint" in capsys.readouterr().err
 
 
+def test_a_strategy_given_as_the_optimizer_is_refused_in_the_command_lines_words(tmp_path, capsys):
+    assert cli.main(["train", "--optimizer", "SNES", "--log-dir", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err
+    assert "'SNES' is a strategy, not an optimizer: give it as --strategy SNES" in err
+    assert "strategy=" not in err and not (tmp_path / "run").exists()
+
+
 def test_distributed_flags(tmp_path, capsys):
     secret = tmp_path / "secret"
     if "master" in inspect.signature(jes.train).parameters:
