@@ -8,6 +8,7 @@ import argparse
 import ast
 import inspect
 import math
+import re
 import sys
 import warnings
 
@@ -516,11 +517,14 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _flag_named(message: str) -> str:
-    """An ESConfig error as the command line gave the value: "perturbation_rank must be ..." names --rank too."""
+    """An ESConfig error as the command line gave the value: "perturbation_rank must be ..." names --rank too,
+    "num_members=15 is odd ... or antithetic=False" reads "--population 15 is odd ... or --no-antithetic"."""
     for dest, field in CONFIG_FLAGS.items():
+        flag = "--" + dest.replace("_", "-")
         if message.startswith(f"{field} "):
-            return f"--{dest.replace('_', '-')} ({field}){message[len(field):]}"
-    return message
+            message = f"{flag} ({field}){message[len(field):]}"
+        message = re.sub(rf"(?<![\w-]){field}=(-?[\d.][\w.+-]*)", lambda m: f"{flag} {m.group(1)}", message)
+    return message.replace("antithetic=False", "--no-antithetic")
 
 
 if __name__ == "__main__":

@@ -107,6 +107,15 @@ def test_a_strategy_given_as_the_optimizer_is_refused_in_the_command_lines_words
     assert "strategy=" not in err and not (tmp_path / "run").exists()
 
 
+def test_config_errors_name_the_flags_given(tmp_path, capsys):
+    assert cli.main(["train", "--population", "15", "--log-dir", "none"]) == 2
+    assert "jes train: --population 15 is odd" in capsys.readouterr().err.replace("\n", " ")
+    assert cli.main(["train", "--population", "16", "--chunk-size", "7", "--log-dir", "none"]) == 2
+    err = capsys.readouterr().err
+    assert "--chunk-size 7 must be even" in err and "chunk_size=" not in err
+    assert cli._flag_named("num_members=15 is odd ... or antithetic=False") == "--population 15 is odd ... or --no-antithetic"
+
+
 def test_distributed_flags(tmp_path, capsys):
     secret = tmp_path / "secret"
     if "master" in inspect.signature(jes.train).parameters:
@@ -404,7 +413,7 @@ def test_train_with_low_rank_perturbations_and_a_rank_without_them(tmp_path, cap
     assert "config.perturbation: checkpoint has 'low_rank' (rank 2), this run has 'low_rank' (rank 3)" in \
         capsys.readouterr().err
     assert cli.main(["train", *SMALL_FLAGS, "--generations", "1", "--rank", "2", "--log-dir", str(tmp_path / "x")]) == 2
-    assert "perturbation_rank=2 is the rank of low-rank perturbations" in capsys.readouterr().err
+    assert "jes train: --rank 2 is the rank of low-rank perturbations" in capsys.readouterr().err
 
 
 USERS_MODULE = '''
