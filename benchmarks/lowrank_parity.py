@@ -7,12 +7,20 @@ One trainer per (cell, perturbation); seeds share its compiled step.
     python benchmarks/lowrank_parity.py --seeds 0,1,2,3,4
     python benchmarks/lowrank_parity.py --cells cartpole-gru,pendulum-32 --seeds 0,1,2,3,4,5,6,7,8,9
     python benchmarks/lowrank_parity.py --breakout-baselines --seeds 0,1,2,3,4   # the Breakout threshold's scale
+    python benchmarks/lowrank_parity.py --stats full.txt low.txt   # low rank against full rank, from saved output
+
+``--stats`` reads this script's printed output (one line per seed; any number of files, e.g. full rank and the low
+ranks run as two processes) and compares each perturbation with full rank, cell by cell, over the seeds both ran:
+solve counts (Fisher's exact test, two-sided), the ratio of the medians of generations to solve with a bootstrap
+interval (seeds resampled together, 5,000 draws, numpy's generator seeded 0, so the interval reproduces), and the
+median of per-seed ratios over the seeds both solved.
 """
 from __future__ import annotations
 
 import argparse
 import ast
 import os
+import re
 import sys
 import time
 
@@ -78,6 +86,60 @@ def breakout_baselines(seeds: list[int], episodes: int = 64, steps: int = 1000) 
         print(f"{name}: mean return over {episodes} episodes, seeds {seeds}: " + ", ".join(f"{m:.2f}" for m in means))
 
 
+SEED_LINE = re.compile(r"^\s*(?P<cell>\S+) (?P<label>.+) seed (?P<seed>\d+): solved at (?P<gen>\d+|None), centre")
+
+
+def read_seed_lines(paths: list[str]) -> dict:
+    """``{(cell, perturbation): {seed: generations to solve or None}}`` from this script's printed output."""
+    runs: dict = {}
+    for path in paths:
+        with open(path) as f:
+            for line in f:
+                m = SEED_LINE.match(line)
+                if m:
+                    gen = None if m["gen"] == "None" else int(m["gen"])
+                    runs.setdefault((m["cell"], m["label"]), {})[int(m["seed"])] = gen
+    if not runs:
+        raise SystemExit(f"--stats: no per-seed lines ('<cell> <perturbation> seed N: solved at ...') in {paths}")
+    return runs
+
+
+def median_ratio(mine: np.ndarray, full: np.ndarray) -> float:
+    """Median generations to solve over the seeds ``mine`` solved, over the same of ``full`` (nan: none solved)."""
+    mine, full = mine[~np.isnan(mine)], full[~np.isnan(full)]
+    return float(np.median(mine) / np.median(full)) if len(mine) and len(full) else float("nan")
+
+
+def stats(paths: list[str], draws: int = 5000, level: float = 0.90) -> None:
+    """Each perturbation against full rank per cell, over the seeds both ran (see the module docstring)."""
+    from scipy.stats import fisher_exact
+
+    runs = read_seed_lines(paths)
+    print(f"low rank against full rank over the seeds both ran; bootstrap: {draws} draws of the seeds, "
+          f"{level:.0%} interval, numpy default_rng(0)")
+    print("| cell | perturbation | seeds | solved (full rank) | Fisher p | median gens (full rank) | ratio of medians "
+          f"[{level:.0%} interval] | per-seed ratio, median (seeds both solved) |")
+    print("|---|---|---|---|---|---|---|---|")
+    for (cell, label), mine in runs.items():
+        full = runs.get((cell, "full rank"))
+        if label == "full rank" or full is None:
+            continue
+        seeds = sorted(set(mine) & set(full))
+        a = np.array([np.nan if mine[s] is None else mine[s] for s in seeds], float)
+        b = np.array([np.nan if full[s] is None else full[s] for s in seeds], float)
+        solved_a, solved_b, n = int((~np.isnan(a)).sum()), int((~np.isnan(b)).sum()), len(seeds)
+        p = fisher_exact([[solved_a, n - solved_a], [solved_b, n - solved_b]])[1]
+        rng = np.random.default_rng(0)
+        boot = [median_ratio(a[i], b[i]) for i in (rng.integers(0, n, n) for _ in range(draws))]
+        low, high = np.nanquantile(boot, [(1 - level) / 2, (1 + level) / 2])
+        both = ~np.isnan(a) & ~np.isnan(b)
+        per_seed = f"{np.median(a[both] / b[both]):.2f} ({int(both.sum())})" if both.any() else "-"
+        medians = (f"{np.nanmedian(a):g} ({np.nanmedian(b):g})" if solved_a and solved_b else "-")
+        span = f"{seeds[0]}-{seeds[-1]}" if seeds == list(range(seeds[0], seeds[-1] + 1)) else f"{n} seeds"
+        print(f"| {cell} | {label} | {span} | {solved_a}/{n} ({solved_b}/{n}) | {p:.2f} | {medians} | "
+              f"{median_ratio(a, b):.2f} [{low:.2f}, {high:.2f}] | {per_seed} |")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--cells", default="cartpole-gru,cartpole-mlp64,pendulum-32,pendulum-256")
@@ -87,7 +149,11 @@ def main() -> None:
                         help="override a cell's ESConfig field (e.g. --set noise_std=0.1); repeatable")
     parser.add_argument("--breakout-baselines", action="store_true",
                         help="print Breakout-MinAtar's returns of random and scripted play over --seeds, then stop")
+    parser.add_argument("--stats", nargs="+", metavar="OUTPUT",
+                        help="compare with full rank from this script's saved output (see above), then stop")
     args = parser.parse_args()
+    if args.stats:
+        return stats(args.stats)
     seeds = [int(s) for s in args.seeds.split(",")]
     if args.breakout_baselines:
         return breakout_baselines(seeds)
@@ -117,7 +183,7 @@ def main() -> None:
                       f"{result.final_centre_return:.1f}", flush=True)
             ok = [g for g in solved if g is not None]
             rows.append((cell, trainer.num_params, label, f"{len(ok)}/{len(seeds)}",
-                         f"{np.median(ok):.0f} ({min(ok)}-{max(ok)})" if ok else "-",
+                         f"{np.median(ok):g} ({min(ok)}-{max(ok)})" if ok else "-",
                          f"{np.mean(finals):.1f} +- {np.std(finals):.1f}", f"{time.perf_counter() - started:.0f}"))
     print(f"\nseeds {seeds}; adam, ESConfig defaults unless the cell sets them; threshold on the centre's mean return"
           + (f"; overridden: {overrides}" if overrides else ""))

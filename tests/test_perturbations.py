@@ -692,3 +692,28 @@ def test_the_benchmarks_skip_corrections_diagnostic_leaves_out_the_named_layers_
         bench.layer_names_arg("conv,lstm")
     with pytest.raises(argument_error, match="pendulum, minatar"):
         bench.env_names_arg("pendulum,atari")
+
+
+def test_the_parity_benchmarks_stats_compare_each_perturbation_with_full_rank_seed_by_seed(tmp_path, monkeypatch, capsys):
+    import importlib.util
+    import os
+    import sys
+    benchmarks = os.path.join(os.path.dirname(__file__), "..", "benchmarks")
+    monkeypatch.syspath_prepend(benchmarks)
+    spec = importlib.util.spec_from_file_location("lowrank_parity_under_test", os.path.join(benchmarks, "lowrank_parity.py"))
+    bench = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, spec.name, bench)
+    spec.loader.exec_module(bench)
+    full, low = tmp_path / "full.txt", tmp_path / "low.txt"
+    full.write_text("".join(f"  mycell full rank seed {s}: solved at {g}, centre 1.0\n" for s, g in
+                            enumerate([10, 20, None, 30, 7])))  # seed 4: full rank only, left out
+    low.write_text("noise\n" + "".join(f"  mycell r=1 seed {s}: solved at {g}, centre 1.0\n" for s, g in
+                                       enumerate([15, 30, 40, None])))
+    bench.stats([str(full), str(low)], draws=200)
+    row = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| mycell |")]
+    # seeds 0-3: 3 of 4 solved each; medians 30 (15, 30, 40) and 20 (10, 20, 30); per seed 1.5 and 1.5
+    assert len(row) == 1 and row[0].startswith("| mycell | r=1 | 0-3 | 3/4 (3/4) | 1.00 | 30 (20) | 1.50 [")
+    assert row[0].endswith("| 1.50 (2) |")
+    (tmp_path / "empty.txt").write_text("no seeds here\n")
+    with pytest.raises(SystemExit, match="no per-seed lines"):
+        bench.stats([str(tmp_path / "empty.txt")])
