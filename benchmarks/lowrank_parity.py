@@ -98,7 +98,12 @@ def read_seed_lines(paths: list[str]) -> dict:
                 m = SEED_LINE.match(line)
                 if m:
                     gen = None if m["gen"] == "None" else int(m["gen"])
-                    runs.setdefault((m["cell"], m["label"]), {})[int(m["seed"])] = gen
+                    seeds = runs.setdefault((m["cell"], m["label"]), {})
+                    if seeds.get(int(m["seed"]), gen) != gen:
+                        raise SystemExit(f"--stats: {m['cell']} {m['label']} seed {m['seed']} appears twice with "
+                                         f"other results ({seeds[int(m['seed'])]} and {gen}; last in {path}): runs "
+                                         f"of other settings or code? Give --stats one run per seed")
+                    seeds[int(m["seed"])] = gen
     if not runs:
         raise SystemExit(f"--stats: no per-seed lines ('<cell> <perturbation> seed N: solved at ...') in {paths}")
     return runs
@@ -125,19 +130,27 @@ def stats(paths: list[str], draws: int = 5000, level: float = 0.90) -> None:
         if label == "full rank" or full is None:
             continue
         seeds = sorted(set(mine) & set(full))
+        if not seeds:
+            print(f"| {cell} | {label} | no seeds in common with full rank | | | | | |")
+            continue
         a = np.array([np.nan if mine[s] is None else mine[s] for s in seeds], float)
         b = np.array([np.nan if full[s] is None else full[s] for s in seeds], float)
         solved_a, solved_b, n = int((~np.isnan(a)).sum()), int((~np.isnan(b)).sum()), len(seeds)
         p = fisher_exact([[solved_a, n - solved_a], [solved_b, n - solved_b]])[1]
         rng = np.random.default_rng(0)
-        boot = [median_ratio(a[i], b[i]) for i in (rng.integers(0, n, n) for _ in range(draws))]
-        low, high = np.nanquantile(boot, [(1 - level) / 2, (1 + level) / 2])
+        boot = np.array([median_ratio(a[i], b[i]) for i in (rng.integers(0, n, n) for _ in range(draws))])
+        unsolved = int(np.isnan(boot).sum())  # draws where one side solved none of its resampled seeds
+        if solved_a and solved_b:
+            low, high = np.nanquantile(boot, [(1 - level) / 2, (1 + level) / 2])
+            interval = f"[{low:.2f}, {high:.2f}]" + (f", {unsolved} draws left out: a side solved none" if unsolved else "")
+        else:
+            interval = "[-]"
         both = ~np.isnan(a) & ~np.isnan(b)
         per_seed = f"{np.median(a[both] / b[both]):.2f} ({int(both.sum())})" if both.any() else "-"
         medians = (f"{np.nanmedian(a):g} ({np.nanmedian(b):g})" if solved_a and solved_b else "-")
         span = f"{seeds[0]}-{seeds[-1]}" if seeds == list(range(seeds[0], seeds[-1] + 1)) else f"{n} seeds"
         print(f"| {cell} | {label} | {span} | {solved_a}/{n} ({solved_b}/{n}) | {p:.2f} | {medians} | "
-              f"{median_ratio(a, b):.2f} [{low:.2f}, {high:.2f}] | {per_seed} |")
+              f"{median_ratio(a, b):.2f} {interval} | {per_seed} |")
 
 
 def main() -> None:

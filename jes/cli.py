@@ -518,13 +518,26 @@ def main(argv: list[str] | None = None) -> int:
 
 def _flag_named(message: str) -> str:
     """An ESConfig error as the command line gave the value: "perturbation_rank must be ..." names --rank too,
-    "num_members=15 is odd ... or antithetic=False" reads "--population 15 is odd ... or --no-antithetic"."""
+    "num_members=15 is odd ... or antithetic=False" reads "--population 15 is odd ... or --no-antithetic". Only
+    whole words outside quotes are rewritten: a path or a sweep's run folder (``num_members=16,noise_std=0.02``)
+    in a message stays as it is."""
     for dest, field in CONFIG_FLAGS.items():
-        flag = "--" + dest.replace("_", "-")
         if message.startswith(f"{field} "):
-            message = f"{flag} ({field}){message[len(field):]}"
-        message = re.sub(rf"(?<![\w-]){field}=(-?[\d.][\w.+-]*)", lambda m: f"{flag} {m.group(1)}", message)
-    return message.replace("antithetic=False", "--no-antithetic")
+            message = f"--{dest.replace('_', '-')} ({field}){message[len(field):]}"
+            break
+    words = {f"{field}=": "--" + dest.replace("_", "-") + " " for dest, field in CONFIG_FLAGS.items()}
+    words["antithetic="] = None  # antithetic=False only, as --no-antithetic
+    # a word of its own: after a space or "(", before a space, ")", ";", ":", ", " or the end
+    pattern = re.compile(r"(?<![^\s(])(" + "|".join(map(re.escape, words)) + r")(-?[\d.][\w.+-]*|False)(?=,?\s|[);:]|,?$)")
+
+    def rewrite(m: re.Match) -> str:
+        flag, value = words[m.group(1)], m.group(2)
+        if flag is None:
+            return "--no-antithetic" if value == "False" else m.group(0)
+        return m.group(0) if value == "False" else flag + value
+
+    parts = re.split(r"('[^']*'|\"[^\"]*\")", message)  # odd parts: quoted, left as they are
+    return "".join(part if i % 2 else pattern.sub(rewrite, part) for i, part in enumerate(parts))
 
 
 if __name__ == "__main__":

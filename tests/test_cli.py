@@ -114,6 +114,9 @@ def test_config_errors_name_the_flags_given(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "--chunk-size 7 must be even" in err and "chunk_size=" not in err
     assert cli._flag_named("num_members=15 is odd ... or antithetic=False") == "--population 15 is odd ... or --no-antithetic"
+    for path in ("no checkpoint at 'runs/num_members=16/c'", "no checkpoint at runs/num_members=16,noise_std=0.02/c",
+                 "no checkpoint at num_members=16,noise_std=0.02/c", 'no file "antithetic=False"'):
+        assert cli._flag_named(path) == path  # paths and sweep run folders are left as they are
 
 
 def test_distributed_flags(tmp_path, capsys):

@@ -706,14 +706,23 @@ def test_the_parity_benchmarks_stats_compare_each_perturbation_with_full_rank_se
     spec.loader.exec_module(bench)
     full, low = tmp_path / "full.txt", tmp_path / "low.txt"
     full.write_text("".join(f"  mycell full rank seed {s}: solved at {g}, centre 1.0\n" for s, g in
-                            enumerate([10, 20, None, 30, 7])))  # seed 4: full rank only, left out
+                            enumerate([10, 20, 30, 40, None, 7])))  # seed 5: full rank only, left out
     low.write_text("noise\n" + "".join(f"  mycell r=1 seed {s}: solved at {g}, centre 1.0\n" for s, g in
-                                       enumerate([15, 30, 40, None])))
+                                       enumerate([30, None, None, 40, None]))
+                   + "  other r=1 seed 0: solved at 5, centre 1.0\n  other full rank seed 9: solved at 5, centre 1.0\n")
     bench.stats([str(full), str(low)], draws=200)
-    row = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| mycell |")]
-    # seeds 0-3: 3 of 4 solved each; medians 30 (15, 30, 40) and 20 (10, 20, 30); per seed 1.5 and 1.5
-    assert len(row) == 1 and row[0].startswith("| mycell | r=1 | 0-3 | 3/4 (3/4) | 1.00 | 30 (20) | 1.50 [")
-    assert row[0].endswith("| 1.50 (2) |")
+    out = capsys.readouterr().out.splitlines()
+    row = [line for line in out if line.startswith("| mycell |")]
+    # seeds 0-4: r = 1 solved 2 (30, 40: median 35), full rank 4 (median 25): 1.40; per seed 3.0 and 1.0;
+    # Fisher's exact test on [[2, 3], [4, 1]]: p = 0.52. Resamples where r = 1 solved none are counted, not hidden.
+    assert len(row) == 1 and row[0].startswith("| mycell | r=1 | 0-4 | 2/5 (4/5) | 0.52 | 35 (25) | 1.40 [")
+    assert row[0].endswith("draws left out: a side solved none | 2.00 (2) |")
+    low_bound, high_bound = (float(v) for v in row[0].split("[")[1].split("]")[0].split(", ")[:2])
+    assert 0.25 <= low_bound < 1.40 < high_bound <= 4.0  # ratios the resampled medians can take
+    assert "| other | r=1 | no seeds in common with full rank |" in "\n".join(out)
     (tmp_path / "empty.txt").write_text("no seeds here\n")
     with pytest.raises(SystemExit, match="no per-seed lines"):
         bench.stats([str(tmp_path / "empty.txt")])
+    (tmp_path / "again.txt").write_text("  mycell r=1 seed 0: solved at 31, centre 1.0\n")
+    with pytest.raises(SystemExit, match="seed 0 appears twice with other results"):
+        bench.stats([str(low), str(tmp_path / "again.txt")])
