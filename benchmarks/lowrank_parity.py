@@ -11,7 +11,8 @@ One trainer per (cell, perturbation); seeds share its compiled step.
 
 ``--stats`` reads this script's printed output (one line per seed; any number of files, e.g. full rank and the low
 ranks run as two processes) and compares each perturbation with full rank, cell by cell, over the seeds both ran:
-solve counts (Fisher's exact test, two-sided), the ratio of the medians of generations to solve with a bootstrap
+solve counts (Fisher's exact test, two-sided, and McNemar's exact test, which pairs the seeds: a binomial test on
+the seeds only one of the two solved), the ratio of the medians of generations to solve with a bootstrap
 interval (seeds resampled together, 5,000 draws, numpy's generator seeded 0, so the interval reproduces), and the
 median of per-seed ratios over the seeds both solved.
 """
@@ -117,26 +118,30 @@ def median_ratio(mine: np.ndarray, full: np.ndarray) -> float:
 
 def stats(paths: list[str], draws: int = 5000, level: float = 0.90) -> None:
     """Each perturbation against full rank per cell, over the seeds both ran (see the module docstring)."""
-    from scipy.stats import fisher_exact
+    from scipy.stats import binomtest, fisher_exact
 
     runs = read_seed_lines(paths)
     print(f"low rank against full rank over the seeds both ran; bootstrap: {draws} draws of the seeds, "
           f"{level:.0%} interval, numpy default_rng(0)")
-    print("| cell | perturbation | seeds | solved (full rank) | Fisher p | median gens (full rank) | ratio of medians "
+    print("| cell | perturbation | seeds | solved (full rank) | Fisher p | only this / only full rank solved: McNemar p | median gens (full rank) | ratio of medians "
           f"[{level:.0%} interval] | per-seed ratio, median (seeds both solved) |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|")
     for (cell, label), mine in runs.items():
         full = runs.get((cell, "full rank"))
         if label == "full rank" or full is None:
             continue
         seeds = sorted(set(mine) & set(full))
         if not seeds:
-            print(f"| {cell} | {label} | no seeds in common with full rank | | | | | |")
+            print(f"| {cell} | {label} | no seeds in common with full rank | | | | | | |")
             continue
         a = np.array([np.nan if mine[s] is None else mine[s] for s in seeds], float)
         b = np.array([np.nan if full[s] is None else full[s] for s in seeds], float)
         solved_a, solved_b, n = int((~np.isnan(a)).sum()), int((~np.isnan(b)).sum()), len(seeds)
         p = fisher_exact([[solved_a, n - solved_a], [solved_b, n - solved_b]])[1]
+        only_a = int((~np.isnan(a) & np.isnan(b)).sum())  # seeds this perturbation solved and full rank did not
+        only_b = int((np.isnan(a) & ~np.isnan(b)).sum())
+        paired = (f"{only_a} / {only_b}: {binomtest(only_a, only_a + only_b, 0.5).pvalue:.2f}" if only_a + only_b
+                  else "0 / 0: -")
         rng = np.random.default_rng(0)
         boot = np.array([median_ratio(a[i], b[i]) for i in (rng.integers(0, n, n) for _ in range(draws))])
         unsolved = int(np.isnan(boot).sum())  # draws where one side solved none of its resampled seeds
@@ -149,7 +154,7 @@ def stats(paths: list[str], draws: int = 5000, level: float = 0.90) -> None:
         per_seed = f"{np.median(a[both] / b[both]):.2f} ({int(both.sum())})" if both.any() else "-"
         medians = (f"{np.nanmedian(a):g} ({np.nanmedian(b):g})" if solved_a and solved_b else "-")
         span = f"{seeds[0]}-{seeds[-1]}" if seeds == list(range(seeds[0], seeds[-1] + 1)) else f"{n} seeds"
-        print(f"| {cell} | {label} | {span} | {solved_a}/{n} ({solved_b}/{n}) | {p:.2f} | {medians} | "
+        print(f"| {cell} | {label} | {span} | {solved_a}/{n} ({solved_b}/{n}) | {p:.2f} | {paired} | {medians} | "
               f"{median_ratio(a, b):.2f} {interval} | {per_seed} |")
 
 

@@ -714,8 +714,9 @@ def test_the_parity_benchmarks_stats_compare_each_perturbation_with_full_rank_se
     out = capsys.readouterr().out.splitlines()
     row = [line for line in out if line.startswith("| mycell |")]
     # seeds 0-4: r = 1 solved 2 (30, 40: median 35), full rank 4 (median 25): 1.40; per seed 3.0 and 1.0;
-    # Fisher's exact test on [[2, 3], [4, 1]]: p = 0.52. Resamples where r = 1 solved none are counted, not hidden.
-    assert len(row) == 1 and row[0].startswith("| mycell | r=1 | 0-4 | 2/5 (4/5) | 0.52 | 35 (25) | 1.40 [")
+    # Fisher's exact test on [[2, 3], [4, 1]]: p = 0.52; paired, only full rank solved seeds 1 and 2, r = 1 none
+    # alone: McNemar's exact p = 2 * 0.5 ** 2 = 0.50. Resamples where r = 1 solved none are counted, not hidden.
+    assert len(row) == 1 and row[0].startswith("| mycell | r=1 | 0-4 | 2/5 (4/5) | 0.52 | 0 / 2: 0.50 | 35 (25) | 1.40 [")
     assert row[0].endswith("draws left out: a side solved none | 2.00 (2) |")
     low_bound, high_bound = (float(v) for v in row[0].split("[")[1].split("]")[0].split(", ")[:2])
     assert 0.25 <= low_bound < 1.40 < high_bound <= 4.0  # ratios the resampled medians can take
