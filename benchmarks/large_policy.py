@@ -1,6 +1,6 @@
 """A 1M-parameter policy trained with low-rank (EGGROLL) perturbations on this machine.
 
-MLP 1024 x 1024 (1,055,745 parameters on Pendulum-v1) with 1,024 members. Printed per generation: the
+MLP 1024 x 1024 (1,054,721 parameters on Pendulum-v1) with 1,024 members. Printed per generation: the
 centre's return, seconds, and the process's peak resident memory; at the end the perturbation floats a
 chunk holds as sampled (``C / 2`` mirrored pairs' draws of ``r * sum(m + n) + dense leaves`` floats, and a sign
 per member) against the ``C x P`` a full-rank chunk would.

@@ -160,11 +160,14 @@ def stats(paths: list[str], draws: int = 5000, level: float = 0.90) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--cells", default="cartpole-gru,cartpole-mlp64,pendulum-32,pendulum-256")
+    parser.add_argument("--cells", default="cartpole-gru,cartpole-mlp64,pendulum-32,pendulum-256",
+                        help="comma-separated, of: " + ", ".join(CELLS))
     parser.add_argument("--seeds", default="0,1,2,3,4")
-    parser.add_argument("--perturbations", default=",".join(PERTURBATIONS))
+    parser.add_argument("--perturbations", default=",".join(PERTURBATIONS),
+                        help="comma-separated, of: " + ", ".join(PERTURBATIONS) + ' (quote "full rank")')
     parser.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
-                        help="override a cell's ESConfig field (e.g. --set noise_std=0.1); repeatable")
+                        help="override a cell's ESConfig field (e.g. --set noise_std=0.1, --set num_generations=300); "
+                             "repeatable; the perturbation comes from --perturbations")
     parser.add_argument("--breakout-baselines", action="store_true",
                         help="print Breakout-MinAtar's returns of random and scripted play over --seeds, then stop")
     parser.add_argument("--stats", nargs="+", metavar="OUTPUT",
@@ -184,13 +187,19 @@ def main() -> None:
             field = None
         if field not in jes.ESConfig.__dataclass_fields__:
             parser.error(f"--set {item!r}: expected FIELD=VALUE with an ESConfig field and a Python literal")
+        if field in ("perturbation", "perturbation_rank"):
+            parser.error(f"--set {item!r}: give the perturbations as --perturbations, of: {', '.join(PERTURBATIONS)}")
+    cells, labels = args.cells.split(","), args.perturbations.split(",")
+    for flag, names, known in (("--cells", cells, CELLS), ("--perturbations", labels, PERTURBATIONS)):
+        unknown = [name for name in names if name not in known]
+        if unknown:
+            parser.error(f"{flag}: unknown {', '.join(map(repr, unknown))}; known: {', '.join(map(repr, known))}")
     rows = []
-    for cell in args.cells.split(","):
+    for cell in cells:
         env, make_policy, threshold, generations, extra = CELLS[cell]
-        extra = {**extra, **overrides}
-        for label in args.perturbations.split(","):
-            config = jes.ESConfig(num_generations=generations, stop_at_return=threshold,
-                                  perturbation=PERTURBATIONS[label], **extra)
+        extra = {"num_generations": generations, "stop_at_return": threshold, **extra, **overrides}
+        for label in labels:
+            config = jes.ESConfig(perturbation=PERTURBATIONS[label], **extra)
             trainer = jes.Trainer(make_policy(), env, "adam", config)
             solved, finals, started = [], [], time.perf_counter()
             for seed in seeds:

@@ -311,7 +311,7 @@ def _train(args: argparse.Namespace) -> int:
         if config.chunk_size is None and args.chunk_size is None:  # the chunk it ran, whatever today's default
             older = ckpt.meta.get("chunk_size") is None and config.perturbation == "low_rank"  # not recorded
             with warnings.catch_warnings():  # jes.train warns about the policy's layers itself
-                warnings.simplefilter("ignore", jes.perturbations.LowRankFallbackWarning)
+                warnings.simplefilter("ignore", jes.perturbations.LowRankWarning)
                 trainer = jes.Trainer(policy, env, optimizer, config, strategy=strategy) if older else None
             ran = ckpt.chunk_size_ran(trainer)
             config = config if ran is None else config.replace(chunk_size=ran)
@@ -377,7 +377,7 @@ def _eval(args: argparse.Namespace) -> int:
 
     from jes import checkpoint, trained
     from jes.generation import as_key
-    from jes.perturbations import LowRankFallbackWarning
+    from jes.perturbations import LowRankWarning
 
     if _starts_with(args.checkpoint, trained.POLICY_MAGIC):
         if args.render is not None:
@@ -391,7 +391,7 @@ def _eval(args: argparse.Namespace) -> int:
     with warnings.catch_warnings():
         # Only the centre is evaluated: which leaves the members' low-rank noise cannot factor does not matter here
         # (the run warned when it started).
-        warnings.simplefilter("ignore", LowRankFallbackWarning)
+        warnings.simplefilter("ignore", LowRankWarning)
         trainer, state, ckpt = checkpoint.load(args.checkpoint, allow_modules=args.allow_module)
     if trainer.spec.host:  # a Python simulator (Gymnasium): episodes stepped here, the policy compiled
         from jes.host_step import HostGeneration

@@ -98,7 +98,8 @@ class ESConfig:
         if self.perturbation == "full_rank" and self.perturbation_rank != 1:
             raise ValueError(f"perturbation_rank={self.perturbation_rank} is the rank of low-rank perturbations, but "
                              f"perturbation is 'full_rank'; add perturbation='low_rank' (jes train: --perturbation "
-                             f"low_rank --rank {self.perturbation_rank}), or drop the rank")
+                             f"low_rank --rank {self.perturbation_rank}; with strategy openai_es or ars, whose one "
+                             f"sigma low rank needs), or drop the rank")
         if self.antithetic and self.num_members % 2:
             raise ValueError(
                 f"num_members={self.num_members} is odd, but antithetic sampling evaluates mirrored pairs; "

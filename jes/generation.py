@@ -108,7 +108,7 @@ def check_strategy_supports(strategy: Strategy, perturbation: Any) -> None:
         supported = [n for n in strategies.names() if strategies.get(n).isotropic]
         keeps = "a full covariance matrix" if strategy.name == "cma_es" else "a sigma per parameter"
         raise ValueError(
-            f"{perturbation.name} perturbations need one sigma for every parameter (members mean + sigma * E_i), "
+            f"{perturbation.name} perturbations need one sigma shared by all parameters (members mean + sigma * E_i), "
             f"but {strategy.name} keeps {keeps}, which a rank-r product cannot carry: use "
             f"{' or '.join(supported)} for {perturbation.name} perturbations, or {strategy.name} with full_rank ones "
             f"(the perturbation: jes.train's perturbation=, the CLI's --perturbation)"

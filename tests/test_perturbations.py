@@ -5,6 +5,7 @@ for every supported layer type; noise determinism from (key, generation, member)
 with equal fitness moves nothing; the accumulated update has rank > r; no member ever holds ``[C, P]``.
 """
 import math
+import re
 import warnings
 
 import flax.linen as nn
@@ -98,6 +99,37 @@ class RawMatmul(nn.Module):
         return nn.Dense(self.num_outputs)(jnp.tanh(obs @ w))
 
 
+def _doubled_dot(lhs, rhs, *args, **kwargs):
+    return jax.lax.dot_general(lhs, 2.0 * rhs, *args, **kwargs)
+
+
+def _doubled_conv(lhs, rhs, *args, **kwargs):
+    return jax.lax.conv_general_dilated(lhs, 2.0 * rhs, *args, **kwargs)
+
+
+class TransformedMatrices(nn.Module):
+    """Layers that apply a function of their matrix, not the matrix: masked through ``nn.map_variables``, doubled by
+    their own product, transposed or stacked for ``matvec``. Each must fall back (the correction of the raw matrix
+    would give another forward pass than the member's materialised parameters)."""
+
+    num_outputs: int = 2
+
+    def matvec(self, name, weight, x):
+        return jnp.reshape(weight @ x, (-1,))
+
+    @nn.compact
+    def __call__(self, obs):
+        lower = lambda vs: jax.tree.map(lambda w: w * jnp.tril(jnp.ones_like(w)) if w.ndim == 2 else w, vs)
+        masked = nn.map_variables(nn.Dense, "params", trans_in_fn=lower, init=self.is_initializing())(4)(obs)
+        doubled = nn.Dense(4, dot_general=_doubled_dot)(obs)
+        conv = nn.Conv(2, (3,), padding="SAME", conv_general_dilated=_doubled_conv)(obs[:, None]).reshape(-1)
+        w = self.param("transposed", nn.initializers.lecun_normal(), (4, 3))
+        stacked = self.param("stacked", nn.initializers.lecun_normal(), (2, 2, 4))
+        h = jnp.concatenate([masked, doubled, conv, self.matvec("transposed", w.T, obs),
+                             self.matvec("stacked", stacked, obs)])
+        return nn.Dense(self.num_outputs)(jnp.tanh(h))
+
+
 class TiedEmbedding(nn.Module):
     """An Embed table used twice: looked up (factorable) and by ``attend`` (tied output weights, not)."""
 
@@ -157,6 +189,8 @@ POLICIES = {
     "conv variants (dilation, circular, reflect, explicit, input dilation)": (ConvVariants(), (7, 7, 2)),
     "causal 1-D conv": (nn.Conv(2, (3,), padding="CAUSAL"), (6, 1)),
     "a Conv subclass keeping __call__": (KeptConv(2, (3, 3), padding="SAME"), (5, 5, 2)),
+    "a 1-D Conv with an int kernel size and input dilation": (nn.Conv(2, 3, input_dilation=2, padding=1), (5, 2)),
+    "functions of the matrix: mapped, own product, transposed, stacked (fallback)": (TransformedMatrices(), (4,)),
 }
 
 
@@ -273,7 +307,7 @@ def test_every_matrix_of_the_supported_layers_is_factored(name):
     policy, obs_shape = POLICIES[name]
     fns = PolicyFns(policy, obs_shape)
     with warnings.catch_warnings():
-        warnings.simplefilter("error")  # no fallback warning
+        warnings.simplefilter("error", perturbations.LowRankFallbackWarning)  # no fallback warning
         layout = jes.LowRank(2).layout(fns, fns.init(jax.random.key(0)))
     assert all(leaf.factored == (len(leaf.shape) >= 2) for leaf in layout.leaves)
     assert layout.factored
@@ -286,6 +320,22 @@ def test_a_matrix_it_cannot_factor_falls_back_to_dense_noise_with_a_warning_nami
                                          r"\[3, 4\] of layer RawMatmul: not applied by a layer jes can factor\nLayers"):
         layout = jes.LowRank(1).layout(fns, fns.init(jax.random.key(0)))
     assert {leaf.path[-1]: leaf.factored for leaf in layout.leaves} == {"w": False, "kernel": True, "bias": False}
+
+
+def test_a_layer_applying_a_function_of_its_matrix_falls_back_naming_why():
+    fns = PolicyFns(TransformedMatrices(), (4,))
+    with pytest.warns(perturbations.LowRankFallbackWarning) as caught:
+        layout = jes.LowRank(1).layout(fns, fns.init(jax.random.key(0)))
+    message = str(caught[0].message)
+    assert message.startswith("LowRank: 5 matrix parameters of this policy get full-rank noise")
+    for why in (r"Map_variablesDense_0/kernel \[4, 4\] of layer Dense \(in TransformedMatrices\): its variables are "
+                r"mapped by nn.map_variables",
+                r"Dense_0/kernel \[4, 4\] of layer Dense .*: Dense with its own dot_general",
+                r"Conv_0/kernel \[3, 1, 2\] of layer Conv .*: Conv with its own conv_general_dilated",
+                r"transposed \[4, 3\] of layer TransformedMatrices: matvec was given a function of the parameter",
+                r"stacked \[2, 2, 4\] of layer TransformedMatrices: matvec applied it as a 3-d weight to a 1-d input"):
+        assert re.search(why, message), why
+    assert [leaf.path[1:] for leaf in layout.factored] == [("Dense_1", "kernel")]  # the head only
 
 
 def test_the_draws_are_jax_random_normal_bit_for_bit():
@@ -359,6 +409,19 @@ def test_one_fallback_warning_names_every_leaf_its_layer_and_the_cell_around_it(
     assert message.startswith("LowRank: 8 matrix parameters of this policy get full-rank noise")
     assert message.count("of layer DenseParams (in OptimizedLSTMCell): not applied by a layer jes can factor") == 8
     assert [leaf.path[-1] for leaf in layout.factored] == ["kernel"]  # the head; the cell's 8 gate kernels fall back
+
+
+def test_a_rank_no_smaller_than_every_factored_matrix_warns_that_full_rank_would_do():
+    fns = PolicyFns(jes.MLPPolicy((8,), num_outputs=2), (4,))  # kernels 4x8 and 8x2
+    variables = fns.init(jax.random.key(0))
+    with pytest.warns(perturbations.LowRankWarning, match=r"LowRank\(rank=4\): the rank is at least the smaller side "
+                      r"of every matrix it factors \(params/Dense_0/kernel 4x8, params/head/kernel 8x2\).*"
+                      r"use jes.FullRank\(\), or a rank below 4"):
+        jes.LowRank(4).layout(fns, variables)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert len(jes.LowRank(3).layout(fns, variables).factored) == 2  # the 4x8 kernel still gains: no warning
+    assert issubclass(perturbations.LowRankFallbackWarning, perturbations.LowRankWarning)
 
 
 class _ScannedBlock(nn.Module):
@@ -484,7 +547,10 @@ def test_strategies_with_per_parameter_sigmas_refuse_low_rank_naming_the_ones_th
         with pytest.raises(ValueError, match=f"{name} keeps {keeps}.*openai_es or ars"):
             jes.Trainer(jes.MLPPolicy((4,)), "CartPole-v1", None,
                         jes.ESConfig(num_members=8, perturbation="low_rank"), strategy=name)
-    with pytest.raises(ValueError, match="perturbation_rank=4 is the rank of low-rank perturbations.*'full_rank'"):
+    one_sigma = [n for n in jes.strategies.names() if jes.strategies.get(n).isotropic]
+    assert one_sigma == ["openai_es", "ars"]  # the names ESConfig's message gives without importing strategies
+    with pytest.raises(ValueError, match="perturbation_rank=4 is the rank of low-rank perturbations.*'full_rank'.*"
+                                         "with strategy openai_es or ars"):
         jes.ESConfig(perturbation_rank=4)
     with pytest.raises(ValueError, match="unknown perturbation"):
         jes.ESConfig(perturbation="sparse")
@@ -493,6 +559,13 @@ def test_strategies_with_per_parameter_sigmas_refuse_low_rank_naming_the_ones_th
     config = jes.ESConfig(perturbation=jes.LowRank(4))
     assert (config.perturbation, config.perturbation_rank) == ("low_rank", 4)
     assert perturbations.get(config.perturbation, config.perturbation_rank) == jes.LowRank(4)
+    assert perturbations.get("low_rank") == jes.LowRank(1) and perturbations.get("full_rank", 1) == jes.FullRank()
+    with pytest.raises(ValueError, match="rank=4 is the rank of low-rank perturbations, but the name is 'full_rank'"):
+        perturbations.get("full_rank", rank=4)
+    with pytest.raises(ValueError, match=r"rank=4\): the object's rank is 2; give the rank once"):
+        perturbations.get(jes.LowRank(2), rank=4)
+    with pytest.raises(ValueError, match="rank must be a positive integer"):
+        perturbations.get("low_rank", rank=0)
 
 
 def test_a_rank_given_twice_must_agree_and_a_replaced_perturbation_brings_its_own_rank():

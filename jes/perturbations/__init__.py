@@ -18,7 +18,7 @@ from __future__ import annotations
 from typing import Any
 
 from jes.perturbations.full_rank import FullRank
-from jes.perturbations.low_rank import LowRank, LowRankFallbackWarning
+from jes.perturbations.low_rank import LowRank, LowRankFallbackWarning, LowRankWarning
 
 _REGISTRY = {"full_rank": FullRank, "low_rank": LowRank}
 
@@ -28,15 +28,24 @@ def names() -> list[str]:
     return list(_REGISTRY)
 
 
-def get(name: Any = "full_rank", rank: int = 1) -> Any:
-    """A perturbation from its name (``"full_rank"``, ``"low_rank"``) and rank, or the object itself.
+def get(name: Any = "full_rank", rank: int | None = None) -> Any:
+    """A perturbation from its name (``"full_rank"``, ``"low_rank"``) and rank (low rank's; default 1), or the
+    object itself (``rank``, if given, must be its own).
 
     Raises:
-        ValueError: an unknown name or an invalid rank.
+        ValueError: an unknown name, an invalid rank, or a rank that full rank or the given object does not have.
     """
     if isinstance(name, (FullRank, LowRank)):
+        own = getattr(name, "rank", 1)
+        if rank is not None and rank != own:
+            raise ValueError(f"get({name!r}, rank={rank!r}): the object's rank is {own}; give the rank once")
         return name
     if not isinstance(name, str) or name not in _REGISTRY:
         raise ValueError(f"unknown perturbation {name!r}; choose one of {', '.join(_REGISTRY)} "
                          f"(or pass jes.FullRank() / jes.LowRank(rank=r))")
-    return FullRank() if name == "full_rank" else LowRank(rank=rank)
+    if name == "full_rank":
+        if rank not in (None, 1):
+            raise ValueError(f"rank={rank!r} is the rank of low-rank perturbations, but the name is 'full_rank': "
+                             f"get('low_rank', rank={rank!r}), or drop the rank")
+        return FullRank()
+    return LowRank(rank=1 if rank is None else rank)

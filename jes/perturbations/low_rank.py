@@ -22,8 +22,14 @@ member's correction ``sigma / sqrt(r) (x A_i) B_i^T``. Factored layers:
   summed over the padded input's shifted windows (or the windows concatenated, for many rows; with input
   dilation, the layer's own conv with a constant identity kernel);
 * ``flax.linen.Embed``: the table ``(num, features)``, the correction ``A_i[ids] B_i^T``;
-* any module method named ``matvec(self, name, weight, x) -> weight @ x`` (jes's PyTorch-layout
-  ``TorchLinear`` and ``TorchGRUCell``; your own layers can do the same).
+* any module method named ``matvec(self, name, weight, x) -> weight @ x``, given the parameter ``name`` itself (a
+  matrix ``[m, n]``) and a vector ``x [n]`` (jes's PyTorch-layout ``TorchLinear`` and ``TorchGRUCell``; your own
+  layers can do the same).
+
+A layer that may apply a function of its matrix rather than the matrix falls back to dense noise, with the
+warning below saying why: a subclass that overrides ``__call__``, variables mapped by ``nn.map_variables`` (as in
+``nn.WeightNorm``, ``nn.SpectralNorm``), a layer given its own ``dot_general`` / ``conv_general_dilated``, a
+``matvec`` given anything but the parameter itself.
 
 Matrices applied any other way (``OptimizedLSTMCell``, which concatenates its per-gate kernels into one
 product; a custom ``self.param`` used with ``@``; an ``Embed`` table also used by ``Embed.attend``, as in
@@ -55,11 +61,18 @@ from jes.strategies import noise
 LOW_RANK_STREAM = 3
 
 
-class LowRankFallbackWarning(UserWarning):
-    """A matrix leaf low rank cannot factor gets dense (full-rank) noise, materialised per member for that leaf.
+class LowRankWarning(UserWarning):
+    """What low rank does with a policy's layout that costs it speed: a rank too large for every matrix it factors
+    (warned as this class), or a matrix it cannot factor (:class:`LowRankFallbackWarning`, a subclass).
 
     Its own category, so that a caller that only evaluates the centre (``jes eval``) or a user who has read it once
-    can filter it: ``warnings.simplefilter("ignore", jes.perturbations.LowRankFallbackWarning)``."""
+    can filter it: ``warnings.simplefilter("ignore", jes.perturbations.LowRankWarning)``."""
+
+
+class LowRankFallbackWarning(LowRankWarning):
+    """A matrix leaf low rank cannot factor gets dense (full-rank) noise, materialised per member for that leaf.
+
+    ``warnings.simplefilter("ignore", jes.perturbations.LowRankFallbackWarning)`` silences this one only."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -152,25 +165,51 @@ def _dense_general_ok(module: nn.DenseGeneral) -> bool:
     return len(features) == 1 and tuple(axis) == (-1,) and not module.batch_dims
 
 
-def _applies_as(module: nn.Module, layer: type) -> bool:
-    """Whether ``module`` is ``layer`` or a subclass that keeps its ``__call__`` (a subclass that overrides it may
-    apply the matrix otherwise: masked, transposed, ...; it gets dense noise instead)."""
-    return isinstance(module, layer) and type(module).__call__ is layer.__call__
+# The layers whose matrix a call can factor, and the parameter that holds it.
+LAYERS = ((nn.Dense, "kernel"), (nn.DenseGeneral, "kernel"), (nn.Conv, "kernel"), (nn.Embed, "embedding"))
+
+
+def _layer_of(module: nn.Module) -> tuple[type, str] | None:
+    return next(((layer, name) for layer, name in LAYERS if isinstance(module, layer)), None)
+
+
+def _mapped(module: nn.Module) -> bool:
+    """Whether ``module`` sees its variables through ``nn.map_variables`` (as ``nn.WeightNorm`` and ``nn.SpectralNorm``
+    apply a layer): the matrix it applies may then be a function of the parameter (masked, scaled, normalised)."""
+    return module.scope is not None and any(str(p).startswith("map_variables(") for p in module.scope.debug_path)
+
+
+def why_not_factored(module: nn.Module) -> str | None:
+    """Why a call of a factorable layer (Dense, DenseGeneral, Conv, Embed or a subclass) may apply its matrix
+    otherwise than the correction assumes; ``None`` when it applies it as the layer's own product of the parameter."""
+    layer, _ = _layer_of(module)
+    if type(module).__call__ is not layer.__call__:
+        return (f"a subclass of {layer.__name__} that overrides __call__ (it may apply the matrix otherwise: masked, "
+                f"transposed, ...)")
+    if _mapped(module):
+        return ("its variables are mapped by nn.map_variables (as nn.WeightNorm and nn.SpectralNorm apply a layer), "
+                "so the matrix it applies may not be the parameter itself")
+    own = [f for f in ("dot_general", "dot_general_cls", "conv_general_dilated", "conv_general_dilated_cls")
+           if getattr(module, f, None) is not None]
+    if own:
+        return f"{layer.__name__} with its own {own[0]} (a custom product the correction would not follow)"
+    if layer is nn.DenseGeneral and not _dense_general_ok(module):
+        return (f"DenseGeneral(features={module.features!r}, axis={module.axis!r}, batch_dims={module.batch_dims!r}): "
+                f"jes factors DenseGeneral over axis=-1 with one output axis and no batch_dims")
+    if layer is nn.Conv and module.feature_group_count != 1:
+        return f"Conv with feature_group_count={module.feature_group_count} (jes factors Conv without feature groups)"
+    if layer is nn.Conv and module.mask is not None:
+        return "Conv with a mask (jes factors Conv without one)"
+    return None
 
 
 def factored_params(module: nn.Module, method: str) -> tuple[str, ...]:
     """Names of ``module``'s matrix parameters a call of ``method`` applies in a way this module can factor."""
     if method == "matvec":
         return ("*",)  # the name is the call's first argument
-    if method != "__call__":
+    if method != "__call__" or _layer_of(module) is None or why_not_factored(module) is not None:
         return ()
-    if _applies_as(module, nn.Dense) or (_applies_as(module, nn.DenseGeneral) and _dense_general_ok(module)):
-        return ("kernel",)
-    if _applies_as(module, nn.Conv) and module.feature_group_count == 1 and module.mask is None:
-        return ("kernel",)
-    if _applies_as(module, nn.Embed):
-        return ("embedding",)
-    return ()
+    return (_layer_of(module)[1],)
 
 
 # From this rank on a correction is two batched products (below it, unrolled: see low_rank_product).
@@ -308,7 +347,8 @@ def _correction(module: nn.Module, x: jax.Array, out: jax.Array, a_t: jax.Array,
         # steps/s against 0.29x, seeds 0-4, before the shifted windows above).
         rows = a_t.shape[1]
         conv = module.clone(parent=None, features=rows, use_bias=False, name=None)
-        identity = jnp.eye(rows, dtype=a_t.dtype).reshape(tuple(module.kernel_size) + (-1, rows))
+        sizes = (module.kernel_size,) if isinstance(module.kernel_size, int) else tuple(module.kernel_size)
+        identity = jnp.eye(rows, dtype=a_t.dtype).reshape(sizes + (-1, rows))
         inner.append(True)  # the correction's own conv is not a member's layer: no correction of its own
         try:
             patches = conv.apply({"params": {"kernel": identity}}, x)
@@ -326,6 +366,10 @@ def _interceptor(factors: dict, record: dict | None = None) -> Callable:
         if inner:
             return next_fun(*args, **kwargs)
         names = factored_params(module, method)
+        if record is not None and module.scope is not None and method == "__call__" and _layer_of(module) \
+                and not names:  # a factorable layer applying its matrix its own way: that leaf gets dense noise
+            record.setdefault("reasons", {})[("params",) + tuple(module.scope.path) + (_layer_of(module)[1],)] = \
+                why_not_factored(module)
         if record is not None and not names and module.scope is not None and method not in ("__call__", "setup") \
                 and factored_params(module, "__call__"):
             # A factorable layer's matrix used by another of its methods (Embed.attend: tied embeddings) is not
@@ -333,11 +377,11 @@ def _interceptor(factors: dict, record: dict | None = None) -> Callable:
             record.setdefault("other_uses", {})[("params",) + tuple(module.scope.path)] = method
         if not names or module.scope is None:
             if record is not None and module.scope is not None:
-                record.setdefault("modules", {})[("params",) + tuple(module.scope.path)] = type(module).__name__
+                record.setdefault("modules", {}).setdefault(("params",) + tuple(module.scope.path), type(module).__name__)
             return next_fun(*args, **kwargs)
         prefix = ("params",) + tuple(module.scope.path)
         if record is not None:
-            record.setdefault("modules", {})[prefix] = type(module).__name__
+            record.setdefault("modules", {}).setdefault(prefix, type(module).__name__)
             handled = record.setdefault("handled", set())
             handled.update(prefix + (args[0] if n == "*" else n,) for n in names)
             out = next_fun(*args, **kwargs)
@@ -347,6 +391,15 @@ def _interceptor(factors: dict, record: dict | None = None) -> Callable:
             for n in names:
                 weight = args[1] if n == "*" else module.scope.get_variable("params", n)
                 applied[prefix + (args[0] if n == "*" else n,)] = tuple(getattr(weight, "shape", ()))
+            if names == ("*",):  # matvec(name, weight, x): the parameter itself, a matrix, times a vector
+                stored = module.scope.get_variable("params", args[0])
+                why = ("matvec was given a function of the parameter (transposed, masked, cast, ...), not the "
+                       "parameter itself" if args[1] is not stored else
+                       f"matvec applied it as a {args[1].ndim}-d weight to a {jnp.ndim(args[2])}-d input; jes "
+                       f"factors matvec(name, weight [m, n], x [n])" if args[1].ndim != 2 or jnp.ndim(args[2]) != 1
+                       else None)
+                if why is not None:
+                    record.setdefault("reasons", {})[prefix + (args[0],)] = why
             return out
         return _corrected(module, method, next_fun, args, kwargs, lambda name: factors.get(prefix + (name,)), inner)
 
@@ -452,14 +505,18 @@ class LowRank:
         jax.eval_shape(probe, variables, obs)
         handled, modules = record.get("handled", set()), record.get("modules", {})
         other_uses, applied = record.get("other_uses", {}), record.get("applied_shapes", {})
+        reasons = record.get("reasons", {})
         leaves, offset, fallbacks = [], 0, []
         for path, leaf in jax.tree_util.tree_flatten_with_path(variables)[0]:
             key, shape = _key_path(path), tuple(leaf.shape)
             size = math.prod(shape)
-            stacked = key in handled and applied.get(key, shape) != shape
-            factored = len(shape) >= 2 and key in handled and key[:-1] not in other_uses and not stacked
+            stacked = key in handled and applied.get(key, shape) != shape and key not in reasons
+            factored = (len(shape) >= 2 and key in handled and key[:-1] not in other_uses and not stacked
+                        and key not in reasons)
             if len(shape) >= 2 and not factored and key[-1] != "bias":  # biases get dense noise, as documented
-                if key[:-1] in other_uses:
+                if key in reasons:
+                    why = reasons[key]
+                elif key[:-1] in other_uses:
                     why = f"also used by {modules.get(key[:-1], '?')}.{other_uses[key[:-1]]}, which jes cannot factor"
                 elif stacked:
                     why = (f"applied in slices of shape {list(applied[key])} (stacked by a lifted transform such as "
@@ -479,6 +536,16 @@ class LowRank:
                 f"{'these leaves' if many else 'this leaf'} only ({others} other{'s are' if others != 1 else ' is'} "
                 f"factored):\n" + "\n".join(fallbacks) + help_line,
                 LowRankFallbackWarning, stacklevel=_caller_outside_jes(),
+            )
+        factored = [leaf for leaf in leaves if leaf.factored]
+        if factored and all(self.rank >= min(leaf.rows, leaf.cols) for leaf in factored):
+            sides = ", ".join(f"{'/'.join(leaf.path)} {leaf.rows}x{leaf.cols}" for leaf in factored[:4])
+            warnings.warn(
+                f"LowRank(rank={self.rank}): the rank is at least the smaller side of every matrix it factors "
+                f"({sides}{', ...' if len(factored) > 4 else ''}), so a member's factors are no smaller than its "
+                f"matrices (r * (m + n) >= m * n floats each) and no cheaper to apply: use jes.FullRank(), or a rank "
+                f"below {max(min(leaf.rows, leaf.cols) for leaf in factored)}",
+                LowRankWarning, stacklevel=_caller_outside_jes(),
             )
         return Layout(tuple(leaves), self.rank)
 
