@@ -181,14 +181,14 @@ def main() -> None:
     overrides = {}
     for item in args.set:
         field, _, value = item.partition("=")
+        if field in ("perturbation", "perturbation_rank"):
+            parser.error(f"--set {item!r}: give the perturbations as --perturbations, of: {', '.join(PERTURBATIONS)}")
         try:
             overrides[field] = ast.literal_eval(value)
         except (ValueError, SyntaxError):
             field = None
         if field not in jes.ESConfig.__dataclass_fields__:
             parser.error(f"--set {item!r}: expected FIELD=VALUE with an ESConfig field and a Python literal")
-        if field in ("perturbation", "perturbation_rank"):
-            parser.error(f"--set {item!r}: give the perturbations as --perturbations, of: {', '.join(PERTURBATIONS)}")
     cells, labels = args.cells.split(","), args.perturbations.split(",")
     for flag, names, known in (("--cells", cells, CELLS), ("--perturbations", labels, PERTURBATIONS)):
         unknown = [name for name in names if name not in known]

@@ -17,7 +17,7 @@ import pytest
 import jes
 from jes import perturbations
 from jes.perturbations import low_rank
-from jes.policies import PolicyFns
+from jes.policies import PolicyFns, TorchLinear
 from jes.strategies import noise
 
 
@@ -121,11 +121,13 @@ class TransformedMatrices(nn.Module):
     def __call__(self, obs):
         lower = lambda vs: jax.tree.map(lambda w: w * jnp.tril(jnp.ones_like(w)) if w.ndim == 2 else w, vs)
         masked = nn.map_variables(nn.Dense, "params", trans_in_fn=lower, init=self.is_initializing())(4)(obs)
+        lifted = nn.map_variables(nn.remat(nn.Dense), "params", trans_in_fn=lower, init=self.is_initializing())(4)(obs)
+        torch = nn.map_variables(TorchLinear, "params", trans_in_fn=lower, init=self.is_initializing())(4)(obs)
         doubled = nn.Dense(4, dot_general=_doubled_dot)(obs)
         conv = nn.Conv(2, (3,), padding="SAME", conv_general_dilated=_doubled_conv)(obs[:, None]).reshape(-1)
         w = self.param("transposed", nn.initializers.lecun_normal(), (4, 3))
         stacked = self.param("stacked", nn.initializers.lecun_normal(), (2, 2, 4))
-        h = jnp.concatenate([masked, doubled, conv, self.matvec("transposed", w.T, obs),
+        h = jnp.concatenate([masked, lifted, torch, doubled, conv, self.matvec("transposed", w.T, obs),
                              self.matvec("stacked", stacked, obs)])
         return nn.Dense(self.num_outputs)(jnp.tanh(h))
 
@@ -327,9 +329,12 @@ def test_a_layer_applying_a_function_of_its_matrix_falls_back_naming_why():
     with pytest.warns(perturbations.LowRankFallbackWarning) as caught:
         layout = jes.LowRank(1).layout(fns, fns.init(jax.random.key(0)))
     message = str(caught[0].message)
-    assert message.startswith("LowRank: 5 matrix parameters of this policy get full-rank noise")
+    assert message.startswith("LowRank: 7 matrix parameters of this policy get full-rank noise")
     for why in (r"Map_variablesDense_0/kernel \[4, 4\] of layer Dense \(in TransformedMatrices\): its variables are "
                 r"mapped by nn.map_variables",
+                r"Map_variablesCheckpointDense_0/kernel \[4, 4\] of layer Dense .*: its variables are mapped",
+                r"Map_variablesTorchLinear_0/weight \[4, 4\] of layer TorchLinear .*: its variables are mapped by "
+                r"nn.map_variables, so the matrix matvec applies",
                 r"Dense_0/kernel \[4, 4\] of layer Dense .*: Dense with its own dot_general",
                 r"Conv_0/kernel \[3, 1, 2\] of layer Conv .*: Conv with its own conv_general_dilated",
                 r"transposed \[4, 3\] of layer TransformedMatrices: matvec was given a function of the parameter",
@@ -412,16 +417,19 @@ def test_one_fallback_warning_names_every_leaf_its_layer_and_the_cell_around_it(
 
 
 def test_a_rank_no_smaller_than_every_factored_matrix_warns_that_full_rank_would_do():
-    fns = PolicyFns(jes.MLPPolicy((8,), num_outputs=2), (4,))  # kernels 4x8 and 8x2
+    fns = PolicyFns(jes.MLPPolicy((8,), num_outputs=2), (4,))  # kernels 4x8 (32 floats) and 8x2 (16)
     variables = fns.init(jax.random.key(0))
-    with pytest.warns(perturbations.LowRankWarning, match=r"LowRank\(rank=4\): the rank is at least the smaller side "
-                      r"of every matrix it factors \(params/Dense_0/kernel 4x8, params/head/kernel 8x2\).*"
-                      r"use jes.FullRank\(\), or a rank below 4"):
-        jes.LowRank(4).layout(fns, variables)
+    with pytest.warns(perturbations.LowRankWarning, match=r"LowRank\(rank=3\): a member's factors of every matrix it "
+                      r"factors \(params/Dense_0/kernel 4x8, params/head/kernel 8x2\) are no smaller than the matrix.*"
+                      r"use jes.FullRank\(\), or a rank below 3$"):  # r = 3: 36 and 30 floats
+        jes.LowRank(3).layout(fns, variables)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        assert len(jes.LowRank(3).layout(fns, variables).factored) == 2  # the 4x8 kernel still gains: no warning
+        assert len(jes.LowRank(2).layout(fns, variables).factored) == 2  # r = 2: 24 floats of the 4x8: no warning
     assert issubclass(perturbations.LowRankFallbackWarning, perturbations.LowRankWarning)
+    linear = PolicyFns(jes.MLPPolicy((), num_outputs=1), (4,))  # one 4x1 kernel: no rank gains on it
+    with pytest.warns(perturbations.LowRankWarning, match=r"params/head/kernel 4x1\).*use jes.FullRank\(\)$"):
+        jes.LowRank(1).layout(linear, linear.init(jax.random.key(0)))
 
 
 class _ScannedBlock(nn.Module):

@@ -176,7 +176,8 @@ def _layer_of(module: nn.Module) -> tuple[type, str] | None:
 def _mapped(module: nn.Module) -> bool:
     """Whether ``module`` sees its variables through ``nn.map_variables`` (as ``nn.WeightNorm`` and ``nn.SpectralNorm``
     apply a layer): the matrix it applies may then be a function of the parameter (masked, scaled, normalised)."""
-    return module.scope is not None and any(str(p).startswith("map_variables(") for p in module.scope.debug_path)
+    # A lift around it rewrites the same entry: "remat(map_variables(Dense_0))"
+    return module.scope is not None and any("map_variables(" in str(p) for p in module.scope.debug_path)
 
 
 def why_not_factored(module: nn.Module) -> str | None:
@@ -393,7 +394,9 @@ def _interceptor(factors: dict, record: dict | None = None) -> Callable:
                 applied[prefix + (args[0] if n == "*" else n,)] = tuple(getattr(weight, "shape", ()))
             if names == ("*",):  # matvec(name, weight, x): the parameter itself, a matrix, times a vector
                 stored = module.scope.get_variable("params", args[0])
-                why = ("matvec was given a function of the parameter (transposed, masked, cast, ...), not the "
+                why = ("its variables are mapped by nn.map_variables, so the matrix matvec applies may not be the "
+                       "parameter itself" if _mapped(module) else
+                       "matvec was given a function of the parameter (transposed, masked, cast, ...), not the "
                        "parameter itself" if args[1] is not stored else
                        f"matvec applied it as a {args[1].ndim}-d weight to a {jnp.ndim(args[2])}-d input; jes "
                        f"factors matvec(name, weight [m, n], x [n])" if args[1].ndim != 2 or jnp.ndim(args[2]) != 1
@@ -538,13 +541,15 @@ class LowRank:
                 LowRankFallbackWarning, stacklevel=_caller_outside_jes(),
             )
         factored = [leaf for leaf in leaves if leaf.factored]
-        if factored and all(self.rank >= min(leaf.rows, leaf.cols) for leaf in factored):
+        if factored and all(self.rank * (leaf.rows + leaf.cols) >= leaf.rows * leaf.cols for leaf in factored):
             sides = ", ".join(f"{'/'.join(leaf.path)} {leaf.rows}x{leaf.cols}" for leaf in factored[:4])
+            # the smallest rank whose factors are no smaller than every matrix: any rank below gains on one
+            below = max(-(-leaf.rows * leaf.cols // (leaf.rows + leaf.cols)) for leaf in factored)
             warnings.warn(
-                f"LowRank(rank={self.rank}): the rank is at least the smaller side of every matrix it factors "
-                f"({sides}{', ...' if len(factored) > 4 else ''}), so a member's factors are no smaller than its "
-                f"matrices (r * (m + n) >= m * n floats each) and no cheaper to apply: use jes.FullRank(), or a rank "
-                f"below {max(min(leaf.rows, leaf.cols) for leaf in factored)}",
+                f"LowRank(rank={self.rank}): a member's factors of every matrix it factors "
+                f"({sides}{', ...' if len(factored) > 4 else ''}) are no smaller than the matrix (r * (m + n) >= "
+                f"m * n floats), and no cheaper to apply: use jes.FullRank()"
+                + (f", or a rank below {below}" if below > 1 else ""),
                 LowRankWarning, stacklevel=_caller_outside_jes(),
             )
         return Layout(tuple(leaves), self.rank)
