@@ -204,13 +204,26 @@ def why_not_factored(module: nn.Module) -> str | None:
     return None
 
 
+def why_matvec_not_factored(module: nn.Module, name: str, weight: Any, x: Any) -> str | None:
+    """Why a call ``matvec(name, weight, x)`` may not be ``parameter @ x`` of a matrix parameter and a vector; ``None``
+    when it is (``weight`` the very object the module's scope holds)."""
+    if _mapped(module):
+        return ("its variables are mapped by nn.map_variables, so the matrix matvec applies may not be the parameter "
+                "itself")
+    if weight is not module.scope.get_variable("params", name):
+        return "matvec was given a function of the parameter (transposed, masked, cast, ...), not the parameter itself"
+    if weight.ndim != 2 or jnp.ndim(x) != 1:
+        return (f"matvec applied it as a {weight.ndim}-d weight to a {jnp.ndim(x)}-d input; jes factors "
+                f"matvec(name, weight [m, n], x [n])")
+    return None
+
+
 def factored_params(module: nn.Module, method: str) -> tuple[str, ...]:
     """Names of ``module``'s matrix parameters a call of ``method`` applies in a way this module can factor."""
     if method == "matvec":
         return ("*",)  # the name is the call's first argument
-    if method != "__call__" or _layer_of(module) is None or why_not_factored(module) is not None:
-        return ()
-    return (_layer_of(module)[1],)
+    layer = _layer_of(module) if method == "__call__" else None
+    return (layer[1],) if layer is not None and why_not_factored(module) is None else ()
 
 
 # From this rank on a correction is two batched products (below it, unrolled: see low_rank_product).
@@ -249,6 +262,11 @@ def _with_rank_factors(xa: jax.Array, b_t: jax.Array) -> jax.Array:
 CONV_UNROLLED_ROWS = 64
 
 
+def _kernel_sizes(module: nn.Conv) -> tuple[int, ...]:
+    """A Conv layer's kernel size as a tuple (flax takes an int for a 1-D kernel)."""
+    return (module.kernel_size,) if isinstance(module.kernel_size, int) else tuple(module.kernel_size)
+
+
 def _conv_windows(module: nn.Conv, x: jax.Array) -> list[jax.Array] | None:
     """The padded input's shifted (strided, dilated) windows of a Conv layer, one ``[..., *out_spatial, cin]``
     per kernel offset in the kernel's row-major order, so that their concatenation is the layer's patches
@@ -256,7 +274,7 @@ def _conv_windows(module: nn.Conv, x: jax.Array) -> list[jax.Array] | None:
     negative explicit padding)."""
     from flax.linen.linear import canonicalize_padding
 
-    sizes = (module.kernel_size,) if isinstance(module.kernel_size, int) else tuple(module.kernel_size)
+    sizes = _kernel_sizes(module)
     nd = len(sizes)
 
     def per_dim(v):
@@ -348,8 +366,7 @@ def _correction(module: nn.Module, x: jax.Array, out: jax.Array, a_t: jax.Array,
         # steps/s against 0.29x, seeds 0-4, before the shifted windows above).
         rows = a_t.shape[1]
         conv = module.clone(parent=None, features=rows, use_bias=False, name=None)
-        sizes = (module.kernel_size,) if isinstance(module.kernel_size, int) else tuple(module.kernel_size)
-        identity = jnp.eye(rows, dtype=a_t.dtype).reshape(sizes + (-1, rows))
+        identity = jnp.eye(rows, dtype=a_t.dtype).reshape(_kernel_sizes(module) + (-1, rows))
         inner.append(True)  # the correction's own conv is not a member's layer: no correction of its own
         try:
             patches = conv.apply({"params": {"kernel": identity}}, x)
@@ -378,7 +395,8 @@ def _interceptor(factors: dict, record: dict | None = None) -> Callable:
             record.setdefault("other_uses", {})[("params",) + tuple(module.scope.path)] = method
         if not names or module.scope is None:
             if record is not None and module.scope is not None:
-                record.setdefault("modules", {}).setdefault(("params",) + tuple(module.scope.path), type(module).__name__)
+                modules = record.setdefault("modules", {})
+                modules.setdefault(("params",) + tuple(module.scope.path), type(module).__name__)
             return next_fun(*args, **kwargs)
         prefix = ("params",) + tuple(module.scope.path)
         if record is not None:
@@ -393,14 +411,7 @@ def _interceptor(factors: dict, record: dict | None = None) -> Callable:
                 weight = args[1] if n == "*" else module.scope.get_variable("params", n)
                 applied[prefix + (args[0] if n == "*" else n,)] = tuple(getattr(weight, "shape", ()))
             if names == ("*",):  # matvec(name, weight, x): the parameter itself, a matrix, times a vector
-                stored = module.scope.get_variable("params", args[0])
-                why = ("its variables are mapped by nn.map_variables, so the matrix matvec applies may not be the "
-                       "parameter itself" if _mapped(module) else
-                       "matvec was given a function of the parameter (transposed, masked, cast, ...), not the "
-                       "parameter itself" if args[1] is not stored else
-                       f"matvec applied it as a {args[1].ndim}-d weight to a {jnp.ndim(args[2])}-d input; jes "
-                       f"factors matvec(name, weight [m, n], x [n])" if args[1].ndim != 2 or jnp.ndim(args[2]) != 1
-                       else None)
+                why = why_matvec_not_factored(module, *args)
                 if why is not None:
                     record.setdefault("reasons", {})[prefix + (args[0],)] = why
             return out
