@@ -27,8 +27,8 @@ the rollout of the draw's members (``rollout``, the draw included), the update f
 population's first observations fed back into the policy (no env, no compaction; ``forward / inf``), so that
 what the generation loses to batch inference can be told apart: the forward's correction, or the rest
 (episodes the members' policies play longer than the shared one's, the draw and the update). With ``--profile DIR``
-it then traces the step, the update and batch inference with JAX's profiler (on a GPU its kernels, on the CPU
-XLA's thunks) and prints each part's top events per call; the traces are taken one part after another, not in
+it then traces the step, the update, batch inference and both forward loops with JAX's profiler (on a GPU its
+kernels, on the CPU XLA's thunks) and prints each part's top events per call; the traces are taken one part after another, not in
 turns as the timings are, so a change of the machine's load between them shows as a difference between parts
 (compare events within one trace). With ``--skip-corrections conv,dense`` (a diagnostic, not
 a way to train) the named layers' low-rank corrections are left out of every jes part: the members keep their
@@ -333,9 +333,9 @@ def breakdown(args, ranks, seeds) -> None:
                 print(f"  (--skip-corrections: {label} has no factored {' or '.join(missing)} layer; nothing of "
                       f"it was left out)", flush=True)
             if args.profile:
-                for part in ("step", "update", "inf"):
+                for part in ("step", "update", "inf", "forward", "forward inf"):
                     profile(timers[part], seeds[0], args.repeats,
-                            os.path.join(args.profile, f"{label.replace(' ', '')}-{members}-r{r}-{part}"))
+                            os.path.join(args.profile, f"{label.replace(' ', '')}-{members}-r{r}-{part.replace(' ', '-')}"))
 
 
 # --skip-corrections: the layer types whose corrections a diagnostic run leaves out
@@ -455,7 +455,7 @@ def main() -> None:
                         help="split a low-rank generation's time into its parts against inference (see above)")
     parser.add_argument("--forward-steps", type=int, default=20, help="--breakdown: policy steps of the forward loop")
     parser.add_argument("--profile", metavar="DIR", default=None,
-                        help="--breakdown: then trace the step, the update and batch inference with JAX's profiler "
+                        help="--breakdown: then trace the step, the update, batch inference and the forward loops with JAX's profiler "
                              "(Perfetto traces under DIR) and print each one's top events per call")
     parser.add_argument("--skip-corrections", metavar="LAYERS", type=layer_names_arg, default=None,
                         help="--breakdown, a diagnostic: leave these layers' low-rank corrections out of jes's parts "
