@@ -517,14 +517,11 @@ def read(path: str) -> Checkpoint:
     """Read and integrity-check a checkpoint file, validating every field it holds.
 
     Raises:
-        FileNotFoundError: no file at ``path``.
+        FileNotFoundError: no file at ``path`` (or a directory).
         CheckpointError: not a jes checkpoint, truncated, corrupted, malformed (naming the field), or
             from a newer format.
     """
-    if not os.path.exists(path):
-        raise FileNotFoundError(f"no checkpoint at {path!r}")
-    with open(path, "rb") as f:
-        data = f.read()
+    data = schema.read_file(path, "checkpoint", ".ckpt")
     if len(data) < _HEADER.size:
         raise CheckpointError(f"checkpoint {path} is truncated: {len(data)} bytes, shorter than the {_HEADER.size}-byte header")
     magic, length, digest = _HEADER.unpack_from(data)

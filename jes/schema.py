@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 from typing import Any, Callable
 
 import numpy as np
@@ -138,6 +139,24 @@ def validate(value: Any, spec: Any, what: str) -> None:
 OBJECT = {"class": str, "fields?": dict}
 
 
+def read_file(path: str, what: str, suffix: str) -> bytes:
+    """The bytes of the jes file (``what``: "checkpoint", "policy file") at ``path``.
+
+    Raises:
+        FileNotFoundError: nothing at ``path``, or a directory there (a run's folder given for its file: the error
+            names the folder's ``*suffix`` files, e.g. ``runs/x/checkpoint.ckpt``).
+    """
+    if os.path.isdir(path):
+        inside = sorted(name for name in os.listdir(path) if name.endswith(suffix))
+        hint = (f"give the file: {', '.join(os.path.join(path, name) for name in inside[:3])}" if inside else
+                f"it holds no {suffix} file")
+        raise FileNotFoundError(f"{path!r} is a directory, not a {what}; {hint}")
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"no {what} at {path!r}")
+    with open(path, "rb") as f:
+        return f.read()
+
+
 def decode(payload: bytes, content_spec: Any, meta_spec: Any, what: str) -> tuple[dict, dict]:
     """A jes file's msgpack ``payload`` with its JSON ``meta`` text, both validated: ``(content, meta)``.
 
@@ -155,6 +174,8 @@ def decode(payload: bytes, content_spec: Any, meta_spec: Any, what: str) -> tupl
             meta = json.loads(content["meta"])
         except ValueError as err:
             raise SchemaError(f"{what} cannot be decoded: its meta is not JSON: {err}") from err
+        except RecursionError as err:  # "[[[[..." deeper than Python's recursion limit
+            raise SchemaError(f"{what} cannot be decoded: its meta is nested too deeply to be jes's") from err
         validate(meta, meta_spec, f"{what}: meta")
     except SchemaError as err:
         raise SchemaError(f"{err}{not_jes}") from err

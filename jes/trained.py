@@ -341,14 +341,11 @@ def load_policy(path: str, env: Any = None, allow_modules: Any = ()) -> TrainedP
             a policy class whose module your program imported already is admitted without it.
 
     Raises:
-        FileNotFoundError: no file at ``path``.
+        FileNotFoundError: no file at ``path`` (or a directory).
         PolicyFileError: not a jes policy file, truncated, corrupt, malformed (naming the field),
             naming code outside the registry, or from a newer jes.
     """
-    if not os.path.exists(path):
-        raise FileNotFoundError(f"no policy file at {path!r}")
-    with open(path, "rb") as f:
-        data = f.read()
+    data = schema.read_file(path, "policy file", ".policy")
     if len(data) < _HEADER.size:
         raise PolicyFileError(f"{path} is truncated ({len(data)} bytes): not a complete jes policy file")
     magic, length, digest = _HEADER.unpack_from(data)

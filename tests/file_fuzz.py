@@ -99,6 +99,7 @@ def cases(kind: str, valid: bytes, count: int, seed: int = 0) -> Iterator[tuple[
         ("meta not JSON", lambda: _with_content(kind, dict(content, meta="{not json"))),
         ("empty meta", lambda: _with_content(kind, dict(content, meta="{}"))),
         ("meta a JSON list", lambda: _with_content(kind, dict(content, meta="[]"))),
+        ("meta nested deeply", lambda: _with_content(kind, dict(content, meta="[" * 100_000 + "]" * 100_000))),
         ("trailing bytes", lambda: frame(kind, valid[HEADER.size:] + b"\x00\x01")),
         ("other magic", lambda: frame("policy" if kind == "checkpoint" else "checkpoint", valid[HEADER.size:])),
     ]

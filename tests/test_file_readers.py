@@ -88,6 +88,7 @@ def test_jes_eval_and_resume_of_a_gadget_checkpoint_fail_cleanly_and_run_nothing
     ("payload a list", None, "expected a map, found list"),
     ("no meta", None, "missing 'meta'"),
     ("meta not JSON", None, "cannot be decoded"),
+    ("meta nested deeply", None, "nested too deeply"),
     ("empty meta", None, "missing 'version'"),
     ("trailing bytes", None, "cannot be decoded"),
 ])
@@ -132,3 +133,20 @@ def test_fuzzed_files_give_only_jes_errors(kind, files, tmp_path):
         expected = (checkpoint.CheckpointError,)
     seen, raw = file_fuzz.run(kind, files[kind], 300, read, expected, str(tmp_path), seed=27)
     assert seen == 300 and raw == []
+
+
+def test_a_run_folder_given_for_its_file_is_a_clear_error(files, tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    with pytest.raises(FileNotFoundError, match="is a directory, not a policy file; it holds no .policy file"):
+        jes.load_policy(str(run))
+    (run / "checkpoint.ckpt").write_bytes(files["checkpoint"])
+    with pytest.raises(FileNotFoundError, match=r"is a directory, not a checkpoint; give the file: .*checkpoint\.ckpt"):
+        checkpoint.load(str(run))
+    for argv in (["eval", str(run), "--episodes", "1"], ["train", "--resume", str(run)]):
+        try:
+            done = subprocess.run([sys.executable, "-m", "jes.cli", *argv], capture_output=True, text=True, timeout=240)
+        except subprocess.TimeoutExpired as err:
+            pytest.fail(f"jes {' '.join(argv)} did not exit within 240 s: {err.stderr}")
+        assert done.returncode == 2, done.stdout
+        assert "Traceback" not in done.stderr and "checkpoint.ckpt" in done.stderr, done.stderr
