@@ -491,6 +491,13 @@ def optimize(
     if host and devices is not None:
         raise ValueError("host=True evaluates on the host and runs sampling and updates on one device; "
                          "leave devices=None")
+    if max_evaluations is not None:
+        if isinstance(max_evaluations, bool) or not isinstance(max_evaluations, (int, np.integer)):
+            raise TypeError(f"max_evaluations must be an int, got {max_evaluations!r}")
+        if max_evaluations < num_members + 1:  # no generation would run: the result would be x0, never evaluated
+            raise ValueError(f"max_evaluations={max_evaluations} is less than one generation's evaluations "
+                             f"({num_members} members and the mean: {num_members + 1}); raise it to at least "
+                             f"{num_members + 1} or lower num_members")
 
     def build(members, sigma, generations):
         config = _config(members, generations, sigma, learning_rate, fitness_shaping, weight_decay, chunk_size,

@@ -508,8 +508,8 @@ def build_policy(spec: Mapping[str, Any]) -> nn.Module:
 def load_sweep_file(path: str) -> dict:
     """Read a JSON or TOML sweep description into :func:`sweep` keyword arguments.
 
-    The file has ``env``, ``optimizer`` (a name or list), ``seeds``, optional ``log_dir`` and
-    ``out_dir``, a ``policy`` table (``type``, ``hidden``, ``layers``) and a ``config`` table of
+    The file has ``env``, ``optimizer`` (a name or list), ``seeds``, optional ``log_dir`` (``"none"``: no
+    TensorBoard logs, as ``jes train --log-dir none``) and ``out_dir``, a ``policy`` table (``type``, ``hidden``, ``layers``) and a ``config`` table of
     :class:`ESConfig` fields whose values may be lists. For example (TOML)::
 
         env = "CartPole-v1"
@@ -560,5 +560,8 @@ def load_sweep_file(path: str) -> dict:
                   strategy=strategy,
                   seeds=spec.get("seeds", [0]), out_dir=spec.get("out_dir", "sweep_results"))
     if "log_dir" in spec:
-        kwargs["log_dir"] = spec["log_dir"]
+        log_dir = spec["log_dir"]
+        if log_dir is not None and not isinstance(log_dir, str):
+            raise ValueError(f"sweep file {path}: log_dir must be a directory or \"none\", got {log_dir!r}")
+        kwargs["log_dir"] = None if log_dir is None or log_dir.lower() == "none" else log_dir
     return kwargs

@@ -126,6 +126,7 @@ class TrainedPolicy:
         if self.flat_params.shape != tuple(flat.shape):
             raise ValueError(f"flat_params has shape {list(self.flat_params.shape)}; {type(policy).__name__} on "
                              f"observations {list(self.obs_shape)} has {flat.shape[0]} parameters")
+        self._check_action_map(flat)
         if obs_stats is not None:
             count, total, sumsq = obs_stats
             obs_stats = (np.asarray(count, np.float32).reshape(()), np.asarray(total, np.float32).reshape(self.obs_shape),
@@ -133,6 +134,42 @@ class TrainedPolicy:
         self.obs_stats = obs_stats
         self._act = jax.jit(self.apply)
         self._evaluators: dict = {}  # EnvSpec -> jitted evaluation
+
+    def _check_action_map(self, flat: Any) -> None:
+        """The action map fits the policy's output and itself (a file's fields are checked one by one by the schema;
+        this checks that they fit together, before an episode would fail deep inside a program)."""
+        action = self.action_map
+        out = jax.eval_shape(lambda p: self.fns.apply(p, self.fns.initial_carry(),
+                                                      jnp.zeros(self.obs_shape, jnp.float32))[1],
+                             jax.eval_shape(lambda: self._unravel(jnp.zeros(flat.shape, flat.dtype))))
+        if out.shape != (action.num_outputs,):
+            raise ValueError(f"{type(self.policy).__name__} outputs shape {list(out.shape)}; the action map expects "
+                             f"[{action.num_outputs}] (num_outputs)")
+        if not action.discrete:
+            size = int(np.prod(action.action_shape))
+            if size != action.num_outputs:
+                raise ValueError(f"a continuous action of shape {list(action.action_shape)} needs {size} outputs; "
+                                 f"the action map has num_outputs={action.num_outputs}")
+            for name, bound in (("low", action.low), ("high", action.high)):
+                if bound is not None and len(bound) != size:
+                    raise ValueError(f"the action bound {name} has {len(bound)} values; the action has {size}")
+
+    def _check_env(self, spec: EnvSpec) -> None:
+        """The env's observations and actions are the ones this policy was made for."""
+        action, found = self.action_map, []
+        if tuple(spec.obs_shape) != self.obs_shape:
+            found.append(f"observations of shape {list(spec.obs_shape)}, the policy takes {list(self.obs_shape)}")
+        if spec.discrete != action.discrete:
+            kind = lambda discrete: "discrete" if discrete else "continuous"
+            found.append(f"{kind(spec.discrete)} actions, the policy's are {kind(action.discrete)}")
+        elif spec.num_outputs != action.num_outputs or (not spec.discrete
+                                                        and tuple(spec.action_shape) != action.action_shape):
+            found.append(f"actions from {spec.num_outputs} outputs (shape {list(spec.action_shape)}), the policy's "
+                         f"from {action.num_outputs} (shape {list(action.action_shape)})")
+        if found:
+            recorded = f" (the env its file names)" if spec.name == self.env_name else ""
+            raise ValueError(f"env {spec.name!r}{recorded} does not fit this policy: the env has {'; '.join(found)}. "
+                             f"Evaluate it on the env it was trained on (TrainedPolicy.evaluate(env=...))")
 
     @property
     def params(self) -> Any:
@@ -212,6 +249,7 @@ class TrainedPolicy:
             env: an env (id, gymnax object or :class:`EnvSpec`) instead of the recorded one.
         """
         spec = self.env_spec() if env is None else (env if isinstance(env, EnvSpec) else make_env(env, max_steps=self.max_steps))
+        self._check_env(spec)
         if spec.host:  # a Python simulator (Gymnasium): the same host episodes as training's centre evaluation
             key = as_key(key)
         else:

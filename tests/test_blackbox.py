@@ -34,6 +34,19 @@ def test_a_stop_ends_the_run_on_the_generation_a_plain_run_of_that_length_ends_o
     assert plain.stop_reason == "num_generations" and stopped.num_evaluations == plain.num_evaluations
 
 
+@pytest.mark.parametrize("host", [False, True])
+def test_a_budget_below_one_generation_is_refused(host):
+    fn = (lambda x: float(np.sum(np.asarray(x) ** 2))) if host else sphere
+    with pytest.raises(ValueError, match=r"max_evaluations=5 is less than one generation's evaluations "
+                                         r"\(8 members and the mean: 9\); raise it to at least 9"):
+        jes.optimize(fn, jnp.ones(3), "cma_es", minimize=True, num_members=8, max_evaluations=5, host=host)
+    with pytest.raises(TypeError, match="max_evaluations must be an int"):
+        jes.optimize(fn, jnp.ones(3), "cma_es", minimize=True, num_members=8, max_evaluations=1e4, host=host)
+    result = jes.optimize(fn, jnp.ones(3), "cma_es", minimize=True, num_members=8, max_evaluations=9, host=host)
+    assert result.num_evaluations == 9 and result.stop_reason == "max_evaluations"
+    assert np.isfinite(result.best_value)
+
+
 def test_max_evaluations_and_tolfun():
     r = jes.optimize(sphere, jnp.ones(4), "sep_cma_es", minimize=True, num_generations=1000, max_evaluations=100)
     assert r.stop_reason == "max_evaluations" and r.num_evaluations <= 100 and len(r.history["generation"]) == 100 // 9

@@ -150,3 +150,23 @@ def test_a_run_folder_given_for_its_file_is_a_clear_error(files, tmp_path):
             pytest.fail(f"jes {' '.join(argv)} did not exit within 240 s: {err.stderr}")
         assert done.returncode == 2, done.stdout
         assert "Traceback" not in done.stderr and "checkpoint.ckpt" in done.stderr, done.stderr
+
+
+def test_fields_that_do_not_fit_together_are_named_errors(files, tmp_path):
+    """Each field well-typed, together inconsistent: refused at load or before an episode runs, never a raw error."""
+    path = tmp_path / "odd.policy"
+    path.write_bytes(with_meta("policy", files["policy"], lambda meta: meta["action"].update(discrete=False)))
+    with pytest.raises(PolicyFileError, match=r"continuous action of shape \[\] needs 1 outputs"):
+        jes.load_policy(str(path))
+    path.write_bytes(with_meta("policy", files["policy"], lambda meta: meta["action"].update(num_outputs=3)))
+    with pytest.raises(PolicyFileError, match=r"outputs shape \[2\]; the action map expects \[3\]"):
+        jes.load_policy(str(path))
+    path.write_bytes(with_meta("policy", files["policy"], lambda meta: meta.update(env_name="Acrobot-v1")))
+    trained = jes.load_policy(str(path))
+    with pytest.raises(ValueError, match=r"'Acrobot-v1' \(the env its file names\) does not fit .* observations of "
+                                         r"shape \[6\], the policy takes \[4\]; actions from 3 outputs"):
+        trained.evaluate(num_episodes=1)
+    path.write_bytes(files["policy"])
+    with pytest.raises(ValueError, match="continuous actions, the policy's are discrete"):
+        jes.load_policy(str(path)).evaluate(num_episodes=1, env="Pendulum-v1")
+    assert jes.load_policy(str(path)).evaluate(num_episodes=1).shape == (1,)

@@ -119,6 +119,17 @@ def test_bad_sweep_file(tmp_path):
     path.write_text("env = [unclosed\n")
     with pytest.raises(ValueError, match="cannot be parsed"):
         jes_sweep.load_sweep_file(str(path))
+    path.write_text('env = "CartPole-v1"\nlog_dir = 3\n')
+    with pytest.raises(ValueError, match='log_dir must be a directory or "none", got 3'):
+        jes_sweep.load_sweep_file(str(path))
+
+
+def test_a_sweep_file_turns_logging_off_as_the_command_line_does(tmp_path):
+    path = tmp_path / "s.toml"
+    for text, expected in (('log_dir = "none"', None), ('log_dir = "None"', None), ('log_dir = "tb"', "tb"),
+                           ("", "runs/<auto>")):
+        path.write_text(f'env = "CartPole-v1"\n{text}\n')
+        assert jes_sweep.load_sweep_file(str(path)).get("log_dir", "runs/<auto>") == expected
 
 
 def test_multi_optimizer_sweep_shows_each_optimizers_own_rate():
