@@ -586,11 +586,14 @@ def run(trainer: Trainer, state: TrainState, *, key: Any = 0, callbacks: Iterabl
                       env_steps_per_second=generation_steps / max(record["generation_time"], 1e-9))
         for k in HISTORY_KEYS:
             history[k].append(record[k])
-        # after the history row, so an interrupt never leaves history behind the state (a checkpoint drops rows
-        # past its state but cannot make up a missing one)
-        state, best = after, candidate
+        # The callbacks (TensorBoard's writes) before the state advances: an interrupt among them leaves the run at the
+        # generation before, which a resumed run steps and logs again, where after it the generation's row was saved
+        # with some of its scalars never logged (a hole in the curves). The state after the history row, so an
+        # interrupt never leaves history behind the state (a checkpoint drops rows past its state but cannot make up
+        # a missing one).
         for callback in callbacks:
             callback(record)
+        state, best = after, candidate
         generation = record["generation"]
         if save_to is not None and checkpoint_every and generation % checkpoint_every == 0:
             save_checkpoint()

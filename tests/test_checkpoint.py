@@ -91,10 +91,16 @@ def test_keyboard_interrupt_saves_then_resume_is_bit_identical(trainer, full_run
 
     with pytest.raises(KeyboardInterrupt):
         run(trainer, trainer.init_state(5), key=5, callbacks=[ctrl_c_after_second], checkpoint_path=path)
+    # Interrupted among generation 2's callbacks (TensorBoard's writes, say): the run is saved at generation 1, so the
+    # resumed run steps generation 2 again and every callback sees it whole (no hole in the logged curves).
     ckpt = checkpoint.read(path)
-    assert ckpt.generation == 2
-    resumed = run(trainer, ckpt.restore_state(trainer), key=ckpt.key, history=ckpt.history)
+    assert ckpt.generation == 1 and list(ckpt.history["generation"]) == [1]
+    seen = []
+    resumed = run(trainer, ckpt.restore_state(trainer), key=ckpt.key, history=ckpt.history,
+                  callbacks=[lambda record: seen.append(record["generation"])])
+    assert seen[0] == 2
     np.testing.assert_array_equal(resumed.flat_params, full_run.flat_params)
+    np.testing.assert_array_equal(resumed.history["pop_mean"], full_run.history["pop_mean"])
 
 
 def test_periodic_checkpoints(trainer, tmp_path):
