@@ -306,7 +306,9 @@ def _train(args: argparse.Namespace) -> int:
         policy = ckpt.policy(allow_modules=args.allow_module) if policy is None else policy
         env = ckpt.env_name if env is None else env
         strategy = checkpoint.build_strategy(ckpt.meta.get("strategy")) if strategy is None else strategy
-        optimizer = ckpt.optimizer if optimizer is None else optimizer
+        if optimizer is None and (args.strategy is None or strategies.get(strategy).uses_optimizer):
+            optimizer = ckpt.optimizer  # not a strategy's given on the command line that takes none (its refusal
+            # would tell the user to drop an optimizer they did not give; the resume says what differs)
         config = ckpt.config()
         if config.chunk_size is None and args.chunk_size is None:  # the chunk it ran, whatever today's default
             older = ckpt.meta.get("chunk_size") is None and config.perturbation == "low_rank"  # not recorded

@@ -307,7 +307,8 @@ def train(
             resuming); ``None`` turns checkpoints off.
         checkpoint_every: generations between checkpoints (0: only at the end and on Ctrl-C).
         resume: a checkpoint to continue from; the run then ends bit-identical to one never
-            interrupted. The run key comes from the checkpoint (``key`` is ignored); the policy, env,
+            interrupted. The run key comes from the checkpoint (``key`` is ignored, with a warning where
+            it differs); the policy, env,
             optimizer and config must match it (``num_generations`` may grow).
         master: listen address (``":5555"``, ``"0.0.0.0:5555"``) to spread each generation over
             ``jes-worker --master HOST:PORT`` processes (:mod:`jes.distributed`); the result is
@@ -353,6 +354,11 @@ def train(
         history = None
         if resume is not None:
             restored = checkpoint.read(resume)
+            if not (isinstance(key, int) and key == 0) and not np.array_equal(
+                    np.asarray(jax.random.key_data(as_key(key))), np.asarray(restored.key)):
+                warnings.warn(f"key={key!r} is ignored: a resumed run continues with its checkpoint's key (its "
+                              f"members are those of the run it continues); start a fresh run for another key",
+                              stacklevel=2)
             state, history, key = restored.restore_state(trainer), restored.history, restored.key
             best = _best_from_checkpoint(trainer, restored.best)
             state = _apply_new_learning_rate(trainer, state, restored.meta["config"].get("learning_rate"), resume)

@@ -37,7 +37,8 @@ def test_resume_with_train_is_bit_identical(saved, full_run, tmp_path):
     path = str(tmp_path / "copy.ckpt")
     with open(saved, "rb") as src, open(path, "wb") as dst:
         dst.write(src.read())
-    resumed = jes.train(POLICY, "CartPole-v1", "adam", key=999, resume=path, log_dir=None, progress=False, **SMALL)
+    with pytest.warns(UserWarning, match="key=999 is ignored: a resumed run continues with its checkpoint's key"):
+        resumed = jes.train(POLICY, "CartPole-v1", "adam", key=999, resume=path, log_dir=None, progress=False, **SMALL)
     np.testing.assert_array_equal(resumed.flat_params, full_run.flat_params)
     np.testing.assert_array_equal(resumed.state.obs_sumsq, full_run.state.obs_sumsq)
     np.testing.assert_array_equal(resumed.history["pop_mean"], full_run.history["pop_mean"])

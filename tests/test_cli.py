@@ -309,6 +309,11 @@ def test_custom_policy_flags_and_resume_from_the_checkpoint_alone(tmp_path, monk
     err = capsys.readouterr().err
     assert "config.noise_std" in err and "num_generations" in err
 
+    # another strategy is refused as a difference, not as an optimizer the user never gave
+    assert cli.main(["train", "--resume", ckpt, "--generations", "4", "--strategy", "snes", "--log-dir", "none"]) == 2
+    err = capsys.readouterr().err
+    assert "strategy: checkpoint has" in err and "drop the optimizer" not in err, err
+
     # A fresh process never imports the checkpoint's policy module on the file's say-so; --allow-module permits it.
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), ROOT]))
     refused = subprocess.run([sys.executable, "-m", "jes.cli", "eval", ckpt, "--episodes", "2"], capture_output=True,
