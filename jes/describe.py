@@ -394,11 +394,18 @@ def _check_role(cls: type, role: str, what: str) -> None:
         raise RefusedError(f"{what}: {cls.__module__}:{cls.__qualname__} is not {need}")
 
 
-def _walk(value: Any, allow: Allowlist, what: str, build: bool, role: str = "value") -> Any:
+# How deeply a description may nest (jes's own policies: a few levels); deeper is malformed, not a RecursionError.
+MAX_DEPTH = 64
+
+
+def _walk(value: Any, allow: Allowlist, what: str, build: bool, role: str = "value", depth: int = 0) -> Any:
     if isinstance(value, _PLAIN):
         return value
+    if depth >= MAX_DEPTH:
+        shown = what if len(what) <= 120 else f"{what[:60]}...{what[-60:]}"
+        raise DescriptionError(f"{shown}: nested deeper than {MAX_DEPTH} levels; not a description jes writes")
     if isinstance(value, list):  # checkpoints of format 1 stored tuples as lists
-        items = [_walk(v, allow, f"{what}[{i}]", build) for i, v in enumerate(value)]
+        items = [_walk(v, allow, f"{what}[{i}]", build, depth=depth + 1) for i, v in enumerate(value)]
         return tuple(items) if build else None
     if not isinstance(value, dict):
         raise DescriptionError(f"{what}: {type(value).__name__} is not a description")
@@ -406,7 +413,7 @@ def _walk(value: Any, allow: Allowlist, what: str, build: bool, role: str = "val
         seq = value["__seq__"]
         if not isinstance(seq, list):
             raise DescriptionError(f"{what}: malformed sequence")
-        items = [_walk(v, allow, f"{what}[{i}]", build) for i, v in enumerate(seq)]
+        items = [_walk(v, allow, f"{what}[{i}]", build, depth=depth + 1) for i, v in enumerate(seq)]
         return (tuple(items) if value.get("tuple") else items) if build else None
     if "__callable__" in value or "callable" in value:  # "callable": checkpoints of format 1
         obj = resolve(value.get("__callable__", value.get("callable")), allow, what, kind="callable")
@@ -429,7 +436,7 @@ def _walk(value: Any, allow: Allowlist, what: str, build: bool, role: str = "val
             unknown = sorted(fields)
         if unknown:
             raise DescriptionError(f"{what}: {cls.__qualname__} has no field(s) {unknown}")
-        kwargs = {k: _walk(v, allow, f"{what}.{k}", build) for k, v in fields.items()}
+        kwargs = {k: _walk(v, allow, f"{what}.{k}", build, depth=depth + 1) for k, v in fields.items()}
         if not build:
             return None
         try:

@@ -208,3 +208,15 @@ def test_lenient_description_records_what_cannot_travel():
     assert "__unimportable__" in recorded["fields"]["activation"]
     with pytest.raises(DescriptionError, match="cannot be rebuilt"):
         describe.build_object(recorded, describe.allowlist(), role="policy")
+
+
+def test_a_description_nested_past_the_limit_is_malformed_not_a_recursion_error():
+    deep = 1
+    for _ in range(400):
+        deep = {"__seq__": [deep], "tuple": True}
+    with pytest.raises(DescriptionError, match=f"nested deeper than {describe.MAX_DEPTH} levels"):
+        describe.build_value(deep, describe.allowlist(), "policy.fields.x")
+    shallow = 1
+    for _ in range(describe.MAX_DEPTH - 1):
+        shallow = {"__seq__": [shallow], "tuple": True}
+    assert describe.build_value(shallow, describe.allowlist()) is not None
