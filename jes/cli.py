@@ -58,8 +58,8 @@ def _parser() -> argparse.ArgumentParser:
     train = commands.add_parser("train", help="train a policy with an evolution strategy", epilog=EPILOG,
                                 formatter_class=_HelpFormatter)
     train.add_argument("--env", default=None,
-                       help="gymnax id, 'brax/<name>[?backend=...]', either with '?keep_obs=0,2' to hide observations "
-                            "(default: CartPole-v1)")
+                       help="gymnax id, 'brax/<name>[?backend=...]', either with '?keep_obs=0,2' to hide observations, "
+                            "or 'gymnasium:<id>' (a Python simulator, stepped on the host) (default: CartPole-v1)")
     train.add_argument("--policy", default=None, metavar="{gru,mlp,MODULE:CLASS}",
                        help="policy: gru, mlp, or your own flax.linen.Module as module.path:ClassName, importable "
                             "from the current directory or PYTHONPATH (default: gru)")
@@ -159,7 +159,7 @@ def _parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--episodes", type=int, default=100, help="fresh episodes to average")
     evaluate.add_argument("--seed", type=int, default=12345, help="key of the evaluation episodes")
     evaluate.add_argument("--render", default=None, metavar="PATH",
-                          help="also draw one episode: a .gif for gymnax CartPole/Pendulum and Gymnasium envs (their rgb_array frames), a .html for brax envs")
+                          help="also draw one episode of a checkpoint's policy: a .gif for gymnax CartPole/Pendulum and Gymnasium envs (their rgb_array frames), a .html for brax envs")
     evaluate.add_argument("--render-steps", type=int, default=None, help="steps to draw at most (default: the episode limit)")
     evaluate.add_argument("--allow-module", action="append", default=[], metavar="MODULE",
                           help="a module the checkpoint's policy may come from besides jes/flax (repeatable); "
@@ -338,6 +338,8 @@ def _train(args: argparse.Namespace) -> int:
         kwargs.update(master=args.listen, secret=secret)
     if args.workers:
         kwargs.update(num_workers=args.workers)
+    if args.listen is not None or args.workers:
+        _log_distributed()
 
     master_options = {name: value for name, value in (
         ("heartbeat_interval", args.heartbeat_interval), ("worker_timeout", args.worker_timeout),
@@ -410,6 +412,19 @@ def _eval(args: argparse.Namespace) -> int:
         render(trainer, state, args.render, as_key(args.seed), args.render_steps)
         print(f"rendered one episode to {args.render}")
     return 0
+
+
+def _log_distributed() -> None:
+    """The master's log (workers joining and leaving, its status lines) on stderr at INFO, as jes-worker logs."""
+    import logging
+
+    logger = logging.getLogger("jes.distributed")
+    if not logger.handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
+        logger.addHandler(handler)
+    if logger.level == logging.NOTSET or logger.level > logging.INFO:
+        logger.setLevel(logging.INFO)
 
 
 def _starts_with(path: str, magic: bytes) -> bool:

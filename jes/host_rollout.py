@@ -143,8 +143,10 @@ def run_host_slots(spec: EnvSpec, pool: HostEnvPool, groups: Sequence[tuple[Call
             message = f"env {spec.name!r}: {what} raised {type(err).__name__}: {err} in {label(slot)} after {steps[slot]} steps"
         return HostEnvError(message, spec.name, label(slot))
 
-    # A SIGALRM timer interrupts an env call that hangs; only in the main thread, and never over someone else's
-    # timer (a test's hard timeout, the user's own): then the limit is checked after every time step instead.
+    # The limit is on each episode's own time in its env's calls (reset and steps; the slots take turns, so an
+    # episode's wall time would grow with the batch). A SIGALRM timer, set to the episode's remaining time around
+    # each call, interrupts a call that hangs; only in the main thread, and never over someone else's timer (a test's
+    # hard timeout, the user's own): then the time is checked after every call instead.
     alarm = (limit is not None and threading.current_thread() is threading.main_thread()
              and signal.getitimer(signal.ITIMER_REAL)[0] == 0)
     if alarm:
@@ -152,13 +154,28 @@ def run_host_slots(spec: EnvSpec, pool: HostEnvPool, groups: Sequence[tuple[Call
             raise _Timeout()
 
         previous = signal.signal(signal.SIGALRM, on_alarm)
-        # Every slot's episode starts now, so one timer for the batch is each episode's limit.
-        signal.setitimer(signal.ITIMER_REAL, limit)
-    start = time.monotonic()
+    spent = np.zeros(num_slots)  # seconds each episode's env calls took
+
+    def call(slot: int, what: str, fn: Callable[[], Any]) -> Any:
+        current[:] = [slot, what]
+        if limit is None:
+            return fn()
+        if alarm:
+            signal.setitimer(signal.ITIMER_REAL, max(limit - spent[slot], 1e-6))
+        start = time.monotonic()
+        try:
+            result = fn()
+        finally:
+            if alarm:
+                signal.setitimer(signal.ITIMER_REAL, 0)
+            spent[slot] += time.monotonic() - start
+        if spent[slot] > limit:
+            raise fail(slot, what, None)
+        return result
+
     try:
         for slot in np.flatnonzero(live):
-            current[:] = [slot, "reset"]
-            first, _ = instances[slot].reset(seed=seed_of(seeds[slot]))
+            first, _ = call(slot, "reset", lambda: instances[slot].reset(seed=seed_of(seeds[slot])))
             obs[slot] = env.observation(first)
         for _t in range(spec.max_steps):
             if not live.any():
@@ -174,15 +191,13 @@ def run_host_slots(spec: EnvSpec, pool: HostEnvPool, groups: Sequence[tuple[Call
                 obs_sum += live_obs
                 obs_sumsq += live_obs * live_obs
             for slot in np.flatnonzero(live):
-                current[:] = [slot, "step"]
-                new_obs, reward, terminated, truncated, _ = instances[slot].step(env.env_action(actions[slot]))
+                new_obs, reward, terminated, truncated, _ = call(
+                    slot, "step", lambda: instances[slot].step(env.env_action(actions[slot])))
                 returns[slot] += np.float32(reward)
                 steps[slot] += 1
                 obs[slot] = env.observation(new_obs)
                 if terminated or truncated:
                     live[slot] = False
-            if limit is not None and not alarm and time.monotonic() - start > limit and live.any():
-                raise fail(int(np.flatnonzero(live)[0]), "step", None)
     except _Timeout as err:
         raise fail(int(current[0]), current[1], err) from None
     except HostEnvError:

@@ -401,6 +401,11 @@ def train(
         raise
     try:
         if num_workers:
+            if trainer.spec.host and getattr(trainer.spec.env, "env_id", "") is None:
+                raise ValueError(f"num_workers={num_workers}: worker processes rebuild a Python env from its registered "
+                                 f"id, and env {trainer.spec.name!r} is your own class, instance or factory, which "
+                                 f"cannot travel to them: pass it by a registered id ('gymnasium:<id>', registered "
+                                 f"where every worker imports it), or use num_workers=0")
             local_secret = new_secret()
             try:
                 server = Master(trainer, "127.0.0.1:0", secret=local_secret, env=env, optimizer=optimizer,
@@ -412,12 +417,12 @@ def train(
             # The workers are this process's own children: they may build the policy class this process runs
             own = describe.own_modules(server.description)
             with server, LocalWorkers(f"127.0.0.1:{server.port}", local_secret, num_workers, allow_modules=own):
-                ready = server.wait_for_workers(state, num_workers, timeout=LOCAL_WORKERS_TIMEOUT)
+                ready = server.wait_for_workers(state, num_workers, timeout=LOCAL_WORKERS_TIMEOUT, only_these=True)
                 if ready < num_workers:
-                    warnings.warn(f"num_workers={num_workers}: {ready} local worker(s) became ready within "
-                                  f"{LOCAL_WORKERS_TIMEOUT:.0f} s (their errors, if any, are logged above); the run "
-                                  f"goes on with them and evaluates the rest in this process (same bits)",
-                                  stacklevel=2)
+                    warnings.warn(f"num_workers={num_workers}: {ready} local worker(s) became ready (the others "
+                                  f"refused the run or were not ready within {LOCAL_WORKERS_TIMEOUT:.0f} s; their "
+                                  f"errors, if any, are logged above); the run goes on with them and evaluates the "
+                                  f"rest in this process (same bits)", stacklevel=2)
                 return run(trainer, state, key=key, callbacks=[*loggers, *callbacks], history=history,
                            checkpoint_path=checkpoint_path, checkpoint_every=checkpoint_every, step_fn=server.step,
                            log_dir=log_dir, best=best, started=started)

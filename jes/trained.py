@@ -35,6 +35,7 @@ from jes import host_rollout, schema
 from jes.checkpoint import build_policy, describe_policy
 from jes.cpu import compiler_options
 from jes.envs import EnvSpec, make_env
+from jes.envs.spec import box_action
 from jes.generation import as_key, host_unravel, int32_seed
 from jes.policies import PolicyFns
 from jes.rollout import normalise, obs_mean_std, obs_normaliser, run_episodes
@@ -79,11 +80,10 @@ class ActionMap:
         if self.discrete:
             return jnp.argmax(out).astype(jnp.int32)
         out = out.reshape(self.action_shape)
-        if self.low is None or not (np.all(np.isfinite(self.low)) and np.all(np.isfinite(self.high))):
+        if self.low is None:
             return out
-        low = jnp.asarray(np.asarray(self.low, np.float32).reshape(self.action_shape))
-        high = jnp.asarray(np.asarray(self.high, np.float32).reshape(self.action_shape))
-        return low + (jnp.tanh(out) + 1.0) * 0.5 * (high - low)
+        return box_action(out, np.asarray(self.low, np.float32).reshape(self.action_shape),
+                          np.asarray(self.high, np.float32).reshape(self.action_shape))
 
 
 class TrainedPolicy:

@@ -213,6 +213,8 @@ def test_train_as_distributed_master_with_a_worker(tmp_path):
         assert master.returncode == 0, err
         assert "2 generations" in out
         assert checkpoint.read(str(tmp_path / "run" / "checkpoint.ckpt")).generation == 2
+        # the master's own log, as the guide says (it was silent: only jes-worker configured logging)
+        assert "jes.distributed.master INFO master listening on" in err and "connected" in err, err[-3000:]
     finally:
         slow_to_exit = []
         for proc in (master, worker):

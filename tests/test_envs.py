@@ -34,6 +34,26 @@ def test_continuous_actions_stay_in_bounds():
     assert int(make_env("CartPole-v1").action(jnp.array([0.1, 0.7]))) == 1
 
 
+def test_half_bounded_and_unbounded_action_dimensions_each_map_by_their_own_bounds():
+    """A Box with some infinite bounds: each dimension in its bounds (a space with any infinite bound used to take the
+    raw output in every dimension); a trained policy's action map gives the same bits as the run's."""
+    low = np.array([0.0, -np.inf, -1.0, -np.inf], np.float32)
+    high = np.array([np.inf, 2.0, 1.0, np.inf], np.float32)
+    spec = make_env("Pendulum-v1")
+    import dataclasses
+    spec = dataclasses.replace(spec, num_outputs=4, action_shape=(4,), action_low=low, action_high=high)
+    action_map = jes.trained.ActionMap.from_spec(spec)
+    outs = jax.random.normal(jax.random.key(0), (200, 4)) * 30.0
+    actions = np.asarray(jax.vmap(spec.action)(outs))
+    assert np.array_equal(actions, np.asarray(jax.vmap(action_map)(outs)))
+    assert (actions[:, 0] >= 0).all() and (actions[:, 1] <= 2).all()  # softplus: inside its one bound
+    assert ((actions[:, 2] >= -1) & (actions[:, 2] <= 1)).all()
+    np.testing.assert_array_equal(actions[:, 3], np.asarray(outs[:, 3]))  # unbounded: the raw output
+    bounded = make_env("Pendulum-v1")  # every bound finite: tanh scaling, as before
+    out = jnp.array([0.37])
+    assert bounded.action(out)[0] == jnp.float32(-2.0) + (jnp.tanh(out[0]) + 1.0) * 0.5 * jnp.float32(4.0)
+
+
 def rollout(env, params_value=None, episodes=3, members=2, active=None, env_params=None):
     spec = make_env(env, env_params)
     fns = PolicyFns(jes.MLPPolicy(hidden_sizes=(4,), num_outputs=spec.num_outputs), spec.obs_shape)

@@ -97,6 +97,16 @@ def test_specs_of_ids_instances_classes_and_factories():
     assert make_env(Target(), max_steps=10).max_steps == 10
     assert make_env(DictObs, max_steps=10).obs_shape == (5,)  # Dict of Box(2) and Discrete(3), flattened
     assert make_env(gymnasium.make("Pendulum-v1")).action_low.tolist() == [-2.0]
+    # An instance is never named by its bare id ("CartPole-v1" is gymnax's CartPole): the plain env of its id is the
+    # id's env, named as one; another instance has a name that no env name resolves to.
+    assert make_env(gymnasium.make("CartPole-v1")).name == "gymnasium:CartPole-v1"
+    assert make_env(gymnasium.make("CartPole-v1", render_mode="rgb_array")).name == "gymnasium:CartPole-v1"
+    for other in (gymnasium.make("CartPole-v1", sutton_barto_reward=True), gymnasium.make("CartPole-v1", max_episode_steps=9),
+                  gymnasium.wrappers.ClipReward(gymnasium.make("CartPole-v1"), -0.5, 0.5)):
+        name = make_env(other).name
+        assert name == "CartPole-v1" + jes.envs.gymnasium.INSTANCE_SUFFIX, name
+        with pytest.raises(ValueError, match="gymnasium.Env instance made otherwise than its registered id"):
+            make_env(name)
     with pytest.raises(ValueError, match="unknown Gymnasium id"):
         make_env("gymnasium:CartPoleee-v1")
     with pytest.raises(ValueError, match="module:"):
@@ -173,6 +183,20 @@ def test_zero_vs_two_local_workers_and_resume_bit_identical(tmp_path):
     assert np.isfinite(alone.history["centre_return"]).all()
 
 
+@pytest.mark.hard_timeout(600)
+def test_an_env_workers_cannot_build_is_refused_or_ends_the_wait_on_their_refusals(monkeypatch):
+    with pytest.raises(ValueError, match="is your own class, instance or factory, which cannot travel to them"):
+        small_train(Target, num_workers=2)  # refused before any worker starts
+    # An id registered in this process only: each worker refuses the run, and the wait for them ends on their
+    # refusals (it waited out LOCAL_WORKERS_TIMEOUT, here longer than this test's hard timeout).
+    gymnasium.register("JesTestTargetOnlyHere-v0", entry_point=Target, max_episode_steps=10)
+    monkeypatch.setattr(jes.loop, "LOCAL_WORKERS_TIMEOUT", 3600.0)
+    with pytest.warns(UserWarning, match=r"0 local worker\(s\) became ready \(the others refused the run"):
+        spread = small_train("gymnasium:JesTestTargetOnlyHere-v0", num_workers=2, num_generations=1)
+    alone = small_train("gymnasium:JesTestTargetOnlyHere-v0", num_generations=1)
+    np.testing.assert_array_equal(spread.flat_params, alone.flat_params)
+
+
 @pytest.mark.hard_timeout(900)
 def test_dying_worker_is_replaced_and_its_members_rerun():
     """Workers built by id from the description (no code travels); one is killed after generation 1."""
@@ -209,6 +233,24 @@ def test_env_failure_names_env_member_and_generation(mode, monkeypatch):
     with pytest.raises(HostEnvError, match=r"env 'Broken'.*member 0 \(episode 0\) of generation 1") as err:
         small_train(env, max_episode_steps=10, eval_episodes=2)
     assert ("exploded" in str(err.value)) if mode == "raise" else ("time limit of 1 s" in str(err.value))
+
+
+class Slow(Target):
+    """Each step takes 2 ms of the env's own time (10 steps: 20 ms an episode)."""
+
+    def step(self, action):
+        time.sleep(0.002)
+        return super().step(action)
+
+
+@pytest.mark.hard_timeout(600)
+def test_the_episode_time_limit_is_each_episodes_own_time_not_its_batchs():
+    """256 episodes in one batch, stepped in turns: ~5 s of env time for the batch, ~20 ms for each episode, well
+    within a limit of 1 s each (the limit was on the batch's time since its start: every episode ran past it)."""
+    env = GymnasiumEnv(Slow, "Slow", episode_seconds=1.0)
+    result = small_train(env, max_episode_steps=10, eval_episodes=2, num_members=256, chunk_size=256,
+                         num_generations=1)
+    assert np.isfinite(result.history["pop_mean"]).all()
 
 
 @pytest.mark.hard_timeout(600)

@@ -357,10 +357,12 @@ class Master:
             key_data = np.asarray(jax.random.key_data(state.es_key), np.uint32).tobytes()
             self._run = protocol.run_id(self.description, key_data)
 
-    def wait_for_workers(self, state: Any, count: int, timeout: float) -> int:
+    def wait_for_workers(self, state: Any, count: int, timeout: float, only_these: bool = False) -> int:
         """Serve joining workers (they build and compile the run) until ``count`` are ready or ``timeout`` s pass.
 
-        ``state`` (the run's state; may be ``None`` once a generation ran) names the run workers build.
+        ``state`` (the run's state; may be ``None`` once a generation ran) names the run workers build. With
+        ``only_these`` (``count`` workers are all there will be: a run's own local workers) the wait also ends when so
+        many refused the run (cannot build it: they said why, and so did the log) that ``count`` cannot be ready.
 
         Returns:
             The number of ready workers.
@@ -370,10 +372,15 @@ class Master:
         if self._run is None:
             raise ValueError("wait_for_workers needs the run's state before the first generation")
         deadline = time.monotonic() + timeout
-        while len(self._ready_workers()) < count and time.monotonic() < deadline:
+        while (len(self._ready_workers()) < count and time.monotonic() < deadline
+               and not (only_these and len(self._ready_workers()) + self._refusing() >= count)):
             self._poll(50)
             self._expire(self.clock())
         return len(self._ready_workers())
+
+    def _refusing(self) -> int:
+        """Connected workers that refused the current run."""
+        return sum(1 for w in self.workers.values() if w.refused == self._run and w.run != self._run)
 
     def _benched(self, worker: _Worker) -> bool:
         return worker.abandons[0] == self._generation and worker.abandons[1] >= 3

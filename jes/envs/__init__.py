@@ -58,6 +58,9 @@ def _resolve(env: Any) -> tuple[Any, Any, str]:
         if env.startswith(brax_family.PREFIX):
             adapted = brax_family.make(env)
             return adapted, adapted.default_params, adapted.name
+        if env.endswith(gymnasium_family.INSTANCE_SUFFIX):
+            raise ValueError(f"env {env!r} was a gymnasium.Env instance made otherwise than its registered id (other "
+                             f"arguments, time limit or wrappers), which no name rebuilds: pass that env itself again")
         if "?" in env:
             raise ValueError(f"unknown option in env name {env!r}; gymnax envs take only ?{KEEP_OPTION}=0,2")
         env_obj, params = gymnax_family.make(env)

@@ -174,6 +174,28 @@ def _from_id(name: str, max_steps: int | None, render_mode: str | None = None) -
     return GymnasiumEnv(lambda: gymnasium.make(env_id, **kwargs), name, env_id=env_id, episode_seconds=limit)
 
 
+# Names an env instance that is not its registered id's plain env: no env name resolves to it (a checkpoint or policy
+# file of it is evaluated or resumed with the env passed again), so it is never rebuilt as another env.
+INSTANCE_SUFFIX = " (a gymnasium.Env instance)"
+
+
+def _registered_id(env: Any, gymnasium: Any) -> str | None:
+    """The registered id an env instance is the plain env of (``gymnasium.make(id)``: the id's own keyword arguments,
+    time limit and no wrappers of its own; a render mode aside), else ``None``. Gymnasium ids name gymnax envs too
+    (``"CartPole-v1"``), so an instance is never named by its bare id."""
+    spec = getattr(env, "spec", None)
+    env_id = getattr(spec, "id", None)
+    if not isinstance(env_id, str) or env_id not in gymnasium.registry:
+        return None
+    registered = gymnasium.registry[env_id]
+    kwargs = {k: v for k, v in (spec.kwargs or {}).items() if k != "render_mode"}
+    if (kwargs != {k: v for k, v in (registered.kwargs or {}).items() if k != "render_mode"}
+            or spec.max_episode_steps != registered.max_episode_steps
+            or tuple(getattr(spec, "additional_wrappers", ()) or ()) or spec.entry_point != registered.entry_point):
+        return None
+    return env_id
+
+
 def make(env: Any, max_steps: int | None = None, render_mode: str | None = None) -> GymnasiumEnv:
     """A :class:`GymnasiumEnv` for a ``gymnasium:`` id, an env instance, an env class or a factory.
 
@@ -187,9 +209,12 @@ def make(env: Any, max_steps: int | None = None, render_mode: str | None = None)
         return _from_id(env, max_steps, render_mode)
     gymnasium = import_gymnasium()
     if isinstance(env, gymnasium.Env):
+        env_id = _registered_id(env, gymnasium)
+        if env_id is not None:  # as gymnasium.make(id) makes it: the id's env, named (and rebuilt) by the id
+            return _from_id(PREFIX + env_id, max_steps, render_mode)
         template = env
-        name = getattr(getattr(env, "spec", None), "id", None) or type(env.unwrapped).__name__
-        return GymnasiumEnv(lambda: copy.deepcopy(template), name)
+        label = getattr(getattr(env, "spec", None), "id", None) or type(env.unwrapped).__name__
+        return GymnasiumEnv(lambda: copy.deepcopy(template), label + INSTANCE_SUFFIX)
     if callable(env):
         return GymnasiumEnv(env, getattr(env, "__name__", type(env).__name__))
     raise TypeError(f"not a Gymnasium env: {type(env).__name__}")

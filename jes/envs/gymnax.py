@@ -47,7 +47,8 @@ def make(name: str) -> tuple[Any, Any]:
     names = env_names()
     if name not in names:
         raise ValueError(f"unknown env {name!r}; valid gymnax env names are: {', '.join(names)} "
-                         f"(and brax envs as 'brax/<name>', e.g. 'brax/inverted_pendulum')")
+                         f"(and brax envs as 'brax/<name>', e.g. 'brax/inverted_pendulum'; Gymnasium envs as "
+                         f"'gymnasium:<id>', e.g. 'gymnasium:CartPole-v1')")
     gymnax = import_gymnax()
     return gymnax.make(name)
 

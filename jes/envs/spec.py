@@ -15,6 +15,26 @@ import numpy as np
 from jes.lazy_gymnax import import_gymnax
 
 
+def box_action(out: jax.Array, low: np.ndarray, high: np.ndarray) -> jax.Array:
+    """A continuous action from the policy's raw output (``low``/``high``: float32 bounds shaped like ``out``).
+
+    Each dimension bounded on both sides is ``low + (tanh(out) + 1) / 2 * (high - low)``; bounded below only,
+    ``low + softplus(out)``; above only, ``high - softplus(-out)``; unbounded, ``out`` itself. (A space with any
+    infinite bound took the raw output in every dimension before, actions outside the bounds included.)
+    """
+    below, above = np.isfinite(low), np.isfinite(high)
+    if below.all() and above.all():
+        low, high = jnp.asarray(low, jnp.float32), jnp.asarray(high, jnp.float32)
+        return low + (jnp.tanh(out) + 1.0) * 0.5 * (high - low)
+    if not below.any() and not above.any():
+        return out
+    both = below & above
+    low_f, high_f = np.where(below, low, 0.0).astype(np.float32), np.where(above, high, 0.0).astype(np.float32)
+    scaled = low_f + (jnp.tanh(out) + 1.0) * 0.5 * (high_f - low_f)
+    one_sided = jnp.where(below, low_f + jax.nn.softplus(out), high_f - jax.nn.softplus(-out))
+    return jnp.where(both, scaled, jnp.where(below | above, one_sided, out))
+
+
 @dataclasses.dataclass(frozen=True, eq=False)
 class EnvSpec:
     """A resolved environment: the env object, its params, and how policy outputs become actions.
@@ -61,12 +81,9 @@ class EnvSpec:
         if self.discrete:
             return jnp.argmax(out).astype(jnp.int32)
         out = out.reshape(self.action_shape)
-        low, high = self.action_low, self.action_high
-        if low is None or not (np.all(np.isfinite(low)) and np.all(np.isfinite(high))):
+        if self.action_low is None:
             return out
-        low = jnp.asarray(low, jnp.float32)
-        high = jnp.asarray(high, jnp.float32)
-        return low + (jnp.tanh(out) + 1.0) * 0.5 * (high - low)
+        return box_action(out, np.asarray(self.action_low, np.float32), np.asarray(self.action_high, np.float32))
 
     def done_after(self, terminated: jax.Array, state: Any) -> jax.Array:
         """``terminated`` or truncated by the env's own time limit (gymnax >= 1.0 reports them apart)."""
