@@ -492,8 +492,10 @@ def optimize(
         raise ValueError("host=True evaluates on the host and runs sampling and updates on one device; "
                          "leave devices=None")
     if max_evaluations is not None:
+        if isinstance(max_evaluations, (float, np.floating)) and float(max_evaluations).is_integer():
+            max_evaluations = int(max_evaluations)  # 1e4, as pycma's maxfevals is often written
         if isinstance(max_evaluations, bool) or not isinstance(max_evaluations, (int, np.integer)):
-            raise TypeError(f"max_evaluations must be an int, got {max_evaluations!r}")
+            raise TypeError(f"max_evaluations must be a whole number, got {max_evaluations!r}")
         if max_evaluations < num_members + 1:  # no generation would run: the result would be x0, never evaluated
             raise ValueError(f"max_evaluations={max_evaluations} is less than one generation's evaluations "
                              f"({num_members} members and the mean: {num_members + 1}); raise it to at least "

@@ -42,7 +42,9 @@ MAGIC = b"JESCKPT1"
 # on read). 3: PGPE's default ClipUp step follows the search radius (format <= 2 files keep the old 0.15).
 # 4: sep-CMA-ES's policy defaults mean_lr 10/1.5, sigma_scale 1.5, unbiased_csa (format <= 3 files keep 10, 1, False).
 # 5: SNES's policy defaults mean_lr 20, linear_utilities (format <= 4 files keep 10, False).
-FORMAT_VERSION = 5
+# 6: a Box action space with some bounds infinite maps each dimension by its own bounds (format <= 5 runs gave it the
+# raw outputs: a resume of one warns, jes.loop.train).
+FORMAT_VERSION = 6
 _HEADER = struct.Struct("<8sQ32s")
 # Config fields that do not change what the parameters become, so a resumed run may change them.
 RESUMABLE_CONFIG_CHANGES = frozenset({"num_generations", "stop_at_return", "eval_every", "eval_episodes"})
@@ -542,7 +544,11 @@ def read(path: str) -> Checkpoint:
         raise CheckpointError(f"checkpoint {path} has format version {meta['version']}; this jes reads up to "
                               f"{FORMAT_VERSION}; upgrade jes")
     if meta["version"] < 2:
-        meta["policy"] = dict(meta["policy"], fields={k: _upgrade_v1(v) for k, v in meta["policy"].get("fields", {}).items()})
+        try:
+            meta["policy"] = dict(meta["policy"], fields={k: _upgrade_v1(v) for k, v in meta["policy"].get("fields", {}).items()})
+        except RecursionError:
+            raise CheckpointError(f"checkpoint {path} is malformed: its policy description is nested too deeply to be "
+                                  f"jes's") from None
     if meta["version"] < 3:
         _keep_old_pgpe_step(meta)
     _keep_old_policy_defaults(meta)

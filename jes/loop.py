@@ -25,6 +25,7 @@ from jes.distributed.master import Master
 from jes import describe
 from jes.describe import DescriptionError
 from jes.config import ESConfig
+from jes.envs.spec import maps_box_otherwise_than_before
 from jes.generation import Trainer, TrainState, as_key, fetch, localize
 from jes.host_step import HostGeneration
 from jes.trained import ActionMap, TrainedPolicy
@@ -354,11 +355,20 @@ def train(
         history = None
         if resume is not None:
             restored = checkpoint.read(resume)
-            if not (isinstance(key, int) and key == 0) and not np.array_equal(
-                    np.asarray(jax.random.key_data(as_key(key))), np.asarray(restored.key)):
+            try:
+                same_key = np.array_equal(np.asarray(jax.random.key_data(as_key(key))), np.asarray(restored.key))
+            except (TypeError, ValueError):  # not a key at all: ignored all the same
+                same_key = False
+            if not (isinstance(key, int) and key == 0) and not same_key:
                 warnings.warn(f"key={key!r} is ignored: a resumed run continues with its checkpoint's key (its "
                               f"members are those of the run it continues); start a fresh run for another key",
                               stacklevel=2)
+            spec = trainer.spec
+            if restored.meta["version"] < 6 and not spec.discrete and maps_box_otherwise_than_before(
+                    spec.action_low, spec.action_high):
+                warnings.warn(f"{resume!r} was written by a jes that gave env {spec.name!r}'s actions (a Box with some "
+                              f"bounds infinite) the raw policy outputs; this jes maps each dimension by its own "
+                              f"bounds (CHANGELOG.md), so the resumed run is not the run it continues", stacklevel=2)
             state, history, key = restored.restore_state(trainer), restored.history, restored.key
             best = _best_from_checkpoint(trainer, restored.best)
             state = _apply_new_learning_rate(trainer, state, restored.meta["config"].get("learning_rate"), resume)

@@ -42,7 +42,9 @@ from jes.rollout import normalise, obs_mean_std, obs_normaliser, run_episodes
 from jes.strategies import noise
 
 POLICY_MAGIC = b"JESPOLI1"
-POLICY_FORMAT_VERSION = 1
+# 2: a Box with some bounds infinite maps each dimension by its own bounds (format 1 files keep the raw outputs they
+# were trained with: ActionMap.raw_unless_bounded).
+POLICY_FORMAT_VERSION = 2
 _HEADER = struct.Struct("<8sQ32s")
 
 
@@ -66,6 +68,9 @@ class ActionMap:
     action_shape: tuple[int, ...] = ()
     low: tuple[float, ...] | None = None
     high: tuple[float, ...] | None = None
+    # A policy file of format 1 with some bounds infinite: the raw output in every dimension, as it was trained (not
+    # written to files; see jes.envs.spec.box_action)
+    raw_unless_bounded: bool = False
 
     @classmethod
     def from_spec(cls, spec: EnvSpec) -> "ActionMap":
@@ -82,8 +87,11 @@ class ActionMap:
         out = out.reshape(self.action_shape)
         if self.low is None:
             return out
-        return box_action(out, np.asarray(self.low, np.float32).reshape(self.action_shape),
-                          np.asarray(self.high, np.float32).reshape(self.action_shape))
+        low = np.asarray(self.low, np.float32).reshape(self.action_shape)
+        high = np.asarray(self.high, np.float32).reshape(self.action_shape)
+        if self.raw_unless_bounded and not (np.isfinite(low).all() and np.isfinite(high).all()):
+            return out
+        return box_action(out, low, high)
 
 
 class TrainedPolicy:
@@ -150,9 +158,16 @@ class TrainedPolicy:
             if size != action.num_outputs:
                 raise ValueError(f"a continuous action of shape {list(action.action_shape)} needs {size} outputs; "
                                  f"the action map has num_outputs={action.num_outputs}")
+            if (action.low is None) != (action.high is None):
+                raise ValueError("the action map has one bound without the other (low and high are both given or "
+                                 "both None)")
             for name, bound in (("low", action.low), ("high", action.high)):
                 if bound is not None and len(bound) != size:
                     raise ValueError(f"the action bound {name} has {len(bound)} values; the action has {size}")
+                if bound is not None and np.isnan(np.asarray(bound, np.float64)).any():
+                    raise ValueError(f"the action bound {name} holds NaN")
+            if action.low is not None and (np.asarray(action.low) > np.asarray(action.high)).any():
+                raise ValueError("the action bounds have low > high")
 
     def _check_env(self, spec: EnvSpec) -> None:
         """The env's observations and actions are the ones this policy was made for."""
@@ -331,7 +346,7 @@ def save_policy(trained: TrainedPolicy, path: str) -> str:
         "format": "jes-policy", "version": POLICY_FORMAT_VERSION,
         "policy": describe_policy(trained.policy), "env_name": trained.env_name,
         "obs_shape": list(trained.obs_shape), "max_steps": trained.max_steps,
-        "action": dataclasses.asdict(trained.action_map),
+        "action": {k: v for k, v in dataclasses.asdict(trained.action_map).items() if k != "raw_unless_bounded"},
     }
     content = {"meta": json.dumps(meta), "params": trained.flat_params}
     if trained.obs_stats is not None:
@@ -417,7 +432,8 @@ def load_policy(path: str, env: Any = None, allow_modules: Any = ()) -> TrainedP
         action_map = ActionMap(discrete=action["discrete"], num_outputs=action["num_outputs"],
                                action_shape=tuple(action["action_shape"]),
                                low=None if action["low"] is None else tuple(float(v) for v in action["low"]),
-                               high=None if action["high"] is None else tuple(float(v) for v in action["high"]))
+                               high=None if action["high"] is None else tuple(float(v) for v in action["high"]),
+                               raw_unless_bounded=meta["version"] < 2)
         trained = TrainedPolicy(policy, content["params"], tuple(meta["obs_shape"]), action_map, obs_stats=obs_stats,
                                 env_name=meta["env_name"], max_steps=meta["max_steps"], env=spec)
     except Exception as err:  # noqa: BLE001 - fields that are well-typed but do not fit together

@@ -3,8 +3,11 @@
 Bit-identity is asserted for 0 vs 2 local worker processes, a dying worker and a resume; envs that are
 deterministic given their seed (CartPole is) are what the guarantee covers.
 """
+import hashlib
+import json
 import os
 import signal
+import struct
 import time
 
 import numpy as np
@@ -101,12 +104,18 @@ def test_specs_of_ids_instances_classes_and_factories():
     # id's env, named as one; another instance has a name that no env name resolves to.
     assert make_env(gymnasium.make("CartPole-v1")).name == "gymnasium:CartPole-v1"
     assert make_env(gymnasium.make("CartPole-v1", render_mode="rgb_array")).name == "gymnasium:CartPole-v1"
+    changed = gymnasium.make("CartPole-v1")
+    changed.unwrapped.length = 5.0  # after make(): not in its spec
     for other in (gymnasium.make("CartPole-v1", sutton_barto_reward=True), gymnasium.make("CartPole-v1", max_episode_steps=9),
-                  gymnasium.wrappers.ClipReward(gymnasium.make("CartPole-v1"), -0.5, 0.5)):
+                  gymnasium.wrappers.ClipReward(gymnasium.make("CartPole-v1"), -0.5, 0.5), changed):
         name = make_env(other).name
         assert name == "CartPole-v1" + jes.envs.gymnasium.INSTANCE_SUFFIX, name
         with pytest.raises(ValueError, match="gymnasium.Env instance made otherwise than its registered id"):
             make_env(name)
+    assert make_env(changed).env.make().unwrapped.length == 5.0  # the instance itself is what runs
+    gymnasium.register("JesTestArrayKwargs-v0", entry_point="gymnasium.envs.classic_control:PendulumEnv",
+                       max_episode_steps=20, kwargs={"g": 10.0})
+    assert make_env(gymnasium.make("JesTestArrayKwargs-v0", g=np.array(9.0))).name.endswith("instance)")
     with pytest.raises(ValueError, match="unknown Gymnasium id"):
         make_env("gymnasium:CartPoleee-v1")
     with pytest.raises(ValueError, match="module:"):
@@ -241,6 +250,32 @@ class Slow(Target):
     def step(self, action):
         time.sleep(0.002)
         return super().step(action)
+
+
+class HalfBox(Target):
+    """Target with actions bounded below only."""
+
+    def __init__(self):
+        super().__init__()
+        self.action_space = gymnasium.spaces.Box(0.0, np.inf, (2,), np.float32)
+
+
+def test_resuming_a_format_5_checkpoint_of_a_half_bounded_box_warns_that_its_actions_map_otherwise(tmp_path):
+    from flax import serialization
+    from jes import checkpoint
+
+    path = str(tmp_path / "half.ckpt")
+    small_train(HalfBox, num_generations=1, max_episode_steps=10, checkpoint_path=path)
+    data = open(path, "rb").read()
+    header = struct.Struct("<8sQ32s")
+    content = serialization.msgpack_restore(data[header.size:])
+    meta = json.loads(content["meta"])
+    meta["version"] = 5
+    payload = serialization.msgpack_serialize(dict(content, meta=json.dumps(meta)))
+    with open(path, "wb") as f:
+        f.write(header.pack(checkpoint.MAGIC, len(payload), hashlib.sha256(payload).digest()) + payload)
+    with pytest.warns(UserWarning, match="raw policy outputs; this jes maps each dimension by its own bounds"):
+        small_train(HalfBox, num_generations=2, max_episode_steps=10, resume=path, checkpoint_path=path)
 
 
 @pytest.mark.hard_timeout(600)

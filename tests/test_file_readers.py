@@ -9,6 +9,7 @@ import json
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 from flax import serialization
 
@@ -170,3 +171,30 @@ def test_fields_that_do_not_fit_together_are_named_errors(files, tmp_path):
     with pytest.raises(ValueError, match="continuous actions, the policy's are discrete"):
         jes.load_policy(str(path)).evaluate(num_episodes=1, env="Pendulum-v1")
     assert jes.load_policy(str(path)).evaluate(num_episodes=1).shape == (1,)
+
+
+def test_policy_files_of_format_1_keep_the_raw_outputs_they_were_trained_with_for_half_bounded_boxes(tmp_path):
+    """Format 2 maps a Box with some infinite bounds dimension by dimension; a format-1 file of such a space keeps
+    the raw outputs (its policy was trained on them); a file whose bounds do not fit together is refused."""
+    spec = jes.make_env("Pendulum-v1")
+    action = jes.trained.ActionMap(discrete=False, num_outputs=1, action_shape=(1,), low=(0.0,), high=(float("inf"),))
+    trained = jes.TrainedPolicy(jes.MLPPolicy((3,), num_outputs=1), np.zeros(16, np.float32), spec.obs_shape, action,
+                                env_name="Pendulum-v1")
+    path = str(tmp_path / "half.policy")
+    jes.save_policy(trained, path)
+    data = open(path, "rb").read()
+    obs = np.array([0.3, -0.2, 0.1], np.float32)
+    for version, raw in ((1, True), (2, False)):
+        with open(path, "wb") as f:
+            f.write(with_meta("policy", data, lambda meta: meta.update(version=version)))
+        loaded = jes.load_policy(path)
+        assert loaded.action_map.raw_unless_bounded is raw
+        out = np.asarray(loaded.act(loaded.initial_carry(), obs)[1])
+        assert (out == 0.0).all() if raw else (out > 0).all()  # zero weights: raw 0, else softplus(0) = log 2
+    for change, message in ((lambda a: a.update(high=None), "one bound without the other"),
+                            (lambda a: a.update(low=[float("nan")]), "holds NaN"),
+                            (lambda a: a.update(low=[2.0], high=[1.0]), "low > high")):
+        with open(path, "wb") as f:
+            f.write(with_meta("policy", data, lambda meta: change(meta["action"])))
+        with pytest.raises(PolicyFileError, match=message):
+            jes.load_policy(path)

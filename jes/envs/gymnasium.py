@@ -188,12 +188,29 @@ def _registered_id(env: Any, gymnasium: Any) -> str | None:
     if not isinstance(env_id, str) or env_id not in gymnasium.registry:
         return None
     registered = gymnasium.registry[env_id]
-    kwargs = {k: v for k, v in (spec.kwargs or {}).items() if k != "render_mode"}
-    if (kwargs != {k: v for k, v in (registered.kwargs or {}).items() if k != "render_mode"}
-            or spec.max_episode_steps != registered.max_episode_steps
-            or tuple(getattr(spec, "additional_wrappers", ()) or ()) or spec.entry_point != registered.entry_point):
+    try:
+        kwargs = {k: v for k, v in (spec.kwargs or {}).items() if k != "render_mode"}
+        if (kwargs != {k: v for k, v in (registered.kwargs or {}).items() if k != "render_mode"}
+                or spec.max_episode_steps != registered.max_episode_steps
+                or tuple(getattr(spec, "additional_wrappers", ()) or ()) or spec.entry_point != registered.entry_point):
+            return None
+        # Attributes set after make() (env.unwrapped.length = 5.0) are not in its spec: the plain values of a fresh
+        # env's must be the instance's too
+        fresh = gymnasium.make(env_id, disable_env_checker=True)
+        try:
+            ours, theirs = _plain_attributes(env.unwrapped), _plain_attributes(fresh.unwrapped)
+        finally:
+            fresh.close()
+        return env_id if ours == theirs else None
+    except Exception:  # noqa: BLE001 - kwargs that do not compare (arrays), an env that fails to make: an instance
         return None
-    return env_id
+
+
+def _plain_attributes(env: Any) -> dict:
+    """An env's public attributes of plain types (numbers, strings, booleans, None): its settings (the render mode
+    aside: it draws, it does not step)."""
+    return {k: v for k, v in vars(env).items()
+            if not k.startswith("_") and k != "render_mode" and (v is None or isinstance(v, (bool, int, float, str)))}
 
 
 def make(env: Any, max_steps: int | None = None, render_mode: str | None = None) -> GymnasiumEnv:

@@ -35,6 +35,16 @@ def box_action(out: jax.Array, low: np.ndarray, high: np.ndarray) -> jax.Array:
     return jnp.where(both, scaled, jnp.where(below | above, one_sided, out))
 
 
+def maps_box_otherwise_than_before(low: np.ndarray | None, high: np.ndarray | None) -> bool:
+    """Whether :func:`box_action` maps these bounds otherwise than jes did before it (checkpoint format 5, policy
+    format 1): some bounds finite and some not, where the raw output went to every dimension."""
+    if low is None or high is None:
+        return False
+    finite = np.concatenate([np.isfinite(np.asarray(low, np.float32)).ravel(),
+                             np.isfinite(np.asarray(high, np.float32)).ravel()])
+    return bool(finite.any() and not finite.all())
+
+
 @dataclasses.dataclass(frozen=True, eq=False)
 class EnvSpec:
     """A resolved environment: the env object, its params, and how policy outputs become actions.
