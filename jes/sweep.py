@@ -541,6 +541,8 @@ def load_sweep_file(path: str) -> dict:
             raise ValueError(f"sweep file {path} must end in .json or .toml")
     except (ValueError, UnicodeDecodeError) as err:
         raise ValueError(f"sweep file {path} cannot be parsed: {err}") from err
+    except RecursionError:
+        raise ValueError(f"sweep file {path} cannot be parsed: it is nested too deeply") from None
     allowed = {"env", "optimizer", "strategy", "seeds", "log_dir", "out_dir", "policy", "config"}
     unknown = sorted(set(spec) - allowed)
     if unknown:

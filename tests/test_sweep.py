@@ -119,6 +119,10 @@ def test_bad_sweep_file(tmp_path):
     path.write_text("env = [unclosed\n")
     with pytest.raises(ValueError, match="cannot be parsed"):
         jes_sweep.load_sweep_file(str(path))
+    deep = tmp_path / "deep.json"
+    deep.write_text("[" * 100_000 + "]" * 100_000)
+    with pytest.raises(ValueError, match="nested too deeply"):
+        jes_sweep.load_sweep_file(str(deep))
     path.write_text('env = "CartPole-v1"\nlog_dir = 3\n')
     with pytest.raises(ValueError, match='log_dir must be a directory or "none", got 3'):
         jes_sweep.load_sweep_file(str(path))
