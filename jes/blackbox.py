@@ -399,6 +399,19 @@ class OptimizeResult:
                 f"({self.wall_time:.1f}s, {self.compile_time:.1f}s compile)")
 
 
+def _check_perturbation(perturbation: Any) -> None:
+    if perturbation is None or (isinstance(perturbation, str) and perturbation == "full_rank"):
+        return
+    from .perturbations import FullRank
+
+    if isinstance(perturbation, FullRank):
+        return
+    raise ValueError(f"optimize() takes no perturbation={perturbation!r}: low-rank perturbations factor the weight "
+                     "matrices of a policy's layers (jes.train), and a black-box fitness_fn would be handed each "
+                     "member's materialised parameters anyway; leave perturbation out (full rank) or train a Flax "
+                     "policy with jes.train(..., perturbation=jes.LowRank(rank=1))")
+
+
 def optimize(
     fitness_fn: Callable[[Any], Any],
     x0: Any,
@@ -423,6 +436,7 @@ def optimize(
     stop: StopCriteria | None = None,
     generations_per_call: int | None = None,
     host: bool = False,
+    perturbation: Any = None,
 ) -> OptimizeResult:
     """Optimise ``fitness_fn`` with an evolution strategy, many generations per compiled call.
 
@@ -476,10 +490,15 @@ def optimize(
             ``stop``, ``target``, ``max_evaluations``, ``callbacks``) works as for a JAX function; the
             generations are the same as ``optimize``'s for a JAX function with the same values (in x64 mode,
             or for float32 values); ``generations_per_call`` and ``devices`` do not apply.
+        perturbation: only ``None`` / ``"full_rank"``: every member is a dense perturbation of the whole vector.
+            Low-rank perturbations (``jes.LowRank``) factor the weight matrices of a policy's layers so that
+            its forward pass never forms them; ``fitness_fn`` is opaque, so it would be handed each member's
+            materialised matrices anyway. They are refused with an error saying so.
 
     Returns:
         An :class:`OptimizeResult`.
     """
+    _check_perturbation(perturbation)
     strategy = get_strategy(strategy)
     flat, _ = _flatten_x0(x0)
     if num_members is None:

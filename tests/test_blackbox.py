@@ -47,6 +47,16 @@ def test_a_budget_below_one_generation_is_refused(host):
     assert np.isfinite(result.best_value)
 
 
+def test_a_low_rank_perturbation_is_refused_with_its_reason():
+    with pytest.raises(ValueError, match=r"optimize\(\) takes no perturbation=LowRank\(rank=1\): low-rank .* "
+                                         r"jes.train\(..., perturbation=jes.LowRank\(rank=1\)\)"):
+        jes.optimize(sphere, jnp.ones(3), perturbation=jes.LowRank(rank=1))
+    plain = jes.optimize(sphere, jnp.ones(3), minimize=True, num_generations=2)
+    for full in ("full_rank", jes.FullRank()):
+        same = jes.optimize(sphere, jnp.ones(3), minimize=True, num_generations=2, perturbation=full)
+        np.testing.assert_array_equal(same.x, plain.x)
+
+
 def test_max_evaluations_and_tolfun():
     r = jes.optimize(sphere, jnp.ones(4), "sep_cma_es", minimize=True, num_generations=1000, max_evaluations=100)
     assert r.stop_reason == "max_evaluations" and r.num_evaluations <= 100 and len(r.history["generation"]) == 100 // 9
