@@ -60,7 +60,9 @@ def _resolve(env: Any) -> tuple[Any, Any, str]:
             return adapted, adapted.default_params, adapted.name
         if env.endswith(gymnasium_family.INSTANCE_SUFFIX):
             raise ValueError(f"env {env!r} was a gymnasium.Env instance made otherwise than its registered id (other "
-                             f"arguments, time limit or wrappers), which no name rebuilds: pass that env itself again")
+                             f"arguments, time limit or wrappers), which no name rebuilds: pass that env itself again, from Python (jes.load_policy(path, env=env), "
+                             f"policy.evaluate(env=env), jes.train(policy, env, ..., resume=path)); the command "
+                             f"line cannot rebuild it")
         if "?" in env:
             raise ValueError(f"unknown option in env name {env!r}; gymnax envs take only ?{KEEP_OPTION}=0,2")
         env_obj, params = gymnax_family.make(env)
