@@ -343,6 +343,28 @@ def test_a_layer_applying_a_function_of_its_matrix_falls_back_naming_why():
     assert [leaf.path[1:] for leaf in layout.factored] == [("Dense_1", "kernel")]  # the head only
 
 
+class SpectralNormed(nn.Module):
+    """A Dense under ``nn.SpectralNorm``: its power-iteration vector ``u`` is a matrix-shaped variable of the
+    ``batch_stats`` collection, which jes evolves with the parameters."""
+
+    num_outputs: int = 2
+
+    @nn.compact
+    def __call__(self, obs):
+        return nn.Dense(self.num_outputs)(jnp.tanh(nn.SpectralNorm(nn.Dense(4))(obs, update_stats=False)))
+
+
+def test_a_variable_of_another_collection_is_named_with_its_layer_and_collection():
+    fns = PolicyFns(SpectralNormed(), (3,))
+    with pytest.warns(perturbations.LowRankFallbackWarning) as caught:
+        layout = jes.LowRank(1).layout(fns, fns.init(jax.random.key(0)))
+    message = str(caught[0].message)
+    assert re.search(r"batch_stats/SpectralNorm_0/Dense_1/kernel/u \[1, 4\] of layer SpectralNorm "
+                     r"\(in SpectralNormed\): a variable of the 'batch_stats' collection \(jes evolves every "
+                     r"collection\), not a matrix a layer applies", message), message
+    assert [leaf.path[1:] for leaf in layout.factored] == [("Dense_0", "kernel")]  # the head only
+
+
 def test_the_draws_are_jax_random_normal_bit_for_bit():
     """LowRank._draws hashes apart from the draw's consumers (see its docstring) and turns the bits into normals
     itself: the values must be ``jax.random.normal``'s, bit for bit (a jax that changes its transform fails here)."""

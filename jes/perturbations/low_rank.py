@@ -422,6 +422,7 @@ def _interceptor(factors: dict, record: dict | None = None) -> Callable:
 
 def _owner(key: tuple[str, ...], modules: dict) -> str:
     """The layer a parameter belongs to, with the layers around it: ``DenseParams (in OptimizedLSTMCell)``."""
+    key = ("params",) + key[1:]  # another collection's variable (batch_stats/...) belongs to the same layer
     names = [modules[key[:i]] for i in range(len(key) - 1, 0, -1) if key[:i] in modules]
     if not names:
         return "?"
@@ -528,7 +529,10 @@ class LowRank:
             factored = (len(shape) >= 2 and key in handled and key[:-1] not in other_uses and not stacked
                         and key not in reasons)
             if len(shape) >= 2 and not factored and key[-1] != "bias":  # biases get dense noise, as documented
-                if key in reasons:
+                if key[0] != "params":  # e.g. SpectralNorm's power-iteration vector u in batch_stats
+                    why = (f"a variable of the {key[0]!r} collection (jes evolves every collection), not a matrix a "
+                           f"layer applies")
+                elif key in reasons:
                     why = reasons[key]
                 elif key[:-1] in other_uses:
                     why = f"also used by {modules.get(key[:-1], '?')}.{other_uses[key[:-1]]}, which jes cannot factor"
