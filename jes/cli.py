@@ -528,7 +528,7 @@ def main(argv: list[str] | None = None) -> int:
         print("\ninterrupted (jes train saved a checkpoint unless --checkpoint none; continue with --resume)",
               file=sys.stderr)
         return 130
-    except (FileNotFoundError, ValueError, ImportError) as err:
+    except (FileNotFoundError, FileExistsError, ValueError, ImportError) as err:
         print(f"jes {args.command}: {_flag_named(str(err)) if args.command == 'train' else err}", file=sys.stderr)
         return 2
 
@@ -554,7 +554,11 @@ def _flag_named(message: str) -> str:
         return m.group(0) if value == "False" else flag + value
 
     parts = re.split(r"('[^']*'|\"[^\"]*\")", message)  # odd parts: quoted, left as they are
-    return "".join(part if i % 2 else pattern.sub(rewrite, part) for i, part in enumerate(parts))
+    message = "".join(part if i % 2 else pattern.sub(rewrite, part) for i, part in enumerate(parts))
+    for argument, flag in (("resume=", "--resume "), ("another log_dir (or checkpoint_path)", "another --log-dir (or "
+                           "--checkpoint)")):  # jes.train's arguments of a refused overwrite, as flags
+        message = message.replace(argument, flag)
+    return message
 
 
 if __name__ == "__main__":

@@ -305,7 +305,9 @@ def train(
         progress: tqdm progress bar; ``None`` shows it only when stdout is a terminal.
         checkpoint_path: checkpoint file, written every ``checkpoint_every`` generations, at the end,
             and on Ctrl-C. The default is ``checkpoint.ckpt`` in ``log_dir`` (the ``resume`` file when
-            resuming); ``None`` turns checkpoints off.
+            resuming); ``None`` turns checkpoints off. A file already there that is not the ``resume`` file
+            (another run's checkpoint: a second run into the same ``log_dir``) is never overwritten: the run is
+            refused with a ``FileExistsError`` before it starts.
         checkpoint_every: generations between checkpoints (0: only at the end and on Ctrl-C).
         resume: a checkpoint to continue from; the run then ends bit-identical to one never
             interrupted. The run key comes from the checkpoint (``key`` is ignored, with a warning where
@@ -393,6 +395,8 @@ def train(
         if jax.process_count() > 1:
             log_dir = _from_process_0(log_dir)  # its auto name has process 0's clock in it
             checkpoint_path = _from_process_0(checkpoint_path)
+        if primary and checkpoint_path is not None:
+            _refuse_to_overwrite(checkpoint_path, resume)
         # In a multi-process run process 0 alone reports (and writes; see run()).
         earlier = [float(x) for x in (history or {}).get("pop_max", ()) if math.isfinite(float(x))]
         loggers = [jes_logging.ProgressBar(config.num_generations, int(fetch(state.generation)),
@@ -447,6 +451,23 @@ def train(
                    started=started)
     finally:
         jes_logging.close_all(loggers)
+
+
+def _refuse_to_overwrite(checkpoint_path: str, resume: str | None) -> None:
+    """Refuse a run whose checkpoint file would replace another run's (a second ``jes.train`` with the same
+    ``log_dir``): that run could no longer be resumed, evaluated or read."""
+    if not os.path.exists(checkpoint_path):
+        return
+    if resume is not None and os.path.exists(resume) and os.path.samefile(checkpoint_path, resume):
+        return  # the run it continues
+    try:
+        earlier = checkpoint.read(checkpoint_path)
+        what = f"a checkpoint of another run (env {earlier.env_name!r}, generation {earlier.generation})"
+    except (checkpoint.CheckpointError, OSError):  # whatever it holds, it is not this run's to replace
+        what = "a file this run did not write"
+    hint = ("continue that run with resume=" + repr(checkpoint_path) + ", " if what.startswith("a checkpoint") else "")
+    raise FileExistsError(f"checkpoint {checkpoint_path!r} already holds {what}, which this run would overwrite: "
+                          f"{hint}pass another log_dir (or checkpoint_path), or delete that file to start over")
 
 
 def _warn_idle_devices(trainer: Trainer) -> None:

@@ -1,5 +1,6 @@
 """jes.logging: TensorBoard scalars and hparams written by jes.train, custom sinks, the progress bar."""
 import math
+import re
 import os
 import warnings
 
@@ -7,7 +8,7 @@ import numpy as np
 import pytest
 
 import jes
-from jes import logging as jes_logging
+from jes import cli, logging as jes_logging
 
 SMALL = dict(num_members=16, chunk_size=8, num_generations=3, eval_episodes=4, eval_every=2)
 
@@ -137,6 +138,40 @@ def test_the_progress_lines_best_continues_across_a_resume(tmp_path, capsys):
     line = [x for x in capsys.readouterr().out.splitlines() if x.startswith("generation 3/3")][0]
     best = max(float(x) for x in resumed.history["pop_max"])
     assert f"(best {best:.1f})" in line and best >= max(float(x) for x in first.history["pop_max"])
+
+
+@pytest.mark.hard_timeout(300)
+def test_a_new_run_never_overwrites_another_runs_checkpoint(tmp_path, capsys):
+    """A second run into the same log_dir would replace the first one's checkpoint (it could no longer be resumed or
+    evaluated): refused before anything runs, naming the way to continue it; resuming it into its own file is fine."""
+    log_dir = str(tmp_path / "A")
+    common = dict(log_dir=log_dir, progress=False, **SMALL)
+    first = jes.train(jes.MLPPolicy((4,)), "CartPole-v1", "adam", key=1, **common)
+    path = os.path.join(log_dir, "checkpoint.ckpt")
+    assert first.checkpoint_path == path
+    before = open(path, "rb").read()
+    with pytest.raises(FileExistsError, match=rf"checkpoint '{re.escape(path)}' already holds a checkpoint of another "
+                                              rf"run \(env 'CartPole-v1', generation {SMALL['num_generations']}\), "
+                                              rf"which this run would overwrite: continue that run with "
+                                              rf"resume='{re.escape(path)}', pass another log_dir"):
+        jes.train(jes.MLPPolicy((4,)), "CartPole-v1", "adam", key=0, **common)
+    with pytest.raises(FileExistsError, match="already holds a checkpoint of another run"):  # the path given itself
+        jes.train(jes.MLPPolicy((4,)), "CartPole-v1", "adam", key=0, log_dir=None, checkpoint_path=path,
+                  progress=False, **SMALL)
+    garbage = tmp_path / "other.bin"
+    garbage.write_bytes(b"not a checkpoint")
+    with pytest.raises(FileExistsError, match="already holds a file this run did not write, which this run would "
+                                              "overwrite: pass another log_dir"):
+        jes.train(jes.MLPPolicy((4,)), "CartPole-v1", "adam", log_dir=None, checkpoint_path=str(garbage),
+                  progress=False, **SMALL)
+    assert open(path, "rb").read() == before and garbage.read_bytes() == b"not a checkpoint"
+    assert cli.main(["train", "--env", "CartPole-v1", "--policy", "mlp", "--hidden", "4", "--log-dir", log_dir,
+                     "--population", str(SMALL["num_members"]), "--generations", "1", "--no-progress"]) == 2
+    assert (f"continue that run with --resume '{path}', pass another --log-dir (or --checkpoint), or delete that "
+            f"file to start over") in capsys.readouterr().err
+    resumed = jes.train(jes.MLPPolicy((4,)), "CartPole-v1", "adam", resume=path,
+                        **dict(common, num_generations=SMALL["num_generations"] + 1))
+    assert resumed.checkpoint_path == path and open(path, "rb").read() != before
 
 
 def test_a_new_run_into_a_log_dir_with_event_files_warns_and_a_resumed_one_does_not(tmp_path):
