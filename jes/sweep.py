@@ -41,7 +41,7 @@ import numpy as np
 
 from jes import perturbations, strategies as jes_strategies
 from jes.config import ESConfig
-from jes.logging import TensorBoardLogger, default_run_name, unique_dir
+from jes.logging import TensorBoardLogger, default_run_name, has_event_files, unique_dir
 from jes.policies import GRUPolicy, MLPPolicy
 from jes.generation import Trainer, TrainState, check_strategy_supports
 from jes.loop import HISTORY_KEYS, NonFiniteFitnessError, NonFiniteUpdateError, evaluates_centre
@@ -166,6 +166,37 @@ def expand_grid(grid: Mapping[str, Any]) -> list[dict]:
             raise ValueError(f"sweep key {name!r} has an empty list of values; give at least one")
         axes.append([(name, v) for v in values])
     return [dict(combo) for combo in itertools.product(*axes)]
+
+
+def _checked_seeds(seeds: Any) -> list[int]:
+    """``seeds`` as a list of distinct ints, or an error naming what is wrong (a float seed would run its floor)."""
+    if isinstance(seeds, (str, bytes)) or not isinstance(seeds, Sequence | np.ndarray):
+        raise TypeError(f"seeds must be a list of distinct integers (e.g. [0, 1, 2]), got {seeds!r}")
+    bad = [s for s in seeds if isinstance(s, (bool, np.bool_)) or not isinstance(s, (int, np.integer))]
+    if bad:
+        raise TypeError(f"seeds must be a list of distinct integers (e.g. [0, 1, 2]); {bad[0]!r} is not an integer")
+    seeds = [int(s) for s in seeds]
+    if not seeds or len(set(seeds)) != len(seeds):
+        raise ValueError(f"seeds must be a non-empty list of distinct integers, got {seeds}")
+    return seeds
+
+
+def _check_outputs(out_dir: str | None, log_dir: str | None, run_names: list[str]) -> None:
+    """Before anything runs: refuse to replace an earlier sweep's table; warn when configurations' log folders hold
+    an earlier run's event files (TensorBoard would show both)."""
+    if out_dir is not None:
+        tables = [name for name in ("sweep.csv", "sweep.json") if os.path.exists(os.path.join(out_dir, name))]
+        if tables:
+            raise FileExistsError(f"out_dir {out_dir!r} already holds an earlier sweep's table ({', '.join(tables)}), "
+                                  f"which this sweep would overwrite: pass another out_dir (jes sweep: --out-dir), or "
+                                  f"delete those files to start over")
+    if log_dir is not None:
+        earlier = [name for name in run_names if has_event_files(os.path.join(log_dir, name))]
+        if earlier:
+            warnings.warn(f"log_dir {log_dir!r} already holds TensorBoard event files of an earlier sweep in "
+                          f"{len(earlier)} of this sweep's {len(run_names)} configuration folders (e.g. "
+                          f"{earlier[0]!r}); this sweep's go beside them and TensorBoard will show both: pass a new "
+                          f"log_dir", stacklevel=3)
 
 
 def _run_name(values: Mapping[str, Any]) -> str:
@@ -346,9 +377,7 @@ def sweep(
     which then replaces every optimizer's default (with a warning).
     """
     base = config or ESConfig()
-    seeds = [int(s) for s in seeds]
-    if not seeds or len(set(seeds)) != len(seeds):
-        raise ValueError(f"seeds must be a non-empty list of distinct integers, got {seeds}")
+    seeds = _checked_seeds(seeds)
     points = _without_full_rank_duplicates(expand_grid(dict(grid)), base)
     check_points(points, base, strategy)
     swept = [k for k, v in grid.items() if isinstance(v, (list, tuple)) and len(v) > 1]
@@ -369,6 +398,7 @@ def sweep(
             f"shows the rate each row used)", stacklevel=2)
     if log_dir == "runs/<auto>":
         log_dir = unique_dir(os.path.join("runs", "sweep-" + default_run_name("", "", "").strip("-")))
+    _check_outputs(out_dir, log_dir, [_run_name({k: p[k] for k in swept}) for p in points])
 
     # Group grid points by everything that changes the compiled program.
     groups: dict[tuple, list[int]] = {}
@@ -561,6 +591,10 @@ def load_sweep_file(path: str) -> dict:
     kwargs = dict(policy=build_policy(spec.get("policy", {})), env=spec["env"], optimizer=optimizer, grid=grid,
                   strategy=strategy,
                   seeds=spec.get("seeds", [0]), out_dir=spec.get("out_dir", "sweep_results"))
+    try:
+        kwargs["seeds"] = _checked_seeds(kwargs["seeds"])
+    except (TypeError, ValueError) as err:
+        raise ValueError(f"sweep file {path}: {err}") from None
     if "log_dir" in spec:
         log_dir = spec["log_dir"]
         if log_dir is not None and not isinstance(log_dir, str):

@@ -128,6 +128,37 @@ def test_bad_sweep_file(tmp_path):
         jes_sweep.load_sweep_file(str(path))
 
 
+def test_bad_seeds_are_named_before_anything_runs(tmp_path):
+    for seeds, message in ((3, "got 3"), (["a"], "'a' is not an integer"), ([1.5], "1.5 is not an integer"),
+                           ([True], "True is not an integer")):
+        with pytest.raises(TypeError, match=r"seeds must be a list of distinct integers \(e.g. \[0, 1, 2\]\).*"
+                                            + message):
+            jes_sweep.sweep(POLICY, "CartPole-v1", "adam", config=BASE, grid={}, seeds=seeds, log_dir=None)
+        path = tmp_path / "seeds.toml"
+        path.write_text(f'env = "CartPole-v1"\nseeds = {json.dumps(seeds)}\n')
+        with pytest.raises(ValueError, match=f"sweep file {path}: seeds must be a list of distinct integers.*"
+                                             + message):
+            jes_sweep.load_sweep_file(str(path))
+    assert jes_sweep.sweep(POLICY, "CartPole-v1", "adam", config=BASE.replace(num_generations=1), grid={},
+                           seeds=np.array([2]), log_dir=None).runs[0].seed == 2
+
+
+def test_a_second_sweep_never_replaces_the_first_ones_table_and_warns_of_its_curves(grid_result, tmp_path):
+    result, root = grid_result
+    table = open(result.csv_path).read()
+    grid = {"num_members": [16, 24], "learning_rate": [0.01, 0.05]}
+    with pytest.raises(FileExistsError, match=rf"out_dir '{root / 'out'}' already holds an earlier sweep's table "
+                                              rf"\(sweep.csv, sweep.json\), which this sweep would overwrite: pass "
+                                              rf"another out_dir"):
+        jes_sweep.sweep(POLICY, "CartPole-v1", "adam", config=BASE, seeds=[0], grid=grid, log_dir=None,
+                        out_dir=str(root / "out"))
+    assert open(result.csv_path).read() == table
+    with pytest.warns(UserWarning, match=rf"log_dir '{root / 'tb'}' already holds TensorBoard event files of an "
+                                         rf"earlier sweep in 4 of this sweep's 4 configuration folders"):
+        jes_sweep.sweep(POLICY, "CartPole-v1", "adam", config=BASE.replace(num_generations=1), seeds=[0], grid=grid,
+                        log_dir=str(root / "tb"), out_dir=str(tmp_path / "out"))
+
+
 def test_a_sweep_file_turns_logging_off_as_the_command_line_does(tmp_path):
     path = tmp_path / "s.toml"
     for text, expected in (('log_dir = "none"', None), ('log_dir = "None"', None), ('log_dir = "tb"', "tb"),
