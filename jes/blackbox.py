@@ -80,8 +80,7 @@ class FunctionProblem(Generation):
         self._setup(strategy, optimizer, devices)
         self.normalize_observations = False
         # float64 fitness (x64 mode) keeps its precision through the centre's evaluation too (see step_chunks)
-        self.fitness_dtype = (jax.eval_shape(self.objective, self.x0).dtype if fitness_fn is not None
-                              else jnp.dtype(jnp.float32))
+        self.fitness_dtype = (self._traced_dtype() if fitness_fn is not None else jnp.dtype(jnp.float32))
         self.best_dtype = self.fitness_dtype  # of the centre's and the members' values, hence of the best one
         self.objective_jit = jax.jit(self.objective)  # f(final mean): traced once per problem, not once per run
         self._result_programs_ready = False
@@ -91,12 +90,30 @@ class FunctionProblem(Generation):
     def initial_mean(self, init_key):
         return self.x0
 
+    def _traced_dtype(self) -> jnp.dtype:
+        """The objective's dtype, from tracing it once: a function that is not JAX code (NumPy, ``float()`` or
+        an ``if`` on its input) fails here with an error saying so, not deep inside JAX."""
+        not_traceable = (jax.errors.TracerArrayConversionError, jax.errors.ConcretizationTypeError,
+                         jax.errors.TracerBoolConversionError, jax.errors.TracerIntegerConversionError)
+        try:
+            return jax.eval_shape(self.objective, self.x0).dtype
+        except not_traceable as err:
+            raise TypeError(f"fitness_fn is traced by JAX (vmapped over the members and compiled), and it turned a "
+                            f"traced value into a NumPy array or a Python number or bool ({type(err).__name__}): write "
+                            f"it with jax.numpy, or pass host=True to call it as plain Python / NumPy code, one point "
+                            f"at a time") from err
+
     def objective(self, flat: jax.Array) -> jax.Array:
         """The user's function at one flat parameter vector, as a float32 scalar (float64 if it returns one,
         which it can in JAX's x64 mode)."""
-        value = jnp.asarray(self.fitness_fn(self.unravel(flat)))
+        out = self.fitness_fn(self.unravel(flat))
+        if out is None or isinstance(out, (str, bytes)):
+            raise TypeError(f"fitness_fn must return a real number, got {out!r}")
+        value = jnp.asarray(out)
         if value.shape != ():
             raise ValueError(f"fitness_fn must return a scalar, got shape {value.shape}")
+        if not (jnp.issubdtype(value.dtype, jnp.integer) or jnp.issubdtype(value.dtype, jnp.floating)):
+            raise TypeError(f"fitness_fn must return a real number, got {value.dtype}")
         return value.astype(jnp.float64 if value.dtype == jnp.float64 else jnp.float32)
 
     def evaluate_members(self, state, flat, members, gen_key, active):
@@ -370,8 +387,9 @@ class OptimizeResult:
             ``evaluations`` (cumulative).
         num_evaluations: function evaluations, the population's and the mean's.
         strategy: the strategy's name. state: final state (continue with ``AskTell`` or the problem).
-        stop_reason: ``"num_generations"``, ``"max_evaluations"``, ``"target"`` or the
-            :class:`StopCriteria` criterion that ended the (last) run.
+        stop_reason: ``"num_generations"``, ``"max_evaluations"``, ``"target"``, the
+            :class:`StopCriteria` criterion that ended the (last) run, or ``"non_finite"`` (the result a
+            :class:`NonFiniteValueError` holds).
         runs: with ``restarts``, one dict per run: ``population``, ``noise_std`` (initial sigma),
             ``generations``, ``evaluations``, ``value`` (f at its final mean), ``best_value``, ``stop_reason``;
             ``x`` / ``value`` / ``state`` are then those of the run whose final mean was best, ``history``
@@ -586,16 +604,34 @@ def _optimize_with_restarts(build, key, restarts, num_members, noise_std, num_ge
                 callback(record)
 
         problem = build(members, sigma, 1)
-        result = run_optimization(problem, run_key, generations, target=target, callbacks=(shifted,) if callbacks else (),
-                                  stop=stop, max_evaluations=remaining, generations_per_call=generations_per_call)
+        try:
+            result = run_optimization(problem, run_key, generations, target=target,
+                                      callbacks=(shifted,) if callbacks else (), stop=stop, max_evaluations=remaining,
+                                      generations_per_call=generations_per_call)
+        except NonFiniteValueError as err:  # every run so far, this one up to its last good generation
+            results.append(err.result)
+            runs.append(_run_record(members, sigma, err.result))
+            err.result = _combined(results, runs, used + err.result.num_evaluations, t_start)
+            raise
         used += result.num_evaluations
         budgets[regime] += result.num_evaluations
         results.append(result)
-        runs.append(dict(population=members, noise_std=sigma, generations=len(result.history["generation"]),
-                         evaluations=result.num_evaluations, value=result.value, best_value=result.best_value,
-                         stop_reason=result.stop_reason))
+        runs.append(_run_record(members, sigma, result))
         if result.stop_reason in ("target", "max_evaluations"):
             break
+    return _combined(results, runs, used, t_start)
+
+
+def _run_record(members: int, sigma: float, result: OptimizeResult) -> dict:
+    """One run of a restarted :func:`optimize`, as ``OptimizeResult.runs`` lists it."""
+    return dict(population=members, noise_std=sigma, generations=len(result.history["generation"]),
+                evaluations=result.num_evaluations, value=result.value, best_value=result.best_value,
+                stop_reason=result.stop_reason)
+
+
+def _combined(results: list, runs: list, used: int, t_start: float) -> OptimizeResult:
+    """The runs of a restarted :func:`optimize` as one result: the best final mean, the best value seen, the
+    histories end to end (``run``: each row's run)."""
     sign = results[0].problem.sign
     final = max(results, key=lambda r: sign * r.value)
     best = max(results, key=lambda r: sign * r.best_value)
@@ -641,7 +677,8 @@ def run_optimization(problem: FunctionProblem, key: Any = 0, num_generations: in
         generations_per_call = problem.default_block_capacity(state)
     if generations_per_call > 1:
         state, best_value, best_state, best_member, evaluations, stop_reason, compile_time = _run_in_blocks(
-            problem, state, num_generations, stop_reason, target, callbacks, stop, generations_per_call, history)
+            problem, state, num_generations, stop_reason, target, callbacks, stop, generations_per_call, history,
+            t_start)
         return _result(problem, state, history, best_value, best_state, best_member, evaluations, stop_reason,
                        t_start, compile_time)
     compiled, compile_time = problem.compiled_step(state)
@@ -698,7 +735,9 @@ def run_optimization(problem: FunctionProblem, key: Any = 0, num_generations: in
                     break
             if not population:
                 break
-            _check_finite(m, gen, problem)
+            _check_finite(m, gen, lambda: _result(
+                problem, before, history, best_value, best_of[0], -1 if best_of[1] is None else best_of[1],
+                evaluations, "non_finite", t_start, compile_time))
             evaluations += num_members + 1
             if m["pop_max"] > best_value:
                 best_value, best_of = m["pop_max"], (before, int(m["best_member"]))
@@ -754,7 +793,8 @@ def _block_size(call_seconds: float) -> int:
     return max(1, int(BLOCK_SECONDS / max(call_seconds, 1e-9)))
 
 
-def _run_in_blocks(problem, state, num_generations, stop_reason, target, callbacks, stop, capacity, history):
+def _run_in_blocks(problem, state, num_generations, stop_reason, target, callbacks, stop, capacity, history,
+                   t_start):
     """:func:`run_optimization`'s loop over :meth:`FunctionProblem.generation_block` calls: the same calls of the
     same generation step as one call per generation, their rows read back once per block.
 
@@ -807,8 +847,10 @@ def _run_in_blocks(problem, state, num_generations, stop_reason, target, callbac
             if i >= population_calls:  # the centre-only call
                 done = True
                 break
-            if bad_member[i] >= 0 or bad_update[i]:
-                _check_finite({k: v[i] for k, v in col.items()}, gen, problem)
+            if bad_member[i] >= 0 or bad_update[i]:  # the block stopped here, its state the one before
+                _check_finite({k: v[i] for k, v in col.items()}, gen, lambda: _result(
+                    problem, after, history, float(new_best[0]), new_best[1], int(new_best[2]), evaluations,
+                    "non_finite", t_start, compile_time))
             evaluations += num_members + 1
             gen += 1
             pending = dict(generation=gen, best_value=sign * pop_max[i], pop_mean=sign * pop_mean[i],
@@ -957,16 +999,27 @@ def _run_on_host(problem: HostFunctionProblem, key: Any, num_generations: int, s
     rows, evaluations, gen = [], 0, 0
     best_value, best_flat = -np.inf, problem._host_x0
     value = float("nan")  # f at the final mean: NaN when no generation ran (nothing was evaluated)
+    def result(state, stop_reason):
+        return OptimizeResult(
+            direction="minimize" if problem.minimize else "maximize", x=problem.params_tree(state.params),
+            value=value, best_x=problem.params_tree(jnp.asarray(best_flat)), best_value=sign * best_value,
+            history={k: np.asarray(v) for k, v in history.items()}, num_evaluations=evaluations,
+            strategy=problem.strategy.name, wall_time=time.perf_counter() - t_start, compile_time=compile_time,
+            state=state, problem=problem, stop_reason=stop_reason)
+
     while gen < num_generations:
         members = np.asarray(timed(_host_ask, state))
         values = np.array([problem.call(x) for x in members], np.float64)
         bad = np.flatnonzero(~np.isfinite(values))
+        before = state
         if bad.size:
-            _check_finite(dict(bad_member=int(bad[0]), bad_update=False), gen, problem)
+            noise_std = jax.device_get(state.strategy.noise_std) if hasattr(state.strategy, "noise_std") else None
+            _check_finite(dict(bad_member=int(bad[0]), bad_update=False, noise_std=noise_std), gen,
+                          lambda: result(before, "non_finite"))
         fitness, shifted = problem.fitness_for_update(values)
         state, info = timed(_host_tell, state, fitness)
         info = {k: v.item() for k, v in jax.device_get(info).items()}
-        _check_finite(info, gen, problem)
+        _check_finite(info, gen, lambda: result(before, "non_finite"))
         signed = sign * values
         if shifted:  # the update's statistics of the shifted values: the float64 ones instead
             info.update(pop_max=float(signed.max()), pop_min=float(signed.min()), pop_mean=float(signed.mean()))
@@ -996,12 +1049,7 @@ def _run_on_host(problem: HostFunctionProblem, key: Any, num_generations: int, s
             if reason is not None:
                 stop_reason = reason
                 break
-    return OptimizeResult(
-        direction="minimize" if problem.minimize else "maximize", x=problem.params_tree(state.params), value=value,
-        best_x=problem.params_tree(jnp.asarray(best_flat)), best_value=sign * best_value,
-        history={k: np.asarray(v) for k, v in history.items()}, num_evaluations=evaluations,
-        strategy=problem.strategy.name, wall_time=time.perf_counter() - t_start, compile_time=compile_time,
-        state=state, problem=problem, stop_reason=stop_reason)
+    return result(state, stop_reason)
 
 
 @jax.tree_util.register_static
@@ -1091,10 +1139,31 @@ class AskTell:
         return self.problem.params_tree(state.params)
 
 
-def _check_finite(metrics: dict, generation: int, problem: Any) -> None:
-    """Raise ``FloatingPointError`` for a generation (0-based ``generation``) whose fitness or update was not finite."""
+class NonFiniteValueError(FloatingPointError):
+    """A member's value (or the strategy's update) was NaN or infinite: :func:`optimize` stopped before using it.
+
+    Attributes:
+        generation: the generation it happened in (1-based, as in the history).
+        member: the first member with a non-finite value (-1: the values were finite, the update was not).
+        result: the :class:`OptimizeResult` up to the last good generation (with ``restarts``, every run so far),
+            ``stop_reason`` ``"non_finite"``; the same bits as a run of that many generations.
+    """
+
+    def __init__(self, message: str, generation: int, member: int, result: "OptimizeResult | None" = None):
+        super().__init__(message)
+        self.generation, self.member, self.result = generation, member, result
+
+
+def _check_finite(metrics: dict, generation: int, partial: Callable[[], "OptimizeResult"]) -> None:
+    """Raise :class:`NonFiniteValueError` for a generation (0-based ``generation``) whose fitness or update was not
+    finite, with ``partial()``, the run's result up to the generation before, as its ``result``."""
     if metrics["bad_member"] >= 0 or metrics["bad_update"]:
         what = (f"member {metrics['bad_member']} has a non-finite value" if metrics["bad_member"] >= 0
                 else "the strategy's update is not finite")
-        raise FloatingPointError(f"generation {generation + 1}: {what}; the update was not applied. Check fitness_fn "
-                                 f"for NaN/inf in the region searched (noise_std={problem.config.noise_std}).")
+        sigma = metrics.get("noise_std")
+        raise NonFiniteValueError(
+            f"generation {generation + 1}: {what}; the update was not applied, and the run stopped (its result up "
+            f"to generation {generation} is error.result). Check fitness_fn for NaN/inf in the region searched"
+            + (f" (sigma {float(sigma):.3g} there)" if sigma is not None else "")
+            + "; an infeasible point can return a large finite penalty instead.",
+            generation + 1, int(metrics["bad_member"]), partial())

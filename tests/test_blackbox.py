@@ -57,6 +57,60 @@ def test_a_low_rank_perturbation_is_refused_with_its_reason():
         np.testing.assert_array_equal(same.x, plain.x)
 
 
+def test_a_function_that_is_not_jax_code_or_returns_no_number_gets_a_clear_error():
+    numpy_fn = lambda x: float(np.sum(np.asarray(x) ** 2))
+    branching = lambda x: jnp.sum(x) if x[0] > 0 else -jnp.sum(x)
+    for fn in (numpy_fn, branching):
+        with pytest.raises(TypeError, match=r"fitness_fn is traced by JAX .* write it with jax.numpy, or pass "
+                                            r"host=True to call it as plain Python / NumPy code"):
+            jes.optimize(fn, jnp.ones(3), "snes", minimize=True, num_generations=2)
+    assert jes.optimize(numpy_fn, jnp.ones(3), "snes", minimize=True, num_generations=2, host=True).num_evaluations
+    for returned, shown in ((None, "None"), ("a", "'a'"), (1j, "complex64"), (True, "bool")):
+        with pytest.raises(TypeError, match=f"fitness_fn must return a real number, got {shown}"):
+            jes.optimize(lambda x, r=returned: r, jnp.ones(3), "snes", num_generations=2)
+    assert jes.optimize(lambda x: jnp.int32(3), jnp.ones(3), "snes", num_generations=2).value == 3.0
+
+
+@pytest.mark.parametrize("mode", ["blocks", "one_per_call", "host"])
+def test_a_non_finite_value_stops_the_run_and_keeps_its_result_up_to_the_generation_before(mode):
+    """The run up to the last good generation is the error's result, bit for bit the run of that many generations
+    (nothing the user ran is lost)."""
+    if mode == "host":
+        fn = lambda x: float("nan") if float(np.sum(np.asarray(x) ** 2)) < 0.05 else float(np.sum(np.asarray(x) ** 2))
+    else:
+        fn = lambda x: jnp.where(jnp.sum(x ** 2) < 0.05, jnp.nan, jnp.sum(x ** 2))
+    options = dict(host=True) if mode == "host" else dict(generations_per_call=1 if mode == "one_per_call" else None)
+    with pytest.raises(jes.NonFiniteValueError, match=r"generation (\d+): member \d+ has a non-finite value; the "
+                                                      r"update was not applied, and the run stopped \(its result up "
+                                                      r"to generation \d+ is error.result\)") as caught:
+        jes.optimize(fn, jnp.ones(3), "snes", minimize=True, num_generations=300, key=3, **options)
+    err = caught.value
+    assert isinstance(err, FloatingPointError) and err.member >= 0 and err.generation > 1
+    partial = err.result
+    assert partial.stop_reason == "non_finite" and len(partial.history["generation"]) == err.generation - 1
+    plain = jes.optimize(fn, jnp.ones(3), "snes", minimize=True, num_generations=err.generation - 1, key=3, **options)
+    np.testing.assert_array_equal(partial.x, plain.x)
+    np.testing.assert_array_equal(partial.best_x, plain.best_x)
+    assert partial.best_value == plain.best_value and partial.num_evaluations == plain.num_evaluations
+    for k, v in plain.history.items():
+        np.testing.assert_array_equal(partial.history[k], v)
+
+
+def test_a_non_finite_value_in_a_restart_keeps_every_run_so_far():
+    def rastrigin_nan_at_the_optimum(x):  # the first run ends in a local minimum, a later one finds the NaN
+        f = 10 * x.size + jnp.sum(x ** 2 - 10 * jnp.cos(2 * jnp.pi * x))
+        return jnp.where(jnp.sum(x ** 2) < 1e-4, jnp.nan, f)
+
+    with pytest.raises(jes.NonFiniteValueError) as caught:
+        jes.optimize(rastrigin_nan_at_the_optimum, 3 * jnp.ones(2), "sep_cma_es", minimize=True, key=2,
+                     restarts="ipop", max_restarts=6, noise_std=1.0)
+    result = caught.value.result
+    assert [run["stop_reason"] for run in result.runs] == ["tolfun", "non_finite"], result.runs
+    assert result.stop_reason == "non_finite" and result.runs[1]["generations"] == caught.value.generation - 1
+    assert result.num_evaluations == sum(run["evaluations"] for run in result.runs)
+    assert result.history["run"].tolist() == [0] * result.runs[0]["generations"] + [1] * result.runs[1]["generations"]
+
+
 def test_max_evaluations_and_tolfun():
     r = jes.optimize(sphere, jnp.ones(4), "sep_cma_es", minimize=True, num_generations=1000, max_evaluations=100)
     assert r.stop_reason == "max_evaluations" and r.num_evaluations <= 100 and len(r.history["generation"]) == 100 // 9
@@ -410,7 +464,7 @@ def test_a_host_function_with_a_large_offset_in_x64_mode():
 def test_a_host_function_gets_clear_errors():
     with pytest.raises(ValueError, match="must return a scalar"):
         jes.optimize(lambda x: x, np.ones(3, np.float32), "snes", host=True, num_generations=2)
-    with pytest.raises(FloatingPointError, match="generation 2: member 0 has a non-finite value"):
+    with pytest.raises(jes.NonFiniteValueError, match="generation 2: member 0 has a non-finite value"):
         calls = []
         jes.optimize(lambda x: np.nan if len(calls) > 8 or calls.append(1) else 1.0, np.ones(3, np.float32), "snes",
                      num_members=8, host=True, num_generations=5)
