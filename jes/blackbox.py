@@ -23,6 +23,7 @@ from jes.config import ESConfig
 from jes.cpu import compiler_options
 from jes.generation import ChunkResults, Generation, TrainState, as_key
 from jes.strategies import get as get_strategy
+from jes.strategies.base import check_settings_apply
 from jes.threefry import lower_unrolled
 
 
@@ -292,6 +293,7 @@ BLOCK_METRICS = ("pop_max", "pop_min", "pop_mean", "noise_std", "centre_return",
 
 def _config(num_members: int, num_generations: int, noise_std: Any, learning_rate: Any, fitness_shaping: str,
             weight_decay: float, chunk_size: int | None, strategy) -> ESConfig:
+    check_settings_apply(strategy, learning_rate, weight_decay, fitness_shaping)
     return ESConfig(num_members=num_members, num_generations=num_generations, noise_std=noise_std,
                     learning_rate=learning_rate, fitness_shaping=fitness_shaping, weight_decay=weight_decay,
                     antithetic=strategy.antithetic(True), chunk_size=chunk_size, normalize_observations=False,

@@ -27,6 +27,7 @@ from jes.describe import DescriptionError
 from jes.config import ESConfig
 from jes.envs.spec import maps_box_otherwise_than_before
 from jes.generation import Trainer, TrainState, as_key, fetch, localize
+from jes.strategies.base import check_settings_apply
 from jes.host_step import HostGeneration
 from jes.trained import ActionMap, TrainedPolicy
 
@@ -351,6 +352,7 @@ def train(
     config = (config or ESConfig()).replace(**overrides) if overrides else (config or ESConfig())
     trainer = Trainer(policy, env, optimizer, config, env_params=env_params, devices=devices,
                       rollout_min_batch=rollout_min_batch, strategy=strategy)
+    check_settings_apply(trainer.strategy, config.learning_rate, config.weight_decay, config.fitness_shaping)
     if master is None and not num_workers and not trainer.spec.host:  # a master or a host env runs no local step
         trainer.start_compiling_step()  # overlaps building or restoring the state
     try:  # a compile thread left running when this raises would abort the interpreter at its exit

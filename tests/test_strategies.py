@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 import jes
+from jes import cli
 from jes.generation import build_context
 from jes.strategies import noise
 
@@ -48,6 +49,29 @@ def test_a_strategy_name_given_as_the_optimizer_is_named_as_a_strategy(strategy)
 def test_strategies_without_an_optimizer_refuse_one(name):
     with pytest.raises(ValueError, match="does not use an optax optimizer"):
         _context(name, optimizer="adam")
+
+
+@pytest.mark.parametrize("name", ["snes", "sep_cma_es", "ars", "cma_es"])
+def test_settings_a_strategy_never_reads_are_refused_not_ignored(name, capsys):
+    """learning_rate / weight_decay / fitness_shaping for a strategy with its own update gave the same bits as
+    leaving them out; each is refused, in jes.optimize, AskTell, jes.train and jes train, naming the setting."""
+    fn = lambda x: jnp.sum(x ** 2)
+    for setting, text in ((dict(learning_rate=0.001), "learning_rate=0.001"), (dict(weight_decay=0.5), "weight_decay=0.5"),
+                          (dict(fitness_shaping="raw"), "fitness_shaping='raw'")):
+        message = rf"{text} would be ignored by strategy '{name}': it moves its mean by its own rule"
+        with pytest.raises(ValueError, match=message):
+            jes.optimize(fn, jnp.ones(4), name, num_generations=1, **setting)
+        with pytest.raises(ValueError, match=message):
+            jes.AskTell(name, jnp.ones(4), **setting)
+        with pytest.raises(ValueError, match=message):
+            jes.train(jes.MLPPolicy((4,)), "CartPole-v1", strategy=name, num_members=16, num_generations=1,
+                      log_dir=None, progress=False, **setting)
+    assert cli.main(["train", "--strategy", name, "--learning-rate", "0.01", "--generations", "1", "--log-dir", "none"]) == 2
+    assert f"--learning-rate 0.01 would be ignored by strategy '{name}'" in capsys.readouterr().err
+    pgpe = jes.strategies.get("pgpe", center_lr=0.1)
+    with pytest.raises(ValueError, match="learning_rate=0.01 would be ignored by strategy 'pgpe': its center_lr=0.1 "
+                                         "is the rate"):
+        jes.optimize(fn, jnp.ones(4), pgpe, learning_rate=0.01, num_generations=1)
 
 
 @pytest.mark.parametrize("name", NAMES)

@@ -262,6 +262,26 @@ def sorted_utilities(fitness: jax.Array, utilities: jax.Array) -> jax.Array:
     return (cumulative[high] - cumulative[low]) / jnp.maximum(high - low, 1).astype(utilities.dtype)
 
 
+def check_settings_apply(strategy: Strategy, learning_rate: Any, weight_decay: float, fitness_shaping: str) -> None:
+    """Refuse settings of the mean's optimizer step that ``strategy`` never reads (they would be silently ignored:
+    the same bits as leaving them out)."""
+    ignored = []
+    own_rate = strategy.uses_optimizer and getattr(strategy, "center_lr", None) is not None
+    if learning_rate is not None and (not strategy.uses_optimizer or own_rate):
+        ignored.append(f"learning_rate={learning_rate!r}")
+    if not strategy.uses_optimizer and weight_decay not in (0, 0.0, None):
+        ignored.append(f"weight_decay={weight_decay!r}")
+    if not strategy.uses_optimizer and fitness_shaping != "centered_ranks":
+        ignored.append(f"fitness_shaping={fitness_shaping!r}")
+    if ignored:
+        why = (f"its center_lr={strategy.center_lr!r} is the rate" if own_rate else
+               f"it moves its mean by its own rule, with its own rates and weights (fields of "
+               f"jes.strategies.{type(strategy).__name__})")
+        raise ValueError(f"{', '.join(ignored)} would be ignored by strategy {strategy.name!r}: {why}; drop "
+                         f"{'it' if len(ignored) == 1 else 'them'}, or use a strategy that takes "
+                         f"{'it' if len(ignored) == 1 else 'them'} (openai_es, pgpe)")
+
+
 def check_optimizer_free(strategy: Strategy, optimizer: Any) -> None:
     if optimizer is not None:
         raise ValueError(
