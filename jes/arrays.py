@@ -17,7 +17,10 @@ def as_key(key: Any) -> jax.Array:
     """A typed PRNG key from an int seed, a typed key, or raw ``uint32[2]`` key data."""
     if isinstance(key, (int, np.integer)) and not isinstance(key, bool):
         return jax.random.key(int(key))
-    arr = jnp.asarray(key)
+    try:
+        arr = jnp.asarray(key)
+    except (TypeError, ValueError):  # a string, None, an object: not an array at all
+        raise TypeError(f"key must be an int seed or a jax.random key, got {type(key).__name__} {key!r:.40}") from None
     if jnp.issubdtype(arr.dtype, jax.dtypes.prng_key):
         return arr
     if arr.dtype == jnp.uint32 and arr.shape == (2,):
@@ -74,9 +77,16 @@ def resolve_devices(devices: Any) -> list:
         if not 1 <= devices <= len(local):
             raise ValueError(f"devices={devices}, but this process sees {len(local)} local device(s): {local}")
         return list(local[:devices])
+    if isinstance(devices, jax.Device):
+        devices = [devices]
+    if isinstance(devices, (str, bytes)) or not hasattr(devices, "__iter__"):
+        raise TypeError(f"devices must be None (all local devices), a count or a list of jax devices (e.g. "
+                        f"jax.devices('cpu')[:2]), got {devices!r}")
     devices = list(devices)
     if not devices:
         raise ValueError("devices must name at least one device")
+    if not all(isinstance(d, jax.Device) for d in devices):
+        raise TypeError(f"devices must be jax devices (e.g. jax.devices('cpu')[:2]), got {devices!r}")
     return devices
 
 

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
+import numbers
 import time
 from typing import Any, Callable, Sequence
 
@@ -22,6 +24,7 @@ from jax.flatten_util import ravel_pytree
 from jes.config import ESConfig
 from jes.cpu import compiler_options
 from jes.generation import ChunkResults, Generation, TrainState, as_key
+from jes.logging import check_callbacks
 from jes.strategies import get as get_strategy
 from jes.strategies.base import check_settings_apply
 from jes.threefry import lower_unrolled
@@ -419,6 +422,15 @@ class OptimizeResult:
                 f"({self.wall_time:.1f}s, {self.compile_time:.1f}s compile)")
 
 
+def _check_run_arguments(target: Any, callbacks: Any, stop: Any) -> None:
+    """Types of :func:`optimize`'s run arguments, named before anything runs (a wrong one failed deep inside)."""
+    if target is not None and (isinstance(target, bool) or not isinstance(target, numbers.Real)):
+        raise TypeError(f"target must be a number (the value to reach) or None, got {target!r}")
+    check_callbacks(callbacks)
+    if stop is not None and not isinstance(stop, StopCriteria):
+        raise TypeError(f"stop must be a jes.StopCriteria (e.g. jes.StopCriteria(tolx=1e-8)) or None, got {stop!r}")
+
+
 def _check_perturbation(perturbation: Any) -> None:
     if perturbation is None or (isinstance(perturbation, str) and perturbation == "full_rank"):
         return
@@ -462,7 +474,7 @@ def optimize(
 
     Example:
         >>> r = jes.optimize(lambda x: jnp.sum(x ** 2), 3 * jnp.ones(10), "sep_cma_es", minimize=True)
-        >>> r.direction, r.value        # ('minimize', 1e-9...)
+        >>> r.direction, r.value        # ('minimize', 2.2e-06) after the default 100 generations (key 0)
 
     Args:
         fitness_fn: maps a parameter pytree shaped like ``x0`` (or a flat vector) to a scalar;
@@ -519,6 +531,8 @@ def optimize(
         An :class:`OptimizeResult`.
     """
     _check_perturbation(perturbation)
+    _check_run_arguments(target, callbacks, stop)
+    callbacks = tuple(callbacks)  # an iterator would be used up by the first generation
     strategy = get_strategy(strategy)
     flat, _ = _flatten_x0(x0)
     if num_members is None:
@@ -1119,6 +1133,9 @@ class AskTell:
         strategy here depends on fitness only through ranks or differences), and ``info``'s ``pop_*``
         are shifted back.
         """
+        if math.prod(jnp.shape(fitness)) != self.num_members:
+            raise ValueError(f"tell takes one fitness value per member ({self.num_members}), got shape "
+                             f"{jnp.shape(fitness)}")
         if (not jax.config.jax_enable_x64 and isinstance(fitness, np.ndarray) and fitness.dtype == np.float64
                 and np.isfinite(fitness).all()):
             shift = float(np.median(fitness))

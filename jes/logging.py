@@ -226,6 +226,15 @@ def _event_files(log_dir: str) -> list[str]:
     return sorted(glob.glob(os.path.join(log_dir, "events.out.tfevents.*")))
 
 
+def check_callbacks(callbacks: Any) -> None:
+    """``callbacks`` must be a list (any iterable but a string) of functions: one function alone, the common slip,
+    failed generations later as "not iterable"."""
+    if callable(callbacks) or isinstance(callbacks, (str, bytes)) or not hasattr(callbacks, "__iter__"):
+        raise TypeError(f"callbacks must be a list of functions, got {callbacks!r}: pass callbacks=[fn]")
+    if isinstance(callbacks, (list, tuple)) and not all(callable(c) for c in callbacks):  # an iterator stays unread
+        raise TypeError(f"callbacks must be a list of functions, got {callbacks!r}")
+
+
 def has_event_files(log_dir: str) -> bool:
     """Whether ``log_dir`` (not its subdirectories) already holds TensorBoard event files."""
     return bool(_event_files(log_dir))

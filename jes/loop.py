@@ -353,6 +353,7 @@ def train(
     trainer = Trainer(policy, env, optimizer, config, env_params=env_params, devices=devices,
                       rollout_min_batch=rollout_min_batch, strategy=strategy)
     check_settings_apply(trainer.strategy, config.learning_rate, config.weight_decay, config.fitness_shaping)
+    jes_logging.check_callbacks(callbacks)
     if master is None and not num_workers and not trainer.spec.host:  # a master or a host env runs no local step
         trainer.start_compiling_step()  # overlaps building or restoring the state
     try:  # a compile thread left running when this raises would abort the interpreter at its exit

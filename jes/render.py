@@ -22,6 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jes import host_rollout
+from jes.arrays import as_key
 from jes.envs import gymnasium as gymnasium_family
 from jes.envs.brax import BraxEnv
 from jes.envs.wrappers import MaskedObservations
@@ -132,7 +133,11 @@ def render(trainer: Any, state: Any, path: str, key: Any = 0, max_steps: int | N
         ValueError: a format the env cannot be rendered to (the message names the one that works).
         ImportError: Pillow / matplotlib missing (the message names the extra to install).
     """
-    key = jax.random.key(int(key)) if isinstance(key, (int, np.integer)) else key
+    key = as_key(key)
+    if max_steps is not None and (isinstance(max_steps, bool) or not isinstance(max_steps, (int, np.integer))
+                                  or max_steps < 1):
+        raise ValueError(f"max_steps must be a positive number of steps (or None: the env's episode limit), got "
+                         f"{max_steps!r}")
     suffix = os.path.splitext(path)[1].lower()
     base_env = _unwrap(trainer.spec.env)
     if trainer.spec.host:

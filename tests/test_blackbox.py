@@ -111,6 +111,29 @@ def test_a_non_finite_value_in_a_restart_keeps_every_run_so_far():
     assert result.history["run"].tolist() == [0] * result.runs[0]["generations"] + [1] * result.runs[1]["generations"]
 
 
+def test_wrong_argument_types_are_named_before_anything_runs():
+    for kwargs, message in ((dict(target="1e-3"), r"target must be a number \(the value to reach\) or None, got '1e-3'"),
+                            (dict(callbacks=print), r"callbacks must be a list of functions, got .*pass callbacks=\[fn\]"),
+                            (dict(callbacks=[1]), r"callbacks must be a list of functions, got \[1\]"),
+                            (dict(stop="tolx"), r"stop must be a jes.StopCriteria \(e.g. jes.StopCriteria\(tolx=1e-8\)\)"),
+                            (dict(devices="cpu"), r"devices must be None \(all local devices\), a count or a list of "
+                                                  r"jax devices .* got 'cpu'"),
+                            (dict(devices=["cpu"]), r"devices must be jax devices"),
+                            (dict(key="abc"), r"key must be an int seed or a jax.random key, got str 'abc'")):
+        with pytest.raises(TypeError, match=message):
+            jes.optimize(sphere, jnp.ones(3), "snes", minimize=True, num_generations=2, **kwargs)
+    seen = []
+    jes.optimize(sphere, jnp.ones(3), "snes", minimize=True, num_generations=2, callbacks=iter([seen.append]),
+                 devices=jax.devices()[0], target=np.float32(1e-9))
+    assert [r["generation"] for r in seen] == [1, 2]  # an iterator of callbacks serves every generation
+    es = jes.AskTell("snes", x0=jnp.zeros(3), num_members=8)
+    with pytest.raises(ValueError, match=r"tell takes one fitness value per member \(8\), got shape \(7,\)"):
+        es.tell(es.init(0), np.zeros(7))
+    with pytest.raises(TypeError, match="callbacks must be a list of functions"):
+        jes.train(jes.MLPPolicy((4,)), "CartPole-v1", num_members=16, num_generations=1, log_dir=None,
+                  progress=False, callbacks=print)
+
+
 def test_max_evaluations_and_tolfun():
     r = jes.optimize(sphere, jnp.ones(4), "sep_cma_es", minimize=True, num_generations=1000, max_evaluations=100)
     assert r.stop_reason == "max_evaluations" and r.num_evaluations <= 100 and len(r.history["generation"]) == 100 // 9

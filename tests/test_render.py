@@ -38,6 +38,17 @@ def test_result_render_writes_one_frame_per_step(trained_run, tmp_path):
     assert not np.array_equal(frames[0], frames[-1])                # and it moves
 
 
+def test_render_names_a_bad_step_count_or_key(trained_run, tmp_path):
+    _, result = trained_run
+    for bad in (0, -5, 2.5, True):
+        with pytest.raises(ValueError, match=f"max_steps must be a positive number of steps .* got {bad!r}"):
+            result.render(str(tmp_path / "x.gif"), max_steps=bad)
+    for key in ("abc", 1.5):
+        with pytest.raises(TypeError, match="key must be an int seed or a jax.random key"):
+            result.render(str(tmp_path / "x.gif"), key=key)
+    assert not (tmp_path / "x.gif").exists()
+
+
 def test_eval_render_from_the_command_line(trained_run, tmp_path, capsys):
     root, _ = trained_run
     out = tmp_path / "cartpole.gif"
