@@ -39,11 +39,14 @@ def plot_runs(run_dirs: Sequence[str], path: str, labels: Sequence[str] | None =
     """Draw the learning curves of ``run_dirs`` into the PNG ``path``; the image is ``size * dpi`` pixels.
 
     Raises:
+        ValueError: ``path`` does not end in ``.png``.
         FileNotFoundError: a directory without TensorBoard event files.
         ImportError: matplotlib missing (the message names the extra to install).
     """
     if not run_dirs:
         raise ValueError("give at least one run directory (e.g. runs/CartPole-v1-GRUPolicy-adam-...)")
+    if os.path.splitext(path)[1].lower() != ".png":  # PNG bytes under another name would not open as that format
+        raise ValueError(f"learning curves are written as a PNG image: give a path ending in .png, not {path!r}")
     try:
         import matplotlib
 

@@ -81,6 +81,10 @@ def test_plot_draws_several_runs_into_a_png(trained_run, tmp_path, capsys):
     assert len(np.unique(pixels.reshape(-1, 3), axis=0)) > 10      # curves, not a blank canvas
     assert cli.main(["plot", str(tmp_path / "nothing"), "-o", str(tmp_path / "n.png")]) == 2
     assert "no TensorBoard event files" in capsys.readouterr().err
+    for name in ("curves.jpg", "curves"):  # PNG bytes under another format's name (or none) were written before
+        assert cli.main(["plot", str(root / "run"), "-o", str(tmp_path / name)]) == 2
+        assert f"give a path ending in .png, not '{tmp_path / name}'" in capsys.readouterr().err
+        assert not (tmp_path / name).exists()
 
 
 def test_brax_renders_to_html(tmp_path):
