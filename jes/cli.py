@@ -9,7 +9,9 @@ import ast
 import inspect
 import math
 import re
+import signal
 import sys
+import threading
 import warnings
 
 EPILOG = """examples:
@@ -522,15 +524,25 @@ def main(argv: list[str] | None = None) -> int:
 
         current_directory_importable()  # the allowed modules import from here, as --policy's does
     handler = {"train": _train, "eval": _eval, "sweep": _sweep, "plot": _plot}[args.command]
+    terminated = []
+
+    def on_sigterm(signum, frame):  # timeout, Slurm, docker stop: as Ctrl-C (a checkpoint, local workers stopped)
+        terminated.append(signum)
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, on_sigterm) if threading.current_thread() is threading.main_thread() else None
     try:
         return handler(args)
     except KeyboardInterrupt:
-        print("\ninterrupted (jes train saved a checkpoint unless --checkpoint none; continue with --resume)",
-              file=sys.stderr)
-        return 130
-    except (FileNotFoundError, FileExistsError, ValueError, ImportError) as err:
+        print(f"\n{'terminated' if terminated else 'interrupted'} (jes train saved a checkpoint unless --checkpoint "
+              f"none; continue with --resume)", file=sys.stderr)
+        return 128 + signal.SIGTERM if terminated else 130
+    except (OSError, ValueError, ImportError) as err:  # a busy --listen port, a missing file, a bad value
         print(f"jes {args.command}: {_flag_named(str(err)) if args.command == 'train' else err}", file=sys.stderr)
         return 2
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
 
 
 def _flag_named(message: str) -> str:

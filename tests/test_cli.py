@@ -4,6 +4,7 @@ import inspect
 import os
 import re
 import shutil
+import socket
 import subprocess
 import sys
 import warnings
@@ -127,6 +128,14 @@ def test_distributed_flags(tmp_path, capsys):
         secret.write_text("\n")
         assert cli.main(["train", "--listen", "127.0.0.1:1", "--secret-file", str(secret)]) == 2
         assert "use at least 16" in capsys.readouterr().err
+        secret.write_text("a-secret-of-sixteen-or-more-characters\n")
+        with socket.socket() as busy:  # a port another program holds: one line, not a traceback
+            busy.bind(("127.0.0.1", 0))
+            busy.listen()
+            port = busy.getsockname()[1]
+            assert cli.main(["train", "--listen", f"127.0.0.1:{port}", "--secret-file", str(secret),
+                             "--generations", "1", "--log-dir", "none", "--checkpoint", "none"]) == 2
+        assert f"jes train: cannot listen on tcp://127.0.0.1:{port}: Address already in use" in capsys.readouterr().err
     else:
         secret.write_text("s3cret\n")
         assert cli.main(["train", "--listen", "127.0.0.1:5555", "--secret-file", str(secret)]) == 2

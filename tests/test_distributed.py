@@ -385,6 +385,70 @@ def test_worker_cli_errors_are_clear():
     out = subprocess.run([sys.executable, "-m", "jes.distributed.worker", "--master", "nohostport"],
                          env=dict(env, JES_SECRET=SECRET.decode()), capture_output=True, text=True, timeout=120)
     assert out.returncode == 2 and "host:port" in out.stderr
+    beyond = max(os.sched_getaffinity(0)) + 1
+    for flags, message in ((["--master-timeout", "0"], "--master-timeout must be a positive number of seconds, got 0.0"),
+                           (["--log-level", "LOUD"], "argument --log-level: invalid choice: 'LOUD'"),
+                           (["--cores", str(beyond)], f"--cores {beyond}: this process may run on cores")):
+        out = subprocess.run([sys.executable, "-m", "jes.distributed.worker", "--master", "127.0.0.1:5", *flags],
+                             env=dict(env, JES_SECRET=SECRET.decode()), capture_output=True, text=True, timeout=120)
+        assert out.returncode == 2 and message in out.stderr and "Traceback" not in out.stderr, out.stderr
+
+
+def _children(pid: int) -> list[int]:
+    """Live child processes of ``pid`` (from /proc)."""
+    children = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[1]) == pid and fields[0] != "Z":
+                children.append(int(entry))
+    return children
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.mark.parametrize("how", [signal.SIGTERM, signal.SIGKILL])
+def test_local_workers_end_with_their_master_however_it_ends(how, tmp_path):
+    """``jes train --workers 2`` killed by SIGTERM (timeout, Slurm, docker stop) stops its workers as Ctrl-C does,
+    with a checkpoint; killed by SIGKILL, its workers notice their parent is gone and exit (they used to reconnect to
+    the dead port forever, 350 MB each)."""
+    ckpt, log = tmp_path / "c.ckpt", tmp_path / "master.log"
+    with open(log, "w") as stderr:
+        master = subprocess.Popen([sys.executable, "-m", "jes.cli", "train", "--env", "Pendulum-v1", "--policy", "mlp",
+                                   "--hidden", "8", "--population", "64", "--chunk-size", "16", "--generations",
+                                   "100000", "--eval-every", "1000", "--log-dir", "none", "--checkpoint", str(ckpt),
+                                   "--checkpoint-every", "1", "--no-progress", "--workers", "2"], stderr=stderr)
+    workers = []
+    try:
+        deadline = time.monotonic() + READY_TIMEOUT
+        while len(workers) < 2 or not ckpt.exists():  # the workers started, and a generation is done
+            assert time.monotonic() < deadline and master.poll() is None, f"the run never started: {log.read_text()}"
+            workers = _children(master.pid)
+            time.sleep(0.5)
+        master.send_signal(how)
+        master.wait(timeout=120)
+        if how == signal.SIGTERM:
+            err = log.read_text()
+            assert master.returncode == 128 + signal.SIGTERM and "terminated (jes train saved a checkpoint" in err, err
+        deadline = time.monotonic() + 60
+        while any(_alive(w) for w in workers):
+            assert time.monotonic() < deadline, f"local workers {workers} outlived their master ({how.name})"
+            time.sleep(0.5)
+    finally:
+        for pid in [master.pid, *workers]:  # the workers too when the master is gone (and they are not)
+            if pid == master.pid or _alive(pid):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
 
 
 # ------------------------------------------------------------- sessions, replays

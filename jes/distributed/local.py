@@ -59,7 +59,7 @@ class LocalWorkers:
     def _spawn(self, index: int) -> subprocess.Popen:
         env = dict(os.environ, JES_SECRET=self.secret)
         command = [sys.executable, "-m", "jes.distributed.worker", "--master", self.endpoint,
-                   "--name", f"local-{index}", "--log-level", self.log_level]
+                   "--name", f"local-{index}", "--log-level", self.log_level, "--exit-with", str(os.getpid())]
         for module in self.allow_modules:
             command += ["--allow-module", module]
         if self.allow_modules:  # import the user's modules from where this process did ("" is its working directory)

@@ -501,9 +501,24 @@ def _interrupt_handler(worker: Worker) -> Callable[[int, Any], None]:
     """Ctrl-C / SIGTERM: flag the worker (never lost), then raise KeyboardInterrupt (prompt, but Python drops it
     when it lands in a weakref callback or ``__del__``)."""
     def handler(signum, frame):
+        if worker._interrupted.is_set():  # a second Ctrl-C / SIGTERM while handing back: leave at once, quietly
+            os._exit(128 + signum)
         worker.interrupt()
         raise KeyboardInterrupt
     return handler
+
+
+def _exit_with(pid: int, worker: Worker, grace: float = 10.0) -> None:
+    """End the worker when process ``pid``, its parent, ends (``jes train --workers`` / ``num_workers``: a master
+    killed by SIGTERM or SIGKILL would otherwise leave its local workers reconnecting forever)."""
+    def watch():
+        while os.getppid() == pid:
+            time.sleep(0.5)
+        log.warning("worker %s: its master process %d ended; exiting", worker.name, pid)
+        worker.interrupt()
+        time.sleep(grace)  # serve() returns at its next message or request; a compiled chunk may still be running
+        os._exit(0)
+    threading.Thread(target=watch, name="jes-worker-parent", daemon=True).start()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -528,12 +543,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--curve-server-key", metavar="KEY",
                         help="encrypt with ZeroMQ CURVE: the master's public key (the NAME.public file of "
                              "`jes keys NAME`, or its 40 characters); the master runs with the secret one")
-    parser.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING (default INFO)")
+    parser.add_argument("--log-level", default="INFO", type=str.upper, choices=("DEBUG", "INFO", "WARNING", "ERROR"),
+                        help="DEBUG, INFO, WARNING or ERROR (default INFO)")
+    parser.add_argument("--exit-with", type=int, default=None, metavar="PID",
+                        help="exit when process PID, this worker's parent, ends (local workers of jes train "
+                             "--workers / num_workers are started with it)")
     args = parser.parse_args(argv)
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    if not args.master_timeout > 0:  # NaN too
+        parser.error(f"--master-timeout must be a positive number of seconds, got {args.master_timeout}")
+    logging.basicConfig(level=args.log_level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     try:
         if args.cores:
             cores = parse_cores(args.cores)
+            available = os.sched_getaffinity(0)
+            if not cores <= available:
+                raise ValueError(f"--cores {args.cores}: this process may run on cores {sorted(available)}, not on "
+                                 f"{sorted(cores - available)}")
             # Before the XLA CPU client exists: it sizes its thread pools from the schedulable CPUs.
             os.sched_setaffinity(0, cores)
             for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
@@ -563,6 +588,8 @@ def main(argv: list[str] | None = None) -> int:
     handler = _interrupt_handler(worker)
     signal.signal(signal.SIGTERM, handler)
     signal.signal(signal.SIGINT, handler)
+    if args.exit_with is not None:
+        _exit_with(args.exit_with, worker)
     worker.serve()
     return 0
 
