@@ -21,6 +21,7 @@ import dataclasses
 import hashlib
 import json
 import os
+import socket
 import struct
 import sys
 import tempfile
@@ -266,7 +267,7 @@ def save(path: str, trainer: Trainer, state: TrainState, history: dict | None = 
     tmp = None
     try:
         # Inside the try: a Ctrl-C landing in mkstemp right after it created the file still removes it.
-        fd, tmp = tempfile.mkstemp(prefix=prefix, suffix=".tmp", dir=directory)
+        fd, tmp = tempfile.mkstemp(prefix=prefix + _temp_owner() + ".", suffix=".tmp", dir=directory)
         with os.fdopen(fd, "wb") as f:
             _write_payload(f, payload)
             f.flush()
@@ -294,19 +295,51 @@ def save(path: str, trainer: Trainer, state: TrainState, history: dict | None = 
     return path
 
 
+# A save's temp file is named ``.<name>.<pid>@<host>.<random>.tmp``: the sweep of leftovers removes only those of
+# processes that are gone, never another live writer's save in flight (two runs saving to one path).
+FOREIGN_TEMP_AGE = 24 * 3600.0  # seconds after which a temp file of another host (a shared filesystem) is stale
+
+
+def _temp_owner() -> str:
+    return f"{os.getpid()}@{socket.gethostname().replace('.', '_')}"
+
+
+def _owner_gone(owner: str) -> bool | None:
+    """Whether the process ``pid@host`` has ended (``None``: another host's, or a name without an owner)."""
+    pid, _, host = owner.partition("@")
+    if not pid.isdigit() or host != socket.gethostname().replace(".", "_"):
+        return None
+    if int(pid) == os.getpid():
+        return True  # this process's own: none of its saves is in flight while it sweeps
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return True
+    except OSError:  # alive, another user's
+        return False
+    return False
+
+
 def _remove_stale_temp_files(directory: str, prefix: str, older_than: float | None = None,
                              newer_than: float | None = None) -> None:
-    """Remove ``<prefix><random>.tmp`` files in ``directory`` modified before ``older_than`` / after ``newer_than``."""
+    """Remove leftovers of saves killed midway: ``<prefix>...tmp`` files in ``directory`` of processes that are gone
+    (this one's included; and those of a jes that named no owner), modified before ``older_than`` / after
+    ``newer_than``; another host's only after ``FOREIGN_TEMP_AGE``; a live process's never."""
     try:
         names = os.listdir(directory)
     except OSError:
         return
+    now = time.time()
     for name in names:
         if not (name.startswith(prefix) and name.endswith(".tmp")):
             continue
         full = os.path.join(directory, name)
+        owner = name[len(prefix):].split(".", 1)[0]
+        gone = _owner_gone(owner)
         try:
             mtime = os.stat(full).st_mtime
+            if gone is False or (gone is None and "@" in owner and mtime > now - FOREIGN_TEMP_AGE):
+                continue  # a save in flight (another run writing the same path), or possibly one
             if (older_than is not None and mtime < older_than) or (newer_than is not None and mtime >= newer_than):
                 os.unlink(full)
         except OSError:

@@ -1,6 +1,9 @@
 """jes.checkpoint: atomic saves, bit-identical resume, clear errors for bad files."""
 import os
+import socket
+import subprocess
 import sys
+import time
 
 import jax
 import numpy as np
@@ -269,6 +272,32 @@ def test_save_sweeps_temp_files_left_by_a_killed_save(trainer, tmp_path):
     checkpoint.save(path, trainer, trainer.init_state(9), {}, key=9)
     assert sorted(os.listdir(tmp_path)) == [".other.ckpt.abc.tmp", "run.ckpt"]
     assert checkpoint.read(path).generation == 0
+
+
+def test_a_save_never_removes_another_live_writers_temp_file(trainer, tmp_path):
+    """Two runs saving to one path: the sweep of leftovers removed the other's save in flight, whose rename then
+    failed with a bare ENOENT that ended its run. Only the temp files of processes that are gone are removed."""
+    path = str(tmp_path / "run.ckpt")
+    host = socket.gethostname().replace(".", "_")
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        dead = subprocess.Popen([sys.executable, "-c", "pass"])
+        dead.wait()
+        old = time.time() - 3600
+        names = {"live": f".run.ckpt.{sleeper.pid}@{host}.abc.tmp", "dead": f".run.ckpt.{dead.pid}@{host}.def.tmp",
+                 "foreign": ".run.ckpt.123@another_host.ghi.tmp"}
+        for name in names.values():
+            (tmp_path / name).write_bytes(b"half a checkpoint")
+            os.utime(tmp_path / name, (old, old))
+        checkpoint.save(path, trainer, trainer.init_state(9), {}, key=9)
+        assert sorted(os.listdir(tmp_path)) == sorted([names["live"], names["foreign"], "run.ckpt"])
+        ancient = time.time() - checkpoint.FOREIGN_TEMP_AGE - 60  # another host's, a day old: stale
+        os.utime(tmp_path / names["foreign"], (ancient, ancient))
+        checkpoint.save(path, trainer, trainer.init_state(9), {}, key=9)
+        assert sorted(os.listdir(tmp_path)) == sorted([names["live"], "run.ckpt"])
+    finally:
+        sleeper.kill()
+        sleeper.wait()
 
 
 def test_format_2_pgpe_checkpoints_keep_their_clipup_step(tmp_path):
