@@ -8,6 +8,7 @@ import argparse
 import ast
 import inspect
 import math
+import os
 import re
 import signal
 import sys
@@ -510,6 +511,11 @@ def main(argv: list[str] | None = None) -> int:
     from jes.cpu import use_cpu_cores
 
     use_cpu_cores()  # one CPU device per core (results are identical for any device count)
+    launched = os.environ.get("JES_NUM_PROCESSES", "")
+    if args.command == "train" and not args.distributed and launched.isdigit() and int(launched) > 1:
+        print(f"jes train: jes launch started {launched} processes of this command, but without --distributed each "
+              f"would train the whole run alone, all writing the same files: add --distributed", file=sys.stderr)
+        return 2
     if getattr(args, "distributed", False):
         from jes.distributed import jax_runtime
 

@@ -348,6 +348,11 @@ def train(
             raise ValueError("distributed=True (JAX's multi-process runtime) and master= (the ZeroMQ master for "
                              "jes-worker fleets) are two different backends; choose one")
         jax_runtime.ensure_initialized()
+    elif (os.environ.get(jax_runtime.ENV_NUM_PROCESSES, "").isdigit()
+          and int(os.environ[jax_runtime.ENV_NUM_PROCESSES]) > 1 and jax.process_count() == 1):
+        warnings.warn(f"this process is one of {os.environ[jax_runtime.ENV_NUM_PROCESSES]} that jes launch started, "
+                      f"but distributed=False: it trains the whole run alone, as every other process does, all "
+                      f"writing the same files; pass distributed=True", stacklevel=2)
     primary = jax.process_index() == 0
     config = (config or ESConfig()).replace(**overrides) if overrides else (config or ESConfig())
     trainer = Trainer(policy, env, optimizer, config, env_params=env_params, devices=devices,
@@ -358,6 +363,8 @@ def train(
         trainer.start_compiling_step()  # overlaps building or restoring the state
     try:  # a compile thread left running when this raises would abort the interpreter at its exit
         history = None
+        if jax.process_count() > 1:
+            _check_same_run(trainer, key, resume)
         if resume is not None:
             restored = checkpoint.read(resume)
             try:
@@ -519,6 +526,36 @@ def _best_from_checkpoint(trainer: Trainer, saved: dict | None) -> BestMember | 
     policy = _policy_of(trainer, flat, stats)
     return BestMember(fitness=float(saved["fitness"]), generation=int(saved["generation"]), member=int(saved["member"]),
                       flat_params=flat, policy=policy)
+
+
+def _check_same_run(trainer: Trainer, key: Any, resume: str | None) -> None:
+    """Every process of a multi-process run must run the same run: a per-process seed, learning rate or checkpoint
+    (a habit from data-parallel training) would mix the processes' runs into a result that is none of them, or
+    fail inside JAX. Each part of the run is hashed, the hashes all-gathered and compared with process 0's."""
+    import hashlib
+    import json
+
+    from jax.experimental import multihost_utils
+
+    parts = dict(checkpoint.describe_run(trainer))
+    parts["key"] = np.asarray(jax.random.key_data(as_key(key))).tolist() if resume is None else "from the checkpoint"
+    if resume is not None:
+        with open(resume, "rb") as f:  # a missing file is this process's own clear error
+            parts["resume"] = hashlib.sha256(f.read()).hexdigest()
+    names = sorted(parts)
+    digest = lambda value: np.frombuffer(hashlib.sha256(json.dumps(value, sort_keys=True, default=str).encode())
+                                         .digest()[:8], np.uint32)
+    mine = np.stack([digest(parts[name]) for name in names])  # [fields, 2]
+    everyone = np.asarray(multihost_utils.process_allgather(mine))  # [processes, fields, 2]
+    differing = {p: [n for i, n in enumerate(names) if not np.array_equal(everyone[p, i], everyone[0, i])]
+                 for p in range(everyone.shape[0])}
+    differing = {p: fields for p, fields in differing.items() if fields}
+    if differing:
+        listed = "; ".join(f"process {p}: {', '.join(f)}" for p, f in differing.items())
+        raise ValueError(f"the processes of this jax.distributed run were given different runs ({listed} differ "
+                         f"from process 0's): every process must run the same command, with the same key, "
+                         f"settings and --resume checkpoint (a per-process seed would mix the processes' runs into "
+                         f"one that is none of them)")
 
 
 def _from_process_0(text: str | None) -> str | None:

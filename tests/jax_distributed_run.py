@@ -5,7 +5,7 @@
 Trains the small run of :func:`small_run` with ``distributed=True`` and writes what this process's
 result holds to ``OUT_DIR/result<process id>.npz``. ``JES_TEST_DIE_AT=G`` makes process 1 exit
 abruptly (status 3) after generation G, as a crashed host would; ``JES_TEST_PERTURBATION=low_rank`` trains
-with low-rank members.
+with low-rank members; ``JES_TEST_KEY_PER_PROCESS=1`` gives each process its own key (a mistake jes refuses).
 """
 import os
 import sys
@@ -37,6 +37,8 @@ def main(out: str, generations: int, resume: str | None = None) -> None:
             os._exit(3)
 
     kwargs = small_run(generations)
+    if os.environ.get("JES_TEST_KEY_PER_PROCESS"):  # a per-process seed, as data-parallel scripts often have
+        kwargs["key"] += int(os.environ["JES_PROCESS_ID"])
     result = jes.train(kwargs.pop("policy"), kwargs.pop("env"), kwargs.pop("optimizer"), distributed=True,
                        log_dir=os.path.join(out, "runs"), checkpoint_every=1, progress=False,
                        callbacks=[maybe_die], resume=resume, **kwargs)

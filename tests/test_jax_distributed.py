@@ -113,6 +113,27 @@ def test_a_process_that_dies_stops_the_others_with_a_clear_error(tmp_path):
     assert 1 <= ckpt.generation <= 2
 
 
+def test_processes_given_different_runs_are_refused_naming_what_differs(tmp_path):
+    """A per-process seed ran silently into a result that was neither process's run."""
+    status, output = launch(tmp_path / "keys", 2, 1, 2, env={"JES_TEST_KEY_PER_PROCESS": "1"})
+    assert status != 0, output
+    assert ("the processes of this jax.distributed run were given different runs (process 1: key differ from "
+            "process 0's)") in output, output
+    assert "done" not in output and not os.path.exists(tmp_path / "keys" / "runs" / "checkpoint.ckpt")
+
+
+def test_a_launched_process_without_distributed_is_refused_or_warned(monkeypatch, capsys):
+    """Under jes launch without --distributed every process trained the whole run alone into the same files (one
+    died on the other's checkpoint save)."""
+    monkeypatch.setenv(jax_runtime.ENV_NUM_PROCESSES, "2")
+    assert jes.cli.main(["train", "--generations", "1", "--log-dir", "none"]) == 2
+    assert ("jes train: jes launch started 2 processes of this command, but without --distributed each would train "
+            "the whole run alone, all writing the same files: add --distributed") in capsys.readouterr().err
+    with pytest.warns(UserWarning, match="this process is one of 2 that jes launch started, but distributed=False"):
+        jes.train(jes.MLPPolicy(hidden_sizes=(4,)), "CartPole-v1", num_members=8, num_generations=1, log_dir=None,
+                  progress=False)
+
+
 def test_distributed_without_a_multi_process_environment_says_how_to_start_one(monkeypatch):
     for name in (jax_runtime.ENV_NUM_PROCESSES, jax_runtime.ENV_PROCESS_ID, jax_runtime.ENV_COORDINATOR,
                  "JAX_COORDINATOR_ADDRESS", "SLURM_JOB_ID", "OMPI_MCA_orte_hnp_uri"):
