@@ -436,7 +436,8 @@ def train(
                                 env_params=env_params, **{**LOCAL_MASTER_OPTIONS, **(master_options or {})})
             except DescriptionError as err:
                 raise ValueError(f"num_workers={num_workers}: worker processes rebuild the run from plain data, but "
-                                 f"{err}. Pass the env by its registered id (e.g. 'gymnasium:CartPole-v1'), or use "
+                                 f"{err}. Make that part plain data (an env by its registered id, e.g. "
+                                 f"'gymnasium:CartPole-v1'; an optimizer by name; constant settings), or use "
                                  f"num_workers=0") from err
             # The workers are this process's own children: they may build the policy class this process runs
             own = describe.own_modules(server.description)

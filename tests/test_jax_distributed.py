@@ -155,6 +155,7 @@ def test_distributed_without_a_multi_process_environment_says_how_to_start_one(m
     (dict(num_processes=0), "positive integer"),
     (dict(num_processes=2, process_id=2), "outside 0..1"),
     (dict(coordinator="localhost", num_processes=2, process_id=0), "HOST:PORT"),
+    (dict(coordinator="127.0.0.1:99999", num_processes=2, process_id=0), "with a port in 1..65535"),
 ])
 def test_initialize_refuses_bad_coordinates(kwargs, message):
     with pytest.raises(jax_runtime.DistributedSetupError, match=message):
@@ -171,6 +172,14 @@ def test_launch_environment_and_argument_errors():
     assert no_command.returncode == 2 and "no command to launch" in no_command.stderr
     split = run("--processes", "4", "--local-processes", "2", "--", "true")
     assert split.returncode == 2 and "--coordinator HOST:PORT" in split.stderr
+    port = run("--processes", "2", "--coordinator", "127.0.0.1:99999", "--", "true")
+    assert port.returncode == 2 and "coordinator='127.0.0.1:99999' must be HOST:PORT with a port in 1..65535" in port.stderr
+    beyond = run("--processes", "2", "--first-process-id", "2", "--", "true")
+    assert beyond.returncode == 2 and "--first-process-id 2 is not a process of a 2-process run (ids 0 to 1)" in \
+        beyond.stderr, beyond.stderr
+    too_many = run("--processes", "3", "--first-process-id", "1", "--local-processes", "3", "--", "true")
+    assert too_many.returncode == 2 and ("--local-processes 3 from --first-process-id 1 asks for process ids 1 to 3, "
+                                         "but a 3-process run has ids 0 to 2") in too_many.stderr, too_many.stderr
     ok = run("--processes", "2", "--", sys.executable, "-c",
              "import os; print('id', os.environ['JES_PROCESS_ID'], 'of', os.environ['JES_NUM_PROCESSES'])")
     assert ok.returncode == 0 and "[p0] id 0 of 2" in ok.stdout and "[p1] id 1 of 2" in ok.stdout

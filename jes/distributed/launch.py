@@ -43,6 +43,14 @@ def free_port(host: str = "127.0.0.1") -> int:
         return sock.getsockname()[1]
 
 
+def coordinator_error(coordinator: str) -> str | None:
+    """Why ``coordinator`` is not ``HOST:PORT`` with a port in 1..65535 (``None``: it is)."""
+    host, _, port = coordinator.rpartition(":")
+    if host and port.isdigit() and 1 <= int(port) <= 65535:
+        return None
+    return f"coordinator={coordinator!r} must be HOST:PORT with a port in 1..65535, e.g. '10.0.0.1:1234'"
+
+
 def process_env(base: dict, coordinator: str, num_processes: int, process_id: int,
                 devices_per_process: int | None) -> dict:
     """The environment of process ``process_id``."""
@@ -171,9 +179,15 @@ def launch(command: Sequence[str], num_processes: int, *, devices_per_process: i
     if devices_per_process is not None and devices_per_process < 1:
         raise ValueError(f"--devices-per-process must be >= 1, got {devices_per_process}")
     local = num_processes - first_process_id if local_processes is None else local_processes
-    if not (0 <= first_process_id and local >= 1 and first_process_id + local <= num_processes):
-        raise ValueError(f"processes {first_process_id}..{first_process_id + local - 1} are not within a "
-                         f"{num_processes}-process run")
+    if not 0 <= first_process_id < num_processes:
+        raise ValueError(f"--first-process-id {first_process_id} is not a process of a {num_processes}-process run "
+                         f"(ids 0 to {num_processes - 1})")
+    if not (local >= 1 and first_process_id + local <= num_processes):
+        raise ValueError(f"--local-processes {local} from --first-process-id {first_process_id} asks for process ids "
+                         f"{first_process_id} to {first_process_id + local - 1}, but a {num_processes}-process run has "
+                         f"ids 0 to {num_processes - 1}")
+    if coordinator is not None and coordinator_error(coordinator):
+        raise ValueError(coordinator_error(coordinator))
     if coordinator is None:
         if local != num_processes:
             raise ValueError("a run spread over several hosts needs --coordinator HOST:PORT (process 0's host)")

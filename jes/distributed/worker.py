@@ -234,7 +234,7 @@ class _Link(threading.Thread):
                 if self.connected:
                     log.warning("master %s silent for %.0fs; reconnecting", self.endpoint, now - last_heard)
                 else:
-                    log.warning("no answer from master %s for %.0fs (not started yet, or a wrong secret?); "
+                    log.warning("no answer from master %s for %.0fs (not started yet, a wrong secret, or a wrong --curve-server-key?); "
                                 "still trying", self.endpoint, now - last_heard)
                 self.connected = False
                 poller.unregister(self._socket)
