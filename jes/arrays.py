@@ -73,7 +73,8 @@ def resolve_devices(devices: Any) -> list:
     local = jax.local_devices()
     if devices is None:
         return list(local)
-    if isinstance(devices, int) and not isinstance(devices, bool):
+    if isinstance(devices, (int, np.integer)) and not isinstance(devices, bool):
+        devices = int(devices)
         if not 1 <= devices <= len(local):
             raise ValueError(f"devices={devices}, but this process sees {len(local)} local device(s): {local}")
         return list(local[:devices])

@@ -12,7 +12,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-import numbers
 import time
 from typing import Any, Callable, Sequence
 
@@ -424,7 +423,9 @@ class OptimizeResult:
 
 def _check_run_arguments(target: Any, callbacks: Any, stop: Any) -> None:
     """Types of :func:`optimize`'s run arguments, named before anything runs (a wrong one failed deep inside)."""
-    if target is not None and (isinstance(target, bool) or not isinstance(target, numbers.Real)):
+    if target is not None and (isinstance(target, (bool, np.bool_, str, bytes)) or np.ndim(target) != 0
+                               or not np.issubdtype(np.asarray(target).dtype, np.number)
+                               or np.iscomplexobj(target)):  # a Python, NumPy or JAX real scalar
         raise TypeError(f"target must be a number (the value to reach) or None, got {target!r}")
     check_callbacks(callbacks)
     if stop is not None and not isinstance(stop, StopCriteria):
@@ -627,8 +628,10 @@ def _optimize_with_restarts(build, key, restarts, num_members, noise_std, num_ge
         except NonFiniteValueError as err:  # every run so far, this one up to its last good generation
             results.append(err.result)
             runs.append(_run_record(members, sigma, err.result))
-            err.result = _combined(results, runs, used + err.result.num_evaluations, t_start)
-            raise
+            before = sum(len(r.history["generation"]) for r in results[:-1])  # the history's numbering runs on
+            raise NonFiniteValueError(f"restart run {index} (population {members}), generation {before + err.generation}"
+                                      f" of the history: {err}", before + err.generation, err.member,
+                                      _combined(results, runs, used + err.result.num_evaluations, t_start)) from None
         used += result.num_evaluations
         budgets[regime] += result.num_evaluations
         results.append(result)
@@ -1029,9 +1032,7 @@ def _run_on_host(problem: HostFunctionProblem, key: Any, num_generations: int, s
         bad = np.flatnonzero(~np.isfinite(values))
         before = state
         if bad.size:
-            noise_std = jax.device_get(state.strategy.noise_std) if hasattr(state.strategy, "noise_std") else None
-            _check_finite(dict(bad_member=int(bad[0]), bad_update=False, noise_std=noise_std), gen,
-                          lambda: result(before, "non_finite"))
+            _check_finite(dict(bad_member=int(bad[0]), bad_update=False), gen, lambda: result(before, "non_finite"))
         fitness, shifted = problem.fitness_for_update(values)
         state, info = timed(_host_tell, state, fitness)
         info = {k: v.item() for k, v in jax.device_get(info).items()}
@@ -1162,7 +1163,8 @@ class NonFiniteValueError(FloatingPointError):
     """A member's value (or the strategy's update) was NaN or infinite: :func:`optimize` stopped before using it.
 
     Attributes:
-        generation: the generation it happened in (1-based, as in the history).
+        generation: the generation it happened in (1-based, as in the history; with ``restarts``, numbered on
+            across the runs, as the combined history is).
         member: the first member with a non-finite value (-1: the values were finite, the update was not).
         result: the :class:`OptimizeResult` up to the last good generation (with ``restarts``, every run so far),
             ``stop_reason`` ``"non_finite"``; the same bits as a run of that many generations.
@@ -1172,6 +1174,9 @@ class NonFiniteValueError(FloatingPointError):
         super().__init__(message)
         self.generation, self.member, self.result = generation, member, result
 
+    def __reduce__(self):  # copy / pickle (multiprocessing, joblib) with the attributes
+        return type(self), (self.args[0], self.generation, self.member, self.result)
+
 
 def _check_finite(metrics: dict, generation: int, partial: Callable[[], "OptimizeResult"]) -> None:
     """Raise :class:`NonFiniteValueError` for a generation (0-based ``generation``) whose fitness or update was not
@@ -1180,9 +1185,10 @@ def _check_finite(metrics: dict, generation: int, partial: Callable[[], "Optimiz
         what = (f"member {metrics['bad_member']} has a non-finite value" if metrics["bad_member"] >= 0
                 else "the strategy's update is not finite")
         sigma = metrics.get("noise_std")
+        known = sigma is not None and math.isfinite(float(sigma))  # a bad generation's own info may be NaN
         raise NonFiniteValueError(
             f"generation {generation + 1}: {what}; the update was not applied, and the run stopped (its result up "
             f"to generation {generation} is error.result). Check fitness_fn for NaN/inf in the region searched"
-            + (f" (sigma {float(sigma):.3g} there)" if sigma is not None else "")
+            + (f" (sigma {float(sigma):.3g} there)" if known else "")
             + "; an infeasible point can return a large finite penalty instead.",
             generation + 1, int(metrics["bad_member"]), partial())

@@ -334,7 +334,10 @@ def _remove_stale_temp_files(directory: str, prefix: str, older_than: float | No
         if not (name.startswith(prefix) and name.endswith(".tmp")):
             continue
         full = os.path.join(directory, name)
-        owner = name[len(prefix):].split(".", 1)[0]
+        parts = name[len(prefix):-len(".tmp")].split(".")  # ours: [random] (older jes) or [pid@host, random]
+        if len(parts) > 2 or (len(parts) == 2 and "@" not in parts[0]):
+            continue  # another path's: ".ckpt.bak.<...>.tmp" also starts with ".ckpt."
+        owner = parts[0]
         gone = _owner_gone(owner)
         try:
             mtime = os.stat(full).st_mtime

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import re
 import time
 import warnings
 from typing import Any, Callable, Iterable, Sequence
@@ -27,7 +28,7 @@ from jes.describe import DescriptionError
 from jes.config import ESConfig
 from jes.envs.spec import maps_box_otherwise_than_before
 from jes.generation import Trainer, TrainState, as_key, fetch, localize
-from jes.strategies.base import check_settings_apply
+from jes.strategies.base import ignored_settings
 from jes.host_step import HostGeneration
 from jes.trained import ActionMap, TrainedPolicy
 
@@ -47,6 +48,9 @@ class NonFiniteFitnessError(ValueError):
         self.member = member
         self.result = result
 
+    def __reduce__(self):  # copy / pickle (multiprocessing, joblib) with the attributes
+        return type(self), (self.args[0], self.generation, self.member, self.result)
+
 
 class NonFiniteUpdateError(ValueError):
     """A generation's ES update (or the parameters it would give) was not finite; it was not applied.
@@ -60,6 +64,9 @@ class NonFiniteUpdateError(ValueError):
         super().__init__(message)
         self.generation = generation
         self.result = result
+
+    def __reduce__(self):  # copy / pickle (multiprocessing, joblib) with the attributes
+        return type(self), (self.args[0], self.generation, self.result)
 
 
 class BestMember:
@@ -357,7 +364,11 @@ def train(
     config = (config or ESConfig()).replace(**overrides) if overrides else (config or ESConfig())
     trainer = Trainer(policy, env, optimizer, config, env_params=env_params, devices=devices,
                       rollout_min_batch=rollout_min_batch, strategy=strategy)
-    check_settings_apply(trainer.strategy, config.learning_rate, config.weight_decay, config.fitness_shaping)
+    ignored = ignored_settings(trainer.strategy, config.learning_rate, config.weight_decay, config.fitness_shaping)
+    if ignored is not None and resume is None:
+        raise ValueError(ignored)
+    if ignored is not None:  # a checkpoint of a jes that took them silently: its run goes on as it was
+        warnings.warn(f"{ignored} (the resumed run goes on as it ran, without them)", stacklevel=2)
     jes_logging.check_callbacks(callbacks)
     if master is None and not num_workers and not trainer.spec.host:  # a master or a host env runs no local step
         trainer.start_compiling_step()  # overlaps building or restoring the state
@@ -405,8 +416,11 @@ def train(
         if jax.process_count() > 1:
             log_dir = _from_process_0(log_dir)  # its auto name has process 0's clock in it
             checkpoint_path = _from_process_0(checkpoint_path)
-        if primary and checkpoint_path is not None:
-            _refuse_to_overwrite(checkpoint_path, resume)
+        overwrite = _overwrite_problem(checkpoint_path, resume) if primary and checkpoint_path is not None else None
+        if jax.process_count() > 1:
+            overwrite = _from_process_0(overwrite)  # process 0 writes; every process hears its refusal
+        if overwrite is not None:
+            raise FileExistsError(overwrite)
         # In a multi-process run process 0 alone reports (and writes; see run()).
         earlier = [float(x) for x in (history or {}).get("pop_max", ()) if math.isfinite(float(x))]
         loggers = [jes_logging.ProgressBar(config.num_generations, int(fetch(state.generation)),
@@ -464,21 +478,21 @@ def train(
         jes_logging.close_all(loggers)
 
 
-def _refuse_to_overwrite(checkpoint_path: str, resume: str | None) -> None:
-    """Refuse a run whose checkpoint file would replace another run's (a second ``jes.train`` with the same
-    ``log_dir``): that run could no longer be resumed, evaluated or read."""
+def _overwrite_problem(checkpoint_path: str, resume: str | None) -> str | None:
+    """Why a run must not start: its checkpoint file would replace another run's (a second ``jes.train`` with the
+    same ``log_dir``), which could then no longer be resumed, evaluated or read. ``None``: nothing is there."""
     if not os.path.exists(checkpoint_path):
-        return
+        return None
     if resume is not None and os.path.exists(resume) and os.path.samefile(checkpoint_path, resume):
-        return  # the run it continues
+        return None  # the run it continues
     try:
         earlier = checkpoint.read(checkpoint_path)
         what = f"a checkpoint of another run (env {earlier.env_name!r}, generation {earlier.generation})"
     except (checkpoint.CheckpointError, OSError):  # whatever it holds, it is not this run's to replace
         what = "a file this run did not write"
     hint = ("continue that run with resume=" + repr(checkpoint_path) + ", " if what.startswith("a checkpoint") else "")
-    raise FileExistsError(f"checkpoint {checkpoint_path!r} already holds {what}, which this run would overwrite: "
-                          f"{hint}pass another log_dir (or checkpoint_path), or delete that file to start over")
+    return (f"checkpoint {checkpoint_path!r} already holds {what}, which this run would overwrite: "
+            f"{hint}pass another log_dir (or checkpoint_path), or delete that file to start over")
 
 
 def _warn_idle_devices(trainer: Trainer) -> None:
@@ -540,12 +554,17 @@ def _check_same_run(trainer: Trainer, key: Any, resume: str | None) -> None:
 
     parts = dict(checkpoint.describe_run(trainer))
     parts["key"] = np.asarray(jax.random.key_data(as_key(key))).tolist() if resume is None else "from the checkpoint"
+    parts["resume"] = None  # every process hashes the same fields: the all-gather needs equal shapes
     if resume is not None:
-        with open(resume, "rb") as f:  # a missing file is this process's own clear error
-            parts["resume"] = hashlib.sha256(f.read()).hexdigest()
+        try:
+            with open(resume, "rb") as f:
+                parts["resume"] = hashlib.sha256(f.read()).hexdigest()
+        except OSError as err:  # not raised here: the others would wait in the all-gather for this process
+            parts["resume"] = f"unreadable: {err}"
     names = sorted(parts)
-    digest = lambda value: np.frombuffer(hashlib.sha256(json.dumps(value, sort_keys=True, default=str).encode())
-                                         .digest()[:8], np.uint32)
+    # A schedule or a lambda is described by its repr, whose memory address differs from process to process.
+    text = lambda value: re.sub(r" at 0x[0-9a-fA-F]+", "", json.dumps(value, sort_keys=True, default=str))
+    digest = lambda value: np.frombuffer(hashlib.sha256(text(value).encode()).digest()[:8], np.uint32)
     mine = np.stack([digest(parts[name]) for name in names])  # [fields, 2]
     everyone = np.asarray(multihost_utils.process_allgather(mine))  # [processes, fields, 2]
     differing = {p: [n for i, n in enumerate(names) if not np.array_equal(everyone[p, i], everyone[0, i])]

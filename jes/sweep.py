@@ -170,9 +170,12 @@ def expand_grid(grid: Mapping[str, Any]) -> list[dict]:
 
 def _checked_seeds(seeds: Any) -> list[int]:
     """``seeds`` as a list of distinct ints, or an error naming what is wrong (a float seed would run its floor)."""
-    if isinstance(seeds, (str, bytes)) or not isinstance(seeds, Sequence | np.ndarray):
+    if isinstance(seeds, (str, bytes, Mapping)) or not hasattr(seeds, "__iter__") or np.ndim(seeds) > 1:
         raise TypeError(f"seeds must be a list of distinct integers (e.g. [0, 1, 2]), got {seeds!r}")
-    bad = [s for s in seeds if isinstance(s, (bool, np.bool_)) or not isinstance(s, (int, np.integer))]
+    seeds = list(seeds)  # a list, tuple, range, set or 1-D NumPy / JAX array
+    integral = lambda s: (isinstance(s, (int, np.integer)) or (np.ndim(s) == 0 and hasattr(s, "dtype")
+                                                               and np.issubdtype(s.dtype, np.integer)))
+    bad = [s for s in seeds if isinstance(s, (bool, np.bool_)) or not integral(s)]
     if bad:
         raise TypeError(f"seeds must be a list of distinct integers (e.g. [0, 1, 2]); {bad[0]!r} is not an integer")
     seeds = [int(s) for s in seeds]

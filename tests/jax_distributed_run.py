@@ -5,7 +5,7 @@
 Trains the small run of :func:`small_run` with ``distributed=True`` and writes what this process's
 result holds to ``OUT_DIR/result<process id>.npz``. ``JES_TEST_DIE_AT=G`` makes process 1 exit
 abruptly (status 3) after generation G, as a crashed host would; ``JES_TEST_PERTURBATION=low_rank`` trains
-with low-rank members; ``JES_TEST_KEY_PER_PROCESS=1`` gives each process its own key (a mistake jes refuses).
+with low-rank members, ``JES_TEST_SCHEDULE=1`` with a learning-rate schedule; ``JES_TEST_KEY_PER_PROCESS=1`` gives each process its own key (a mistake jes refuses).
 """
 import os
 import sys
@@ -15,13 +15,17 @@ import numpy as np
 
 def small_run(num_generations: int) -> dict:
     """Keyword arguments of ``jes.train`` shared by the launched processes and the one-process reference."""
+    import optax
+
     import jes
 
     perturbation = os.environ.get("JES_TEST_PERTURBATION", "full_rank")
+    # a schedule's repr holds a memory address, which differs from process to process
+    rate = optax.linear_schedule(0.1, 0.01, 10) if os.environ.get("JES_TEST_SCHEDULE") else None
     return dict(policy=jes.MLPPolicy(hidden_sizes=(8,)), env="CartPole-v1", optimizer="adam", key=7,
                 config=jes.ESConfig(num_members=16, chunk_size=4, num_generations=num_generations, eval_every=1,
                                     eval_episodes=2, max_episode_steps=60, perturbation=perturbation,
-                                    perturbation_rank=2 if perturbation == "low_rank" else 1))
+                                    perturbation_rank=2 if perturbation == "low_rank" else 1, learning_rate=rate))
 
 
 def main(out: str, generations: int, resume: str | None = None) -> None:

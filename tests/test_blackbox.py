@@ -106,7 +106,12 @@ def test_a_non_finite_value_in_a_restart_keeps_every_run_so_far():
                      restarts="ipop", max_restarts=6, noise_std=1.0)
     result = caught.value.result
     assert [run["stop_reason"] for run in result.runs] == ["tolfun", "non_finite"], result.runs
-    assert result.stop_reason == "non_finite" and result.runs[1]["generations"] == caught.value.generation - 1
+    # numbered as the combined history is: on across the runs
+    assert caught.value.generation == len(result.history["generation"]) + 1
+    assert str(caught.value).startswith(f"restart run 1 (population {result.runs[1]['population']}), generation "
+                                        f"{caught.value.generation} of the history: generation "
+                                        f"{result.runs[1]['generations'] + 1}: member")
+    assert result.stop_reason == "non_finite"
     assert result.num_evaluations == sum(run["evaluations"] for run in result.runs)
     assert result.history["run"].tolist() == [0] * result.runs[0]["generations"] + [1] * result.runs[1]["generations"]
 

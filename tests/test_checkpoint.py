@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import jes
-from jes import checkpoint
+from jes import checkpoint, cli
 from jes.loop import run
 
 SMALL = dict(num_members=16, chunk_size=8, num_generations=4, eval_episodes=4, eval_every=2)
@@ -274,6 +274,17 @@ def test_save_sweeps_temp_files_left_by_a_killed_save(trainer, tmp_path):
     assert checkpoint.read(path).generation == 0
 
 
+def test_a_checkpoint_with_a_setting_its_strategy_ignores_resumes_with_a_warning(tmp_path, capsys):
+    """A jes that took learning_rate for snes silently wrote it into the checkpoint; `jes train --resume` takes the
+    config from there, so refusing it would leave the run impossible to continue."""
+    snes = jes.Trainer(POLICY, "CartPole-v1", None, jes.ESConfig(**SMALL), strategy="snes")
+    clean = checkpoint.save(str(tmp_path / "snes.ckpt"), snes, snes.init_state(1), key=1)
+    old = _rewrite_meta(clean, str(tmp_path / "old.ckpt"), lambda meta: meta["config"].update(learning_rate=0.05))
+    with pytest.warns(UserWarning, match=r"learning_rate=0.05 would be ignored by strategy 'snes'.*\(the resumed run "
+                                         r"goes on as it ran, without them\)"):
+        assert cli.main(["train", "--resume", old, "--generations", "1", "--log-dir", "none", "--no-progress"]) == 0
+
+
 def test_a_save_never_removes_another_live_writers_temp_file(trainer, tmp_path):
     """Two runs saving to one path: the sweep of leftovers removed the other's save in flight, whose rename then
     failed with a bare ENOENT that ended its run. Only the temp files of processes that are gone are removed."""
@@ -285,16 +296,19 @@ def test_a_save_never_removes_another_live_writers_temp_file(trainer, tmp_path):
         dead.wait()
         old = time.time() - 3600
         names = {"live": f".run.ckpt.{sleeper.pid}@{host}.abc.tmp", "dead": f".run.ckpt.{dead.pid}@{host}.def.tmp",
-                 "foreign": ".run.ckpt.123@another_host.ghi.tmp"}
+                 "foreign": ".run.ckpt.123@another_host.ghi.tmp",
+                 "other path": f".run.ckpt.bak.{dead.pid}@{host}.jkl.tmp",  # run.ckpt.bak's, not run.ckpt's
+                 "other path, older jes": ".run.ckpt.bak.mno.tmp"}
         for name in names.values():
             (tmp_path / name).write_bytes(b"half a checkpoint")
             os.utime(tmp_path / name, (old, old))
         checkpoint.save(path, trainer, trainer.init_state(9), {}, key=9)
-        assert sorted(os.listdir(tmp_path)) == sorted([names["live"], names["foreign"], "run.ckpt"])
+        kept = [names[k] for k in ("live", "other path", "other path, older jes")]
+        assert sorted(os.listdir(tmp_path)) == sorted([*kept, names["foreign"], "run.ckpt"])
         ancient = time.time() - checkpoint.FOREIGN_TEMP_AGE - 60  # another host's, a day old: stale
         os.utime(tmp_path / names["foreign"], (ancient, ancient))
         checkpoint.save(path, trainer, trainer.init_state(9), {}, key=9)
-        assert sorted(os.listdir(tmp_path)) == sorted([names["live"], "run.ckpt"])
+        assert sorted(os.listdir(tmp_path)) == sorted([*kept, "run.ckpt"])
     finally:
         sleeper.kill()
         sleeper.wait()

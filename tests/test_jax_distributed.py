@@ -102,6 +102,17 @@ def test_two_processes_of_a_low_rank_run_are_bit_identical_to_one_process(tmp_pa
         np.testing.assert_array_equal(got["centre"], one.history["centre_return"])
 
 
+def test_a_run_with_a_schedule_passes_the_processes_check_and_is_bit_identical(tmp_path, monkeypatch):
+    """The processes compare hashes of their runs; a schedule is described by a repr with a memory address, which
+    differs from process to process and must not count as another run."""
+    monkeypatch.setenv("JES_TEST_SCHEDULE", "1")
+    one = reference(2)
+    status, output = launch(tmp_path / "schedule", 2, 1, 2)
+    assert status == 0, output
+    for got in results(tmp_path / "schedule", 2):
+        np.testing.assert_array_equal(got["flat"], one.flat_params)
+
+
 def test_a_process_that_dies_stops_the_others_with_a_clear_error(tmp_path):
     status, output = launch(tmp_path / "die", 2, 1, 6, env={"JES_TEST_DIE_AT": "2"})
     assert status == 3, output

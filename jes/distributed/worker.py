@@ -543,8 +543,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--curve-server-key", metavar="KEY",
                         help="encrypt with ZeroMQ CURVE: the master's public key (the NAME.public file of "
                              "`jes keys NAME`, or its 40 characters); the master runs with the secret one")
-    parser.add_argument("--log-level", default="INFO", type=str.upper, choices=("DEBUG", "INFO", "WARNING", "ERROR"),
-                        help="DEBUG, INFO, WARNING or ERROR (default INFO)")
+    parser.add_argument("--log-level", default="INFO", type=str.upper,
+                        choices=("DEBUG", "INFO", "WARNING", "WARN", "ERROR", "CRITICAL"),
+                        help="DEBUG, INFO, WARNING, ERROR or CRITICAL (default INFO)")
     parser.add_argument("--exit-with", type=int, default=None, metavar="PID",
                         help="exit when process PID, this worker's parent, ends (local workers of jes train "
                              "--workers / num_workers are started with it)")

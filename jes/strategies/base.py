@@ -265,6 +265,13 @@ def sorted_utilities(fitness: jax.Array, utilities: jax.Array) -> jax.Array:
 def check_settings_apply(strategy: Strategy, learning_rate: Any, weight_decay: float, fitness_shaping: str) -> None:
     """Refuse settings of the mean's optimizer step that ``strategy`` never reads (they would be silently ignored:
     the same bits as leaving them out)."""
+    message = ignored_settings(strategy, learning_rate, weight_decay, fitness_shaping)
+    if message is not None:
+        raise ValueError(message)
+
+
+def ignored_settings(strategy: Strategy, learning_rate: Any, weight_decay: float, fitness_shaping: str) -> str | None:
+    """What :func:`check_settings_apply` refuses, as a message (``None``: every setting given is read)."""
     ignored = []
     own_rate = strategy.uses_optimizer and getattr(strategy, "center_lr", None) is not None
     if learning_rate is not None and (not strategy.uses_optimizer or own_rate):
@@ -277,9 +284,10 @@ def check_settings_apply(strategy: Strategy, learning_rate: Any, weight_decay: f
         why = (f"its center_lr={strategy.center_lr!r} is the rate" if own_rate else
                f"it moves its mean by its own rule, with its own rates and weights (fields of "
                f"jes.strategies.{type(strategy).__name__})")
-        raise ValueError(f"{', '.join(ignored)} would be ignored by strategy {strategy.name!r}: {why}; drop "
-                         f"{'it' if len(ignored) == 1 else 'them'}, or use a strategy that takes "
-                         f"{'it' if len(ignored) == 1 else 'them'} (openai_es, pgpe)")
+        return (f"{', '.join(ignored)} would be ignored by strategy {strategy.name!r}: {why}; drop "
+                f"{'it' if len(ignored) == 1 else 'them'}, or use a strategy that takes "
+                f"{'it' if len(ignored) == 1 else 'them'} (openai_es, pgpe)")
+    return None
 
 
 def check_optimizer_free(strategy: Strategy, optimizer: Any) -> None:
