@@ -48,6 +48,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import importlib.util
 import os
 import shutil
 import sys
@@ -61,6 +62,9 @@ import jax  # noqa: E402
 jax.config.update("jax_enable_x64", True)  # before any array exists: float64 means, samples and fitness
 
 import numpy as np  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from provenance import print_load, print_provenance  # noqa: E402
 
 OPTIMIZERS = ("jes-cma-es-ipop", "pycma-ipop", "evosax-cma-es", "jes-sep-cma-es-ipop", "jes-snes")
 TARGETS = 10.0 ** np.linspace(2, -8, 51)  # COCO's standard bbob targets on f - f_opt
@@ -358,7 +362,11 @@ def main() -> None:
     parser.add_argument("--out", default="exdata")
     parser.add_argument("--post", action="store_true", help="only print the table and run cocopp")
     args = parser.parse_args()
-    print("command:", " ".join(sys.argv), flush=True)
+    needed = "cocopp" if args.post else "cocoex"
+    if importlib.util.find_spec(needed) is None:  # before any run, not after
+        parser.error(f"{needed} is not importable here: pip install coco-experiment (COCO's cocoex and cocopp; a "
+                     f"benchmark tool, never a jes dependency)")
+    print_provenance()
     if args.post:
         post(args.out, args.budget_multiplier)
         return
@@ -389,3 +397,4 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+    print_load()

@@ -31,6 +31,9 @@ import hashlib, inspect, json, statistics, sys, time
 import numpy as np
 import jax, jax.numpy as jnp
 import jes
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from provenance import print_load, print_provenance  # noqa: E402
 jes.use_cpu_cores()
 min_batch, options, workload, eval_every = int(sys.argv[1]), json.loads(sys.argv[2]), sys.argv[3], int(sys.argv[4])
 policy, env = {"cartpole": (jes.GRUPolicy(hidden=5, layers=2), "CartPole-v1"),
@@ -167,6 +170,7 @@ def main() -> None:
                         help="also log XLA's per-pass times (TF_CPP_VMODULE=hlo_pass_pipeline=1) and print where "
                              "the compile goes")
     args = parser.parse_args()
+    print_provenance()
     checkouts = [item.split("=", 1) for item in args.compare.split(",")]
     variants = [(w, ev, label, path, int(mb), opts) for w in args.workloads.split(",")
                 for ev in (int(x) for x in args.eval_every.split(",")) for label, path in checkouts
@@ -199,3 +203,4 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+    print_load()

@@ -51,6 +51,9 @@ from jes import blackbox  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(__file__))
 from strategies import ENVS, FUNCTIONS  # noqa: E402  (same functions, start points and sigmas; same envs,
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from provenance import print_load, print_provenance  # noqa: E402
 #                                                 policies, thresholds, populations and generation budgets)
 
 PAIRS = {"sep_cma_es": "Sep_CMA_ES", "snes": "SNES"}
@@ -401,6 +404,7 @@ def main(argv=None):
     parser.add_argument("--rl-no-jes", action="store_true", help="RL part: run the evosax variants only")
     parser.add_argument("--rl-generations", type=int, default=0, help="override the per-env generation budget")
     args = parser.parse_args(argv)
+    print_provenance()
     try:
         import evosax
         from evosax import algorithms
@@ -415,3 +419,4 @@ def main(argv=None):
 
 if __name__ == "__main__":
     main()
+    print_load()

@@ -40,6 +40,9 @@ from jes.distributed.master import Master  # noqa: E402
 from jes.generation import Trainer  # noqa: E402
 from jes.host_step import HostGeneration  # noqa: E402
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from provenance import print_load, print_provenance  # noqa: E402
+
 ENV = "gymnasium:CartPole-v1"
 NAN = float("nan")
 
@@ -281,6 +284,10 @@ def main() -> None:
     parser.add_argument("--table-seeds", type=int, default=5)
     parser.add_argument("--table-optimizers", default=None, help="comma-separated (default: the five)")
     args = parser.parse_args()
+    if not args.table and not args.no_evotorch and importlib.util.find_spec("evotorch") is None:
+        parser.error("evotorch is not importable here: pip install evotorch (a peer for comparison, never a jes "
+                     "dependency), or pass --no-evotorch to time jes alone")
+    print_provenance()
     if args.table:
         spec = importlib.util.spec_from_file_location("portable_es", os.path.join(_HERE, "portable_es.py"))
         portable_es = importlib.util.module_from_spec(spec)
@@ -290,7 +297,6 @@ def main() -> None:
                                    generations=25, pairs=256, eval_episodes=64)
         portable_es.benchmark(ENV, jes.GRUPolicy(hidden=5, layers=2), table)
         return
-    print("command: python benchmarks/gymnasium_envs.py " + " ".join(sys.argv[1:]))
     print(f"machine: {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} at start")
     seeds = [int(s) for s in args.seeds.split(",")]
     for env_id in args.envs.split(","):
@@ -304,3 +310,4 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+    print_load()

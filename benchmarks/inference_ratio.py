@@ -77,6 +77,9 @@ from jes.rollout import run_slots  # noqa: E402
 from jes.strategies import noise  # noqa: E402
 from jes.threefry import UnrolledJit  # noqa: E402
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from provenance import print_load, print_provenance  # noqa: E402
+
 
 class MinAtarCNN(nn.Module):
     """A MinAtar-sized CNN: one 3x3 conv with ``channels`` filters, then a ``hidden`` dense layer and the head."""
@@ -469,6 +472,7 @@ def main() -> None:
                         help="XLA CPU devices, every row sharded over them (jes train makes one per core: "
                              "jes.use_cpu_cores); with more than one, chunks that give every device members")
     args = parser.parse_args()
+    print_provenance()
     if args.chunk_size == "all" and args.cpu_devices > 1:
         parser.error("--chunk-size all makes one chunk, which runs on one device: give a size, or leave out --cpu-devices")
     if args.profile and not args.breakdown:
@@ -546,3 +550,4 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+    print_load()

@@ -35,6 +35,9 @@ from jes.loop import run  # noqa: E402
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from inference_ratio import MinAtarCNN  # noqa: E402
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from provenance import print_load, print_provenance  # noqa: E402
+
 CELLS = {
     # name: (env, policy, threshold, generations, config)
     "cartpole-gru": ("CartPole-v1", lambda: jes.GRUPolicy(5, 2), 475.0, 50, dict(num_members=512)),
@@ -173,6 +176,7 @@ def main() -> None:
     parser.add_argument("--stats", nargs="+", metavar="OUTPUT",
                         help="compare with full rank from this script's saved output (see above), then stop")
     args = parser.parse_args()
+    print_provenance()
     if args.stats:
         return stats(args.stats)
     seeds = [int(s) for s in args.seeds.split(",")]
@@ -222,3 +226,4 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+    print_load()

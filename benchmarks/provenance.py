@@ -12,9 +12,12 @@ import platform
 import sys
 
 
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository: benchmarks/ is in it
+
+
 def command_line() -> str:
-    """The command as a reader would retype it from the repository root."""
-    script = os.path.relpath(os.path.abspath(sys.argv[0]))
+    """The command as a reader would retype it from the repository root (wherever it was run from)."""
+    script = os.path.relpath(os.path.abspath(sys.argv[0]), ROOT)
     return " ".join(["python", script, *sys.argv[1:]])
 
 

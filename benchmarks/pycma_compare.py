@@ -12,9 +12,14 @@ mean's out, as pycma counts.
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
+import sys
 
 import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from provenance import print_load, print_provenance  # noqa: E402
 
 FUNCTIONS = {
     # name: (numpy f, x0 value)
@@ -100,6 +105,7 @@ def main(argv=None):
     parser.add_argument("--budget", type=int, default=100_000)
     parser.add_argument("--restarts", default="none", choices=("none", "ipop"))
     args = parser.parse_args(argv)
+    print_provenance()
     import cma
     import jes
 
@@ -120,3 +126,4 @@ def main(argv=None):
 
 if __name__ == "__main__":
     main()
+    print_load()

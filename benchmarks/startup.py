@@ -23,13 +23,18 @@ directory again). ``--compare label=PATH,...`` runs each checkout (its ``jes`` p
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from provenance import print_load, print_provenance  # noqa: E402
 
 CHILD = r"""
 import sys, time
@@ -190,21 +195,22 @@ def run_module(seed: int, cache_dir: str) -> dict:
     total = time.time() - start
     if proc.returncode not in (0, 1):  # 1: not solved within its generations (reported, not an error)
         raise RuntimeError(f"python -m jes failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
-    gens = [int(line.split()[1]) for line in proc.stdout.splitlines()
-            if line.startswith("generation ") and "population mean" in line]
+    # "generation 4/25: mean ..." (stdout not a terminal, as here) or the terminal's "generation 4 ... population mean"
+    gens = [int(m.group(1)) for m in (re.match(r"generation (\d+)(/\d+:| .*population mean)", line)
+                                      for line in proc.stdout.splitlines()) if m]
     score = [float(line.split(":")[1].split()[0]) for line in proc.stdout.splitlines() if "fresh episodes:" in line]
     return dict(total=total, solved=gens[-1] if proc.returncode == 0 else None, score=score[0] if score else None)
 
 
-def as_user(seeds: int, peers: list[str]) -> None:
+def as_user(seeds: int, peers: list[str], kinds: tuple[str, ...] = ("cold", "warm")) -> None:
     """``python -m jes`` and each peer's child, cold then warm, interleaved seed by seed; wall time from outside."""
     children = [("python -m jes", None)] + [(peer, {"evosax": CHILD_EVOSAX}[peer]) for peer in peers]
-    rows = {(label, kind): [] for label, _ in children for kind in ("cold", "warm")}
+    rows = {(label, kind): [] for label, _ in children for kind in kinds}
     with tempfile.TemporaryDirectory() as tmp:
         for seed in range(seeds):
             for label, child in children:
                 cache = os.path.join(tmp, f"{label.replace(' ', '_')}-{seed}")
-                for kind in ("cold", "warm"):
+                for kind in kinds:
                     r = run_module(seed, cache) if child is None else run_child("", seed, cache, child=child)
                     rows[(label, kind)].append(r)
                     print(f"{label:>14s} seed {seed} {kind}: {r['total']:5.2f} s, solved at generation {r['solved']}, "
@@ -240,8 +246,14 @@ def main() -> None:
     parser.add_argument("--peer", choices=("evosax",), action="append", default=[],
                         help="also run a peer library's equivalent, interleaved (evosax: importable from PYTHONPATH)")
     args = parser.parse_args()
+    for peer in args.peer:  # before minutes of jes runs, not after them
+        if importlib.util.find_spec(peer) is None:
+            parser.error(f"--peer {peer}: {peer} is not importable here (pip install {peer}; it is a peer for "
+                         f"comparison, never a jes dependency)")
+    print_provenance()
     if args.as_user:
-        as_user(args.seeds, args.peer)
+        as_user(args.seeds, args.peer, ("cold",) if args.no_warm else ("cold", "warm"))
+        print_load()
         return
     # (label, checkout put first on PYTHONPATH or "" for a peer, child script)
     checkouts = [(*item.split("=", 1), CHILD) for item in args.compare.split(",")] + \
@@ -269,8 +281,8 @@ def main() -> None:
         print(f"| {label} | {kind} | {med(lambda r: r['solved_at']):.2f} | {med(lambda r: r['total']):.2f} | "
               + " | ".join(f"{med(lambda r, k=k: r['phases'][k]):.2f}" for k in PHASES)
               + f" | {med(lambda r: r['solved'] or 0):.0f} | {steady_generation_s(runs):.4f} |")
-    print(f"\n(medians over seeds 0-{args.seeds - 1}; load average at the end: {os.getloadavg()[0]:.1f} "
-          f"on {os.cpu_count()} CPUs)")
+    print(f"\n(medians over seeds 0-{args.seeds - 1})")
+    print_load()
 
 
 if __name__ == "__main__":

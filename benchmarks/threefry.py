@@ -28,6 +28,9 @@ import jes  # noqa: E402
 import jes.compiled  # noqa: E402
 from inference_ratio import MinAtarCNN  # noqa: E402
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from provenance import print_load, print_provenance  # noqa: E402
+
 # name -> (policy, env, config fields)
 CELLS = {
     "cartpole-gru-full": (lambda: jes.GRUPolicy(hidden=5, layers=2), "CartPole-v1", {}),
@@ -60,6 +63,7 @@ def main() -> None:
     parser.add_argument("--seeds", default="0,1,2,3,4")
     parser.add_argument("--repeats", type=int, default=3, help="timed generations per seed and program")
     args = parser.parse_args()
+    print_provenance()
     seeds = [int(s) for s in args.seeds.split(",")]
     print(f"jax {jax.__version__}, {os.cpu_count()} CPUs; seeds {args.seeds}, {args.repeats} generations each; "
           f"the programs take turns generation by generation")
@@ -91,3 +95,4 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+    print_load()

@@ -1,4 +1,7 @@
-"""``python -m jes``: train the reference GRU on CartPole-v1 until solved and print the result."""
+"""``python -m jes``: train the reference GRU on CartPole-v1 until solved and print the result.
+
+Exit status 0 when the centre policy solved CartPole (a centre return >= 475), 1 when it did not within
+``--generations``, 2 for a bad argument."""
 from __future__ import annotations
 
 import argparse
@@ -7,7 +10,8 @@ import sys
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m jes", description=__doc__)
-    parser.add_argument("--optimizer", default="adam", help="adam, adabelief, novograd, radam, amsgrad or sgd")
+    parser.add_argument("--optimizer", default="adam",
+                        help="adam, adabelief, amsgrad, clipup, novograd, radam or sgd (jes train has more options)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--generations", type=int, default=25)
     args = parser.parse_args(argv)
@@ -20,10 +24,14 @@ def main(argv: list[str] | None = None) -> int:
 
     use_cpu_cores()  # one CPU device per core: same result, faster generations
     enable_compilation_cache()
-    result = jes.train(
-        jes.GRUPolicy(hidden=5, layers=2), "CartPole-v1", args.optimizer,
-        key=args.seed, num_generations=args.generations, stop_at_return=475.0,
-    )
+    try:
+        result = jes.train(
+            jes.GRUPolicy(hidden=5, layers=2), "CartPole-v1", args.optimizer,
+            key=args.seed, num_generations=args.generations, stop_at_return=475.0,
+        )
+    except ValueError as err:  # --generations 0, --optimizer bogus: one line, as jes train gives it
+        print(f"python -m jes: {str(err).replace('num_generations', '--generations')}", file=sys.stderr)
+        return 2
     if sys.stdout.isatty():  # the progress bar is gone: the generations as a table (elsewhere a line each was printed)
         for gen, mean, best, centre in zip(result.history["generation"], result.history["pop_mean"],
                                            result.history["pop_max"], result.history["centre_return"]):

@@ -37,6 +37,14 @@ def test_quickstart_module_help():
     assert out.returncode == 0 and "--optimizer" in out.stdout
 
 
+def test_quickstart_module_bad_values_are_one_line_errors(tmp_path):
+    for flags, message in ((["--generations", "0"], "python -m jes: --generations must be a positive integer, got 0"),
+                           (["--optimizer", "bogus"], "python -m jes: unknown optimizer 'bogus'")):
+        out = subprocess.run([sys.executable, "-m", "jes", *flags], capture_output=True, text=True, cwd=str(tmp_path),
+                             timeout=300)
+        assert out.returncode == 2 and message in out.stderr and "Traceback" not in out.stderr, out.stderr
+
+
 def test_quickstart_module_prints_each_generation_once_when_its_output_is_not_a_terminal(tmp_path):
     # a log or CI: one console line per generation (no progress bar to clear, so no table after it)
     try:
