@@ -63,12 +63,13 @@ def salimans_config(env: str, backend: str) -> tuple[str, jes.MLPPolicy, dict, s
 
 
 def run_task(label: str, env: str, policy: jes.MLPPolicy, config: dict, optimizer: str, generations: int | None,
-             seeds: list[int]) -> None:
+             seeds: list[int], overrides: dict | None = None) -> None:
     """One trainer (one compile) and one run per seed; a row of seed statistics."""
     from jes.loop import run
 
     if generations is not None:
         config = dict(config, num_generations=generations)
+    config = dict(config, **{k: v for k, v in (overrides or {}).items() if v is not None})
     trainer = jes.Trainer(policy, env, optimizer, jes.ESConfig(**config))
     solved, finals, rates, walls, compile_time = [], [], [], [], None
     for seed in seeds:
@@ -93,6 +94,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--task", choices=sorted(CPU_TASKS), action="append", help="CPU task(s) to run (default: all)")
     parser.add_argument("--generations", type=int, default=None, help="override the task's generation budget")
+    parser.add_argument("--population", type=int, default=None, help="override the task's population")
+    parser.add_argument("--learning-rate", type=float, default=None, help="override the task's adam learning rate")
     parser.add_argument("--gpu-humanoid", action="store_true", help="Salimans et al.'s Humanoid run (GPU)")
     parser.add_argument("--gpu-ant", action="store_true", help="the same configuration on Ant (GPU)")
     parser.add_argument("--backend", default="mjx", help="physics backend of the GPU runs")
@@ -115,8 +118,9 @@ def main() -> None:
         for name in gpu:
             run_task(f"gpu-{name}", *salimans_config(name, args.backend), args.generations, seeds)
         return
+    overrides = dict(num_members=args.population, learning_rate=args.learning_rate)
     for name in args.task or list(CPU_TASKS):
-        run_task(name, *CPU_TASKS[name], args.generations, seeds)
+        run_task(name, *CPU_TASKS[name], args.generations, seeds, overrides)
     provenance([])
 
 

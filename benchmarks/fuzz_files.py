@@ -24,7 +24,7 @@ from jes.trained import ActionMap, PolicyFileError  # noqa: E402
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--count", type=int, default=10000, help="malformed files per kind (default 10000)")
+    parser.add_argument("--count", type=int, default=10000, help="random malformed files per kind (default 10000), besides the fixed cases every run reads")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     trainer = jes.Trainer(jes.MLPPolicy(hidden_sizes=(3,)), "CartPole-v1", "adam",

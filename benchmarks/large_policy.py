@@ -79,7 +79,8 @@ def main() -> None:
           f"(a full-rank chunk: C x P = {trainer.chunk_size * trainer.num_params:,}, "
           f"{trainer.chunk_size * trainer.num_params / chunk_floats:.0f}x more)")
     print(f"s/generation over seeds: median {np.median(per_seed):.2f} [{min(per_seed):.2f}, {max(per_seed):.2f}] "
-          f"(each seed's median of generations 2..{args.generations}); compile median {np.median(compiles):.0f} s "
+          f"(each seed's median of generation{' 1' if args.generations < 2 else f's 2..{args.generations}'}); "
+          f"compile median {np.median(compiles):.0f} s "
           f"[{min(compiles):.0f}, {max(compiles):.0f}]; peak RSS of the process {peak_rss_gib():.2f} GiB")
     print_load()
 

@@ -1,4 +1,4 @@
-"""GRU vs MLP of similar size on tasks that need memory, several seeds each (seeds run vmapped).
+"""GRU vs MLP of similar size on tasks that need memory, several seeds each (one after another, jes.sweep's default).
 
     python benchmarks/memory.py [--seeds 5] [--generations 40] [--tasks cartpole,pendulum,memorychain]
 

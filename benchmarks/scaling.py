@@ -110,7 +110,8 @@ def run_zeromq(workers: int, gens: int, population: int, seed: int = 0, env: str
                           eval_episodes=8)
     trainer = jes.Trainer(jes.GRUPolicy(hidden=5, layers=2), env, "adam", config)
     port = free_port()
-    cores = [str(i % (os.cpu_count() or 1)) for i in range(workers)]
+    allowed = sorted(os.sched_getaffinity(0))  # the cores this process may use (taskset, a cgroup's cpuset)
+    cores = [str(allowed[i % len(allowed)]) for i in range(workers)]
     procs = start_workers(port, cores)
     try:
         with Master(trainer, f"127.0.0.1:{port}", secret=SECRET, env=env, optimizer="adam",
