@@ -35,7 +35,8 @@ def parse_args(description: str, default_seeds: int = 5) -> argparse.Namespace:
 def benchmark(env: str, policy: jes.GRUPolicy, args: argparse.Namespace) -> list[dict]:
     """Run the table and print it; returns one row per optimizer."""
     print_provenance(range(args.seeds))
-    print(f"# {env}, {policy}, {2 * args.pairs} evaluations/generation, {args.generations} generations, "
+    described = " ".join(repr(policy).split())  # one line: flax's repr spans several, outside the '# ' block
+    print(f"# {env}, {described}, {2 * args.pairs} evaluations/generation, {args.generations} generations, "
           f"{args.seeds} seeds; jax {jax.__version__} on {jax.default_backend()} ({platform.machine()}, "
           f"{len(jax.devices())} device(s))", flush=True)
     rows = []
