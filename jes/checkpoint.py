@@ -160,6 +160,12 @@ def build_policy(description: dict, path: str = "<checkpoint>", allow_modules: A
     try:
         return describe.build_object(description, allow, "policy", role="policy")
     except describe.DescriptionError as err:
+        if isinstance(description, dict) and str(description.get("class", "")).startswith("__main__:"):
+            raise CheckpointError(
+                f"{path}: cannot rebuild the policy: its class {description['class'].split(':', 1)[1]} was defined in "
+                f"the script or notebook that trained it (__main__), which no other program can import. Resume or "
+                f"evaluate it from there (jes.train(policy, env, ..., resume=path); jes.checkpoint.read(path)"
+                f".restore_state(trainer)), or move the class to a module of its own for the next run") from err
         raise CheckpointError(
             f"{path}: cannot rebuild the policy: {err}. Import your policy's module first or pass "
             f"allow_modules=[...] (CLI: --allow-module MODULE), or build the Trainer yourself and use jes.checkpoint.read(path).restore_state(trainer)"

@@ -272,7 +272,7 @@ def describe_object(obj: Any, what: str, *, lenient: bool = False) -> dict:
     """
     cls = type(obj)
     path = _importable(cls)
-    if path is None and lenient:
+    if (path is None or cls.__module__ == "__main__") and lenient:  # a checkpoint of a notebook's own class
         path = _path_of(cls) or f"{cls.__module__}:{cls.__qualname__}"  # recorded; building it will fail
     elif path is None or cls.__module__ == "__main__":
         raise DescriptionError(

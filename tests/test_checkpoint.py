@@ -274,6 +274,41 @@ def test_save_sweeps_temp_files_left_by_a_killed_save(trainer, tmp_path):
     assert checkpoint.read(path).generation == 0
 
 
+MAIN_POLICY_SCRIPT = """
+import sys
+import flax.linen as nn, jax.numpy as jnp, numpy as np
+import jes
+
+class Linear(nn.Module):  # the policies guide's example, defined in the script itself (__main__), as in a notebook
+    num_outputs: int = 2
+
+    @nn.compact
+    def __call__(self, obs):
+        return nn.Dense(self.num_outputs)(jnp.ravel(obs))
+
+kw = dict(num_members=16, eval_episodes=2, progress=False)
+first = jes.train(Linear(), "CartPole-v1", "adam", num_generations=2, log_dir=sys.argv[1], **kw)
+resumed = jes.train(Linear(), "CartPole-v1", "adam", num_generations=3, resume=first.checkpoint_path, **kw)
+whole = jes.train(Linear(), "CartPole-v1", "adam", num_generations=3, log_dir=None, **kw)
+assert np.array_equal(resumed.flat_params, whole.flat_params)
+print("checkpoint", first.checkpoint_path)
+"""
+
+
+def test_a_policy_defined_in_main_keeps_its_checkpoints(tmp_path):
+    """A policy class of the script (or notebook) itself made the first checkpoint save raise, after the run: the
+    run was lost. Its checkpoints are written and resume from that script; other programs get an error saying why."""
+    script = tmp_path / "train_it.py"
+    script.write_text(MAIN_POLICY_SCRIPT)
+    out = subprocess.run([sys.executable, str(script), str(tmp_path / "run")], capture_output=True, text=True,
+                         timeout=300, cwd=str(tmp_path))
+    assert out.returncode == 0 and "checkpoint " in out.stdout, out.stderr
+    ckpt = str(tmp_path / "run" / "checkpoint.ckpt")
+    with pytest.raises(checkpoint.CheckpointError, match=r"its class Linear was defined in the script or notebook that "
+                                                         r"trained it \(__main__\), which no other program can import"):
+        checkpoint.read(ckpt).build_trainer()
+
+
 def test_a_checkpoint_with_a_setting_its_strategy_ignores_resumes_with_a_warning(tmp_path, capsys):
     """A jes that took learning_rate for snes silently wrote it into the checkpoint; `jes train --resume` takes the
     config from there, so refusing it would leave the run impossible to continue."""
