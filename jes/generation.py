@@ -27,6 +27,7 @@ import math
 from typing import Any, Callable
 
 import flax.linen as nn
+import flax.errors
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -41,7 +42,7 @@ from jes.config import ESConfig
 from jes.cpu import compiler_options
 from jes.envs import EnvSpec, make_env
 from jes.optimizers import make_optimizer
-from jes.policies import PolicyFns, fit_to_outputs
+from jes.policies import PolicyFns, check_carry, fit_to_outputs, kind_of
 from jes.rollout import OBS_EPS, obs_mean_std, obs_normaliser, run_episodes, run_slots, sum_obs_stats
 from jes.strategies import noise
 from jes.strategies.base import Context, Strategy
@@ -688,14 +689,39 @@ class Trainer(Generation):
 
     def _init_variables(self, key: jax.Array, abstract: bool = False) -> Any:
         init = jax.eval_shape if abstract else (lambda f, *a: f(*a))
+        name = type(self.policy).__name__
+        if self.fns.recurrent:
+            try:
+                carry = jax.eval_shape(self.fns.initial_carry)
+            except Exception as err:  # noqa: BLE001 - the user's initialize_carry, whatever it raised
+                raise ValueError(f"policy {name}'s initialize_carry(rng, input_shape) failed ({type(err).__name__}: "
+                                 f"{err}); jes calls it as Flax's recurrent cells take it, with a key and the "
+                                 f"observation shape {self.spec.obs_shape}") from err
         try:
             variables = init(self.fns.init, key)
             carry = self.fns.initial_carry()
             obs = jax.ShapeDtypeStruct(self.spec.obs_shape, jnp.float32)
-            _, out = jax.eval_shape(self.fns.apply, variables, carry, obs)
+            if self.fns.recurrent:
+                returned = jax.eval_shape(self.policy.apply, variables, carry, obs)
+                if not (isinstance(returned, tuple) and len(returned) == 2):
+                    raise TypeError(f"a recurrent policy (it has initialize_carry) returns (carry, output), but "
+                                    f"{name} returned {kind_of(returned)}")
+                new_carry, out = returned
+                check_carry(name, jax.eval_shape(lambda: carry), new_carry)
+            else:
+                out = jax.eval_shape(lambda v, o: self.policy.apply(v, o), variables, obs)
+            if not hasattr(out, "shape"):
+                raise TypeError(f"policy {name} returned {kind_of(out)}, not an output array: a feed-forward policy "
+                                f"returns its output; a recurrent one defines initialize_carry(rng, input_shape) and "
+                                f"returns (carry, output)")
+        except flax.errors.FlaxError as err:  # a mutable collection (BatchNorm statistics) or an RNG (Dropout)
+            raise ValueError(
+                f"policy {name} cannot be applied as a pure function of its parameters ({err}); jes evaluates "
+                f"members with no mutable collections or RNGs: use nn.BatchNorm(use_running_average=True), "
+                f"nn.Dropout(deterministic=True)") from err
         except (TypeError, ValueError) as err:
             raise ValueError(
-                f"policy {type(self.policy).__name__} cannot be applied to one observation of env "
+                f"policy {name} cannot be applied to one observation of env "
                 f"{self.spec.name!r} (shape {self.spec.obs_shape}): {err}"
             ) from err
         expected = (self.spec.num_outputs,)

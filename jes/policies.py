@@ -170,6 +170,31 @@ def fit_to_outputs(policy: nn.Module, num_outputs: int) -> nn.Module:
     return policy
 
 
+def kind_of(value: Any) -> str:
+    """A returned value's kind in an error: ``a tuple of 2``, ``a dict``, ``an array of shape (2,)``."""
+    if isinstance(value, tuple):
+        return f"a tuple of {len(value)}"
+    if hasattr(value, "shape"):
+        return f"an array of shape {tuple(value.shape)}"
+    return f"a {type(value).__name__}"
+
+
+def check_carry(name: str, initial: Any, returned: Any) -> None:
+    """A recurrent policy's returned carry must be its initial carry's structure, shapes and dtypes (a while loop
+    carries it from step to step)."""
+    first, second = jax.tree.structure(initial), jax.tree.structure(returned)
+    if first != second:
+        raise ValueError(f"policy {name} returns a carry of structure {second}, but its initialize_carry gives "
+                         f"{first}: return the carry in the structure initialize_carry makes it")
+    for path, a, b in zip(jax.tree_util.tree_flatten_with_path(initial)[0], jax.tree.leaves(initial),
+                          jax.tree.leaves(returned)):
+        if (tuple(a.shape), a.dtype) != (tuple(b.shape), b.dtype):
+            where = jax.tree_util.keystr(path[0]) or "the carry"
+            raise ValueError(f"policy {name} returns {where} of shape {tuple(b.shape)} {b.dtype}, but its "
+                             f"initialize_carry gives {tuple(a.shape)} {a.dtype}: the carry keeps its shape and "
+                             f"dtype from step to step")
+
+
 class PolicyFns:
     """Uniform ``(params, carry, obs) -> (carry, out)`` view of a feed-forward or recurrent module."""
 

@@ -310,6 +310,62 @@ def test_policy_output_not_fitting_action_space():
         jes.Trainer(lambda obs: obs, "CartPole-v1")
 
 
+def _feed_forward(what):
+    class FeedForward(nn.Module):
+        @nn.compact
+        def __call__(self, obs):
+            return what(nn.Dense(2)(obs), obs)
+    return FeedForward()
+
+
+def _recurrent(carry, what):
+    class Recurrent(nn.Module):
+        def initialize_carry(self, rng, input_shape):
+            return carry(input_shape)
+
+        @nn.compact
+        def __call__(self, c, obs):
+            return what(nn.Dense(2)(obs), c)
+    return Recurrent()
+
+
+def test_a_policy_breaking_the_call_conventions_gets_an_error_naming_the_convention():
+    """A tuple from a feed-forward module, a recurrent one returning no carry or another carry, an initialize_carry
+    of the old Flax signature, mutable BatchNorm / random Dropout: each surfaced as JAX or Flax internals."""
+    zeros = lambda shape: jnp.zeros((4,))
+    cases = [
+        (_feed_forward(lambda out, obs: (out, obs)), r"returned a tuple of 2, not an output array: a feed-forward "
+                                                     r"policy returns its output; a recurrent one defines "
+                                                     r"initialize_carry\(rng, input_shape\) and returns \(carry, output\)"),
+        (_recurrent(zeros, lambda out, c: out), r"a recurrent policy \(it has initialize_carry\) returns \(carry, "
+                                                r"output\), but Recurrent returned an array of shape \(2,\)"),
+        (_recurrent(zeros, lambda out, c: ((c, c), out)), r"returns a carry of structure .* but its initialize_carry "
+                                                          r"gives"),
+        (_recurrent(zeros, lambda out, c: (jnp.zeros(5), out)), r"returns the carry of shape \(5,\) float32, but its "
+                                                                r"initialize_carry gives \(4,\) float32"),
+        (_recurrent(lambda shape: jnp.zeros((1,) + shape[0]), lambda out, c: (c, out)),
+         r"initialize_carry\(rng, input_shape\) failed .* with a key and the observation shape \(4,\)"),
+    ]
+    for policy, message in cases:
+        with pytest.raises(ValueError, match=message):
+            jes.Trainer(policy, "CartPole-v1")
+
+    class TrainingBatchNorm(nn.Module):
+        @nn.compact
+        def __call__(self, obs):
+            return nn.Dense(2)(nn.BatchNorm(use_running_average=False)(obs[None])[0])
+
+    class RandomDropout(nn.Module):
+        @nn.compact
+        def __call__(self, obs):
+            return nn.Dense(2)(nn.Dropout(0.5, deterministic=False)(obs))
+
+    for policy in (TrainingBatchNorm(), RandomDropout()):
+        with pytest.raises(ValueError, match=r"cannot be applied as a pure function of its parameters .* use "
+                                             r"nn.BatchNorm\(use_running_average=True\), nn.Dropout\(deterministic=True\)"):
+            jes.Trainer(policy, "CartPole-v1")
+
+
 def test_nan_fitness_names_member_and_generation_and_keeps_last_good_state():
     env = Countdown()
     params = env.default_params.replace(nan_reward=True)
