@@ -31,8 +31,8 @@ import numpy as np
 from flax import serialization
 from jax.flatten_util import ravel_pytree
 
-from jes import host_rollout, schema
-from jes.checkpoint import build_policy, describe_policy
+from jes import describe, host_rollout, schema
+from jes.checkpoint import build_policy
 from jes.cpu import compiler_options
 from jes.envs import EnvSpec, make_env
 from jes.envs.spec import box_action
@@ -341,10 +341,19 @@ def save_policy(trained: TrainedPolicy, path: str) -> str:
 
     Returns:
         ``path``.
+
+    Raises:
+        DescriptionError: the policy cannot be rebuilt by name from a file (its class defined in ``__main__`` or a
+            notebook, a lambda or closure in a field); nothing is written.
     """
+    try:  # strict, unlike a checkpoint's description: a file whose policy no program can rebuild is of no use
+        description = describe.describe_object(trained.policy, "policy")
+    except describe.DescriptionError as err:
+        raise describe.DescriptionError(f"cannot save this policy to a file: {err} (a .policy file names its class and "
+                                        f"fields for the program that loads it)") from err
     meta = {
         "format": "jes-policy", "version": POLICY_FORMAT_VERSION,
-        "policy": describe_policy(trained.policy), "env_name": trained.env_name,
+        "policy": description, "env_name": trained.env_name,
         "obs_shape": list(trained.obs_shape), "max_steps": trained.max_steps,
         "action": {k: v for k, v in dataclasses.asdict(trained.action_map).items() if k != "raw_unless_bounded"},
     }

@@ -1,6 +1,7 @@
 """Using what was trained: result.act / policy_fn / evaluate reproduce training's centre evaluation
 bit for bit; save_policy / load_policy round trips; the best member is regenerated from its key."""
 import logging
+import os
 
 import flax.linen as nn
 import jax
@@ -92,6 +93,17 @@ def test_save_and_load_policy_round_trip(result, tmp_path):
     obs = jnp.ones(result.trainer.spec.obs_shape) * 0.1
     np.testing.assert_array_equal(np.asarray(loaded.act(loaded.initial_carry(), obs)[1]),
                                   np.asarray(result.act(result.initial_carry(), obs)[1]))
+
+
+def test_a_policy_no_program_could_rebuild_is_not_saved_to_a_file(tmp_path):
+    """A lambda in a field was written without a word, and load_policy could never read the file back."""
+    lam = jes.MLPPolicy(hidden_sizes=(4,), activation=lambda x: jax.nn.relu(x))
+    result = jes.train(lam, "CartPole-v1", "adam", num_members=16, num_generations=1, eval_episodes=2, log_dir=None,
+                       progress=False)
+    with pytest.raises(jes.describe.DescriptionError, match=r"cannot save this policy to a file: policy.activation "
+                                                            r"holds the callable .*lambda"):
+        result.save_policy(str(tmp_path / "lambda.policy"))
+    assert not os.listdir(tmp_path)
 
 
 def test_load_policy_refuses_other_files(tmp_path):
