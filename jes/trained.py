@@ -227,7 +227,11 @@ class TrainedPolicy:
             ``(carry, action)``: an int32 scalar for discrete envs, else an ``action_shape`` float32 array
             in the env's bounds.
         """
-        return self._act(self.variables, carry, jnp.asarray(obs, jnp.float32))
+        obs = jnp.asarray(obs, jnp.float32)
+        if tuple(obs.shape) != tuple(self.obs_shape):
+            raise ValueError(f"act takes one observation of shape {tuple(self.obs_shape)}, got shape {tuple(obs.shape)}; "
+                             f"for a batch of envs use jax.vmap(policy.policy_fn())(carries, observations)")
+        return self._act(self.variables, carry, obs)
 
     def policy_fn(self) -> Callable[[Any, jax.Array], tuple[Any, jax.Array]]:
         """A self-contained ``fn(carry, obs) -> (carry, action)`` with params, normaliser and action mapping

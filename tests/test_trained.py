@@ -2,6 +2,7 @@
 bit for bit; save_policy / load_policy round trips; the best member is regenerated from its key."""
 import logging
 import os
+import re
 
 import flax.linen as nn
 import jax
@@ -93,6 +94,12 @@ def test_save_and_load_policy_round_trip(result, tmp_path):
     obs = jnp.ones(result.trainer.spec.obs_shape) * 0.1
     np.testing.assert_array_equal(np.asarray(loaded.act(loaded.initial_carry(), obs)[1]),
                                   np.asarray(result.act(result.initial_carry(), obs)[1]))
+    for batch in (jnp.stack([obs, obs, obs]), obs[None], jnp.ones(obs.size + 2)):  # a batch (even of one), another shape
+        with pytest.raises(ValueError, match=rf"act takes one observation of shape "
+                                             rf"{re.escape(str(tuple(obs.shape)))}, got shape "
+                                             rf"{re.escape(str(tuple(batch.shape)))}; for a batch of envs use "
+                                             rf"jax.vmap\(policy.policy_fn\(\)\)"):
+            loaded.act(loaded.initial_carry(), batch)
 
 
 def test_a_policy_no_program_could_rebuild_is_not_saved_to_a_file(tmp_path):
