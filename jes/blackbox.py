@@ -20,6 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.flatten_util import ravel_pytree
 
+from jes import perturbations
 from jes.config import ESConfig
 from jes.cpu import compiler_options
 from jes.generation import ChunkResults, Generation, TrainState, as_key
@@ -433,11 +434,7 @@ def _check_run_arguments(target: Any, callbacks: Any, stop: Any) -> None:
 
 
 def _check_perturbation(perturbation: Any) -> None:
-    if perturbation is None or (isinstance(perturbation, str) and perturbation == "full_rank"):
-        return
-    from .perturbations import FullRank
-
-    if isinstance(perturbation, FullRank):
+    if perturbation is None or not perturbations.get(perturbation).structured:  # full rank (a bad name: get's error)
         return
     raise ValueError(f"optimize() takes no perturbation={perturbation!r}: low-rank perturbations factor the weight "
                      "matrices of a policy's layers (jes.train), and a black-box fitness_fn would be handed each "

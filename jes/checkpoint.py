@@ -306,14 +306,18 @@ def save(path: str, trainer: Trainer, state: TrainState, history: dict | None = 
 FOREIGN_TEMP_AGE = 24 * 3600.0  # seconds after which a temp file of another host (a shared filesystem) is stale
 
 
+def _host() -> str:
+    return socket.gethostname().replace(".", "_")  # no dots: they separate a temp name's parts
+
+
 def _temp_owner() -> str:
-    return f"{os.getpid()}@{socket.gethostname().replace('.', '_')}"
+    return f"{os.getpid()}@{_host()}"
 
 
 def _owner_gone(owner: str) -> bool | None:
     """Whether the process ``pid@host`` has ended (``None``: another host's, or a name without an owner)."""
     pid, _, host = owner.partition("@")
-    if not pid.isdigit() or host != socket.gethostname().replace(".", "_"):
+    if not pid.isdigit() or host != _host():
         return None
     if int(pid) == os.getpid():
         return True  # this process's own: none of its saves is in flight while it sweeps

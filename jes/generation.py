@@ -692,7 +692,7 @@ class Trainer(Generation):
         name = type(self.policy).__name__
         if self.fns.recurrent:
             try:
-                carry = jax.eval_shape(self.fns.initial_carry)
+                initial = jax.eval_shape(self.fns.initial_carry)
             except Exception as err:  # noqa: BLE001 - the user's initialize_carry, whatever it raised
                 raise ValueError(f"policy {name}'s initialize_carry(rng, input_shape) failed ({type(err).__name__}: "
                                  f"{err}); jes calls it as Flax's recurrent cells take it, with a key and the "
@@ -707,7 +707,7 @@ class Trainer(Generation):
                     raise TypeError(f"a recurrent policy (it has initialize_carry) returns (carry, output), but "
                                     f"{name} returned {kind_of(returned)}")
                 new_carry, out = returned
-                check_carry(name, jax.eval_shape(lambda: carry), new_carry)
+                check_carry(name, initial, new_carry)
             else:
                 out = jax.eval_shape(lambda v, o: self.policy.apply(v, o), variables, obs)
             if not hasattr(out, "shape"):

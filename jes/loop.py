@@ -360,6 +360,7 @@ def train(
         warnings.warn(f"this process is one of {os.environ[jax_runtime.ENV_NUM_PROCESSES]} that jes launch started, "
                       f"but distributed=False: it trains the whole run alone, as every other process does, all "
                       f"writing the same files; pass distributed=True", stacklevel=2)
+    jes_logging.check_callbacks(callbacks)
     primary = jax.process_index() == 0
     config = (config or ESConfig()).replace(**overrides) if overrides else (config or ESConfig())
     trainer = Trainer(policy, env, optimizer, config, env_params=env_params, devices=devices,
@@ -369,7 +370,6 @@ def train(
         raise ValueError(ignored)
     if ignored is not None:  # a checkpoint of a jes that took them silently: its run goes on as it was
         warnings.warn(f"{ignored} (the resumed run goes on as it ran, without them)", stacklevel=2)
-    jes_logging.check_callbacks(callbacks)
     if master is None and not num_workers and not trainer.spec.host:  # a master or a host env runs no local step
         trainer.start_compiling_step()  # overlaps building or restoring the state
     try:  # a compile thread left running when this raises would abort the interpreter at its exit
@@ -485,14 +485,15 @@ def _overwrite_problem(checkpoint_path: str, resume: str | None) -> str | None:
         return None
     if resume is not None and os.path.exists(resume) and os.path.samefile(checkpoint_path, resume):
         return None  # the run it continues
+    remedy = "pass another log_dir (or checkpoint_path), or delete that file to start over"
     try:
         earlier = checkpoint.read(checkpoint_path)
-        what = f"a checkpoint of another run (env {earlier.env_name!r}, generation {earlier.generation})"
     except (checkpoint.CheckpointError, OSError):  # whatever it holds, it is not this run's to replace
-        what = "a file this run did not write"
-    hint = ("continue that run with resume=" + repr(checkpoint_path) + ", " if what.startswith("a checkpoint") else "")
-    return (f"checkpoint {checkpoint_path!r} already holds {what}, which this run would overwrite: "
-            f"{hint}pass another log_dir (or checkpoint_path), or delete that file to start over")
+        return (f"checkpoint {checkpoint_path!r} already holds a file this run did not write, which this run would "
+                f"overwrite: {remedy}")
+    return (f"checkpoint {checkpoint_path!r} already holds a checkpoint of another run (env {earlier.env_name!r}, "
+            f"generation {earlier.generation}), which this run would overwrite: continue that run with "
+            f"resume={checkpoint_path!r}, {remedy}")
 
 
 def _warn_idle_devices(trainer: Trainer) -> None:

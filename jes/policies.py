@@ -186,10 +186,9 @@ def check_carry(name: str, initial: Any, returned: Any) -> None:
     if first != second:
         raise ValueError(f"policy {name} returns a carry of structure {second}, but its initialize_carry gives "
                          f"{first}: return the carry in the structure initialize_carry makes it")
-    for path, a, b in zip(jax.tree_util.tree_flatten_with_path(initial)[0], jax.tree.leaves(initial),
-                          jax.tree.leaves(returned)):
+    for (path, a), b in zip(jax.tree_util.tree_flatten_with_path(initial)[0], jax.tree.leaves(returned)):
         if (tuple(a.shape), a.dtype) != (tuple(b.shape), b.dtype):
-            where = jax.tree_util.keystr(path[0]) or "the carry"
+            where = jax.tree_util.keystr(path) or "the carry"
             raise ValueError(f"policy {name} returns {where} of shape {tuple(b.shape)} {b.dtype}, but its "
                              f"initialize_carry gives {tuple(a.shape)} {a.dtype}: the carry keeps its shape and "
                              f"dtype from step to step")

@@ -144,8 +144,8 @@ def initialize(coordinator: str | None = None, num_processes: int | None = None,
     if process_id is not None and num_processes is not None and not 0 <= process_id < num_processes:
         raise DistributedSetupError(f"process_id={process_id} is outside 0..{num_processes - 1} "
                                     f"(num_processes={num_processes})")
-    if coordinator is not None and coordinator_error(coordinator):
-        raise DistributedSetupError(coordinator_error(coordinator))
+    if coordinator is not None and (why := coordinator_error(coordinator)):
+        raise DistributedSetupError(why)
     if _backends_started():
         raise DistributedSetupError(
             "JAX is already computing in this process, so it can no longer join a multi-process run: call "

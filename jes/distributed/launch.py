@@ -186,8 +186,8 @@ def launch(command: Sequence[str], num_processes: int, *, devices_per_process: i
         raise ValueError(f"--local-processes {local} from --first-process-id {first_process_id} asks for process ids "
                          f"{first_process_id} to {first_process_id + local - 1}, but a {num_processes}-process run has "
                          f"ids 0 to {num_processes - 1}")
-    if coordinator is not None and coordinator_error(coordinator):
-        raise ValueError(coordinator_error(coordinator))
+    if coordinator is not None and (why := coordinator_error(coordinator)):
+        raise ValueError(why)
     if coordinator is None:
         if local != num_processes:
             raise ValueError("a run spread over several hosts needs --coordinator HOST:PORT (process 0's host)")
