@@ -727,10 +727,15 @@ class Trainer(Generation):
         expected = (self.spec.num_outputs,)
         if tuple(out.shape) != expected:
             kind = "one logit per discrete action" if self.spec.discrete else f"one value per action dimension {self.spec.action_shape}"
+            last = out.shape[-1] if out.ndim else None
+            fix = (f"it sees ONE observation of shape {self.spec.obs_shape}, with no batch axis (jes vmaps it): "
+                   f"flatten all of its axes (x.reshape(-1)) where it treats the first as a batch"
+                   if out.ndim > 1 and last == self.spec.num_outputs else
+                   f"set the policy's output size to {self.spec.num_outputs} (jes.GRUPolicy/MLPPolicy do this when "
+                   f"num_outputs=None)")
             raise ValueError(
                 f"policy {type(self.policy).__name__} outputs shape {tuple(out.shape)} but env {self.spec.name!r} needs "
-                f"{expected} ({kind}); set the policy's output size to {self.spec.num_outputs} "
-                f"(jes.GRUPolicy/MLPPolicy do this when num_outputs=None)"
+                f"{expected} ({kind}); {fix}"
             )
         return variables
 

@@ -88,6 +88,27 @@ def test_a_malformed_or_refused_description_never_kills_the_worker(trainer, work
     assert not target.exists()
 
 
+def test_a_range_the_worker_fails_on_is_handed_back_as_abandoned(trainer, worker):
+    """A worker whose env raised asked for work without saying it abandoned the range: the master never benched it
+    and re-sent the same range to it for ever (the run hung)."""
+    worker._handle({"type": "setup", "run": "r", "description": wire(protocol.describe_run(trainer, "CartPole-v1",
+                                                                                            "adam")),
+                    "heartbeat_interval": 1.0})
+    state = trainer.init_state(3)
+    digest = protocol.state_hash(state)
+    worker._handle(wire({"type": "snapshot", "run": "r", "gen": 0, "hash": digest, "state": protocol.pack_state(state)}))
+
+    def env_raises(*args):
+        raise RuntimeError("the simulator crashed")
+
+    worker.evaluate = env_raises
+    worker._handle({"type": "work", "run": "r", "gen": 0, "hash": digest, "aid": 7, "start": 0, "stop": 1,
+                    "update": None})
+    assert worker.sent[-1]["type"] == "request" and worker.sent[-1]["abandon"] == 7, worker.sent[-1]
+    worker._handle({"type": "nope"})  # a message it rejects abandons nothing
+    assert worker.sent[-1]["type"] == "request" and worker.sent[-1]["abandon"] is None
+
+
 # ------------------------------------------------------------------ the link on a real socket
 class FakeMaster:
     """A ROUTER on 127.0.0.1 that speaks the session protocol by hand."""

@@ -135,3 +135,86 @@ def test_import_jes_stays_light_and_brax_errors_name_the_extra():
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "pip install 'jax-jes[brax]'" in proc.stdout
+
+
+def test_changed_gymnax_params_are_in_the_name_so_files_and_resumes_rebuild_them(tmp_path):
+    """A run on (env, params) recorded the bare id: a saved policy, `jes eval` and a resume silently ran the
+    default params (CartPole at gravity 50 evaluated at 9.8)."""
+    import gymnax
+
+    env, params = gymnax.make("CartPole-v1")
+    heavy = params.replace(gravity=50.0)
+    spec = make_env((env, heavy))
+    assert spec.name == "CartPole-v1?gravity=50.0" and spec.solved_return is None  # another task: no Gym threshold
+    assert make_env(env, env_params=heavy).name == spec.name == make_env("CartPole-v1?gravity=50").name
+    rebuilt = make_env(spec.name)
+    assert rebuilt.params == spec.params and type(rebuilt.env) is type(env)
+    assert make_env("CartPole-v1?gravity=50.0&keep_obs=0,2").name == \
+        jes.envs.mask_observations((env, heavy), keep=[0, 2]).name == "CartPole-v1?gravity=50.0&keep_obs=0,2"
+    result = jes.train(jes.MLPPolicy(hidden_sizes=(4,)), (env, heavy), num_members=8, num_generations=1,
+                       eval_episodes=2, log_dir=str(tmp_path / "run"), progress=False, key=0)
+    path = result.save_policy(str(tmp_path / "heavy.policy"))
+    np.testing.assert_array_equal(jes.load_policy(path).evaluate(4, 1), result.evaluate(4, 1))
+    assert not np.array_equal(jes.load_policy(path).evaluate(4, 1, env="CartPole-v1"), result.evaluate(4, 1))
+    with pytest.raises(ValueError, match="env"):  # resuming on the default params is another run
+        jes.train(jes.MLPPolicy(hidden_sizes=(4,)), "CartPole-v1", num_members=8, num_generations=2,
+                  eval_episodes=2, progress=False, resume=str(tmp_path / "run" / "checkpoint.ckpt"), key=0)
+
+
+def test_env_objects_no_name_rebuilds_are_named_so_and_rebuilding_them_is_refused():
+    import gymnax
+    from gymnax.environments.bsuite import DeepSea
+
+    assert make_env(gymnax.make("DeepSea-bsuite")[0]).name == "DeepSea-bsuite"
+    other = make_env(DeepSea(action_mapping_key=jax.random.key(3)))  # its actions mapped by another key
+    assert other.name == "DeepSea-bsuite (a gymnax env instance)"
+    with pytest.raises(ValueError, match="pass that env itself again"):
+        make_env(other.name)
+    # A registered env whose own `name` is not its id ("DiscountingChain-v0") is named by its id.
+    assert make_env(gymnax.make("DiscountingChain-bsuite")[0]).name == "DiscountingChain-bsuite"
+    acrobot, params = gymnax.make("Acrobot-v1")  # an array field no name holds
+    assert make_env((acrobot, params.replace(available_torque=jnp.array([-2.0, 0.0, 2.0])))).name == \
+        "Acrobot-v1 (a gymnax env instance)"
+
+
+def test_gymnax_wrappers_and_mismatched_env_params_are_refused():
+    """Wrappers' reset/step never ran (gymnax passes reset_env/step_env through): a LogWrapper or a reward-scaling
+    wrapper trained on the plain env; FlattenObservationWrapper was a raw broadcasting error."""
+    import gymnax
+    from gymnax.wrappers import FlattenObservationWrapper, LogWrapper
+
+    breakout, _ = gymnax.make("Breakout-MinAtar")
+    cartpole, cartpole_params = gymnax.make("CartPole-v1")
+    for wrapped in (LogWrapper(cartpole), FlattenObservationWrapper(breakout)):
+        with pytest.raises(TypeError, match="gymnax wrapper .*would never run"):
+            make_env(wrapped)
+    with pytest.raises(TypeError, match="env_params for 'Breakout-MinAtar' are .*cartpole.EnvParams"):
+        make_env(breakout, env_params=cartpole_params)
+    with pytest.raises(TypeError, match=r"given as \(params, env\)"):
+        make_env((cartpole_params, cartpole))
+    with pytest.raises(ValueError, match="pass the params once"):
+        make_env((cartpole, cartpole_params), env_params=cartpole_params)
+    with pytest.raises(ValueError, match="unknown option 'grav=1'.*gravity"):
+        make_env("CartPole-v1?grav=1")
+    with pytest.raises(ValueError, match="available_torque.*cannot hold"):
+        make_env("Acrobot-v1?available_torque=1")
+
+
+def test_an_observation_unlike_the_observation_space_is_refused():
+    class Short(Countdown):
+        def get_obs(self, state, params=None, key=None):
+            return jnp.array([state.time / 10.0], jnp.float32)  # the space says (2,)
+
+    with pytest.raises(ValueError, match=r"observations of shape \(1,\) from reset_env, but its "
+                                         r"observation_space\(params\).shape is \(2,\)"):
+        make_env(Short())
+
+
+def test_gym_thresholds_hold_at_the_registered_episode_limit_only():
+    """Acrobot cut to 60 steps scores -60 failing every episode, above Gym's -100: it was reported solved."""
+    assert make_env("Acrobot-v1").solved_return == -100.0 and make_env("Acrobot-v1", max_steps=60).solved_return is None
+    assert make_env("MountainCar-v0", max_steps=50).solved_return is None
+    assert make_env("CartPole-v1?keep_obs=0,2").solved_return == 475.0
+    pytest.importorskip("gymnasium")
+    assert make_env("gymnasium:CartPole-v1", max_steps=100).solved_return is None
+    assert make_env("gymnasium:CartPole-v1").solved_return == 475.0

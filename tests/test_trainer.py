@@ -309,6 +309,17 @@ def test_policy_output_not_fitting_action_space():
     with pytest.raises(TypeError, match="flax.linen.Module"):
         jes.Trainer(lambda obs: obs, "CartPole-v1")
 
+    class BatchedCNN(nn.Module):  # written for (batch, h, w, c) input: it keeps the first axis
+        @nn.compact
+        def __call__(self, x):
+            x = nn.relu(nn.Conv(4, (3, 3))(x))
+            return nn.Dense(3)(x.reshape((x.shape[0], -1)))
+
+    # the old advice said to set the output size to 3, which it already was
+    with pytest.raises(ValueError, match=r"outputs shape \(10, 3\) .*it sees ONE observation of shape \(10, 10, 4\), "
+                                         r"with no batch axis"):
+        jes.Trainer(BatchedCNN(), "Breakout-MinAtar")
+
 
 def _feed_forward(what):
     class FeedForward(nn.Module):

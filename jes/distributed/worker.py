@@ -343,12 +343,16 @@ class Worker:
             elif kind != "wait":
                 raise ProtocolError(f"unexpected message type {kind!r}")
         except Exception as err:  # noqa: BLE001 - nothing a master sends may kill the worker
+            failed = self.current_aid if kind == "work" else None
             if isinstance(err, ProtocolError):
                 log.warning("dropped a %s message from the master: %s", kind, err)
             else:
                 log.exception("failed on a %s message from the master; dropped it", kind)
             time.sleep(self.request_interval)  # never spin against a master whose messages we reject
-            self._request()
+            # An assignment we failed on (its env raised here) is handed back as abandoned: the master benches a
+            # worker that abandons three in a generation and evaluates them itself, rather than re-sending them
+            # to us for ever.
+            self._request(abandon=failed)
 
     # ------------------------------------------------------------ handlers
     def _setup(self, message: dict) -> None:

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
+import jax
+
 from jes.envs import brax as brax_family
 from jes.envs import gymnasium as gymnasium_family
 from jes.envs import gymnax as gymnax_family
@@ -42,12 +44,13 @@ def registered_env_names(include_brax: bool = True) -> list[str]:
     return names
 
 
-def _resolve(env: Any) -> tuple[Any, Any, str]:
-    """``(gymnax-protocol env object, its default params, name)`` for anything make_env accepts."""
+def _resolve(env: Any, env_params: Any = None) -> tuple[Any, Any, str]:
+    """``(gymnax-protocol env object, its params, name)`` for anything make_env accepts; ``env_params`` (when given)
+    replace the env's own params, and the name records them."""
     if isinstance(env, str):
         base, keep = split_option(env, KEEP_OPTION)
         if keep is not None:
-            inner, params, inner_name = _resolve(base)
+            inner, params, inner_name = _resolve(base, env_params)
             try:
                 indices = [int(i) for i in keep.split(",")]
             except ValueError:
@@ -57,41 +60,86 @@ def _resolve(env: Any) -> tuple[Any, Any, str]:
             return masked, params, masked.name
         if env.startswith(brax_family.PREFIX):
             adapted = brax_family.make(env)
-            return adapted, adapted.default_params, adapted.name
-        if env.endswith(gymnasium_family.INSTANCE_SUFFIX):
-            raise ValueError(f"env {env!r} was a gymnasium.Env instance made otherwise than its registered id (other "
-                             f"arguments, time limit or wrappers), which no name rebuilds: pass that env itself again, from Python (jes.load_policy(path, env=env), "
-                             f"policy.evaluate(env=env), jes.train(policy, env, ..., resume=path)); the command "
-                             f"line cannot rebuild it")
-        if "?" in env:
-            raise ValueError(f"unknown option in env name {env!r}; gymnax envs take only ?{KEEP_OPTION}=0,2")
+            return adapted, adapted.default_params if env_params is None else env_params, adapted.name
+        for suffix, kind in ((gymnasium_family.INSTANCE_SUFFIX, "a gymnasium.Env instance"),
+                             (gymnax_family.INSTANCE_SUFFIX, "a gymnax env object")):
+            if env.endswith(suffix):
+                raise ValueError(f"env {env!r} was {kind} made otherwise than its registered id (other arguments, "
+                                 f"params, time limit or wrappers), which no name rebuilds: pass that env itself "
+                                 f"again, from Python (jes.load_policy(path, env=env), policy.evaluate(env=env), "
+                                 f"jes.train(policy, env, ..., resume=path)); the command line cannot rebuild it")
         env_obj, params = gymnax_family.make(env)
-        return env_obj, params, env
+        if env_params is not None:
+            if "?" in env:
+                raise ValueError(f"env {env!r} sets params in its name and env_params were given too; give them "
+                                 f"one way")
+            gymnax_family.check_params(env_obj, env_params, env)
+            params = env_params
+        named = env_params is not None or "?" in env
+        return env_obj, params, gymnax_family.name_of(env_obj, params) if named else env
     if isinstance(env, tuple) and len(env) == 2:
         env_obj, params = env
+        if env_params is not None:
+            raise ValueError("env was given as (env, params) and env_params=... too; pass the params once")
         if brax_family.is_brax_env(env_obj):
             raise TypeError("pass a brax env alone (make_env(env)); brax envs have no separate params")
-        return env_obj, params, getattr(env_obj, "name", type(env_obj).__name__)
+        if all(hasattr(params, m) for m in gymnax_family.PROTOCOL_METHODS) and not hasattr(env_obj, "step_env"):
+            raise TypeError(f"env was given as (params, env): pass (env, params), the env first "
+                            f"({type(params).__name__}, then its {type(env_obj).__name__})")
+        gymnax_family.check_protocol(env_obj)
+        return _named(env_obj, params)
     if brax_family.is_brax_env(env):
         adapted = brax_family.BraxEnv(env)
-        return adapted, adapted.default_params, adapted.name
+        return adapted, adapted.default_params if env_params is None else env_params, adapted.name
     gymnax_family.check_protocol(env)
-    return env, getattr(env, "default_params", None), getattr(env, "name", type(env).__name__)
+    return _named(env, getattr(env, "default_params", None) if env_params is None else env_params)
+
+
+def _named(env: Any, params: Any) -> tuple[Any, Any, str]:
+    """``(env, params, name)`` for a gymnax-protocol env object: jes's own adapters by their names, others by
+    :func:`jes.envs.gymnax.name_of` (a registered env's id with its changed params as options)."""
+    own = resolvable_name(env)
+    if own is not None:
+        return env, params, own
+    gymnax_family.check_params(env, params, getattr(env, "name", type(env).__name__))
+    return env, params, gymnax_family.name_of(env, params)
+
+
+def _check_observations(env: Any, params: Any, name: str) -> None:
+    """Raise ``ValueError`` when ``env``'s first observation is not of the shape its ``observation_space`` gives
+    (policies and observation statistics are sized by the space)."""
+    if isinstance(env, (brax_family.BraxEnv, MaskedObservations)):
+        return
+    declared = tuple(int(d) for d in env.observation_space(params).shape)
+    try:
+        obs = jax.eval_shape(lambda k: env.reset_env(k, params)[0], jax.random.key(0))
+    except Exception:  # noqa: BLE001 - an env that fails here fails with its own error when run
+        return
+    actual = tuple(getattr(obs, "shape", ()))
+    if actual != declared:
+        raise ValueError(f"env {name!r} returns observations of shape {actual} from reset_env, but its "
+                         f"observation_space(params).shape is {declared}; jes sizes the policy's input by the "
+                         f"space, so make them agree")
 
 
 def make_env(env: Any, env_params: Any = None, max_steps: int | None = None) -> EnvSpec:
     """Resolve ``env`` into an :class:`EnvSpec`.
 
     Args:
-        env: a gymnax id (``"CartPole-v1"``), a brax name (``"brax/hopper?backend=spring"``), either
-            with ``?keep_obs=0,2`` to mask observations, a gymnax(-protocol) env object, a raw brax
-            env object, or ``(env, params)``.
+        env: a gymnax id (``"CartPole-v1"``, with params fields as options: ``"CartPole-v1?gravity=20.0"``), a
+            brax name (``"brax/hopper?backend=spring"``), either with ``?keep_obs=0,2`` to mask observations, a
+            gymnax(-protocol) env object, a raw brax env object, or ``(env, params)``.
         env_params: env parameters overriding the env's defaults (gymnax).
         max_steps: episode length limit (default: the env's own; 1000 for brax envs).
 
+    The spec's name resolves back to the same env and params: a registered gymnax env's changed params become
+    options in it; an env object made otherwise than its id (constructor arguments, or params a name cannot hold)
+    gets a name ending in ``" (a gymnax env instance)"``, which rebuilding refuses.
+
     Raises:
-        ValueError: unknown env name (the message lists the valid ones) or an unsupported action space.
-        TypeError: an object that does not follow the env protocol.
+        ValueError: unknown env name (the message lists the valid ones), an unsupported action space, or
+            observations of another shape than the env's observation space.
+        TypeError: an object that does not follow the env protocol, a gymnax wrapper, or params of another env.
         ImportError: a brax env without brax installed (the message names the extra).
     """
     if gymnasium_family.is_gymnasium_env(env):
@@ -99,9 +147,9 @@ def make_env(env: Any, env_params: Any = None, max_steps: int | None = None) -> 
             raise ValueError("Gymnasium envs take no env_params; pass keyword arguments through your own factory")
         return gymnasium_family.make(env, max_steps).spec(max_steps)
     check_env(env)
-    env_obj, default_params, name = _resolve(env)
-    params = default_params if env_params is None else env_params
-    return spec_from_env(env_obj, params, name, max_steps, SOLVED_RETURNS)
+    env_obj, params, name = _resolve(env, env_params)
+    _check_observations(env_obj, params, name)
+    return spec_from_env(env_obj, params, name, max_steps, gymnax_family.solved_return)
 
 
 def mask_observations(env: Any, keep: Sequence[int], env_params: Any = None) -> MaskedObservations:
@@ -113,8 +161,8 @@ def mask_observations(env: Any, keep: Sequence[int], env_params: Any = None) -> 
     Example: ``mask_observations("CartPole-v1", keep=[0, 2])`` hides both velocities;
     ``mask_observations("Pendulum-v1", keep=[0, 1])`` hides the angular velocity.
     """
-    env_obj, default_params, name = _resolve(env)
-    return MaskedObservations(env_obj, keep, name, default_params if env_params is None else env_params)
+    env_obj, params, name = _resolve(env, env_params)
+    return MaskedObservations(env_obj, keep, name, params)
 
 
 def resolvable_name(env: Any) -> str | None:

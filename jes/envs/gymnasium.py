@@ -86,6 +86,9 @@ class GymnasiumEnv:
         self.observation_space, self.action_space = probe.observation_space, probe.action_space
         self.spec_max_steps = getattr(getattr(probe, "spec", None), "max_episode_steps", None)
         self.reward_threshold = getattr(getattr(probe, "spec", None), "reward_threshold", None)
+        registered = gymnasium.registry.get(getattr(getattr(probe, "spec", None), "id", None))
+        # the limit the threshold was set for: the registered id's, whatever time limit this env was made with
+        self.threshold_steps = registered.max_episode_steps if registered is not None else self.spec_max_steps
         spaces = gymnasium.spaces
         space = self.observation_space
         if isinstance(space, spaces.Box):
@@ -141,7 +144,14 @@ class GymnasiumEnv:
         return EnvSpec(env=self, params=None, name=self.name, obs_shape=self.obs_shape, num_outputs=self.num_outputs,
                        discrete=self.discrete, action_shape=self.action_shape, action_low=low, action_high=high,
                        max_steps=int(limit),
-                       solved_return=None if self.reward_threshold is None else float(self.reward_threshold))
+                       solved_return=self._solved_return(int(limit)))
+
+    def _solved_return(self, limit: int) -> float | None:
+        """The spec's ``reward_threshold``, at the spec's own episode limit only (with fewer steps a failing
+        policy can score above a threshold of negative rewards; with more it is another task)."""
+        if self.reward_threshold is None or (self.threshold_steps is not None and limit != int(self.threshold_steps)):
+            return None
+        return float(self.reward_threshold)
 
 
 def _from_id(name: str, max_steps: int | None, render_mode: str | None = None) -> GymnasiumEnv:

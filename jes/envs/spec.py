@@ -6,7 +6,7 @@ protocol that :mod:`jes.rollout` drives, then described by one :class:`EnvSpec`.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, Callable
 
 import jax
 import jax.extend.core as jax_core
@@ -122,8 +122,11 @@ def never_terminates(env: Any, params: Any) -> bool:
 
 
 def spec_from_env(env: Any, params: Any, name: str, max_steps: int | None,
-                  solved_returns: dict[str, float] | None = None) -> EnvSpec:
+                  solved_return_of: Callable[[str, int], float | None] | None = None) -> EnvSpec:
     """Describe a gymnax-protocol ``env`` with ``params``; ``max_steps`` overrides its own episode limit.
+
+    The "solved" threshold is the env's own ``solved_return(max_steps)`` when it has one, else
+    ``solved_return_of(name, max_steps)``.
 
     Raises:
         ValueError: an unsupported action space, or no episode limit known.
@@ -160,7 +163,10 @@ def spec_from_env(env: Any, params: Any, name: str, max_steps: int | None,
             raise ValueError(f"env {name!r} params cannot be given max_episode_steps={max_steps}; set it in env_params")
         params = params.replace(max_steps_in_episode=int(max_steps))
     solved = getattr(env, "solved_return", None)
-    solved = solved(int(max_steps)) if callable(solved) else (solved_returns or {}).get(name)
+    if callable(solved):
+        solved = solved(int(max_steps))
+    else:
+        solved = solved_return_of(name, int(max_steps)) if solved_return_of is not None else None
     return EnvSpec(
         env=env,
         params=params,

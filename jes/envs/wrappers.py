@@ -12,7 +12,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jes.envs.gymnax import SOLVED_RETURNS
+from jes.envs.gymnax import solved_return as registered_solved_return
 from jes.lazy_gymnax import import_gymnax
 
 KEEP_OPTION = "keep_obs"
@@ -91,7 +91,7 @@ class MaskedObservations:
         inner = getattr(self.env, "solved_return", None)
         if callable(inner):
             return inner(max_steps)
-        return SOLVED_RETURNS.get(self.inner_name.split("?")[0])
+        return registered_solved_return(self.inner_name, max_steps)
 
     def action_space(self, params: Any = None) -> Any:
         return self.env.action_space(params)
