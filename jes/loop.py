@@ -438,12 +438,14 @@ def train(
         trainer.finish_compiling()
         raise
     try:
+        if (num_workers or master is not None) and trainer.spec.host \
+                and getattr(trainer.spec.env, "env_id", "") is None:
+            how = f"num_workers={num_workers}" if num_workers else f"master={master!r}"
+            raise ValueError(f"{how}: worker processes rebuild a Python env from its registered id, and env "
+                             f"{trainer.spec.name!r} is your own class, instance or factory, which cannot travel to "
+                             f"them: pass it by a registered id ('gymnasium:<id>', registered where every worker "
+                             f"imports it), or run without workers")
         if num_workers:
-            if trainer.spec.host and getattr(trainer.spec.env, "env_id", "") is None:
-                raise ValueError(f"num_workers={num_workers}: worker processes rebuild a Python env from its registered "
-                                 f"id, and env {trainer.spec.name!r} is your own class, instance or factory, which "
-                                 f"cannot travel to them: pass it by a registered id ('gymnasium:<id>', registered "
-                                 f"where every worker imports it), or use num_workers=0")
             local_secret = new_secret()
             try:
                 server = Master(trainer, "127.0.0.1:0", secret=local_secret, env=env, optimizer=optimizer,

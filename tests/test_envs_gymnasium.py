@@ -358,3 +358,71 @@ def test_jes_eval_and_render_of_a_gymnasium_checkpoint(tmp_path, capsys):
     assert f"centre return {expected:.2f}" in out and "gymnasium:CartPole-v1" in out, out
     with PIL.open(gif) as frames:
         assert 2 <= frames.n_frames <= 21 and frames.size[0] > 100
+
+
+class Scaled(gymnasium.Env, gymnasium.utils.EzPickle):
+    """An EzPickle env (as Gymnasium's MuJoCo and Box2D envs are): deepcopy rebuilds it from its constructor."""
+
+    observation_space = gymnasium.spaces.Box(-1.0, 1.0, (1,), np.float32)
+    action_space = gymnasium.spaces.Box(0, 3, (1,), np.int64)
+
+    def __init__(self):
+        gymnasium.utils.EzPickle.__init__(self)
+        self.reward_scale, self.actions = 1.0, []
+
+    def reset(self, seed=None, options=None):
+        return np.zeros(1, np.float32), {}
+
+    def step(self, action):
+        self.actions.append(action)
+        return np.zeros(1, np.float32), self.reward_scale, True, False, {}
+
+
+def test_instances_are_copied_with_what_was_set_on_them_and_named_never_as_another_env():
+    """An EzPickle instance was copied by calling its constructor again: a changed attribute (a MuJoCo model's
+    gravity, a reward scale) was dropped and the run trained on the default env."""
+    import threading
+
+    env = Scaled()
+    env.reward_scale = 100.0
+    copied = make_env(env, max_steps=5).env.make()
+    assert copied is not env and copied.reward_scale == 100.0
+    locked = Scaled()
+    locked.lock = threading.Lock()
+    with pytest.raises(TypeError, match=r"cannot be copied .*jes.envs.gymnasium.make\(factory\)"):
+        make_env(locked, max_steps=5)
+    # A user's factory named as an id jes would rebuild otherwise (gymnax's CartPole here) is marked as an instance.
+    heavy = GymnasiumEnv(lambda: gymnasium.make("CartPole-v1"), "CartPole-v1")
+    assert heavy.name == "CartPole-v1 (a gymnasium.Env instance)"
+    # gymnasium.make(id) itself travels to workers by its id (workers refused it as an unknown class before).
+    assert jes.envs.resolvable_name(gymnasium.make("CartPole-v1")) == "gymnasium:CartPole-v1"
+    assert jes.envs.resolvable_name(env) is None
+    with pytest.raises(ValueError, match=r"master='127.0.0.1:9': worker processes rebuild a Python env"):
+        jes.train(jes.MLPPolicy(hidden_sizes=(2,)), env, max_episode_steps=5, master="127.0.0.1:9", num_members=4,
+                  log_dir=None, progress=False)
+
+
+def test_an_integer_box_action_is_the_nearest_integer_within_the_bounds():
+    """The tanh-mapped action was truncated: the top value 3 came only at saturation."""
+    spec = make_env(Scaled(), max_steps=5)
+    assert [int(spec.env.env_action(np.array([a]))[0]) for a in (0.4, 0.6, 2.5001, 2.9, 3.2, -0.2)] == [0, 1, 3, 3, 3, 0]
+    assert spec.env.env_action(np.array([1.7])).dtype == np.int64
+
+
+def test_a_mujoco_models_settings_tell_an_instance_from_its_ids_env():
+    """Only plain public attributes were compared: Hopper with zero gravity was named (and rebuilt) as Hopper-v5."""
+    mujoco = pytest.importorskip("mujoco")
+    from jes.envs.gymnasium import _plain_attributes
+
+    class Holder:
+        def __init__(self):
+            self.model = mujoco.MjModel.from_xml_string("<mujoco><worldbody><body><freejoint/><geom size='1'/>"
+                                                        "</body></worldbody></mujoco>")
+
+    a, b = Holder(), Holder()
+    assert _plain_attributes(a) == _plain_attributes(b)
+    b.model.opt.gravity[:] = 0
+    assert _plain_attributes(a) != _plain_attributes(b)
+    b.model.opt.gravity[:] = a.model.opt.gravity
+    b.model.body_mass[1] *= 5
+    assert _plain_attributes(a) != _plain_attributes(b)

@@ -180,4 +180,7 @@ def resolvable_name(env: Any) -> str | None:
         return env.name
     if isinstance(env, gymnasium_family.GymnasiumEnv) and env.env_id is not None:
         return env.name
+    if gymnasium_family.is_gymnasium_env(env) and not isinstance(env, (str, type)):
+        made = gymnasium_family.make(env)  # gymnasium.make(id)'s plain env is rebuilt from its id
+        return made.name if made.env_id is not None else None
     return None

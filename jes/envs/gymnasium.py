@@ -24,6 +24,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from jes.envs.gymnax import env_names as gymnax_env_names
 from jes.envs.spec import EnvSpec
 from jes.envs.wrappers import split_option
 
@@ -79,6 +80,8 @@ class GymnasiumEnv:
     def __init__(self, factory: Callable[[], Any], name: str, env_id: str | None = None,
                  episode_seconds: float | None = None):
         gymnasium = import_gymnasium()
+        if env_id is None and _rebuilds_another(name):  # the name would rebuild another env: mark it
+            name += INSTANCE_SUFFIX
         self.factory, self.name, self.env_id, self.episode_seconds = factory, name, env_id, episode_seconds
         probe = self.make()
         if not isinstance(probe, gymnasium.Env):
@@ -127,7 +130,11 @@ class GymnasiumEnv:
         """One policy action (numpy) as the env takes it."""
         if self.discrete:
             return int(action) + self._start
-        return np.asarray(action, self._dtype).reshape(self.action_shape)
+        action = np.asarray(action).reshape(self.action_shape)
+        if np.dtype(self._dtype).kind in "iub":  # an integer Box: the nearest integer within the bounds, not truncation
+            space = self.action_space
+            action = np.clip(np.rint(action), space.low, space.high)
+        return action.astype(self._dtype)
 
     def spec(self, max_steps: int | None) -> EnvSpec:
         """This env described as an :class:`EnvSpec` (``params`` is ``None``: nothing is compiled)."""
@@ -216,11 +223,69 @@ def _registered_id(env: Any, gymnasium: Any) -> str | None:
         return None
 
 
+def _rebuilds_another(name: str) -> bool:
+    """Whether :func:`jes.envs.make_env` would build an env from ``name`` (a gymnax id, ``gymnasium:<id>``, a brax
+    name): a user's factory named so must not be recorded by it."""
+    base = name.partition("?")[0]
+    if base.startswith(PREFIX) or base.startswith("brax/") or name.endswith(INSTANCE_SUFFIX):
+        return not name.endswith(INSTANCE_SUFFIX)
+    return base in gymnax_env_names()
+
+
 def _plain_attributes(env: Any) -> dict:
-    """An env's public attributes of plain types (numbers, strings, booleans, None): its settings (the render mode
-    aside: it draws, it does not step)."""
-    return {k: v for k, v in vars(env).items()
-            if not k.startswith("_") and k != "render_mode" and (v is None or isinstance(v, (bool, int, float, str)))}
+    """An env's settings: its public attributes of plain types (numbers, strings, booleans, None), the render mode
+    aside (it draws, it does not step), and a MuJoCo env's model (``model.opt.gravity``, body masses...) as the bytes
+    of its numeric arrays."""
+    plain = {k: v for k, v in vars(env).items()
+             if not k.startswith("_") and k != "render_mode" and (v is None or isinstance(v, (bool, int, float, str)))}
+    model = vars(env).get("model")
+    if model is not None and type(model).__module__.split(".")[0] == "mujoco":
+        plain["model"] = _model_arrays(model)
+    return plain
+
+
+def _model_arrays(model: Any) -> dict:
+    """A MuJoCo model's numeric arrays (its own and its ``opt``'s), as bytes, by name."""
+    arrays = {}
+    for owner, prefix in ((model, ""), (getattr(model, "opt", None), "opt.")):
+        for attr in dir(owner) if owner is not None else ():
+            if attr.startswith("_"):
+                continue
+            try:
+                value = getattr(owner, attr)
+            except Exception:  # noqa: BLE001 - properties that cannot be read are not settings
+                continue
+            if isinstance(value, np.ndarray) and value.dtype.kind in "biuf":
+                arrays[prefix + attr] = (value.shape, value.dtype.str, value.tobytes())
+    return arrays
+
+
+def _copier(template: Any) -> Callable[[], Any]:
+    """A factory of deep copies of ``template`` that keep what was set on it after ``make``: an env built by
+    ``EzPickle`` (Gymnasium's MuJoCo and Box2D envs) is otherwise copied by calling its constructor again, which
+    drops a changed model or attribute."""
+    gymnasium = import_gymnasium()
+    ez = getattr(getattr(gymnasium, "utils", None), "EzPickle", None)
+
+    def clone() -> Any:
+        memo: dict = {}
+        layer, seen = template, set()
+        while layer is not None and id(layer) not in seen:  # the wrappers, then the env inside them
+            seen.add(id(layer))
+            if ez is not None and isinstance(layer, ez):
+                twin = object.__new__(type(layer))
+                memo[id(layer)] = twin
+                twin.__dict__.update(copy.deepcopy(layer.__dict__, memo))
+            layer = getattr(layer, "env", None)
+        return copy.deepcopy(template, memo)
+
+    try:
+        clone()
+    except Exception as err:  # noqa: BLE001 - locks, sockets, C handles (EnvPool): say what to pass instead
+        raise TypeError(f"jes copies an env instance for each episode slot, and this {type(template).__name__} cannot "
+                        f"be copied ({type(err).__name__}: {err}); pass jes.envs.gymnasium.make(factory) with a "
+                        f"zero-argument function that builds a fresh env") from err
+    return clone
 
 
 def make(env: Any, max_steps: int | None = None, render_mode: str | None = None) -> GymnasiumEnv:
@@ -241,7 +306,7 @@ def make(env: Any, max_steps: int | None = None, render_mode: str | None = None)
             return _from_id(PREFIX + env_id, max_steps, render_mode)
         template = env
         label = getattr(getattr(env, "spec", None), "id", None) or type(env.unwrapped).__name__
-        return GymnasiumEnv(lambda: copy.deepcopy(template), label + INSTANCE_SUFFIX)
+        return GymnasiumEnv(_copier(template), label + INSTANCE_SUFFIX)
     if callable(env):
         return GymnasiumEnv(env, getattr(env, "__name__", type(env).__name__))
     raise TypeError(f"not a Gymnasium env: {type(env).__name__}")
