@@ -69,6 +69,10 @@ def _parser() -> argparse.ArgumentParser:
     train.add_argument("--allow-module", action="append", default=[], metavar="MODULE",
                        help="with --resume: a module the checkpoint's policy may come from besides jes/flax "
                             "(repeatable; --policy MODULE:CLASS allows its module too)")
+    train.add_argument("--import", dest="imports", action="append", default=[], metavar="MODULE",
+                       help="import this module of your own first (repeatable), e.g. one that registers your "
+                            "Gymnasium env id with gymnasium.register, for --env 'gymnasium:<your id>' (local "
+                            "--workers import the module behind the id themselves; remote ones: jes-worker --import)")
     train.add_argument("--policy-arg", action="append", default=[], metavar="KEY=VALUE",
                        help="a field of the policy, repeatable (e.g. --policy-arg features=16); values are Python "
                             "literals (16, 0.5, True, (32, 32)) or else strings")
@@ -164,6 +168,9 @@ def _parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--render", default=None, metavar="PATH",
                           help="also draw one episode of a checkpoint's policy: a .gif for gymnax CartPole/Pendulum and Gymnasium envs (their rgb_array frames), a .html for brax envs")
     evaluate.add_argument("--render-steps", type=int, default=None, help="steps to draw at most (default: the episode limit)")
+    evaluate.add_argument("--import", dest="imports", action="append", default=[], metavar="MODULE",
+                          help="import this module of your own first (repeatable), e.g. one that registers the "
+                               "Gymnasium env id the run used")
     evaluate.add_argument("--allow-module", action="append", default=[], metavar="MODULE",
                           help="a module the checkpoint's policy may come from besides jes/flax (repeatable); "
                                "a checkpoint never imports a module on its own say-so")
@@ -529,6 +536,14 @@ def main(argv: list[str] | None = None) -> int:
         from jes.describe import current_directory_importable
 
         current_directory_importable()  # the allowed modules import from here, as --policy's does
+    if getattr(args, "imports", None):
+        from jes.describe import import_modules
+
+        try:
+            import_modules(args.imports)
+        except ValueError as err:
+            print(f"jes {args.command}: error: {err}", file=sys.stderr)
+            return 2
     handler = {"train": _train, "eval": _eval, "sweep": _sweep, "plot": _plot}[args.command]
     terminated = []
 

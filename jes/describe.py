@@ -41,7 +41,7 @@ import importlib
 import os
 import sys
 import types
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Sequence
 
 # Library packages whose buildable objects are the registry's, never "everything in the package":
 # they hold wrappers that call what they are given (flax.linen.ToLinen, jax.tree_util.Partial, ...).
@@ -298,6 +298,23 @@ def current_directory_importable() -> None:
     cwd = os.getcwd()
     if cwd not in sys.path and "" not in sys.path:
         sys.path.insert(0, cwd)
+
+
+def import_modules(modules: Sequence[str], flag: str = "--import") -> None:
+    """Import the user's ``modules`` (``--import MODULE``: e.g. one that registers a Gymnasium id with
+    ``gymnasium.register``) from the working directory or PYTHONPATH. The user names them on the command line,
+    never a message or a file.
+
+    Raises:
+        ValueError: a module that does not import (the message names it and the error).
+    """
+    if modules:
+        current_directory_importable()
+    for module in modules:
+        try:
+            importlib.import_module(module)
+        except Exception as err:  # noqa: BLE001 - any failure of the user's module is reported as theirs
+            raise ValueError(f"{flag} {module}: {type(err).__name__}: {err}") from err
 
 
 def own_modules(description: Any) -> tuple[str, ...]:

@@ -26,6 +26,7 @@ from jes.distributed.master import Master
 from jes import describe
 from jes.describe import DescriptionError
 from jes.config import ESConfig
+from jes.envs import gymnasium as gymnasium_envs
 from jes.envs.spec import maps_box_otherwise_than_before
 from jes.generation import Trainer, TrainState, as_key, fetch, localize
 from jes.strategies.base import ignored_settings
@@ -457,7 +458,10 @@ def train(
                                  f"num_workers=0") from err
             # The workers are this process's own children: they may build the policy class this process runs
             own = describe.own_modules(server.description)
-            with server, LocalWorkers(f"127.0.0.1:{server.port}", local_secret, num_workers, allow_modules=own):
+            env_id = getattr(trainer.spec.env, "env_id", None) if trainer.spec.host else None
+            registering = gymnasium_envs.registering_module(env_id) if env_id is not None else None
+            with server, LocalWorkers(f"127.0.0.1:{server.port}", local_secret, num_workers, allow_modules=own,
+                                      imports=(registering,) if registering else ()):
                 ready = server.wait_for_workers(state, num_workers, timeout=LOCAL_WORKERS_TIMEOUT, only_these=True)
                 if ready < num_workers:
                     warnings.warn(f"num_workers={num_workers}: {ready} local worker(s) became ready (the others "

@@ -48,21 +48,30 @@ class ClipUpState(NamedTuple):
     velocity: Any
 
 
+class ScheduledClipUpState(NamedTuple):
+    """ClipUp's state under a learning-rate schedule: the step count the schedule is read at."""
+    velocity: Any
+    count: jax.Array
+
+
 def clipup(learning_rate: LearningRate, max_speed: float | None = None, momentum: float = 0.9) -> optax.GradientTransformation:
     """ClipUp (Toklu et al. 2020): a normalised gradient step with heavy-ball momentum, speed clipped.
 
     ``v <- momentum * v - learning_rate * g / |g|``; if ``|v| > max_speed``, ``v`` is rescaled to
     ``max_speed``; the update is ``v``. ``max_speed`` defaults to twice the learning rate, the
-    paper's recommendation. Norms are over the whole parameter pytree.
+    paper's recommendation. Norms are over the whole parameter pytree. A schedule (a callable
+    ``learning_rate``) is read at each update's step count, as optax's optimizers read theirs.
     """
     max_speed_value = None if max_speed is None else float(max_speed)
+    scheduled = callable(learning_rate)
 
     def init(params):
-        return ClipUpState(velocity=jax.tree.map(jnp.zeros_like, params))
+        velocity = jax.tree.map(jnp.zeros_like, params)
+        return ScheduledClipUpState(velocity, jnp.zeros([], jnp.int32)) if scheduled else ClipUpState(velocity)
 
     def update(grads, state, params=None):
         del params
-        lr = learning_rate(0) if callable(learning_rate) else learning_rate
+        lr = learning_rate(state.count) if scheduled else learning_rate
         limit = 2.0 * lr if max_speed_value is None else max_speed_value
         norm = optax.global_norm(grads)
         scale = jnp.where(norm > 0, lr / jnp.where(norm > 0, norm, 1.0), 0.0)
@@ -70,6 +79,8 @@ def clipup(learning_rate: LearningRate, max_speed: float | None = None, momentum
         speed = optax.global_norm(velocity)
         clip = jnp.where(speed > limit, limit / jnp.where(speed > 0, speed, 1.0), 1.0)
         velocity = jax.tree.map(lambda v: v * clip, velocity)
+        if scheduled:
+            return velocity, ScheduledClipUpState(velocity, optax.safe_int32_increment(state.count))
         return velocity, ClipUpState(velocity=velocity)
 
     return optax.GradientTransformation(init, update)

@@ -426,3 +426,49 @@ def test_a_mujoco_models_settings_tell_an_instance_from_its_ids_env():
     b.model.opt.gravity[:] = a.model.opt.gravity
     b.model.body_mass[1] *= 5
     assert _plain_attributes(a) != _plain_attributes(b)
+
+
+CORRIDOR_PACKAGE = '''
+import gymnasium
+import numpy as np
+
+
+class Corridor(gymnasium.Env):
+    observation_space = gymnasium.spaces.Box(-1.0, 1.0, (1,), np.float32)
+    action_space = gymnasium.spaces.Discrete(2)
+
+    def reset(self, seed=None, options=None):
+        super().reset(seed=seed)
+        self.x = float(self.np_random.uniform(-0.5, 0.5))
+        return np.array([self.x], np.float32), {}
+
+    def step(self, action):
+        self.x += 0.1 if action == 1 else -0.1
+        return np.array([self.x], np.float32), -abs(self.x - 1.0), self.x >= 1.0, False, {}
+
+
+gymnasium.register("JesTestCorridor-v0", entry_point="jestestcorridor:Corridor", max_episode_steps=20)
+'''
+
+
+@pytest.mark.hard_timeout(600)
+def test_a_users_registered_id_runs_on_local_workers_that_import_its_module(tmp_path, monkeypatch):
+    """Workers could not register a user's own Gymnasium id (no way to import its module): each refused the run and
+    it went on in one process. Local workers now import the module behind the id; jes-worker takes --import."""
+    import subprocess
+    import sys
+    import warnings
+
+    (tmp_path / "jestestcorridor.py").write_text(CORRIDOR_PACKAGE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import jestestcorridor  # noqa: F401 - registers the id here, as the user's script does
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # "0 local worker(s) became ready (the others refused the run" before
+        spread = small_train("gymnasium:JesTestCorridor-v0", num_workers=1, num_generations=1)
+    alone = small_train("gymnasium:JesTestCorridor-v0", num_generations=1)
+    np.testing.assert_array_equal(spread.flat_params, alone.flat_params)
+    bad = subprocess.run([sys.executable, "-m", "jes.distributed.worker", "--master", "127.0.0.1:9", "--import",
+                          "jes_no_such_module"], capture_output=True, text=True, timeout=120,
+                         env=dict(os.environ, JES_SECRET="x" * 32))
+    assert bad.returncode == 2 and "--import jes_no_such_module: ModuleNotFoundError" in bad.stderr, bad.stderr

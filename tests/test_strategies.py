@@ -368,3 +368,19 @@ def test_sep_cma_es_policy_defaults_sample_wider_and_correct_the_csa_start():
         bias = (1 - (1 - c["c_sigma"]) ** (2 * (generation + 1))) ** 0.5
         expected = np.exp(c["c_sigma"] / c["d_sigma"] * norm / c["chi_n"] * (1 / bias - 1))
         assert float(b.sigma) / float(a.sigma) == pytest.approx(expected, rel=1e-5)
+
+
+def test_clipup_reads_a_learning_rate_schedule_at_each_step():
+    """clipup(schedule) took the schedule's step-0 value for ever."""
+    import optax
+
+    opt = jes.optimizers.clipup(optax.linear_schedule(1.0, 0.0, 4), momentum=0.0)
+    params = jnp.zeros(3)
+    state = opt.init(params)
+    steps = []
+    for _ in range(5):
+        update, state = opt.update(jnp.array([1.0, 0.0, 0.0]), state)
+        steps.append(float(update[0]))
+    assert steps == [-1.0, -0.75, -0.5, -0.25, 0.0]
+    constant = jes.optimizers.clipup(0.5, momentum=0.0)  # a constant keeps the state older checkpoints hold
+    assert type(constant.init(params)).__name__ == "ClipUpState"

@@ -37,14 +37,17 @@ class LocalWorkers:
         allow_modules: modules of the user's own the workers may build classes from (``--allow-module``): the
             run's own policy module, which this process runs already. The workers get this process's
             ``sys.path``, so they import it from where this process did.
+        imports: modules the workers import first (``jes-worker --import``): the module behind a Gymnasium id
+            the user registered (:func:`jes.envs.gymnasium.registering_module`).
     """
 
     def __init__(self, endpoint: str, secret: str, count: int, max_restarts: int | None = None,
-                 log_level: str = "WARNING", allow_modules: tuple[str, ...] = ()):
+                 log_level: str = "WARNING", allow_modules: tuple[str, ...] = (), imports: tuple[str, ...] = ()):
         if isinstance(count, bool) or not isinstance(count, int) or count < 1:
             raise ValueError(f"num_workers must be a positive integer, got {count!r}")
         self.endpoint, self.secret, self.count = endpoint, secret, count
         self.allow_modules = tuple(allow_modules)
+        self.imports = tuple(imports)
         self.max_restarts = 3 * count if max_restarts is None else max_restarts
         self.restarts = 0
         self.log_level = log_level
@@ -62,7 +65,9 @@ class LocalWorkers:
                    "--name", f"local-{index}", "--log-level", self.log_level, "--exit-with", str(os.getpid())]
         for module in self.allow_modules:
             command += ["--allow-module", module]
-        if self.allow_modules:  # import the user's modules from where this process did ("" is its working directory)
+        for module in self.imports:
+            command += ["--import", module]
+        if self.allow_modules or self.imports:  # the user's modules import from where this process did ("": its cwd)
             env["PYTHONPATH"] = os.pathsep.join(os.path.abspath(p) if p else os.getcwd() for p in sys.path)
         return subprocess.Popen(command, env=env, stdin=subprocess.DEVNULL)
 

@@ -21,7 +21,7 @@ message, and the worker keeps serving.
 
 Usage::
 
-    JES_SECRET=... jes-worker --master trainhost:5555 [--name gpu0] [--devices 1] [--cores 0] [--allow-module mypkg]
+    JES_SECRET=... jes-worker --master trainhost:5555 [--name gpu0] [--devices 1] [--cores 0] [--allow-module mypkg] [--import mypkg.envs]
 """
 from __future__ import annotations
 
@@ -544,6 +544,9 @@ def main(argv: list[str] | None = None) -> int:
                              "mypkg.policies; repeatable). Always allowed: jes's registry (its policies and "
                              "strategies, flax.linen layers, activations, gymnax envs); anything else a master "
                              "names is refused")
+    parser.add_argument("--import", dest="imports", action="append", default=[], metavar="MODULE",
+                        help="import this module of your own first (repeatable), e.g. one that registers your "
+                             "Gymnasium env id with gymnasium.register, so that 'gymnasium:<your id>' runs here")
     parser.add_argument("--curve-server-key", metavar="KEY",
                         help="encrypt with ZeroMQ CURVE: the master's public key (the NAME.public file of "
                              "`jes keys NAME`, or its 40 characters); the master runs with the secret one")
@@ -585,6 +588,7 @@ def main(argv: list[str] | None = None) -> int:
                 devices = int(args.devices)
         if args.allow_module:
             describe.current_directory_importable()  # the operator's modules import from where they run jes-worker
+        describe.import_modules(args.imports)
         worker = Worker(args.master, secret, name=args.name, devices=devices, master_timeout=args.master_timeout,
                         allow_modules=args.allow_module, curve_server_key=args.curve_server_key)
     except (ValueError, OSError) as err:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import copy
 import inspect
+import sys
 from typing import Any, Callable
 
 import numpy as np
@@ -182,13 +183,25 @@ def _from_id(name: str, max_steps: int | None, render_mode: str | None = None) -
         close = [k for k in gymnasium.registry if k.split("-")[0].lower() == env_id.split("-")[0].lower()]
         raise ValueError(f"unknown Gymnasium id {env_id!r} in {name!r}" + (f"; did you mean {close}?" if close else
                          "; see gymnasium.pprint_registry()") + " (an env outside gymnasium needs its package installed "
-                         "and imported, on every worker too)")
+                         "and imported, on every worker too: jes train --import MODULE, jes-worker --import MODULE)")
     kwargs: dict = {"disable_env_checker": True}
     if max_steps is not None:
         kwargs["max_episode_steps"] = int(max_steps)
     if render_mode is not None:
         kwargs["render_mode"] = render_mode
     return GymnasiumEnv(lambda: gymnasium.make(env_id, **kwargs), name, env_id=env_id, episode_seconds=limit)
+
+
+def registering_module(env_id: str) -> str | None:
+    """The module of the user's own behind a registered Gymnasium id (its entry point's), which a worker process
+    imports to have the id registered too (``jes-worker --import``); ``None`` for Gymnasium's own ids and entry
+    points defined in ``__main__``."""
+    spec = import_gymnasium().registry.get(env_id)
+    entry = getattr(spec, "entry_point", None)
+    module = entry.partition(":")[0] if isinstance(entry, str) else getattr(entry, "__module__", None)
+    if not module or module == "__main__" or module.split(".")[0] == "gymnasium" or module not in sys.modules:
+        return None
+    return module
 
 
 # Names an env instance that is not its registered id's plain env: no env name resolves to it (a checkpoint or policy
