@@ -90,7 +90,7 @@ class TensorBoardLogger(Logger):
         hparams: flat mapping of hyperparameter names to values.
     """
 
-    def __init__(self, log_dir: str, hparams: Mapping[str, Any] | None = None):
+    def __init__(self, log_dir: str, hparams: Mapping[str, Any] | None = None, best_centre: float = -math.inf):
         from tensorboardX import SummaryWriter
 
         self.log_dir = log_dir
@@ -99,7 +99,7 @@ class TensorBoardLogger(Logger):
         # the same second (a short run resumed at once into its log dir) would overwrite the first's events
         self.writer = SummaryWriter(log_dir, filename_suffix=f".{os.getpid()}.{time.time_ns()}")
         self._last: dict = {}
-        self._best_centre = -math.inf
+        self._best_centre = best_centre  # a resumed run's: the best centre return of its earlier sessions
         if self.hparams:
             table = "| hyperparameter | value |\n|---|---|\n" + "\n".join(
                 f"| {k} | {v} |" for k, v in sorted(self.hparams.items())

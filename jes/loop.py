@@ -126,7 +126,7 @@ class TrainResult:
         policy: the policy module as trained (output size filled in).
         history: per-generation arrays: ``generation``, ``pop_mean``, ``pop_max``, ``pop_min``,
             ``pop_std``, ``centre_return`` (NaN where not evaluated), ``wall_time`` (s since start,
-            compile excluded), ``generation_time``, ``env_steps`` (cumulative), ``noise_std``,
+            compile excluded, summed over a resumed run's sessions), ``generation_time``, ``env_steps`` (cumulative), ``noise_std``,
             ``learning_rate``, ``grad_norm``, ``update_norm``, ``param_norm``.
         config: the :class:`ESConfig`.
         key: raw ``uint32`` data of the run key (``jes.train(..., key=result.key)`` reproduces the run).
@@ -434,7 +434,8 @@ def train(
             hparams = dict(config.to_dict(), env=trainer.spec.name, policy=type(trainer.policy).__name__,
                            optimizer=trainer.optimizer_name or "", strategy=trainer.strategy.describe(), num_params=trainer.num_params,
                            key=str(np.asarray(jax.random.key_data(as_key(key))).tolist()))
-            loggers.append(jes_logging.TensorBoardLogger(log_dir, hparams))
+            centres = [float(x) for x in (history or {}).get("centre_return", ()) if math.isfinite(float(x))]
+            loggers.append(jes_logging.TensorBoardLogger(log_dir, hparams, best_centre=max(centres, default=-math.inf)))
     except BaseException:
         trainer.finish_compiling()
         raise
@@ -674,7 +675,8 @@ def run(trainer: Trainer, state: TrainState, *, key: Any = 0, callbacks: Iterabl
         step_fn = lambda s, centre, population: compiled(s, flags[bool(centre)], flags[bool(population)])
     else:
         compile_time = 0.0
-    loop_start = time.perf_counter()
+    # A resumed run's wall_time goes on from its last row (the time between the sessions left out), never back to 0.
+    loop_start = time.perf_counter() - (float(history["wall_time"][-1]) if history.get("wall_time") else 0.0)
     saved_generation = None
     best = best if best is not None and best.generation <= start_gen else None
     # `state` and `history` always agree: a generation's row is added with its centre evaluation, which the

@@ -117,8 +117,15 @@ def test_a_resumed_run_continues_its_curves_in_the_checkpoints_log_dir_by_defaul
     resumed = jes.train(jes.MLPPolicy((4,)), "CartPole-v1", "adam", resume=first.checkpoint_path,
                         **dict(common, num_generations=SMALL["num_generations"] + 2))
     assert resumed.log_dir == str(tmp_path / "run") and not os.path.exists(tmp_path / "runs")
-    steps = [step for step, _ in jes.logging.read_scalars(resumed.log_dir)["centre/return"]]
+    scalars = jes.logging.read_scalars(resumed.log_dir)
+    steps = [step for step, _ in scalars["centre/return"]]
     assert steps == list(range(1, SMALL["num_generations"] + 3))  # one curve, each generation once
+    # The final summary's best centre return is the whole run's (it began again at the resume), and wall_time goes
+    # on from the first session's (it went back to 0).
+    centres = [float(x) for x in resumed.history["centre_return"] if np.isfinite(x)]
+    assert scalars["hparams/best_centre_return"][-1] == (SMALL["num_generations"] + 2, np.float32(max(centres)))
+    walls = [float(x) for x in resumed.history["wall_time"]]
+    assert walls == sorted(walls) and walls[:SMALL["num_generations"]] == [float(x) for x in first.history["wall_time"]]
     # A checkpoint kept apart from any logs: the resumed run logs into a fresh directory, as a new run does.
     apart = jes.train(jes.MLPPolicy((4,)), "CartPole-v1", "adam", key=1, log_dir=None,
                       checkpoint_path=str(tmp_path / "apart.ckpt"), **common)
