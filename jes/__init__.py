@@ -1,4 +1,4 @@
-"""jes: JAX-accelerated, vectorized Evolution Strategies (OpenAI-ES, PGPE, SNES, sep-CMA-ES, ARS).
+"""jes: JAX-accelerated, vectorized Evolution Strategies (OpenAI-ES, PGPE, SNES, sep-CMA-ES, ARS, CMA-ES).
 
 Public names are imported on first use (PEP 562), so ``import jes``, ``import jes.distributed``,
 ``jes-worker --help`` and ``jes --help`` do not pay for JAX and Flax until something needs them, and

@@ -554,9 +554,8 @@ def main(argv: list[str] | None = None) -> int:
     previous = signal.signal(signal.SIGTERM, on_sigterm) if threading.current_thread() is threading.main_thread() else None
     try:
         return handler(args)
-    except KeyboardInterrupt:
-        print(f"\n{'terminated' if terminated else 'interrupted'} (jes train saved a checkpoint unless --checkpoint "
-              f"none; continue with --resume)", file=sys.stderr)
+    except KeyboardInterrupt as interrupt:
+        print(f"\n{'terminated' if terminated else 'interrupted'}{_saved_note(args, interrupt)}", file=sys.stderr)
         return 128 + signal.SIGTERM if terminated else 130
     except (OSError, ValueError, ImportError) as err:  # a busy --listen port, a missing file, a bad value
         print(f"jes {args.command}: {_flag_named(str(err)) if args.command == 'train' else err}", file=sys.stderr)
@@ -564,6 +563,17 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
+
+
+def _saved_note(args: argparse.Namespace, interrupt: KeyboardInterrupt) -> str:
+    """What an interrupted ``jes train`` leaves to resume from: the checkpoint it saved on the interrupt, or the one
+    it resumed from (an interrupt before the first generation, while compiling, saves none)."""
+    if args.command != "train":
+        return ""
+    for path in (getattr(interrupt, "checkpoint_path", None), args.resume):
+        if path is not None and os.path.exists(path):
+            return f" (checkpoint {path}; continue with --resume {path})"
+    return " (no checkpoint was saved: the run had none yet, or --checkpoint none; there is nothing to --resume)"
 
 
 def _flag_named(message: str) -> str:

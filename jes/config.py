@@ -22,10 +22,12 @@ class ESConfig:
         num_generations: generations to run.
         noise_std: perturbation std sigma, a constant or an optax-style schedule of the generation.
         learning_rate: optimizer step size (constant or schedule); ``None`` takes the
-            named optimizer's default. Ignored for a ``GradientTransformation`` you pass.
+            named optimizer's default. Refused (ValueError) with a ``GradientTransformation`` you pass: set
+            the rate inside it.
         episodes_per_member: episodes averaged into one member's fitness, each with its own key.
         fitness_shaping: ``"centered_ranks"`` (default), ``"z_score"`` or ``"raw"``.
-        antithetic: mirrored sampling, members ``2p``/``2p+1`` use ``+eps``/``-eps``.
+        antithetic: mirrored sampling, members ``2p``/``2p+1`` use ``+eps``/``-eps`` (pgpe and ars always
+            mirror: they refuse ``False``).
         weight_decay: L2 coefficient; adds ``weight_decay * theta`` to the loss gradient.
         eval_every: evaluate the unperturbed centre every this many generations (0: never,
             except the last generation).

@@ -129,6 +129,7 @@ def build_context(strategy: Strategy, optimizer: Any, config: ESConfig, num_para
     """
     perturbation = perturbations.get(config.perturbation, config.perturbation_rank)
     check_strategy_supports(strategy, perturbation)
+    strategy.check_fields()
     if perturbation.structured:
         if layout is None:
             raise ValueError(f"{perturbation.name} perturbations factor a policy's weight matrices; this run has a "

@@ -29,6 +29,7 @@ from jes.config import ESConfig
 from jes.envs import gymnasium as gymnasium_envs
 from jes.envs.spec import maps_box_otherwise_than_before
 from jes.generation import Trainer, TrainState, as_key, fetch, localize
+from jes import strategies
 from jes.strategies.base import ignored_settings
 from jes.host_step import HostGeneration
 from jes.trained import ActionMap, TrainedPolicy
@@ -262,6 +263,19 @@ HISTORY_KEYS = (
 Callback = Callable[[dict], Any]
 
 
+def _check_mirrored_population(strategy: Any, overrides: dict) -> None:
+    """Refuse an odd ``num_members`` for a strategy that always evaluates mirrored pairs, before ESConfig's own
+    refusal advises ``antithetic=False``, which such a strategy refuses too."""
+    members = overrides.get("num_members")
+    try:
+        resolved = strategies.get(strategy)
+    except (TypeError, ValueError):
+        return  # the Trainer reports a bad strategy
+    if isinstance(members, int) and not isinstance(members, bool) and members % 2 and resolved.antithetic(False):
+        raise ValueError(f"num_members={members} is odd, but strategy {resolved.name!r} evaluates mirrored pairs by "
+                         f"definition; use an even population (e.g. {members + 1})")
+
+
 def train(
     policy: nn.Module,
     env: Any,
@@ -299,9 +313,9 @@ def train(
         optimizer: for strategies that move their mean with an optimizer (openai_es, pgpe):
             ``"adam"``, ``"adabelief"``, ``"novograd"``, ``"radam"``, ``"amsgrad"``, ``"sgd"``,
             ``"clipup"``, or any optax ``GradientTransformation``; ``None`` takes the strategy's
-            default (adam for openai_es, clipup for pgpe). snes, sep_cma_es and ars have their own
+            default (adam for openai_es, clipup for pgpe). snes, sep_cma_es, ars and cma_es have their own
             update rules and refuse an optimizer.
-        strategy: ``"openai_es"`` (default), ``"pgpe"``, ``"snes"``, ``"sep_cma_es"``, ``"ars"``
+        strategy: ``"openai_es"`` (default), ``"pgpe"``, ``"snes"``, ``"sep_cma_es"``, ``"ars"``, ``"cma_es"``
             (``jes.strategies.names()``) or a strategy object with its hyperparameters.
         key: int seed or ``jax.random`` key; same key and config give bit-identical results.
         config: an :class:`ESConfig`; keyword ``overrides`` (e.g. ``num_members=256``) replace its fields.
@@ -363,10 +377,13 @@ def train(
                       f"writing the same files; pass distributed=True", stacklevel=2)
     jes_logging.check_callbacks(callbacks)
     primary = jax.process_index() == 0
+    if overrides:
+        _check_mirrored_population(strategy, overrides)
     config = (config or ESConfig()).replace(**overrides) if overrides else (config or ESConfig())
     trainer = Trainer(policy, env, optimizer, config, env_params=env_params, devices=devices,
                       rollout_min_batch=rollout_min_batch, strategy=strategy)
-    ignored = ignored_settings(trainer.strategy, config.learning_rate, config.weight_decay, config.fitness_shaping)
+    ignored = ignored_settings(trainer.strategy, config.learning_rate, config.weight_decay, config.fitness_shaping,
+                               config.antithetic)
     if ignored is not None and resume is None:
         raise ValueError(ignored)
     if ignored is not None:  # a checkpoint of a jes that took them silently: its run goes on as it was
@@ -396,6 +413,7 @@ def train(
             state, history, key = restored.restore_state(trainer), restored.history, restored.key
             best = _best_from_checkpoint(trainer, restored.best)
             state = _apply_new_learning_rate(trainer, state, restored.meta["config"].get("learning_rate"), resume)
+            _warn_unchecked_on_resume(optimizer, config, resume)
             done = int(fetch(state.generation))
             if done >= config.num_generations:
                 warnings.warn(f"{resume!r} is at generation {done}, and num_generations={config.num_generations}: there is "
@@ -620,6 +638,23 @@ def _apply_new_learning_rate(trainer: Trainer, state: TrainState, old: Any, path
     return trainer.place(state.replace(strategy=state.strategy.replace(opt_state=opt_state)))
 
 
+def _warn_unchecked_on_resume(optimizer: Any, config: ESConfig, path: str) -> None:
+    """A resumed run given an optax object or a schedule: warn once that it cannot be checked against the run's.
+
+    A checkpoint records an optax object by its type name and a schedule by its field's name only, so another
+    ``optax.adam(1e-4)`` or another schedule would pass :meth:`jes.checkpoint.Checkpoint.check_compatible`.
+    """
+    unchecked = [f"optimizer={type(optimizer).__name__} (an optax object)"] if (
+        optimizer is not None and not isinstance(optimizer, str)) else []
+    unchecked += [f"{f.name} (a schedule)" for f in dataclasses.fields(config) if callable(getattr(config, f.name))]
+    if unchecked:
+        warnings.warn(f"resuming {path} with {', '.join(unchecked)}: jes cannot check that "
+                      f"{'it is' if len(unchecked) == 1 else 'they are'} the run's own (it records an optax object's "
+                      f"type and a schedule's name only); the resumed run continues with the checkpoint's optimizer "
+                      f"state, and a different {'one' if len(unchecked) == 1 else 'one of them'} makes it differ from "
+                      f"the run it continues", stacklevel=3)
+
+
 StepFn = Callable[[TrainState, bool, bool], "tuple[TrainState, dict]"]
 
 
@@ -764,9 +799,10 @@ def run(trainer: Trainer, state: TrainState, *, key: Any = 0, callbacks: Iterabl
             if not evaluates_centre(gen + 1, total, cfg.eval_every):  # nothing to wait for
                 entry, pending = pending, None
                 commit(entry, float("nan"), 0)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as interrupt:
         if save_to is not None:
             save_checkpoint()
+            interrupt.checkpoint_path = save_to  # `jes train` names it (an interrupt before this point saved none)
         raise
     if save_to is not None and saved_generation != int(fetch(state.generation)):
         save_checkpoint()

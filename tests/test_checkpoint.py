@@ -4,6 +4,7 @@ import socket
 import subprocess
 import sys
 import time
+import warnings
 
 import jax
 import numpy as np
@@ -437,3 +438,37 @@ def test_a_refused_resume_leaves_no_compile_running(tmp_path, monkeypatch):
                   log_dir=None, progress=False, resume=path)
     thread = trainers[0]._compiling[0]
     assert not thread.is_alive()
+
+
+def test_a_pgpe_checkpoint_with_antithetic_false_resumes_with_a_warning(tmp_path):
+    """A jes that took antithetic=False for pgpe (and ran mirrored pairs anyway) recorded it; resuming warns."""
+    pgpe = jes.Trainer(POLICY, "CartPole-v1", None, jes.ESConfig(**SMALL), strategy="pgpe")
+    clean = checkpoint.save(str(tmp_path / "pgpe.ckpt"), pgpe, pgpe.init_state(1), key=1)
+    old = _rewrite_meta(clean, str(tmp_path / "old.ckpt"), lambda meta: meta["config"].update(antithetic=False))
+    with pytest.warns(UserWarning, match=r"antithetic=False would be ignored by strategy 'pgpe': it evaluates mirrored "
+                                         r"pairs by definition.*\(the resumed run goes on as it ran"):
+        jes.train(POLICY, "CartPole-v1", strategy="pgpe", config=checkpoint.read(old).config(), resume=old,
+                  num_generations=1, log_dir=None, progress=False)
+
+
+def test_resuming_with_an_optax_object_or_a_schedule_warns_that_it_is_unchecked(tmp_path):
+    """An optax object is recorded by its type's name and a schedule by its field's name, so another one resumed
+    silently; each warns once, naming it, and an optimizer given by name (compared already) does not."""
+    import optax
+
+    def resumed(optimizer, **config):
+        path = str(tmp_path / f"run{len(os.listdir(tmp_path))}.ckpt")
+        jes.train(POLICY, "CartPole-v1", optimizer, checkpoint_path=path, log_dir=None, progress=False,
+                  **SMALL | {"num_generations": 1} | config)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            jes.train(POLICY, "CartPole-v1", optimizer, resume=path, log_dir=None, progress=False,
+                      **SMALL | {"num_generations": 2} | config)
+        return [str(w.message) for w in caught if "cannot check" in str(w.message)]
+
+    optax_object = resumed(optax.adam(0.1))
+    assert len(optax_object) == 1 and "optimizer=GradientTransformationExtraArgs (an optax object)" in optax_object[0]
+    assert "continues with the checkpoint's optimizer state" in optax_object[0]
+    schedule = resumed("adam", learning_rate=optax.linear_schedule(0.1, 0.01, 10))
+    assert len(schedule) == 1 and "learning_rate (a schedule)" in schedule[0]
+    assert resumed("adam") == []

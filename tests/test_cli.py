@@ -474,3 +474,24 @@ def test_the_jes_command_imports_an_allowed_module_from_the_current_directory(tm
                                capture_output=True, text=True, cwd=tmp_path, env=env, timeout=300)
     assert evaluated.returncode == 0, evaluated.stderr[-3000:]
     assert "TinyPolicy" in evaluated.stdout and "over 2 episodes" in evaluated.stdout, evaluated.stdout
+
+
+def test_an_interrupt_says_whether_a_checkpoint_was_saved(tmp_path, capsys, monkeypatch):
+    """Ctrl-C while compiling, before any checkpoint, advised --resume of a checkpoint that did not exist; the
+    advice names the saved checkpoint, and only when it exists."""
+    saved = tmp_path / "run.ckpt"
+
+    def interrupted(*args, **kwargs):
+        interrupt = KeyboardInterrupt()
+        if saved.exists():
+            interrupt.checkpoint_path = str(saved)
+        raise interrupt
+
+    monkeypatch.setattr(jes, "train", interrupted)
+    argv = ["train", "--generations", "1", "--log-dir", "none", "--checkpoint", str(saved)]
+    assert cli.main(argv) == 130
+    err = capsys.readouterr().err
+    assert "no checkpoint was saved" in err and "continue with --resume" not in err
+    saved.write_bytes(b"")
+    assert cli.main(argv) == 130
+    assert f"checkpoint {saved}; continue with --resume {saved}" in capsys.readouterr().err

@@ -384,3 +384,28 @@ def test_clipup_reads_a_learning_rate_schedule_at_each_step():
     assert steps == [-1.0, -0.75, -0.5, -0.25, 0.0]
     constant = jes.optimizers.clipup(0.5, momentum=0.0)  # a constant keeps the state older checkpoints hold
     assert type(constant.init(params)).__name__ == "ClipUpState"
+
+
+@pytest.mark.parametrize("name", ["pgpe", "ars"])
+def test_antithetic_false_is_refused_by_strategies_that_always_mirror(name, capsys):
+    """pgpe and ars evaluate mirrored pairs by definition: antithetic=False was ignored (and recorded as False);
+    it is refused, and an odd population is told to go even, not to add --no-antithetic."""
+    with pytest.raises(ValueError, match=rf"antithetic=False would be ignored by strategy '{name}': it evaluates "
+                                         r"mirrored pairs by definition"):
+        jes.train(jes.MLPPolicy((4,)), "CartPole-v1", strategy=name, num_members=16, num_generations=1,
+                  antithetic=False, log_dir=None, progress=False)
+    assert cli.main(["train", "--strategy", name, "--no-antithetic", "--generations", "1", "--log-dir", "none"]) == 2
+    assert f"--no-antithetic would be ignored by strategy '{name}'" in capsys.readouterr().err
+    assert cli.main(["train", "--strategy", name, "--population", "31", "--generations", "1", "--log-dir", "none"]) == 2
+    err = capsys.readouterr().err
+    assert "--population 31 is odd" in err and "even population (e.g. 32)" in err and "--no-antithetic" not in err
+
+
+@pytest.mark.parametrize("strategy, field", [("snes", "sigma_init"), ("sep_cma_es", "sigma_init"), ("cma_es", "sigma_init"),
+                                             ("ars", "noise_std_init"), ("pgpe", "stdev_init"), ("pgpe", "center_lr")])
+@pytest.mark.parametrize("value", [0.0, -0.1, float("inf"), float("nan")])
+def test_initial_sigmas_and_pgpe_center_lr_must_be_positive_and_finite(strategy, field, value):
+    """SNES/SepCMAES/ARS took a zero, negative or non-finite initial sigma; PGPE's refusal named learning_rate
+    with a number derived from stdev_init or center_lr. Each names its own field."""
+    with pytest.raises(ValueError, match=rf"{strategy} {field} must be positive and finite \(or None for "):
+        jes.AskTell(jes.strategies.get(strategy, **{field: value}), jnp.zeros(4), num_members=8)

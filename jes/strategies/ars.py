@@ -8,8 +8,8 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from jes.strategies.base import (Context, Strategy, check_optimizer_free, info, isotropic_draws, isotropic_members,
-                                isotropic_weighted_noise)
+from jes.strategies.base import (Context, Strategy, check_optimizer_free, check_positive_field, info, isotropic_draws,
+                                isotropic_members, isotropic_weighted_noise)
 
 
 @struct.dataclass
@@ -36,7 +36,7 @@ class ARS(Strategy):
             without "-t").
         version: ``"v2"`` (observations normalised by the run's running statistics, V2-t) or
             ``"v1"`` (raw observations, V1-t; overrides ``ESConfig.normalize_observations``).
-        noise_std: ``nu`` (``None``: ``ESConfig.noise_std``).
+        noise_std_init: ``nu``, the initial noise std (``None``: ``ESConfig.noise_std``).
     """
 
     step_size: float | None = None
@@ -61,6 +61,7 @@ class ARS(Strategy):
     def validate(self, ctx: Context) -> None:
         check_optimizer_free(self, ctx.optimizer)
         self.check_per_use_defaults()
+        check_positive_field(self, "noise_std_init")
         if self.version not in ("v1", "v2"):
             raise ValueError(f"ars version must be 'v1' or 'v2', got {self.version!r}")
         if ctx.num_members % 2:

@@ -103,6 +103,9 @@ class Strategy:
         """Population size for :func:`jes.optimize` when none is given."""
         return 4 + int(3 * math.log(max(num_params, 1)))
 
+    def check_fields(self) -> None:
+        """Raise ``ValueError`` for a hyperparameter out of range; run before the optimizer is built from them."""
+
     def validate(self, ctx: Context) -> None:
         """Raise ``ValueError`` for a run this strategy cannot serve."""
 
@@ -270,8 +273,15 @@ def check_settings_apply(strategy: Strategy, learning_rate: Any, weight_decay: f
         raise ValueError(message)
 
 
-def ignored_settings(strategy: Strategy, learning_rate: Any, weight_decay: float, fitness_shaping: str) -> str | None:
-    """What :func:`check_settings_apply` refuses, as a message (``None``: every setting given is read)."""
+def ignored_settings(strategy: Strategy, learning_rate: Any, weight_decay: float, fitness_shaping: str,
+                     antithetic: bool = True) -> str | None:
+    """What :func:`check_settings_apply` refuses, as a message (``None``: every setting given is read);
+    ``antithetic`` is ``ESConfig.antithetic`` (``False`` is refused by a strategy that always mirrors)."""
+    messages = []
+    if not antithetic and strategy.antithetic(False):
+        messages.append(f"antithetic=False would be ignored by strategy {strategy.name!r}: it evaluates mirrored "
+                        f"pairs by definition; drop it, or use a strategy that samples unmirrored members "
+                        f"(openai_es)")
     ignored = []
     own_rate = strategy.uses_optimizer and getattr(strategy, "center_lr", None) is not None
     if learning_rate is not None and (not strategy.uses_optimizer or own_rate):
@@ -284,10 +294,24 @@ def ignored_settings(strategy: Strategy, learning_rate: Any, weight_decay: float
         why = (f"its center_lr={strategy.center_lr!r} is the rate" if own_rate else
                f"it moves its mean by its own rule, with its own rates and weights (fields of "
                f"jes.strategies.{type(strategy).__name__})")
-        return (f"{', '.join(ignored)} would be ignored by strategy {strategy.name!r}: {why}; drop "
-                f"{'it' if len(ignored) == 1 else 'them'}, or use a strategy that takes "
-                f"{'it' if len(ignored) == 1 else 'them'} (openai_es, pgpe)")
-    return None
+        messages.insert(0, f"{', '.join(ignored)} would be ignored by strategy {strategy.name!r}: {why}; drop "
+                           f"{'it' if len(ignored) == 1 else 'them'}, or use a strategy that takes "
+                           f"{'it' if len(ignored) == 1 else 'them'} (openai_es, pgpe)")
+    return "; and ".join(messages) or None
+
+
+def check_positive_field(strategy: Strategy, field: str, unset: str = "noise_std") -> None:
+    """Raise ``ValueError`` unless ``strategy``'s ``field`` is ``None`` (``unset`` stands in) or a positive finite
+    number (an initial sigma or a rate: zero, negative, inf or nan would train nothing, or nan)."""
+    value = getattr(strategy, field)
+    if value is None:
+        return
+    try:
+        fine = not isinstance(value, bool) and math.isfinite(float(value)) and float(value) > 0
+    except (TypeError, ValueError):
+        fine = False
+    if not fine:
+        raise ValueError(f"{strategy.name} {field} must be positive and finite (or None for {unset}), got {value!r}")
 
 
 def check_optimizer_free(strategy: Strategy, optimizer: Any) -> None:

@@ -13,7 +13,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-from jes.strategies.base import Context, Strategy, check_optimizer_free, info, sorted_utilities, unit_noise
+from jes.strategies.base import (Context, Strategy, check_optimizer_free, check_positive_field, info, sorted_utilities,
+                                unit_noise)
 from jes.strategies.noise import rows_product
 
 # Above this many parameters the [P, P] matrices (covariance, eigenbasis, one rank-mu statistic per chunk)
@@ -80,8 +81,7 @@ class CMAES(Strategy):
                 f"(or raise cma_es max_params if you have the memory)")
         if self.eigen_interval is not None and (not isinstance(self.eigen_interval, int) or self.eigen_interval < 1):
             raise ValueError(f"cma_es eigen_interval must be a positive int (or None), got {self.eigen_interval!r}")
-        if self.sigma_init is not None and not self.sigma_init > 0:
-            raise ValueError(f"cma_es sigma_init must be positive (or None for noise_std), got {self.sigma_init}")
+        check_positive_field(self, "sigma_init")
 
     @staticmethod
     def constants(d: int, n: int) -> dict:

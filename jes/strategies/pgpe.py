@@ -12,7 +12,7 @@ from flax import struct
 
 from jes.optimizers import current_learning_rate, resolve_name
 from jes.strategies import noise
-from jes.strategies.base import Context, Strategy, info, pair_noise
+from jes.strategies.base import Context, Strategy, check_positive_field, info, pair_noise
 
 
 @struct.dataclass
@@ -80,6 +80,11 @@ class PGPE(Strategy):
 
     def default_population(self, num_params: int) -> int:
         return 2 * super().default_population(num_params)
+
+    def check_fields(self) -> None:
+        check_positive_field(self, "stdev_init")  # before center_lr's default is derived from it
+        if not callable(self.center_lr):  # a schedule is optax's to check
+            check_positive_field(self, "center_lr", unset="learning_rate")
 
     def validate(self, ctx: Context) -> None:
         if ctx.num_members % 2:

@@ -9,7 +9,8 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from jes.strategies.base import Context, Strategy, check_optimizer_free, info, sorted_utilities, unit_noise
+from jes.strategies.base import (Context, Strategy, check_optimizer_free, check_positive_field, info, sorted_utilities,
+                                unit_noise)
 
 
 @struct.dataclass
@@ -78,6 +79,7 @@ class SepCMAES(Strategy):
         if ctx.num_members < 4:
             raise ValueError(f"sep_cma_es needs num_members >= 4 (it recombines the best half), got {ctx.num_members}")
         self.check_per_use_defaults()
+        check_positive_field(self, "sigma_init", unset="sigma_scale * noise_std")
 
     # The standard constants, functions of the dimension d and population n only (static).
     def constants(self, d: int, n: int) -> dict:

@@ -10,7 +10,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-from jes.strategies.base import Context, Strategy, check_optimizer_free, info, sorted_utilities, unit_noise
+from jes.strategies.base import (Context, Strategy, check_optimizer_free, check_positive_field, info, sorted_utilities,
+                                unit_noise)
 
 
 @struct.dataclass
@@ -90,6 +91,7 @@ class SNES(Strategy):
     def validate(self, ctx: Context) -> None:
         check_optimizer_free(self, ctx.optimizer)
         self.check_per_use_defaults()
+        check_positive_field(self, "sigma_init")
 
     def _sigma_lr(self, d: int) -> float:
         return (3 + math.log(d)) / (5 * math.sqrt(d)) if self.sigma_lr is None else float(self.sigma_lr)
