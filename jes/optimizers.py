@@ -134,8 +134,15 @@ def make_optimizer(optimizer: "str | optax.GradientTransformation", learning_rat
 
 
 def current_learning_rate(opt_state) -> float | None:
-    """Learning rate stored by ``inject_hyperparams`` in ``opt_state`` (``None`` when not available)."""
+    """Learning rate stored by ``inject_hyperparams`` in ``opt_state``, at its top or anywhere inside (an
+    ``optax.chain(clip, inject_hyperparams(adam)(...))``): the first one found, depth first; ``None`` when there is
+    none (an ``optax.adam(schedule)`` keeps no rate in its state)."""
     hyper = getattr(opt_state, "hyperparams", None)
     if isinstance(hyper, dict) and "learning_rate" in hyper:
         return hyper["learning_rate"]
+    if isinstance(opt_state, (tuple, list)):
+        for inner in opt_state:
+            found = current_learning_rate(inner)
+            if found is not None:
+                return found
     return None

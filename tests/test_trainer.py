@@ -255,6 +255,10 @@ def test_custom_flax_module_and_optax_transform():
 
     result = jes.train(Linear(), "CartPole-v1", optax.chain(optax.clip(1.0), optax.adam(0.05)), **SMALL)
     assert result.flat_params.shape == (4 * 2 + 2,)
+    # A rate injected inside a chain is logged (it was NaN: only a top-level inject_hyperparams was read).
+    chained = optax.chain(optax.clip(1.0), optax.inject_hyperparams(optax.adam)(learning_rate=0.05))
+    result = jes.train(Linear(), "CartPole-v1", chained, **SMALL)
+    np.testing.assert_array_equal(result.history["learning_rate"], np.float32(0.05))
 
 
 def test_schedules_for_noise_std_and_learning_rate():
