@@ -37,6 +37,7 @@ from flax import serialization
 from jes import describe, schema, strategies
 from jes.config import ESConfig
 from jes.generation import Trainer, TrainState, as_key, localize
+from jes.optimizers import resolve_name as resolve_optimizer_name
 
 MAGIC = b"JESCKPT1"
 # 2: the strategy's state under state['strategy'], policy fields in the jes.describe form (format 1 is upgraded
@@ -455,6 +456,49 @@ class Checkpoint:
             raise CheckpointError(f"checkpoint {self.path}: its policy has {trainer.num_params} parameters here, the "
                                   f"file says {self.meta['num_params']}")
         return trainer
+
+    def rebuilds_its_optimizer(self) -> bool:
+        """Whether :meth:`build_trainer` can rebuild the run as it ran: an optimizer given by name, no schedules
+        (an optax object or a schedule is not data a file can hold)."""
+        if self.meta["config_schedules"]:
+            return False
+        try:
+            return self.optimizer is None or bool(resolve_optimizer_name(self.optimizer))
+        except ValueError:
+            return False
+
+    def centre_for_evaluation(self, devices: Any = None, allow_modules: Any = ()) -> tuple[Trainer, TrainState]:
+        """A trainer and state that evaluate (and render) the run's centre as the run did, also for a run whose
+        optimizer or schedules no file can rebuild: those are stood in for (``"sgd"``, constants), which evaluation
+        never reads; the centre, the observation statistics and the generation are the file's. Not for resuming
+        (its optimizer state is not the run's)."""
+        if self.rebuilds_its_optimizer():
+            trainer = self.build_trainer(devices=devices, allow_modules=allow_modules)
+            return trainer, self.restore_state(trainer)
+        fields = dict(self.meta["config"])
+        for name in self.meta["config_schedules"]:
+            fields[name] = ESConfig.__dataclass_fields__[name].default
+        policy, strategy = self.policy(allow_modules), build_strategy(self.meta.get("strategy"))
+        optimizer = "sgd" if strategy.uses_optimizer else None
+        try:
+            trainer = Trainer(policy, self.env_name, optimizer, ESConfig(**fields), devices=devices, strategy=strategy)
+        except Exception as err:  # noqa: BLE001 - an env or policy this jes cannot build
+            raise CheckpointError(f"checkpoint {self.path}: cannot rebuild its run: {type(err).__name__}: {err}") from err
+        template = localize(trainer.init_state(0))
+        saved = self.state_dict
+        try:
+            mean = np.asarray(saved["strategy"]["mean"], np.float32)
+            obs = {k: np.asarray(saved[k], np.float32) for k in ("obs_count", "obs_sum", "obs_sumsq")}
+        except (KeyError, TypeError) as err:
+            raise CheckpointError(f"checkpoint {self.path}: its state holds no centre and observation statistics "
+                                  f"({err})") from err
+        if mean.shape != (trainer.num_params,) or obs["obs_sum"].shape != tuple(trainer.spec.obs_shape):
+            raise CheckpointError(f"checkpoint {self.path}: its centre has shape {list(mean.shape)}, this policy "
+                                  f"{trainer.num_params} parameters")
+        state = template.replace(strategy=template.strategy.replace(mean=jnp.asarray(mean)),
+                                 generation=jnp.asarray(self.generation, template.generation.dtype),
+                                 **{k: jnp.asarray(v, getattr(template, k).dtype) for k, v in obs.items()})
+        return trainer, trainer.place(state)
 
     def check_compatible(self, trainer: Trainer) -> None:
         """Raise :class:`CheckpointError` naming every difference that would change the resumed parameters."""

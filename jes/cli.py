@@ -406,7 +406,9 @@ def _eval(args: argparse.Namespace) -> int:
         # Only the centre is evaluated: which leaves the members' low-rank noise cannot factor does not matter here
         # (the run warned when it started).
         warnings.simplefilter("ignore", LowRankWarning)
-        trainer, state, ckpt = checkpoint.load(args.checkpoint, allow_modules=args.allow_module)
+        ckpt = checkpoint.read(args.checkpoint)
+        # a run given an optax object or schedules: evaluated with stand-ins for them (evaluation never reads them)
+        trainer, state = ckpt.centre_for_evaluation(allow_modules=args.allow_module)
     if trainer.spec.host:  # a Python simulator (Gymnasium): episodes stepped here, the policy compiled
         from jes.host_step import HostGeneration
 

@@ -101,6 +101,26 @@ def test_eval_of_a_saved_policy_file_gives_its_checkpoints_returns(trained, tmp_
     assert "--render draws an episode of a checkpoint" in capsys.readouterr().err
 
 
+@pytest.mark.hard_timeout(300)
+def test_eval_of_a_run_given_an_optax_object_and_a_schedule(tmp_path, capsys):
+    """`jes eval` could not open such checkpoints ("unknown optimizer 'GradientTransformationExtraArgs'", "the run used
+    schedule(s)"), though evaluating the centre reads neither."""
+    import optax
+
+    path = str(tmp_path / "run.ckpt")
+    optimizer = optax.chain(optax.clip(1.0), optax.adam(0.05))
+    noise = optax.linear_schedule(0.2, 0.1, 2)
+    jes.train(jes.MLPPolicy(hidden_sizes=(4,)), "CartPole-v1", optimizer, noise_std=noise, num_members=8,
+              num_generations=2, eval_episodes=2, log_dir=None, checkpoint_path=path, progress=False, key=3)
+    trainer = jes.Trainer(jes.MLPPolicy(hidden_sizes=(4,)), "CartPole-v1", optimizer,
+                          jes.ESConfig(num_members=8, eval_episodes=2, noise_std=noise))
+    state = checkpoint.read(path).restore_state(trainer)  # the run's own state, as the docs' recipe restores it
+    expected = np.asarray(trainer.evaluate_centre(state, 6, jes.generation.as_key(12345))[0])
+    assert cli.main(["eval", path, "--episodes", "6"]) == 0
+    out = capsys.readouterr().out
+    assert f"centre return {expected.mean():.2f} +/- {expected.std():.2f} over 6 episodes" in out, out
+
+
 def test_eval_missing_or_bad_checkpoint(tmp_path, capsys):
     assert cli.main(["eval", str(tmp_path / "none.ckpt")]) == 2
     assert "no checkpoint" in capsys.readouterr().err
