@@ -12,7 +12,8 @@ from typing import Any
 
 SUPPORTED = ("a gymnax env id (e.g. \"CartPole-v1\", see jes.registered_env_names()), a gymnax Environment "
              "instance, (env, env_params), or your own JAX env object with reset_env/step_env/action_space/"
-             "observation_space (see jes/envs.py)")
+             "observation_space (see jes/envs/gymnax.py); a Python simulator as 'gymnasium:<id>', a gymnasium.Env "
+             "instance or jes.envs.gymnasium.make(factory)")
 
 
 def check_env(env: Any) -> None:
@@ -22,9 +23,16 @@ def check_env(env: Any) -> None:
     """
     target = env[0] if isinstance(env, tuple) and len(env) == 2 else env
     if inspect.isclass(target):
-        hint = f"{target.__name__}()" if _has_env_methods(target) else f"an instance of {target.__name__}"
-        raise TypeError(f"env is the class {target.__module__}.{target.__qualname__}, not an environment: pass "
-                        f"{hint} instead. jes accepts {SUPPORTED}.")
+        if _has_env_methods(target):
+            raise TypeError(f"env is the class {target.__module__}.{target.__qualname__}, not an environment: pass "
+                            f"{target.__name__}() instead. jes accepts {SUPPORTED}.")
+        raise TypeError(f"env is the class {target.__module__}.{target.__qualname__}, which is neither a JAX env "
+                        f"(reset_env/step_env/action_space/observation_space) nor a gymnasium.Env subclass. jes "
+                        f"accepts {SUPPORTED}.")
+    if callable(target) and not hasattr(target, "reset_env") and inspect.isfunction(target):
+        raise TypeError(f"env is the function {getattr(target, '__qualname__', target)!r}: a factory of a Python env "
+                        f"goes in as jes.envs.gymnasium.make(factory) (a zero-argument function returning a "
+                        f"gymnasium.Env). jes accepts {SUPPORTED}.")
     if _is_gym_env(target):
         spec_id = getattr(getattr(target, "spec", None), "id", None)
         same = f"; for {spec_id!r} try the gymnax id {spec_id!r}" if spec_id else ""

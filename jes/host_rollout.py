@@ -139,9 +139,21 @@ def run_host_slots(spec: EnvSpec, pool: HostEnvPool, groups: Sequence[tuple[Call
         if err is None or isinstance(err, _Timeout):
             message = (f"env {spec.name!r}: {label(slot)} ran past its time limit of {limit:g} s per episode "
                        f"(in {what}, after {steps[slot]} steps); raise or drop ?episode_seconds=")
-        else:
-            message = f"env {spec.name!r}: {what} raised {type(err).__name__}: {err} in {label(slot)} after {steps[slot]} steps"
+        elif what in ("reset", "step"):
+            text = str(err) or ("not implemented by the env" if isinstance(err, NotImplementedError) else "")
+            message = (f"env {spec.name!r}: {what} raised {type(err).__name__}: {text} in {label(slot)} after "
+                       f"{steps[slot]} steps")
+        else:  # what jes reads from a call's return: the env's, not jes's, error
+            message = (f"env {spec.name!r}: {what} does not fit: {type(err).__name__}: {err} in {label(slot)} after "
+                       f"{steps[slot]} steps")
         return HostEnvError(message, spec.name, label(slot))
+
+    def returned(what: str, result: Any, size: int, form: str) -> tuple:
+        if not isinstance(result, tuple) or len(result) != size:
+            got = f"a tuple of {len(result)}" if isinstance(result, tuple) else type(result).__name__
+            current[1] = f"{what}'s return"
+            raise TypeError(f"{what} must return {form} (Gymnasium's API); it returned {got}")
+        return result
 
     # The limit is on each episode's own time in its env's calls (reset and steps; the slots take turns, so an
     # episode's wall time would grow with the batch). A SIGALRM timer, set to the episode's remaining time around
@@ -175,7 +187,9 @@ def run_host_slots(spec: EnvSpec, pool: HostEnvPool, groups: Sequence[tuple[Call
 
     try:
         for slot in np.flatnonzero(live):
-            first, _ = call(slot, "reset", lambda: instances[slot].reset(seed=seed_of(seeds[slot])))
+            first, _ = returned("reset(seed=...)", call(slot, "reset", lambda: instances[slot].reset(
+                seed=seed_of(seeds[slot]))), 2, "(obs, info)")
+            current[1] = "reset's observation (against the env's observation_space)"
             obs[slot] = env.observation(first)
         for _t in range(spec.max_steps):
             if not live.any():
@@ -191,10 +205,15 @@ def run_host_slots(spec: EnvSpec, pool: HostEnvPool, groups: Sequence[tuple[Call
                 obs_sum += live_obs
                 obs_sumsq += live_obs * live_obs
             for slot in np.flatnonzero(live):
-                new_obs, reward, terminated, truncated, _ = call(
-                    slot, "step", lambda: instances[slot].step(env.env_action(actions[slot])))
+                new_obs, reward, terminated, truncated, _ = returned("step(action)", call(
+                    slot, "step", lambda: instances[slot].step(env.env_action(actions[slot]))), 5,
+                    "(obs, reward, terminated, truncated, info)")
+                current[1] = "step's reward"
+                if reward is None or isinstance(reward, (str, bytes)):
+                    raise TypeError(f"the reward is {reward!r}, not a number")
                 returns[slot] += np.float32(reward)
                 steps[slot] += 1
+                current[1] = "step's observation (against the env's observation_space)"
                 obs[slot] = env.observation(new_obs)
                 if terminated or truncated:
                     live[slot] = False

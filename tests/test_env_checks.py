@@ -26,6 +26,18 @@ def test_env_class_instead_of_instance():
     with pytest.raises(TypeError, match=r"Countdown\(\)"):
         make_env((Countdown, None))
 
+    class Plain:  # neither kind of env: "pass an instance of Plain" was advised, and the instance then refused
+        pass
+
+    with pytest.raises(TypeError, match=r"Plain, which is neither a JAX env .* nor a gymnasium.Env subclass"):
+        make_env(Plain)
+
+    def factory():
+        return None
+
+    with pytest.raises(TypeError, match=r"the function .*factory.*jes.envs.gymnasium.make\(factory\)"):
+        make_env(factory)
+
 
 def test_gymnasium_env_says_to_use_a_jax_env():
     with pytest.raises(TypeError, match=r"Gym/Gymnasium environment.*gymnax env id.*AskTell"):

@@ -472,3 +472,33 @@ def test_a_users_registered_id_runs_on_local_workers_that_import_its_module(tmp_
                           "jes_no_such_module"], capture_output=True, text=True, timeout=120,
                          env=dict(os.environ, JES_SECRET="x" * 32))
     assert bad.returncode == 2 and "--import jes_no_such_module: ModuleNotFoundError" in bad.stderr, bad.stderr
+
+
+class Misbehaving(Target):
+    """Steps as `how` says: the old 4-tuple API, a None reward, or an observation of another shape."""
+
+    how = "four"
+
+    def step(self, action):
+        obs, reward, terminated, truncated, info = super().step(action)
+        if self.how == "four":
+            return obs, reward, terminated or truncated, info
+        if self.how == "none":
+            return obs, None, terminated, truncated, info
+        return obs[:1], reward, terminated, truncated, info
+
+
+@pytest.mark.hard_timeout(600)
+@pytest.mark.parametrize("how,message", [
+    ("four", r"step\(action\) must return \(obs, reward, terminated, truncated, info\) \(Gymnasium's API\); it "
+             r"returned a tuple of 4"),
+    ("none", r"step's reward does not fit: TypeError: the reward is None, not a number"),  # was NaN fitness
+    ("shape", r"step's observation \(against the env's observation_space\) does not fit: ValueError"),
+])
+def test_an_env_breaking_gymnasiums_api_is_named_as_the_envs_fault(how, message, monkeypatch):
+    """Conversions of what the env returned failed as "step raised ...", blaming the call."""
+    monkeypatch.setattr(Misbehaving, "how", how)
+    with pytest.raises(HostEnvError, match=message):
+        small_train(GymnasiumEnv(Misbehaving, "Misbehaving"), max_episode_steps=10, eval_episodes=2)
+    with pytest.raises(ValueError, match="episode_seconds must be a positive, finite number of seconds"):
+        make_env("gymnasium:CartPole-v1?episode_seconds=inf")  # an OverflowError in the first reset before

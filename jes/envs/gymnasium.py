@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import copy
 import inspect
+import math
 import sys
 from typing import Any, Callable
 
@@ -176,8 +177,8 @@ def _from_id(name: str, max_steps: int | None, render_mode: str | None = None) -
     except ValueError:
         raise ValueError(f"bad {TIME_OPTION}={seconds!r} in env name {name!r}; write seconds like "
                          f"{TIME_OPTION}=60") from None
-    if limit is not None and not limit > 0:
-        raise ValueError(f"{TIME_OPTION} must be positive, got {seconds!r} in {name!r}")
+    if limit is not None and not (limit > 0 and math.isfinite(limit)):
+        raise ValueError(f"{TIME_OPTION} must be a positive, finite number of seconds, got {seconds!r} in {name!r}")
     gymnasium = import_gymnasium()
     if env_id not in gymnasium.registry:
         close = [k for k in gymnasium.registry if k.split("-")[0].lower() == env_id.split("-")[0].lower()]
