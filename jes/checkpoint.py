@@ -509,6 +509,8 @@ class Checkpoint:
             problems.append(f"strategy: checkpoint has {their_strategy}, this run has {mine['strategy']}")
         for field, label in (("env_name", "env"), ("policy", "policy"), ("optimizer", "optimizer"),
                              ("num_params", "parameter count"), ("obs_shape", "observation shape")):
+            if field == "optimizer" and _same_optimizer_name(mine[field], theirs[field]):
+                continue  # "adamm" and "AMSGrad" build amsgrad
             if json.loads(json.dumps(mine[field])) != theirs[field]:
                 problems.append(f"{label}: checkpoint has {theirs[field]}, this run has {mine[field]}")
         schedules = set(theirs["config_schedules"]) | set(mine["config_schedules"])
@@ -575,6 +577,16 @@ class Checkpoint:
         except Exception as err:  # noqa: BLE001 - key data of another shape than its implementation's
             raise CheckpointError(f"checkpoint {self.path}: its es_key does not fit {self.meta['es_key_impl']}: {err}") from err
         return trainer.place(restored.replace(es_key=es_key))
+
+
+def _same_optimizer_name(a: Any, b: Any) -> bool:
+    """Whether two recorded optimizer names build the same optimizer (aliases and case aside)."""
+    if not isinstance(a, str) or not isinstance(b, str):
+        return False
+    try:
+        return resolve_optimizer_name(a) == resolve_optimizer_name(b)
+    except ValueError:
+        return False
 
 
 def _migrate(state_dict: dict, meta: dict) -> dict:

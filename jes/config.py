@@ -115,15 +115,18 @@ class ESConfig:
                 continue
             if callable(value):
                 continue
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+            if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value) or value <= 0:
                 raise ValueError(f"{name} must be a positive number or a schedule, got {value!r}")
+            object.__setattr__(self, name, float(value) if not isinstance(value, int) else value)  # numpy scalars
         if self.fitness_shaping not in FITNESS_SHAPINGS:
             raise ValueError(
                 f"unknown fitness_shaping {self.fitness_shaping!r}; choose one of {', '.join(FITNESS_SHAPINGS)}"
             )
-        if isinstance(self.weight_decay, bool) or not isinstance(self.weight_decay, (int, float)) \
+        if isinstance(self.weight_decay, bool) or not isinstance(self.weight_decay, numbers.Real) \
                 or not math.isfinite(self.weight_decay) or self.weight_decay < 0:
             raise ValueError(f"weight_decay must be >= 0, got {self.weight_decay!r}")
+        if not isinstance(self.weight_decay, (int, float)):
+            object.__setattr__(self, "weight_decay", float(self.weight_decay))  # numpy scalars as plain floats
         if not isinstance(self.eval_every, int) or self.eval_every < 0:
             raise ValueError(f"eval_every must be an integer >= 0, got {self.eval_every!r}")
         if self.max_episode_steps is not None and (not isinstance(self.max_episode_steps, int) or self.max_episode_steps <= 0):

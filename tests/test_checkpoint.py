@@ -1,5 +1,6 @@
 """jes.checkpoint: atomic saves, bit-identical resume, clear errors for bad files."""
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -472,3 +473,21 @@ def test_resuming_with_an_optax_object_or_a_schedule_warns_that_it_is_unchecked(
     schedule = resumed("adam", learning_rate=optax.linear_schedule(0.1, 0.01, 10))
     assert len(schedule) == 1 and "learning_rate (a schedule)" in schedule[0]
     assert resumed("adam") == []
+
+
+def test_an_optimizers_alias_or_case_resumes_and_numpy_scalars_are_numbers(tmp_path):
+    """Resuming an "amsgrad" run with "adamm" (its alias) or "AMSGrad" was refused as another optimizer; a numpy
+    float noise_std / learning_rate was "not a positive number"; strategy="adam" was an unknown strategy, no hint."""
+    ckpt = str(tmp_path / "c.ckpt")
+    common = dict(log_dir=None, progress=False, **dict(SMALL_RUN, num_generations=2))
+    jes.train(jes.MLPPolicy((4,)), "CartPole-v1", "amsgrad", key=0, checkpoint_path=ckpt, **common)
+    for spelling in ("adamm", "AMSGrad"):
+        copy = str(tmp_path / f"{spelling}.ckpt")
+        shutil.copy(ckpt, copy)
+        resumed = jes.train(jes.MLPPolicy((4,)), "CartPole-v1", spelling, resume=copy, checkpoint_path=copy,
+                            **dict(common, num_generations=3))
+        assert resumed.history["pop_mean"].shape[0] == 3
+    config = jes.ESConfig(noise_std=np.float32(0.1), learning_rate=np.float64(0.05), weight_decay=np.float32(0.5))
+    assert type(config.noise_std) is float and config.noise_std == np.float32(0.1) and type(config.weight_decay) is float
+    with pytest.raises(ValueError, match=r"'adam' is an optimizer: pass it as optimizer="):
+        jes.strategies.get("adam")

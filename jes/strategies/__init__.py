@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from jes.optimizers import optimizer_names
 from jes.strategies.ars import ARS, ARSState
 from jes.strategies.base import Context, Strategy
 from jes.strategies.cma_es import CMAES, CMAState
@@ -46,7 +47,10 @@ def get(strategy: "str | Strategy", **hyperparameters: Any) -> Strategy:
     if isinstance(strategy, str):
         key = canonical_name(strategy)
         if key is None:
-            raise ValueError(f"unknown strategy {strategy!r}; valid names are: {', '.join(names())}")
+            from_optax = strategy.lower() in optimizer_names()
+            raise ValueError(f"unknown strategy {strategy!r}; valid names are: {', '.join(names())}"
+                             + (f" ({strategy!r} is an optimizer: pass it as optimizer=, e.g. jes.train(policy, env, "
+                                f"{strategy!r}))" if from_optax else ""))
         return REGISTRY[key](**hyperparameters)
     raise TypeError(f"strategy must be a name ({', '.join(names())}) or a jes.strategies.Strategy, "
                     f"got {type(strategy).__name__}")
