@@ -85,6 +85,14 @@ def test_eval_checkpoint(trained, capsys):
     assert "generation 2: centre return" in line and "over 4 episodes" in line
 
 
+def test_resume_on_another_env_names_the_env(trained, capsys):
+    """It was refused by the policy's output shape (the checkpoint's policy has CartPole's 2 outputs)."""
+    root, _ = trained
+    ckpt = str(root / "run" / "checkpoint.ckpt")
+    assert cli.main(["train", "--resume", ckpt, "--env", "Acrobot-v1", "--generations", "3"]) == 2
+    assert "--env Acrobot-v1: the checkpoint's run is on 'CartPole-v1'" in capsys.readouterr().err
+
+
 @pytest.mark.hard_timeout(300)
 def test_eval_of_a_saved_policy_file_gives_its_checkpoints_returns(trained, tmp_path, capsys):
     root, _ = trained
