@@ -16,7 +16,7 @@ import numpy as np
 def as_key(key: Any) -> jax.Array:
     """A typed PRNG key from an int seed, a typed key, or raw ``uint32[2]`` key data."""
     if isinstance(key, (int, np.integer)) and not isinstance(key, bool):
-        return jax.random.key(int(key))
+        return jax.random.key(int(check_seed(key)))
     try:
         arr = jnp.asarray(key)
     except (TypeError, ValueError):  # a string, None, an object: not an array at all
@@ -26,6 +26,23 @@ def as_key(key: Any) -> jax.Array:
     if arr.dtype == jnp.uint32 and arr.shape == (2,):
         return jax.random.wrap_key_data(arr)
     raise TypeError(f"key must be an int seed or a jax.random key, got {type(key).__name__} {getattr(arr, 'shape', '')}")
+
+
+def check_seed(seed: Any) -> int:
+    """``seed`` as an int, or a ``ValueError`` for one outside ``-2**31 .. 2**31 - 1``: JAX seeds its keys with 32
+    bits, so larger seeds alias smaller ones (``2**32`` ran seed 0, ``2**32 - 1`` seed -1) or overflow."""
+    if not -2**31 <= int(seed) < 2**31:
+        raise ValueError(f"seed {seed} is outside -2**31 .. 2**31 - 1: JAX seeds keys with 32 bits, so a larger "
+                         f"seed runs the key of a smaller one (2**32 ran seed 0's) or overflows; pick a seed in that "
+                         f"range")
+    return int(seed)
+
+
+def positive_count(value: Any, name: str) -> int:
+    """``value`` as a positive int, or a ``ValueError`` naming ``name`` (0 episodes meant the default; 2.5 ran 2)."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)) or value < 1:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    return int(value)
 
 
 def int32_seed(key: Any) -> np.int32 | None:

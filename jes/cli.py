@@ -396,6 +396,8 @@ def _eval(args: argparse.Namespace) -> int:
     from jes.generation import as_key
     from jes.perturbations import LowRankWarning
 
+    if args.episodes < 1:
+        raise ValueError(f"--episodes must be a positive number of episodes, got {args.episodes}")
     if _starts_with(args.checkpoint, trained.POLICY_MAGIC):
         if args.render is not None:
             raise ValueError(f"--render draws an episode of a checkpoint; {args.checkpoint} is a saved policy file "
@@ -412,6 +414,10 @@ def _eval(args: argparse.Namespace) -> int:
         ckpt = checkpoint.read(args.checkpoint)
         # a run given an optax object or schedules: evaluated with stand-ins for them (evaluation never reads them)
         trainer, state = ckpt.centre_for_evaluation(allow_modules=args.allow_module)
+    if args.render is not None:  # before 100 episodes are evaluated
+        from jes.render import check_render_path
+
+        check_render_path(trainer.spec, args.render)
     if trainer.spec.host:  # a Python simulator (Gymnasium): episodes stepped here, the policy compiled
         from jes.host_step import HostGeneration
 

@@ -127,6 +127,12 @@ class ESConfig:
             raise ValueError(f"weight_decay must be >= 0, got {self.weight_decay!r}")
         if not isinstance(self.weight_decay, (int, float)):
             object.__setattr__(self, "weight_decay", float(self.weight_decay))  # numpy scalars as plain floats
+        if self.stop_at_return is not None:
+            if isinstance(self.stop_at_return, bool) or not isinstance(self.stop_at_return, numbers.Real) \
+                    or math.isnan(self.stop_at_return):
+                raise ValueError(f"stop_at_return must be a number (a mean return) or None, got "
+                                 f"{self.stop_at_return!r}")  # NaN was taken: no return ever reaches it
+            object.__setattr__(self, "stop_at_return", float(self.stop_at_return))
         if not isinstance(self.eval_every, int) or self.eval_every < 0:
             raise ValueError(f"eval_every must be an integer >= 0, got {self.eval_every!r}")
         if self.max_episode_steps is not None and (not isinstance(self.max_episode_steps, int) or self.max_episode_steps <= 0):

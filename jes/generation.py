@@ -36,7 +36,7 @@ from jax.flatten_util import ravel_pytree
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from jes import perturbations, program_cache, strategies
-from jes.arrays import as_key, fetch, host_unravel, int32_seed, localize, resolve_devices  # noqa: F401 (re-exported)
+from jes.arrays import as_key, fetch, host_unravel, int32_seed, localize, positive_count, resolve_devices  # noqa: F401 (re-exported)
 from jes.compiled import CompiledPrograms
 from jes.config import ESConfig
 from jes.cpu import compiler_options
@@ -840,7 +840,7 @@ class Trainer(Generation):
 
     def evaluate_centre(self, state: TrainState, num_episodes: int | None = None, key: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
         """Returns and steps of the unperturbed centre on fresh episodes, each ``[num_episodes]``."""
-        num_episodes = num_episodes or self.config.eval_episodes
+        num_episodes = self.config.eval_episodes if num_episodes is None else positive_count(num_episodes, "num_episodes")
         if key is None:
             key = noise.generation_key(state.es_key, state.generation)
         keys = noise.centre_episode_keys(key, num_episodes)[None]

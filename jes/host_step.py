@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jes import host_rollout
-from jes.generation import ChunkResults, Trainer, TrainState, fetch
+from jes.generation import ChunkResults, Trainer, TrainState, fetch, positive_count
 from jes.rollout import batch_act
 from jes.strategies import noise
 from jes.threefry import UnrolledJit
@@ -129,7 +129,8 @@ class HostGeneration:
                         key: jax.Array | None = None) -> tuple[np.ndarray, np.ndarray]:
         """``Trainer.evaluate_centre`` on the host: numpy returns and steps of the centre, each ``[num_episodes]``."""
         trainer = self.trainer
-        num_episodes = int(num_episodes or trainer.config.eval_episodes)
+        num_episodes = (trainer.config.eval_episodes if num_episodes is None
+                        else positive_count(num_episodes, "num_episodes"))
         params, seeds = self._prepare_centre(state, key, num_episodes)
         scale = self._scale(state)
         generation = int(fetch(state.generation))

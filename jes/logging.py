@@ -265,12 +265,20 @@ def iter_events(log_dir: str):
 
 
 def read_scalars(log_dir: str) -> dict[str, list[tuple[int, float]]]:
-    """All scalars in ``log_dir``'s event files: ``{tag: [(step, value), ...]}`` in file order."""
+    """All scalars in ``log_dir``'s event files: ``{tag: [(step, value), ...]}`` in file order.
+
+    A point written again with the same value is read once: a run interrupted among a generation's callbacks logs
+    that generation again when it resumes, with the same bits. (Other values at a step already read, which only
+    another run in the same folder writes, are all kept.)"""
     scalars: dict[str, list[tuple[int, float]]] = {}
+    seen: set = set()
     for event in iter_events(log_dir):
         for value in event.summary.value:
             if value.HasField("simple_value"):
-                scalars.setdefault(value.tag, []).append((int(event.step), float(value.simple_value)))
+                point = (int(event.step), float(value.simple_value))
+                if (value.tag, point) not in seen:
+                    seen.add((value.tag, point))
+                    scalars.setdefault(value.tag, []).append(point)
     return scalars
 
 

@@ -138,31 +138,42 @@ def render(trainer: Any, state: Any, path: str, key: Any = 0, max_steps: int | N
                                   or max_steps < 1):
         raise ValueError(f"max_steps must be a positive number of steps (or None: the env's episode limit), got "
                          f"{max_steps!r}")
-    suffix = os.path.splitext(path)[1].lower()
+    check_render_path(trainer.spec, path)
     base_env = _unwrap(trainer.spec.env)
     if trainer.spec.host:
-        if suffix != ".gif":
-            raise ValueError(f"Gymnasium envs render to an animated GIF of their rgb_array frames: give a .gif path, "
-                             f"not {path!r}")
         frames, fps = record_host_episode(trainer, state, key, max_steps)
         Image, _ = _pil()
         _save_gif([Image.fromarray(np.asarray(f, np.uint8)) for f in frames], path, duration_ms=int(1000 / fps))
         return path
     if isinstance(base_env, BraxEnv):
-        if suffix != ".html":
-            raise ValueError(f"brax envs render to brax's HTML viewer: give a .html path, not {path!r}")
         states, _, length = record_episode(trainer, state, key, max_steps)
         _render_brax_html(base_env, states, length, path)
         return path
     name = trainer.spec.name.split("?")[0]
-    frames_of = GIF_DRAWERS.get(name)
-    if frames_of is None:
+    states, _, length = record_episode(trainer, state, key, max_steps)
+    _save_gif(GIF_DRAWERS[name](states, trainer.spec.params, length), path,
+              duration_ms=20 if name == "CartPole-v1" else 50)
+    return path
+
+
+def check_render_path(spec: Any, path: str) -> None:
+    """Raise ``ValueError`` when the env of ``spec`` cannot be rendered to ``path`` (a format it has no drawing in,
+    or no drawing at all), before anything runs."""
+    suffix = os.path.splitext(path)[1].lower()
+    if spec.host:
+        if suffix != ".gif":
+            raise ValueError(f"Gymnasium envs render to an animated GIF of their rgb_array frames: give a .gif path, "
+                             f"not {path!r}")
+        return
+    if isinstance(_unwrap(spec.env), BraxEnv):
+        if suffix != ".html":
+            raise ValueError(f"brax envs render to brax's HTML viewer: give a .html path, not {path!r}")
+        return
+    name = spec.name.split("?")[0]
+    if name not in GIF_DRAWERS:
         raise ValueError(f"no drawing for env {name!r}: jes renders {', '.join(GIF_DRAWERS)} (GIF) and brax envs (HTML)")
     if suffix != ".gif":
         raise ValueError(f"gymnax envs render to an animated GIF: give a .gif path, not {path!r}")
-    states, _, length = record_episode(trainer, state, key, max_steps)
-    _save_gif(frames_of(states, trainer.spec.params, length), path, duration_ms=20 if name == "CartPole-v1" else 50)
-    return path
 
 
 def _pil() -> Any:

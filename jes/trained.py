@@ -36,7 +36,7 @@ from jes.checkpoint import build_policy
 from jes.cpu import compiler_options
 from jes.envs import EnvSpec, make_env
 from jes.envs.spec import box_action
-from jes.generation import as_key, host_unravel, int32_seed
+from jes.generation import as_key, host_unravel, int32_seed, positive_count
 from jes.policies import PolicyFns
 from jes.rollout import normalise, obs_mean_std, obs_normaliser, run_episodes
 from jes.strategies import noise
@@ -267,6 +267,7 @@ class TrainedPolicy:
             key: int seed or ``jax.random`` key.
             env: an env (id, gymnax object or :class:`EnvSpec`) instead of the recorded one.
         """
+        num_episodes = positive_count(num_episodes, "num_episodes")
         spec = self.env_spec() if env is None else (env if isinstance(env, EnvSpec) else make_env(env, max_steps=self.max_steps))
         self._check_env(spec)
         if spec.host:  # a Python simulator (Gymnasium): the same host episodes as training's centre evaluation

@@ -523,3 +523,27 @@ def test_an_interrupt_says_whether_a_checkpoint_was_saved(tmp_path, capsys, monk
     saved.write_bytes(b"")
     assert cli.main(argv) == 130
     assert f"checkpoint {saved}; continue with --resume {saved}" in capsys.readouterr().err
+
+
+def test_eval_refuses_zero_episodes_and_a_render_format_before_evaluating(trained, capsys):
+    """--episodes 0 printed "over 0 episodes" for config.eval_episodes of them; --render x.png was refused only
+    after 100 episodes; seeds beyond 32 bits ran the key of a smaller seed."""
+    root, _ = trained
+    ckpt = str(root / "run" / "checkpoint.ckpt")
+    assert cli.main(["eval", ckpt, "--episodes", "0"]) == 2
+    assert "--episodes must be a positive number of episodes, got 0" in capsys.readouterr().err
+    evaluated = []
+    real = jes.Trainer.evaluate_centre
+    try:
+        jes.Trainer.evaluate_centre = lambda *a, **k: evaluated.append(1) or real(*a, **k)
+        assert cli.main(["eval", ckpt, "--render", str(root / "x.png")]) == 2
+    finally:
+        jes.Trainer.evaluate_centre = real
+    assert "give a .gif path" in capsys.readouterr().err and not evaluated
+    trainer, state, _ = checkpoint.load(ckpt)
+    with pytest.raises(ValueError, match="num_episodes must be a positive integer, got 0"):
+        trainer.evaluate_centre(state, 0)
+    with pytest.raises(ValueError, match=r"seed 4294967296 is outside -2\*\*31 .. 2\*\*31 - 1"):
+        jes.generation.as_key(2**32)
+    with pytest.raises(ValueError, match="stop_at_return must be a number"):
+        jes.ESConfig(stop_at_return=float("nan"))

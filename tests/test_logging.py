@@ -108,6 +108,20 @@ def test_two_writers_in_one_log_dir_within_a_second_keep_both_their_events(tmp_p
     assert jes_logging.read_scalars(str(tmp_path))["population/mean_return"] == [(1, 1.0), (2, 2.0)]
 
 
+def test_a_generation_logged_again_by_a_resume_is_read_once(tmp_path):
+    """A run interrupted among generation 2's callbacks logs it again when resumed: `jes plot` drew it twice."""
+    for generations in ((1, 2), (2, 3)):
+        logger = jes_logging.TensorBoardLogger(str(tmp_path))
+        for g in generations:
+            logger({"generation": g, "pop_mean": float(g), "pop_max": 1.0, "pop_min": 0.0})
+        logger.close()
+    assert jes_logging.read_scalars(str(tmp_path))["population/mean_return"] == [(1, 1.0), (2, 2.0), (3, 3.0)]
+    other = jes_logging.TensorBoardLogger(str(tmp_path))  # another run's values at the same steps: all kept
+    other({"generation": 3, "pop_mean": 9.0, "pop_max": 1.0, "pop_min": 0.0})
+    other.close()
+    assert jes_logging.read_scalars(str(tmp_path))["population/mean_return"][-1] == (3, 9.0)
+
+
 @pytest.mark.hard_timeout(300)
 def test_a_resumed_run_continues_its_curves_in_the_checkpoints_log_dir_by_default(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # an auto-named directory would go under ./runs
