@@ -803,6 +803,14 @@ def run(trainer: Trainer, state: TrainState, *, key: Any = 0, callbacks: Iterabl
         if save_to is not None:
             save_checkpoint()
             interrupt.checkpoint_path = save_to  # `jes train` names it (an interrupt before this point saved none)
+        try:  # the run so far (what the checkpoint holds), for a notebook without one: `except KeyboardInterrupt as e`
+            done = int(fetch(state.generation))
+            rows = sum(1 for g in history["generation"] if g <= done)  # a row past the state, as a checkpoint drops
+            so_far = {k: v[:rows] for k, v in history.items()}
+            interrupt.result = _result(trainer, state, so_far, key, _first_solved(so_far, solved_return), compile_time,
+                                       t_start, best, save_to, log_dir)
+        except Exception:  # noqa: BLE001 - the interrupt goes on whatever the result's making raised
+            pass
         raise
     if save_to is not None and saved_generation != int(fetch(state.generation)):
         save_checkpoint()

@@ -95,12 +95,16 @@ def test_keyboard_interrupt_saves_then_resume_is_bit_identical(trainer, full_run
         if record["generation"] == 2:
             raise KeyboardInterrupt
 
-    with pytest.raises(KeyboardInterrupt):
+    with pytest.raises(KeyboardInterrupt) as interrupted:
         run(trainer, trainer.init_state(5), key=5, callbacks=[ctrl_c_after_second], checkpoint_path=path)
     # Interrupted among generation 2's callbacks (TensorBoard's writes, say): the run is saved at generation 1, so the
     # resumed run steps generation 2 again and every callback sees it whole (no hole in the logged curves).
     ckpt = checkpoint.read(path)
     assert ckpt.generation == 1 and list(ckpt.history["generation"]) == [1]
+    # The run so far rides on the interrupt too (a notebook without a checkpoint lost it): the checkpoint's centre.
+    so_far = interrupted.value.result
+    assert list(so_far.history["generation"]) == [1]
+    np.testing.assert_array_equal(so_far.flat_params, np.asarray(ckpt.restore_state(trainer).params))
     seen = []
     resumed = run(trainer, ckpt.restore_state(trainer), key=ckpt.key, history=ckpt.history,
                   callbacks=[lambda record: seen.append(record["generation"])])
