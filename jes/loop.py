@@ -213,6 +213,10 @@ class TrainResult:
 
         return render_episode(self.trainer, self.state, path, key, max_steps)
 
+    def __repr__(self) -> str:
+        # The default dataclass repr printed every array (35 k characters in a notebook cell's output).
+        return f"TrainResult({self.summary()})"
+
     def summary(self) -> str:
         """One readable line about the run."""
         solved = f"solved at generation {self.solved_generation}" if self.solved_generation else "not solved"

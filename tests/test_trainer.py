@@ -259,6 +259,7 @@ def test_custom_flax_module_and_optax_transform():
     chained = optax.chain(optax.clip(1.0), optax.inject_hyperparams(optax.adam)(learning_rate=0.05))
     result = jes.train(Linear(), "CartPole-v1", chained, **SMALL)
     np.testing.assert_array_equal(result.history["learning_rate"], np.float32(0.05))
+    assert repr(result) == f"TrainResult({result.summary()})"  # a notebook cell printed every array (35 k chars)
 
 
 def test_schedules_for_noise_std_and_learning_rate():
