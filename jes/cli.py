@@ -563,6 +563,8 @@ def main(argv: list[str] | None = None) -> int:
         raise KeyboardInterrupt
 
     previous = signal.signal(signal.SIGTERM, on_sigterm) if threading.current_thread() is threading.main_thread() else None
+    formatwarning = warnings.formatwarning  # a warning as one line, not jes's source file and line that raised it
+    warnings.formatwarning = lambda message, category, *_args, **_kw: f"jes {args.command}: {category.__name__}: {message}\n"
     try:
         return handler(args)
     except KeyboardInterrupt as interrupt:
@@ -572,6 +574,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"jes {args.command}: {_flag_named(str(err)) if args.command == 'train' else err}", file=sys.stderr)
         return 2
     finally:
+        warnings.formatwarning = formatwarning
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
 

@@ -85,6 +85,20 @@ def test_eval_checkpoint(trained, capsys):
     assert "generation 2: centre return" in line and "over 4 episodes" in line
 
 
+@pytest.mark.hard_timeout(300)
+def test_a_warning_prints_as_one_line_of_the_command(trained, tmp_path):
+    """Warnings printed jes's source file and line (`/.../jes/cli.py:458: UserWarning ...  result = sweep(...)`)."""
+    root, _ = trained
+    ckpt = str(tmp_path / "c.ckpt")
+    shutil.copy(root / "run" / "checkpoint.ckpt", ckpt)
+    out = jes_cmd("train", "--resume", ckpt, "--generations", "3", "--learning-rate", "0.05", "--log-dir", "none",
+                  "--no-progress", cwd=str(tmp_path))
+    assert out.returncode == 0, out.stderr
+    lines = [line for line in out.stderr.splitlines() if "learning_rate=0.05" in line]
+    assert lines and lines[0].startswith("jes train: UserWarning: ") and not re.search(r"jes/\w+\.py:\d+", out.stderr), \
+        out.stderr
+
+
 def test_resume_on_another_env_names_the_env(trained, capsys):
     """It was refused by the policy's output shape (the checkpoint's policy has CartPole's 2 outputs)."""
     root, _ = trained
