@@ -26,6 +26,7 @@ import struct
 import sys
 import tempfile
 import time
+import warnings
 from typing import Any
 
 import flax.linen as nn
@@ -37,6 +38,7 @@ from flax import serialization
 from jes import describe, schema, strategies
 from jes.config import ESConfig
 from jes.generation import Trainer, TrainState, as_key, localize
+from jes.envs import gymnax as gymnax_envs
 from jes.optimizers import resolve_name as resolve_optimizer_name
 
 MAGIC = b"JESCKPT1"
@@ -46,7 +48,9 @@ MAGIC = b"JESCKPT1"
 # 5: SNES's policy defaults mean_lr 20, linear_utilities (format <= 4 files keep 10, False).
 # 6: a Box action space with some bounds infinite maps each dimension by its own bounds (format <= 5 runs gave it the
 # raw outputs: a resume of one warns, jes.loop.train).
-FORMAT_VERSION = 6
+# 7: a gymnax env's changed params and registered id are in its name ("CartPole-v1?gravity=20.0"; format <= 6 files
+# named the bare id or the env's own name: Checkpoint.names_env accepts those with a warning).
+FORMAT_VERSION = 7
 _HEADER = struct.Struct("<8sQ32s")
 # Config fields that do not change what the parameters become, so a resumed run may change them.
 RESUMABLE_CONFIG_CHANGES = frozenset({"num_generations", "stop_at_return", "eval_every", "eval_episodes"})
@@ -500,6 +504,18 @@ class Checkpoint:
                                  **{k: jnp.asarray(v, getattr(template, k).dtype) for k, v in obs.items()})
         return trainer, trainer.place(state)
 
+    def names_env(self, name: str) -> bool:
+        """Whether this checkpoint's env is ``name``: the same name, or, in a file written before names held a gymnax
+        env's changed params and its registered id (format < 7), the bare id or env name that file recorded for it
+        (``"CartPole-v1"`` for ``"CartPole-v1?gravity=20.0"``, ``"DiscountingChain-v0"`` for
+        ``"DiscountingChain-bsuite"``)."""
+        if name == self.env_name:
+            return True
+        if self.meta.get("version", 1) >= 7:
+            return False
+        base = name.removesuffix(gymnax_envs.INSTANCE_SUFFIX).partition("?")[0]
+        return self.env_name in (base, gymnax_envs.registered_label(base))
+
     def check_compatible(self, trainer: Trainer) -> None:
         """Raise :class:`CheckpointError` naming every difference that would change the resumed parameters."""
         mine, theirs = describe_run(trainer), self.meta
@@ -511,6 +527,12 @@ class Checkpoint:
                              ("num_params", "parameter count"), ("obs_shape", "observation shape")):
             if field == "optimizer" and _same_optimizer_name(mine[field], theirs[field]):
                 continue  # "adamm" and "AMSGrad" build amsgrad
+            if field == "env_name" and mine[field] != theirs[field] and self.names_env(mine[field]):
+                warnings.warn(f"checkpoint {self.path} was written before jes recorded a gymnax env's params and "
+                              f"registered id in its name (format {theirs['version']}): it names its env "
+                              f"{theirs[field]!r}, which cannot say whether it ran {mine[field]!r}; resuming on "
+                              f"{mine[field]!r} as given", stacklevel=3)
+                continue
             if json.loads(json.dumps(mine[field])) != theirs[field]:
                 problems.append(f"{label}: checkpoint has {theirs[field]}, this run has {mine[field]}")
         schedules = set(theirs["config_schedules"]) | set(mine["config_schedules"])

@@ -313,7 +313,7 @@ def _train(args: argparse.Namespace) -> int:
         from jes import checkpoint
 
         ckpt = checkpoint.read(args.resume)
-        if env is not None and env != ckpt.env_name and jes.make_env(env).name != ckpt.env_name:
+        if env is not None and not ckpt.names_env(env) and not ckpt.names_env(jes.make_env(env).name):
             raise ValueError(f"--env {env}: the checkpoint's run is on {ckpt.env_name!r}; a resume continues that "
                              f"run (drop --env), or start a new run without --resume")
         policy = ckpt.policy(allow_modules=args.allow_module) if policy is None else policy

@@ -218,3 +218,38 @@ def test_gym_thresholds_hold_at_the_registered_episode_limit_only():
     pytest.importorskip("gymnasium")
     assert make_env("gymnasium:CartPole-v1", max_steps=100).solved_return is None
     assert make_env("gymnasium:CartPole-v1").solved_return == 475.0
+
+
+def test_a_checkpoint_from_before_params_in_names_resumes_with_a_warning(tmp_path):
+    """Format-6 files named a run on changed params by the bare id: with params now in the name, their resume was
+    refused outright (the review of this change caught it)."""
+    import hashlib
+    import json
+    import struct
+
+    import gymnax
+    from flax import serialization
+
+    from jes import checkpoint
+
+    env, params = gymnax.make("CartPole-v1")
+    heavy = (env, params.replace(gravity=20.0))
+    common = dict(num_members=8, eval_episodes=2, log_dir=None, progress=False, key=0)
+    path = str(tmp_path / "old.ckpt")
+    jes.train(jes.MLPPolicy(hidden_sizes=(4,)), heavy, num_generations=1, checkpoint_path=path, **common)
+    header = struct.Struct("<8sQ32s")
+    data = open(path, "rb").read()
+    content = serialization.msgpack_restore(data[header.size:])
+    meta = json.loads(content["meta"])
+    assert meta["env_name"] == "CartPole-v1?gravity=20.0"
+    meta.update(version=6, env_name="CartPole-v1")  # as the previous jes wrote it
+    payload = serialization.msgpack_serialize(dict(content, meta=json.dumps(meta)))
+    with open(path, "wb") as f:
+        f.write(header.pack(checkpoint.MAGIC, len(payload), hashlib.sha256(payload).digest()) + payload)
+    with pytest.warns(UserWarning, match=r"format 6\): it names its env 'CartPole-v1', which cannot say whether it ran "
+                                         r"'CartPole-v1\?gravity=20.0'"):
+        resumed = jes.train(jes.MLPPolicy(hidden_sizes=(4,)), heavy, num_generations=2, resume=path, **common)
+    whole = jes.train(jes.MLPPolicy(hidden_sizes=(4,)), heavy, num_generations=2, **common)
+    np.testing.assert_array_equal(resumed.flat_params, whole.flat_params)
+    assert checkpoint.read(path).names_env("CartPole-v1?gravity=20.0") and not checkpoint.read(path).names_env(
+        "Acrobot-v1")

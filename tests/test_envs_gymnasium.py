@@ -387,10 +387,21 @@ def test_instances_are_copied_with_what_was_set_on_them_and_named_never_as_anoth
     env.reward_scale = 100.0
     copied = make_env(env, max_steps=5).env.make()
     assert copied is not env and copied.reward_scale == 100.0
-    locked = Scaled()
-    locked.lock = threading.Lock()
-    with pytest.raises(TypeError, match=r"cannot be copied .*jes.envs.gymnasium.make\(factory\)"):
+
+    class Locked(Scaled):  # state that cannot be copied, as a Box2D world: copied by its constructor instead
+        def __init__(self):
+            super().__init__()
+            self.lock = threading.Lock()
+
+    assert make_env(Locked(), max_steps=5).env.make().reward_scale == 1.0
+    locked = Locked()
+    locked.reward_scale = 100.0  # ... which would drop this: refused, naming it
+    with pytest.raises(TypeError, match=r"copies only by its constructor arguments .* \(reward_scale\)"):
         make_env(locked, max_steps=5)
+    plain = Target()
+    plain.lock = threading.Lock()
+    with pytest.raises(TypeError, match=r"cannot be copied .*jes.envs.gymnasium.make\(factory\)"):
+        make_env(plain, max_steps=5)
     # A user's factory named as an id jes would rebuild otherwise (gymnax's CartPole here) is marked as an instance.
     heavy = GymnasiumEnv(lambda: gymnasium.make("CartPole-v1"), "CartPole-v1")
     assert heavy.name == "CartPole-v1 (a gymnasium.Env instance)"
@@ -502,3 +513,28 @@ def test_an_env_breaking_gymnasiums_api_is_named_as_the_envs_fault(how, message,
         small_train(GymnasiumEnv(Misbehaving, "Misbehaving"), max_episode_steps=10, eval_episodes=2)
     with pytest.raises(ValueError, match="episode_seconds must be a positive, finite number of seconds"):
         make_env("gymnasium:CartPole-v1?episode_seconds=inf")  # an OverflowError in the first reset before
+
+
+def test_env_classes_jes_cannot_build_or_read_say_what_to_pass():
+    """Raw AttributeError / TypeError / gymnasium flatten errors before."""
+
+    class NeedsArgs(Target):
+        def __init__(self, size):
+            super().__init__()
+
+    class NoSpaces(gymnasium.Env):
+        def reset(self, seed=None, options=None):
+            return np.zeros(1, np.float32), {}
+
+    class Sequenced(Target):
+        def __init__(self):
+            super().__init__()
+            self.observation_space = gymnasium.spaces.Dict(
+                {"a": gymnasium.spaces.Sequence(gymnasium.spaces.Discrete(2))})
+
+    with pytest.raises(TypeError, match=r"with no arguments .*jes.envs.gymnasium.make\(lambda: YourEnv\(...\)\)"):
+        make_env(NeedsArgs)
+    with pytest.raises(TypeError, match="has no observation_space or action_space"):
+        make_env(NoSpaces, max_steps=5)
+    with pytest.raises(ValueError, match="does not flatten to a fixed size"):
+        make_env(Sequenced)

@@ -85,9 +85,17 @@ class GymnasiumEnv:
         if env_id is None and _rebuilds_another(name):  # the name would rebuild another env: mark it
             name += INSTANCE_SUFFIX
         self.factory, self.name, self.env_id, self.episode_seconds = factory, name, env_id, episode_seconds
-        probe = self.make()
+        try:
+            probe = self.make()
+        except TypeError as err:  # an env class whose constructor needs arguments
+            raise TypeError(f"could not build env {name!r} with no arguments ({err}): jes builds one env per episode "
+                            f"slot; pass jes.envs.gymnasium.make(lambda: YourEnv(...)) with the arguments") from err
         if not isinstance(probe, gymnasium.Env):
             raise TypeError(f"env factory for {name!r} returned {type(probe).__name__}, not a gymnasium.Env")
+        missing = [a for a in ("observation_space", "action_space") if getattr(probe, a, None) is None]
+        if missing:
+            raise TypeError(f"env {name!r} has no {' or '.join(missing)}: a gymnasium.Env sets both in its "
+                            f"constructor (gymnasium.spaces.Box / Discrete ...)")
         self.observation_space, self.action_space = probe.observation_space, probe.action_space
         self.spec_max_steps = getattr(getattr(probe, "spec", None), "max_episode_steps", None)
         self.reward_threshold = getattr(getattr(probe, "spec", None), "reward_threshold", None)
@@ -100,7 +108,12 @@ class GymnasiumEnv:
             self.obs_shape = tuple(int(d) for d in space.shape)
             self._flatten = None
         elif isinstance(space, (spaces.Dict, spaces.Tuple, spaces.Discrete, spaces.MultiDiscrete, spaces.MultiBinary)):
-            self.obs_shape = (int(spaces.flatdim(space)),)
+            try:
+                self.obs_shape = (int(spaces.flatdim(space)),)
+            except (ValueError, TypeError, NotImplementedError) as err:  # a Sequence or Graph inside: no fixed size
+                raise ValueError(f"env {name!r} has observation space {space}, which does not flatten to a fixed size "
+                                 f"({err}); jes takes Box, Discrete, MultiDiscrete, MultiBinary and Dict/Tuple of "
+                                 f"those") from err
             self._flatten = lambda obs: spaces.flatten(space, obs)
         else:
             raise ValueError(f"env {name!r} has observation space {type(space).__name__}; jes takes Box, Discrete, "
@@ -293,13 +306,27 @@ def _copier(template: Any) -> Callable[[], Any]:
             layer = getattr(layer, "env", None)
         return copy.deepcopy(template, memo)
 
+    advice = "pass jes.envs.gymnasium.make(factory) with a zero-argument function that builds a fresh env"
     try:
         clone()
-    except Exception as err:  # noqa: BLE001 - locks, sockets, C handles (EnvPool): say what to pass instead
+        return clone
+    except Exception as err:  # noqa: BLE001 - locks, sockets, C handles (a Box2D world, EnvPool)
+        failure = err
+    # An EzPickle env whose state cannot be copied (a Box2D world): copies by its constructor arguments, as deepcopy
+    # makes them, are the instance itself only when nothing was set on it after make()
+    try:
+        rebuilt = copy.deepcopy(template)
+    except Exception as err:  # noqa: BLE001
         raise TypeError(f"jes copies an env instance for each episode slot, and this {type(template).__name__} cannot "
-                        f"be copied ({type(err).__name__}: {err}); pass jes.envs.gymnasium.make(factory) with a "
-                        f"zero-argument function that builds a fresh env") from err
-    return clone
+                        f"be copied ({type(err).__name__}: {err}); {advice}") from err
+    ours, theirs = _plain_attributes(template.unwrapped), _plain_attributes(rebuilt.unwrapped)
+    if ours != theirs:
+        changed = sorted(k for k in set(ours) | set(theirs) if ours.get(k) != theirs.get(k))
+        raise TypeError(f"jes copies an env instance for each episode slot; this {type(template).__name__} copies only "
+                        f"by its constructor arguments ({type(failure).__name__}: {failure}), which drop what was set "
+                        f"after make() ({', '.join(changed)}): give those as arguments (gymnasium.make(id, ...=...)), "
+                        f"or {advice}")
+    return lambda: copy.deepcopy(template)
 
 
 def make(env: Any, max_steps: int | None = None, render_mode: str | None = None) -> GymnasiumEnv:

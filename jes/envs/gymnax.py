@@ -180,6 +180,15 @@ def registered_id(env: Any) -> str | None:
     return None
 
 
+def registered_label(env_id: str) -> str | None:
+    """The ``name`` attribute of the env gymnax makes for ``env_id`` (``"DiscountingChain-v0"`` for
+    ``"DiscountingChain-bsuite"``), what jes recorded for such an env object before it named envs by their ids;
+    ``None`` for anything else."""
+    if env_id not in env_names() or env_id in _NOT_PROBED:
+        return None
+    return getattr(_fresh(env_id)[0], "name", None)
+
+
 def name_of(env: Any, params: Any) -> str:
     """The name :func:`jes.envs.make_env` resolves back to ``(env, params)`` for a gymnax(-protocol) env object.
 
