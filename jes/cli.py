@@ -581,7 +581,9 @@ def main(argv: list[str] | None = None) -> int:
 
 def _saved_note(args: argparse.Namespace, interrupt: KeyboardInterrupt) -> str:
     """What an interrupted ``jes train`` leaves to resume from: the checkpoint it saved on the interrupt, or the one
-    it resumed from (an interrupt before the first generation, while compiling, saves none)."""
+    it resumed from (an interrupt before the first generation, while compiling, saves none); for ``jes sweep``,
+    nothing: it has no checkpoints, and :func:`jes.sweep.sweep` has said on stderr which configurations finished and
+    where their table is."""
     if args.command != "train":
         return ""
     for path in (getattr(interrupt, "checkpoint_path", None), args.resume):

@@ -30,6 +30,7 @@ import itertools
 import json
 import math
 import os
+import sys
 import time
 import warnings
 from typing import Any, Mapping, Sequence
@@ -43,9 +44,10 @@ from jes import perturbations, strategies as jes_strategies
 from jes.config import ESConfig
 from jes.logging import TensorBoardLogger, default_run_name, has_event_files, unique_dir
 from jes.policies import GRUPolicy, MLPPolicy
-from jes.generation import Trainer, TrainState, check_strategy_supports
+from jes.generation import Trainer, TrainState, build_context, check_strategy_supports
 from jes.loop import HISTORY_KEYS, NonFiniteFitnessError, NonFiniteUpdateError, evaluates_centre
 from jes.optimizers import DEFAULT_LEARNING_RATES, resolve_name
+from jes.strategies.base import ignored_settings
 from jes.threefry import lower_unrolled
 
 # Hyperparameters that live in the TrainState, so different values share one compiled program.
@@ -73,7 +75,8 @@ class SweepResult:
 
     Attributes:
         rows: one dict per configuration: the grid values, seeds, and final/best returns
-            aggregated over seeds (``*_mean``/``*_std``), timings.
+            aggregated over seeds (``*_mean``/``*_std``), ``env_steps_per_seed`` (the mean over seeds),
+            timings.
         runs: every (configuration, seed) with its final parameters and history.
         csv_path, json_path: where the table was written (``None`` without ``out_dir``).
     """
@@ -107,14 +110,39 @@ def point_config(base: ESConfig, point: Mapping[str, Any]) -> ESConfig:
     return base.replace(**fields)
 
 
-def check_points(points: list[dict], base: ESConfig, strategy: Any) -> None:
-    """Every grid point's config and strategy, checked before anything trains (a bad point raises here, not after
-    the points before it have run)."""
+def check_points(points: list[dict], base: ESConfig, strategy: Any, optimizer: Any = None) -> None:
+    """Every grid point's config, strategy and optimizer, checked before anything trains (a bad point raises here,
+    not after the points before it have run and written their logs).
+
+    Refused: what :class:`~jes.Trainer` would refuse without building the env or policy (a strategy with an
+    optimizer it does not use, a perturbation it cannot carry, an odd population for mirrored pairs, ...), settings
+    the point's strategy never reads (``learning_rate`` for ars, snes, sep_cma_es, cma_es: :func:`jes.train`
+    refuses them too; in a sweep the rows would differ only in their label), and ``stop_at_return`` (a sweep runs
+    every generation).
+    """
+    strategy_names = sorted({jes_strategies.get(p.get("strategy", strategy)).name for p in points})
     for point in points:
         try:
             config = point_config(base, point)
-            check_strategy_supports(jes_strategies.get(point.get("strategy", strategy)),
-                                    perturbations.get(config.perturbation, config.perturbation_rank))
+            point_strategy = jes_strategies.get(point.get("strategy", strategy))
+            perturbation = perturbations.get(config.perturbation, config.perturbation_rank)
+            check_strategy_supports(point_strategy, perturbation)
+            if config.stop_at_return is not None:
+                raise ValueError(f"stop_at_return={config.stop_at_return!r} does not apply in a sweep: a sweep runs "
+                                 f"every generation of every configuration (so rows compare like with like); drop "
+                                 f"it, or train the configuration alone with jes.train to stop early")
+            ignored = ignored_settings(point_strategy, config.learning_rate, config.weight_decay,
+                                       config.fitness_shaping, config.antithetic)
+            if ignored is not None:
+                if len(strategy_names) > 1:
+                    ignored += (f"; this grid crosses strategies {strategy_names}: split it into one sweep per "
+                                f"strategy, or sweep these settings only with strategies that read them")
+                raise ValueError(ignored)
+            # What the Trainer refuses of the strategy, optimizer and config (a full-rank stand-in: the
+            # perturbation was checked above, and its layout needs the policy); the env and the policy's size
+            # are checked when each group's Trainer is built, before any group runs.
+            build_context(point_strategy, point.get("optimizer", optimizer),
+                          config.replace(perturbation="full_rank", perturbation_rank=1), num_params=1)
         except ValueError as err:
             shown = ", ".join(f"{k}={v!r}" for k, v in point.items())
             raise ValueError(f"sweep grid point ({shown or 'the base config'}): {err}") from err
@@ -372,7 +400,16 @@ def sweep(
             default ``runs/sweep-<time>``; ``None`` turns it off.
         out_dir: where ``sweep.csv`` and ``sweep.json`` go (``None``: not written).
 
-    Early stopping (``stop_at_return``) does not apply: every run does all its generations.
+    Early stopping (``stop_at_return``) is refused: every run does all its generations. So are settings a
+    point's strategy never reads (``learning_rate`` with ars, snes, sep_cma_es, cma_es), and an optimizer with a
+    strategy that uses none, for every point before any point runs.
+
+    Each row's ``env_steps_per_seed`` is the mean over its seeds of the env steps each seed's run took (its
+    members' and centre evaluations'; seeds differ where episodes end early); ``generations`` is every seed's.
+
+    Interrupted (Ctrl-C) or stopped by an error after some configurations finished, the sweep writes their rows
+    to ``out_dir`` (each with ``sweep_complete: false``), says so on stderr, and re-raises; a sweep does not
+    resume: run it again with a new ``out_dir``.
 
     Each row records the ``learning_rate`` it ran with and where it came from
     (``learning_rate_source``: ``grid``, ``config``, ``optimizer default`` or ``strategy``): in a
@@ -382,7 +419,7 @@ def sweep(
     base = config or ESConfig()
     seeds = _checked_seeds(seeds)
     points = _without_full_rank_duplicates(expand_grid(dict(grid)), base)
-    check_points(points, base, strategy)
+    check_points(points, base, strategy, optimizer)
     swept = [k for k, v in grid.items() if isinstance(v, (list, tuple)) and len(v) > 1]
     varying = {k: [p[k] for p in points] for k in grid}
     strategy_names = {jes_strategies.get(s).name for s in (grid.get("strategy", strategy) if isinstance(
@@ -409,42 +446,79 @@ def sweep(
         shape_key = tuple((k, repr(v)) for k, v in point.items() if k not in batched)
         groups.setdefault(shape_key, []).append(index)
 
-    rows: list[dict] = [{} for _ in points]
-    runs: list[SweepRun] = []
+    # Every group's Trainer before any group runs: what they refuse (the env, the policy's size) stops the sweep
+    # before it trains or logs anything. Building one compiles nothing.
+    trainers = []
     for indices in groups.values():
         first = points[indices[0]]
-        opt = first.get("optimizer", optimizer)
-        group_config = point_config(base, first)
-        trainer = Trainer(policy, env, opt, group_config, env_params=env_params, devices=devices,
-                          strategy=first.get("strategy", strategy))
-        members = [(i, seed) for i in indices for seed in seeds]
-        states = [_with_hyperparams(trainer.init_state(seed), {k: points[i][k] for k in batched})
-                  for i, seed in members]
-        stacked = jax.tree.map(lambda *x: jnp.stack(x), *states)
-        t0 = time.perf_counter()
-        final, history, compile_time = run_batch(trainer, stacked, vmap=vmap)
-        wall = time.perf_counter() - t0 - compile_time
-        final = jax.device_get(final)
-        for b, (i, seed) in enumerate(members):
-            member_state = jax.tree.map(lambda x: x[b], final)
-            runs.append(SweepRun(
-                config_index=i, seed=seed, config=point_config(base, points[i]),
-                optimizer=trainer.optimizer_name, flat_params=np.asarray(member_state.params),
-                history={k: v[:, b] for k, v in history.items()}, state=member_state,
-            ))
-        for i in indices:
-            cols = [b for b, (j, _) in enumerate(members) if j == i]
-            rows[i] = _row(points[i], swept, seeds, {k: v[:, cols] for k, v in history.items()},
-                           compile_time, wall, len(members), trainer, base.learning_rate)
-            if log_dir is not None:
-                _log_configuration(os.path.join(log_dir, _run_name({k: points[i][k] for k in swept})),
-                                   {k: v[:, cols] for k, v in history.items()}, points[i], base, trainer, seeds)
+        try:
+            trainers.append(Trainer(policy, env, first.get("optimizer", optimizer), point_config(base, first),
+                                    env_params=env_params, devices=devices, strategy=first.get("strategy", strategy)))
+        except ValueError as err:
+            shown = ", ".join(f"{k}={v!r}" for k, v in first.items())
+            raise ValueError(f"sweep grid point ({shown or 'the base config'}): {err}") from err
+
+    rows: list[dict] = [{} for _ in points]
+    runs: list[SweepRun] = []
+    try:
+        for indices, trainer in zip(groups.values(), trainers):
+            members = [(i, seed) for i in indices for seed in seeds]
+            states = [_with_hyperparams(trainer.init_state(seed), {k: points[i][k] for k in batched})
+                      for i, seed in members]
+            stacked = jax.tree.map(lambda *x: jnp.stack(x), *states)
+            t0 = time.perf_counter()
+            final, history, compile_time = run_batch(trainer, stacked, vmap=vmap)
+            wall = time.perf_counter() - t0 - compile_time
+            final = jax.device_get(final)
+            for b, (i, seed) in enumerate(members):
+                member_state = jax.tree.map(lambda x: x[b], final)
+                runs.append(SweepRun(
+                    config_index=i, seed=seed, config=point_config(base, points[i]),
+                    optimizer=trainer.optimizer_name, flat_params=np.asarray(member_state.params),
+                    history={k: v[:, b] for k, v in history.items()}, state=member_state,
+                ))
+            for i in indices:
+                cols = [b for b, (j, _) in enumerate(members) if j == i]
+                rows[i] = _row(points[i], swept, seeds, {k: v[:, cols] for k, v in history.items()},
+                               compile_time, wall, len(members), trainer, base.learning_rate)
+                if log_dir is not None:
+                    _log_configuration(os.path.join(log_dir, _run_name({k: points[i][k] for k in swept})),
+                                       {k: v[:, cols] for k, v in history.items()}, points[i], base, trainer, seeds)
+    except BaseException as err:  # Ctrl-C (KeyboardInterrupt), a non-finite update, ...: keep what finished
+        _keep_finished(err, [row for row in rows if row], len(points), out_dir)
+        raise
 
     runs.sort(key=lambda r: (r.config_index, r.seed))
     result = SweepResult(rows=rows, runs=runs)
     if out_dir is not None:
         result.csv_path, result.json_path = write_table(rows, out_dir)
     return result
+
+
+def _keep_finished(err: BaseException, finished: list[dict], total: int, out_dir: str | None) -> None:
+    """On an interrupted or failed sweep: write the finished configurations' rows (marked ``sweep_complete:
+    false``), say so on stderr, and attach what was written to ``err`` (``err.sweep_note``, for ``jes sweep``)."""
+    what = "interrupted" if isinstance(err, KeyboardInterrupt) else f"stopped by {type(err).__name__}"
+    if not finished:
+        note = f"sweep {what} before any of its {total} configurations finished: no table was written"
+    elif out_dir is None:
+        note = (f"sweep {what} after {len(finished)} of {total} configurations finished; no out_dir, so no table "
+                f"was written")
+    else:
+        try:
+            csv_path, json_path = write_table([dict(row, sweep_complete=False) for row in finished], out_dir)
+        except Exception as write_err:  # noqa: BLE001 - the sweep's own error is the one to raise
+            note = (f"sweep {what} after {len(finished)} of {total} configurations finished; their table could not "
+                    f"be written ({type(write_err).__name__}: {write_err})")
+        else:
+            note = (f"sweep {what} after {len(finished)} of {total} configurations finished: their rows are in "
+                    f"{csv_path} and {json_path} (sweep_complete: false); a sweep does not resume, so run it again "
+                    f"with a new out_dir (this one keeps the partial table)")
+    try:
+        err.sweep_note = note
+    except AttributeError:  # an exception type that takes no attributes
+        pass
+    print(note, file=sys.stderr)
 
 
 def _final_centre(history: dict) -> np.ndarray:
@@ -474,14 +548,14 @@ def _row(point: dict, swept: list, seeds: list, history: dict, compile_time: flo
                                    else "optimizer default" if trainer.optimizer_name else "strategy")
     row.update(
         seeds=" ".join(map(str, seeds)),
-        generations=int(history["generation"][-1, 0]) if len(history["generation"]) else 0,
+        generations=int(np.max(history["generation"][-1])) if len(history["generation"]) else 0,
         final_centre_return_mean=float(np.mean(final_centre)),
         final_centre_return_std=float(np.std(final_centre)),
         best_centre_return_mean=float(np.mean(best_centre)),
         final_pop_mean_mean=float(np.mean(history["pop_mean"][-1])),
         best_pop_max=float(np.max(history["pop_max"])),
         solved_fraction=float(np.mean(final_centre >= solved)) if solved is not None else math.nan,
-        env_steps_per_seed=int(history["env_steps"][-1, 0]) if len(history["env_steps"]) else 0,
+        env_steps_per_seed=float(np.mean(history["env_steps"][-1])) if len(history["env_steps"]) else 0.0,
         compile_time=compile_time,
         group_run_time=wall,
         group_batch_size=batch_size,
@@ -526,9 +600,20 @@ def write_table(rows: list[dict], out_dir: str) -> tuple[str, str]:
 # ----------------------------------------------------------------- sweep files
 def build_policy(spec: Mapping[str, Any]) -> nn.Module:
     """A policy from ``{"type": "gru", "hidden": 5, "layers": 2}`` or ``{"type": "mlp", "hidden": 32, "layers": 2}``."""
+    if not isinstance(spec, Mapping):
+        raise ValueError(f"policy must be a table of type, hidden and layers (TOML: [policy] with type = \"gru\", "
+                         f"hidden = 5, layers = 2), got {spec!r}")
     spec = dict(spec)
-    kind = str(spec.pop("type", "gru")).lower()
-    hidden, layers = int(spec.pop("hidden", 5)), int(spec.pop("layers", 2))
+    kind = spec.pop("type", "gru")
+    if not isinstance(kind, str):
+        raise ValueError(f"policy type must be \"gru\" or \"mlp\", got {kind!r}")
+    kind = kind.lower()
+    hidden, layers = spec.pop("hidden", 5), spec.pop("layers", 2)
+    for name, value in (("hidden", hidden), ("layers", layers)):
+        # a float would run as its floor (2.7 as 2), and 0 layers is no network
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+            raise ValueError(f"policy {name} must be a positive integer, got {value!r}")
+    hidden, layers = int(hidden), int(layers)
     if spec:
         raise ValueError(f"unknown policy key(s) {', '.join(sorted(spec))}; a policy takes type, hidden, layers")
     if kind == "gru":
@@ -582,6 +667,23 @@ def load_sweep_file(path: str) -> dict:
         raise ValueError(f"sweep file {path}: unknown key(s) {', '.join(unknown)}; allowed: {', '.join(sorted(allowed))}")
     if "env" not in spec:
         raise ValueError(f"sweep file {path} needs an env, e.g. env = \"CartPole-v1\"")
+    names = lambda v: isinstance(v, str) or (isinstance(v, list) and bool(v) and all(isinstance(x, str) for x in v))
+    expected = {
+        "env": (lambda v: isinstance(v, str), 'an env name, e.g. env = "CartPole-v1"'),
+        "optimizer": (lambda v: v is None or names(v), 'an optimizer name or a list of names, e.g. optimizer = "adam" or ["adam", "sgd"]'),
+        "strategy": (names, 'a strategy name or a list of names, e.g. strategy = "openai_es" or ["openai_es", "pgpe"]'),
+        "out_dir": (lambda v: isinstance(v, str), 'a directory, e.g. out_dir = "sweeps/cartpole"'),
+        "config": (lambda v: isinstance(v, Mapping), "a table of ESConfig fields ([config] in TOML, an object in JSON)"),
+        "policy": (lambda v: isinstance(v, Mapping), "a table of type, hidden and layers ([policy] in TOML, an object "
+                                                     "in JSON)"),
+    }
+    for key, (fine, what) in expected.items():
+        if key in spec and not fine(spec[key]):
+            raise ValueError(f"sweep file {path}: {key} must be {what}, got {spec[key]!r}")
+    try:
+        policy = build_policy(spec.get("policy", {}))
+    except ValueError as err:
+        raise ValueError(f"sweep file {path}: {err}") from None
     grid = dict(spec.get("config", {}))
     optimizer = spec.get("optimizer")
     if isinstance(optimizer, list):
@@ -591,7 +693,7 @@ def load_sweep_file(path: str) -> dict:
     if isinstance(strategy, list):
         grid["strategy"] = strategy
         strategy = strategy[0]
-    kwargs = dict(policy=build_policy(spec.get("policy", {})), env=spec["env"], optimizer=optimizer, grid=grid,
+    kwargs = dict(policy=policy, env=spec["env"], optimizer=optimizer, grid=grid,
                   strategy=strategy,
                   seeds=spec.get("seeds", [0]), out_dir=spec.get("out_dir", "sweep_results"))
     try:

@@ -561,3 +561,33 @@ def test_eval_refuses_zero_episodes_and_a_render_format_before_evaluating(traine
         jes.generation.as_key(2**32)
     with pytest.raises(ValueError, match="stop_at_return must be a number"):
         jes.ESConfig(stop_at_return=float("nan"))
+
+
+def test_an_interrupted_sweep_says_what_finished_and_never_mentions_resume(tmp_path, capsys, monkeypatch):
+    from jes import sweep as jes_sweep
+
+    config = tmp_path / "sweep.toml"
+    config.write_text(f'env = "CartPole-v1"\nseeds = [0]\nout_dir = "{tmp_path / "out"}"\nlog_dir = "none"\n'
+                      '[policy]\ntype = "mlp"\nhidden = 4\nlayers = 1\n'
+                      '[config]\nnum_members = [16, 24]\nchunk_size = 8\nnum_generations = 1\neval_episodes = 2\n')
+    real, calls = jes_sweep.run_batch, []
+
+    def interrupted_second(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(jes_sweep, "run_batch", interrupted_second)
+    assert cli.main(["sweep", str(config)]) == 130
+    err = capsys.readouterr().err
+    assert "after 1 of 2 configurations finished" in err and str(tmp_path / "out" / "sweep.csv") in err
+    assert "resume" not in err.replace("does not resume", "") and "checkpoint" not in err
+
+
+def test_a_sweep_file_of_the_wrong_type_is_one_line_and_rc_2(tmp_path, capsys):
+    config = tmp_path / "sweep.toml"
+    config.write_text('env = "CartPole-v1"\n[policy]\nhidden = "eight"\n')
+    assert cli.main(["sweep", str(config)]) == 2
+    err = capsys.readouterr().err
+    assert err == f"jes sweep: sweep file {config}: policy hidden must be a positive integer, got 'eight'\n"

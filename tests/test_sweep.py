@@ -233,7 +233,7 @@ def test_a_grid_point_a_strategy_or_perturbation_refuses_stops_the_sweep_before_
     monkeypatch.setattr(jes_sweep, "run_batch", lambda *a, **k: trained.append(1) or (_ for _ in ()).throw(AssertionError))
     low_rank = BASE.replace(perturbation="low_rank")
     with pytest.raises(ValueError, match=r"grid point \(strategy='pgpe'\).*pgpe keeps a sigma per parameter"):
-        jes_sweep.sweep(jes.MLPPolicy((8,)), "CartPole-v1", "adam", config=low_rank, seeds=[0], log_dir=None,
+        jes_sweep.sweep(jes.MLPPolicy((8,)), "CartPole-v1", None, config=low_rank, seeds=[0], log_dir=None,
                         grid={"strategy": ["openai_es", "ars", "pgpe"]})
     assert not trained
 
@@ -243,3 +243,93 @@ def test_a_rank_given_twice_in_a_grid_point_is_refused_instead_of_mislabelled():
     with pytest.raises(ValueError, match="the rank is given twice"):
         jes_sweep.sweep(jes.MLPPolicy((8,)), "CartPole-v1", "adam", config=BASE, seeds=[0], log_dir=None,
                         grid={"perturbation": [jes.LowRank(2)], "perturbation_rank": [1]})
+
+
+def _no_training(monkeypatch):
+    trained = []
+    monkeypatch.setattr(jes_sweep, "run_batch", lambda *a, **k: trained.append(1) or (_ for _ in ()).throw(AssertionError))
+    return trained
+
+
+def test_a_learning_rate_a_points_strategy_ignores_is_refused_before_any_point_trains(monkeypatch):
+    """snes/ars never read learning_rate: swept, their rows differed only in their label (learning_rate_source
+    'grid'); jes.train refuses it, and so does the sweep, naming the point."""
+    trained = _no_training(monkeypatch)
+    with pytest.raises(ValueError, match=r"grid point \(strategy='ars', learning_rate=0.05\): learning_rate=0.05 "
+                                         r"would be ignored by strategy 'ars'.*split it into one sweep per strategy"):
+        jes_sweep.sweep(jes.MLPPolicy((8,)), "CartPole-v1", None, config=BASE, seeds=[0], log_dir=None,
+                        grid={"strategy": ["openai_es", "pgpe", "ars"], "learning_rate": [0.05, 0.1]})
+    with pytest.raises(ValueError, match=r"grid point \(learning_rate=0.05\): learning_rate=0.05 would be ignored by "
+                                         r"strategy 'snes'.*drop it"):
+        jes_sweep.sweep(jes.MLPPolicy((8,)), "CartPole-v1", None, config=BASE, seeds=[0], log_dir=None,
+                        strategy="snes", grid={"learning_rate": [0.05, 0.1]})
+    assert not trained
+
+
+def test_an_optimizer_with_a_strategy_that_uses_none_is_refused_before_any_group_runs_or_logs(monkeypatch, tmp_path):
+    trained = _no_training(monkeypatch)
+    with pytest.raises(ValueError, match=r"grid point \(strategy='sep_cma_es', noise_std=0.1\): strategy "
+                                         r"'sep_cma_es' does not use an optax optimizer"):
+        jes_sweep.sweep(jes.MLPPolicy((8,)), "CartPole-v1", "adam", config=BASE, seeds=[0], log_dir=str(tmp_path / "tb"),
+                        out_dir=str(tmp_path / "out"), grid={"strategy": ["openai_es", "sep_cma_es"], "noise_std": [0.1, 0.2]})
+    assert not trained and not (tmp_path / "tb").exists() and not (tmp_path / "out").exists()
+
+
+def test_stop_at_return_is_refused_in_a_sweep(monkeypatch):
+    """It never applied (every run does all its generations), yet SweepRun.config kept it: jes.train on that
+    config stopped early and gave other bits."""
+    trained = _no_training(monkeypatch)
+    with pytest.raises(ValueError, match=r"stop_at_return=50.0 does not apply in a sweep: a sweep runs every generation"):
+        jes_sweep.sweep(POLICY, "CartPole-v1", "adam", config=BASE.replace(stop_at_return=50.0), seeds=[0],
+                        log_dir=None, grid={"learning_rate": [0.01, 0.05]})
+    assert not trained
+
+
+def test_an_interrupted_sweep_keeps_the_table_of_the_configurations_that_finished(monkeypatch, tmp_path, capsys):
+    real, calls = jes_sweep.run_batch, []
+
+    def interrupted_second(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(jes_sweep, "run_batch", interrupted_second)
+    with pytest.raises(KeyboardInterrupt):
+        jes_sweep.sweep(POLICY, "CartPole-v1", "adam", config=BASE.replace(num_generations=1), seeds=[0], log_dir=None,
+                        out_dir=str(tmp_path / "out"), grid={"num_members": [16, 24]})
+    err = capsys.readouterr().err
+    assert "sweep interrupted after 1 of 2 configurations finished" in err and "new out_dir" in err
+    with open(tmp_path / "out" / "sweep.json") as f:
+        table = json.load(f)
+    assert [(r["num_members"], r["sweep_complete"]) for r in table] == [(16, False)]
+    with open(tmp_path / "out" / "sweep.csv") as f:
+        assert [r["sweep_complete"] for r in csv.DictReader(f)] == ["False"]
+
+
+def test_env_steps_per_seed_is_the_mean_over_seeds():
+    result = jes_sweep.sweep(POLICY, "CartPole-v1", "adam", config=BASE.replace(num_generations=2), seeds=[0, 1, 2],
+                             grid={}, log_dir=None)
+    steps = [int(result.run(0, seed).history["env_steps"][-1]) for seed in (0, 1, 2)]
+    assert len(set(steps)) > 1  # seeds' episodes end at different steps
+    assert result.rows[0]["env_steps_per_seed"] == pytest.approx(np.mean(steps))
+    assert result.rows[0]["generations"] == 2
+
+
+@pytest.mark.parametrize("text, message", [
+    ('env = 5', r"env must be an env name.*got 5"),
+    ('env = "CartPole-v1"\noptimizer = 5', r"optimizer must be an optimizer name or a list of names.*got 5"),
+    ('env = "CartPole-v1"\nstrategy = [5]', r"strategy must be a strategy name or a list of names.*got \[5\]"),
+    ('env = "CartPole-v1"\nconfig = [1, 2]', r"config must be a table of ESConfig fields.*got \[1, 2\]"),
+    ('env = "CartPole-v1"\nout_dir = 5', r"out_dir must be a directory.*got 5"),
+    ('env = "CartPole-v1"\npolicy = "gru"', r"policy must be a table of type, hidden and layers.*got 'gru'"),
+    ('env = "CartPole-v1"\n[policy]\nhidden = "eight"', r"policy hidden must be a positive integer, got 'eight'"),
+    ('env = "CartPole-v1"\n[policy]\nhidden = 2.7', r"policy hidden must be a positive integer, got 2.7"),
+    ('env = "CartPole-v1"\n[policy]\nlayers = 0', r"policy layers must be a positive integer, got 0"),
+    ('env = "CartPole-v1"\n[policy]\ntype = 3', r"policy type must be \"gru\" or \"mlp\", got 3"),
+])
+def test_a_sweep_file_value_of_the_wrong_type_is_named(tmp_path, text, message):
+    path = tmp_path / "bad.toml"
+    path.write_text(text + "\n")
+    with pytest.raises(ValueError, match=rf"^sweep file {path}: {message}$"):
+        jes_sweep.load_sweep_file(str(path))
