@@ -41,6 +41,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jes import perturbations, strategies as jes_strategies
+from jes.arrays import check_seed
 from jes.config import ESConfig
 from jes.logging import TensorBoardLogger, default_run_name, has_event_files, unique_dir
 from jes.policies import GRUPolicy, MLPPolicy
@@ -206,7 +207,7 @@ def _checked_seeds(seeds: Any) -> list[int]:
     bad = [s for s in seeds if isinstance(s, (bool, np.bool_)) or not integral(s)]
     if bad:
         raise TypeError(f"seeds must be a list of distinct integers (e.g. [0, 1, 2]); {bad[0]!r} is not an integer")
-    seeds = [int(s) for s in seeds]
+    seeds = [check_seed(s) for s in seeds]  # 32-bit seeds: 2**32 would run seed 0's key as a "distinct" seed
     if not seeds or len(set(seeds)) != len(seeds):
         raise ValueError(f"seeds must be a non-empty list of distinct integers, got {seeds}")
     return seeds

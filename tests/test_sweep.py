@@ -141,6 +141,8 @@ def test_bad_seeds_are_named_before_anything_runs(tmp_path):
             jes_sweep.load_sweep_file(str(path))
     assert jes_sweep.sweep(POLICY, "CartPole-v1", "adam", config=BASE.replace(num_generations=1), grid={},
                            seeds=np.array([2]), log_dir=None).runs[0].seed == 2
+    with pytest.raises(ValueError, match=r"seed 4294967296 is outside"):  # it ran seed 0's key as a "distinct" seed
+        jes_sweep.sweep(POLICY, "CartPole-v1", "adam", config=BASE, grid={}, seeds=[0, 2**32], log_dir=None)
 
 
 def test_a_second_sweep_never_replaces_the_first_ones_table_and_warns_of_its_curves(grid_result, tmp_path):
