@@ -72,3 +72,18 @@ class UsersPolicy(nn.Module):
     @nn.compact
     def __call__(self, obs):
         return nn.Dense(self.num_outputs)(nn.tanh(nn.Dense(self.hidden)(obs)))
+
+
+def interrupt_second_batch(monkeypatch) -> None:
+    """Make a sweep's second batch of configurations raise KeyboardInterrupt (Ctrl-C while it runs)."""
+    from jes import sweep as jes_sweep
+
+    real, calls = jes_sweep.run_batch, []
+
+    def interrupted_second(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(jes_sweep, "run_batch", interrupted_second)

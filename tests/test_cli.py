@@ -564,21 +564,13 @@ def test_eval_refuses_zero_episodes_and_a_render_format_before_evaluating(traine
 
 
 def test_an_interrupted_sweep_says_what_finished_and_never_mentions_resume(tmp_path, capsys, monkeypatch):
-    from jes import sweep as jes_sweep
+    from envs_for_tests import interrupt_second_batch
 
     config = tmp_path / "sweep.toml"
     config.write_text(f'env = "CartPole-v1"\nseeds = [0]\nout_dir = "{tmp_path / "out"}"\nlog_dir = "none"\n'
                       '[policy]\ntype = "mlp"\nhidden = 4\nlayers = 1\n'
                       '[config]\nnum_members = [16, 24]\nchunk_size = 8\nnum_generations = 1\neval_episodes = 2\n')
-    real, calls = jes_sweep.run_batch, []
-
-    def interrupted_second(*args, **kwargs):
-        calls.append(1)
-        if len(calls) == 2:
-            raise KeyboardInterrupt
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(jes_sweep, "run_batch", interrupted_second)
+    interrupt_second_batch(monkeypatch)
     assert cli.main(["sweep", str(config)]) == 130
     err = capsys.readouterr().err
     assert "after 1 of 2 configurations finished" in err and str(tmp_path / "out" / "sweep.csv") in err

@@ -9,6 +9,7 @@ import pytest
 import jes
 from jes import logging as jes_logging
 from jes import sweep as jes_sweep
+from envs_for_tests import interrupt_second_batch
 from jes.loop import run
 
 BASE = jes.ESConfig(num_members=16, chunk_size=8, num_generations=3, eval_episodes=4)
@@ -288,15 +289,7 @@ def test_stop_at_return_is_refused_in_a_sweep(monkeypatch):
 
 
 def test_an_interrupted_sweep_keeps_the_table_of_the_configurations_that_finished(monkeypatch, tmp_path, capsys):
-    real, calls = jes_sweep.run_batch, []
-
-    def interrupted_second(*args, **kwargs):
-        calls.append(1)
-        if len(calls) == 2:
-            raise KeyboardInterrupt
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(jes_sweep, "run_batch", interrupted_second)
+    interrupt_second_batch(monkeypatch)
     with pytest.raises(KeyboardInterrupt):
         jes_sweep.sweep(POLICY, "CartPole-v1", "adam", config=BASE.replace(num_generations=1), seeds=[0], log_dir=None,
                         out_dir=str(tmp_path / "out"), grid={"num_members": [16, 24]})
