@@ -631,10 +631,14 @@ def _apply_new_learning_rate(trainer: Trainer, state: TrainState, old: Any, path
     new = trainer.config.learning_rate
     if callable(new) or callable(old) or new == old:
         return state
-    warnings.warn(f"resuming {path} with learning_rate={new} (the run used {old}); the remaining generations "
-                  f"differ from an uninterrupted run", stacklevel=3)
     opt_state = getattr(state.strategy, "opt_state", None)
     hyperparams = getattr(opt_state, "hyperparams", None)
+    ran = old
+    if old is None:  # the optimizer's (or the strategy's) default: the rate its state holds says which
+        rate = hyperparams.get("learning_rate") if isinstance(hyperparams, dict) else None
+        ran = f"{float(np.asarray(fetch(rate))):.4g}, its default" if rate is not None else "its default rate"
+    warnings.warn(f"resuming {path} with learning_rate={new} (the run used {ran}); the remaining generations "
+                  f"differ from an uninterrupted run", stacklevel=3)
     if not isinstance(hyperparams, dict) or "learning_rate" not in hyperparams:
         return state  # a strategy that reads the rate from its context
     fresh = trainer.init_state(0).strategy.opt_state.hyperparams["learning_rate"]

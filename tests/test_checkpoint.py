@@ -495,3 +495,14 @@ def test_an_optimizers_alias_or_case_resumes_and_numpy_scalars_are_numbers(tmp_p
     assert type(config.noise_std) is float and config.noise_std == np.float32(0.1) and type(config.weight_decay) is float
     with pytest.raises(ValueError, match=r"'adam' is an optimizer: pass it as optimizer="):
         jes.strategies.get("adam")
+
+
+def test_a_new_learning_rate_on_resume_names_the_default_the_run_used(tmp_path):
+    """The warning said "the run used None" for a run on its optimizer's default rate."""
+    ckpt = str(tmp_path / "c.ckpt")
+    common = dict(log_dir=None, progress=False, **dict(SMALL_RUN, num_generations=1))
+    jes.train(jes.MLPPolicy((4,)), "CartPole-v1", "adam", key=0, checkpoint_path=ckpt, **common)
+    default = jes.optimizers.DEFAULT_LEARNING_RATES["adam"]
+    with pytest.warns(UserWarning, match=rf"with learning_rate=0.01 \(the run used {default:.4g}, its default\)"):
+        jes.train(jes.MLPPolicy((4,)), "CartPole-v1", "adam", resume=ckpt, **dict(common, num_generations=2,
+                                                                                    learning_rate=0.01))
