@@ -538,3 +538,11 @@ def test_env_classes_jes_cannot_build_or_read_say_what_to_pass():
         make_env(NoSpaces, max_steps=5)
     with pytest.raises(ValueError, match="does not flatten to a fixed size"):
         make_env(Sequenced)
+
+
+def test_masking_a_gymnasium_env_says_to_wrap_it():
+    """The error listed 'gymnasium:<id>' among the forms mask_observations takes."""
+    for masked in (lambda: make_env("gymnasium:CartPole-v1?keep_obs=0,2"),
+                   lambda: jes.envs.mask_observations("gymnasium:CartPole-v1", keep=[0, 2])):
+        with pytest.raises(ValueError, match="masks the observations of JAX envs .* a Gymnasium env masks its own"):
+            masked()

@@ -179,6 +179,10 @@ class GymnasiumEnv:
 def _from_id(name: str, max_steps: int | None, render_mode: str | None = None) -> GymnasiumEnv:
     base, seconds = split_option(name, TIME_OPTION)
     if "?" in base:
+        if split_option(base, "keep_obs")[1] is not None:
+            raise ValueError(f"env {name!r}: keep_obs masks the observations of JAX envs (gymnax, brax); a Gymnasium "
+                             f"env masks its own with a wrapper of yours, passed as an instance or through "
+                             f"jes.envs.gymnasium.make(factory)")
         raise ValueError(f"unknown option in env name {name!r}; gymnasium envs take only ?{TIME_OPTION}=60")
     env_id = base[len(PREFIX):]
     if not env_id or ":" in env_id:
