@@ -250,7 +250,11 @@ def iter_events(log_dir: str):
 
     files = _event_files(log_dir)
     if not files:
-        raise FileNotFoundError(f"no TensorBoard event files in {log_dir!r}")
+        runs = sorted(name for name in (os.listdir(log_dir) if os.path.isdir(log_dir) else ())
+                      if _event_files(os.path.join(log_dir, name)))
+        inside = (f"; its subfolders {', '.join(runs[:4])}{', ...' if len(runs) > 4 else ''} hold runs (a sweep's "
+                  f"configurations): name those" if runs else "")
+        raise FileNotFoundError(f"no TensorBoard event files in {log_dir!r}{inside}")
     for path in files:
         with open(path, "rb") as f:
             data = f.read()

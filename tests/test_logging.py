@@ -108,6 +108,16 @@ def test_two_writers_in_one_log_dir_within_a_second_keep_both_their_events(tmp_p
     assert jes_logging.read_scalars(str(tmp_path))["population/mean_return"] == [(1, 1.0), (2, 2.0)]
 
 
+def test_a_folder_of_runs_names_its_runs(tmp_path):
+    """`jes plot runs/sweep` (a sweep's log_dir) said only that it held no event files."""
+    for name in ("lr=0.01", "lr=0.05"):
+        logger = jes_logging.TensorBoardLogger(str(tmp_path / name))
+        logger({"generation": 1, "pop_mean": 1.0, "pop_max": 1.0, "pop_min": 0.0})
+        logger.close()
+    with pytest.raises(FileNotFoundError, match=r"its subfolders lr=0.01, lr=0.05 hold runs"):
+        jes_logging.read_scalars(str(tmp_path))
+
+
 def test_a_generation_logged_again_by_a_resume_is_read_once(tmp_path):
     """A run interrupted among generation 2's callbacks logs it again when resumed: `jes plot` drew it twice."""
     for generations in ((1, 2), (2, 3)):
