@@ -183,7 +183,7 @@ def _parser() -> argparse.ArgumentParser:
 
     sweep = commands.add_parser("sweep", help="grid search described by a JSON or TOML file")
     sweep.add_argument("config", help="sweep file (.json or .toml); see jes.sweep.load_sweep_file")
-    sweep.add_argument("--out-dir", default=None, help="where sweep.csv/sweep.json go (overrides the file)")
+    sweep.add_argument("--out-dir", default=None, help="where sweep.csv/sweep.json go (overrides the file's out_dir; default: the file's, else sweep_results/)")
     sweep.add_argument("--vmap", action="store_true",
                        help="run seeds and learning_rate/noise_std values as one vmapped program (faster on "
                             "accelerators; may differ from standalone runs in the last bits). Default: one after "
