@@ -306,6 +306,14 @@ def _train(args: argparse.Namespace) -> int:
     if args.optimizer is not None and strategies.canonical_name(args.optimizer):
         raise ValueError(f"--optimizer {args.optimizer}: {args.optimizer!r} is a strategy, not an optimizer: give it as "
                          f"--strategy {args.optimizer} (--optimizer takes adam, sgd, clipup, ...)")
+    if args.optimizer is not None:
+        from jes.optimizers import optimizer_names, resolve_name
+
+        try:
+            resolve_name(args.optimizer)
+        except ValueError:  # its advice (an optax object) is for Python: the command line takes names
+            raise ValueError(f"--optimizer {args.optimizer}: unknown optimizer; the command line takes "
+                             f"{', '.join(optimizer_names())} (another optax optimizer: jes.train from Python)") from None
     policy = _build_policy(args)
     env, strategy, optimizer, config = args.env, args.strategy, args.optimizer, None
     if args.resume is not None:

@@ -99,6 +99,13 @@ def test_a_warning_prints_as_one_line_of_the_command(trained, tmp_path):
         out.stderr
 
 
+def test_an_unknown_optimizer_on_the_command_line_lists_the_names_it_takes(capsys):
+    """The advice was to pass an optax object, which the command line cannot."""
+    assert cli.main(["train", "--optimizer", "adamw", "--generations", "1", "--log-dir", "none"]) == 2
+    err = capsys.readouterr().err
+    assert "--optimizer adamw: unknown optimizer; the command line takes adabelief" in err and "optax." not in err
+
+
 def test_resume_on_another_env_names_the_env(trained, capsys):
     """It was refused by the policy's output shape (the checkpoint's policy has CartPole's 2 outputs)."""
     root, _ = trained

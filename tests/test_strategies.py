@@ -70,7 +70,7 @@ def test_settings_a_strategy_never_reads_are_refused_not_ignored(name, capsys):
     assert f"--learning-rate 0.01 would be ignored by strategy '{name}'" in capsys.readouterr().err
     pgpe = jes.strategies.get("pgpe", center_lr=0.1)
     with pytest.raises(ValueError, match="learning_rate=0.01 would be ignored by strategy 'pgpe': its center_lr=0.1 "
-                                         "is the rate"):
+                                         "is the rate; drop it, or drop center_lr"):  # not "use openai_es, pgpe"
         jes.optimize(fn, jnp.ones(4), pgpe, learning_rate=0.01, num_generations=1)
 
 

@@ -294,9 +294,10 @@ def ignored_settings(strategy: Strategy, learning_rate: Any, weight_decay: float
         why = (f"its center_lr={strategy.center_lr!r} is the rate" if own_rate else
                f"it moves its mean by its own rule, with its own rates and weights (fields of "
                f"jes.strategies.{type(strategy).__name__})")
-        messages.insert(0, f"{', '.join(ignored)} would be ignored by strategy {strategy.name!r}: {why}; drop "
-                           f"{'it' if len(ignored) == 1 else 'them'}, or use a strategy that takes "
-                           f"{'it' if len(ignored) == 1 else 'them'} (openai_es, pgpe)")
+        them = 'it' if len(ignored) == 1 else 'them'
+        instead = (f"drop {them}, or drop center_lr to have the optimizer's learning_rate move the mean" if own_rate
+                   else f"drop {them}, or use a strategy that takes {them} (openai_es, pgpe)")
+        messages.insert(0, f"{', '.join(ignored)} would be ignored by strategy {strategy.name!r}: {why}; {instead}")
     return "; and ".join(messages) or None
 
 
