@@ -705,7 +705,11 @@ def run(trainer: Trainer, state: TrainState, *, key: Any = 0, callbacks: Iterabl
     solved_return = cfg.stop_at_return if cfg.stop_at_return is not None else trainer.spec.solved_return
     solved_generation = _first_solved(history, solved_return)
     if solved_generation is not None and cfg.stop_at_return is not None:
-        total = start_gen  # a resumed run that had already stopped at its target stays stopped
+        if total > start_gen:  # a resumed run that had already stopped at its target stays stopped: say so
+            warnings.warn(f"the run reached stop_at_return={cfg.stop_at_return:g} at generation {solved_generation} "
+                          f"(its history), so it trains no more generations; raise stop_at_return (jes train: "
+                          f"--stop-at-return) or drop it to continue", stacklevel=3)
+        total = start_gen
     t_start = time.perf_counter() if started is None else started
 
     state = trainer.place(state)

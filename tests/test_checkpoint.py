@@ -506,3 +506,15 @@ def test_a_new_learning_rate_on_resume_names_the_default_the_run_used(tmp_path):
     with pytest.warns(UserWarning, match=rf"with learning_rate=0.01 \(the run used {default:.4g}, its default\)"):
         jes.train(jes.MLPPolicy((4,)), "CartPole-v1", "adam", resume=ckpt, **dict(common, num_generations=2,
                                                                                     learning_rate=0.01))
+
+
+def test_a_resume_that_already_reached_stop_at_return_says_it_trains_nothing(tmp_path):
+    """It trained 0 generations without a word."""
+    ckpt = str(tmp_path / "c.ckpt")
+    common = dict(log_dir=None, progress=False, **dict(SMALL_RUN, num_generations=2, eval_every=1))
+    first = jes.train(jes.MLPPolicy((4,)), "CartPole-v1", "adam", key=0, checkpoint_path=ckpt, **common)
+    reached = float(np.nanmin(first.history["centre_return"]))
+    with pytest.warns(UserWarning, match=rf"reached stop_at_return={reached:g} at generation 1 .* trains no more"):
+        resumed = jes.train(jes.MLPPolicy((4,)), "CartPole-v1", "adam", resume=ckpt,
+                            **dict(common, num_generations=4, stop_at_return=reached))
+    assert resumed.history["generation"].tolist() == [1, 2]
