@@ -72,7 +72,7 @@ def main() -> None:
             digits = 2 if np.max(np.abs(finals)) < 10 else 1
             print(f"| `{env}` | {label} | {trainer_params} | {finals.mean():.{digits}f} ± {finals.std():.{digits}f} "
                   f"({' '.join(f'{f:.0f}' if abs(f) >= 10 else f'{f:.2f}' for f in finals)}) | "
-                  f"{n_solved}/{args.seeds} (≥ {solved:g}) | {row['env_steps_per_seed']:,} | {wall:.0f} s |", flush=True)
+                  f"{n_solved}/{args.seeds} (≥ {solved:g}) | {row['env_steps_per_seed']:,.0f} | {wall:.0f} s |", flush=True)
     print_load()
 
 

@@ -39,6 +39,7 @@ from jes import describe, schema, strategies
 from jes.config import ESConfig
 from jes.generation import Trainer, TrainState, as_key, localize
 from jes.envs import gymnax as gymnax_envs
+from jes.envs.wrappers import KEEP_OPTION, split_option, with_option
 from jes.optimizers import resolve_name as resolve_optimizer_name
 
 MAGIC = b"JESCKPT1"
@@ -513,8 +514,13 @@ class Checkpoint:
             return True
         if self.meta.get("version", 1) >= 7:
             return False
-        base = name.removesuffix(gymnax_envs.INSTANCE_SUFFIX).partition("?")[0]
-        return self.env_name in (base, gymnax_envs.registered_label(base))
+        plain, keep = split_option(name.removesuffix(gymnax_envs.INSTANCE_SUFFIX), KEEP_OPTION)
+        base, _, options = plain.partition("?")
+        if base not in gymnax_envs.env_names() or any(  # only a gymnax id's params options: brax's backend and
+                item.partition("=")[0] not in gymnax_envs.params_fields(base) for item in options.split("&") if item):
+            return False  # Gymnasium's episode_seconds named other envs then as now
+        names = [base, gymnax_envs.registered_label(base)]
+        return self.env_name in [n if keep is None else with_option(n, KEEP_OPTION, keep) for n in names if n]
 
     def check_compatible(self, trainer: Trainer) -> None:
         """Raise :class:`CheckpointError` naming every difference that would change the resumed parameters."""

@@ -672,8 +672,10 @@ def load_sweep_file(path: str) -> dict:
     expected = {
         "env": (lambda v: isinstance(v, str), 'an env name, e.g. env = "CartPole-v1"'),
         "optimizer": (lambda v: v is None or names(v), 'an optimizer name or a list of names, e.g. optimizer = "adam" or ["adam", "sgd"]'),
-        "strategy": (names, 'a strategy name or a list of names, e.g. strategy = "openai_es" or ["openai_es", "pgpe"]'),
-        "out_dir": (lambda v: isinstance(v, str), 'a directory, e.g. out_dir = "sweeps/cartpole"'),
+        "strategy": (lambda v: v is None or names(v),
+                     'a strategy name or a list of names, e.g. strategy = "openai_es" or ["openai_es", "pgpe"]'),
+        "out_dir": (lambda v: v is None or isinstance(v, str), 'a directory, e.g. out_dir = "sweeps/cartpole" (JSON '
+                                                               'null: no table)'),
         "config": (lambda v: isinstance(v, Mapping), "a table of ESConfig fields ([config] in TOML, an object in JSON)"),
         "policy": (lambda v: isinstance(v, Mapping), "a table of type, hidden and layers ([policy] in TOML, an object "
                                                      "in JSON)"),

@@ -251,5 +251,11 @@ def test_a_checkpoint_from_before_params_in_names_resumes_with_a_warning(tmp_pat
         resumed = jes.train(jes.MLPPolicy(hidden_sizes=(4,)), heavy, num_generations=2, resume=path, **common)
     whole = jes.train(jes.MLPPolicy(hidden_sizes=(4,)), heavy, num_generations=2, **common)
     np.testing.assert_array_equal(resumed.flat_params, whole.flat_params)
-    assert checkpoint.read(path).names_env("CartPole-v1?gravity=20.0") and not checkpoint.read(path).names_env(
-        "Acrobot-v1")
+    old = checkpoint.read(path)
+    old.meta.update(version=6, env_name="CartPole-v1?keep_obs=0,2")
+    assert old.names_env("CartPole-v1?gravity=20.0&keep_obs=0,2") and not old.names_env("Acrobot-v1")
+    assert not old.names_env("CartPole-v1?gravity=20.0")  # its observations were masked
+    for other, recorded in (("brax/ant?backend=spring", "brax/ant"),  # options of other envs: other envs then too
+                            ("gymnasium:Pendulum-v1?episode_seconds=1", "gymnasium:Pendulum-v1")):
+        old.meta.update(env_name=recorded)
+        assert not old.names_env(other)

@@ -393,7 +393,13 @@ def test_instances_are_copied_with_what_was_set_on_them_and_named_never_as_anoth
             super().__init__()
             self.lock = threading.Lock()
 
-    assert make_env(Locked(), max_steps=5).env.make().reward_scale == 1.0
+        def reset(self, seed=None, options=None):
+            self.t = 0  # episode state a reset adds: not a setting the copies drop
+            return super().reset(seed=seed, options=options)
+
+    reset = Locked()
+    reset.reset(seed=0)
+    assert make_env(reset, max_steps=5).env.make().reward_scale == 1.0
     locked = Locked()
     locked.reward_scale = 100.0  # ... which would drop this: refused, naming it
     with pytest.raises(TypeError, match=r"copies only by its constructor arguments .* \(reward_scale\)"):
@@ -536,6 +542,12 @@ def test_env_classes_jes_cannot_build_or_read_say_what_to_pass():
         make_env(NeedsArgs)
     with pytest.raises(TypeError, match="has no observation_space or action_space"):
         make_env(NoSpaces, max_steps=5)
+
+    def buggy():
+        return Target() + 1  # the factory's own TypeError, not "pass arguments"
+
+    with pytest.raises(TypeError, match="unsupported operand"):
+        make_env(jes.envs.gymnasium.make(buggy))
     with pytest.raises(ValueError, match="does not flatten to a fixed size"):
         make_env(Sequenced)
 

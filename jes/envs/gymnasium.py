@@ -87,7 +87,9 @@ class GymnasiumEnv:
         self.factory, self.name, self.env_id, self.episode_seconds = factory, name, env_id, episode_seconds
         try:
             probe = self.make()
-        except TypeError as err:  # an env class whose constructor needs arguments
+        except TypeError as err:
+            if not inspect.isclass(factory):  # a factory's own error is its own
+                raise
             raise TypeError(f"could not build env {name!r} with no arguments ({err}): jes builds one env per episode "
                             f"slot; pass jes.envs.gymnasium.make(lambda: YourEnv(...)) with the arguments") from err
         if not isinstance(probe, gymnasium.Env):
@@ -323,9 +325,10 @@ def _copier(template: Any) -> Callable[[], Any]:
     except Exception as err:  # noqa: BLE001
         raise TypeError(f"jes copies an env instance for each episode slot, and this {type(template).__name__} cannot "
                         f"be copied ({type(err).__name__}: {err}); {advice}") from err
+    # the settings its constructor sets (a reset or a step adds and moves episode state, which copies need not keep)
     ours, theirs = _plain_attributes(template.unwrapped), _plain_attributes(rebuilt.unwrapped)
-    if ours != theirs:
-        changed = sorted(k for k in set(ours) | set(theirs) if ours.get(k) != theirs.get(k))
+    changed = sorted(k for k in theirs if ours.get(k) != theirs[k])
+    if changed:
         raise TypeError(f"jes copies an env instance for each episode slot; this {type(template).__name__} copies only "
                         f"by its constructor arguments ({type(failure).__name__}: {failure}), which drop what was set "
                         f"after make() ({', '.join(changed)}): give those as arguments (gymnasium.make(id, ...=...)), "

@@ -180,6 +180,14 @@ def registered_id(env: Any) -> str | None:
     return None
 
 
+def params_fields(env_id: str) -> tuple[str, ...]:
+    """The fields of a registered env's params (what ``?field=value`` options in its name may set)."""
+    if env_id not in env_names() or env_id in _NOT_PROBED:
+        return ()
+    params = _fresh(env_id)[1]
+    return tuple(f.name for f in dataclasses.fields(params)) if dataclasses.is_dataclass(params) else ()
+
+
 def registered_label(env_id: str) -> str | None:
     """The ``name`` attribute of the env gymnax makes for ``env_id`` (``"DiscountingChain-v0"`` for
     ``"DiscountingChain-bsuite"``), what jes recorded for such an env object before it named envs by their ids;
