@@ -439,7 +439,8 @@ def test_local_workers_end_with_their_master_however_it_ends(how, tmp_path):
         master.wait(timeout=120)
         if how == signal.SIGTERM:
             err = log.read_text()
-            assert master.returncode == 128 + signal.SIGTERM and "terminated (jes train saved a checkpoint" in err, err
+            assert master.returncode == 128 + signal.SIGTERM and "terminated (checkpoint " in err \
+                and "; continue with --resume " in err, err
         deadline = time.monotonic() + 60
         while any(_alive(w) for w in workers):
             assert time.monotonic() < deadline, f"local workers {workers} outlived their master ({how.name})"
