@@ -162,9 +162,7 @@ def mask_observations(env: Any, keep: Sequence[int], env_params: Any = None) -> 
     ``mask_observations("Pendulum-v1", keep=[0, 1])`` hides the angular velocity.
     """
     if gymnasium_family.is_gymnasium_env(env):
-        raise ValueError("mask_observations masks the observations of JAX envs (gymnax, brax); a Gymnasium env masks "
-                         "its own with a wrapper of yours, passed as an instance or through "
-                         "jes.envs.gymnasium.make(factory)")
+        raise ValueError(f"mask_observations {gymnasium_family.NOT_MASKED}")
     env_obj, params, name = _resolve(env, env_params)
     return MaskedObservations(env_obj, keep, name, params)
 

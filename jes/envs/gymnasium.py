@@ -182,9 +182,7 @@ def _from_id(name: str, max_steps: int | None, render_mode: str | None = None) -
     base, seconds = split_option(name, TIME_OPTION)
     if "?" in base:
         if split_option(base, "keep_obs")[1] is not None:
-            raise ValueError(f"env {name!r}: keep_obs masks the observations of JAX envs (gymnax, brax); a Gymnasium "
-                             f"env masks its own with a wrapper of yours, passed as an instance or through "
-                             f"jes.envs.gymnasium.make(factory)")
+            raise ValueError(f"env {name!r}: keep_obs {NOT_MASKED}")
         raise ValueError(f"unknown option in env name {name!r}; gymnasium envs take only ?{TIME_OPTION}=60")
     env_id = base[len(PREFIX):]
     if not env_id or ":" in env_id:
@@ -223,6 +221,10 @@ def registering_module(env_id: str) -> str | None:
         return None
     return module
 
+
+# Why jes's observation masking (keep_obs, jes.envs.mask_observations) refuses a Gymnasium env.
+NOT_MASKED = ("masks the observations of JAX envs (gymnax, brax); a Gymnasium env masks its own with a wrapper of "
+              "yours, passed as an instance or through jes.envs.gymnasium.make(factory)")
 
 # Names an env instance that is not its registered id's plain env: no env name resolves to it (a checkpoint or policy
 # file of it is evaluated or resumed with the env passed again), so it is never rebuilt as another env.

@@ -17,7 +17,6 @@ rewards after ``done`` never count.
 from __future__ import annotations
 
 import dataclasses
-import functools
 from typing import Any
 
 import jax
@@ -155,8 +154,8 @@ def _same_value(a: Any, b: Any) -> bool:
         return False
 
 
-@functools.lru_cache(maxsize=None)
 def _fresh(name: str) -> tuple[Any, Any]:
+    """``(env, default params)`` as gymnax makes them for the id ``name`` (cheap: no module-level cache kept)."""
     return import_gymnax().make(name)
 
 
