@@ -622,6 +622,8 @@ def _flag_named(message: str) -> str:
 
     parts = re.split(r"('[^']*'|\"[^\"]*\")", message)  # odd parts: quoted, left as they are
     message = "".join(part if i % 2 else pattern.sub(rewrite, part) for i, part in enumerate(parts))
+    message = re.sub(r"^devices=(\d+), but ", r"--devices \1: ", message)  # jes.train's arguments, as flags
+    message = re.sub(r"^checkpoint_every (.*), got (-?\d+)$", r"--checkpoint-every \2: \1", message)
     for argument, flag in (("resume=", "--resume "), ("another log_dir (or checkpoint_path)", "another --log-dir (or "
                            "--checkpoint)")):  # jes.train's arguments of a refused overwrite, as flags
         message = message.replace(argument, flag)

@@ -364,6 +364,7 @@ def train(
         A :class:`TrainResult`.
     """
     started = time.perf_counter()
+    _check_checkpoint_every(checkpoint_every)  # before the step's compile starts (see finish_compiling)
     if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 0:
         raise ValueError(f"num_workers must be an integer >= 0, got {num_workers!r}")
     if num_workers and (master is not None or distributed):
@@ -503,6 +504,9 @@ def train(
         return run(trainer, state, key=key, callbacks=[*loggers, *callbacks], history=history,
                    checkpoint_path=checkpoint_path, checkpoint_every=checkpoint_every, log_dir=log_dir, best=best,
                    started=started)
+    except BaseException:
+        trainer.finish_compiling()  # a failure before the step was compiled (already joined after it)
+        raise
     finally:
         jes_logging.close_all(loggers)
 
@@ -663,6 +667,12 @@ def _warn_unchecked_on_resume(optimizer: Any, config: ESConfig, path: str) -> No
                       f"the run it continues", stacklevel=3)
 
 
+def _check_checkpoint_every(checkpoint_every: Any) -> None:
+    if isinstance(checkpoint_every, bool) or not isinstance(checkpoint_every, (int, np.integer)) or checkpoint_every < 0:
+        raise ValueError(f"checkpoint_every must be an integer >= 0 (generations between checkpoints; 0: only at the "
+                         f"end and on Ctrl-C), got {checkpoint_every!r}")
+
+
 StepFn = Callable[[TrainState, bool, bool], "tuple[TrainState, dict]"]
 
 
@@ -691,8 +701,7 @@ def run(trainer: Trainer, state: TrainState, *, key: Any = 0, callbacks: Iterabl
         started: ``time.perf_counter()`` when the run began (the result's ``wall_time`` counts from it; default: now).
             :func:`train` passes its own start, so the trainer's build and the step's compile, begun there, count.
     """
-    if checkpoint_every < 0:
-        raise ValueError(f"checkpoint_every must be >= 0, got {checkpoint_every}")
+    _check_checkpoint_every(checkpoint_every)
 
     # In a multi-process run only process 0 writes the checkpoint (every process computes the same state).
     save_to = checkpoint_path if jax.process_index() == 0 else None

@@ -424,6 +424,17 @@ def test_eval_of_a_low_rank_checkpoint_does_not_repeat_the_fallback_warning(tmp_
     assert not [w for w in caught if issubclass(w.category, jes.perturbations.LowRankFallbackWarning)]
 
 
+def test_a_bad_checkpoint_interval_or_device_count_is_a_clean_error_named_by_its_flag(tmp_path):
+    # --checkpoint-every was checked after the step's compile had started in a thread: the process then aborted at
+    # its exit ("FATAL: exception not rethrown", status 134) instead of returning 2
+    for flags, message in ((["--checkpoint-every", "-2"], "jes train: --checkpoint-every -2: must be an integer >= 0"),
+                           (["--devices", "99"], "jes train: --devices 99: this process sees ")):
+        out = subprocess.run([sys.executable, "-m", "jes.cli", "train", "--generations", "1", "--log-dir", "none",
+                              "--no-progress", *flags], capture_output=True, text=True, cwd=str(tmp_path), timeout=300)
+        assert out.returncode == 2, (flags, out.returncode, out.stderr[-2000:])
+        assert message in out.stderr and "FATAL" not in out.stderr, out.stderr[-2000:]
+
+
 @pytest.mark.parametrize("flags,message", [
     (["--policy", "nosuchmodule_xyz:Policy"], "cannot import"),
     (["--policy", "gru", "--policy-arg", "nonsense=1"], "has no such field"),
