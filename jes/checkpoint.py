@@ -51,7 +51,9 @@ MAGIC = b"JESCKPT1"
 # raw outputs: a resume of one warns, jes.loop.train).
 # 7: a gymnax env's changed params and registered id are in its name ("CartPole-v1?gravity=20.0"; format <= 6 files
 # named the bare id or the env's own name: Checkpoint.names_env accepts those with a warning).
-FORMAT_VERSION = 7
+# 8: a brax env's actions are in [-1, 1], brax's action space (format <= 7 runs squashed them into the actuators'
+# ctrl_range, which humanoid, humanoidstandup, inverted_pendulum and pusher then scaled again: restore_state warns).
+FORMAT_VERSION = 8
 _HEADER = struct.Struct("<8sQ32s")
 # Config fields that do not change what the parameters become, so a resumed run may change them.
 RESUMABLE_CONFIG_CHANGES = frozenset({"num_generations", "stop_at_return", "eval_every", "eval_episodes"})
@@ -570,6 +572,12 @@ class Checkpoint:
     def restore_state(self, trainer: Trainer) -> TrainState:
         """The :class:`TrainState`, checked against ``trainer`` and placed on its devices."""
         self.check_compatible(trainer)
+        if self.meta["version"] < 8 and getattr(trainer.spec.env, "mapped_otherwise_before", False):
+            warnings.warn(f"{self.path} was written by a jes that squashed brax env {trainer.spec.name!r}'s actions into "
+                          f"its actuators' ctrl_range, which the env then scaled again; this jes gives it actions in "
+                          f"[-1, 1], as brax's own trainers do (CHANGELOG.md), so its parameters act otherwise here: "
+                          f"a resumed run is not the run it continues, and returns differ from those it logged",
+                          stacklevel=2)
         template = localize(trainer.init_state(0))
         raw_template = jax.device_get(template.replace(es_key=jax.random.key_data(template.es_key)))
         try:

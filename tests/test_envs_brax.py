@@ -4,6 +4,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import warnings
 
 import jax
 import jax.numpy as jnp
@@ -28,14 +29,52 @@ def spec():
 def test_spec_shapes_bounds_and_name(spec):
     assert spec.name == "brax/inverted_pendulum?backend=spring"   # the backend is part of the name
     assert spec.obs_shape == (4,) and spec.num_outputs == 1 and not spec.discrete and spec.action_shape == (1,)
-    np.testing.assert_array_equal(spec.action_low, [-3.0]) and np.testing.assert_array_equal(spec.action_high, [3.0])
+    np.testing.assert_array_equal(spec.action_low, [-1.0]) and np.testing.assert_array_equal(spec.action_high, [1.0])
     assert spec.max_steps == 60 and make_env(ENV).max_steps == 1000   # brax's EpisodeWrapper default
     assert spec.solved_return == pytest.approx(0.95 * 60)
     assert make_env(spec.name).name == spec.name                   # the name resolves back
     other = make_env("brax/inverted_pendulum?backend=generalized")
     assert other.name == "brax/inverted_pendulum?backend=generalized"
     for value in (-1e6, 0.2, 1e6):
-        assert -3.0 <= float(spec.action(jnp.array([value]))[0]) <= 3.0
+        assert -1.0 <= float(spec.action(jnp.array([value]))[0]) <= 1.0
+
+
+@pytest.mark.parametrize("name,ctrl", [("inverted_pendulum", 3.0), ("hopper", 1.0)])
+def test_a_saturated_policy_output_reaches_the_actuators_range_once(name, ctrl):
+    """brax's envs take actions in [-1, 1]; inverted_pendulum (ctrl_range +-3) scales them itself, hopper (+-1) passes
+    them on. jes squashed into ctrl_range before, so inverted_pendulum's step scaled +-3 to +-9."""
+    spec = make_env(f"brax/{name}", max_steps=5)
+    env = spec.env.env
+    given = []
+    step = env.pipeline_step
+    env.pipeline_step = lambda state, action: (given.append(np.asarray(action)), step(state, action))[1]
+    try:
+        _, state = spec.env.reset_env(jax.random.key(0), spec.params)
+        for value in (1e6, -1e6):
+            spec.env.step_env(jax.random.key(1), state, spec.action(jnp.full(spec.action_shape, value)), spec.params)
+    finally:
+        env.pipeline_step = step
+    np.testing.assert_allclose(given[0], ctrl, rtol=1e-6)
+    np.testing.assert_allclose(given[1], -ctrl, rtol=1e-6)
+
+
+def test_a_format_7_checkpoint_of_an_env_whose_actions_jes_scaled_twice_warns(tmp_path):
+    from jes import checkpoint
+    from test_checkpoint import _rewrite_meta
+
+    cfg = jes.ESConfig(num_members=4, num_generations=1, max_episode_steps=10, eval_episodes=1)
+    for name, warns in (("brax/inverted_pendulum", True), ("brax/hopper", False)):
+        trainer = jes.Trainer(jes.MLPPolicy(hidden_sizes=(2,)), name, "adam", cfg)
+        path = str(tmp_path / f"{name[5:]}.ckpt")
+        checkpoint.save(path, trainer, trainer.init_state(0))
+        old = _rewrite_meta(path, str(tmp_path / f"{name[5:]}-7.ckpt"), lambda meta: meta.update(version=7))
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            checkpoint.read(old).restore_state(trainer)
+            checkpoint.read(path).restore_state(trainer)
+        said = [str(w.message) for w in caught if "ctrl_range" in str(w.message)]
+        assert len(said) == int(warns), said
+        assert not warns or ("[-1, 1]" in said[0] and "-7.ckpt" in said[0])
 
 
 def test_brax_env_object_is_accepted_and_named_with_its_backend():

@@ -15,8 +15,12 @@ What the adapter does, and why:
   ``done`` with ``where`` (never by multiplying, which would turn NaN into NaN).
 * The episode limit is jes's ``max_episode_steps`` (default 1000, brax's own ``EpisodeWrapper``
   default); it lives in :class:`BraxParams` so it travels like gymnax's ``max_steps_in_episode``.
-* Actions: policy outputs are squashed with tanh into ``env.sys.actuator.ctrl_range``
-  (not always +-1: humanoid's is +-0.4).
+* Actions: policy outputs are squashed with tanh into [-1, 1], brax's action space for every env (its own
+  trainers' tanh outputs). The envs whose actuators' ``ctrl_range`` is not +-1 (humanoid and humanoidstandup
+  +-0.4, inverted_pendulum +-3, pusher +-2) scale [-1, 1] to it in their ``step``; the others pass actions to
+  actuators of range +-1. (Checkpoint format <= 7 runs squashed into ``ctrl_range``, which those four envs then
+  scaled again: :attr:`BraxEnv.mapped_otherwise_before`.) An env of your own whose actuators' ranges are not
+  +-1 scales [-1, 1] to them in its ``step``, as brax's own do.
 * The observation shape comes from ``jax.eval_shape(env.reset, key)`` (~1 s), not
   ``env.observation_size``, which runs an un-jitted reset (8-25 s).
 
@@ -134,14 +138,14 @@ class BraxEnv:
         state = jax.eval_shape(env.reset, jax.random.key(0))
         self.obs_shape = tuple(int(d) for d in state.obs.shape)
         size = int(env.action_size)
-        low, high = -np.ones(size, np.float32), np.ones(size, np.float32)
+        self.action_low, self.action_high = -np.ones(size, np.float32), np.ones(size, np.float32)
         ctrl = getattr(getattr(getattr(env, "sys", None), "actuator", None), "ctrl_range", None)
-        if ctrl is not None:
-            ctrl = np.asarray(ctrl, np.float32).reshape(-1, 2)
-            limited = ctrl[:, 0] < ctrl[:, 1]   # MuJoCo writes (0, 0) for unlimited actuators
-            if ctrl.shape[0] == size:
-                low, high = np.where(limited, ctrl[:, 0], low), np.where(limited, ctrl[:, 1], high)
-        self.action_low, self.action_high = low, high
+        ctrl = None if ctrl is None else np.asarray(ctrl, np.float32).reshape(-1, 2)
+        limited = None if ctrl is None else ctrl[:, 0] < ctrl[:, 1]  # MuJoCo writes (0, 0) for unlimited actuators
+        # Whether the actuators' ranges are other than [-1, 1]: then the env's step scales [-1, 1] to them, and a jes
+        # of checkpoint format <= 7, which squashed actions into these ranges, had them scaled twice.
+        self.mapped_otherwise_before = bool(ctrl is not None and ctrl.shape[0] == size and limited.any()
+                                     and not np.array_equal(ctrl[limited], np.tile([-1.0, 1.0], (int(limited.sum()), 1))))
 
     def _name_from_class(self, env: Any) -> str:
         registry = _import_brax_envs()._envs
