@@ -553,7 +553,7 @@ class Checkpoint:
         if ran is not None and ran != trainer.chunk_size:
             problems.append(f"chunk size: checkpoint's run evaluated {ran} members a chunk, this run "
                             f"{trainer.chunk_size} (the chunk decides the bits, and jes's default chunk for this "
-                            f"policy may have changed since: resume with chunk_size={ran}, CLI --chunk-size {ran})")
+                            f"policy may have changed since: resume with chunk_size={ran})")
         for name, value in theirs["config"].items():
             if name in RESUMABLE_CONFIG_CHANGES or name in RESUMABLE_WITH_WARNING or name in schedules \
                     or name in ("perturbation", "perturbation_rank") or (name == "chunk_size" and ran is not None):

@@ -130,8 +130,8 @@ class CompiledPrograms:
         """
         if self._compiled is None and self._compiling is not None:
             thread, out, abstract = self._compiling
+            thread.join()  # before forgetting it: a Ctrl-C here leaves it for finish_compiling to wait for
             self._compiling = None
-            thread.join()
             if "compiled" in out and _signature(state) == _signature(abstract):
                 self._compiled, self._compile_time = out["compiled"], out["seconds"]
         if self._compiled is None:

@@ -725,7 +725,12 @@ def run(trainer: Trainer, state: TrainState, *, key: Any = 0, callbacks: Iterabl
     if step_fn is None and trainer.spec.host:
         step_fn = HostGeneration(trainer).step  # a Python simulator: envs stepped here, the update compiled
     if step_fn is None:
-        compiled, compile_time = trainer.compiled_step(state)
+        try:
+            compiled, compile_time = trainer.compiled_step(state)
+        except KeyboardInterrupt as interrupt:  # while compiling: the run as it started (fresh, or the checkpoint's)
+            _attach_result(interrupt, lambda: _result(trainer, state, history, key, solved_generation, 0.0, t_start,
+                                                      best, None, log_dir))
+            raise
         # Placed once like the state (in a multi-process run a host bool would be checked across processes each call).
         flags = {flag: jax.device_put(np.bool_(flag), trainer.replicated) for flag in (False, True)}
         step_fn = lambda s, centre, population: compiled(s, flags[bool(centre)], flags[bool(population)])
@@ -824,14 +829,14 @@ def run(trainer: Trainer, state: TrainState, *, key: Any = 0, callbacks: Iterabl
         if save_to is not None:
             save_checkpoint()
             interrupt.checkpoint_path = save_to  # `jes train` names it (an interrupt before this point saved none)
-        try:  # the run so far (what the checkpoint holds), for a notebook without one: `except KeyboardInterrupt as e`
+        def so_far() -> TrainResult:  # the run so far (what the checkpoint holds), for a notebook without one
             done = int(fetch(state.generation))
             rows = sum(1 for g in history["generation"] if g <= done)  # a row past the state, as a checkpoint drops
-            so_far = {k: v[:rows] for k, v in history.items()}
-            interrupt.result = _result(trainer, state, so_far, key, _first_solved(so_far, solved_return), compile_time,
-                                       t_start, best, save_to, log_dir)
-        except Exception:  # noqa: BLE001 - the interrupt goes on whatever the result's making raised
-            pass
+            kept = {k: v[:rows] for k, v in history.items()}
+            return _result(trainer, state, kept, key, _first_solved(kept, solved_return), compile_time, t_start, best,
+                           save_to, log_dir)
+
+        _attach_result(interrupt, so_far)
         raise
     if save_to is not None and saved_generation != int(fetch(state.generation)):
         save_checkpoint()
@@ -852,6 +857,15 @@ def _first_solved(history: dict, solved_return: float | None) -> int | None:
         if score >= solved_return:
             return int(generation)
     return None
+
+
+def _attach_result(interrupt: KeyboardInterrupt, make: Callable[[], TrainResult]) -> None:
+    """``interrupt.result = make()`` (`except KeyboardInterrupt as e: e.result`), unless making it fails: the
+    interrupt goes on whatever that raised."""
+    try:
+        interrupt.result = make()
+    except Exception:  # noqa: BLE001
+        pass
 
 
 def _result(trainer, state, history, key, solved_generation, compile_time, t_start, best=None,

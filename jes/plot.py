@@ -39,7 +39,7 @@ def plot_runs(run_dirs: Sequence[str], path: str, labels: Sequence[str] | None =
     """Draw the learning curves of ``run_dirs`` into the PNG ``path``; the image is ``size * dpi`` pixels.
 
     Raises:
-        ValueError: ``path`` does not end in ``.png``.
+        ValueError: ``path`` does not end in ``.png``, or ``labels`` is not one name per run.
         FileNotFoundError: a directory without TensorBoard event files.
         ImportError: matplotlib missing (the message names the extra to install).
     """
@@ -55,6 +55,11 @@ def plot_runs(run_dirs: Sequence[str], path: str, labels: Sequence[str] | None =
         from matplotlib.ticker import MaxNLocator
     except ImportError as err:
         raise ImportError(f"jes plot needs matplotlib: {VIZ_HINT}") from err
+    if labels is not None and not isinstance(labels, str) and len(labels) != len(run_dirs):
+        raise ValueError(f"labels: {len(labels)} for {len(run_dirs)} run directories; give one label per run "
+                         f"(or none: each run is labelled by its directory's name)")
+    if isinstance(labels, str):
+        raise ValueError(f"labels must be a list of names, one per run, not the string {labels!r}")
     labels = list(labels) if labels else [os.path.basename(os.path.normpath(d)) for d in run_dirs]
     curves = [load_curves(d) for d in run_dirs]
     fig, axes = plt.subplots(1, 2, figsize=size, dpi=dpi)
@@ -63,7 +68,8 @@ def plot_runs(run_dirs: Sequence[str], path: str, labels: Sequence[str] | None =
             colour = f"C{index % 10}"
             x = c[x_key]
             std = np.nan_to_num(c["pop_std"])
-            ax.plot(x, c["pop_mean"], color=colour, alpha=0.6, linestyle="--", label=f"{label}: population mean ± std")
+            ax.plot(x, c["pop_mean"], color=colour, alpha=0.6, linestyle="--", label=f"{label}: population mean ± std",
+                    marker="o" if len(x) == 1 else None)  # one generation: a dashed line of one point draws nothing
             ax.fill_between(x, c["pop_mean"] - std, c["pop_mean"] + std, color=colour, alpha=0.15, linewidth=0)
             centre = np.isfinite(c["centre_return"])
             if centre.any():

@@ -12,7 +12,7 @@ By default (``vmap=False``) they run one after another through the trainer's
 own compiled step, so every swept run is **bit-identical** to the same run made
 alone with :func:`jes.train` (same key, same config: same parameters and
 history; tested). With ``vmap=True`` the generation is ``jax.vmap``-ed over a
-stacked batch of :class:`~jes.TrainState`\ s instead: one program for the
+stacked batch of TrainStates (:class:`~jes.TrainState`) instead: one program for the
 whole batch, faster on accelerators, but a different XLA program (batched
 matrix products and reductions are fused and reassociated differently), so
 parameters and every metric derived from them may differ from a standalone

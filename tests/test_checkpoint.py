@@ -113,6 +113,20 @@ def test_keyboard_interrupt_saves_then_resume_is_bit_identical(trainer, full_run
     np.testing.assert_array_equal(resumed.history["pop_mean"], full_run.history["pop_mean"])
 
 
+def test_an_interrupt_while_the_step_compiles_carries_the_run_as_it_started(tmp_path, monkeypatch):
+    """Ctrl-C during the step's compile (seconds to minutes, before generation 1): the interrupt carries the run as it
+    began, as the guide's `except KeyboardInterrupt as interrupt: interrupt.result` expects (it had no .result)."""
+    def ctrl_c(self, state):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(jes.Trainer, "compiled_step", ctrl_c)
+    with pytest.raises(KeyboardInterrupt) as interrupted:
+        jes.train(POLICY, "CartPole-v1", "adam", key=5, log_dir=None, progress=False, **SMALL)
+    so_far = interrupted.value.result
+    fresh = jes.Trainer(POLICY, "CartPole-v1", "adam", jes.ESConfig(**SMALL)).init_state(5)
+    assert list(so_far.history["generation"]) == [] and so_far.solved_generation is None
+    np.testing.assert_array_equal(so_far.flat_params, np.asarray(fresh.params))
+
+
 def test_periodic_checkpoints(trainer, tmp_path):
     path = str(tmp_path / "periodic.ckpt")
     seen = []

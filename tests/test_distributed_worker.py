@@ -201,6 +201,28 @@ def test_link_heartbeats_while_busy_and_pongs_keep_it_from_reconnecting():
         master.close()
 
 
+def test_a_master_gone_after_a_session_is_not_called_a_wrong_secret(caplog):
+    """A run's master that ended (or stopped) was reported, after the first reconnect, as "not started yet, a wrong
+    secret, or a wrong --curve-server-key?", which it cannot be: it had answered."""
+    import logging
+
+    master = FakeMaster()
+    link = _Link(f"tcp://127.0.0.1:{master.port}", SECRET, "unit", heartbeat_interval=0.1, master_timeout=0.5)
+    link.start()
+    try:
+        with caplog.at_level(logging.WARNING, logger="jes.distributed"):
+            master.open_session()
+            assert next_message(link)["type"] == "session"
+            master.close()  # the run ended: nothing answers any more
+            deadline = time.monotonic() + 30.0
+            while time.monotonic() < deadline and "has not answered" not in caplog.text:
+                time.sleep(0.1)
+        assert "has not answered" in caplog.text and "its run ended" in caplog.text, caplog.text
+        assert "wrong secret" not in caplog.text, caplog.text
+    finally:
+        link.stop()
+
+
 def test_an_interrupt_python_dropped_still_stops_the_worker():
     """SIGTERM/Ctrl-C raise KeyboardInterrupt, which Python prints and drops when it lands in a weakref callback or
     ``__del__`` (seen in CI: the worker then served a gone master forever). The handler also flags the worker,

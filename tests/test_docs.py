@@ -74,7 +74,12 @@ def test_mkdocs_build_strict(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "-f", os.path.join(ROOT, "mkdocs.yml"),
                            "-d", str(tmp_path / "site")], capture_output=True, text=True, env=env, timeout=220)
     assert proc.returncode == 0, f"mkdocs build --strict failed:\n{proc.stdout}\n{proc.stderr}"
-    assert (tmp_path / "site" / "api" / "index.html").read_text().count("jes.loop.train") >= 1
+    api = (tmp_path / "site" / "api" / "index.html").read_text()
+    assert api.count("jes.loop.train") >= 1
+    for name in ("jes.plot.plot_runs", "jes.render.render", "jes.logging.read_scalars", "jes.sweep.SweepRun"):
+        assert name in api, f"{name} is not on the API page"  # the guides tell users to import them
+    roles = re.findall(r":(?:func|class|meth|data|attr|mod|exc):<code>", api)
+    assert not roles, f"Sphinx roles shown as text on the API page: {len(roles)}"
     assert (tmp_path / "site" / "notebooks" / "quickstart" / "index.html").exists()
 
 

@@ -87,6 +87,17 @@ def test_plot_draws_several_runs_into_a_png(trained_run, tmp_path, capsys):
         assert not (tmp_path / name).exists()
 
 
+def test_plot_runs_refuses_labels_that_are_not_one_per_run(trained_run, tmp_path):
+    from jes.plot import plot_runs
+
+    root, _ = trained_run
+    runs = [str(root / "run"), str(root / "run")]
+    for labels in (["only-one"], ["a", "b", "c"], "ab"):  # the second run was left out of the picture silently
+        with pytest.raises(ValueError, match="labels"):
+            plot_runs(runs, str(tmp_path / "x.png"), labels=labels)
+    assert not (tmp_path / "x.png").exists()
+
+
 def test_brax_renders_to_html(tmp_path):
     pytest.importorskip("brax")
     trainer = jes.Trainer(jes.MLPPolicy(hidden_sizes=(2,)), "brax/inverted_pendulum", "adam",

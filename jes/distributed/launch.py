@@ -31,6 +31,7 @@ import threading
 import time
 from typing import Sequence, TextIO
 
+USAGE_STATUS = 2  # what `jes train` (and argparse) exit with for bad arguments or a refused run
 NOT_ELASTIC = ("JAX's multi-process runtime is not elastic: a run stops when one of its processes stops. Continue "
                "from the last checkpoint (jes train --resume CKPT, or jes.train(..., resume=CKPT)) with any number "
                "of processes; for fleets where machines come and go, use the ZeroMQ backend (jes-worker)")
@@ -229,8 +230,12 @@ def launch(command: Sequence[str], num_processes: int, *, devices_per_process: i
                     others = [p for j, p in enumerate(procs) if j in running]
                     with lock:
                         reason = f"was killed by signal {-code}" if code < 0 else f"exited with status {code}"
+                        # Status 2: the command refused its arguments (jes's and argparse's usage errors), which
+                        # resuming would not change: its own message above says what to fix.
+                        advice = ("(a usage error or refusal: see its message above)" if code == USAGE_STATUS
+                                  else NOT_ELASTIC)
                         err.write(f"jes launch: process {first_process_id + index} {reason}; stopping the other "
-                                  f"{len(others)} process(es). {NOT_ELASTIC}\n")
+                                  f"{len(others)} process(es). {advice}\n")
                         err.flush()
                     _stop(others, grace)
                     running.clear()

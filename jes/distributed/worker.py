@@ -205,6 +205,7 @@ class _Link(threading.Thread):
         poller.register(self._pipe_in, zmq.POLLIN)
         poller.register(self._socket, zmq.POLLIN)
         last_sent = last_heard = time.monotonic()
+        ever_connected = False
         while not self._stopping.is_set():
             events = dict(poller.poll(50))
             now = time.monotonic()
@@ -221,7 +222,7 @@ class _Link(threading.Thread):
                         continue
                     last_heard = now  # authenticated and in session: the master is there
                     if message["type"] == "session" and not self.connected:
-                        self.connected = True
+                        self.connected = ever_connected = True
                         log.info("connected to master %s", self.endpoint)
                     if message["type"] != "pong":
                         self.inbox.put(message)
@@ -233,6 +234,10 @@ class _Link(threading.Thread):
             if self.idle and now - last_heard > self.master_timeout:
                 if self.connected:
                     log.warning("master %s silent for %.0fs; reconnecting", self.endpoint, now - last_heard)
+                elif ever_connected:  # not a wrong secret: it answered before
+                    log.warning("master %s has not answered for %.0fs since it last did (its run ended, or it stopped "
+                                "or restarted; Ctrl-C stops this worker); waiting for a master there",
+                                self.endpoint, now - last_heard)
                 else:
                     log.warning("no answer from master %s for %.0fs (not started yet, a wrong secret, or a wrong --curve-server-key?); "
                                 "still trying", self.endpoint, now - last_heard)
