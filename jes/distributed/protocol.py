@@ -298,8 +298,15 @@ def describe_run(trainer: Any, env: Any, optimizer: Any, env_params: Any = None,
     extra.setdefault("strategy", trainer.strategy)  # a frozen dataclass from jes.strategies
     if not isinstance(env, (str, tuple)):
         from jes.envs import resolvable_name  # JAX is loaded anyway: describe_run takes a built trainer
+        from jes.envs.brax import INSTANCE_SUFFIX as BRAX_INSTANCE_SUFFIX
 
-        if resolvable_name(env) is not None:  # brax / masked env objects travel by name (it carries the backend)
+        name = resolvable_name(env)
+        if name is not None:  # brax / masked env objects travel by name (it carries the backend)
+            if BRAX_INSTANCE_SUFFIX in name:
+                raise DescriptionError(f"env {name!r} is a brax env object that no name rebuilds (a changed sys, "
+                                       f"attributes set after construction, or a class of your own), so it cannot "
+                                       f"travel to workers: pass a brax name ('brax/<name>?backend=...&<argument>="
+                                       f"...') or an env that one rebuilds, or run it without workers")
             env = trainer.spec.name
     config = trainer.config
     if config.chunk_size is None:  # the chunk the master runs, whatever a worker's jes would take for its default

@@ -58,16 +58,22 @@ def _resolve(env: Any, env_params: Any = None) -> tuple[Any, Any, str]:
                                  f"{KEEP_OPTION}=0,2") from None
             masked = MaskedObservations(inner, indices, inner_name, params)
             return masked, params, masked.name
+        for suffix, kind, how in (
+                (gymnasium_family.INSTANCE_SUFFIX, "a gymnasium.Env instance", "its registered id (other arguments, "
+                 "params, time limit or wrappers)"),
+                (gymnax_family.INSTANCE_SUFFIX, "a gymnax env object", "its registered id (other arguments, params, "
+                 "time limit or wrappers)"),
+                (brax_family.INSTANCE_SUFFIX, "a brax env object", "its registered name (a changed sys, attributes "
+                 "set after construction, constructor arguments a name cannot hold, or a class of your own)")):
+            # a brax instance's name may go on with ?keep_obs=... (its own options come before the suffix)
+            if env.endswith(suffix) or (suffix == brax_family.INSTANCE_SUFFIX and suffix in env):
+                raise ValueError(f"env {env!r} was {kind} made otherwise than {how}, which no name rebuilds: pass "
+                                 f"that env itself again, from Python (jes.load_policy(path, env=env), "
+                                 f"policy.evaluate(env=env), jes.train(policy, env, ..., resume=path)); the command "
+                                 f"line cannot rebuild it")
         if env.startswith(brax_family.PREFIX):
             adapted = brax_family.make(env)
             return adapted, adapted.default_params if env_params is None else env_params, adapted.name
-        for suffix, kind in ((gymnasium_family.INSTANCE_SUFFIX, "a gymnasium.Env instance"),
-                             (gymnax_family.INSTANCE_SUFFIX, "a gymnax env object")):
-            if env.endswith(suffix):
-                raise ValueError(f"env {env!r} was {kind} made otherwise than its registered id (other arguments, "
-                                 f"params, time limit or wrappers), which no name rebuilds: pass that env itself "
-                                 f"again, from Python (jes.load_policy(path, env=env), policy.evaluate(env=env), "
-                                 f"jes.train(policy, env, ..., resume=path)); the command line cannot rebuild it")
         env_obj, params = gymnax_family.make(env)
         if env_params is not None:
             if "?" in env:
@@ -134,12 +140,15 @@ def make_env(env: Any, env_params: Any = None, max_steps: int | None = None) -> 
 
     The spec's name resolves back to the same env and params: a registered gymnax env's changed params become
     options in it; an env object made otherwise than its id (constructor arguments, or params a name cannot hold)
-    gets a name ending in ``" (a gymnax env instance)"``, which rebuilding refuses.
+    gets a name ending in ``" (a gymnax env instance)"``, which rebuilding refuses. A brax env object is named by its
+    registry name, backend and constructor arguments (``"brax/inverted_pendulum?backend=spring&n_frames=1"``), or,
+    when that name does not rebuild it, ``"... (a brax env instance)"``.
 
     Raises:
         ValueError: unknown env name (the message lists the valid ones), an unsupported action space, or
             observations of another shape than the env's observation space.
-        TypeError: an object that does not follow the env protocol, a gymnax wrapper, or params of another env.
+        TypeError: an object that does not follow the env protocol, a gymnax or brax wrapper, or params of another
+            env.
         ImportError: a brax env without brax installed (the message names the extra).
     """
     if gymnasium_family.is_gymnasium_env(env):
@@ -173,8 +182,9 @@ def resolvable_name(env: Any) -> str | None:
     A name for a raw brax env, a :class:`~jes.envs.brax.BraxEnv` or a :class:`MaskedObservations`
     (whose names carry the backend / the kept indices), else ``None``: run descriptions should
     record such envs by this name (a brax env rebuilt from its class alone would get brax's default
-    backend, i.e. other physics). A brax env object is named by its registry name and backend only:
-    pass ``"brax/<name>?backend=...&<option>=..."`` to carry other constructor options.
+    backend, i.e. other physics). A brax env object is named by its registry name, backend and the
+    constructor arguments it was given (``"brax/inverted_pendulum?backend=spring&n_frames=1"``); one that
+    no name rebuilds gets a name with :data:`jes.envs.brax.INSTANCE_SUFFIX`, which :func:`make_env` refuses.
     """
     if brax_family.is_brax_env(env):
         return brax_family.BraxEnv(env).name

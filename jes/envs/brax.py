@@ -25,17 +25,30 @@ What the adapter does, and why:
   ``env.observation_size``, which runs an un-jitted reset (8-25 s).
 
 Backends: the default is ``spring`` wherever the env supports it (the fastest on CPU in a one-off
-comparison, kept in CHANGELOG.md); ``swimmer`` only has ``generalized``. ``spring`` is brax's cheapest, least accurate physics; for results
+comparison, kept in CHANGELOG.md); ``swimmer`` only has ``generalized`` (a backend an env rejects is answered
+with the ones it takes, found by building it with each). ``spring`` is brax's cheapest, least accurate physics; for results
 comparable with MuJoCo on a GPU ask for ``?backend=mjx`` (or ``generalized``). The backend is
 part of the env's name, so checkpoints and distributed runs carry it.
+
+Names: an env object is named by its registry name, backend and the constructor arguments it was given
+(``brax/inverted_pendulum?backend=spring&n_frames=1``), read back from what brax stores (``_n_frames``,
+``_<argument>``); the name is verified by rebuilding the env from it and comparing its attributes, ``sys``
+included. An object that its name does not rebuild (a changed ``sys``, an attribute set after construction,
+an argument a name cannot hold, a class of one's own) is named ``"<name> (a brax env instance)"``
+(:data:`INSTANCE_SUFFIX`), which rebuilding refuses: its files are evaluated and resumed with the env passed again.
+brax wrappers (``brax.envs.create``'s, ``training.wrap``'s, one's own ``brax.envs.Wrapper``) are refused.
 
 The ``brax`` package is imported only here, and only when a brax env is asked for.
 """
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import enum
+import inspect
 import io
 import sys
+import types
 import warnings
 from typing import Any
 
@@ -51,8 +64,16 @@ DEFAULT_MAX_STEPS = 1000
 # Envs whose default backend is not spring (spring unsupported).
 DEFAULT_BACKENDS = {"swimmer": "generalized"}
 FALLBACK_BACKEND = "spring"
-# Fractions of the per-step maximum that count as solved (Gym's InvertedPendulum: 950 of 1000).
+# brax's physics pipelines (PipelineEnv's backends); which of them an env takes is found by building it.
+BACKENDS = ("spring", "positional", "generalized", "mjx")
+# Fractions of the per-step maximum that count as solved (Gym's InvertedPendulum: 950 of 1000), for the registered
+# env with its default constructor arguments, at brax's own episode limit only.
 SOLVED_FRACTIONS = {"inverted_pendulum": 0.95}
+# An env object that no name rebuilds is named "<name> (a brax env instance)": checkpoints and policy files record
+# that, and rebuilding it by name asks for the env object.
+INSTANCE_SUFFIX = " (a brax env instance)"
+_BRAX_NOTICE = "Brax System, piplines and environments are not actively"
+_MISSING = object()
 
 
 def _import_brax_envs() -> Any:
@@ -111,6 +132,206 @@ def canonical_name(name: str, options: dict[str, Any]) -> str:
     return PREFIX + name + (f"?{query}" if query else "")
 
 
+def _constructor_arguments(cls: type) -> tuple[dict[str, Any], bool]:
+    """``({argument: default}, closed)``: the keyword arguments ``cls(...)`` takes, its own and, where its
+    constructor passes ``**kwargs`` on, those of the base classes it passes them to (``PipelineEnv``: ``backend``,
+    ``n_frames``, ``debug``); ``closed`` is False when some ``**kwargs`` could not be followed. A default is
+    ``inspect.Parameter.empty`` where there is none."""
+    arguments: dict[str, Any] = {}
+    for klass in cls.__mro__:
+        init = vars(klass).get("__init__")
+        if init is None:
+            continue
+        if klass is object:
+            return arguments, True
+        try:
+            parameters = list(inspect.signature(init).parameters.values())[1:]   # without self
+        except (TypeError, ValueError):
+            return arguments, False
+        for parameter in parameters:
+            if parameter.kind not in (parameter.VAR_POSITIONAL, parameter.VAR_KEYWORD) and parameter.name != "sys":
+                arguments.setdefault(parameter.name, parameter.default)
+        if not any(parameter.kind is parameter.VAR_KEYWORD for parameter in parameters):
+            return arguments, True
+    return arguments, False
+
+
+def _kind(default: Any) -> type | None:
+    """The type an option must have for an argument with this default (``None``: not checked)."""
+    for kind in (bool, int, float, str):
+        if isinstance(default, kind) and not isinstance(default, enum.Enum):
+            return kind
+    return None
+
+
+def _checked_options(base: str, options: dict[str, Any], arguments: dict[str, Any], closed: bool) -> dict[str, Any]:
+    """``options`` checked against the constructor of brax env ``base`` (names, and values of the type of the
+    argument's default), ints given for float arguments made floats.
+
+    Raises:
+        ValueError: an argument the constructor does not take, or a value of another type; the message names the
+            option, the env and what it takes.
+    """
+    takes = ", ".join(arguments)
+    checked = {}
+    for key, value in options.items():
+        if key not in arguments:
+            if closed:
+                raise ValueError(f"brax env {base!r} takes no option {key!r}; its constructor takes: {takes} "
+                                 f"(and jes's keep_obs=0,2)")
+            checked[key] = value
+            continue
+        kind = _kind(arguments[key])
+        if kind is float and isinstance(value, int) and not isinstance(value, bool):
+            value = float(value)
+        if kind is not None and (type(value) is not kind):
+            what = {bool: "true or false", int: "an int", float: "a number", str: "a string"}[kind]
+            raise ValueError(f"brax env {base!r}: option {key}={_format_value(value)!r} is not {what}; {key} takes "
+                             f"{what}, e.g. '{PREFIX}{base}?{key}={_format_value(arguments[key])}'")
+        checked[key] = value
+    return checked
+
+
+def _parse_query(name: str, query: str) -> dict[str, Any]:
+    options: dict[str, Any] = {}
+    for item in filter(None, query.split("&")):
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ValueError(f"bad option {item!r} in env name {name!r}; write key=value, e.g. 'brax/hopper?backend=spring'")
+        if key in options:
+            raise ValueError(f"option {key!r} is given twice in env name {name!r}; give it once")
+        options[key] = _parse_value(value)
+    return options
+
+
+def _build(base: str, options: dict[str, Any]) -> Any:
+    """``brax.envs.get_environment(base, **options)``, without brax's notice that it is not maintained."""
+    envs = _import_brax_envs()
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=_BRAX_NOTICE)
+        return envs.get_environment(base, **options)
+
+
+def supported_backends(base: str) -> list[str]:
+    """The backends brax env ``base`` can be built with (each tried: an env rejects others in its constructor)."""
+    supported = []
+    for backend in BACKENDS:
+        try:
+            _build(base, {"backend": backend})
+        except Exception:  # noqa: BLE001 - any refusal means "not this backend"
+            continue
+        supported.append(backend)
+    return supported
+
+
+def _same(a: Any, b: Any, depth: int = 0) -> bool:
+    """Whether two attribute values are equal: numbers by value, arrays by their contents, dataclasses (a brax
+    ``System``), tuples and dicts field by field. A MuJoCo ``MjModel`` (the rendering model a ``System`` keeps;
+    physics reads the ``System``'s own arrays) counts by its type."""
+    if a is b:
+        return True
+    if depth > 16:
+        return False
+    if type(a).__name__ == "MjModel" and type(a).__module__.split(".")[0] == "mujoco":
+        return type(b) is type(a)
+    if isinstance(a, (bool, np.bool_)) or isinstance(b, (bool, np.bool_)):
+        return isinstance(a, (bool, np.bool_)) and isinstance(b, (bool, np.bool_)) and bool(a) == bool(b)
+    if isinstance(a, (int, float, np.number)) and isinstance(b, (int, float, np.number)):
+        return bool(a == b) or bool(np.isnan(a) and np.isnan(b))
+    if isinstance(a, (np.ndarray, jax.Array)) or isinstance(b, (np.ndarray, jax.Array)):
+        try:
+            a, b = np.asarray(a), np.asarray(b)
+            return a.shape == b.shape and a.dtype == b.dtype and bool(
+                np.array_equal(a, b, equal_nan=a.dtype.kind in "fc"))
+        except Exception:  # noqa: BLE001 - key arrays and the like: not shown equal
+            return False
+    if type(a) is not type(b):
+        return False
+    if dataclasses.is_dataclass(a):
+        return all(_same(getattr(a, f.name), getattr(b, f.name), depth + 1) for f in dataclasses.fields(a))
+    if isinstance(a, (tuple, list)):
+        return len(a) == len(b) and all(_same(x, y, depth + 1) for x, y in zip(a, b))
+    if isinstance(a, dict):
+        return a.keys() == b.keys() and all(_same(a[k], b[k], depth + 1) for k in a)
+    if isinstance(a, (str, bytes, types.ModuleType, enum.Enum, type(None))):
+        return a == b
+    try:
+        return bool(a == b)
+    except Exception:  # noqa: BLE001 - values that cannot be compared are not shown equal
+        return False
+
+
+def _same_env(env: Any, other: Any) -> bool:
+    """Whether two brax envs of one class hold the same attributes (``sys`` with all its arrays included)."""
+    mine, theirs = vars(env), vars(other)
+    return mine.keys() == theirs.keys() and all(_same(mine[k], theirs[k]) for k in mine)
+
+
+def _registry_name(env: Any) -> str | None:
+    return next((n for n, cls in _import_brax_envs()._envs.items() if type(env) is cls), None)
+
+
+def name_of(env: Any) -> str:
+    """The name :func:`make` rebuilds ``env`` from, for a raw brax env object.
+
+    A registered class is named by its registry name, its backend and the constructor arguments that differ from
+    those of the env the name alone builds (read back from the ``_<argument>`` attributes brax's envs keep:
+    ``"brax/inverted_pendulum?backend=spring&n_frames=1"``). The name is verified by building the env from it and
+    comparing every attribute; an env it does not rebuild (a changed ``sys``, an attribute set after construction,
+    an argument a name cannot hold, a class of one's own) is named with :data:`INSTANCE_SUFFIX`.
+    """
+    arguments, closed = _constructor_arguments(type(env))
+    backend = vars(env).get("_backend") if "backend" in arguments else None   # brax's toy env "fast" keeps none
+    plain: dict[str, Any] = {} if backend is None else {"backend": backend}
+    options = dict(plain)
+    base = _registry_name(env)
+    if base is None:
+        return canonical_name(type(env).__name__, options) + INSTANCE_SUFFIX
+    rebuilds = False
+    try:
+        fresh = _build(base, options)
+        for key, default in arguments.items():
+            value = vars(env).get("_" + key, _MISSING)
+            if key == "backend" or value is _MISSING or _same(value, vars(fresh).get("_" + key, _MISSING)):
+                continue
+            if _kind(default) is float and isinstance(value, int) and not isinstance(value, bool):
+                value = float(value)
+            options[key] = value
+        if options == plain:
+            rebuilt = fresh
+        else:  # built as make() builds it from the name's text
+            query = canonical_name(base, options).partition("?")[2]
+            rebuilt = _build(base, _checked_options(base, _parse_query(base, query), arguments, closed))
+        rebuilds = _same_env(env, rebuilt)
+    except Exception:  # noqa: BLE001 - a value a name cannot hold, or an env its name does not build: an instance
+        rebuilds = False
+    name = canonical_name(base, options)
+    return name if rebuilds else name + INSTANCE_SUFFIX
+
+
+def refuse_wrapper(env: Any) -> None:
+    """Raise ``TypeError`` for any brax ``Wrapper`` (``brax.envs.create``'s, ``training.wrap``'s, ``EvalWrapper``,
+    one's own subclass of ``brax.envs.Wrapper``), naming the wrappers and what to pass instead."""
+    base = sys.modules.get("brax.envs.base")
+    if base is None or not isinstance(env, base.Wrapper):
+        return
+    chain, inner = [], env
+    while isinstance(inner, base.Wrapper) and len(chain) < 32:
+        chain.append(type(inner).__name__)
+        inner = vars(inner).get("env")   # not getattr: a brax Wrapper passes unknown attributes on to its env
+    wrapped = "(".join(chain) + "(" + type(inner).__name__ + ")" * len(chain)
+    created = {"EpisodeWrapper", "AutoResetWrapper", "VmapWrapper"} & set(chain)
+    raise TypeError(
+        f"pass a raw brax env (brax.envs.get_environment(...)), not a wrapped one ({wrapped})"
+        f"{', e.g. from brax.envs.create() or training.wrap()' if created else ''}: jes limits episodes "
+        f"(max_episode_steps) and masks finished ones itself, and rebuilds an env from its name (checkpoints, jes "
+        f"eval, workers), which no wrapper survives. A wrapper of your own (another reward, observation or action) "
+        f"is not supported: write the change into an env of your own, a subclass of the brax env's class with its "
+        f"own step/reset, and pass it as an object (it runs in this process; evaluate or resume its files with the "
+        f"env passed again) or register it (brax.envs.register_environment('my_env', MyEnv)) and pass "
+        f"'brax/my_env' where it is registered")
+
+
 @struct.dataclass
 class BraxParams:
     """Env params of a brax env as jes sees it: only the episode limit (brax envs carry their own)."""
@@ -123,18 +344,18 @@ class BraxEnv:
 
     Args:
         env: a raw brax env (``brax.envs.get_environment(...)``, not ``brax.envs.create``).
-        name: the canonical name (``brax/<name>?backend=...``); derived from the env's class
-            when ``None``.
+        name: the canonical name (``brax/<name>?backend=...``); when ``None``, :func:`name_of` the env (its
+            registry name, backend and changed constructor arguments, or an instance's name).
+
+    Raises:
+        TypeError: a brax wrapper (:func:`refuse_wrapper`).
     """
 
     def __init__(self, env: Any, name: str | None = None):
-        wrapped = type(env).__name__
-        if wrapped in ("EpisodeWrapper", "AutoResetWrapper", "VmapWrapper", "DomainRandomizationVmapWrapper"):
-            raise TypeError(f"pass a raw brax env (brax.envs.get_environment(...)), not one from brax.envs.create() "
-                            f"(it is wrapped in {wrapped}): jes limits episodes and masks finished ones itself")
+        refuse_wrapper(env)
         self.env = env
         self.backend = getattr(env, "backend", None)
-        self.name = name or self._name_from_class(env)
+        self.name = name or name_of(env)
         state = jax.eval_shape(env.reset, jax.random.key(0))
         self.obs_shape = tuple(int(d) for d in state.obs.shape)
         size = int(env.action_size)
@@ -147,20 +368,24 @@ class BraxEnv:
         self.mapped_otherwise_before = bool(ctrl is not None and ctrl.shape[0] == size and limited.any()
                                      and not np.array_equal(ctrl[limited], np.tile([-1.0, 1.0], (int(limited.sum()), 1))))
 
-    def _name_from_class(self, env: Any) -> str:
-        registry = _import_brax_envs()._envs
-        names = [n for n, cls in registry.items() if type(env) is cls]
-        base = names[0] if names else type(env).__name__
-        return canonical_name(base, {"backend": self.backend} if self.backend else {})
-
     @property
     def default_params(self) -> BraxParams:
         return BraxParams()
 
+    # The episode limit the solved thresholds were set for: brax's own (its EpisodeWrapper's default), whatever
+    # max_episode_steps this run takes (as gymnax's and Gymnasium's thresholds count at their env's own limit).
+    threshold_steps = DEFAULT_MAX_STEPS
+
     def solved_return(self, max_steps: int) -> float | None:
-        base = self.name[len(PREFIX):].split("?")[0]
+        """Gym's threshold for the registered env with its default constructor arguments (any backend), at brax's
+        own episode limit only: with fewer steps it is an easier task, with another ``n_frames`` another one."""
+        if INSTANCE_SUFFIX in self.name or int(max_steps) != self.threshold_steps:
+            return None
+        base, _, query = self.name[len(PREFIX):].partition("?")
+        if any(item.partition("=")[0] != "backend" for item in query.split("&") if item):
+            return None
         fraction = SOLVED_FRACTIONS.get(base)
-        return None if fraction is None else fraction * max_steps
+        return None if fraction is None else fraction * self.threshold_steps
 
     def reset_env(self, key: jax.Array, params: BraxParams) -> tuple[jax.Array, Any]:
         del params
@@ -187,32 +412,55 @@ class BraxEnv:
 
 
 def make(name: str) -> BraxEnv:
-    """A :class:`BraxEnv` for ``"brax/<name>[?backend=...&<constructor kwarg>=...]"``.
+    """A :class:`BraxEnv` for ``"brax/<name>[?backend=...&<constructor argument>=...]"``.
+
+    Options are checked against the env's constructor before it is built; those equal to what the name without
+    them builds are left out of the env's name, so that equal envs get one name.
 
     Raises:
         ImportError: brax is not installed (the message names the extra to install).
-        ValueError: unknown brax env (the message lists the valid ones) or a bad option.
+        ValueError: unknown brax env (the message lists the valid ones), an option its constructor does not take or
+            of another type, a backend it does not support (the message names those it does), or an instance's
+            name (:data:`INSTANCE_SUFFIX`), which no name rebuilds.
     """
     if not name.startswith(PREFIX):
         raise ValueError(f"brax env names start with {PREFIX!r}, got {name!r}")
+    if INSTANCE_SUFFIX in name:
+        raise ValueError(f"env {name!r} was a brax env object that no name rebuilds: pass that env itself again, "
+                         f"from Python")
     base, _, query = name[len(PREFIX):].partition("?")
-    options: dict[str, Any] = {}
-    for item in filter(None, query.split("&")):
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise ValueError(f"bad option {item!r} in env name {name!r}; write key=value, e.g. 'brax/hopper?backend=spring'")
-        options[key] = _parse_value(value)
+    options = _parse_query(name, query)
     envs = _import_brax_envs()
     if base not in envs._envs:
         raise ValueError(f"unknown brax env {base!r}; valid brax env names are: "
                          f"{', '.join(PREFIX + n for n in sorted(envs._envs))}")
-    if base != "fast":   # brax's toy env has no physics backend
+    arguments, closed = _constructor_arguments(envs._envs[base])
+    if "backend" in arguments:   # brax's toy env "fast" has no physics backend
         options.setdefault("backend", default_backend(base))
+    options = _checked_options(base, options, arguments, closed)
     try:
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message="Brax System, piplines and environments are not actively")
-            env = envs.get_environment(base, **options)
-    except (TypeError, ValueError) as err:
-        raise ValueError(f"brax env {base!r} rejected options {options}: {err} "
-                         f"(backends: spring, positional, generalized, mjx)") from err
+        env = _build(base, options)
+    except Exception as err:  # noqa: BLE001 - brax's envs refuse arguments with errors of many kinds
+        backend = options.get("backend")
+        if backend is not None:
+            supported = supported_backends(base)
+            if supported and backend not in supported:
+                raise ValueError(f"brax env {base!r} does not support backend {backend!r} ({err}); it supports "
+                                 f"{', '.join(supported)}: write 'brax/{base}?backend={supported[0]}'") from err
+        raise ValueError(f"brax env {base!r} rejected options {options}: {type(err).__name__}: {err}") from err
+    # The same env gets the same name however it was spelt: options that built what the name without them builds
+    # (a default value; a backend the env does not keep, as brax's toy env "fast") are left out of it.
+    plain = {"backend": options["backend"]} if "backend" in options and "_backend" in vars(env) else {}
+    if options != plain:
+        default = _build(base, plain)
+
+        def needed(key: str, value: Any) -> bool:
+            stored = vars(env).get("_" + key, _MISSING)
+            if key in plain or stored is _MISSING:   # an argument not kept in an attribute: its effect is unknown
+                return key in plain or key != "backend"
+            return not _same(value, vars(default).get("_" + key, _MISSING))
+
+        reduced = {k: v for k, v in options.items() if needed(k, v)}
+        if reduced != options and _same_env(env, default if reduced == plain else _build(base, reduced)):
+            options = reduced
     return BraxEnv(env, canonical_name(base, options))
