@@ -29,6 +29,18 @@ def _torch_uniform(bound: float):
     return init
 
 
+def matvec(self: nn.Module, name: str, weight: jax.Array, x: jax.Array) -> jax.Array:
+    """``weight @ x`` for the matrix parameter ``name`` (``weight`` that parameter itself, ``[m, n]``; ``x`` ``[n]``).
+
+    A layer of your own that applies a matrix parameter as a matrix-vector product makes this function its method,
+    ``matvec = jes.policies.matvec``, and calls ``self.matvec("w", w, x)``: low-rank perturbations
+    (:mod:`jes.perturbations`) then add each member's correction there without materialising its matrix. Only this
+    function is factored so: a method of your own named ``matvec`` is not (jes could not know what it computes).
+    """
+    del self, name
+    return weight @ x
+
+
 class TorchGRUCell(nn.Module):
     """GRU cell with PyTorch's parameter layout (``weight_ih``, ``weight_hh``, ``bias_ih``, ``bias_hh``).
 
@@ -55,11 +67,7 @@ class TorchGRUCell(nn.Module):
         new = jnp.tanh(i_n + reset * h_n)
         return (1.0 - update) * new + update * h
 
-    def matvec(self, name: str, weight: jax.Array, x: jax.Array) -> jax.Array:
-        """``weight @ x`` for the parameter ``name``: a method of its own so that low-rank perturbations
-        (:mod:`jes.perturbations`) add each member's correction without materialising its matrix."""
-        del name
-        return weight @ x
+    matvec = matvec  # low-rank perturbations add each member's correction here (see matvec)
 
 
 class TorchLinear(nn.Module):
@@ -74,7 +82,7 @@ class TorchLinear(nn.Module):
         bias = self.param("bias", init, (self.features,))
         return self.matvec("weight", weight, x) + bias
 
-    matvec = TorchGRUCell.matvec
+    matvec = matvec
 
 
 class GRUPolicy(nn.Module):

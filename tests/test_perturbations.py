@@ -114,8 +114,7 @@ class TransformedMatrices(nn.Module):
 
     num_outputs: int = 2
 
-    def matvec(self, name, weight, x):
-        return jnp.reshape(weight @ x, (-1,))
+    matvec = jes.policies.matvec
 
     @nn.compact
     def __call__(self, obs):
@@ -128,7 +127,7 @@ class TransformedMatrices(nn.Module):
         w = self.param("transposed", nn.initializers.lecun_normal(), (4, 3))
         stacked = self.param("stacked", nn.initializers.lecun_normal(), (2, 2, 4))
         h = jnp.concatenate([masked, lifted, torch, doubled, conv, self.matvec("transposed", w.T, obs),
-                             self.matvec("stacked", stacked, obs)])
+                             self.matvec("stacked", stacked, obs).reshape(-1)])
         return nn.Dense(self.num_outputs)(jnp.tanh(h))
 
 
@@ -172,6 +171,57 @@ class DenseSubclasses(nn.Module):
         return nn.Dense(self.num_outputs)(jnp.tanh(TransposedDense(6)(h)))
 
 
+class OwnMatvecs(nn.Module):
+    """Methods of the user's own named ``matvec``: one computing something else (``sigmoid(w @ x)``), one with
+    another signature; and jes's ``matvec`` called with keywords. Only the last is factored: the others' matrices
+    fall back (they were taken for jes's ``matvec(name, weight, x)``: a wrong forward, or a crash inside jes)."""
+
+    num_outputs: int = 2
+
+    class Gated(nn.Module):
+        def matvec(self, name, w, x):
+            return jax.nn.sigmoid(w @ x)
+
+        @nn.compact
+        def __call__(self, x):
+            return self.matvec("w", self.param("w", nn.initializers.lecun_normal(), (4, x.shape[-1])), x)
+
+    class TwoArguments(nn.Module):
+        def matvec(self, w, x):
+            return w @ x
+
+        @nn.compact
+        def __call__(self, x):
+            return self.matvec(self.param("w", nn.initializers.lecun_normal(), (4, x.shape[-1])), x)
+
+    class Keywords(nn.Module):
+        matvec = jes.policies.matvec
+
+        @nn.compact
+        def __call__(self, x):
+            w = self.param("w", nn.initializers.lecun_normal(), (4, x.shape[-1]))
+            return self.matvec(name="w", weight=w, x=x) + self.matvec("w", w, x=x)
+
+    @nn.compact
+    def __call__(self, obs):
+        h = jnp.concatenate([self.Gated()(obs), self.TwoArguments()(obs), self.Keywords()(obs)])
+        return nn.Dense(self.num_outputs)(jnp.tanh(h))
+
+
+class AppliedOnItsOwn(nn.Module):
+    """A Dense applied with ``.apply`` inside the policy, on a masked copy of the policy's own ``kernel``: its scope
+    path is ``()``, so its kernel was taken for the policy's top-level ``params/kernel`` and corrected as the raw
+    matrix (a wrong forward, no warning)."""
+
+    num_outputs: int = 2
+
+    @nn.compact
+    def __call__(self, obs):
+        kernel = self.param("kernel", nn.initializers.lecun_normal(), (obs.shape[-1], 4))
+        h = nn.Dense(4, use_bias=False).apply({"params": {"kernel": kernel * jnp.tril(jnp.ones_like(kernel))}}, obs)
+        return nn.Dense(self.num_outputs)(jnp.tanh(h))
+
+
 class KeptConv(nn.Conv):
     """A subclass of a layer jes factors that keeps its ``__call__``: factored as the layer is."""
 
@@ -193,6 +243,8 @@ POLICIES = {
     "a Conv subclass keeping __call__": (KeptConv(2, (3, 3), padding="SAME"), (5, 5, 2)),
     "a 1-D Conv with an int kernel size and input dilation": (nn.Conv(2, 3, input_dilation=2, padding=1), (5, 2)),
     "functions of the matrix: mapped, own product, transposed, stacked (fallback)": (TransformedMatrices(), (4,)),
+    "methods of one's own named matvec (fallback), jes's with keywords": (OwnMatvecs(), (3,)),
+    "a Dense applied on its own inside the policy (fallback)": (AppliedOnItsOwn(), (3,)),
 }
 
 
@@ -341,6 +393,21 @@ def test_a_layer_applying_a_function_of_its_matrix_falls_back_naming_why():
                 r"stacked \[2, 2, 4\] of layer TransformedMatrices: matvec applied it as a 3-d weight to a 1-d input"):
         assert re.search(why, message), why
     assert [leaf.path[1:] for leaf in layout.factored] == [("Dense_1", "kernel")]  # the head only
+
+
+def test_only_jes_matvec_and_the_policys_own_scopes_are_factored():
+    fns = PolicyFns(OwnMatvecs(), (3,))
+    with pytest.warns(perturbations.LowRankFallbackWarning) as caught:
+        layout = jes.LowRank(1).layout(fns, fns.init(jax.random.key(0)))
+    factored = {"/".join(leaf.path[1:]) for leaf in layout.factored}
+    assert factored == {"Keywords_0/w", "Dense_0/kernel"}, factored
+    message = str(caught[0].message)
+    assert "Gated_0/w [4, 3]" in message and "TwoArguments_0/w [4, 3]" in message
+    assert "`matvec = jes.policies.matvec`" in message
+    fns = PolicyFns(AppliedOnItsOwn(), (3,))
+    with pytest.warns(perturbations.LowRankFallbackWarning, match=r"params/kernel \[3, 4\] of layer AppliedOnItsOwn"):
+        layout = jes.LowRank(1).layout(fns, fns.init(jax.random.key(0)))
+    assert [leaf.path[1:] for leaf in layout.factored] == [("Dense_1", "kernel")]  # the head (the inner Dense is Dense_0)
 
 
 class SpectralNormed(nn.Module):

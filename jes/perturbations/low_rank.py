@@ -22,9 +22,10 @@ member's correction ``sigma / sqrt(r) (x A_i) B_i^T``. Factored layers:
   summed over the padded input's shifted windows (or the windows concatenated, for many rows; with input
   dilation, the layer's own conv with a constant identity kernel);
 * ``flax.linen.Embed``: the table ``(num, features)``, the correction ``A_i[ids] B_i^T``;
-* any module method named ``matvec(self, name, weight, x) -> weight @ x``, given the parameter ``name`` itself (a
-  matrix ``[m, n]``) and a vector ``x [n]`` (jes's PyTorch-layout ``TorchLinear`` and ``TorchGRUCell``; your own
-  layers can do the same).
+* :func:`jes.policies.matvec` as a layer's ``matvec`` method (``weight @ x``), given the parameter ``name`` itself
+  (a matrix ``[m, n]``) and a vector ``x [n]`` (jes's PyTorch-layout ``TorchLinear`` and ``TorchGRUCell``; your own
+  layers: ``matvec = jes.policies.matvec``). A method of one's own merely named ``matvec`` is not factored.
+  Only the policy's own scopes count: a layer applied with ``.apply`` inside the policy is not the policy's layer.
 
 A layer that may apply a function of its matrix rather than the matrix falls back to dense noise, with the
 warning below saying why: a subclass that overrides ``__call__``, variables mapped by ``nn.map_variables`` (as in
@@ -42,6 +43,7 @@ the chunk's stacked factors, summed over chunks in chunk order like every other 
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import itertools
 import math
 import numbers
@@ -55,6 +57,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jes import policies
 from jes.strategies import noise
 
 # A stream of its own: low-rank draws never reuse full-rank noise, episode or centre keys.
@@ -155,7 +158,7 @@ class Layout:
 # ------------------------------------------------------------------ layers it can factor
 NOT_FACTORABLE = "not applied by a layer jes can factor"
 FACTORABLE = ("Layers jes can factor: Dense; DenseGeneral over the last input axis with one output axis; Conv without "
-              "feature groups or a mask; Embed; GRUCell, LSTMCell and SimpleCell; a `matvec(name, weight, x)` method; "
+              "feature groups or a mask; Embed; GRUCell, LSTMCell and SimpleCell; `matvec = jes.policies.matvec` as a layer's method; "
               "subclasses of these only if they keep their __call__ (see jes.perturbations.low_rank).")
 
 
@@ -218,10 +221,26 @@ def why_matvec_not_factored(module: nn.Module, name: str, weight: Any, x: Any) -
     return None
 
 
+def is_jes_matvec(module: nn.Module) -> bool:
+    """Whether ``module``'s ``matvec`` method is :func:`jes.policies.matvec` (``matvec = jes.policies.matvec``), the
+    one ``matvec`` jes factors: a method of the user's own by that name may compute anything (``sigmoid(w @ x)``)
+    or take other arguments."""
+    return inspect.unwrap(getattr(type(module), "matvec", None) or (lambda: None)) is policies.matvec
+
+
+def matvec_arguments(args: tuple, kwargs: dict) -> tuple[str, Any, Any]:
+    """``(name, weight, x)`` of a call of :func:`jes.policies.matvec`, however its arguments were given."""
+    bound = _MATVEC_SIGNATURE.bind(None, *args, **kwargs)
+    return bound.arguments["name"], bound.arguments["weight"], bound.arguments["x"]
+
+
+_MATVEC_SIGNATURE = inspect.signature(policies.matvec)
+
+
 def factored_params(module: nn.Module, method: str) -> tuple[str, ...]:
     """Names of ``module``'s matrix parameters a call of ``method`` applies in a way this module can factor."""
     if method == "matvec":
-        return ("*",)  # the name is the call's first argument
+        return ("*",) if is_jes_matvec(module) else ()  # "*": the name is one of the call's arguments
     layer = _layer_of(module) if method == "__call__" else None
     return (layer[1],) if layer is not None and why_not_factored(module) is None else ()
 
@@ -335,7 +354,7 @@ def _corrected(module: nn.Module, method: str, next_fun: Callable, args: tuple, 
                factors: Callable[[str], Any], inner: list) -> Any:
     out = next_fun(*args, **kwargs)
     if method == "matvec":  # weight [m, n] @ x [n]: A (B^T x)
-        name, _, x = args
+        name, _, x = matvec_arguments(args, kwargs)
         ab = factors(name)
         return out if ab is None else _in_dtype_of(out, out + low_rank_product(x, ab[1], ab[0]))
     ab = factors(factored_params(module, method)[0])
@@ -376,12 +395,31 @@ def _correction(module: nn.Module, x: jax.Array, out: jax.Array, a_t: jax.Array,
     return out + low_rank_product(x, a_t, b_t)
 
 
+def _apply_root(module: nn.Module) -> Any:
+    """The root scope of the ``.apply`` a bound module runs in; ``None`` for an unbound module and for a lifted
+    transform's scope (nn.scan, nn.vmap, nn.remat, nn.jit: parentless, but at the module's path in the policy)."""
+    scope = getattr(module, "scope", None)
+    if scope is None:
+        return None
+    root = scope.root
+    return root if not root.path and not getattr(root, "debug_path", ()) else None
+
+
 def _interceptor(factors: dict, record: dict | None = None) -> Callable:
     inner: list = []  # non-empty while a correction runs a module of its own
+
+    roots: list = []  # the policy's apply's root scope, the first one seen
 
     def intercept(next_fun, args, kwargs, context):
         module, method = context.module, context.method_name
         if inner:
+            return next_fun(*args, **kwargs)
+        root = _apply_root(module)
+        if root is not None and not roots:
+            roots.append(root)
+        elif root is not None and root is not roots[0]:
+            # A module applied on its own inside the policy (nn.Dense(4).apply({"params": {"kernel": w * mask}}, x)):
+            # its variables are whatever that apply was given, not the policy's leaves at the same path
             return next_fun(*args, **kwargs)
         names = factored_params(module, method)
         if record is not None and module.scope is not None and method == "__call__" and _layer_of(module) \
@@ -401,19 +439,20 @@ def _interceptor(factors: dict, record: dict | None = None) -> Callable:
         prefix = ("params",) + tuple(module.scope.path)
         if record is not None:
             record.setdefault("modules", {}).setdefault(prefix, type(module).__name__)
+            call = matvec_arguments(args, kwargs) if names == ("*",) else None  # (name, weight, x)
             handled = record.setdefault("handled", set())
-            handled.update(prefix + (args[0] if n == "*" else n,) for n in names)
+            handled.update(prefix + (call[0] if n == "*" else n,) for n in names)
             out = next_fun(*args, **kwargs)
             # The matrix as this call applies it: a lifted transform (nn.scan, nn.vmap) hands the layer a slice
             # of a stacked leaf, which the member's factors (drawn for the whole leaf) would not fit.
             applied = record.setdefault("applied_shapes", {})
             for n in names:
-                weight = args[1] if n == "*" else module.scope.get_variable("params", n)
-                applied[prefix + (args[0] if n == "*" else n,)] = tuple(getattr(weight, "shape", ()))
-            if names == ("*",):  # matvec(name, weight, x): the parameter itself, a matrix, times a vector
-                why = why_matvec_not_factored(module, *args)
+                weight = call[1] if n == "*" else module.scope.get_variable("params", n)
+                applied[prefix + (call[0] if n == "*" else n,)] = tuple(getattr(weight, "shape", ()))
+            if call is not None:  # matvec(name, weight, x): the parameter itself, a matrix, times a vector
+                why = why_matvec_not_factored(module, *call)
                 if why is not None:
-                    record.setdefault("reasons", {})[prefix + (args[0],)] = why
+                    record.setdefault("reasons", {})[prefix + (call[0],)] = why
             return out
         return _corrected(module, method, next_fun, args, kwargs, lambda name: factors.get(prefix + (name,)), inner)
 
