@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import itertools
 import math
 import time
 from typing import Any, Callable, Sequence
@@ -390,11 +391,14 @@ class OptimizeResult:
         history: per generation: ``generation``, ``mean_value`` (f at the mean after the update),
             ``best_value`` (best member of the generation), ``pop_mean``, ``noise_std``,
             ``evaluations`` (cumulative).
-        num_evaluations: function evaluations, the population's and the mean's.
+        num_evaluations: function evaluations, the population's and the mean's (in a :class:`NonFiniteValueError`'s
+            result, those of the failing generation too).
         strategy: the strategy's name. state: final state (continue with ``AskTell`` or the problem).
         stop_reason: ``"num_generations"``, ``"max_evaluations"``, ``"target"``, the
             :class:`StopCriteria` criterion that ended the (last) run, or ``"non_finite"`` (the result a
-            :class:`NonFiniteValueError` holds).
+            :class:`NonFiniteValueError` holds). With ``restarts``: ``"max_evaluations"`` also when the next
+            run would not fit the budget (not one generation of it), ``"max_restarts"`` when the restarts are
+            used up; each run's own reason is in ``runs``.
         runs: with ``restarts``, one dict per run: ``population``, ``noise_std`` (initial sigma),
             ``generations``, ``evaluations``, ``value`` (f at its final mean), ``best_value``, ``stop_reason``;
             ``x`` / ``value`` / ``state`` are then those of the run whose final mean was best, ``history``
@@ -428,9 +432,16 @@ def _check_run_arguments(target: Any, callbacks: Any, stop: Any) -> None:
                                or not np.issubdtype(np.asarray(target).dtype, np.number)
                                or np.iscomplexobj(target)):  # a Python, NumPy or JAX real scalar
         raise TypeError(f"target must be a number (the value to reach) or None, got {target!r}")
+    _check_target(target)
     check_callbacks(callbacks)
     if stop is not None and not isinstance(stop, StopCriteria):
         raise TypeError(f"stop must be a jes.StopCriteria (e.g. jes.StopCriteria(tolx=1e-8)) or None, got {stop!r}")
+
+
+def _check_target(target: Any) -> None:
+    if target is not None and math.isnan(float(target)):  # every comparison with NaN is False: never reached
+        raise ValueError("target is NaN, which no value reaches (every comparison with NaN is false); give the "
+                         "value to reach, or target=None for no target")
 
 
 def _check_perturbation(perturbation: Any) -> None:
@@ -482,24 +493,30 @@ def optimize(
         minimize: minimise instead of maximise (the default). Reported values are ``fitness_fn``'s own.
         num_members: population (``None``: the strategy's default for this dimension, e.g.
             ``4 + 3 ln d`` for snes/sep_cma_es, 64 for openai_es/ars).
-        num_generations: generations to run (``None``: 100; with ``restarts``, per run, unlimited: each
+        num_generations: generations to run (``None``: 100, or unlimited when ``max_evaluations`` is given, which
+            then ends the run as pycma's ``maxfevals`` does; with ``restarts``, per run, unlimited: each
             run ends by ``stop``, ``target`` or ``max_evaluations``).
         key: int seed or ``jax.random`` key.
         noise_std: initial sigma (openai_es/ars: fixed sigma; openai_es also takes a schedule).
         optimizer, learning_rate: the mean's optimizer for openai_es/pgpe (``None``: the strategy's default).
         fitness_shaping: for openai_es/pgpe.
         chunk_size: members per compiled chunk (part of the run's identity).
-        target: stop once f(mean) reaches this value (below it when minimising, above when maximising).
+        target: stop once f(mean) reaches this value (below it when minimising, above when maximising); NaN
+            is refused (no value reaches it).
         devices: local devices to shard the population over.
         callbacks: called with each generation's record (with ``restarts``: ``evaluations`` cumulative over
             the runs, and ``run``, the run's index).
         restarts: ``"ipop"`` (Auger & Hansen 2005: after each stop, restart from ``x0`` with twice the
             population) or ``"bipop"`` (Hansen 2009, pycma's variant: IPOP runs interleaved with runs of
-            population ``n * (n_ipop / n)^(u^2)`` and sigma ``noise_std * 10^(-2 u')``, ``u, u'`` uniform from
-            the run's key, whenever those have used fewer evaluations than the IPOP runs); for ``cma_es`` and ``sep_cma_es``. Run ``k``'s key is the run
-            key for ``k = 0``, else ``fold_in(fold_in(key, RESTART_STREAM), k)``.
-        max_restarts: restarts after the first run.
-        max_evaluations: evaluations budget (population and mean), over all runs.
+            population ``n * (n_ipop / n)^(u^2)``, sigma ``noise_std * 10^(-2 u')`` and at most
+            ``ceil(0.5 * E_large / (population + 1))`` generations, ``u, u'`` uniform from the run's key, whenever
+            those and run 0 have used fewer evaluations than the IPOP runs, ``E_large``; so run 1 is an IPOP run);
+            for ``cma_es`` and ``sep_cma_es``. Run ``k``'s key is the run key for ``k = 0``, else
+            ``fold_in(fold_in(key, RESTART_STREAM), k)``.
+        max_restarts: restarts after the first run (``"bipop"``: IPOP restarts; its small-population runs do not
+            count, as in pycma).
+        max_evaluations: evaluations budget (population and mean), over all runs; without ``num_generations``
+            it alone ends a run that nothing else stops (pycma's ``maxfevals``), not the default 100 generations.
         stop: :class:`StopCriteria` ending a run (``None``: the defaults with ``restarts``, none without).
         generations_per_call: at most this many generations run inside one compiled call (a ``while_loop``
             over the generation step, with the target and non-finite checks inside); the host reads the
@@ -512,9 +529,10 @@ def optimize(
             end reruns that block's start for exactly the generations kept. Same bits as ``1`` (one compiled
             call per generation, dispatched ahead) and as :class:`AskTell`, whatever the block lengths.
         host: ``fitness_fn`` is plain host code (Python, NumPy, a simulator or a C library; not traced): it is
-            called with one NumPy point shaped like ``x0`` (float64 where ``x0`` is, in x64 mode) at a time, for
+            called with one NumPy point shaped like ``x0`` (float64 where ``x0`` is, in x64 mode; a writable copy
+            that it may repair in place, the member being the point before) at a time, for
             each member in member order and then once at the updated mean, exactly ``num_members + 1`` calls a
-            generation, never a call past a stop or ``max_evaluations``. Sampling and the update run as two
+            generation, never a call past a stop, ``max_evaluations`` or a non-finite value. Sampling and the update run as two
             compiled programs per generation, shared by every run, restart and problem with the same strategy,
             settings, dimension and dtype (compiled once per process). Everything else (``restarts``,
             ``stop``, ``target``, ``max_evaluations``, ``callbacks``) works as for a JAX function; the
@@ -561,6 +579,11 @@ def optimize(
                                devices=devices)
 
     if restarts is None:
+        if num_generations is None and max_evaluations is not None:  # the budget decides (pycma's maxfevals)
+            budget_generations = max_evaluations // (num_members + 1)
+            return run_optimization(build(num_members, noise_std, budget_generations), key, 10 ** 9, target=target,
+                                    callbacks=callbacks, stop=stop, max_evaluations=max_evaluations,
+                                    generations_per_call=generations_per_call)
         num_generations = 100 if num_generations is None else num_generations
         return run_optimization(build(num_members, noise_std, num_generations), key, num_generations, target=target,
                                 callbacks=callbacks, stop=stop, max_evaluations=max_evaluations,
@@ -590,25 +613,39 @@ def restart_key(key: Any, index: int) -> jax.Array:
 
 def _optimize_with_restarts(build, key, restarts, num_members, noise_std, num_generations, max_restarts,
                             max_evaluations, stop, target, callbacks, generations_per_call=None) -> OptimizeResult:
-    """IPOP / BIPOP: runs of :func:`run_optimization` until the target, the budget or ``max_restarts``."""
+    """IPOP / BIPOP: runs of :func:`run_optimization` until the target, the budget or ``max_restarts``.
+
+    BIPOP keeps pycma's regime bookkeeping (``cma.fmin``'s ``bipop``): run 0 has the default population and its
+    evaluations count for the small regime; every later run is a small one while the small regime has used fewer
+    evaluations than the large one (``max(1, large)``), else a large one with twice the last large population.
+    A small run has population ``n * (n_large / n)^(u^2)`` (``n_large``: the last large run's), sigma
+    ``noise_std * 10^(-2 u')`` and at most ``ceil(0.5 * large evaluations / (population + 1))`` generations (pycma:
+    ``maxiter = 0.5 * sum(large evaluations) / popsize``; a jes generation is ``population + 1`` evaluations),
+    ``u, u'`` uniform from the run's key; small runs do not count against ``max_restarts``.
+    """
     t_start = time.perf_counter()
     generations = 10 ** 9 if num_generations is None else num_generations
     used, large_population, budgets = 0, num_members, {"large": 0, "small": 0}
-    results, runs = [], []
-    for index in range(max_restarts + 1):
+    results, runs, small_runs, ended_by = [], [], 0, None
+    for index in itertools.count():
         run_key = restart_key(key, index)
-        regime = "large"
-        if restarts == "bipop" and index > 0 and budgets["small"] < budgets["large"]:
+        run_generations = generations
+        # run 0: the default population, on the small regime's budget (pycma)
+        regime = "small" if restarts == "bipop" and index == 0 else "large"
+        if restarts == "bipop" and index > 0 and budgets["small"] < max(1, budgets["large"]):
             regime = "small"
+            small_runs += 1
             u = np.asarray(jax.random.uniform(jax.random.fold_in(run_key, 1), (2,)), np.float64)
             members = max(4, int(num_members * (large_population / num_members) ** (u[0] ** 2)))  # as pycma
             sigma = noise_std * 10 ** (-2 * u[1])
+            run_generations = min(generations, max(1, math.ceil(0.5 * budgets["large"] / (members + 1))))
         else:
             if index > 0:
                 large_population *= 2
             members, sigma = large_population, noise_std
         remaining = None if max_evaluations is None else max_evaluations - used
-        if remaining is not None and remaining < members + 1:
+        if remaining is not None and remaining < members + 1:  # not one generation of this run fits
+            ended_by = "max_evaluations"
             break
         offset, run = used, index
 
@@ -619,7 +656,7 @@ def _optimize_with_restarts(build, key, restarts, num_members, noise_std, num_ge
 
         problem = build(members, sigma, 1)
         try:
-            result = run_optimization(problem, run_key, generations, target=target,
+            result = run_optimization(problem, run_key, run_generations, target=target,
                                       callbacks=(shifted,) if callbacks else (), stop=stop, max_evaluations=remaining,
                                       generations_per_call=generations_per_call)
         except NonFiniteValueError as err:  # every run so far, this one up to its last good generation
@@ -635,7 +672,11 @@ def _optimize_with_restarts(build, key, restarts, num_members, noise_std, num_ge
         runs.append(_run_record(members, sigma, result))
         if result.stop_reason in ("target", "max_evaluations"):
             break
-    return _combined(results, runs, used, t_start)
+        if index + 1 - small_runs > max_restarts:  # run 0 and the large runs (pycma: irun - runs_with_small)
+            ended_by = "max_restarts"
+            break
+    combined = _combined(results, runs, used, t_start)
+    return combined if ended_by is None else dataclasses.replace(combined, stop_reason=ended_by)
 
 
 def _run_record(members: int, sigma: float, result: OptimizeResult) -> dict:
@@ -677,12 +718,27 @@ def run_optimization(problem: FunctionProblem, key: Any = 0, num_generations: in
     if generations_per_call is not None and (isinstance(generations_per_call, bool)
                                              or not isinstance(generations_per_call, int) or generations_per_call < 1):
         raise ValueError(f"generations_per_call must be an int >= 1 (or None: the default), got {generations_per_call!r}")
+    _check_target(target)
     num_generations = problem.config.num_generations if num_generations is None else num_generations
     stop_reason = "num_generations"
     if max_evaluations is not None and max_evaluations // (problem.config.num_members + 1) < num_generations:
         num_generations, stop_reason = max(0, max_evaluations // (problem.config.num_members + 1)), "max_evaluations"
     if isinstance(problem, HostFunctionProblem):
         return _run_on_host(problem, key, num_generations, stop_reason, target, callbacks, stop)
+
+    def check_mean(generation: int, centre: float) -> None:
+        """Raise :class:`NonFiniteValueError` when f at generation ``generation``'s updated mean is not finite
+        (it could never meet a target), its result the run of the generations before, rerun (the same programs,
+        so the same bits: the block program keeps no state but its last)."""
+        if math.isfinite(centre):
+            return
+
+        def partial():
+            rerun = run_optimization(problem, key, generation - 1, generations_per_call=generations_per_call)
+            return dataclasses.replace(rerun, stop_reason="non_finite", wall_time=time.perf_counter() - t_start,
+                                       num_evaluations=generation * (problem.config.num_members + 1))
+        _check_finite(dict(bad_member=-1, bad_update=False, bad_mean=True), generation - 1, partial)
+
     rows = []  # per generation, for the stop criteria
     minimize, num_members = problem.minimize, problem.config.num_members
     state = problem.init_state(key)
@@ -694,7 +750,7 @@ def run_optimization(problem: FunctionProblem, key: Any = 0, num_generations: in
     if generations_per_call > 1:
         state, best_value, best_state, best_member, evaluations, stop_reason, compile_time = _run_in_blocks(
             problem, state, num_generations, stop_reason, target, callbacks, stop, generations_per_call, history,
-            t_start)
+            t_start, check_mean)
         return _result(problem, state, history, best_value, best_state, best_member, evaluations, stop_reason,
                        t_start, compile_time)
     compiled, compile_time = problem.compiled_step(state)
@@ -711,6 +767,7 @@ def run_optimization(problem: FunctionProblem, key: Any = 0, num_generations: in
     def finish(record, after, centre) -> bool:
         nonlocal stop_reason
         nonlocal best_value, best_of
+        check_mean(record["generation"], centre)
         if centre > best_value:
             best_value, best_of = centre, (after, None)
         record["mean_value"] = sign * centre
@@ -753,7 +810,7 @@ def run_optimization(problem: FunctionProblem, key: Any = 0, num_generations: in
                 break
             _check_finite(m, gen, lambda: _result(
                 problem, before, history, best_value, best_of[0], -1 if best_of[1] is None else best_of[1],
-                evaluations, "non_finite", t_start, compile_time))
+                evaluations + num_members, "non_finite", t_start, compile_time))  # its members were evaluated
             evaluations += num_members + 1
             if m["pop_max"] > best_value:
                 best_value, best_of = m["pop_max"], (before, int(m["best_member"]))
@@ -810,7 +867,7 @@ def _block_size(call_seconds: float) -> int:
 
 
 def _run_in_blocks(problem, state, num_generations, stop_reason, target, callbacks, stop, capacity, history,
-                   t_start):
+                   t_start, check_mean):
     """:func:`run_optimization`'s loop over :meth:`FunctionProblem.generation_block` calls: the same calls of the
     same generation step as one call per generation, their rows read back once per block.
 
@@ -833,6 +890,7 @@ def _run_in_blocks(problem, state, num_generations, stop_reason, target, callbac
     size = min(capacity, 8 if problem._block_call_seconds is None else _block_size(problem._block_call_seconds))
 
     def finish(record, centre) -> bool:
+        check_mean(record["generation"], centre)
         record["mean_value"] = sign * centre
         for k in history:
             history[k].append(record[k])
@@ -865,8 +923,8 @@ def _run_in_blocks(problem, state, num_generations, stop_reason, target, callbac
                 break
             if bad_member[i] >= 0 or bad_update[i]:  # the block stopped here, its state the one before
                 _check_finite({k: v[i] for k, v in col.items()}, gen, lambda: _result(
-                    problem, after, history, float(new_best[0]), new_best[1], int(new_best[2]), evaluations,
-                    "non_finite", t_start, compile_time))
+                    problem, after, history, float(new_best[0]), new_best[1], int(new_best[2]),
+                    evaluations + num_members, "non_finite", t_start, compile_time))  # its members were evaluated
             evaluations += num_members + 1
             gen += 1
             pending = dict(generation=gen, best_value=sign * pop_max[i], pop_mean=sign * pop_mean[i],
@@ -967,8 +1025,9 @@ class HostFunctionProblem(FunctionProblem):
         return _host_init(self.programs, as_key(key), self.x0)
 
     def point(self, flat: np.ndarray) -> Any:
-        """A flat NumPy vector as ``x0``'s structure, NumPy leaves (no device round trip)."""
-        parts = np.split(np.asarray(flat), self._ends)
+        """A flat NumPy vector as ``x0``'s structure, NumPy leaves (no device round trip): a writable copy, so a
+        function that repairs its point in place (as pycma's points allow) changes neither the member nor the mean."""
+        parts = np.split(np.array(flat, copy=True), self._ends)
         return jax.tree.unflatten(self._treedef, [part.reshape(shape) for part, shape in zip(parts, self._shapes)])
 
     def call(self, flat: np.ndarray) -> float:
@@ -1015,32 +1074,38 @@ def _run_on_host(problem: HostFunctionProblem, key: Any, num_generations: int, s
     rows, evaluations, gen = [], 0, 0
     best_value, best_flat = -np.inf, problem._host_x0
     value = float("nan")  # f at the final mean: NaN when no generation ran (nothing was evaluated)
-    def result(state, stop_reason):
+    def result(state, stop_reason, calls=0):  # calls: of a generation that failed (counted, not in the history)
         return OptimizeResult(
             direction="minimize" if problem.minimize else "maximize", x=problem.params_tree(state.params),
             value=value, best_x=problem.params_tree(jnp.asarray(best_flat)), best_value=sign * best_value,
-            history={k: np.asarray(v) for k, v in history.items()}, num_evaluations=evaluations,
+            history={k: np.asarray(v) for k, v in history.items()}, num_evaluations=evaluations + calls,
             strategy=problem.strategy.name, wall_time=time.perf_counter() - t_start, compile_time=compile_time,
             state=state, problem=problem, stop_reason=stop_reason)
 
     while gen < num_generations:
         members = np.asarray(timed(_host_ask, state))
-        values = np.array([problem.call(x) for x in members], np.float64)
-        bad = np.flatnonzero(~np.isfinite(values))
+        values = np.empty(num_members, np.float64)
         before = state
-        if bad.size:
-            _check_finite(dict(bad_member=int(bad[0]), bad_update=False), gen, lambda: result(before, "non_finite"))
+        for i, x in enumerate(members):
+            values[i] = problem.call(x)
+            if not math.isfinite(values[i]):  # no call after it: an external counter sees error.result's count
+                _check_finite(dict(bad_member=i, bad_update=False), gen,
+                              lambda: result(before, "non_finite", calls=i + 1))
         fitness, shifted = problem.fitness_for_update(values)
         state, info = timed(_host_tell, state, fitness)
         info = {k: v.item() for k, v in jax.device_get(info).items()}
-        _check_finite(info, gen, lambda: result(before, "non_finite"))
+        _check_finite(info, gen, lambda: result(before, "non_finite", calls=num_members))
+        mean = np.asarray(state.params)
+        mean_value = problem.call(mean)
+        if not math.isfinite(mean_value):  # before the best is updated: the result is the run of gen generations
+            _check_finite(dict(bad_member=-1, bad_update=False, bad_mean=True), gen,
+                          lambda: result(before, "non_finite", calls=num_members + 1))
         signed = sign * values
         if shifted:  # the update's statistics of the shifted values: the float64 ones instead
             info.update(pop_max=float(signed.max()), pop_min=float(signed.min()), pop_mean=float(signed.mean()))
         if info["pop_max"] > best_value:
             best_value, best_flat = info["pop_max"], members[int(np.argmax(signed))]
-        mean = np.asarray(state.params)
-        value = problem.call(mean)
+        value = mean_value
         evaluations += num_members + 1
         gen += 1
         if sign * value > best_value:
@@ -1157,14 +1222,19 @@ class AskTell:
 
 
 class NonFiniteValueError(FloatingPointError):
-    """A member's value (or the strategy's update) was NaN or infinite: :func:`optimize` stopped before using it.
+    """A member's value, the strategy's update or the value at the updated mean was NaN or infinite: :func:`optimize`
+    stopped before using it (a NaN mean can never meet a target).
 
     Attributes:
         generation: the generation it happened in (1-based, as in the history; with ``restarts``, numbered on
             across the runs, as the combined history is).
-        member: the first member with a non-finite value (-1: the values were finite, the update was not).
+        member: the first member with a non-finite value (-1: the members' values were finite, the update or the
+            value at the updated mean was not; the message says which).
         result: the :class:`OptimizeResult` up to the last good generation (with ``restarts``, every run so far),
-            ``stop_reason`` ``"non_finite"``; the same bits as a run of that many generations.
+            ``stop_reason`` ``"non_finite"``; the same bits as a run of that many generations, except
+            ``num_evaluations``, which counts every evaluation made: the failing generation's too (``host=True``:
+            its calls up to and including the non-finite one, and nothing is called after it; a JAX function:
+            its whole population, evaluated at once, and the mean's evaluation where that was the one).
     """
 
     def __init__(self, message: str, generation: int, member: int, result: "OptimizeResult | None" = None):
@@ -1178,14 +1248,19 @@ class NonFiniteValueError(FloatingPointError):
 def _check_finite(metrics: dict, generation: int, partial: Callable[[], "OptimizeResult"]) -> None:
     """Raise :class:`NonFiniteValueError` for a generation (0-based ``generation``) whose fitness or update was not
     finite, with ``partial()``, the run's result up to the generation before, as its ``result``."""
-    if metrics["bad_member"] >= 0 or metrics["bad_update"]:
-        what = (f"member {metrics['bad_member']} has a non-finite value" if metrics["bad_member"] >= 0
-                else "the strategy's update is not finite")
+    if metrics["bad_member"] >= 0 or metrics["bad_update"] or metrics.get("bad_mean", False):
+        if metrics["bad_member"] >= 0:
+            what = f"member {metrics['bad_member']} has a non-finite value; the update was not applied"
+        elif metrics["bad_update"]:
+            what = "the strategy's update is not finite; the update was not applied"
+        else:
+            what = "the value at the updated mean is not finite"
         sigma = metrics.get("noise_std")
         known = sigma is not None and math.isfinite(float(sigma))  # a bad generation's own info may be NaN
+        result = partial()
         raise NonFiniteValueError(
-            f"generation {generation + 1}: {what}; the update was not applied, and the run stopped (its result up "
-            f"to generation {generation} is error.result). Check fitness_fn for NaN/inf in the region searched"
-            + (f" (sigma {float(sigma):.3g} there)" if known else "")
+            f"generation {generation + 1}: {what}, and the run stopped (its result up to generation {generation} is "
+            f"error.result) after {result.num_evaluations} evaluations, this generation's included. Check fitness_fn "
+            f"for NaN/inf in the region searched" + (f" (sigma {float(sigma):.3g} there)" if known else "")
             + "; an infeasible point can return a large finite penalty instead.",
-            generation + 1, int(metrics["bad_member"]), partial())
+            generation + 1, int(metrics["bad_member"]), result)

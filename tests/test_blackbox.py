@@ -1,5 +1,6 @@
 """jes.optimize's stop criteria and restarts (IPOP / BIPOP), and float64 fitness (jes/blackbox.py).
 (The strategies through optimize / AskTell: tests/test_strategies.py, tests/test_cma_es.py.)"""
+import math
 import re
 
 import jax
@@ -91,7 +92,11 @@ def test_a_non_finite_value_stops_the_run_and_keeps_its_result_up_to_the_generat
     plain = jes.optimize(fn, jnp.ones(3), "snes", minimize=True, num_generations=err.generation - 1, key=3, **options)
     np.testing.assert_array_equal(partial.x, plain.x)
     np.testing.assert_array_equal(partial.best_x, plain.best_x)
-    assert partial.best_value == plain.best_value and partial.num_evaluations == plain.num_evaluations
+    assert partial.best_value == plain.best_value
+    # the evaluations made: the failing generation's too (host: its calls up to the non-finite one)
+    made = err.member + 1 if mode == "host" else plain.problem.config.num_members
+    assert partial.num_evaluations == plain.num_evaluations + made
+    assert f"after {partial.num_evaluations} evaluations, this generation's included" in str(err)
     for k, v in plain.history.items():
         np.testing.assert_array_equal(partial.history[k], v)
 
@@ -164,13 +169,24 @@ def test_ipop_doubles_the_population_and_derives_each_runs_key_from_the_run_key(
         np.asarray(jax.random.key_data(jax.random.key(5))))
 
 
-def test_bipop_interleaves_small_populations_and_restarts_are_refused_where_they_do_not_apply():
+def test_bipop_follows_pycmas_regime_bookkeeping_and_restarts_are_refused_where_they_do_not_apply():
+    """pycma's fmin(bipop=True): run 0's evaluations count for the small regime, so run 1 is a large one; a later
+    run is small while the small regime has used fewer evaluations than the large one; a small run's generations
+    are capped at half the large regime's evaluations; small runs do not count against max_restarts."""
     r = jes.optimize(rastrigin, 3 * jnp.ones(3), "cma_es", minimize=True, noise_std=1.0, key=0, restarts="bipop",
                      max_restarts=4)
-    populations = [run["population"] for run in r.runs]
-    small = [run for run in r.runs[1:] if run["noise_std"] < 1.0]
-    assert populations[:2] == [7, 7] and 14 in populations and small, r.runs
-    assert all(7 <= run["population"] <= 14 for run in small)
+    assert [run["population"] for run in r.runs[:2]] == [7, 14], r.runs
+    budgets, last_large, large_runs = {"small": r.runs[0]["evaluations"], "large": 0}, 7, 1
+    for run in r.runs[1:]:
+        if budgets["small"] < max(1, budgets["large"]):
+            assert run["noise_std"] < 1.0 and 7 <= run["population"] <= last_large, r.runs
+            assert run["generations"] <= math.ceil(0.5 * budgets["large"] / (run["population"] + 1)), r.runs
+            budgets["small"] += run["evaluations"]
+        else:
+            last_large, large_runs = 2 * last_large, large_runs + 1
+            assert run["noise_std"] == 1.0 and run["population"] == last_large, r.runs
+            budgets["large"] += run["evaluations"]
+    assert large_runs == 4 + 1 < len(r.runs) and r.stop_reason == "max_restarts", r.runs
     with pytest.raises(ValueError, match="restarts are for cma_es and sep_cma_es"):
         jes.optimize(sphere, jnp.ones(3), "snes", restarts="ipop")
     with pytest.raises(ValueError, match="'ipop', 'bipop'"):
@@ -504,3 +520,91 @@ def test_a_host_function_gets_clear_errors():
         jes.optimize(max_distance_np, np.ones(3), "snes", host="yes")
     with pytest.raises(ValueError, match="leave devices=None"):
         jes.optimize(max_distance_np, np.ones(3), "snes", host=True, devices=1)
+
+
+# ------------------------------------------------------------------ counts, stop reasons and refusals
+def test_a_non_finite_host_value_ends_the_calls_and_the_count_is_the_calls_made():
+    """No call after the first non-finite value (an external counter, COCO's observer, sees error.result's count);
+    the result is otherwise the run of the generations before."""
+    fn = Counting(lambda x: float("inf") if fn.calls == 25 else float(np.sum(x ** 2)), (10,), np.float32)
+    with pytest.raises(jes.NonFiniteValueError, match="generation 3: member 2 has a non-finite value") as caught:
+        jes.optimize(fn, 3 * np.ones(10, np.float32), "cma_es", minimize=True, num_generations=30, host=True)
+    assert fn.calls == caught.value.result.num_evaluations == 25 and "after 25 evaluations" in str(caught.value)
+    assert caught.value.result.history["evaluations"].tolist() == [11, 22]
+
+
+@pytest.mark.parametrize("mode", ["blocks", "one_per_call", "host"])
+def test_a_non_finite_value_at_the_updated_mean_stops_the_run(mode):
+    """f(mean) = NaN can never meet a target: the same error as a member's, its result the run of the generations
+    before (bit for bit), its count every evaluation made."""
+    if mode == "host":
+        fn = Counting(lambda x: float("nan") if fn.calls % 11 == 0 and fn.calls > 40 else float(np.sum(x ** 2)),
+                      (10,), np.float32)
+        options = dict(host=True)
+    else:
+        fn = lambda x: jnp.where(jnp.sum(x ** 2) < 0.5, jnp.nan, jnp.sum(x ** 2))
+        options = dict(generations_per_call=1 if mode == "one_per_call" else None)
+    with pytest.raises(jes.NonFiniteValueError, match=r"generation (\d+): the value at the updated mean is not "
+                                                      r"finite, and the run stopped") as caught:
+        jes.optimize(fn, 3 * jnp.ones(10), "cma_es", minimize=True, num_generations=300, key=1, target=1e-3, **options)
+    err = caught.value
+    assert err.member == -1 and err.generation > 1 and err.result.stop_reason == "non_finite"
+    assert err.result.num_evaluations == 11 * err.generation
+    if mode == "host":
+        assert fn.calls == err.result.num_evaluations
+        fn.calls = 0
+    plain = jes.optimize(fn, 3 * jnp.ones(10), "cma_es", minimize=True, num_generations=err.generation - 1, key=1,
+                         **options)
+    np.testing.assert_array_equal(err.result.x, plain.x)
+    np.testing.assert_array_equal(err.result.best_x, plain.best_x)
+    assert err.result.best_value == plain.best_value and err.result.value == plain.value
+    for k, v in plain.history.items():
+        np.testing.assert_array_equal(err.result.history[k], v)
+
+
+def test_restarts_say_when_the_budget_or_max_restarts_ended_them():
+    """The last run's own reason (tolfun) is not what ended a restarted run: the next run did not fit the budget,
+    or the restarts were used up."""
+    budget = jes.optimize(sphere, 3 * jnp.ones(5), "cma_es", minimize=True, noise_std=0.5, restarts="ipop",
+                          max_evaluations=1330)
+    assert budget.stop_reason == "max_evaluations" and budget.runs[-1]["stop_reason"] == "tolfun", budget.runs
+    assert budget.num_evaluations + 2 * 8 + 1 > 1330
+    used_up = jes.optimize(sphere, 3 * jnp.ones(3), "cma_es", minimize=True, noise_std=0.5, restarts="ipop",
+                           max_restarts=1)
+    assert used_up.stop_reason == "max_restarts" and len(used_up.runs) == 2, used_up.runs
+    assert used_up.runs[-1]["stop_reason"] in ("tolfun", "tolx", "stagnation", "max_condition")
+
+
+@pytest.mark.parametrize("host", [False, True])
+def test_max_evaluations_without_num_generations_is_the_budget(host):
+    """As pycma's maxfevals: the default 100 generations do not cap a given budget."""
+    fn = (lambda x: float(np.sum(x ** 2))) if host else sphere
+    r = jes.optimize(fn, jnp.ones(3), "cma_es", minimize=True, num_members=8, max_evaluations=1000, host=host,
+                     stop=StopCriteria(tolfun=0.0, tolx=0.0, stagnation=False, max_condition=np.inf))
+    assert r.num_evaluations == 999 and r.stop_reason == "max_evaluations"
+    capped = jes.optimize(fn, jnp.ones(3), "cma_es", minimize=True, num_members=8, max_evaluations=1000,
+                          num_generations=100, host=host)
+    assert capped.num_evaluations == 900 and capped.stop_reason == "num_generations"
+
+
+def test_a_host_function_gets_a_writable_copy_of_each_point():
+    """A function may repair its point in place (pycma's points allow it); the member and the mean jes keeps are
+    what was evaluated, unchanged."""
+    def repaired(x):
+        np.clip(x, -1, 1, out=x)
+        value = float(np.sum(x ** 2))
+        x[...] = np.nan
+        return value
+
+    r = jes.optimize(repaired, 3 * np.ones(4, np.float32), "cma_es", minimize=True, num_generations=5, host=True)
+    plain = jes.optimize(lambda x: float(np.sum(np.clip(x, -1, 1) ** 2)), 3 * np.ones(4, np.float32), "cma_es",
+                         minimize=True, num_generations=5, host=True)
+    _same(r, plain, close=())
+    assert np.isfinite(np.asarray(r.best_x)).all()
+
+
+def test_a_nan_target_is_refused():
+    for host in (False, True):
+        with pytest.raises(ValueError, match=r"target is NaN, which no value reaches .* or target=None for no target"):
+            jes.optimize(sphere if not host else (lambda x: float(np.sum(x ** 2))), jnp.ones(3), "snes",
+                         num_generations=2, target=float("nan"), host=host)
