@@ -666,7 +666,9 @@ class Trainer(Generation):
         flat = jax.eval_shape(flat_template)
         self.unravel = unravel[0]
         if flat.dtype != jnp.float32:
-            raise TypeError(f"policy parameters must be float32, got {flat.dtype}")
+            raise TypeError(f"policy parameters must be float32, got {flat.dtype}: jes evolves one float32 vector "
+                            f"of them; keep param_dtype float32 (the default) and compute in another type with the "
+                            f"layers' dtype= (e.g. nn.Dense(64, dtype=jnp.bfloat16))")
         self.num_params = int(flat.shape[0])
         self._setup(strategy, optimizer, devices)
         self.normalize_observations = self.strategy.uses_obs_norm(config.normalize_observations)

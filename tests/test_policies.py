@@ -59,3 +59,15 @@ def test_flax_layout_variant_and_mlp():
 def test_missing_output_size_is_explained():
     with pytest.raises(ValueError, match="num_outputs"):
         PolicyFns(jes.MLPPolicy(), (4,)).init(jax.random.key(0))
+
+
+def test_bfloat16_parameters_are_refused_saying_to_compute_in_bfloat16_instead():
+    import flax.linen as nn
+
+    class Half(nn.Module):
+        @nn.compact
+        def __call__(self, obs):
+            return nn.Dense(2, param_dtype=jnp.bfloat16)(obs)
+
+    with pytest.raises(TypeError, match=r"must be float32, got bfloat16.*dtype= \(e.g. nn.Dense\(64, dtype=jnp.bfloat16\)\)"):
+        jes.Trainer(Half(), "CartPole-v1", "adam", jes.ESConfig(num_members=4))
