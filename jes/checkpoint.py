@@ -38,6 +38,7 @@ from flax import serialization
 from jes import describe, schema, strategies
 from jes.config import ESConfig
 from jes.generation import Trainer, TrainState, as_key, localize
+from jes.envs import brax as brax_envs
 from jes.envs import gymnax as gymnax_envs
 from jes.envs.wrappers import KEEP_OPTION, split_option, with_option
 from jes.optimizers import resolve_name as resolve_optimizer_name
@@ -514,6 +515,8 @@ class Checkpoint:
         ``"DiscountingChain-bsuite"``)."""
         if name == self.env_name:
             return True
+        if self._brax_name_today() == name:
+            return True
         if self.meta.get("version", 1) >= 7:
             return False
         plain, keep = split_option(name.removesuffix(gymnax_envs.INSTANCE_SUFFIX), KEEP_OPTION)
@@ -523,6 +526,18 @@ class Checkpoint:
             return False  # Gymnasium's episode_seconds named other envs then as now
         names = [base, gymnax_envs.registered_label(base)]
         return self.env_name in [n if keep is None else with_option(n, KEEP_OPTION, keep) for n in names if n]
+
+    def _brax_name_today(self) -> str | None:
+        """This file's brax env name as today's jes writes it, where that may differ: a file written before brax names
+        left out options equal to the env's defaults (format < 8: ``"brax/inverted_pendulum?backend=spring&
+        n_frames=4"`` is ``"brax/inverted_pendulum?backend=spring"`` now; the same env). ``None`` otherwise."""
+        if self.meta.get("version", 1) >= 8 or not self.env_name.startswith(brax_envs.PREFIX) \
+                or "?" not in self.env_name or self.env_name.endswith(brax_envs.INSTANCE_SUFFIX):
+            return None
+        try:
+            return brax_envs.make(self.env_name).name
+        except (ImportError, ValueError, TypeError):  # not buildable here: compared by the name as written
+            return None
 
     def check_compatible(self, trainer: Trainer) -> None:
         """Raise :class:`CheckpointError` naming every difference that would change the resumed parameters."""
@@ -535,6 +550,8 @@ class Checkpoint:
                              ("num_params", "parameter count"), ("obs_shape", "observation shape")):
             if field == "optimizer" and _same_optimizer_name(mine[field], theirs[field]):
                 continue  # "adamm" and "AMSGrad" build amsgrad
+            if field == "env_name" and mine[field] != theirs[field] and mine[field] == self._brax_name_today():
+                continue  # the same brax env, named as today's jes names it
             if field == "env_name" and mine[field] != theirs[field] and self.names_env(mine[field]):
                 warnings.warn(f"checkpoint {self.path} was written before jes recorded a gymnax env's params and "
                               f"registered id in its name (format {theirs['version']}): it names its env "

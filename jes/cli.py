@@ -597,7 +597,8 @@ def _saved_note(args: argparse.Namespace, interrupt: KeyboardInterrupt) -> str:
     if getattr(args, "distributed", False):
         import jax
 
-        if jax.process_index() != 0:  # process 0 alone writes the checkpoint (and says where)
+        # Only once the runtime is up: process_index() would start the backend (an interrupt while connecting)
+        if jax.distributed.is_initialized() and jax.process_index() != 0:  # process 0 alone writes the checkpoint (and says where)
             return f" (process {jax.process_index()}; process 0 writes the run's checkpoint and names it)"
     for path in (getattr(interrupt, "checkpoint_path", None), args.resume):
         if path is not None and os.path.exists(path):

@@ -14,6 +14,7 @@ so a cold and a warm process run the same XLA program.
 """
 from __future__ import annotations
 
+import sys
 import threading
 import time
 from typing import Any, Callable
@@ -120,8 +121,17 @@ class CompiledPrograms:
         """Wait for a step compile :meth:`start_compiling_step` started (its program is kept for
         :meth:`compiled_step`). For a caller that fails before it steps: XLA cannot be interrupted, and a daemon
         thread still compiling when the interpreter exits aborts it ("FATAL: exception not rethrown", status 134)."""
-        if self._compiling is not None:
-            self._compiling[0].join()
+        if self._compiling is None:
+            return
+        thread = self._compiling[0]
+        if thread.is_alive():  # the caller's error (or Ctrl-C) is reported once the compile is done: say why it waits
+            print("jes: waiting for the generation step's compile to finish before stopping (XLA cannot be "
+                  "interrupted, and leaving during it would abort the process)", file=sys.stderr, flush=True)
+        while thread.is_alive():
+            try:
+                thread.join()
+            except KeyboardInterrupt:  # another Ctrl-C: still waiting (the first one goes on when this returns)
+                continue
 
     def compiled_step(self, state: TrainState) -> tuple[Callable, float]:
         """The generation step compiled ahead of time for ``state``'s shapes, and the seconds it took.

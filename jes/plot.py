@@ -55,12 +55,14 @@ def plot_runs(run_dirs: Sequence[str], path: str, labels: Sequence[str] | None =
         from matplotlib.ticker import MaxNLocator
     except ImportError as err:
         raise ImportError(f"jes plot needs matplotlib: {VIZ_HINT}") from err
-    if labels is not None and not isinstance(labels, str) and len(labels) != len(run_dirs):
-        raise ValueError(f"labels: {len(labels)} for {len(run_dirs)} run directories; give one label per run "
-                         f"(or none: each run is labelled by its directory's name)")
     if isinstance(labels, str):
         raise ValueError(f"labels must be a list of names, one per run, not the string {labels!r}")
-    labels = list(labels) if labels else [os.path.basename(os.path.normpath(d)) for d in run_dirs]
+    labels = None if labels is None else list(labels)  # a generator too
+    run_dirs = list(run_dirs)
+    if labels is not None and len(labels) != len(run_dirs):
+        raise ValueError(f"labels: {len(labels)} for {len(run_dirs)} run directories; give one label per run "
+                         f"(or none: each run is labelled by its directory's name)")
+    labels = labels if labels else [os.path.basename(os.path.normpath(d)) for d in run_dirs]
     curves = [load_curves(d) for d in run_dirs]
     fig, axes = plt.subplots(1, 2, figsize=size, dpi=dpi)
     for (ax, x_key, x_label) in zip(axes, ("generation", "env_steps"), ("generation", "env steps")):

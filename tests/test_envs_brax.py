@@ -301,3 +301,27 @@ def test_an_unsupported_backend_is_answered_with_the_env_s_own_backends():
     with pytest.raises(ValueError, match=r"'swimmer' does not support backend 'spring'.*supports generalized:") as caught:
         make_env("brax/swimmer?backend=spring")
     assert "positional" not in str(caught.value)
+
+
+def test_a_format_7_checkpoint_naming_a_default_option_still_resumes(tmp_path):
+    """Before format 8, brax names kept options as written ("...&n_frames=4", spring's default); today's name leaves
+    them out, and the file's run (the same env) must still resume, by a trainer given either name or rebuilt from it."""
+    from jes import checkpoint
+    from test_checkpoint import _rewrite_meta
+
+    cfg = jes.ESConfig(num_members=4, num_generations=1, max_episode_steps=10, eval_episodes=1)
+    trainer = jes.Trainer(jes.MLPPolicy(hidden_sizes=(2,)), "brax/inverted_pendulum", "adam", cfg)
+    path = str(tmp_path / "today.ckpt")
+    checkpoint.save(path, trainer, trainer.init_state(0))
+    old = _rewrite_meta(path, str(tmp_path / "old.ckpt"), lambda meta: meta.update(
+        version=7, env_name="brax/inverted_pendulum?backend=spring&n_frames=4"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the format-7 ctrl_range warning of this env
+        assert checkpoint.read(old).names_env(trainer.spec.name)
+        state = checkpoint.read(old).restore_state(trainer)
+        rebuilt, _, _ = checkpoint.load(old)
+    assert int(state.generation) == 0 and rebuilt.spec.name == trainer.spec.name
+    other = _rewrite_meta(path, str(tmp_path / "other.ckpt"), lambda meta: meta.update(
+        version=7, env_name="brax/inverted_pendulum?backend=spring&n_frames=1"))
+    with pytest.raises(checkpoint.CheckpointError, match="n_frames=1"):
+        checkpoint.read(other).restore_state(trainer)  # another env stays refused

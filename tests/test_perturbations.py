@@ -222,6 +222,16 @@ class AppliedOnItsOwn(nn.Module):
         return nn.Dense(self.num_outputs)(jnp.tanh(h))
 
 
+class JitChild(nn.Module):
+    """A layer inside nn.jit, whose cached trace a member's call may reuse without jes's correction."""
+
+    num_outputs: int = 2
+
+    @nn.compact
+    def __call__(self, obs):
+        return nn.Dense(self.num_outputs)(jnp.tanh(nn.jit(nn.Dense)(4)(obs)))
+
+
 class KeptConv(nn.Conv):
     """A subclass of a layer jes factors that keeps its ``__call__``: factored as the layer is."""
 
@@ -245,6 +255,9 @@ POLICIES = {
     "functions of the matrix: mapped, own product, transposed, stacked (fallback)": (TransformedMatrices(), (4,)),
     "methods of one's own named matvec (fallback), jes's with keywords": (OwnMatvecs(), (3,)),
     "a Dense applied on its own inside the policy (fallback)": (AppliedOnItsOwn(), (3,)),
+    "a policy wrapped in nn.jit (fallback: its members were the centre)": (nn.jit(jes.MLPPolicy)((8,), num_outputs=2),
+                                                                           (4,)),
+    "a Dense inside nn.jit (fallback)": (JitChild(), (4,)),
 }
 
 

@@ -230,10 +230,10 @@ def launch(command: Sequence[str], num_processes: int, *, devices_per_process: i
                     others = [p for j, p in enumerate(procs) if j in running]
                     with lock:
                         reason = f"was killed by signal {-code}" if code < 0 else f"exited with status {code}"
-                        # Status 2: the command refused its arguments (jes's and argparse's usage errors), which
-                        # resuming would not change: its own message above says what to fix.
-                        advice = ("(a usage error or refusal: see its message above)" if code == USAGE_STATUS
-                                  else NOT_ELASTIC)
+                        # Status 2: jes train's (and argparse's) usage errors and refusals, which resuming would not
+                        # change, but also an error mid-run (a full disk), after which resuming is the advice.
+                        advice = (f"If its message above is a usage error or a refusal, fix that and launch again; "
+                                  f"otherwise: {NOT_ELASTIC}" if code == USAGE_STATUS else NOT_ELASTIC)
                         err.write(f"jes launch: process {first_process_id + index} {reason}; stopping the other "
                                   f"{len(others)} process(es). {advice}\n")
                         err.flush()

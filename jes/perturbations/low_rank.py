@@ -183,6 +183,17 @@ def _mapped(module: nn.Module) -> bool:
     return module.scope is not None and any("map_variables(" in str(p) for p in module.scope.debug_path)
 
 
+def _jitted(module: nn.Module) -> bool:
+    """Whether ``module`` runs inside ``nn.jit``: flax caches that trace, and a member's call can reuse one traced
+    without jes's correction (a policy wrapped in nn.jit got none: its members were the centre in those layers)."""
+    return module.scope is not None and any(str(p).startswith("jit(") or "(jit(" in str(p) or str(p) == "jit()"
+                                            for p in module.scope.debug_path)
+
+
+JITTED = "it runs inside nn.jit, whose cached trace jes's correction cannot reach (drop the nn.jit: jes compiles " \
+         "the whole generation anyway)"
+
+
 def why_not_factored(module: nn.Module) -> str | None:
     """Why a call of a factorable layer (Dense, DenseGeneral, Conv, Embed or a subclass) may apply its matrix
     otherwise than the correction assumes; ``None`` when it applies it as the layer's own product of the parameter."""
@@ -193,6 +204,8 @@ def why_not_factored(module: nn.Module) -> str | None:
     if _mapped(module):
         return ("its variables are mapped by nn.map_variables (as nn.WeightNorm and nn.SpectralNorm apply a layer), "
                 "so the matrix it applies may not be the parameter itself")
+    if _jitted(module):
+        return JITTED
     own = [f for f in ("dot_general", "dot_general_cls", "conv_general_dilated", "conv_general_dilated_cls")
            if getattr(module, f, None) is not None]
     if own:
@@ -213,6 +226,8 @@ def why_matvec_not_factored(module: nn.Module, name: str, weight: Any, x: Any) -
     if _mapped(module):
         return ("its variables are mapped by nn.map_variables, so the matrix matvec applies may not be the parameter "
                 "itself")
+    if _jitted(module):
+        return JITTED
     if weight is not module.scope.get_variable("params", name):
         return "matvec was given a function of the parameter (transposed, masked, cast, ...), not the parameter itself"
     if weight.ndim != 2 or jnp.ndim(x) != 1:
@@ -553,8 +568,9 @@ class LowRank:
         obs = jax.ShapeDtypeStruct(fns.obs_shape, jnp.float32)
 
         def probe(v, o):
+            carry = fns.initial_carry()  # outside: the interceptor takes the first apply it sees for the policy's
             with nn.intercept_methods(_interceptor({}, record)):
-                return fns.apply(v, fns.initial_carry(), o)
+                return fns.apply(v, carry, o)
 
         jax.eval_shape(probe, variables, obs)
         handled, modules = record.get("handled", set()), record.get("modules", {})
