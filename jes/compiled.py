@@ -96,26 +96,32 @@ class CompiledPrograms:
             return
         abstract = self._state_shapes()
         out: dict = {}
+        # Set when the thread is done. Waited on instead of Thread.join: a join interrupted by Ctrl-C marks the
+        # thread stopped on CPython < 3.13 while it still compiles, so is_alive() and a later join return at once.
+        done = threading.Event()
 
         def compile_step():
-            t0 = time.perf_counter()
             try:
-                flag = jax.ShapeDtypeStruct((), jnp.bool_)
-                out["compiled"] = self._compile_step(abstract, flag, flag)
-            except Exception:  # compiled_step compiles again in the caller's thread and raises there
-                pass
-            out["seconds"] = time.perf_counter() - t0
-            # The best member's regeneration program too, so that nothing compiles inside the generation loop.
-            try:
-                # Multi-process runs regenerate members from this process's replica (other shardings): traced then.
-                if self._member_program is None and jax.process_count() == 1:
-                    self._member_program = self._compile_member(abstract)
-            except Exception:  # noqa: BLE001 - member() traces it when first asked, as without this
-                pass
+                t0 = time.perf_counter()
+                try:
+                    flag = jax.ShapeDtypeStruct((), jnp.bool_)
+                    out["compiled"] = self._compile_step(abstract, flag, flag)
+                except Exception:  # compiled_step compiles again in the caller's thread and raises there
+                    pass
+                out["seconds"] = time.perf_counter() - t0
+                # The best member's regeneration program too, so that nothing compiles inside the generation loop.
+                try:
+                    # Multi-process runs regenerate members from this process's replica (other shardings): traced
+                    # then.
+                    if self._member_program is None and jax.process_count() == 1:
+                        self._member_program = self._compile_member(abstract)
+                except Exception:  # noqa: BLE001 - member() traces it when first asked, as without this
+                    pass
+            finally:
+                done.set()
 
-        thread = threading.Thread(target=compile_step, name="jes-compile-step", daemon=True)
-        thread.start()
-        self._compiling = (thread, out, abstract)
+        threading.Thread(target=compile_step, name="jes-compile-step", daemon=True).start()
+        self._compiling = (done, out, abstract)
 
     def finish_compiling(self) -> None:
         """Wait for a step compile :meth:`start_compiling_step` started (its program is kept for
@@ -123,13 +129,13 @@ class CompiledPrograms:
         thread still compiling when the interpreter exits aborts it ("FATAL: exception not rethrown", status 134)."""
         if self._compiling is None:
             return
-        thread = self._compiling[0]
-        if thread.is_alive():  # the caller's error (or Ctrl-C) is reported once the compile is done: say why it waits
-            print("jes: waiting for the generation step's compile to finish before stopping (XLA cannot be "
-                  "interrupted, and leaving during it would abort the process)", file=sys.stderr, flush=True)
-        while thread.is_alive():
+        done = self._compiling[0]
+        if not done.is_set():  # the caller's error (or Ctrl-C) is reported once the compile is done: say why it waits
+            print("jes: stopping once the generation step's compile, started in the background, has finished (XLA "
+                  "cannot be interrupted, and leaving during it would abort the process)", file=sys.stderr, flush=True)
+        while not done.is_set():
             try:
-                thread.join()
+                done.wait(0.2)
             except KeyboardInterrupt:  # another Ctrl-C: still waiting (the first one goes on when this returns)
                 continue
 
@@ -139,8 +145,9 @@ class CompiledPrograms:
         Compiled once per run object and reused by every run (seeds, resumes) it serves.
         """
         if self._compiled is None and self._compiling is not None:
-            thread, out, abstract = self._compiling
-            thread.join()  # before forgetting it: a Ctrl-C here leaves it for finish_compiling to wait for
+            done, out, abstract = self._compiling
+            while not done.wait(0.2):  # before forgetting it: a Ctrl-C here leaves it for finish_compiling
+                pass
             self._compiling = None
             if "compiled" in out and _signature(state) == _signature(abstract):
                 self._compiled, self._compile_time = out["compiled"], out["seconds"]

@@ -43,6 +43,7 @@ def plot_runs(run_dirs: Sequence[str], path: str, labels: Sequence[str] | None =
         FileNotFoundError: a directory without TensorBoard event files.
         ImportError: matplotlib missing (the message names the extra to install).
     """
+    run_dirs = list(run_dirs)  # a generator too
     if not run_dirs:
         raise ValueError("give at least one run directory (e.g. runs/CartPole-v1-GRUPolicy-adam-...)")
     if os.path.splitext(path)[1].lower() != ".png":  # PNG bytes under another name would not open as that format
@@ -58,7 +59,6 @@ def plot_runs(run_dirs: Sequence[str], path: str, labels: Sequence[str] | None =
     if isinstance(labels, str):
         raise ValueError(f"labels must be a list of names, one per run, not the string {labels!r}")
     labels = None if labels is None else list(labels)  # a generator too
-    run_dirs = list(run_dirs)
     if labels is not None and len(labels) != len(run_dirs):
         raise ValueError(f"labels: {len(labels)} for {len(run_dirs)} run directories; give one label per run "
                          f"(or none: each run is labelled by its directory's name)")
