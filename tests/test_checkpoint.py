@@ -128,20 +128,27 @@ def test_an_interrupt_while_the_step_compiles_carries_the_run_as_it_started(tmp_
 
 
 INTERRUPTED_WHILE_COMPILING = """
-import os, signal, sys, time, threading
+import os, signal, threading, time
 import jes
 from jes.compiled import CompiledPrograms
 
-compile_step, main = CompiledPrograms._compile_step, threading.main_thread().ident
+compile_step, compiled_step, sent = CompiledPrograms._compile_step, CompiledPrograms.compiled_step, threading.Event()
 
-def slow_compile(self, *args, **kwargs):
-    if threading.current_thread().name == "jes-compile-step":  # once the main thread waits for it: Ctrl-C
-        while "compiled_step" not in [f.name for f in __import__("traceback").extract_stack(sys._current_frames()[main])]:
-            time.sleep(0.01)
-        os.kill(os.getpid(), signal.SIGINT)  # then the compile (XLA's, which cannot be interrupted) goes on
+def slow_compile(self, *args, **kwargs):  # the background compile: still running when the Ctrl-C comes
+    if threading.current_thread().name == "jes-compile-step":
+        sent.wait(120)
+        time.sleep(0.5)
     return compile_step(self, *args, **kwargs)
 
-CompiledPrograms._compile_step = slow_compile
+def ctrl_c_soon(self, state):  # the main thread about to wait for the compile: Ctrl-C while it waits
+    def send():
+        time.sleep(0.2)
+        os.kill(os.getpid(), signal.SIGINT)
+        sent.set()
+    threading.Thread(target=send, daemon=True).start()
+    return compiled_step(self, state)
+
+CompiledPrograms._compile_step, CompiledPrograms.compiled_step = slow_compile, ctrl_c_soon
 try:
     jes.train(jes.MLPPolicy((4,)), "CartPole-v1", "adam", num_members=8, num_generations=2, log_dir=None,
               progress=False)
@@ -489,8 +496,7 @@ def test_a_refused_resume_leaves_no_compile_running(tmp_path, monkeypatch):
     with pytest.raises(checkpoint.CheckpointError, match="does not match this run"):
         jes.train(jes.MLPPolicy((64, 64)), "CartPole-v1", "adam", num_members=8, num_generations=2, eval_episodes=2,
                   log_dir=None, progress=False, resume=path)
-    thread = trainers[0]._compiling[0]
-    assert not thread.is_alive()
+    assert trainers[0]._compiling[0].is_set()  # the compile thread's done event: nothing left compiling
 
 
 def test_a_pgpe_checkpoint_with_antithetic_false_resumes_with_a_warning(tmp_path):
