@@ -149,6 +149,7 @@ def ctrl_c_soon(self, state):  # the main thread about to wait for the compile: 
     return compiled_step(self, state)
 
 CompiledPrograms._compile_step, CompiledPrograms.compiled_step = slow_compile, ctrl_c_soon
+signal.signal(signal.SIGINT, signal.default_int_handler)  # a background job (nohup ... &) inherits SIGINT ignored
 try:
     jes.train(jes.MLPPolicy((4,)), "CartPole-v1", "adam", num_members=8, num_generations=2, log_dir=None,
               progress=False)
