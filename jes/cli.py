@@ -391,8 +391,12 @@ def _train(args: argparse.Namespace) -> int:
     result = jes.train(policy, env or "CartPole-v1", optimizer, strategy=strategy or "openai_es", **kwargs)
     import jax
 
-    if jax.process_index() == 0:  # every process of a --distributed run has the same result
-        print(result.summary())
+    try:
+        if jax.process_index() == 0:  # every process of a --distributed run has the same result
+            print(result.summary())
+    except KeyboardInterrupt as interrupt:  # the run is done and saved: name its checkpoint
+        interrupt.checkpoint_path = result.checkpoint_path
+        raise
     return 0
 
 
@@ -603,7 +607,9 @@ def _saved_note(args: argparse.Namespace, interrupt: KeyboardInterrupt) -> str:
     for path in (getattr(interrupt, "checkpoint_path", None), args.resume):
         if path is not None and os.path.exists(path):
             return f" (checkpoint {path}; continue with --resume {path})"
-    return " (no checkpoint was saved: the run had none yet, or --checkpoint none; there is nothing to --resume)"
+    # An interrupt once the generations run saves the run (a second Ctrl-C waits for the save): none came before.
+    return (" (no checkpoint was saved: interrupted before the first generation ran, or --checkpoint none; there is "
+            "nothing to --resume)")
 
 
 def _flag_named(message: str) -> str:
