@@ -6,7 +6,9 @@ Each process gets ``JES_COORDINATOR``, ``JES_NUM_PROCESSES`` and ``JES_PROCESS_I
 :func:`jes.distributed.initialize` and ``jes.train(..., distributed=True)``), and on CPU
 ``JES_CPU_DEVICES``/``JAX_NUM_CPU_DEVICES`` for its device count. Their output is forwarded line
 by line with a ``[pI]`` prefix; each gets its own share of the cores. When one exits with an error, the others are stopped at once
-(JAX's runtime is not elastic) and the launcher exits with that process's status.
+(JAX's runtime is not elastic) and the launcher exits with that process's status. Ctrl-C or SIGTERM to the
+launcher is passed on to every process as a Ctrl-C, and their output is forwarded while they save and exit (a
+second signal is waited through); the launcher then exits with 128 + that signal.
 
 The launcher owns the process tree of the run. Each command runs under a small watchdog
 (:mod:`jes.distributed._reaper`) in a session and process group of its own, and a process is
