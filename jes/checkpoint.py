@@ -13,21 +13,27 @@ checkpoint can be verified against a trainer, or a trainer rebuilt from it.
 A save writes a temporary file in the same directory, fsyncs it and
 ``os.replace``\\ s it over the target, so a crash or an error midway leaves the
 previous checkpoint as it was. A truncated or corrupted file fails the length
-or checksum test and :func:`read` says so, naming the file.
+or checksum test and :func:`read` says so, naming the file. Ctrl-C (and a SIGTERM
+that Python handles, as ``jes train``'s) during a save waits for the save to
+finish and is raised after it (:func:`interrupts_deferred`); SIGKILL leaves the
+previous checkpoint.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
 import os
+import signal
 import socket
 import struct
 import sys
 import tempfile
+import threading
 import time
 import warnings
-from typing import Any
+from typing import Any, Iterator
 
 import flax.linen as nn
 import jax
@@ -256,6 +262,11 @@ def save(path: str, trainer: Trainer, state: TrainState, history: dict | None = 
     Returns:
         ``path``. If anything fails, the previous file at ``path`` is left untouched.
     """
+    with interrupts_deferred():  # a Ctrl-C mid-save would drop it (seconds, when the best member compiles)
+        return _save(path, trainer, state, history, key, best)
+
+
+def _save(path: str, trainer: Trainer, state: TrainState, history: dict | None, key: Any, best: Any) -> str:
     generation = int(state.generation)
     history = history or {}
     gens = np.asarray(history.get("generation", []))
@@ -308,6 +319,35 @@ def save(path: str, trainer: Trainer, state: TrainState, history: dict | None = 
     except OSError:
         pass  # some filesystems cannot fsync a directory; the file itself is synced
     return path
+
+
+@contextlib.contextmanager
+def interrupts_deferred() -> Iterator[None]:
+    """Hold SIGINT and SIGTERM back while the block runs, then deliver them: a checkpoint save is never cut off.
+
+    Only signals with a Python handler are held (SIGINT's ``KeyboardInterrupt``, ``jes train``'s SIGTERM); their
+    handlers are restored when the block ends, and the first signal that came is handed to its handler then (which
+    raises ``KeyboardInterrupt``; more Ctrl-Cs meanwhile count as that one). Signal handlers belong to the main
+    thread: in another thread the block runs unprotected. SIGKILL cannot be held: it leaves the previous checkpoint.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    pending: list[tuple[int, Any]] = []
+    previous = {}
+    try:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            handler = signal.getsignal(sig)
+            if callable(handler):  # not SIG_DFL, SIG_IGN, nor a handler installed outside Python
+                previous[sig] = handler
+                signal.signal(sig, lambda signum, frame: pending.append((signum, frame)))
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        if pending:
+            signum, frame = pending[0]
+            previous[signum](signum, frame)
 
 
 # A save's temp file is named ``.<name>.<pid>@<host>.<random>.tmp``: the sweep of leftovers removes only those of

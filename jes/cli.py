@@ -196,7 +196,8 @@ def _parser() -> argparse.ArgumentParser:
         description="Starts N copies of COMMAND as one jax.distributed run: each gets the coordinator address and "
                     "its process id (read by jes.train(..., distributed=True), jes train --distributed and "
                     "jes.distributed.initialize()). Output is forwarded with a [pI] prefix; if one process fails, "
-                    "the others are stopped.",
+                    "the others are stopped. Ctrl-C or SIGTERM is passed on to every process as a Ctrl-C (process 0 "
+                    "saves its checkpoint) and waited for.",
         epilog="examples:\n  jes launch --processes 2 -- jes train --distributed --generations 20\n"
                "  jes launch --processes 2 --devices-per-process 2 -- python my_script.py\n"
                "  on each of 2 hosts without a scheduler (4 processes):\n"
@@ -207,7 +208,10 @@ def _parser() -> argparse.ArgumentParser:
     launch.add_argument("--devices-per-process", type=int, default=1, metavar="K",
                         help="CPU devices each process exposes (accelerators: CUDA_VISIBLE_DEVICES etc.)")
     launch.add_argument("--coordinator", default=None, metavar="HOST:PORT",
-                        help="process 0's coordination address (default: a free port on 127.0.0.1)")
+                        help="process 0's coordination address (default: a free port on 127.0.0.1). JAX's "
+                             "coordination service does not authenticate: a loopback address is listened on alone, "
+                             "any other host on every interface (JAX_COORDINATOR_BIND_ADDRESS=IP:PORT picks one); "
+                             "use a trusted network")
     launch.add_argument("--first-process-id", type=int, default=0, help="id of the first process started here")
     launch.add_argument("--local-processes", type=int, default=None,
                         help="processes to start here (default: all from --first-process-id on)")
@@ -391,8 +395,12 @@ def _train(args: argparse.Namespace) -> int:
     result = jes.train(policy, env or "CartPole-v1", optimizer, strategy=strategy or "openai_es", **kwargs)
     import jax
 
-    if jax.process_index() == 0:  # every process of a --distributed run has the same result
-        print(result.summary())
+    try:
+        if jax.process_index() == 0:  # every process of a --distributed run has the same result
+            print(result.summary())
+    except KeyboardInterrupt as interrupt:  # the run is done and saved: name its checkpoint
+        interrupt.checkpoint_path = result.checkpoint_path
+        raise
     return 0
 
 
@@ -603,7 +611,9 @@ def _saved_note(args: argparse.Namespace, interrupt: KeyboardInterrupt) -> str:
     for path in (getattr(interrupt, "checkpoint_path", None), args.resume):
         if path is not None and os.path.exists(path):
             return f" (checkpoint {path}; continue with --resume {path})"
-    return " (no checkpoint was saved: the run had none yet, or --checkpoint none; there is nothing to --resume)"
+    # An interrupt once the generations run saves the run (a second Ctrl-C waits for the save): none came before.
+    return (" (no checkpoint was saved: interrupted before the first generation ran, or --checkpoint none; there is "
+            "nothing to --resume)")
 
 
 def _flag_named(message: str) -> str:

@@ -605,9 +605,11 @@ def _check_same_run(trainer: Trainer, key: Any, resume: str | None) -> None:
                  for p in range(everyone.shape[0])}
     differing = {p: fields for p, fields in differing.items() if fields}
     if differing:
-        listed = "; ".join(f"process {p}: {', '.join(f)}" for p, f in differing.items())
-        raise ValueError(f"the processes of this jax.distributed run were given different runs ({listed} differ "
-                         f"from process 0's): every process must run the same command, with the same key, "
+        names_of = lambda f: f[0] if len(f) == 1 else f"{', '.join(f[:-1])} and {f[-1]}"
+        listed = "; ".join(f"process {p}'s {names_of(f)} {'differs' if len(f) == 1 else 'differ'} from process 0's"
+                           for p, f in differing.items())
+        raise ValueError(f"the processes of this jax.distributed run were given different runs ({listed}): every "
+                         f"process must run the same command, with the same key, "
                          f"settings and --resume checkpoint (a per-process seed would mix the processes' runs into "
                          f"one that is none of them)")
 
@@ -746,11 +748,15 @@ def run(trainer: Trainer, state: TrainState, *, key: Any = 0, callbacks: Iterabl
     pending = None  # (record, state after it, best-member candidate) of a generation awaiting its centre
 
     def save_checkpoint():
-        checkpoint.save(save_to, trainer, localize(state), history, key, best=best)
+        nonlocal saved_generation
+        # A Ctrl-C (or jes train's SIGTERM) during the save is raised after it, once saved_generation says so.
+        with checkpoint.interrupts_deferred():
+            checkpoint.save(save_to, trainer, localize(state), history, key, best=best)
+            saved_generation = int(fetch(state.generation))
 
     def commit(entry: tuple, centre_return: float, centre_steps: int) -> bool:
         """Add a generation's row (its centre now known), advance ``state``; True when the run stops here."""
-        nonlocal state, best, env_steps, saved_generation, solved_generation
+        nonlocal state, best, env_steps, solved_generation
         record, after, candidate = entry
         generation_steps = record["env_steps"] + centre_steps
         env_steps += generation_steps
@@ -769,7 +775,6 @@ def run(trainer: Trainer, state: TrainState, *, key: Any = 0, callbacks: Iterabl
         generation = record["generation"]
         if save_to is not None and checkpoint_every and generation % checkpoint_every == 0:
             save_checkpoint()
-            saved_generation = generation
         if solved_generation is None and solved_return is not None and centre_return >= solved_return:
             solved_generation = generation
             return cfg.stop_at_return is not None
@@ -825,21 +830,31 @@ def run(trainer: Trainer, state: TrainState, *, key: Any = 0, callbacks: Iterabl
             if not evaluates_centre(gen + 1, total, cfg.eval_every):  # nothing to wait for
                 entry, pending = pending, None
                 commit(entry, float("nan"), 0)
-    except KeyboardInterrupt as interrupt:
-        if save_to is not None:
+        # Inside the try: an interrupt during the final save (seconds in a multi-process run, where the best member's
+        # program compiles then) is raised once it is written, and one just before it still saves.
+        if save_to is not None and saved_generation != int(fetch(state.generation)):
             save_checkpoint()
-            interrupt.checkpoint_path = save_to  # `jes train` names it (an interrupt before this point saved none)
-        def so_far() -> TrainResult:  # the run so far (what the checkpoint holds), for a notebook without one
-            done = int(fetch(state.generation))
-            rows = sum(1 for g in history["generation"] if g <= done)  # a row past the state, as a checkpoint drops
-            kept = {k: v[:rows] for k, v in history.items()}
-            return _result(trainer, state, kept, key, _first_solved(kept, solved_return), compile_time, t_start, best,
-                           save_to, log_dir)
+    except KeyboardInterrupt as interrupt:
+        try:
+            # A second Ctrl-C (an impatient user, a launcher passing SIGTERM on) waits for the save, then is dropped:
+            # this interrupt goes on, carrying the checkpoint and the run so far.
+            with checkpoint.interrupts_deferred():
+                if save_to is not None:
+                    if saved_generation != int(fetch(state.generation)):
+                        save_checkpoint()
+                    interrupt.checkpoint_path = save_to  # `jes train` names it (an interrupt before here saved none)
 
-        _attach_result(interrupt, so_far)
+                def so_far() -> TrainResult:  # the run so far (what the checkpoint holds), for a notebook without one
+                    done = int(fetch(state.generation))
+                    rows = sum(1 for g in history["generation"] if g <= done)  # rows past the state: dropped, as saved
+                    kept = {k: v[:rows] for k, v in history.items()}
+                    return _result(trainer, state, kept, key, _first_solved(kept, solved_return), compile_time, t_start,
+                                   best, save_to, log_dir)
+
+                _attach_result(interrupt, so_far)
+        except KeyboardInterrupt:
+            pass
         raise
-    if save_to is not None and saved_generation != int(fetch(state.generation)):
-        save_checkpoint()
     return _result(trainer, state, history, key, solved_generation, compile_time, t_start, best, checkpoint_path, log_dir)
 
 

@@ -1,6 +1,7 @@
 """jes.checkpoint: atomic saves, bit-identical resume, clear errors for bad files."""
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -573,3 +574,99 @@ def test_a_resume_that_already_reached_stop_at_return_says_it_trains_nothing(tmp
         resumed = jes.train(jes.MLPPolicy((4,)), "CartPole-v1", "adam", resume=ckpt,
                             **dict(common, num_generations=4, stop_at_return=reached))
     assert resumed.history["generation"].tolist() == [1, 2]
+
+
+@pytest.fixture
+def ctrl_c_raises():
+    """SIGINT as Python's Ctrl-C (a background job, as CI's, inherits it ignored), restored after the test."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
+
+
+def signals_during_writes(monkeypatch, *signals):
+    """Make each checkpoint write send ``signals`` to this process first (a real Ctrl-C mid-save); the sizes written."""
+    real_write, written = checkpoint._write_payload, []
+
+    def write_while_signalled(f, payload):
+        for sig in signals:
+            os.kill(os.getpid(), sig)
+            time.sleep(0.01)  # delivered here, at a bytecode boundary, unless held back
+        real_write(f, payload)
+        written.append(len(payload))
+
+    monkeypatch.setattr(checkpoint, "_write_payload", write_while_signalled)
+    return written
+
+
+def test_ctrl_c_during_the_final_save_keeps_the_checkpoint_and_names_it(trainer, full_run, tmp_path, monkeypatch,
+                                                                         ctrl_c_raises):
+    """The save after the last generation was outside the interrupt's protection: a Ctrl-C during it (seconds in a
+    multi-process run) lost every generation since the last periodic checkpoint, and said there was none."""
+    path = str(tmp_path / "final.ckpt")
+    signals_during_writes(monkeypatch, signal.SIGINT)
+    with pytest.raises(KeyboardInterrupt) as interrupted:
+        run(trainer, trainer.init_state(5), key=5, checkpoint_path=path)
+    assert checkpoint.read(path).generation == 4
+    assert interrupted.value.checkpoint_path == path
+    np.testing.assert_array_equal(interrupted.value.result.flat_params, full_run.flat_params)
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # the handler is restored
+
+
+def test_a_second_ctrl_c_during_the_interrupt_save_waits_for_it(trainer, tmp_path, monkeypatch, ctrl_c_raises):
+    """An impatient second Ctrl-C cut the interrupt's save off: no checkpoint at all."""
+    path = str(tmp_path / "twice.ckpt")
+
+    def ctrl_c_after_second(record):
+        if record["generation"] == 2:
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(1.0)  # interrupted here
+
+    written = signals_during_writes(monkeypatch, signal.SIGINT, signal.SIGINT)
+    with pytest.raises(KeyboardInterrupt) as interrupted:
+        run(trainer, trainer.init_state(5), key=5, callbacks=[ctrl_c_after_second], checkpoint_path=path)
+    assert len(written) == 1 and checkpoint.read(path).generation == 1
+    assert interrupted.value.checkpoint_path == path and list(interrupted.value.result.history["generation"]) == [1]
+
+
+def test_sigterm_during_jes_trains_final_save_keeps_it_and_says_so(tmp_path, monkeypatch, capsys):
+    """``jes train`` takes SIGTERM as Ctrl-C: during the final save it said "no checkpoint was saved: the run had none
+    yet" after every generation had run, and saved none."""
+    written = signals_during_writes(monkeypatch, signal.SIGTERM)
+    before = signal.getsignal(signal.SIGTERM)
+    path = str(tmp_path / "run" / "checkpoint.ckpt")
+    status = cli.main(["train", "--policy", "mlp", "--hidden", "4", "--layers", "1", "--population", "8",
+                       "--generations", "2", "--checkpoint-every", "100", "--log-dir", str(tmp_path / "run"),
+                       "--no-progress"])
+    err = capsys.readouterr().err
+    assert status == 128 + signal.SIGTERM, err
+    assert f"terminated (checkpoint {path}; continue with --resume {path})" in err, err
+    assert len(written) == 1 and checkpoint.read(path).generation == 2
+    assert signal.getsignal(signal.SIGTERM) == before  # no holding handler left behind
+
+
+KILLED_MID_SAVE = """
+import os, signal, sys
+import jes
+from jes import checkpoint
+
+trainer = jes.Trainer(jes.MLPPolicy((4,)), "CartPole-v1", "adam", jes.ESConfig(num_members=8, num_generations=2))
+checkpoint.save(sys.argv[1], trainer, trainer.init_state(1), {}, key=1)
+
+def write_half_then_die(f, payload):
+    f.write(payload[: len(payload) // 2])
+    f.flush()
+    os.kill(os.getpid(), signal.SIGKILL)
+
+checkpoint._write_payload = write_half_then_die
+checkpoint.save(sys.argv[1], trainer, trainer.init_state(2), {}, key=2)
+"""
+
+
+@pytest.mark.hard_timeout(300)
+def test_a_save_killed_midway_leaves_the_previous_checkpoint(tmp_path):
+    """Holding Ctrl-C back during a save does not hold SIGKILL: the save stays atomic."""
+    path = str(tmp_path / "run.ckpt")
+    out = subprocess.run([sys.executable, "-c", KILLED_MID_SAVE, path], capture_output=True, text=True, timeout=240)
+    assert out.returncode == -signal.SIGKILL, out.stderr[-2000:]
+    np.testing.assert_array_equal(checkpoint.read(path).key, np.asarray(jax.random.key_data(jes.generation.as_key(1))))

@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 
 import jax
 import numpy as np
@@ -124,26 +125,27 @@ def test_a_process_that_dies_stops_the_others_with_a_clear_error(tmp_path):
     assert 1 <= ckpt.generation <= 2
 
 
-def test_a_process_exiting_with_status_2_is_told_to_fix_a_usage_error_before_resuming():
-    """Status 2 is mostly a usage error or refusal (jes train's, argparse's), which resuming would not fix."""
+def test_a_failed_process_gets_advice_for_a_refusal_and_for_a_run_that_had_begun():
+    """No exit status tells a refusal before the first generation (status 2 from jes train, 1 from a script, a busy
+    port's crash) from a failure mid-run: the advice says to fix the error first, and to resume a run that had begun."""
     import io
 
     from jes.distributed.launch import launch as launch_processes
 
-    for code, advice in ((2, False), (3, True)):
+    for code in (1, 2, 3):
         err = io.StringIO()
         status = launch_processes([sys.executable, "-c", f"import sys; sys.exit({code})"], 2, devices_per_process=None,
                                   pin_cores=False, out=io.StringIO(), err=err, grace=2.0)
         assert status == code and f"exited with status {code}" in err.getvalue(), err.getvalue()
         assert NOT_ELASTIC in err.getvalue(), err.getvalue()
-        assert ("If its message above is a usage error or a refusal, fix that" in err.getvalue()) != advice
+        assert "fix that and launch again; a run that had begun continues from its last checkpoint" in NOT_ELASTIC
 
 
 def test_processes_given_different_runs_are_refused_naming_what_differs(tmp_path):
     """A per-process seed ran silently into a result that was neither process's run."""
     status, output = launch(tmp_path / "keys", 2, 1, 2, env={"JES_TEST_KEY_PER_PROCESS": "1"})
     assert status != 0, output
-    assert ("the processes of this jax.distributed run were given different runs (process 1: key differ from "
+    assert ("the processes of this jax.distributed run were given different runs (process 1's key differs from "
             "process 0's)") in output, output
     assert "done" not in output and not os.path.exists(tmp_path / "keys" / "runs" / "checkpoint.ckpt")
 
@@ -209,3 +211,96 @@ def test_launch_environment_and_argument_errors():
     ok = run("--processes", "2", "--", sys.executable, "-c",
              "import os; print('id', os.environ['JES_PROCESS_ID'], 'of', os.environ['JES_NUM_PROCESSES'])")
     assert ok.returncode == 0 and "[p0] id 0 of 2" in ok.stdout and "[p1] id 1 of 2" in ok.stdout
+
+
+def run_launch(*args, timeout=LAUNCH_TIMEOUT):
+    """``jes launch ARGS`` in a session of its own; (status, output). Fails the test (killing it all) past ``timeout``."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")])))
+    proc = subprocess.Popen([sys.executable, "-m", "jes.cli", "launch", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, env=env, start_new_session=True)
+    try:
+        output, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        pytest.fail(f"jes launch {' '.join(args)} did not finish within {timeout}s:\n{proc.communicate()[0]}")
+    return proc.returncode, output
+
+
+def test_a_busy_coordinator_port_is_refused_naming_it_not_a_crash(tmp_path):
+    """Process 0 crashed with SIGSEGV inside JAX's gRPC when the coordinator's port was taken; the launcher then
+    advised resuming a run that never began."""
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        address = f"127.0.0.1:{taken.getsockname()[1]}"
+        status, output = run_launch("--processes", "2", "--coordinator", address, "--", sys.executable, "-m",
+                                    "jes.cli", "train", "--distributed", "--generations", "1", "--log-dir", "none")
+        assert status == 2, output  # jes train's refusal, not 128 + SIGSEGV
+        assert f"[p0] jes train: process 0 cannot listen on the coordinator address {address}: port " in output, output
+        assert "is in use" in output and "jes launch --coordinator HOST:PORT" in output, output
+        # The documented Python API: a DistributedSetupError, not a crash.
+        script = ("import jes\ntry:\n    jes.distributed.initialize(coordinator=%r, num_processes=2, process_id=0)\n"
+                  "except jes.distributed.DistributedSetupError as err:\n    print('refused:', err)\n" % address)
+        done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=LAUNCH_TIMEOUT,
+                              env=dict(os.environ, PYTHONPATH=ROOT))
+        assert done.returncode == 0 and f"refused: process 0 cannot listen on the coordinator address {address}" \
+            in done.stdout, (done.returncode, done.stdout, done.stderr[-2000:])
+
+
+LISTENS = """
+import os, sys, time
+import jes
+jes.distributed.initialize()
+print("up", flush=True)
+open(os.path.join(sys.argv[1], "up" + os.environ["JES_PROCESS_ID"]), "w").close()
+deadline = time.monotonic() + 300
+while not os.path.exists(os.path.join(sys.argv[1], "done")) and time.monotonic() < deadline:
+    time.sleep(0.05)
+"""
+
+
+def listening_addresses(port):
+    """The local addresses of the sockets listening on TCP ``port`` (/proc/net/tcp and tcp6, hex as the kernel has)."""
+    found = []
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        if os.path.exists(table):
+            with open(table) as f:
+                for line in f.readlines()[1:]:
+                    local, state = line.split()[1], line.split()[3]
+                    host, _, hex_port = local.rpartition(":")
+                    if state == "0A" and int(hex_port, 16) == port:  # 0A: LISTEN
+                        found.append(host)
+    return found
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/net/tcp"), reason="reads the kernel's socket tables (Linux)")
+def test_a_loopback_coordinator_listens_on_loopback_only(tmp_path):
+    """JAX's coordination service is unauthenticated; it listened on every interface ([::]) for 127.0.0.1 too."""
+    import threading
+
+    from jes.distributed.launch import free_port
+
+    port = free_port()
+    seen = {}
+
+    def watch():  # once both processes are up (the service runs), read which addresses listen on the port
+        deadline = time.monotonic() + LAUNCH_TIMEOUT
+        while not all((tmp_path / f"up{i}").exists() for i in (0, 1)) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        seen["listening"] = listening_addresses(port)
+        (tmp_path / "done").touch()
+
+    script = tmp_path / "listens.py"
+    script.write_text(LISTENS)
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    status, output = run_launch("--processes", "2", "--coordinator", f"127.0.0.1:{port}", "--", sys.executable,
+                                str(script), str(tmp_path))
+    watcher.join(timeout=10)
+    assert status == 0 and "[p0] up" in output and "[p1] up" in output, output
+    listening = seen.get("listening")
+    assert listening, f"nothing listened on port {port} while the run was up:\n{output}"
+    loopback = {"0100007F", "0000000000000000FFFF00000100007F", "00000000000000000000000001000000"}
+    assert set(listening) <= loopback, f"the coordinator listens on {listening}, not only loopback (0100007F)"

@@ -196,3 +196,59 @@ def test_a_command_that_cannot_start_is_an_error(tmp_path):
                            str(tmp_path / "no-such-program")], env=env, capture_output=True, text=True,
                           timeout=EXIT_TIMEOUT)
     assert done.returncode == 2 and "cannot start" in done.stderr and "no such executable" in done.stderr, done.stderr
+
+
+# Each process saves for 2 s on Ctrl-C (as jes train's process 0 does a checkpoint), then exits 130.
+SAVES_ON_CTRL_C = r'''
+trap 'echo "saving in $JES_PROCESS_ID"; sleep 2; echo "saved in $JES_PROCESS_ID"; exit 130' INT
+trap 'echo "SIGTERM in $JES_PROCESS_ID"; exit 143' TERM
+sleep 300 &
+touch "$PIDS_DIR/ready$JES_PROCESS_ID"
+wait
+'''
+
+
+def wait_for(predicate, what, launcher, log):
+    deadline = time.monotonic() + START_TIMEOUT
+    while not predicate():
+        if launcher.poll() is not None or time.monotonic() > deadline:
+            launcher.kill()
+            launcher.wait()
+            pytest.fail(f"{what} did not happen within {START_TIMEOUT}s (launcher status {launcher.returncode}):\n"
+                        f"{log.read_text()}")
+        time.sleep(0.05)
+
+
+@pytest.mark.parametrize("first, second", [(signal.SIGINT, signal.SIGINT), (signal.SIGTERM, signal.SIGTERM),
+                                           (signal.SIGINT, signal.SIGTERM)], ids=["int-int", "term-term", "int-term"])
+def test_ctrl_c_or_sigterm_is_passed_on_and_a_second_one_waits_for_the_processes_to_save(tmp_path, first, second):
+    """A second Ctrl-C while the processes saved printed a traceback and left them to their watchdogs (process 0's
+    checkpoint cut off); SIGTERM (timeout, docker stop) killed the launcher at once, silently, their output lost."""
+    log = tmp_path / "launch.log"
+    env = dict(os.environ, PIDS_DIR=str(tmp_path),
+               PYTHONPATH=os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")])))
+    with open(log, "w") as out:
+        launcher = subprocess.Popen([sys.executable, "-m", "jes.cli", "launch", "--processes", "2", "--no-pin-cores",
+                                     "--", "bash", "-c", SAVES_ON_CTRL_C], env=env, stdout=out,
+                                    stderr=subprocess.STDOUT)
+    try:
+        wait_for(lambda: all((tmp_path / f"ready{i}").exists() for i in (0, 1)), "both processes' start", launcher,
+                 log)
+        launcher.send_signal(first)
+        wait_for(lambda: "saving in 0" in log.read_text(), "process 0's save", launcher, log)
+        launcher.send_signal(second)
+        try:
+            status = launcher.wait(timeout=EXIT_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"jes launch did not exit within {EXIT_TIMEOUT}s:\n{log.read_text()}")
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+            launcher.wait()
+    output = log.read_text()
+    assert status == 128 + first, output
+    assert "Traceback" not in output and "SIGTERM in" not in output, output  # no traceback, no process cut off
+    assert "[p0] saved in 0" in output and "[p1] saved in 1" in output, output
+    assert "jes launch: still waiting for the processes to save and exit" in output, output
+    if first == signal.SIGTERM:
+        assert "jes launch: SIGTERM: passing it on as a Ctrl-C" in output, output

@@ -22,7 +22,10 @@ machines come and go, use the ZeroMQ backend (``jes-worker``) instead.
 from __future__ import annotations
 
 import dataclasses
+import errno
+import ipaddress
 import os
+import socket
 from typing import Sequence
 
 import jax
@@ -100,7 +103,7 @@ def info() -> ProcessInfo:
 
 def initialize(coordinator: str | None = None, num_processes: int | None = None, process_id: int | None = None,
                *, local_device_ids: Sequence[int] | None = None, heartbeat_timeout_seconds: int | None = None,
-               initialization_timeout: int = 300) -> ProcessInfo:
+               initialization_timeout: int = 300, coordinator_bind_address: str | None = None) -> ProcessInfo:
     """Join this process to a multi-process JAX run; call it first, before any JAX computation.
 
     Example (every process runs the same script)::
@@ -119,13 +122,18 @@ def initialize(coordinator: str | None = None, num_processes: int | None = None,
         heartbeat_timeout_seconds: how long the others wait for a silent process before they all
             stop (JAX's default, 100 s, when ``None``).
         initialization_timeout: seconds to wait for every process to join.
+        coordinator_bind_address: ``"HOST:PORT"`` where process 0's coordination service listens (default:
+            ``$JAX_COORDINATOR_BIND_ADDRESS``, else the coordinator's own address when it is a loopback one
+            (``127.0.0.1``, ``::1``, ``localhost``), else every interface, as JAX does). The service does not
+            authenticate: bind it to the interface the other hosts reach, on a network you trust.
 
     Returns:
         This process's :class:`ProcessInfo`. Calling it again (or after your own
         ``jax.distributed.initialize``) returns the running runtime's info.
 
     Raises:
-        DistributedSetupError: bad or missing coordinates, or JAX already computing in this process.
+        DistributedSetupError: bad or missing coordinates, JAX already computing in this process, or (process 0)
+            the coordinator's address cannot be listened on (a port in use).
     """
     if is_initialized():
         current = info()
@@ -155,6 +163,15 @@ def initialize(coordinator: str | None = None, num_processes: int | None = None,
                   local_device_ids=local_device_ids, initialization_timeout=initialization_timeout)
     if heartbeat_timeout_seconds is not None:
         kwargs["heartbeat_timeout_seconds"] = heartbeat_timeout_seconds
+    if coordinator is not None:
+        bind = bind_address(coordinator, coordinator_bind_address)
+        if bind is not None:  # None: JAX's default, every interface
+            kwargs["coordinator_bind_address"] = bind
+        if process_id == 0:
+            # JAX's coordination service crashes the process (SIGSEGV inside gRPC) when it cannot listen: say why.
+            _check_can_listen(bind or "[::]:" + coordinator.rpartition(":")[2], coordinator)
+    elif coordinator_bind_address is not None:
+        kwargs["coordinator_bind_address"] = coordinator_bind_address
     try:
         jax.distributed.initialize(**kwargs)
     except (ValueError, TypeError) as err:
@@ -165,6 +182,66 @@ def initialize(coordinator: str | None = None, num_processes: int | None = None,
             f"as process {process_id} of {num_processes}: {err}. Check that every process was started, that "
             f"process 0 can listen on that address and the others reach it") from err
     return info()
+
+
+def bind_address(coordinator: str, explicit: str | None = None) -> str | None:
+    """Where process 0's coordination service listens for ``coordinator`` (``None``: every interface).
+
+    ``explicit``, else ``$JAX_COORDINATOR_BIND_ADDRESS``, else the coordinator itself when it is a loopback address:
+    the service does not authenticate, and a run on one machine has no reason to be reachable from others. Any other
+    host binds every interface, as JAX does: the name the other hosts use may resolve to another address on process
+    0's host (NAT, containers, a hostname mapped to 127.0.1.1), where binding it alone would leave them unable to
+    connect.
+    """
+    if explicit or os.environ.get("JAX_COORDINATOR_BIND_ADDRESS"):
+        return explicit or os.environ["JAX_COORDINATOR_BIND_ADDRESS"]
+    return coordinator if _is_loopback(coordinator.rpartition(":")[0]) else None
+
+
+def _is_loopback(host: str) -> bool:
+    host = host.strip("[]")
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a host name
+        return False
+
+
+def _check_can_listen(address: str, coordinator: str) -> None:
+    """Raise :class:`DistributedSetupError` unless a TCP socket can listen on ``address`` (``HOST:PORT``) right now."""
+    host, _, port = address.rpartition(":")
+    host = host.strip("[]")
+    try:
+        infos = socket.getaddrinfo(host or None, int(port), type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except (OSError, ValueError) as err:
+        raise DistributedSetupError(f"process 0 cannot listen on the coordinator address {address} ({err}); check "
+                                    f"the coordinator's HOST:PORT") from err
+    failures = []
+    for family, kind, proto, _, sockaddr in infos:
+        with socket.socket(family, kind, proto) as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as gRPC: a port in TIME_WAIT is free
+            if family == socket.AF_INET6 and host in ("::", ""):
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)  # [::] takes IPv4 too, as gRPC's
+            try:
+                sock.bind(sockaddr)
+                sock.listen()
+            except OSError as err:
+                failures.append(err)
+    # gRPC listens on whichever of the name's addresses it can (localhost without IPv6), but one taken by another
+    # program would take the other processes' connections.
+    busy = [err for err in failures if err.errno == errno.EADDRINUSE]
+    if busy or len(failures) == len(infos):
+        err = (busy or failures)[0]
+        what = address if address == coordinator else f"{address} (coordinator {coordinator})"
+        if busy:
+            why = (f"port {port} is in use (another program, or an earlier run still stopping, listens on it). "
+                   f"Choose another port: jes launch --coordinator HOST:PORT (or leave --coordinator out for a free "
+                   f"one on this machine), or coordinator='HOST:PORT' in jes.distributed.initialize")
+        else:
+            why = (f"{err.strerror or err}. Give an address of process 0's own host (coordinator_bind_address= or "
+                   f"$JAX_COORDINATOR_BIND_ADDRESS)")
+        raise DistributedSetupError(f"process 0 cannot listen on the coordinator address {what}: {why}") from err
 
 
 def ensure_initialized() -> ProcessInfo:

@@ -6,7 +6,9 @@ Each process gets ``JES_COORDINATOR``, ``JES_NUM_PROCESSES`` and ``JES_PROCESS_I
 :func:`jes.distributed.initialize` and ``jes.train(..., distributed=True)``), and on CPU
 ``JES_CPU_DEVICES``/``JAX_NUM_CPU_DEVICES`` for its device count. Their output is forwarded line
 by line with a ``[pI]`` prefix; each gets its own share of the cores. When one exits with an error, the others are stopped at once
-(JAX's runtime is not elastic) and the launcher exits with that process's status.
+(JAX's runtime is not elastic) and the launcher exits with that process's status. Ctrl-C or SIGTERM to the
+launcher is passed on to every process as a Ctrl-C, and their output is forwarded while they save and exit (a
+second signal is waited through); the launcher then exits with 128 + that signal.
 
 The launcher owns the process tree of the run. Each command runs under a small watchdog
 (:mod:`jes.distributed._reaper`) in a session and process group of its own, and a process is
@@ -31,10 +33,11 @@ import threading
 import time
 from typing import Sequence, TextIO
 
-USAGE_STATUS = 2  # what `jes train` (and argparse) exit with for bad arguments or a refused run
-NOT_ELASTIC = ("JAX's multi-process runtime is not elastic: a run stops when one of its processes stops. Continue "
-               "from the last checkpoint (jes train --resume CKPT, or jes.train(..., resume=CKPT)) with any number "
-               "of processes; for fleets where machines come and go, use the ZeroMQ backend (jes-worker)")
+NOT_ELASTIC = ("JAX's multi-process runtime is not elastic: a run stops when one of its processes stops. If the "
+               "message above is an error before the run began (a usage error, a refusal, a busy coordinator port), "
+               "fix that and launch again; a run that had begun continues from its last checkpoint (jes train "
+               "--resume CKPT, or jes.train(..., resume=CKPT)) with any number of processes. For fleets where "
+               "machines come and go, use the ZeroMQ backend (jes-worker)")
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -194,59 +197,105 @@ def launch(command: Sequence[str], num_processes: int, *, devices_per_process: i
             raise ValueError("a run spread over several hosts needs --coordinator HOST:PORT (process 0's host)")
         coordinator = f"127.0.0.1:{free_port()}"
     shares = core_shares(local) if pin_cores else [None] * local
+    # Ctrl-C and SIGTERM (timeout, docker stop, a scheduler) are noted, not raised: the launcher passes the first on
+    # as a Ctrl-C (which every process saves on) and keeps forwarding their output until they have exited; a second
+    # one must not cut that wait off (process 0 may be saving a checkpoint).
+    stops: list[int] = []
+    previous = {}
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            previous[sig] = signal.signal(sig, lambda signum, frame: stops.append(signum))
     lock = threading.Lock()
     procs: list[subprocess.Popen] = []
     threads = []
-    for i in range(first_process_id, first_process_id + local):
-        env = process_env(os.environ, coordinator, num_processes, i, devices_per_process)
-        cores = shares[i - first_process_id]
-        watchdog = [sys.executable, "-I", "-S", REAPER, "--parent", str(os.getpid()), "--grace", str(grace)]
-        watchdog += ["--cores", ",".join(map(str, sorted(cores)))] if cores else []
-        try:
-            if shutil.which(command[0], path=env.get("PATH", os.defpath)) is None:
-                raise FileNotFoundError("no such executable file" + ("" if os.sep in command[0] else " on PATH"))
-            # Its own session: the watchdog leads a process group that holds every process of this share.
-            proc = subprocess.Popen([*watchdog, "--", *command], env=env, stdout=subprocess.PIPE,
-                                    stderr=subprocess.STDOUT, text=True, bufsize=1, start_new_session=True)
-        except OSError as error:
-            _stop(procs, grace)
-            raise ValueError(f"cannot start {command[0]!r}: {error}") from error
-        procs.append(proc)
-        thread = threading.Thread(target=_forward, args=(proc.stdout, f"[p{i}] " if prefix else "", out, lock),
-                                  daemon=True)
-        thread.start()
-        threads.append(thread)
-    status = 0
     try:
-        running = set(range(len(procs)))
-        while running:
-            for index in sorted(running):
-                code = _exited(procs[index])
-                if code is None:
-                    continue
-                running.discard(index)
-                if code != 0 and status == 0:
-                    status = code if code > 0 else 128 - code
-                    others = [p for j, p in enumerate(procs) if j in running]
-                    with lock:
-                        reason = f"was killed by signal {-code}" if code < 0 else f"exited with status {code}"
-                        # Status 2: jes train's (and argparse's) usage errors and refusals, which resuming would not
-                        # change, but also an error mid-run (a full disk), after which resuming is the advice.
-                        advice = (f"If its message above is a usage error or a refusal, fix that and launch again; "
-                                  f"otherwise: {NOT_ELASTIC}" if code == USAGE_STATUS else NOT_ELASTIC)
-                        err.write(f"jes launch: process {first_process_id + index} {reason}; stopping the other "
-                                  f"{len(others)} process(es). {advice}\n")
-                        err.flush()
-                    _stop(others, grace)
-                    running.clear()
-                    break
-            time.sleep(0.05)
-    except KeyboardInterrupt:
-        # The processes are in sessions of their own, out of the terminal's reach: pass the Ctrl-C on, and
-        # give them time to checkpoint.
-        _signal_each(procs, signal.SIGINT)
-        _stop(_wait(procs, grace * 6), grace)
-        status = 130
+        for i in range(first_process_id, first_process_id + local):
+            env = process_env(os.environ, coordinator, num_processes, i, devices_per_process)
+            cores = shares[i - first_process_id]
+            watchdog = [sys.executable, "-I", "-S", REAPER, "--parent", str(os.getpid()), "--grace", str(grace)]
+            watchdog += ["--cores", ",".join(map(str, sorted(cores)))] if cores else []
+            try:
+                if shutil.which(command[0], path=env.get("PATH", os.defpath)) is None:
+                    raise FileNotFoundError("no such executable file" + ("" if os.sep in command[0] else " on PATH"))
+                # Its own session: the watchdog leads a process group that holds every process of this share.
+                proc = subprocess.Popen([*watchdog, "--", *command], env=env, stdout=subprocess.PIPE,
+                                        stderr=subprocess.STDOUT, text=True, bufsize=1, start_new_session=True)
+            except OSError as error:
+                _stop(procs, grace)
+                raise ValueError(f"cannot start {command[0]!r}: {error}") from error
+            procs.append(proc)
+            thread = threading.Thread(target=_forward, args=(proc.stdout, f"[p{i}] " if prefix else "", out, lock),
+                                      daemon=True)
+            thread.start()
+            threads.append(thread)
+        try:
+            status = _watch(procs, first_process_id, grace, stops, lock, err)
+        except KeyboardInterrupt:  # launch() called outside the main thread: Ctrl-C reaches it as an exception
+            stops.append(signal.SIGINT)
+            status = _stop_on_signal(procs, grace, stops, lock, err)
+    finally:
+        for sig, handler in previous.items():
+            if handler is not None:  # None: a handler installed outside Python, which cannot be put back
+                signal.signal(sig, handler)
     for thread in threads:
         thread.join(timeout=grace)
     return status
+
+
+def _watch(procs: Sequence[subprocess.Popen], first_process_id: int, grace: float, stops: list[int],
+           lock: threading.Lock, err: TextIO) -> int:
+    """Wait for ``procs``; stop them all when one fails or a stop signal comes. The run's status."""
+    running = set(range(len(procs)))
+    while running:
+        if stops:
+            return _stop_on_signal(procs, grace, stops, lock, err)
+        for index in sorted(running):
+            code = _exited(procs[index])
+            if code is None:
+                continue
+            running.discard(index)
+            if code != 0:
+                others = [p for j, p in enumerate(procs) if j in running]
+                with lock:
+                    reason = f"was killed by signal {-code}" if code < 0 else f"exited with status {code}"
+                    # No exit status tells a refusal before the first generation from a failure mid-run (a full
+                    # disk exits 2 as a usage error does, a script's refusal 1 as its crash): the advice covers both.
+                    err.write(f"jes launch: process {first_process_id + index} {reason}; stopping the other "
+                              f"{len(others)} process(es). {NOT_ELASTIC}\n")
+                    err.flush()
+                _stop(others, grace)
+                return code if code > 0 else 128 - code
+        time.sleep(0.05)
+    return 0
+
+
+def _stop_on_signal(procs: Sequence[subprocess.Popen], grace: float, stops: list[int], lock: threading.Lock,
+                    err: TextIO) -> int:
+    """The launcher got Ctrl-C or SIGTERM: pass a Ctrl-C on, give the processes time to checkpoint, then stop them.
+
+    The processes are in sessions of their own, out of the terminal's reach. They get SIGINT whichever signal came:
+    every process saves on Ctrl-C, where JAX's preemption notifier takes SIGTERM over in a script of one's own.
+    Further signals are waited through (once the processes have exited, or ``6 * grace`` s, they are stopped).
+    """
+    first = stops[0]
+    patience = grace * 6
+    _signal_each(procs, signal.SIGINT)
+    if first != signal.SIGINT:
+        with lock:
+            err.write(f"jes launch: {signal.Signals(first).name}: passing it on as a Ctrl-C and waiting up to "
+                      f"{patience:.0f} s for the processes to save and exit\n")
+            err.flush()
+    noted = 1
+    deadline = time.monotonic() + patience
+    running = [proc for proc in procs if _exited(proc) is None]
+    while running and time.monotonic() < deadline:
+        if len(stops) > noted:
+            noted = len(stops)
+            with lock:
+                err.write(f"jes launch: still waiting for the processes to save and exit (they are stopped "
+                          f"{max(deadline - time.monotonic(), 0):.0f} s from now at the latest)\n")
+                err.flush()
+        time.sleep(0.05)
+        running = [proc for proc in running if _exited(proc) is None]
+    _stop(running, grace)
+    return 128 + first
