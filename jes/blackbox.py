@@ -14,6 +14,7 @@ import functools
 import itertools
 import math
 import time
+import warnings
 from typing import Any, Callable, Sequence
 
 import jax
@@ -35,6 +36,17 @@ def _x0_dtype(x0: Any) -> Any:
     """float64 where JAX's x64 mode is on and ``x0`` holds float64 leaves, else float32."""
     wide = jax.config.jax_enable_x64 and any(jnp.asarray(x).dtype == jnp.float64 for x in jax.tree.leaves(x0))
     return jnp.float64 if wide else jnp.float32
+
+
+def _warn_if_float64_lost(x0: Any) -> None:
+    """Warn (from the caller of ``optimize`` / ``AskTell``) where ``x0`` holds float64 NumPy arrays that the search
+    cannot keep: JAX's x64 mode is off."""
+    if not jax.config.jax_enable_x64 and any(isinstance(x, (np.ndarray, np.floating)) and x.dtype == np.float64
+                                              for x in jax.tree.leaves(x0)):
+        warnings.warn("x0 is float64, but JAX's x64 mode is off: the search runs in float32 (about 7 significant "
+                      "digits: f values with a large offset resolve only ~1e-7 of it). For float64 means, samples "
+                      "and f, call jax.config.update('jax_enable_x64', True) before anything else in JAX; to search "
+                      "in float32 on purpose, give x0 as float32", stacklevel=3)
 
 
 def _flatten_x0(x0: Any) -> tuple[jax.Array, Callable]:
@@ -298,6 +310,10 @@ BLOCK_METRICS = ("pop_max", "pop_min", "pop_mean", "noise_std", "centre_return",
 def _config(num_members: int, num_generations: int, noise_std: Any, learning_rate: Any, fitness_shaping: str,
             weight_decay: float, chunk_size: int | None, strategy) -> ESConfig:
     check_settings_apply(strategy, learning_rate, weight_decay, fitness_shaping)
+    if strategy.antithetic(True) and isinstance(num_members, int) and num_members % 2:  # before ESConfig's refusal,
+        # which advises antithetic=False: not an argument here (a strategy's own sampling decides it)
+        raise ValueError(f"num_members={num_members} is odd, but strategy {strategy.name!r} evaluates mirrored pairs; "
+                         f"use an even population (e.g. {num_members + 1})")
     return ESConfig(num_members=num_members, num_generations=num_generations, noise_std=noise_std,
                     learning_rate=learning_rate, fitness_shaping=fitness_shaping, weight_decay=weight_decay,
                     antithetic=strategy.antithetic(True), chunk_size=chunk_size, normalize_observations=False,
@@ -551,6 +567,7 @@ def optimize(
     callbacks = tuple(callbacks)  # an iterator would be used up by the first generation
     strategy = get_strategy(strategy)
     flat, _ = _flatten_x0(x0)
+    _warn_if_float64_lost(x0)
     if num_members is None:
         num_members = _default_members(strategy, int(flat.shape[0]))
     if not isinstance(host, bool):
@@ -1170,6 +1187,7 @@ class AskTell:
                  fitness_shaping: str = "centered_ranks", weight_decay: float = 0.0, chunk_size: int | None = None):
         strategy = get_strategy(strategy)
         flat, _ = _flatten_x0(x0)
+        _warn_if_float64_lost(x0)
         num_members = _default_members(strategy, int(flat.shape[0])) if num_members is None else num_members
         config = _config(num_members, 1, noise_std, learning_rate, fitness_shaping, weight_decay, chunk_size, strategy)
         self.problem = FunctionProblem(None, x0, strategy, config, optimizer=optimizer, minimize=minimize, devices=1)

@@ -2,6 +2,7 @@
 (The strategies through optimize / AskTell: tests/test_strategies.py, tests/test_cma_es.py.)"""
 import math
 import re
+import warnings
 
 import jax
 import jax.numpy as jnp
@@ -228,6 +229,30 @@ def test_sep_cma_es_in_x64_mode_is_float64_and_reaches_the_offset_target():
                          num_generations=400, target=OFFSET + 1e-8)
         assert r.state.strategy.sigma.dtype == np.float64 and r.state.strategy.diag_c.dtype == np.float64
         assert r.stop_reason == "target" and r.value - OFFSET < 1e-8
+
+
+def test_an_odd_population_is_refused_without_advising_an_argument_optimize_does_not_take():
+    for name in ("pgpe", "ars", "openai_es"):
+        with pytest.raises(ValueError, match=rf"num_members=7 is odd, but strategy '{name}' evaluates mirrored pairs; "
+                                             r"use an even population \(e.g. 8\)$"):
+            jes.optimize(sphere, jnp.ones(3), name, num_members=7, num_generations=2)
+        with pytest.raises(ValueError, match=r"num_members=7 is odd.*use an even population \(e.g. 8\)$"):
+            jes.AskTell(name, x0=jnp.ones(3), num_members=7)
+    jes.AskTell("snes", x0=jnp.ones(3), num_members=7)  # no mirrored pairs: any population
+
+
+@pytest.mark.skipif(jax.config.jax_enable_x64, reason="the warning is for x64 mode off")
+def test_a_float64_x0_without_x64_mode_warns_that_the_search_runs_in_float32():
+    with pytest.warns(UserWarning, match=r"x0 is float64, but JAX's x64 mode is off: the search runs in float32.*"
+                                         r"jax.config.update\('jax_enable_x64', True\)") as caught:
+        jes.optimize(sphere, np.ones(3), "snes", minimize=True, num_generations=2)
+    assert caught[0].filename == __file__  # the user's line, not jes's
+    with pytest.warns(UserWarning, match="x0 is float64"):
+        jes.AskTell("snes", x0={"a": np.ones(2), "b": np.float64(1.0)})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        jes.optimize(sphere, np.ones(3, np.float32), "snes", minimize=True, num_generations=2)
+        jes.AskTell("snes", x0=[1.0, 2.0])  # Python floats: no dtype asked for
 
 
 def test_float64_fitness_from_the_host_is_ranked_in_float64_without_x64_mode():
