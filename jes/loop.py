@@ -746,6 +746,8 @@ def run(trainer: Trainer, state: TrainState, *, key: Any = 0, callbacks: Iterabl
     pending = None  # (record, state after it, best-member candidate) of a generation awaiting its centre
 
     def save_checkpoint():
+        # The logs as far as the checkpoint, before it: a killed run's curves go on where its resume starts
+        jes_logging.flush_all(callbacks, int(fetch(state.generation)))
         checkpoint.save(save_to, trainer, localize(state), history, key, best=best)
 
     def commit(entry: tuple, centre_return: float, centre_steps: int) -> bool:
