@@ -393,6 +393,12 @@ def train(
         raise ValueError(ignored)
     if ignored is not None:  # a checkpoint of a jes that took them silently: its run goes on as it was
         warnings.warn(f"{ignored} (the resumed run goes on as it ran, without them)", stacklevel=2)
+    restored = None
+    if resume is not None and jax.process_count() == 1:
+        # Before the step's compile: a checkpoint of another run is refused at once, not after a compile (the
+        # processes of a multi-process run first check that they resume the same file, below)
+        restored = checkpoint.read(resume)
+        restored.check_compatible(trainer)
     if master is None and not num_workers and not trainer.spec.host:  # a master or a host env runs no local step
         trainer.start_compiling_step()  # overlaps building or restoring the state
     try:  # a compile thread left running when this raises would abort the interpreter at its exit
@@ -400,7 +406,7 @@ def train(
         if jax.process_count() > 1:
             _check_same_run(trainer, key, resume)
         if resume is not None:
-            restored = checkpoint.read(resume)
+            restored = restored or checkpoint.read(resume)
             try:
                 same_key = np.array_equal(np.asarray(jax.random.key_data(as_key(key))), np.asarray(restored.key))
             except (TypeError, ValueError):  # not a key at all: ignored all the same
@@ -415,7 +421,8 @@ def train(
                 warnings.warn(f"{resume!r} was written by a jes that gave env {spec.name!r}'s actions (a Box with some "
                               f"bounds infinite) the raw policy outputs; this jes maps each dimension by its own "
                               f"bounds (CHANGELOG.md), so the resumed run is not the run it continues", stacklevel=2)
-            state, history, key = restored.restore_state(trainer), restored.history, restored.key
+            state = restored.restore_state(trainer, checked=jax.process_count() == 1)  # checked above with one
+            history, key = restored.history, restored.key
             best = _best_from_checkpoint(trainer, restored.best)
             state = _apply_new_learning_rate(trainer, state, restored.meta["config"].get("learning_rate"), resume)
             _warn_unchecked_on_resume(optimizer, config, resume)
