@@ -480,9 +480,14 @@ def sweep(
     resume: run it again with a new ``out_dir``.
 
     Each row records the ``learning_rate`` it ran with and where it came from
-    (``learning_rate_source``: ``grid``, ``config``, ``optimizer default`` or ``strategy``): in a
+    (``learning_rate_source``: ``grid``, ``config``, ``optimizer default``, ``optax object`` or ``strategy``): in a
     sweep over optimizers each takes its own default unless the grid or config sets a rate,
     which then replaces every optimizer's default (with a warning).
+
+    Configuration folders and the table's columns name each swept value by :func:`value_name`: its text, or for
+    an optax object, a function or another long value its kind and grid index (``optimizer=optax_1`` is
+    ``grid["optimizer"][1]``). Every folder name is checked before anything trains (one the file system refuses,
+    or two configurations in one folder, raise ``ValueError``).
     """
     base = config or ESConfig()
     seeds = _checked_seeds(seeds)
