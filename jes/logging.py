@@ -351,8 +351,9 @@ def read_scalars(log_dir: str) -> dict[str, list[tuple[int, float]]]:
 
     A point written again with the same value is read once: a run killed after some of its logs past its last
     checkpoint reached the file (or one logged by an earlier jes, which logged a generation interrupted among its
-    callbacks again), logs those generations again when it resumes, with the same bits. Other values at a step already read are all kept:
-    another run's in the same folder, and the timings (``perf/*``) of such a generation logged twice."""
+    callbacks again), logs those generations again when it resumes, with the same bits. Other values at a step
+    already read are all kept: another run's in the same folder, and the timings (``perf/*``) of such a generation
+    logged twice."""
     scalars: dict[str, list[tuple[int, float]]] = {}
     seen: set = set()
     for event in iter_events(log_dir):
