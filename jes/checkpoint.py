@@ -626,9 +626,11 @@ class Checkpoint:
                 + ", ".join(sorted(RESUMABLE_CONFIG_CHANGES | RESUMABLE_WITH_WARNING)) + "), or start a fresh run."
             )
 
-    def restore_state(self, trainer: Trainer) -> TrainState:
-        """The :class:`TrainState`, checked against ``trainer`` and placed on its devices."""
-        self.check_compatible(trainer)
+    def restore_state(self, trainer: Trainer, checked: bool = False) -> TrainState:
+        """The :class:`TrainState`, checked against ``trainer`` (``checked``: the caller ran :meth:`check_compatible`
+        already) and placed on its devices."""
+        if not checked:
+            self.check_compatible(trainer)
         if self.meta["version"] < 8 and getattr(trainer.spec.env, "mapped_otherwise_before", False):
             warnings.warn(f"{self.path} was written by a jes that squashed brax env {trainer.spec.name!r}'s actions into "
                           f"its actuators' ctrl_range, which the env then scaled again; this jes gives it actions in "

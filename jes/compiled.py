@@ -131,8 +131,13 @@ class CompiledPrograms:
             return
         done = self._compiling[0]
         if not done.is_set():  # the caller's error (or Ctrl-C) is reported once the compile is done: say why it waits
-            print("jes: stopping once the generation step's compile, started in the background, has finished (XLA "
-                  "cannot be interrupted, and leaving during it would abort the process)", file=sys.stderr, flush=True)
+            # Called while the caller handles its exception: an interrupt stops the run; an error is reported
+            what = ("stopping once the generation step's compile, started in the background, has finished"
+                    if isinstance(sys.exc_info()[1], KeyboardInterrupt) or sys.exc_info()[1] is None else
+                    "waiting for the generation step's compile, started in the background, to finish before reporting "
+                    "the error")
+            print(f"jes: {what} (XLA cannot be interrupted, and leaving during it would abort the process)",
+                  file=sys.stderr, flush=True)
         while not done.is_set():
             try:
                 done.wait(0.2)

@@ -2,7 +2,9 @@
 
 A *logger* is any callable taking one generation's metrics record (the dict
 :func:`jes.train` hands to ``callbacks``); it may also have ``close()``,
-which :func:`jes.train` calls when the run ends, however it ends. Nothing here
+which :func:`jes.train` calls when the run ends, however it ends. A
+:class:`Logger` is also flushed before each checkpoint is saved (see
+:meth:`Logger.flush`). Nothing here
 runs inside compiled code: the host loop reads a few scalars back per
 generation and passes them on.
 
@@ -20,6 +22,7 @@ import os
 import struct
 import sys
 import time
+import warnings
 from typing import Any, Iterable, Mapping
 
 # record key -> TensorBoard tag. Everything in a record is a plain Python scalar.
@@ -51,6 +54,12 @@ class Logger:
         """Handle one generation's metrics record (plain Python scalars, ``generation`` 1-based)."""
         raise NotImplementedError
 
+    def flush(self, generation: int | None = None) -> None:
+        """Write out what was logged, up to ``generation``: called before each checkpoint is saved, with the
+        generation it holds, so that the logs go at least as far as the checkpoint (a killed run loses none of
+        its curves) and never past it (a generation interrupted among its callbacks is not in the checkpoint, and
+        a resumed run logs it again). ``None``: everything."""
+
     def close(self) -> None:
         """Flush and release resources; called once when the run ends."""
 
@@ -77,10 +86,18 @@ def _hparam_value(value: Any) -> bool | str | float | int:
     return "None" if value is None else repr(value)
 
 
+# Written generations reach the event file at least this often (tensorboardX's SummaryWriter: every 120 s)
+LIVE_FLUSH_SECONDS = 10.0
+
+
 class TensorBoardLogger(Logger):
     """Writes each generation's scalars to a TensorBoard event file in ``log_dir`` (tensorboardX).
 
-    The centre return is written only on generations that evaluated the centre.
+    The centre return is written only on generations that evaluated the centre. A generation's scalars are
+    written when the next generation's record comes, or at :meth:`flush` or :meth:`close`: a generation a
+    checkpoint does not hold (Ctrl-C among its callbacks) is never written, so a resumed run logs each generation
+    once. Events are on disk after a :meth:`flush` (before each checkpoint) or :meth:`close`, and in between
+    every ``LIVE_FLUSH_SECONDS`` (10 s) and whenever the file's buffer fills.
     ``hparams`` (e.g. ``config.to_dict()`` plus env/policy/optimizer) are written
     as a text table at the start and as a TensorBoard HPARAMS entry, with the final
     metrics, at :meth:`close`.
@@ -90,16 +107,21 @@ class TensorBoardLogger(Logger):
         hparams: flat mapping of hyperparameter names to values.
     """
 
-    def __init__(self, log_dir: str, hparams: Mapping[str, Any] | None = None, best_centre: float = -math.inf):
-        from tensorboardX import SummaryWriter
-
+    def __init__(self, log_dir: str, hparams: Mapping[str, Any] | None = None, best_centre: float = -math.inf,
+                 purge_from: int | None = None):
         self.log_dir = log_dir
         self.hparams = {k: _hparam_value(v) for k, v in (hparams or {}).items()}
         # tensorboardX names the file by the second and the host only: a second writer in the same directory within
         # the same second (a short run resumed at once into its log dir) would overwrite the first's events
-        self.writer = SummaryWriter(log_dir, filename_suffix=f".{os.getpid()}.{time.time_ns()}")
+        self.writer = _EventFile(log_dir, filename_suffix=f".{os.getpid()}.{time.time_ns()}")
         self._last: dict = {}
+        self._pending: dict | None = None  # the newest record, not written yet (see flush)
+        self._flushed_at = time.monotonic()
         self._best_centre = best_centre  # a resumed run's: the best centre return of its earlier sessions
+        if purge_from is not None:
+            # A resumed run's restart marker (tensorboardX's purge_step): TensorBoard, and read_scalars, drop the
+            # earlier sessions' points from this step on, which a killed run may have written past its checkpoint.
+            self.writer.add_session_start(purge_from)
         if self.hparams:
             table = "| hyperparameter | value |\n|---|---|\n" + "\n".join(
                 f"| {k} | {v} |" for k, v in sorted(self.hparams.items())
@@ -107,6 +129,16 @@ class TensorBoardLogger(Logger):
             self.writer.add_text("hparams", table, 0)
 
     def __call__(self, record: Mapping[str, Any]) -> None:
+        # The record before this one is the run's for good (its generation's state is the run's now); this one is
+        # held until the next, a flush or close: an interrupt among its generation's callbacks leaves it out of
+        # the checkpoint, and the flush before that checkpoint's save drops it.
+        self._write_pending()
+        self._pending = dict(record)
+
+    def _write_pending(self) -> None:
+        record = self._pending
+        if record is None:
+            return
         step = int(record["generation"])
         for key, tag in SCALAR_TAGS.items():
             value = record.get(key)
@@ -116,9 +148,20 @@ class TensorBoardLogger(Logger):
         centre = record.get("centre_return")
         if centre is not None and math.isfinite(centre):
             self._best_centre = max(self._best_centre, float(centre))
-        self._last = dict(record)
+        self._last = record
+        self._pending = None  # after the writes: an interrupt among them leaves it to write again (same values)
+        if time.monotonic() - self._flushed_at >= LIVE_FLUSH_SECONDS:  # TensorBoard open beside the run: live curves
+            self.writer.flush()
+            self._flushed_at = time.monotonic()
+
+    def flush(self, generation: int | None = None) -> None:
+        if self._pending is not None and generation is not None and int(self._pending["generation"]) > generation:
+            self._pending = None  # interrupted among its callbacks: not in the checkpoint, logged again on resume
+        self._write_pending()
+        self.writer.flush()
 
     def close(self) -> None:
+        self._write_pending()
         if self.hparams and self._last:
             from tensorboardX.summary import hparams as hparams_summary
 
@@ -129,12 +172,54 @@ class TensorBoardLogger(Logger):
             }
             # Written into this run's own event file (SummaryWriter.add_hparams would start a sub-run).
             for summary in hparams_summary(self.hparams, metrics):
-                self.writer.file_writer.add_summary(summary)
+                self.writer.add_summary(summary)
             step = int(self._last.get("generation", 0))
             for tag, value in metrics.items():
                 if math.isfinite(value):
                     self.writer.add_scalar(tag, value, step)
         self.writer.close()
+
+
+class _EventFile:
+    """A TensorBoard event file written in the caller's thread, so that :meth:`flush` puts every event added so far
+    on disk. (tensorboardX's ``SummaryWriter`` hands events to a thread of its own, whose queue its ``flush`` does
+    not wait for: a killed process lost every event of its last ``flush_secs``, 120 s.)"""
+
+    def __init__(self, log_dir: str, filename_suffix: str = ""):
+        from tensorboardX.event_file_writer import EventsWriter
+
+        os.makedirs(log_dir, exist_ok=True)
+        self._events = EventsWriter(os.path.join(log_dir, "events"), filename_suffix)
+
+    def add_summary(self, summary: Any, step: int | None = None) -> None:
+        from tensorboardX.proto import event_pb2
+
+        event = event_pb2.Event(summary=summary, wall_time=time.time())
+        if step is not None:
+            event.step = int(step)
+        self._events.write_event(event)
+
+    def add_session_start(self, step: int) -> None:
+        from tensorboardX.proto import event_pb2
+
+        start = event_pb2.SessionLog(status=event_pb2.SessionLog.START)
+        self._events.write_event(event_pb2.Event(step=int(step), session_log=start, wall_time=time.time()))
+
+    def add_scalar(self, tag: str, value: float, step: int) -> None:
+        from tensorboardX.summary import scalar
+
+        self.add_summary(scalar(tag, value), step)
+
+    def add_text(self, tag: str, text: str, step: int) -> None:
+        from tensorboardX.summary import text as text_summary
+
+        self.add_summary(text_summary(tag, text), step)
+
+    def flush(self) -> None:
+        self._events.flush()
+
+    def close(self) -> None:
+        self._events.close()
 
 
 class ProgressBar(Logger):
@@ -222,6 +307,18 @@ def close_all(loggers: Iterable[Any]) -> None:
         raise error
 
 
+def flush_all(loggers: Iterable[Any], generation: int | None = None) -> None:
+    """:meth:`Logger.flush` every :class:`Logger` in ``loggers`` up to ``generation``; a logger that fails is
+    warned of, not raised: the checkpoint saved next matters more than its logs."""
+    for logger in loggers:
+        if isinstance(logger, Logger):
+            try:
+                logger.flush(generation)
+            except Exception as err:  # noqa: BLE001
+                warnings.warn(f"could not flush {type(logger).__name__} ({type(err).__name__}: {err}); its newest "
+                              f"scalars may be missing if the run is killed", stacklevel=2)
+
+
 def _event_files(log_dir: str) -> list[str]:
     return sorted(glob.glob(os.path.join(log_dir, "events.out.tfevents.*")))
 
@@ -271,19 +368,27 @@ def iter_events(log_dir: str):
 def read_scalars(log_dir: str) -> dict[str, list[tuple[int, float]]]:
     """All scalars in ``log_dir``'s event files: ``{tag: [(step, value), ...]}`` in file order.
 
-    A point written again with the same value is read once: a run interrupted among a generation's callbacks logs
-    that generation again when it resumes, with the same bits. (Other values at a step already read, which only
-    another run in the same folder writes, are all kept.)"""
+    A resumed run's restart marker (a ``SessionLog.START`` event at step S, as TensorBoard reads it) drops the
+    points read so far from step S on: those a killed run wrote past its last checkpoint, which the resumed run
+    logs again. A point written again with the same value is read once (an earlier jes, without the marker,
+    logged a generation interrupted among its callbacks again, with the same bits). Other values at a step already
+    read are all kept: another run's in the same folder, and, in logs of an earlier jes, the timings (``perf/*``)
+    of such a generation logged twice."""
     scalars: dict[str, list[tuple[int, float]]] = {}
     seen: set = set()
     for event in iter_events(log_dir):
+        if event.HasField("session_log") and event.session_log.status == event.session_log.START:
+            for tag, points in scalars.items():
+                scalars[tag] = [point for point in points if point[0] < event.step]
+            seen = {(tag, point) for tag, point in seen if point[0] < event.step}
+            continue
         for value in event.summary.value:
             if value.HasField("simple_value"):
                 point = (int(event.step), float(value.simple_value))
                 if (value.tag, point) not in seen:
                     seen.add((value.tag, point))
                     scalars.setdefault(value.tag, []).append(point)
-    return scalars
+    return {tag: points for tag, points in scalars.items() if points}
 
 
 def read_summary_tags(log_dir: str) -> list[str]:

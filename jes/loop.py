@@ -393,6 +393,12 @@ def train(
         raise ValueError(ignored)
     if ignored is not None:  # a checkpoint of a jes that took them silently: its run goes on as it was
         warnings.warn(f"{ignored} (the resumed run goes on as it ran, without them)", stacklevel=2)
+    restored = None
+    if resume is not None and jax.process_count() == 1:
+        # Before the step's compile: a checkpoint of another run is refused at once, not after a compile (the
+        # processes of a multi-process run first check that they resume the same file, below)
+        restored = checkpoint.read(resume)
+        restored.check_compatible(trainer)
     if master is None and not num_workers and not trainer.spec.host:  # a master or a host env runs no local step
         trainer.start_compiling_step()  # overlaps building or restoring the state
     try:  # a compile thread left running when this raises would abort the interpreter at its exit
@@ -400,7 +406,7 @@ def train(
         if jax.process_count() > 1:
             _check_same_run(trainer, key, resume)
         if resume is not None:
-            restored = checkpoint.read(resume)
+            restored = restored or checkpoint.read(resume)
             try:
                 same_key = np.array_equal(np.asarray(jax.random.key_data(as_key(key))), np.asarray(restored.key))
             except (TypeError, ValueError):  # not a key at all: ignored all the same
@@ -415,7 +421,8 @@ def train(
                 warnings.warn(f"{resume!r} was written by a jes that gave env {spec.name!r}'s actions (a Box with some "
                               f"bounds infinite) the raw policy outputs; this jes maps each dimension by its own "
                               f"bounds (CHANGELOG.md), so the resumed run is not the run it continues", stacklevel=2)
-            state, history, key = restored.restore_state(trainer), restored.history, restored.key
+            state = restored.restore_state(trainer, checked=jax.process_count() == 1)  # checked above with one
+            history, key = restored.history, restored.key
             best = _best_from_checkpoint(trainer, restored.best)
             state = _apply_new_learning_rate(trainer, state, restored.meta["config"].get("learning_rate"), resume)
             _warn_unchecked_on_resume(optimizer, config, resume)
@@ -458,7 +465,9 @@ def train(
                            optimizer=trainer.optimizer_name or "", strategy=trainer.strategy.describe(), num_params=trainer.num_params,
                            key=str(np.asarray(jax.random.key_data(as_key(key))).tolist()))
             centres = [float(x) for x in (history or {}).get("centre_return", ()) if math.isfinite(float(x))]
-            loggers.append(jes_logging.TensorBoardLogger(log_dir, hparams, best_centre=max(centres, default=-math.inf)))
+            loggers.append(jes_logging.TensorBoardLogger(
+                log_dir, hparams, best_centre=max(centres, default=-math.inf),
+                purge_from=int(fetch(state.generation)) + 1 if resume is not None else None))
     except BaseException:
         trainer.finish_compiling()
         raise
@@ -749,6 +758,8 @@ def run(trainer: Trainer, state: TrainState, *, key: Any = 0, callbacks: Iterabl
 
     def save_checkpoint():
         nonlocal saved_generation
+        # The logs as far as the checkpoint, before it: a killed run's curves go on where its resume starts
+        jes_logging.flush_all(callbacks, int(fetch(state.generation)))
         # A Ctrl-C (or jes train's SIGTERM) during the save is raised after it, once saved_generation says so.
         with checkpoint.interrupts_deferred():
             checkpoint.save(save_to, trainer, localize(state), history, key, best=best)
@@ -839,6 +850,9 @@ def run(trainer: Trainer, state: TrainState, *, key: Any = 0, callbacks: Iterabl
             # A second Ctrl-C (an impatient user, a launcher passing SIGTERM on) waits for the save, then is dropped:
             # this interrupt goes on, carrying the checkpoint and the run so far.
             with checkpoint.interrupts_deferred():
+                # The logs as far as the run so far, whether or not a save follows (the newest checkpoint may already
+                # hold it): a generation interrupted among its callbacks is left out, as the resume logs it again.
+                jes_logging.flush_all(callbacks, int(fetch(state.generation)))
                 if save_to is not None:
                     if saved_generation != int(fetch(state.generation)):
                         save_checkpoint()

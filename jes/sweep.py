@@ -30,6 +30,7 @@ import itertools
 import json
 import math
 import os
+import re
 import sys
 import time
 import warnings
@@ -39,6 +40,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 
 from jes import perturbations, strategies as jes_strategies
 from jes.arrays import check_seed
@@ -231,9 +233,74 @@ def _check_outputs(out_dir: str | None, log_dir: str | None, run_names: list[str
                           f"log_dir", stacklevel=3)
 
 
-def _run_name(values: Mapping[str, Any]) -> str:
-    text = ",".join(f"{k}={v}" for k, v in values.items()) or "base"
+# A grid value's text longer than this, or with a memory address in it, is named by its kind and grid index instead.
+MAX_VALUE_NAME = 40
+_ADDRESS = re.compile(r"0x[0-9a-fA-F]{4,}")
+# The longest file name most file systems take (bytes); os.pathconf says where it can.
+NAME_MAX = 255
+
+
+def value_name(value: Any, values: Sequence[Any]) -> str:
+    """How a sweep names grid value ``value`` of the list ``values`` (its key's) in configuration folder names and
+    in the table: its text (``0.01``, ``adam``, ``LowRank(rank=2)``) where that is short and the same in every
+    process; else its kind and its index in ``values``: ``optax_1`` (an optax ``GradientTransformation``),
+    ``schedule_0`` (a function, by its ``__name__``), ``SNES_2`` (another object, by its type). An optax object's
+    or a function's text holds memory addresses (another folder in every process) and can pass the file system's
+    255-byte limit on a name."""
+    text = str(value)
+    if len(text) <= MAX_VALUE_NAME and not _ADDRESS.search(text):
+        return text
+    index = next((i for i, v in enumerate(values) if v is value), None)
+    if index is None:  # not in the list as given (a value the sweep made): by its place among equal ones
+        index = next((i for i, v in enumerate(values) if repr(v) == repr(value)), 0)
+    if isinstance(value, optax.GradientTransformation):
+        kind = "optax"
+    elif callable(value) and getattr(value, "__name__", "<lambda>").isidentifier():
+        kind = value.__name__
+    else:
+        kind = "function" if callable(value) and not isinstance(value, type) else type(value).__name__
+    return f"{kind}_{index}"
+
+
+def _grid_lists(grid: Mapping[str, Any]) -> dict[str, list]:
+    return {k: list(v) if isinstance(v, (list, tuple)) else [v] for k, v in grid.items()}
+
+
+def _run_name(values: Mapping[str, Any], grid: Mapping[str, Any] | None = None) -> str:
+    """The folder name of a configuration with swept ``values``; ``grid`` (the sweep's) names long values."""
+    lists = _grid_lists(grid or {})
+    text = ",".join(f"{k}={value_name(v, lists.get(k, [v]))}" for k, v in values.items()) or "base"
     return "".join(c if c.isalnum() or c in "-_.=," else "_" for c in text)
+
+
+def _check_run_names(log_dir: str, run_names: list[str], points: list[dict]) -> None:
+    """Before anything trains: every configuration's log folder has a name the file system takes, and its own."""
+    try:
+        limit = os.pathconf(next(p for p in _parents(log_dir) if os.path.isdir(p)), "PC_NAME_MAX")
+    except (OSError, ValueError, AttributeError, StopIteration):  # no such setting here (Windows)
+        limit = NAME_MAX
+    shown = lambda point: ", ".join(f"{k}={v!r}" for k, v in point.items()) or "the base config"
+    for name, point in zip(run_names, points):
+        if len(os.fsencode(name)) > limit:
+            raise ValueError(f"sweep grid point ({shown(point)}): its TensorBoard folder name {name!r} is "
+                             f"{len(os.fsencode(name))} bytes, longer than the {limit} this file system takes; "
+                             f"sweep fewer keys in one grid (fixed values are left out of the name), or pass "
+                             f"log_dir=None (jes sweep: log_dir = \"none\")")
+    first: dict[str, int] = {}
+    for i, name in enumerate(run_names):
+        if name in first:
+            raise ValueError(f"sweep grid points ({shown(points[first[name]])}) and ({shown(points[i])}) would both "
+                             f"log into {os.path.join(log_dir, name)!r}: remove the repeated value from the grid")
+        first[name] = i
+
+
+def _parents(path: str):
+    """``path`` and the folders above it, up to the current directory's."""
+    while True:
+        yield path or "."
+        if not path or os.path.dirname(path) == path:
+            return
+        path = os.path.dirname(path)
 
 
 def _with_hyperparams(state: TrainState, values: Mapping[str, Any]) -> TrainState:
@@ -413,9 +480,14 @@ def sweep(
     resume: run it again with a new ``out_dir``.
 
     Each row records the ``learning_rate`` it ran with and where it came from
-    (``learning_rate_source``: ``grid``, ``config``, ``optimizer default`` or ``strategy``): in a
+    (``learning_rate_source``: ``grid``, ``config``, ``optimizer default``, ``optax object`` or ``strategy``): in a
     sweep over optimizers each takes its own default unless the grid or config sets a rate,
     which then replaces every optimizer's default (with a warning).
+
+    Configuration folders and the table's columns name each swept value by :func:`value_name`: its text, or for
+    an optax object, a function or another long value its kind and grid index (``optimizer=optax_1`` is
+    ``grid["optimizer"][1]``). Every folder name is checked before anything trains (one the file system refuses,
+    or two configurations in one folder, raise ``ValueError``).
     """
     base = config or ESConfig()
     seeds = _checked_seeds(seeds)
@@ -439,7 +511,10 @@ def sweep(
             f"shows the rate each row used)", stacklevel=2)
     if log_dir == "runs/<auto>":
         log_dir = unique_dir(os.path.join("runs", "sweep-" + default_run_name("", "", "").strip("-")))
-    _check_outputs(out_dir, log_dir, [_run_name({k: p[k] for k in swept}) for p in points])
+    run_names = [_run_name({k: p[k] for k in swept}, grid) for p in points]
+    if log_dir is not None:
+        _check_run_names(log_dir, run_names, points)
+    _check_outputs(out_dir, log_dir, run_names)
 
     # Group grid points by everything that changes the compiled program.
     groups: dict[tuple, list[int]] = {}
@@ -481,9 +556,10 @@ def sweep(
             for i in indices:
                 cols = [b for b, (j, _) in enumerate(members) if j == i]
                 rows[i] = _row(points[i], swept, seeds, {k: v[:, cols] for k, v in history.items()},
-                               compile_time, wall, len(members), trainer, base.learning_rate)
+                               compile_time, wall, len(members), trainer, base.learning_rate, grid,
+                               points[i].get("optimizer", optimizer))
                 if log_dir is not None:
-                    _log_configuration(os.path.join(log_dir, _run_name({k: points[i][k] for k in swept})),
+                    _log_configuration(os.path.join(log_dir, run_names[i]),
                                        {k: v[:, cols] for k, v in history.items()}, points[i], base, trainer, seeds)
     except BaseException as err:  # Ctrl-C (KeyboardInterrupt), a non-finite update, ...: keep what finished
         _keep_finished(err, [row for row in rows if row], len(points), out_dir)
@@ -533,11 +609,16 @@ def _final_centre(history: dict) -> np.ndarray:
 
 
 def _row(point: dict, swept: list, seeds: list, history: dict, compile_time: float, wall: float,
-         batch_size: int, trainer: Trainer, base_rate: Any = None) -> dict:
+         batch_size: int, trainer: Trainer, base_rate: Any = None, grid: Mapping[str, Any] | None = None,
+         optimizer: Any = None) -> dict:
     final_centre = _final_centre(history)
     best_centre = np.nanmax(np.where(np.isfinite(history["centre_return"]), history["centre_return"], -np.inf), axis=0)
     solved = trainer.spec.solved_return
-    row = {k: (v if isinstance(v, (bool, int, float, str)) or v is None else repr(v)) for k, v in point.items()}
+    lists = _grid_lists(grid or {})
+    # Other values by their names (value_name: "optax_1" is grid index 1), as their folders: a repr with memory
+    # addresses told two optax objects apart by their addresses alone, and another in every process
+    row = {k: (v if isinstance(v, (bool, int, float, str)) or v is None else value_name(v, lists.get(k, [v])))
+           for k, v in point.items()}
     if "perturbation" in point or "perturbation_rank" in point:
         # By name and rank, as the config stores them (a swept jes.LowRank(2) is "low_rank" and 2, not its repr)
         row["perturbation"], row["perturbation_rank"] = trainer.config.perturbation, trainer.config.perturbation_rank
@@ -546,6 +627,9 @@ def _row(point: dict, swept: list, seeds: list, history: dict, compile_time: flo
         first = history["learning_rate"][0] if len(history["learning_rate"]) else np.array([math.nan])
         row["learning_rate"] = float(first[0]) if np.isfinite(first[0]) else None
     row["learning_rate_source"] = ("grid" if "learning_rate" in point else "config" if base_rate is not None
+                                   # an optax object's rate is whatever it was built with (learning_rate is refused)
+                                   else "optax object" if trainer.optimizer_name and not isinstance(optimizer, str)
+                                   and optimizer is not None
                                    else "optimizer default" if trainer.optimizer_name else "strategy")
     row.update(
         seeds=" ".join(map(str, seeds)),

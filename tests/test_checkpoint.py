@@ -486,18 +486,57 @@ def test_resuming_a_run_that_already_has_all_its_generations_says_there_is_nothi
     assert result.history["pop_mean"].shape[0] == 3
 
 
-def test_a_refused_resume_leaves_no_compile_running(tmp_path, monkeypatch):
-    """train() starts compiling the step before it reads the checkpoint; a refused resume must wait for that compile
-    (XLA cannot be interrupted) before raising: a daemon thread still compiling when the interpreter finalises
-    aborted it ("FATAL: exception not rethrown", status 134, seen at the end of a pytest process)."""
+def test_a_refused_resume_is_refused_before_the_step_compiles(tmp_path, monkeypatch, capsys):
+    """train() started compiling the step before it read the checkpoint: a refused resume (`jes train --resume ...
+    --noise-std 0.5`) waited for a whole compile first, saying "jes: stopping once the generation step's compile
+    ... has finished", which read as if the user had interrupted it."""
     path = str(tmp_path / "run.ckpt")
     jes.train(jes.MLPPolicy((8,)), "CartPole-v1", "adam", num_members=8, num_generations=1, eval_episodes=2,
               log_dir=None, progress=False, checkpoint_path=path)
+    capsys.readouterr()
     trainers, start = [], jes.Trainer.start_compiling_step
     monkeypatch.setattr(jes.Trainer, "start_compiling_step", lambda self: (start(self), trainers.append(self)))
-    with pytest.raises(checkpoint.CheckpointError, match="does not match this run"):
-        jes.train(jes.MLPPolicy((64, 64)), "CartPole-v1", "adam", num_members=8, num_generations=2, eval_episodes=2,
-                  log_dir=None, progress=False, resume=path)
+    for changed in (dict(noise_std=0.5), dict(num_members=16)):
+        with pytest.raises(checkpoint.CheckpointError, match="does not match this run"):
+            jes.train(jes.MLPPolicy((8,)), "CartPole-v1", "adam", **dict(dict(num_members=8, num_generations=2,
+                      eval_episodes=2), **changed), log_dir=None, progress=False, resume=path)
+    assert trainers == [] and "compile" not in capsys.readouterr().err
+
+
+@pytest.mark.hard_timeout(300)
+def test_an_error_while_the_step_compiles_is_not_reported_as_an_interrupt(tmp_path, monkeypatch, capsys):
+    """An error raised while the step still compiles waits for the compile (XLA cannot be interrupted: a daemon
+    thread still compiling when the interpreter finalises aborts it, status 134) and says so, as an error, not as
+    the stop an interrupt asked for."""
+    import threading
+
+    from jes.compiled import CompiledPrograms
+
+    first = jes.train(jes.MLPPolicy((8,)), "CartPole-v1", "adam", num_members=8, num_generations=1, eval_episodes=2,
+                      log_dir=str(tmp_path / "run"), progress=False)
+    capsys.readouterr()
+    compile_step, finish, waiting = CompiledPrograms._compile_step, CompiledPrograms.finish_compiling, threading.Event()
+
+    def slow_compile(self, *args, **kwargs):  # the background compile: still running when the error comes
+        if threading.current_thread().name == "jes-compile-step":
+            waiting.wait(120)
+            time.sleep(0.5)
+        return compile_step(self, *args, **kwargs)
+
+    def finish_compiling(self):
+        waiting.set()
+        return finish(self)
+
+    monkeypatch.setattr(CompiledPrograms, "_compile_step", slow_compile)
+    monkeypatch.setattr(CompiledPrograms, "finish_compiling", finish_compiling)
+    trainers, start = [], jes.Trainer.start_compiling_step
+    monkeypatch.setattr(jes.Trainer, "start_compiling_step", lambda self: (start(self), trainers.append(self)))
+    with pytest.raises(FileExistsError, match="already holds a checkpoint of another run"):  # after the compile began
+        jes.train(jes.MLPPolicy((8,)), "CartPole-v1", "adam", key=1, num_members=8, num_generations=1,
+                  eval_episodes=2, log_dir=first.log_dir, progress=False)
+    err = capsys.readouterr().err
+    assert "jes: waiting for the generation step's compile, started in the background, to finish before reporting " \
+           "the error" in err and "stopping" not in err, err
     assert trainers[0]._compiling[0].is_set()  # the compile thread's done event: nothing left compiling
 
 

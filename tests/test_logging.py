@@ -119,7 +119,8 @@ def test_a_folder_of_runs_names_its_runs(tmp_path):
 
 
 def test_a_generation_logged_again_by_a_resume_is_read_once(tmp_path):
-    """A run interrupted among generation 2's callbacks logs it again when resumed: `jes plot` drew it twice."""
+    """A run killed while its checkpoint was saved (after its logs were flushed), or logged by an earlier jes, logs
+    the generations past the checkpoint again when resumed: `jes plot` drew them twice."""
     for generations in ((1, 2), (2, 3)):
         logger = jes_logging.TensorBoardLogger(str(tmp_path))
         for g in generations:
@@ -130,6 +131,115 @@ def test_a_generation_logged_again_by_a_resume_is_read_once(tmp_path):
     other({"generation": 3, "pop_mean": 9.0, "pop_max": 1.0, "pop_min": 0.0})
     other.close()
     assert jes_logging.read_scalars(str(tmp_path))["population/mean_return"][-1] == (3, 9.0)
+
+
+KILLED_AFTER_A_CHECKPOINT = """
+import os, signal, sys
+import jes
+
+def kill_at_generation_3(record):  # generation 2 is in the checkpoint (checkpoint_every=2)
+    if record["generation"] == 3:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+jes.train(jes.MLPPolicy((4,)), "CartPole-v1", "adam", key=3, log_dir=sys.argv[1], progress=False, checkpoint_every=2,
+          callbacks=[kill_at_generation_3], num_members=16, chunk_size=8, num_generations=5, eval_episodes=2,
+          eval_every=2)
+"""
+
+
+def _steps(log_dir: str, tag: str) -> list[int]:
+    """Every step ``tag`` was written at, from the raw events (a step written twice is listed twice)."""
+    return [int(event.step) for event in jes_logging.iter_events(log_dir) for value in event.summary.value
+            if value.tag == tag]
+
+
+@pytest.mark.hard_timeout(400)
+def test_a_killed_run_keeps_the_curves_its_checkpoint_holds(tmp_path):
+    """tensorboardX buffers events for up to 120 s: a run killed (SIGKILL: the OOM killer, a preemption) after its
+    checkpoint at generation 2 left an empty event file, and its resumed curves began at generation 3."""
+    import signal
+    import subprocess
+    import sys
+
+    log_dir = str(tmp_path / "run")
+    killed = subprocess.run([sys.executable, "-c", KILLED_AFTER_A_CHECKPOINT, log_dir], capture_output=True,
+                            text=True, timeout=300)
+    assert killed.returncode == -signal.SIGKILL, (killed.returncode, killed.stderr[-2000:])
+    assert jes.checkpoint.read(os.path.join(log_dir, "checkpoint.ckpt")).generation == 2
+    assert _steps(log_dir, "population/mean_return") == [1, 2], "the killed session's logs stop short of its checkpoint"
+    jes.train(jes.MLPPolicy((4,)), "CartPole-v1", "adam", resume=os.path.join(log_dir, "checkpoint.ckpt"),
+              progress=False, num_members=16, chunk_size=8, num_generations=5, eval_episodes=2, eval_every=2)
+    scalars = jes_logging.read_scalars(log_dir)
+    for tag in ("population/mean_return", "es/param_norm", "perf/wall_time", "perf/env_steps"):
+        assert [step for step, _ in scalars[tag]] == [1, 2, 3, 4, 5], tag
+        assert _steps(log_dir, tag) == [1, 2, 3, 4, 5], tag
+
+
+KILLED_PAST_ITS_CHECKPOINT = """
+import os, signal, sys
+import jes
+import jes.logging
+
+jes.logging.LIVE_FLUSH_SECONDS = 0.0  # every generation on disk as soon as it is written: 3 is, past the checkpoint
+
+def kill_at_generation_4(record):  # generation 2 is in the checkpoint (checkpoint_every=2), 3 in the logs
+    if record["generation"] == 4:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+jes.train(jes.MLPPolicy((4,)), "CartPole-v1", "adam", key=3, log_dir=sys.argv[1], progress=False, checkpoint_every=2,
+          callbacks=[kill_at_generation_4], num_members=16, chunk_size=8, num_generations=5, eval_episodes=2,
+          eval_every=2)
+"""
+
+
+@pytest.mark.hard_timeout(400)
+def test_a_resumed_run_supersedes_what_a_killed_run_logged_past_its_checkpoint(tmp_path):
+    """Generations a killed run logged past its checkpoint are stepped (and logged) again by the resumed run, with
+    other timings: the resumed run's restart marker (TensorBoard's purge) makes read_scalars keep the new ones."""
+    import signal
+    import subprocess
+    import sys
+
+    log_dir = str(tmp_path / "run")
+    killed = subprocess.run([sys.executable, "-c", KILLED_PAST_ITS_CHECKPOINT, log_dir], capture_output=True,
+                            text=True, timeout=300)
+    assert killed.returncode == -signal.SIGKILL, (killed.returncode, killed.stderr[-2000:])
+    assert jes.checkpoint.read(os.path.join(log_dir, "checkpoint.ckpt")).generation == 2
+    assert _steps(log_dir, "perf/wall_time") == [1, 2, 3]
+    resumed = jes.train(jes.MLPPolicy((4,)), "CartPole-v1", "adam", resume=os.path.join(log_dir, "checkpoint.ckpt"),
+                        progress=False, num_members=16, chunk_size=8, num_generations=5, eval_episodes=2, eval_every=2)
+    assert _steps(log_dir, "perf/wall_time") == [1, 2, 3, 3, 4, 5]  # both sessions' generation 3 in the files
+    scalars = jes_logging.read_scalars(log_dir)
+    for tag in ("population/mean_return", "perf/wall_time", "perf/generation_time"):
+        assert [step for step, _ in scalars[tag]] == [1, 2, 3, 4, 5], tag
+    assert [v for _, v in scalars["perf/wall_time"]][2:] == pytest.approx(list(resumed.history["wall_time"])[2:])
+
+
+@pytest.mark.hard_timeout(400)
+@pytest.mark.parametrize("checkpoint_every", [0, 1])
+def test_a_generation_interrupted_among_its_callbacks_is_logged_once(tmp_path, checkpoint_every):
+    """Ctrl-C among generation 3's callbacks leaves the run (and its checkpoint) at generation 2, and the resumed
+    run steps 3 again: generation 3 was logged by both sessions, its perf/* timings with two values (a back-step in
+    TensorBoard's curves). checkpoint_every=1: generation 2's checkpoint is already saved, and the interrupt saves
+    none (its logs were written when the run closed, generation 3 included)."""
+    common = dict(progress=False, num_members=16, chunk_size=8, num_generations=5, eval_episodes=2, eval_every=2)
+
+    def interrupt_at_generation_3(record):
+        if record["generation"] == 3:
+            raise KeyboardInterrupt
+
+    log_dir = str(tmp_path / "run")
+    with pytest.raises(KeyboardInterrupt) as interrupted:
+        jes.train(jes.MLPPolicy((4,)), "CartPole-v1", "adam", key=3, log_dir=log_dir, checkpoint_every=checkpoint_every,
+                  callbacks=[interrupt_at_generation_3], **common)
+    assert list(interrupted.value.result.history["generation"]) == [1, 2]
+    assert _steps(log_dir, "perf/wall_time") == [1, 2]
+    resumed = jes.train(jes.MLPPolicy((4,)), "CartPole-v1", "adam", resume=os.path.join(log_dir, "checkpoint.ckpt"),
+                        **common)
+    scalars = jes_logging.read_scalars(log_dir)
+    for tag in ("population/mean_return", "perf/wall_time", "perf/generation_time", "perf/env_steps_per_second"):
+        assert _steps(log_dir, tag) == [1, 2, 3, 4, 5], tag
+    assert [v for _, v in scalars["perf/wall_time"]] == pytest.approx(list(resumed.history["wall_time"]))
 
 
 @pytest.mark.hard_timeout(300)

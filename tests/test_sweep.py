@@ -328,3 +328,51 @@ def test_a_sweep_file_value_of_the_wrong_type_is_named(tmp_path, text, message):
     path.write_text(text + "\n")
     with pytest.raises(ValueError, match=rf"^sweep file {path}: {message}$"):
         jes_sweep.load_sweep_file(str(path))
+
+
+@pytest.mark.hard_timeout(300)
+def test_a_sweep_over_optax_objects_names_them_by_grid_index(tmp_path):
+    """Folders were named by the objects' reprs: function reprs with memory addresses (another name in every
+    process), past the 255-byte limit for inject_hyperparams (OSError after the configuration trained), and the
+    table's rows told adam(0.01) from adam(0.05) by an address alone, labelled "optimizer default"."""
+    import optax
+
+    optimizers = [optax.adam(0.01), optax.inject_hyperparams(optax.adam)(learning_rate=0.05)]
+    result = jes_sweep.sweep(jes.MLPPolicy((4,)), "CartPole-v1", None, config=BASE.replace(num_generations=1),
+                             seeds=[0], grid={"optimizer": optimizers, "num_members": [16, 24]},
+                             log_dir=str(tmp_path / "tb"), out_dir=str(tmp_path / "out"))
+    names = ["optimizer=optax_0,num_members=16", "optimizer=optax_0,num_members=24",
+             "optimizer=optax_1,num_members=16", "optimizer=optax_1,num_members=24"]
+    assert sorted(os.listdir(tmp_path / "tb")) == names
+    with open(result.csv_path) as f:
+        table = list(csv.DictReader(f))
+    assert [(r["optimizer"], r["num_members"]) for r in table] == [("optax_0", "16"), ("optax_0", "24"),
+                                                                   ("optax_1", "16"), ("optax_1", "24")]
+    assert {r["learning_rate_source"] for r in table} == {"optax object"}
+    assert [r["learning_rate"] for r in result.rows] == [None, None, pytest.approx(0.05), pytest.approx(0.05)]
+
+
+def test_value_names_are_short_stable_and_plain_values_keep_their_text():
+    import optax
+
+    schedule = optax.linear_schedule(0.1, 0.01, 3)
+    values = [0.01, "adam", jes.LowRank(2), optax.sgd(0.1), schedule, lambda step: 0.1]
+    assert [jes_sweep.value_name(v, values) for v in values] == [
+        "0.01", "adam", "LowRank(rank=2)", "optax_3", "schedule_4", "function_5"]
+
+
+def test_configuration_folder_names_are_checked_before_anything_trains(monkeypatch, tmp_path):
+    """A name the file system refuses (longer than its limit) or two configurations in one folder are refused
+    before the first configuration trains, not after it (its log lost, the rest never run)."""
+    trained = _no_training(monkeypatch)
+    monkeypatch.setattr(os, "pathconf", lambda path, name: 30)
+    with pytest.raises(ValueError, match=r"folder name 'num_members=16,learning_rate=0.01' is 33 bytes, longer "
+                                         r"than the 30 this file system takes"):
+        jes_sweep.sweep(POLICY, "CartPole-v1", "adam", config=BASE, seeds=[0], log_dir=str(tmp_path / "tb"),
+                        grid={"num_members": [16, 24], "learning_rate": [0.01, 0.05]})
+    monkeypatch.undo()
+    trained = _no_training(monkeypatch)
+    with pytest.raises(ValueError, match=r"\(learning_rate=0.01\) and \(learning_rate=0.01\) would both log into"):
+        jes_sweep.sweep(POLICY, "CartPole-v1", "adam", config=BASE, seeds=[0], log_dir=str(tmp_path / "tb"),
+                        grid={"learning_rate": [0.01, 0.01]})
+    assert not trained and not (tmp_path / "tb").exists()
