@@ -626,3 +626,30 @@ def test_a_class_or_factory_of_ones_own_is_named_by_where_it_is_and_resumes_only
     with pytest.warns(UserWarning, match="cannot say whether it ran"):
         again = small_train(Target, num_generations=2, resume=path, **train)
     np.testing.assert_array_equal(whole.flat_params, again.flat_params)
+
+
+class Huge(Target):
+    """Observations beyond float32's range (float64 1e40)."""
+
+    def __init__(self):
+        super().__init__()
+        self.observation_space = gymnasium.spaces.Box(-np.inf, np.inf, (2,), np.float64)
+
+    def step(self, action):
+        _, *rest = super().step(action)
+        return np.array([1e40 if self.t >= 2 else 0.5, 0.0]), *rest
+
+
+@pytest.mark.hard_timeout(600)
+def test_an_observation_beyond_float32_is_named_as_the_cause():
+    """A float64 observation of 1e40 became inf in the cast to float32 with only numpy's overflow warning; the run
+    then stopped a generation later on a non-finite fitness blamed on "unnormalised huge observations", although
+    observations were normalised. The step's observation is named now, as the env's failure."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)  # no numpy overflow warning in its place
+        with pytest.raises(HostEnvError, match=r"step's observation.*not finite as float32.*1e\+40.*Scale the "
+                                               r"observation") as error:
+            small_train(Huge, max_episode_steps=10, eval_episodes=2, num_generations=1)
+    assert "generation 1" in str(error.value)

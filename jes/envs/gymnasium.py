@@ -141,7 +141,16 @@ class GymnasiumEnv:
         """One observation as the policy's flat float32 array of :attr:`obs_shape`."""
         if self._flatten is not None:
             obs = self._flatten(obs)
-        return np.asarray(obs, np.float32).reshape(self.obs_shape)
+        with np.errstate(over="ignore", invalid="ignore"):  # said below, naming the values
+            out = np.asarray(obs, np.float32).reshape(self.obs_shape)
+        if not np.isfinite(out).all():
+            bad = np.flatnonzero(~np.isfinite(out.reshape(-1)))
+            raw = np.asarray(obs, np.float64).reshape(-1)[bad[:5]]
+            raise ValueError(f"the observation is not finite as float32, the policy's input: index(es) "
+                             f"{bad[:5].tolist()} hold {raw.tolist()} (float32 holds magnitudes up to 3.4e38; jes "
+                             f"normalises observations only after this cast). Scale the observation in your env or "
+                             f"a gymnasium.ObservationWrapper, or end the episode before it overflows")
+        return out
 
     def env_action(self, action: np.ndarray) -> Any:
         """One policy action (numpy) as the env takes it."""
