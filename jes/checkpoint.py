@@ -45,6 +45,7 @@ from jes import describe, schema, strategies
 from jes.config import ESConfig
 from jes.generation import Trainer, TrainState, as_key, localize
 from jes.envs import brax as brax_envs
+from jes.envs import gymnasium as gymnasium_envs
 from jes.envs import gymnax as gymnax_envs
 from jes.envs.wrappers import KEEP_OPTION, split_option, with_option
 from jes.optimizers import resolve_name as resolve_optimizer_name
@@ -592,6 +593,12 @@ class Checkpoint:
                 continue  # "adamm" and "AMSGrad" build amsgrad
             if field == "env_name" and mine[field] != theirs[field] and mine[field] == self._brax_name_today():
                 continue  # the same brax env, named as today's jes names it
+            if field == "env_name" and mine[field] != theirs[field] \
+                    and gymnasium_envs.legacy_factory_name(mine[field]) == theirs[field]:
+                warnings.warn(f"checkpoint {self.path} names its env {theirs[field]!r}, as jes did before it named a "
+                              f"gymnasium.Env class or factory of your own by its module and qualified name: it "
+                              f"cannot say whether it ran {mine[field]!r}; resuming on it as given", stacklevel=3)
+                continue
             if field == "env_name" and mine[field] != theirs[field] and self.names_env(mine[field]):
                 warnings.warn(f"checkpoint {self.path} was written before jes recorded a gymnax env's params and "
                               f"registered id in its name (format {theirs['version']}): it names its env "

@@ -391,3 +391,13 @@ def test_an_unverified_auditor_agreeing_with_a_liar_settles_nothing(trainer):
         assert master.stats["audits_settled_here"] == 1
     finally:
         master.close()
+
+
+def test_the_status_lines_rates_show_workers_that_evaluated_few_members():
+    """A worker that evaluated 16 members in a 10 s status interval showed "0" members/s, as if it were idle."""
+    from jes.distributed.master import members_per_second
+
+    assert members_per_second(16, 10.0) == "1.6"
+    assert members_per_second(1, 30.0) == "0.033"
+    assert members_per_second(0, 10.0) == "0"
+    assert members_per_second(1234, 10.0) == "123"

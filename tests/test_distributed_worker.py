@@ -1,6 +1,8 @@
-"""jes.distributed.worker without a master: its handlers driven directly, its link on a real socket."""
+"""jes.distributed.worker without a master: its handlers driven directly, its link on a real socket; and real worker
+processes interrupted while they build a run for a real master."""
 import logging
 import queue
+import sys
 import time
 
 import jax
@@ -247,3 +249,76 @@ def test_an_interrupt_python_dropped_still_stops_the_worker():
     finally:
         w.link._pipe_out.close(0)
         w.link._pipe_in.close(0)
+
+
+
+# A real `jes-worker` process that dies with the test process (PR_SET_PDEATHSIG, set in the worker itself), without
+# the compilation cache: its build really traces and compiles.
+WORKER_PROCESS = [sys.executable, "-c", "import ctypes, os, runpy, signal, sys; ctypes.CDLL(None).prctl(1, signal.SIGKILL); "
+                  "os.getppid() == 1 and sys.exit(1); runpy.run_module('jes.distributed.worker', run_name='__main__')"]
+
+
+@pytest.mark.hard_timeout(600)
+def test_ctrl_c_while_the_worker_builds_its_run_exits_cleanly(tmp_path):
+    """Ctrl-C reaching a `jes-worker` while it built (traced, compiled) a run: the KeyboardInterrupt left JAX's
+    tracing or XLA's compiler (which polls for signals) half-way, and the worker, after its goodbye, crashed in the
+    interpreter's exit (segmentation fault, status 139) or died of the signal, in some of the tries. It now says
+    goodbye and exits 0, as any other Ctrl-C of a worker. A real master on 127.0.0.1 serves the run; the interrupts
+    land at several points after it sent the run (where exactly depends on the machine's load, so the exit status of
+    each is asserted, never a time)."""
+    import logging
+    import os
+    import signal
+    import socket
+    import subprocess
+
+    from jes.distributed.master import Master
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = "gymnasium:CartPole-v1"  # a host env, as in the report (a gymnax env's build compiles the same way)
+    trainer = jes.Trainer(jes.MLPPolicy(hidden_sizes=(3,)), env, "adam", CONFIG)
+    messages = []
+
+    class Recorder(logging.Handler):
+        def emit(self, record):
+            messages.append(record.getMessage())
+
+    logger, recorder = logging.getLogger("jes.distributed.master"), Recorder()
+    level = logger.level
+    logger.addHandler(recorder)
+    logger.setLevel(logging.INFO)
+    statuses, procs = {}, []
+    try:
+        with Master(trainer, f"127.0.0.1:{port}", secret=SECRET, env=env, optimizer="adam",
+                    heartbeat_interval=0.2, worker_timeout=5.0, status_interval=0.0) as master:
+            state = trainer.init_state(0)
+            for i, delay in enumerate((0.5, 1.0, 1.5, 2.0, 2.5, 3.0, 3.5, 4.0)):
+                name = f"build{i}"
+                with open(tmp_path / f"{name}.log", "wb") as out:
+                    proc = subprocess.Popen([*WORKER_PROCESS, "--master", f"127.0.0.1:{port}", "--name", name],
+                                            env=dict(os.environ, JES_SECRET=SECRET.decode(), PYTHONFAULTHANDLER="1"),
+                                            stdout=out, stderr=subprocess.STDOUT)
+                procs.append(proc)
+                while not any(m.startswith(f"worker {name}: sent run ") for m in messages) and proc.poll() is None:
+                    master.wait_for_workers(state, 99, 0.05)
+                until = time.monotonic() + delay
+                while time.monotonic() < until:
+                    master.wait_for_workers(state, 99, 0.05)
+                proc.send_signal(signal.SIGINT)
+                while proc.poll() is None:  # the master keeps serving: it receives the goodbye
+                    master.wait_for_workers(state, 99, 0.05)
+                statuses[name] = proc.returncode
+        logs = {name: (tmp_path / f"{name}.log").read_text(errors="replace") for name in statuses}
+        assert all(status == 0 for status in statuses.values()), (statuses, logs)
+        assert not any("Fatal Python error" in text for text in logs.values()), logs
+        assert all("disconnected" in text for text in logs.values()), logs
+        assert any(m.startswith("worker build0 ") and "left" in m for m in messages), messages
+    finally:
+        logger.removeHandler(recorder)
+        logger.setLevel(level)
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(timeout=20)

@@ -558,3 +558,98 @@ def test_masking_a_gymnasium_env_says_to_wrap_it():
                    lambda: jes.envs.mask_observations("gymnasium:CartPole-v1", keep=[0, 2])):
         with pytest.raises(ValueError, match="masks the observations of JAX envs .* a Gymnasium env masks its own"):
             masked()
+
+
+def make_target():
+    return Target()
+
+
+def rewrite_meta(path, **changes):
+    """Rewrite a checkpoint's metadata (as an older jes wrote it)."""
+    from flax import serialization
+    from jes import checkpoint
+
+    data = open(path, "rb").read()
+    header = struct.Struct("<8sQ32s")
+    content = serialization.msgpack_restore(data[header.size:])
+    meta = dict(json.loads(content["meta"]), **changes)
+    payload = serialization.msgpack_serialize(dict(content, meta=json.dumps(meta)))
+    with open(path, "wb") as f:
+        f.write(header.pack(checkpoint.MAGIC, len(payload), hashlib.sha256(payload).digest()) + payload)
+
+
+@pytest.mark.hard_timeout(900)
+def test_a_class_or_factory_of_ones_own_is_named_by_where_it_is_and_resumes_only_with_itself(tmp_path):
+    """A run on an env class or factory of one's own recorded its bare ``__name__`` ("Target", "<lambda>"): loading
+    its file without the env said "unknown env ...; valid gymnax env names are ...", and any other lambda (another
+    env with the same spaces) resumed it silently. They are named like instances now, module-qualified, a lambda with
+    its line; a file without them says to pass the env again, and another factory is refused naming both."""
+    from jes import checkpoint
+    from jes.envs.gymnasium import make as gym_make
+
+    first = lambda: Target()  # noqa: E731
+    second = lambda: DictObs()  # noqa: E731
+    assert make_env(Target, max_steps=10).name == f"{__name__}.Target (a gymnasium.Env class)"
+    assert gym_make(make_target, max_steps=10).name == f"{__name__}.make_target (a gymnasium.Env factory)"
+    line = first.__code__.co_firstlineno
+    assert gym_make(first, max_steps=10).name == (
+        f"{__name__}.test_a_class_or_factory_of_ones_own_is_named_by_where_it_is_and_resumes_only_with_itself."
+        f"<locals>.<lambda>:{line} (a gymnasium.Env factory)")
+    assert gym_make(second, max_steps=10).name != gym_make(first, max_steps=10).name
+    for env in (Target, make_target, first):
+        with pytest.raises(ValueError, match=r"of your own, which no name rebuilds: pass that env itself again"):
+            make_env(gym_make(env, max_steps=10).name)
+
+    train = dict(max_episode_steps=10, eval_episodes=2, key=5)
+    path = str(tmp_path / "target.ckpt")
+    whole = small_train(Target, num_generations=2, **train)
+    small_train(Target, num_generations=1, checkpoint_path=path, **train)
+    with pytest.raises(checkpoint.CheckpointError, match=r"pass that env itself again") as refused:
+        checkpoint.load(path)
+    assert "valid gymnax env names" not in str(refused.value)
+    resumed = small_train(Target, num_generations=2, resume=path, **train)
+    np.testing.assert_array_equal(whole.flat_params, resumed.flat_params)
+    with pytest.raises(checkpoint.CheckpointError, match=r"env: checkpoint has .*\.Target \(a gymnasium.Env class\), "
+                                                         r"this run has .*\.make_target \(a gymnasium.Env factory\)"):
+        small_train(gym_make(make_target), num_generations=2, resume=path, **train)
+
+    lambda_path = str(tmp_path / "lambda.ckpt")
+    small_train(gym_make(first), num_generations=1, checkpoint_path=lambda_path, **train)
+    other = lambda: Target()  # noqa: E731 - the same env, but another lambda: jes cannot tell
+    with pytest.raises(checkpoint.CheckpointError, match=r"env: checkpoint has .*<lambda>:\d+ .*this run has "
+                                                         r".*<lambda>:\d+ "):
+        small_train(gym_make(other), num_generations=2, resume=lambda_path, **train)
+
+    # A file of an older jes named the class by its bare __name__: it resumes with the class passed again, warning
+    # that the name cannot say which class it ran.
+    rewrite_meta(path, env_name="Target")
+    with pytest.warns(UserWarning, match="cannot say whether it ran"):
+        again = small_train(Target, num_generations=2, resume=path, **train)
+    np.testing.assert_array_equal(whole.flat_params, again.flat_params)
+
+
+class Huge(Target):
+    """Observations beyond float32's range (float64 1e40)."""
+
+    def __init__(self):
+        super().__init__()
+        self.observation_space = gymnasium.spaces.Box(-np.inf, np.inf, (2,), np.float64)
+
+    def step(self, action):
+        _, *rest = super().step(action)
+        return np.array([1e40 if self.t >= 2 else 0.5, 0.0]), *rest
+
+
+@pytest.mark.hard_timeout(600)
+def test_an_observation_beyond_float32_is_named_as_the_cause():
+    """A float64 observation of 1e40 became inf in the cast to float32 with only numpy's overflow warning; the run
+    then stopped a generation later on a non-finite fitness blamed on "unnormalised huge observations", although
+    observations were normalised. The step's observation is named now, as the env's failure."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)  # no numpy overflow warning in its place
+        with pytest.raises(HostEnvError, match=r"step's observation.*not finite as float32.*1e\+40.*Scale the "
+                                               r"observation") as error:
+            small_train(Huge, max_episode_steps=10, eval_episodes=2, num_generations=1)
+    assert "generation 1" in str(error.value)

@@ -295,6 +295,8 @@ class Worker:
         # Set by interrupt(): a KeyboardInterrupt raised by a signal handler can land in a weakref callback or a
         # __del__, where Python prints and drops it; the serve loop checks this flag too, so the worker still exits.
         self._interrupted = threading.Event()
+        # True while _setup builds and compiles a run: an interrupt must not raise inside it (see _interrupt_handler).
+        self.building = False
         self._last_assign_log = 0.0
 
     # ---------------------------------------------------------------- loop
@@ -374,6 +376,7 @@ class Worker:
         self.link.idle = False
         self.run, self.trainer, self.state, self.generation, self.state_hash = None, None, None, -1, ""
         t0 = time.perf_counter()
+        self.building = True
         try:
             self._build(message.get("description"))
         except Exception as err:  # noqa: BLE001 - a description we cannot (or will not) build must not kill us
@@ -384,6 +387,8 @@ class Worker:
             self.link.send({"type": "refused", "run": run, "reason": self.refused_reason})
             self._request()
             return
+        finally:
+            self.building = False
         self.run = run
         log.info("built run %s: %s on %s, %d members in chunks of %d, %d params, on %d device(s) %s "
                  "(%.1fs incl. compile)", run, type(self.trainer.policy).__name__, self.trainer.spec.name,
@@ -508,13 +513,34 @@ class Worker:
 
 def _interrupt_handler(worker: Worker) -> Callable[[int, Any], None]:
     """Ctrl-C / SIGTERM: flag the worker (never lost), then raise KeyboardInterrupt (prompt, but Python drops it
-    when it lands in a weakref callback or ``__del__``)."""
+    when it lands in a weakref callback or ``__del__``).
+
+    While the worker builds a run it leaves at once instead (:func:`_leave_while_building`): XLA's compiler polls
+    for signals, so a KeyboardInterrupt raised there abandons a compile whose threads then crash the interpreter's
+    exit (a segmentation fault, status 139, after the worker had said goodbye)."""
     def handler(signum, frame):
         if worker._interrupted.is_set():  # a second Ctrl-C / SIGTERM while handing back: leave at once, quietly
             os._exit(128 + signum)
         worker.interrupt()
+        if worker.building:
+            _leave_while_building(worker)
         raise KeyboardInterrupt
     return handler
+
+
+def _leave_while_building(worker: Worker) -> None:
+    """Say goodbye (the worker holds no range yet), flush the link and the logs, and end the process without the
+    interpreter's exit, status 0 as any other Ctrl-C of a worker; nothing of a half-built run needs tearing down."""
+    try:
+        log.info("worker %s interrupted while building its run; disconnecting", worker.name)
+        worker.link.send({"type": "bye", "name": worker.name, "aid": None})
+        worker.link.stop()
+        log.info("worker %s disconnected", worker.name)
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+    finally:
+        os._exit(0)
 
 
 def _exit_with(pid: int, worker: Worker, grace: float = 10.0) -> None:

@@ -58,6 +58,12 @@ def _resolve(env: Any, env_params: Any = None) -> tuple[Any, Any, str]:
                                  f"{KEEP_OPTION}=0,2") from None
             masked = MaskedObservations(inner, indices, inner_name, params)
             return masked, params, masked.name
+        for suffix, kind in ((gymnasium_family.CLASS_SUFFIX, "a gymnasium.Env class"),
+                             (gymnasium_family.FACTORY_SUFFIX, "a factory of gymnasium.Env")):
+            if env.endswith(suffix):
+                raise ValueError(f"env {env!r} was {kind} of your own, which no name rebuilds: pass that env itself "
+                                 f"again, from Python (jes.load_policy(path, env=env), policy.evaluate(env=env), "
+                                 f"jes.train(policy, env, ..., resume=path)); the command line cannot rebuild it")
         for suffix, kind, how in (
                 (gymnasium_family.INSTANCE_SUFFIX, "a gymnasium.Env instance", "its registered id (other arguments, "
                  "params, time limit or wrappers)"),

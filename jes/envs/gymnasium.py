@@ -141,7 +141,16 @@ class GymnasiumEnv:
         """One observation as the policy's flat float32 array of :attr:`obs_shape`."""
         if self._flatten is not None:
             obs = self._flatten(obs)
-        return np.asarray(obs, np.float32).reshape(self.obs_shape)
+        with np.errstate(over="ignore", invalid="ignore"):  # said below, naming the values
+            out = np.asarray(obs, np.float32).reshape(self.obs_shape)
+        if not np.isfinite(out).all():
+            bad = np.flatnonzero(~np.isfinite(out.reshape(-1)))
+            raw = np.asarray(obs, np.float64).reshape(-1)[bad[:5]]
+            raise ValueError(f"the observation is not finite as float32, the policy's input: index(es) "
+                             f"{bad[:5].tolist()} hold {raw.tolist()} (float32 holds magnitudes up to 3.4e38; jes "
+                             f"normalises observations only after this cast). Scale the observation in your env or "
+                             f"a gymnasium.ObservationWrapper, or end the episode before it overflows")
+        return out
 
     def env_action(self, action: np.ndarray) -> Any:
         """One policy action (numpy) as the env takes it."""
@@ -229,6 +238,33 @@ NOT_MASKED = ("masks the observations of JAX envs (gymnax, brax); a Gymnasium en
 # Names an env instance that is not its registered id's plain env: no env name resolves to it (a checkpoint or policy
 # file of it is evaluated or resumed with the env passed again), so it is never rebuilt as another env.
 INSTANCE_SUFFIX = " (a gymnasium.Env instance)"
+# Name an env class or factory of one's own the same way (no name rebuilds them either), after its module-qualified
+# name, so that files of different classes or factories do not pass for each other.
+CLASS_SUFFIX = " (a gymnasium.Env class)"
+FACTORY_SUFFIX = " (a gymnasium.Env factory)"
+
+
+def factory_name(factory: Any) -> str:
+    """The name of an env class or factory of one's own: ``"mypkg.envs.Corridor (a gymnasium.Env class)"``,
+    ``"mypkg.envs.make_env (a gymnasium.Env factory)"``; a lambda's (whose qualified name says only ``<lambda>``)
+    adds the first line of its code, ``"__main__.<lambda>:12 (a gymnasium.Env factory)"``, so that lambdas written in
+    different places differ (two on one line do not). A callable object without a name of its own (a
+    ``functools.partial``) is named after its type."""
+    named = factory if hasattr(factory, "__qualname__") else type(factory)
+    name = f"{getattr(named, '__module__', None) or '<unknown>'}.{named.__qualname__}"
+    code = getattr(factory, "__code__", None)
+    if "<lambda>" in named.__qualname__ and code is not None:
+        name += f":{code.co_firstlineno}"
+    return name + (CLASS_SUFFIX if inspect.isclass(factory) else FACTORY_SUFFIX)
+
+
+def legacy_factory_name(name: str) -> str | None:
+    """The bare name jes recorded before :func:`factory_name` for the class or factory that ``name`` names (its
+    ``__name__``: ``"Corridor"``, ``"<lambda>"``), ``None`` when ``name`` names no class or factory."""
+    for suffix in (CLASS_SUFFIX, FACTORY_SUFFIX):
+        if name.endswith(suffix):
+            return name.removesuffix(suffix).rpartition(".")[2].partition(":")[0]
+    return None
 
 
 def _registered_id(env: Any, gymnasium: Any) -> str | None:
@@ -262,6 +298,8 @@ def _rebuilds_another(name: str) -> bool:
     """Whether :func:`jes.envs.make_env` would build an env from ``name`` (a gymnax id, ``gymnasium:<id>``, a brax
     name): a user's factory named so must not be recorded by it."""
     base = name.partition("?")[0]
+    if name.endswith((CLASS_SUFFIX, FACTORY_SUFFIX)):
+        return False
     if base.startswith(PREFIX) or base.startswith("brax/") or name.endswith(INSTANCE_SUFFIX):
         return not name.endswith(INSTANCE_SUFFIX)
     return base in gymnax_env_names()
@@ -358,5 +396,5 @@ def make(env: Any, max_steps: int | None = None, render_mode: str | None = None)
         label = getattr(getattr(env, "spec", None), "id", None) or type(env.unwrapped).__name__
         return GymnasiumEnv(_copier(template), label + INSTANCE_SUFFIX)
     if callable(env):
-        return GymnasiumEnv(env, getattr(env, "__name__", type(env).__name__))
+        return GymnasiumEnv(env, factory_name(env))
     raise TypeError(f"not a Gymnasium env: {type(env).__name__}")
