@@ -362,6 +362,10 @@ def resolve(path: Any, allow: Allowlist, what: str, kind: str = "class") -> Any:
     parts = qualname.split(".")
     if not all(p.isidentifier() and not p.startswith("__") for p in parts):
         raise RefusedError(f"{what}: {path!r} names a dunder or malformed attribute")
+    # Nor a dunder module (``pkg.__main__`` runs a package's command line when imported, ``pkg.__init__`` imports it
+    # twice): a description names objects of ordinary modules; importing runs a module's top-level code.
+    if not all(p.isidentifier() and not p.startswith("__") for p in module_name.split(".")):
+        raise RefusedError(f"{what}: {path!r} names a dunder or malformed module")
     family = kind == "class" and _under(module_name, _ENV_FAMILY) and len(parts) == 1
     single = kind == "class" and path in allow.classes
     if not family and not single and not allow.allows(module_name):

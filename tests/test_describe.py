@@ -3,6 +3,7 @@ import dataclasses
 import json
 import os
 import subprocess
+import sys
 
 import flax.linen as nn
 import gymnax
@@ -78,6 +79,8 @@ def test_allowlist_is_checked_on_the_resolved_object_not_the_path():
         ("os:system", "outside the allowed"),
         ("builtins:eval", "outside the allowed"),
         ("mypkg.policies:Policy", "outside the allowed"),
+        ("envs_for_tests.__main__:main", "dunder or malformed module"),  # imported (and run) before, then refused
+        ("envs_for_tests.__init__:Countdown", "dunder or malformed module"),
     ):
         with pytest.raises(RefusedError, match=match):
             describe.resolve(path, allow, "x")
@@ -220,3 +223,19 @@ def test_a_description_nested_past_the_limit_is_malformed_not_a_recursion_error(
     for _ in range(describe.MAX_DEPTH - 1):
         shallow = {"__seq__": [shallow], "tuple": True}
     assert describe.build_value(shallow, describe.allowlist()) is not None
+
+
+def test_an_allowed_packages_dunder_module_is_refused_before_it_is_imported(tmp_path, monkeypatch):
+    """``mypkg.__main__:x`` under allow_modules=["mypkg"] imported (ran) the package's __main__.py, then refused."""
+    package = tmp_path / "jes_dunder_pkg"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    marker = tmp_path / "ran"
+    (package / "__main__.py").write_text(f"open({str(marker)!r}, 'w').close()\nmain = 1\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    allow = describe.allowlist(["jes_dunder_pkg"])
+    for path in ("jes_dunder_pkg.__main__:main", "jes_dunder_pkg.__init__:anything"):
+        with pytest.raises(RefusedError, match="dunder or malformed module"):
+            describe.resolve(path, allow, "policy")
+    assert not marker.exists()
+    assert "jes_dunder_pkg.__main__" not in sys.modules

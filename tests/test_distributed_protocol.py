@@ -104,3 +104,11 @@ def test_importing_the_distributed_package_protocol_and_worker_does_not_import_j
             "assert 'jax' not in sys.modules, sorted(m for m in sys.modules if m.startswith('jax'))[:5]")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
+
+
+def test_a_peers_text_is_logged_on_one_line_with_its_control_characters_escaped():
+    """A worker named "w9\\nERROR:...: FORGED" made the master's log show a line jes never wrote."""
+    forged = "w9\nERROR:jes.distributed.master:FORGED\r\x1b[31m"
+    assert protocol.loggable(forged, 200) == "w9\\nERROR:jes.distributed.master:FORGED\\r\\x1b[31m"
+    assert protocol.loggable("x" * 100, 64) == "x" * 64
+    assert protocol.loggable("ünïcode name", 64) == "ünïcode name"  # printable text as it is

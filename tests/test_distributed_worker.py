@@ -1,6 +1,7 @@
 """jes.distributed.worker without a master: its handlers driven directly, its link on a real socket; and real worker
 processes interrupted while they build a run for a real master."""
 import logging
+import math
 import queue
 import sys
 import time
@@ -322,3 +323,20 @@ def test_ctrl_c_while_the_worker_builds_its_run_exits_cleanly(tmp_path):
             if proc.poll() is None:
                 proc.kill()
                 proc.wait(timeout=20)
+
+
+@pytest.mark.parametrize("interval", [math.inf, 1e300, math.nan, -1.0, 0.0])
+def test_a_heartbeat_interval_that_would_stop_or_silence_the_worker_is_refused_or_capped(trainer, worker, interval):
+    """A setup with heartbeat_interval inf or 1e300 made the serve loop's wait overflow (OverflowError: the worker
+    process ended); NaN turned its heartbeats off (no comparison with NaN is true)."""
+    import threading
+
+    description = wire(protocol.describe_run(trainer, "CartPole-v1", "adam"))
+    before = worker.link.heartbeat_interval
+    worker._handle({"type": "setup", "run": "r", "description": description, "heartbeat_interval": interval})
+    assert math.isfinite(worker.request_interval) and worker.request_interval < threading.TIMEOUT_MAX
+    assert 0 < worker.link.heartbeat_interval <= 3600.0
+    if math.isfinite(interval) and interval > 0:  # huge: capped, and the run is built
+        assert worker.link.heartbeat_interval == 3600.0 and worker.run == "r"
+    else:  # dropped: nothing built, the interval kept
+        assert worker.link.heartbeat_interval == before and worker.run is None

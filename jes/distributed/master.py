@@ -199,7 +199,7 @@ class Master:
         for name, value in (("heartbeat_interval", heartbeat_interval), ("worker_timeout", worker_timeout),
                             ("assign_timeout", assign_timeout), ("min_deadline", min_deadline),
                             ("deadline_factor", deadline_factor), ("target_range_seconds", target_range_seconds)):
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
                 raise ValueError(f"Master {name} must be a positive number of seconds, got {value!r}")
         if max_range_chunks is not None and (isinstance(max_range_chunks, bool) or not isinstance(max_range_chunks, int)
                                              or max_range_chunks < 1):
@@ -493,7 +493,7 @@ class Master:
         nonce = field(message, "nonce", str)
         if not 16 <= len(nonce) <= 64:
             raise ProtocolError("hello nonce of a bad length")
-        name = str(field(message, "name", str, optional=True) or identity.hex()[:8])[:64]
+        name = protocol.loggable(str(field(message, "name", str, optional=True) or identity.hex()[:8]), 64)
         worker = self.workers.get(identity)
         if worker is None or worker.nonce != nonce:
             if worker is not None:  # the same connection opens a new session: the old one is over
@@ -528,7 +528,7 @@ class Master:
             return
         if kind == "refused":
             run = field(message, "run", str)
-            reason = str(field(message, "reason", str))[:2000]
+            reason = protocol.loggable(str(field(message, "reason", str)), 2000)
             if run == self._run and worker.refused != run:
                 worker.refused = run
                 log.error("worker %s refused run %s: %s", worker.name, run, reason)

@@ -157,6 +157,12 @@ def decode(frames: list[bytes], key: bytes, max_bytes: int) -> dict:
     return message
 
 
+def loggable(text: str, limit: int) -> str:
+    """A peer's ``text`` (a worker's name, a refusal's reason) fit for one log line: control characters (newlines
+    that would forge lines of their own, terminal escapes) written as escapes, at most ``limit`` characters."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text[:limit])[:limit]
+
+
 def field(message: dict, name: str, kind: type | tuple, *, optional: bool = False) -> Any:
     """``message[name]`` checked to be of ``kind`` (``bool`` is never accepted as an int)."""
     if name not in message or message[name] is None:

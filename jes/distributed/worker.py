@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import math
 import os
 import queue
 import signal
@@ -45,6 +46,9 @@ from jes import describe
 
 from jes.distributed import protocol
 from jes.distributed.protocol import ProtocolError, field
+
+# A master's heartbeat interval beyond this is taken as this (seconds): the worker still heartbeats hourly
+MAX_HEARTBEAT_INTERVAL = 3600.0
 
 log = logging.getLogger("jes.distributed.worker")
 
@@ -364,7 +368,11 @@ class Worker:
     # ------------------------------------------------------------ handlers
     def _setup(self, message: dict) -> None:
         run = field(message, "run", str)
-        self.link.heartbeat_interval = float(field(message, "heartbeat_interval", (int, float)))
+        heartbeat = float(field(message, "heartbeat_interval", (int, float)))
+        if not math.isfinite(heartbeat) or heartbeat <= 0:  # inf overflowed the inbox's wait and killed the worker;
+            # NaN silenced the heartbeats (no comparison with NaN is true)
+            raise ProtocolError(f"field 'heartbeat_interval' must be a positive number of seconds, got {heartbeat!r}")
+        self.link.heartbeat_interval = min(heartbeat, MAX_HEARTBEAT_INTERVAL)
         self.request_interval = max(0.2, 2 * self.link.heartbeat_interval)
         if run == self.run:
             self._request()
@@ -382,7 +390,8 @@ class Worker:
         except Exception as err:  # noqa: BLE001 - a description we cannot (or will not) build must not kill us
             refused = isinstance(err, protocol.RefusedError)
             reason = f"{'refused' if refused else 'cannot build'}: {type(err).__name__}: {err}"
-            log.error("cannot build run %s sent by the master: %s", run, reason)
+            log.error("cannot build run %s sent by the master: %s", protocol.loggable(run, 200),
+                      protocol.loggable(reason, 2000))
             self.refused_run, self.refused_reason, self.trainer = run, reason[:2000], None
             self.link.send({"type": "refused", "run": run, "reason": self.refused_reason})
             self._request()
