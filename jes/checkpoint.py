@@ -533,7 +533,6 @@ class Checkpoint:
             trainer = Trainer(policy, self.env_name, optimizer, ESConfig(**fields), devices=devices, strategy=strategy)
         except Exception as err:  # noqa: BLE001 - an env or policy this jes cannot build
             raise CheckpointError(f"checkpoint {self.path}: cannot rebuild its run: {type(err).__name__}: {err}") from err
-        template = localize(trainer.init_state(0))
         saved = self.state_dict
         try:
             mean = np.asarray(saved["strategy"]["mean"], np.float32)
@@ -544,10 +543,21 @@ class Checkpoint:
         if mean.shape != (trainer.num_params,) or obs["obs_sum"].shape != tuple(trainer.spec.obs_shape):
             raise CheckpointError(f"checkpoint {self.path}: its centre has shape {list(mean.shape)}, this policy "
                                   f"{trainer.num_params} parameters")
-        state = template.replace(strategy=template.strategy.replace(mean=jnp.asarray(mean)),
-                                 generation=jnp.asarray(self.generation, template.generation.dtype),
-                                 **{k: jnp.asarray(v, getattr(template, k).dtype) for k, v in obs.items()})
-        return trainer, trainer.place(state)
+        # The stand-in state is fresh, not the file's: allocate it only where the file holds as much (less the
+        # optimizer's state, stood in for), so a small file naming a big run (a CMA-ES covariance) is refused.
+        shapes = _abstract_raw_state(trainer)
+        need = _nbytes(shapes) - _nbytes(getattr(shapes.strategy, "opt_state", None))
+        have = _nbytes(saved)
+        if need > have + _STATE_SLACK_BYTES:
+            raise CheckpointError(f"checkpoint {self.path}: its run's state takes {need} bytes, but the file holds "
+                                  f"{have} bytes of state; the file was edited or is corrupt: use an earlier checkpoint")
+        with self._allocating():
+            template = localize(trainer.init_state(0))
+        with self._allocating():
+            state = template.replace(strategy=template.strategy.replace(mean=jnp.asarray(mean)),
+                                     generation=jnp.asarray(self.generation, template.generation.dtype),
+                                     **{k: jnp.asarray(v, getattr(template, k).dtype) for k, v in obs.items()})
+            return trainer, trainer.place(state)
 
     def names_env(self, name: str) -> bool:
         """Whether this checkpoint's env is ``name``: the same name, or, in a file written before names held a gymnax
@@ -644,27 +654,27 @@ class Checkpoint:
                           f"[-1, 1], as brax's own trainers do (CHANGELOG.md), so its parameters act otherwise here: "
                           f"a resumed run is not the run it continues, and returns differ from those it logged",
                           stacklevel=2)
-        template = localize(trainer.init_state(0))
-        raw_template = jax.device_get(template.replace(es_key=jax.random.key_data(template.es_key)))
+        # Shapes only: a file describes its run in a few bytes, so nothing of that run is allocated before the
+        # file's own arrays are seen to be that run's (then what is allocated is what the file stores).
+        template = _abstract_raw_state(trainer)
         try:
-            restored = serialization.from_state_dict(raw_template, _migrate(self.state_dict, self.meta))
+            restored = serialization.from_state_dict(template, _migrate(self.state_dict, self.meta))
         except Exception as err:  # noqa: BLE001 - whatever a malformed state dict makes flax raise
             raise CheckpointError(f"checkpoint {self.path}: training state does not fit this run's structure: {err}") from err
         problems = []
 
         def check(path, want, got):
-            want = np.asarray(want)
             if not isinstance(got, (np.ndarray, np.generic, bool, int, float)):
                 problems.append(f"{jax.tree_util.keystr(path)}: expected {want.dtype}{list(want.shape)}, file has "
                                 f"{type(got).__name__}")
-                return want
+                return got
             got = np.asarray(got)
             if want.shape != got.shape or want.dtype != got.dtype:
                 problems.append(f"{jax.tree_util.keystr(path)}: expected {want.dtype}{list(want.shape)}, "
                                 f"file has {got.dtype}{list(got.shape)}")
-            return jnp.asarray(got)
+            return got
 
-        restored = jax.tree_util.tree_map_with_path(check, raw_template, restored)
+        restored = jax.tree_util.tree_map_with_path(check, template, restored)
         if self.best is not None:
             want = {"flat_params": (trainer.num_params,), "1": tuple(trainer.spec.obs_shape),
                     "2": tuple(trainer.spec.obs_shape), "0": ()}
@@ -674,11 +684,42 @@ class Checkpoint:
         if problems:
             raise CheckpointError(f"checkpoint {self.path} holds arrays of other shapes than this run:\n  "
                                   + "\n  ".join(problems))
+        with self._allocating():
+            restored = jax.tree.map(jnp.asarray, restored)
+            try:
+                es_key = jax.random.wrap_key_data(restored.es_key, impl=self.meta["es_key_impl"])
+            except Exception as err:  # noqa: BLE001 - key data of another shape than its implementation's
+                raise CheckpointError(f"checkpoint {self.path}: its es_key does not fit {self.meta['es_key_impl']}: "
+                                      f"{err}") from err
+            return trainer.place(restored.replace(es_key=es_key))
+
+    @contextlib.contextmanager
+    def _allocating(self) -> Iterator[None]:
+        """Memory this file's run needs that the machine has not: a :class:`CheckpointError` naming the file."""
         try:
-            es_key = jax.random.wrap_key_data(restored.es_key, impl=self.meta["es_key_impl"])
-        except Exception as err:  # noqa: BLE001 - key data of another shape than its implementation's
-            raise CheckpointError(f"checkpoint {self.path}: its es_key does not fit {self.meta['es_key_impl']}: {err}") from err
-        return trainer.place(restored.replace(es_key=es_key))
+            yield
+        except (jax.errors.JaxRuntimeError, MemoryError) as err:
+            raise CheckpointError(f"checkpoint {self.path}: its run's state does not fit in memory here: "
+                                  f"{type(err).__name__}: {err}") from err
+
+
+# State a run's fresh state may hold beyond what its file stores (scalars, fields an older format lacked).
+_STATE_SLACK_BYTES = 1 << 20
+
+
+def _abstract_raw_state(trainer: Trainer) -> TrainState:
+    """The shapes and dtypes of ``trainer``'s state as a file stores it (``es_key`` as its key data), as
+    ``ShapeDtypeStruct`` leaves: traced, never allocated."""
+    def raw():
+        state = trainer.fresh_state(jax.random.key(0))
+        return state.replace(es_key=jax.random.key_data(state.es_key))
+    return jax.eval_shape(raw)
+
+
+def _nbytes(tree: Any) -> int:
+    """Bytes of a tree's array (or ``ShapeDtypeStruct``) leaves."""
+    return sum(int(np.prod(x.shape, dtype=np.int64)) * np.dtype(x.dtype).itemsize
+               for x in jax.tree.leaves(tree) if hasattr(x, "shape") and hasattr(x, "dtype"))
 
 
 def _same_optimizer_name(a: Any, b: Any) -> bool:

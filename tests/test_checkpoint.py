@@ -709,3 +709,83 @@ def test_a_save_killed_midway_leaves_the_previous_checkpoint(tmp_path):
     out = subprocess.run([sys.executable, "-c", KILLED_MID_SAVE, path], capture_output=True, text=True, timeout=240)
     assert out.returncode == -signal.SIGKILL, out.stderr[-2000:]
     np.testing.assert_array_equal(checkpoint.read(path).key, np.asarray(jax.random.key_data(jes.generation.as_key(1))))
+
+
+# --------------------------------------------------------------- a small file naming a big run
+LOAD_AND_MEASURE = r"""
+import resource, sys
+import jes
+from jes import checkpoint
+path, how = sys.argv[1], sys.argv[2]
+try:
+    if how == "load":
+        checkpoint.load(path)
+    else:
+        checkpoint.read(path).centre_for_evaluation()
+    print("loaded")
+except checkpoint.CheckpointError as err:
+    print("CheckpointError:", str(err).replace("\n", " | "))
+print("maxrss_mb", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024)
+"""
+
+
+def _huge(tmp_path, name: str, hidden: tuple, strategy: dict | None = None, schedules=(), mean_params=None) -> str:
+    """A small checkpoint of a CartPole MLP run rewritten to describe an MLP of ``hidden`` (valid checksum)."""
+    import hashlib
+    import json
+
+    from flax import serialization
+
+    small = jes.Trainer(jes.MLPPolicy(hidden_sizes=(4,)), "CartPole-v1", "adam", jes.ESConfig(num_members=8))
+    base = checkpoint.save(str(tmp_path / "base.ckpt"), small, small.init_state(0))
+    big = jes.Trainer(jes.MLPPolicy(hidden_sizes=hidden), "CartPole-v1", "adam", jes.ESConfig(num_members=8))
+
+    def change(meta):
+        meta["policy"]["fields"]["hidden_sizes"] = {"__seq__": list(hidden), "tuple": True}
+        meta["num_params"] = big.num_params
+        if strategy is not None:
+            meta["strategy"], meta["optimizer"] = strategy, None
+        meta["config_schedules"] = list(schedules)
+
+    path = _rewrite_meta(base, str(tmp_path / f"{name}.ckpt"), change)
+    if mean_params is not None:  # the file holds the centre the description asks for, nothing else of its run
+        with open(path, "rb") as f:
+            content = serialization.msgpack_restore(f.read()[checkpoint._HEADER.size:])
+        content["state"]["strategy"]["mean"] = np.zeros(big.num_params, np.float32)
+        payload = serialization.msgpack_serialize(content)
+        with open(path, "wb") as f:
+            f.write(checkpoint._HEADER.pack(checkpoint.MAGIC, len(payload), hashlib.sha256(payload).digest()))
+            f.write(payload)
+    return path
+
+
+@pytest.mark.hard_timeout(300)
+@pytest.mark.parametrize("case, how, message", [
+    ("mlp_1e8", "load", "holds arrays of other shapes than this run"),
+    ("mlp_1e8", "centre", "holds arrays of other shapes than this run"),
+    ("mlp_1e9", "load", "expected float32\\[1000267115\\], file has float32\\[30\\]"),
+    ("cma_cov", "load", "does not fit this run's structure"),
+    ("cma_cov_schedule", "centre", "but the file holds"),
+])
+def test_a_small_file_naming_a_huge_run_is_refused_before_allocating_it(tmp_path, case, how, message):
+    """A file describes its run in a few bytes; loading it allocates only what it stores (before, a 3 KB file made
+    load / centre_for_evaluation allocate the run it named: 2.5-3.3 GB, or a raw RESOURCE_EXHAUSTED at 1e9 params)."""
+    cma = {"name": "cma_es", "fields": {"sigma_init": None, "eigen_interval": None, "max_params": 10 ** 9}}
+    path = {
+        "mlp_1e8": lambda: _huge(tmp_path, case, (10000, 10000)),
+        "mlp_1e9": lambda: _huge(tmp_path, case, (31623, 31623)),
+        # CMA-ES on 20017 parameters: a 1.6 GB covariance; the file holds the 80 KB centre (and with a schedule,
+        # centre_for_evaluation stands in for the rest of the state)
+        "cma_cov": lambda: _huge(tmp_path, case, (2000, 5), cma, mean_params=True),
+        "cma_cov_schedule": lambda: _huge(tmp_path, case, (2000, 5), cma, ["learning_rate"], mean_params=True),
+    }[case]()
+    assert os.path.getsize(path) < 100_000
+    out = subprocess.run([sys.executable, "-c", LOAD_AND_MEASURE, path, how], capture_output=True, text=True,
+                         timeout=240)
+    assert out.returncode == 0, out.stderr[-3000:]
+    lines = dict(line.split(" ", 1) for line in out.stdout.splitlines() if " " in line)
+    assert "CheckpointError:" in lines, out.stdout
+    assert path in lines["CheckpointError:"]
+    import re
+    assert re.search(message, lines["CheckpointError:"]), lines["CheckpointError:"]
+    assert int(lines["maxrss_mb"]) < 1500, out.stdout
