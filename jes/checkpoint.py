@@ -25,6 +25,7 @@ import dataclasses
 import hashlib
 import json
 import os
+import re
 import signal
 import socket
 import struct
@@ -335,20 +336,38 @@ def interrupts_deferred() -> Iterator[None]:
         yield
         return
     pending: list[tuple[int, Any]] = []
-    previous = {}
+    previous: dict = {}
+    holding = [True]
+
+    def hold(signum, frame):
+        if holding[0]:
+            pending.append((signum, frame))
+        else:  # left in place by an interrupt among the restores below: the signal's own handler
+            previous[signum](signum, frame)
+
     try:
         for sig in (signal.SIGINT, signal.SIGTERM):
             handler = signal.getsignal(sig)
             if callable(handler):  # not SIG_DFL, SIG_IGN, nor a handler installed outside Python
                 previous[sig] = handler
-                signal.signal(sig, lambda signum, frame: pending.append((signum, frame)))
+                signal.signal(sig, hold)
         yield
     finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+        holding[0] = False
+        # Each handler is restored even when a Ctrl-C lands among the restores (raised by a handler restored
+        # already): the other would keep ``hold`` for good otherwise (which then passes signals on).
+        _restore_handlers(list(previous.items()))
         if pending:
             signum, frame = pending[0]
             previous[signum](signum, frame)
+
+
+def _restore_handlers(handlers: list) -> None:
+    if handlers:
+        try:
+            signal.signal(*handlers[0])
+        finally:
+            _restore_handlers(handlers[1:])
 
 
 # A save's temp file is named ``.<name>.<pid>@<host>.<random>.tmp``: the sweep of leftovers removes only those of
@@ -609,6 +628,13 @@ class Checkpoint:
                               f"gymnasium.Env class or factory of your own by its module and qualified name: it "
                               f"cannot say whether it ran {mine[field]!r}; resuming on it as given", stacklevel=3)
                 continue
+            if field == "env_name" and mine[field] != theirs[field] \
+                    and _lambda_moved(str(theirs[field]), str(mine[field])):
+                warnings.warn(f"checkpoint {self.path} ran the env lambda {theirs[field]!r}, this run passes "
+                              f"{mine[field]!r}: the same module, another line (a cell or lines above it edited?). "
+                              f"jes cannot tell whether it builds the same env; resuming on it as given",
+                              stacklevel=3)
+                continue
             if field == "env_name" and mine[field] != theirs[field] and self.names_env(mine[field]):
                 warnings.warn(f"checkpoint {self.path} was written before jes recorded a gymnax env's params and "
                               f"registered id in its name (format {theirs['version']}): it names its env "
@@ -720,6 +746,15 @@ def _nbytes(tree: Any) -> int:
     """Bytes of a tree's array (or ``ShapeDtypeStruct``) leaves."""
     return sum(int(np.prod(x.shape, dtype=np.int64)) * np.dtype(x.dtype).itemsize
                for x in jax.tree.leaves(tree) if hasattr(x, "shape") and hasattr(x, "dtype"))
+
+
+def _lambda_moved(theirs: str, mine: str) -> bool:
+    """Whether two env names are the same module's lambda factory at other lines (``"__main__.<lambda>:12 (a
+    gymnasium.Env factory)"``): a notebook cell edited above it moves it, and its line is all that tells lambdas
+    of one module apart."""
+    pattern = re.compile(r"^(.*\.<lambda>):\d+" + re.escape(gymnasium_envs.FACTORY_SUFFIX) + "$")
+    a, b = pattern.match(theirs), pattern.match(mine)
+    return a is not None and b is not None and a.group(1) == b.group(1)
 
 
 def _same_optimizer_name(a: Any, b: Any) -> bool:

@@ -471,6 +471,7 @@ def train(
     except BaseException:
         trainer.finish_compiling()
         raise
+    ran = _Ran()
     try:
         if (num_workers or master is not None) and trainer.spec.host \
                 and getattr(trainer.spec.env, "env_id", "") is None:
@@ -501,23 +502,28 @@ def train(
                                   f"refused the run or were not ready within {LOCAL_WORKERS_TIMEOUT:.0f} s; their "
                                   f"errors, if any, are logged above); the run goes on with them and evaluates the "
                                   f"rest in this process (same bits)", stacklevel=2)
-                return run(trainer, state, key=key, callbacks=[*loggers, *callbacks], history=history,
-                           checkpoint_path=checkpoint_path, checkpoint_every=checkpoint_every, step_fn=server.step,
-                           log_dir=log_dir, best=best, started=started)
+                return ran(run(trainer, state, key=key, callbacks=[*loggers, *callbacks], history=history,
+                               checkpoint_path=checkpoint_path, checkpoint_every=checkpoint_every,
+                               step_fn=server.step, log_dir=log_dir, best=best, started=started))
         if master is not None:
             with Master(trainer, master, secret=secret, env=env, optimizer=optimizer, env_params=env_params,
                         **(master_options or {})) as server:
-                return run(trainer, state, key=key, callbacks=[*loggers, *callbacks], history=history,
-                           checkpoint_path=checkpoint_path, checkpoint_every=checkpoint_every, step_fn=server.step,
-                           log_dir=log_dir, best=best, started=started)
-        return run(trainer, state, key=key, callbacks=[*loggers, *callbacks], history=history,
-                   checkpoint_path=checkpoint_path, checkpoint_every=checkpoint_every, log_dir=log_dir, best=best,
-                   started=started)
-    except BaseException:
+                return ran(run(trainer, state, key=key, callbacks=[*loggers, *callbacks], history=history,
+                               checkpoint_path=checkpoint_path, checkpoint_every=checkpoint_every,
+                               step_fn=server.step, log_dir=log_dir, best=best, started=started))
+        return ran(run(trainer, state, key=key, callbacks=[*loggers, *callbacks], history=history,
+                       checkpoint_path=checkpoint_path, checkpoint_every=checkpoint_every, log_dir=log_dir, best=best,
+                       started=started))
+    except BaseException as err:
         trainer.finish_compiling()  # a failure before the step was compiled (already joined after it)
+        ran.interrupted(err)
         raise
     finally:
-        jes_logging.close_all(loggers)
+        try:
+            jes_logging.close_all(loggers)
+        except KeyboardInterrupt as interrupt:
+            ran.interrupted(interrupt)
+            raise
 
 
 def _overwrite_problem(checkpoint_path: str, resume: str | None) -> str | None:
@@ -870,6 +876,25 @@ def run(trainer: Trainer, state: TrainState, *, key: Any = 0, callbacks: Iterabl
             pass
         raise
     return _result(trainer, state, history, key, solved_generation, compile_time, t_start, best, checkpoint_path, log_dir)
+
+
+class _Ran:
+    """The run's result once :func:`run` returned it: a Ctrl-C after that (stopping workers, closing the logs)
+    carries it and its checkpoint, as an interrupt during the run does, rather than reading as one before any."""
+
+    def __init__(self):
+        self.result: TrainResult | None = None
+
+    def __call__(self, result: TrainResult) -> TrainResult:
+        self.result = result
+        return result
+
+    def interrupted(self, err: BaseException) -> None:
+        result = self.result
+        if result is not None and isinstance(err, KeyboardInterrupt) and not hasattr(err, "result"):
+            if result.checkpoint_path is not None:
+                err.checkpoint_path = result.checkpoint_path
+            _attach_result(err, lambda: result)
 
 
 def evaluates_centre(generation: int, total: int, eval_every: int) -> bool:

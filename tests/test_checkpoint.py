@@ -789,3 +789,48 @@ def test_a_small_file_naming_a_huge_run_is_refused_before_allocating_it(tmp_path
     import re
     assert re.search(message, lines["CheckpointError:"]), lines["CheckpointError:"]
     assert int(lines["maxrss_mb"]) < 1500, out.stdout
+
+
+def test_an_interrupt_among_the_handler_restores_leaves_no_holding_handler(monkeypatch, ctrl_c_raises):
+    """A Ctrl-C raised right after SIGINT's handler was restored skipped SIGTERM's restore: SIGTERM kept the holding
+    handler for good, and every later SIGTERM (Slurm, docker stop) was swallowed."""
+    real_signal, terms = signal.signal, []
+    previous_term = real_signal(signal.SIGTERM, lambda signum, frame: terms.append(signum))
+    own_term = signal.getsignal(signal.SIGTERM)
+
+    def restore_then_ctrl_c(sig, handler):
+        out = real_signal(sig, handler)
+        if sig == signal.SIGINT and handler is signal.default_int_handler:
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.01)  # delivered here, to the handler just restored
+        return out
+
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            with checkpoint.interrupts_deferred():
+                monkeypatch.setattr(signal, "signal", restore_then_ctrl_c)
+        monkeypatch.setattr(signal, "signal", real_signal)
+        assert signal.getsignal(signal.SIGTERM) is own_term
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    finally:
+        real_signal(signal.SIGTERM, previous_term)
+
+
+def test_ctrl_c_after_the_run_returned_carries_its_result_and_checkpoint(tmp_path, monkeypatch):
+    """A Ctrl-C while jes closed the logs (or stopped local workers) after the last generation carried nothing:
+    `jes train` said no checkpoint was saved, "interrupted before the first generation ran", of a finished run."""
+    from jes import logging as jes_logging
+
+    real_close_all = jes_logging.close_all
+
+    def close_then_ctrl_c(loggers):
+        real_close_all(loggers)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(jes_logging, "close_all", close_then_ctrl_c)
+    path = str(tmp_path / "done.ckpt")
+    with pytest.raises(KeyboardInterrupt) as interrupted:
+        jes.train(jes.MLPPolicy((4,)), "CartPole-v1", "adam", key=2, num_members=8, num_generations=2,
+                  eval_episodes=1, log_dir=None, checkpoint_path=path, progress=False)
+    assert interrupted.value.checkpoint_path == path and checkpoint.read(path).generation == 2
+    assert list(interrupted.value.result.history["generation"]) == [1, 2]

@@ -304,3 +304,31 @@ def test_a_loopback_coordinator_listens_on_loopback_only(tmp_path):
     assert listening, f"nothing listened on port {port} while the run was up:\n{output}"
     loopback = {"0100007F", "0000000000000000FFFF00000100007F", "00000000000000000000000001000000"}
     assert set(listening) <= loopback, f"the coordinator listens on {listening}, not only loopback (0100007F)"
+
+
+def test_the_port_check_probes_ipv4_on_a_host_without_ipv6(monkeypatch):
+    """On a kernel without IPv6 the check's own IPv6 socket failed (EAFNOSUPPORT): a raw OSError refused a
+    multi-host run that gRPC, listening on IPv4 there, would have started."""
+    import errno
+    import socket
+
+    from jes.distributed import jax_runtime
+
+    real_socket = socket.socket
+
+    def no_ipv6(family=socket.AF_INET, *args, **kwargs):
+        if family == socket.AF_INET6:
+            raise OSError(errno.EAFNOSUPPORT, "Address family not supported by protocol")
+        return real_socket(family, *args, **kwargs)
+
+    monkeypatch.setattr(socket, "socket", no_ipv6)
+    with real_socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind(("0.0.0.0", 0))
+        port = probe.getsockname()[1]
+    jax_runtime._check_can_listen(f"[::]:{port}", f"10.0.0.1:{port}")  # free on IPv4: no error
+    with real_socket(socket.AF_INET, socket.SOCK_STREAM) as taken:
+        taken.bind(("0.0.0.0", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(jes.distributed.DistributedSetupError, match=f"port {port} is in use"):
+            jax_runtime._check_can_listen(f"[::]:{port}", f"10.0.0.1:{port}")

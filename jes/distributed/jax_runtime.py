@@ -215,15 +215,24 @@ def _check_can_listen(address: str, coordinator: str) -> None:
     try:
         infos = socket.getaddrinfo(host or None, int(port), type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
     except (OSError, ValueError) as err:
+        if host in ("::", "") and port.isdigit():  # the IPv6 wildcard on a host without IPv6: gRPC's is IPv4's
+            return _check_can_listen(f"0.0.0.0:{port}", coordinator)
         raise DistributedSetupError(f"process 0 cannot listen on the coordinator address {address} ({err}); check "
                                     f"the coordinator's HOST:PORT") from err
-    failures = []
+    failures, unsupported = [], 0
     for family, kind, proto, _, sockaddr in infos:
-        with socket.socket(family, kind, proto) as sock:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as gRPC: a port in TIME_WAIT is free
+        try:
+            sock = socket.socket(family, kind, proto)
+        except OSError:  # a host without IPv6 (ipv6.disable=1): gRPC listens on IPv4 alone there
+            unsupported += 1
             if family == socket.AF_INET6 and host in ("::", ""):
-                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)  # [::] takes IPv4 too, as gRPC's
+                _check_can_listen(f"0.0.0.0:{port}", coordinator)
+            continue  # (another family's address of the name: gRPC listens on those it can)
+        with sock:
             try:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as gRPC: a port in TIME_WAIT is free
+                if family == socket.AF_INET6 and host in ("::", ""):
+                    sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)  # [::] takes IPv4 too, as gRPC's
                 sock.bind(sockaddr)
                 sock.listen()
             except OSError as err:
@@ -231,7 +240,7 @@ def _check_can_listen(address: str, coordinator: str) -> None:
     # gRPC listens on whichever of the name's addresses it can (localhost without IPv6), but one taken by another
     # program would take the other processes' connections.
     busy = [err for err in failures if err.errno == errno.EADDRINUSE]
-    if busy or len(failures) == len(infos):
+    if busy or (failures and len(failures) + unsupported >= len(infos)):
         err = (busy or failures)[0]
         what = address if address == coordinator else f"{address} (coordinator {coordinator})"
         if busy:
