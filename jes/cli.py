@@ -24,7 +24,7 @@ EPILOG = """examples:
   jes eval runs/<name>/checkpoint.ckpt --render cartpole.gif     # brax envs: --render hopper.html
   jes plot runs/run-a runs/run-b -o curves.png
   jes sweep sweep.toml
-  jes keys trainhost                                      # CURVE key pair for an encrypted master
+  jes keys trainhost                                      # a master's own CURVE key pair
 """
 
 # ESConfig's defaults, spelled out so that --help needs no import of jes.config (and so JAX);
@@ -155,8 +155,9 @@ def _parser() -> argparse.ArgumentParser:
                         help="re-evaluate this fraction of delivered ranges on another worker and compare bit for bit "
                              "(Master default 0: off)")
     timing.add_argument("--curve-secret-key", default=None, metavar="FILE",
-                        help="encrypt with ZeroMQ CURVE using this secret key (NAME.secret from `jes keys NAME`); "
-                             "workers pass --curve-server-key NAME.public")
+                        help="the master's own CURVE secret key (NAME.secret from `jes keys NAME`), so that a worker "
+                             "holding the shared secret cannot pose as the master; workers pass --curve-server-key "
+                             "NAME.public (without it every connection is still CURVE-encrypted, keys from the secret)")
 
     evaluate = commands.add_parser("eval", help="evaluate a checkpoint's centre policy or a saved policy file",
                                    formatter_class=_HelpFormatter)
@@ -220,7 +221,7 @@ def _parser() -> argparse.ArgumentParser:
     launch.add_argument("--no-prefix", action="store_true", help="forward output lines without the [pI] prefix")
     launch.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- COMMAND ...", help="what every process runs")
 
-    keys = commands.add_parser("keys", help="make a CURVE key pair for an encrypted distributed master")
+    keys = commands.add_parser("keys", help="make a CURVE key pair of a distributed master's own")
     keys.add_argument("name", help="writes NAME.secret (the master's, mode 600) and NAME.public (for workers)")
     return parser
 

@@ -28,7 +28,7 @@ import pytest
 import zmq
 
 import jes
-from jes.distributed import protocol
+from jes.distributed import protocol, transport
 from jes.distributed.master import Master
 from jes.loop import run
 
@@ -37,7 +37,8 @@ KEY = 11
 CONFIG = jes.ESConfig(num_members=32, chunk_size=4, num_generations=4, eval_episodes=4, noise_std=0.1)
 FAST = dict(heartbeat_interval=0.2, worker_timeout=2.0, assign_timeout=5.0, min_deadline=1.0, status_interval=0.0)
 READY_TIMEOUT = 120.0
-# JES_TEST_CURVE=1 runs every test of this module with CURVE encryption on (masters, workers, raw clients).
+# JES_TEST_CURVE=1 runs every test of this module with masters holding CURVE key pairs of their own (workers and
+# raw clients given the public key); every connection is CURVE-encrypted either way.
 CURVE = protocol.curve_keypair() if os.environ.get("JES_TEST_CURVE") else None  # (public, secret)
 pytestmark = pytest.mark.hard_timeout(420)  # every test here; the slow ones start and compile worker processes
 # `jes-worker` that dies with the test process (PR_SET_PDEATHSIG), so that a session ended by a hard
@@ -313,11 +314,16 @@ def test_worker_joining_mid_run_and_master_restart_are_survived(trainer, referen
 
 
 # ------------------------------------------------------ hostile network input
-def raw_client(port: int) -> zmq.Socket:
+def raw_client(port: int, secret: bytes | None = SECRET, server_key: bytes | None = None) -> zmq.Socket:
+    """A DEALER connected to the master: through its transport with ``secret``'s keys (a peer holding the
+    secret), or (``secret=None``) a CURVE client with a key pair of its own to ``server_key``, or, without that
+    either, ZeroMQ's plaintext."""
     sock = zmq.Context.instance().socket(zmq.DEALER)
     sock.setsockopt(zmq.LINGER, 0)
-    if CURVE is not None:
-        sock.curve_serverkey = CURVE[0].encode()
+    if secret is not None:
+        transport.secure_client(sock, secret, CURVE and CURVE[0].encode())
+    elif server_key is not None:
+        sock.curve_serverkey = server_key
         sock.curve_publickey, sock.curve_secretkey = zmq.curve_keypair()
     sock.connect(f"tcp://127.0.0.1:{port}")
     return sock
@@ -369,12 +375,57 @@ def test_worker_with_wrong_secret_is_refused(trainer, tmp_path):
         workers.start("wrong", secret=b"not-the-secret-0123456789")
         with make_master(trainer, port) as master:
             deadline = time.monotonic() + READY_TIMEOUT
-            while master.stats["dropped"] == 0 and time.monotonic() < deadline:
+            while master.gatekeeper.refused == 0 and time.monotonic() < deadline:
                 master.wait_for_workers(trainer.init_state(KEY), 1, 0.5)
-            assert master.stats["dropped"] > 0
-            assert not master.workers
+            master.wait_for_workers(trainer.init_state(KEY), 1, 1.0)
+            # Refused in the handshake (it encrypts to the server key of its secret; with the master's own server
+            # key, its client key is not the secret's), so not one of its messages reached the master.
+            assert ("key" if CURVE else "server key") in master.gatekeeper.reasons, master.gatekeeper.reasons
+            assert master.stats["dropped"] == 0 and not master.workers
     finally:
         workers.close()
+
+
+def test_a_peer_without_the_secret_never_gets_a_frame_to_the_master(trainer, reference):
+    """A peer that reaches the port without the secret got every message it sent queued for the master (a
+    multipart message of any number of 16 MiB frames held whole in memory) until the master dropped it as
+    unauthenticated. Now its connection ends in the CURVE handshake: plaintext peers (another mechanism), peers
+    with a key pair of their own (refused by the master's ZAP handler, even knowing the master's public key),
+    peers with the keys of another secret. Its messages never reach the master, and the run goes on."""
+    with master_log() as recorder, make_master(trainer, 0) as master:
+        state = trainer.init_state(KEY)
+        master.wait_for_workers(state, 0, 0)
+        server_public = transport.server_keys(SECRET, CURVE and CURVE[1].encode())[0]
+        outsiders = [raw_client(master.port, secret=None),                        # plaintext
+                     raw_client(master.port, secret=None, server_key=server_public),  # a key pair of its own
+                     raw_client(master.port, secret=b"another-secret-0123456789")]    # another secret's keys
+        hello = {"type": "hello", "name": "outsider", "nonce": protocol.new_nonce()}
+        for sock in outsiders:  # 64 MiB in one message, then a hello MAC'd with the secret (stolen, say)
+            with contextlib.suppress(zmq.Again):
+                sock.send_multipart([b"\x00" * 2**20] * 64, flags=zmq.NOBLOCK)
+                sock.send_multipart(protocol.encode(hello, SECRET), flags=zmq.NOBLOCK)
+        reasons = master.gatekeeper.reasons  # the plaintext peer's: "no CURVE", or "ended" when it was cut off
+        deadline = time.monotonic() + READY_TIMEOUT  # as it sent (the race between its writes and the refusal)
+        while not ({"key", "server key"} <= set(reasons) and reasons.keys() & {"no CURVE", "ended"}) and \
+                time.monotonic() < deadline:
+            master.wait_for_workers(state, 1, 0.2)
+        master.wait_for_workers(state, 1, 1.0)
+        assert {"key", "server key"} <= set(reasons) and reasons.keys() & {"no CURVE", "ended"}, reasons
+        assert master.gatekeeper.admitted == 0 and master.stats["dropped"] == 0 and not master.workers, master.stats
+        assert all(sock.poll(0) == 0 for sock in outsiders)
+        assert any(m.startswith("refused 1 connection(s) in the handshake, before any of their messages: 1 ")
+                   for m in recorder.messages), recorder.messages
+        insider = raw_client(master.port)  # the secret's keys: through the handshake, then the protocol
+        insider.send_multipart(protocol.encode(hello, SECRET))
+        deadline = time.monotonic() + READY_TIMEOUT
+        while not insider.poll(0) and time.monotonic() < deadline:
+            master.wait_for_workers(state, 1, 0.2)  # the master answers while it waits
+        assert insider.poll(0), "no welcome for a peer holding the secret"
+        assert protocol.decode(insider.recv_multipart(), SECRET, protocol.MAX_TO_WORKER_BYTES)["type"] == "welcome"
+        result = run(trainer, state, key=KEY, step_fn=master.step)
+    np.testing.assert_array_equal(result.flat_params, reference)
+    for sock in (*outsiders, insider):
+        sock.close(0)
 
 
 def test_worker_cli_errors_are_clear():
@@ -565,7 +616,8 @@ def test_master_logs_a_refusal_and_allow_module_admits_the_users_env(tmp_path):
 
 
 @pytest.mark.slow
-def test_curve_encrypted_run_is_bit_identical_and_plaintext_workers_cannot_join(trainer, reference, tmp_path):
+def test_a_masters_own_curve_key_run_is_bit_identical_and_workers_without_its_public_key_cannot_join(
+        trainer, reference, tmp_path):
     public, secret = protocol.curve_keypair()
     (tmp_path / "master.public").write_text(public + "\n")
     workers = WorkerPool(free_port(), tmp_path)
@@ -578,8 +630,8 @@ def test_curve_encrypted_run_is_bit_identical_and_plaintext_workers_cannot_join(
             result = run(trainer, state, key=KEY, step_fn=master.step)
             names = [w.name for w in master.workers.values()]
         np.testing.assert_array_equal(result.flat_params, reference)
-        assert master.encrypted and master.stats["assigned_ranges"] > 0
-        assert names == ["curve"], names  # a plaintext worker never gets past the CURVE handshake
+        assert master.own_server_key and master.stats["assigned_ranges"] > 0
+        assert names == ["curve"], names  # a worker expecting the secret's server key never gets past the handshake
     finally:
         workers.close()
 

@@ -13,7 +13,7 @@ import pytest
 import zmq
 
 import jes
-from jes.distributed import protocol
+from jes.distributed import protocol, transport
 from jes.distributed.worker import Worker, _Link
 
 SECRET = b"test-secret-0123456789abcdef"
@@ -121,10 +121,8 @@ class FakeMaster:
     def __init__(self, curve_secret_key: str | None = None):
         self.socket = zmq.Context.instance().socket(zmq.ROUTER)
         self.socket.setsockopt(zmq.LINGER, 0)
-        if curve_secret_key:
-            self.socket.curve_secretkey = curve_secret_key.encode()
-            self.socket.curve_publickey = zmq.curve_public(curve_secret_key.encode())
-            self.socket.curve_server = True
+        # The master's end of the transport (a real master also checks the worker's key, with its Gatekeeper)
+        transport.secure_server(self.socket, SECRET, curve_secret_key and curve_secret_key.encode())
         self.port = self.socket.bind_to_random_port("tcp://127.0.0.1")
         self.identity = None
         self.session = None

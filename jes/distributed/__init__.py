@@ -3,7 +3,8 @@
 - **ZeroMQ, for elastic fleets.** The master (:class:`jes.distributed.master.Master`, started by
   ``jes.train(..., master=":5555")``) farms each generation's population chunks out to
   ``jes-worker`` processes (:mod:`jes.distributed.worker`) that may come and go; the wire format
-  and its authentication live in :mod:`jes.distributed.protocol`.
+  and its authentication live in :mod:`jes.distributed.protocol`, the CURVE transport under it (only
+  holders of the shared secret get through the handshake) in :mod:`jes.distributed.transport`.
 - **JAX's multi-process runtime, for homogeneous accelerator clusters.** Every process runs the
   same script; :func:`initialize` (or ``jes.train(..., distributed=True)``) joins them into one
   ``jax.distributed`` runtime and the compiled generation step shards the population over every

@@ -64,7 +64,7 @@ import numpy as np
 import zmq
 
 from jes import host_step
-from jes.distributed import protocol
+from jes.distributed import protocol, transport
 from jes.distributed.protocol import ProtocolError, field
 from jes.generation import ChunkResults
 from jes.threefry import UnrolledJit
@@ -165,9 +165,11 @@ class Master:
             its deliveries of the generation are dropped and re-queued, and it gets no more work. Default 0
             (off).
         audit_seed: seed of the choice of audited ranges.
-        curve_secret_key: encrypt and authenticate the server with ZeroMQ CURVE: this master's secret
-            key (Z85 text or a file made by ``jes keys NAME``, the ``NAME.secret`` one); workers then
-            need ``--curve-server-key NAME.public``. ``None`` (default): plaintext + HMAC.
+        curve_secret_key: this master's own CURVE secret key (Z85 text or the ``NAME.secret`` file of ``jes keys
+            NAME``); workers then need ``--curve-server-key NAME.public``, and a worker holding the shared secret
+            cannot pose as this master. ``None`` (default): the server key is derived from the shared secret.
+            Every connection is CURVE-encrypted either way, and only peers holding the shared secret get
+            through the handshake (:mod:`jes.distributed.transport`).
     """
 
     def __init__(
@@ -253,18 +255,17 @@ class Master:
         self._apply = UnrolledJit(lambda s, *r: trainer.apply_chunk_results(s, ChunkResults(*r)),
                                   compiler_options=trainer.step_compiler_options)  # the step's: they can change bits
 
+        curve_secret = protocol.load_curve_key(curve_secret_key, "curve_secret_key")
+        self.own_server_key = curve_secret is not None
         self.context = zmq.Context()
         self.socket = self.context.socket(zmq.ROUTER)
         self.socket.setsockopt(zmq.LINGER, 0)
         self.socket.setsockopt(zmq.MAXMSGSIZE, self.max_message_bytes + 4096)
         self.socket.setsockopt(zmq.SNDHWM, 1000)
         self.socket.setsockopt(zmq.RCVHWM, 10000)
-        curve_secret = protocol.load_curve_key(curve_secret_key, "curve_secret_key")
-        if curve_secret is not None:
-            self.socket.curve_secretkey = curve_secret
-            self.socket.curve_publickey = zmq.curve_public(curve_secret)
-            self.socket.curve_server = True
-        self.encrypted = curve_secret is not None
+        # CURVE on every connection, keys from the secret: a peer without it never gets a frame queued here.
+        transport.secure_server(self.socket, self.key, curve_secret)
+        self.gatekeeper = transport.Gatekeeper(self.context, self.key, self.socket)
         endpoint = bind_address(address)
         try:
             if endpoint.startswith("tcp://") and endpoint.endswith(":0"):
@@ -277,14 +278,18 @@ class Master:
             self.close()
             raise OSError(f"cannot listen on {endpoint}: {err}") from err
         self.endpoint = endpoint
-        log.info("master listening on %s%s (%d members in %d chunks of %d, %d params)", endpoint,
-                 " with CURVE encryption" if self.encrypted else "", trainer.config.num_members, trainer.num_chunks, trainer.chunk_size, trainer.num_params)
+        log.info("master listening on %s, CURVE-encrypted with %s (%d members in %d chunks of %d, %d params)", endpoint,
+                 "its own server key" if self.own_server_key else "keys from the shared secret",
+                 trainer.config.num_members, trainer.num_chunks, trainer.chunk_size, trainer.num_params)
 
     # ----------------------------------------------------------- lifecycle
     def close(self) -> None:
         """Stop listening. Workers keep running and reconnect to the next master on this address."""
         if not self.socket.closed:
             self.socket.close(0)
+        gatekeeper = getattr(self, "gatekeeper", None)
+        if gatekeeper is not None and gatekeeper.is_alive():
+            gatekeeper.stop()
         self.context.term()
 
     def __enter__(self) -> "Master":

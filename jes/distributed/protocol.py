@@ -1,5 +1,8 @@
 """Wire format of distributed jes: authenticated msgpack messages, array and state encoding, run descriptions.
 
+The messages travel over CURVE-encrypted ZeroMQ connections that only holders of the shared secret get
+through (:mod:`jes.distributed.transport`); the checks below hold whatever the transport.
+
 Every message is two ZeroMQ frames, ``[body, mac]``: ``body`` is a msgpack map
 with a ``"type"`` string, ``mac`` is HMAC-SHA256 of ``body`` under the shared
 secret. Receivers check the frame count, the size and the MAC *before* they

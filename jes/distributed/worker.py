@@ -44,7 +44,7 @@ import zmq
 
 from jes import describe
 
-from jes.distributed import protocol
+from jes.distributed import protocol, transport
 from jes.distributed.protocol import ProtocolError, field
 
 # A master's heartbeat interval beyond this is taken as this (seconds): the worker still heartbeats hourly
@@ -133,12 +133,9 @@ class _Link(threading.Thread):
         sock.setsockopt(zmq.RECONNECT_IVL_MAX, 2000)
         sock.setsockopt(zmq.HEARTBEAT_IVL, 2000)     # transport-level: a vanished master host is noticed
         sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, 10000)
-        if self.curve_server_key is not None:
-            # Encrypted, and the master proves it holds the secret key; our own key pair is throwaway
-            # (workers authenticate with the HMAC secret, not with CURVE keys).
-            public, secret = zmq.curve_keypair()
-            sock.curve_serverkey = self.curve_server_key
-            sock.curve_publickey, sock.curve_secretkey = public, secret
+        # CURVE with the client key of the shared secret (the master admits no other), to the master's own
+        # server key when given, else to the one the secret gives (jes.distributed.transport).
+        transport.secure_client(sock, self.key, self.curve_server_key)
         sock.connect(self.endpoint)
         self._socket = sock
         self._new_session()
@@ -243,7 +240,8 @@ class _Link(threading.Thread):
                                 "or restarted; Ctrl-C stops this worker); waiting for a master there",
                                 self.endpoint, now - last_heard)
                 else:
-                    log.warning("no answer from master %s for %.0fs (not started yet, a wrong secret, or a wrong --curve-server-key?); "
+                    log.warning("no answer from master %s for %.0fs (not started yet, a wrong secret, a wrong --curve-server-key, or a "
+                                "jes master from before CURVE on every connection?); "
                                 "still trying", self.endpoint, now - last_heard)
                 self.connected = False
                 poller.unregister(self._socket)
@@ -271,8 +269,9 @@ class Worker:
         allow_modules: modules of the operator's own (besides jes's registry of policies, flax layers,
             strategies, activations and gymnax envs: :mod:`jes.describe`) whose classes and functions a run
             description may name, e.g. ``["mypkg.policies"]``; anything else is refused.
-        curve_server_key: the master's CURVE public key (Z85 text or the ``NAME.public`` file of
-            ``jes keys NAME``) for an encrypted connection to a master started with its secret key.
+        curve_server_key: the master's own CURVE public key (Z85 text or the ``NAME.public`` file of
+            ``jes keys NAME``), for a master started with its own secret key. ``None`` (default): the key the
+            shared secret gives. Every connection is CURVE-encrypted either way.
     """
 
     def __init__(self, master: str, secret: bytes | str, *, name: str | None = None, devices: Any = None,
@@ -588,8 +587,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="import this module of your own first (repeatable), e.g. one that registers your "
                              "Gymnasium env id with gymnasium.register, so that 'gymnasium:<your id>' runs here")
     parser.add_argument("--curve-server-key", metavar="KEY",
-                        help="encrypt with ZeroMQ CURVE: the master's public key (the NAME.public file of "
-                             "`jes keys NAME`, or its 40 characters); the master runs with the secret one")
+                        help="the public key of a master started with its own CURVE key pair (the NAME.public "
+                             "file of `jes keys NAME`, or its 40 characters); without it, the key the shared "
+                             "secret gives (every connection is CURVE-encrypted either way)")
     parser.add_argument("--log-level", default="INFO", type=str.upper,
                         choices=("DEBUG", "INFO", "WARNING", "WARN", "ERROR", "CRITICAL"),
                         help="DEBUG, INFO, WARNING, ERROR or CRITICAL (default INFO)")

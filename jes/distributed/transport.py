@@ -1,0 +1,172 @@
+"""The ZeroMQ transport under the message protocol: CURVE on every connection, keys derived from the shared secret.
+
+A peer without the secret never gets a message to the master: both ends derive CURVE key pairs from the
+shared secret (HMAC-SHA256 of it under a fixed label, as X25519 secret keys), the master's socket is a CURVE
+server, and a ZAP handler on the master (:class:`Gatekeeper`) admits only the client key the secret gives.
+ZeroMQ runs the handshake before it delivers anything, so an unauthenticated peer's frames are never queued
+for the master, whatever it sends: before authentication a connection can hold at most one handshake command
+(capped by the socket's ``MAXMSGSIZE``) for ZeroMQ's handshake interval. Every connection is encrypted too.
+
+The HMAC of each message (:mod:`jes.distributed.protocol`) stays: sessions, sequence numbers and replay
+protection live there, and it checks every message whatever the transport.
+
+A master started with a CURVE key pair of its own (``jes keys NAME``, ``--curve-secret-key NAME.secret``)
+uses it as its server key, and its workers need the public half (``--curve-server-key NAME.public``): then a
+worker, which holds the shared secret, still cannot pose as the master.
+"""
+from __future__ import annotations
+
+import collections
+import hashlib
+import hmac
+import logging
+import threading
+import time
+import uuid
+
+import zmq
+from zmq.utils import z85
+
+log = logging.getLogger("jes.distributed.master")  # the Gatekeeper logs as part of its master
+
+ZAP_ENDPOINT = "inproc://zeromq.zap.01"  # where libzmq asks a context's ZAP handler (RFC 27)
+_LABEL = b"jes transport key v1: "
+DENIED_LOG_INTERVAL = 10.0  # seconds between log lines about refused connections
+
+
+def _derived_secret_key(secret: bytes, role: bytes) -> bytes:
+    return z85.encode(hmac.new(secret, _LABEL + role, hashlib.sha256).digest())
+
+
+def client_keys(secret: bytes) -> tuple[bytes, bytes]:
+    """``(public, secret)`` CURVE keys (Z85) every worker of the shared ``secret`` connects with."""
+    key = _derived_secret_key(secret, b"worker")
+    return zmq.curve_public(key), key
+
+
+def server_keys(secret: bytes, curve_secret_key: bytes | None = None) -> tuple[bytes, bytes]:
+    """``(public, secret)`` CURVE keys (Z85) of the master: its own secret key when given, else derived."""
+    key = curve_secret_key if curve_secret_key is not None else _derived_secret_key(secret, b"master")
+    return zmq.curve_public(key), key
+
+
+def secure_client(sock: zmq.Socket, secret: bytes, curve_server_key: bytes | None = None) -> None:
+    """Make ``sock`` (before it connects) a CURVE client of the master of ``secret``.
+
+    ``curve_server_key``: the master's own public key (``NAME.public``), when it was started with one.
+    """
+    sock.curve_serverkey = curve_server_key if curve_server_key is not None else server_keys(secret)[0]
+    sock.curve_publickey, sock.curve_secretkey = client_keys(secret)
+
+
+def secure_server(sock: zmq.Socket, secret: bytes, curve_secret_key: bytes | None = None) -> None:
+    """Make ``sock`` (before it binds) a CURVE server of ``secret``; clients are checked by its context's
+    :class:`Gatekeeper`."""
+    sock.curve_publickey, sock.curve_secretkey = server_keys(secret, curve_secret_key)
+    sock.curve_server = True
+
+
+class Gatekeeper(threading.Thread):
+    """The master's doorkeeper: its context's ZAP handler, admitting CURVE clients holding ``secret``'s client
+    key, and a watch on ``sock``'s failed handshakes.
+
+    Create it after the master's socket and before that socket binds (libzmq asks the ZAP handler during each
+    handshake); :meth:`stop` it before the context terminates. :attr:`refused` counts the handshakes ``sock``
+    refused, whatever the reason (a plaintext peer, another secret's keys, a key pair of the peer's own);
+    they are logged at most once every :data:`DENIED_LOG_INTERVAL` seconds, with the reasons (ZeroMQ does not
+    tell a bound socket's monitor the peer's address).
+    """
+
+    EVENTS = zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_AUTH
+    _REASONS = {
+        "key": "with a key pair that is not the shared secret's",
+        "server key": "encrypting to another server key (another secret, or a --curve-server-key this master was "
+                      "not started with)",
+        "no CURVE": "without CURVE (a jes from before CURVE on every connection, or not a jes worker)",
+        "ended": "ended before the handshake did (the peer left, or does not speak ZeroMQ)",
+    }
+
+    def __init__(self, context: zmq.Context, secret: bytes, sock: zmq.Socket):
+        super().__init__(name="jes-zap", daemon=True)
+        self._allowed = z85.decode(client_keys(secret)[0])
+        self._zap = context.socket(zmq.REP)
+        self._zap.setsockopt(zmq.LINGER, 0)
+        self._monitor = context.socket(zmq.PAIR)
+        self._monitor.setsockopt(zmq.LINGER, 0)
+        try:
+            self._zap.bind(ZAP_ENDPOINT)
+            address = f"inproc://jes-handshakes-{uuid.uuid4().hex}"
+            sock.monitor(address, self.EVENTS)
+            self._monitor.connect(address)
+        except zmq.ZMQError:
+            self._zap.close(0)
+            self._monitor.close(0)
+            raise
+        self._stopping = threading.Event()
+        self.admitted = 0
+        self.refused = 0
+        self.reasons: collections.Counter = collections.Counter()  # refused handshakes by kind: "key",
+        # "server key", "no CURVE", "ended" (the keys of _REASONS) or another ZeroMQ event
+        self._last_logged = -float("inf")
+        self._unlogged: collections.Counter = collections.Counter()
+        self.start()
+
+    def stop(self) -> None:
+        self._stopping.set()
+        self.join()
+
+    def run(self) -> None:
+        poller = zmq.Poller()
+        poller.register(self._zap, zmq.POLLIN)
+        poller.register(self._monitor, zmq.POLLIN)
+        try:
+            while not self._stopping.is_set():
+                events = dict(poller.poll(100))
+                if self._zap in events:
+                    self._zap.send_multipart(self.answer(self._zap.recv_multipart()))
+                if self._monitor in events:
+                    self._handshake_failed(self._monitor.recv_multipart())
+        finally:
+            self._zap.close(0)
+            self._monitor.close(0)
+
+    def answer(self, frames: list[bytes]) -> list[bytes]:
+        """The ZAP reply to a request's ``frames`` (RFC 27: version, request id, domain, address, identity,
+        mechanism, credentials)."""
+        request_id = frames[1] if len(frames) > 1 else b""
+        if len(frames) < 6 or frames[0] != b"1.0":
+            return [b"1.0", request_id, b"500", b"malformed ZAP request", b"", b""]
+        mechanism, credentials = frames[5], frames[6:]
+        if mechanism == b"CURVE" and len(credentials) == 1 and hmac.compare_digest(credentials[0], self._allowed):
+            self.admitted += 1
+            return [b"1.0", request_id, b"200", b"OK", b"jes-worker", b""]
+        return [b"1.0", request_id, b"400", b"not a worker of this run", b"", b""]
+
+    def _handshake_failed(self, frames: list[bytes]) -> None:
+        from zmq.utils.monitor import parse_monitor_message
+
+        try:
+            event = parse_monitor_message(frames)
+        except Exception:  # noqa: BLE001 - not an event of ours; nothing to count
+            return
+        if not event["event"] & self.EVENTS:
+            return
+        if event["event"] == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
+            kind = "key"
+        elif event["event"] == zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL and event["value"] == zmq.PROTOCOL_ERROR_ZMTP_CRYPTOGRAPHIC:
+            kind = "server key"
+        elif event["event"] == zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL and event["value"] == zmq.PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH:
+            kind = "no CURVE"
+        elif event["event"] == zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL:
+            kind = "ended"  # the peer went away, or sent what is not ZeroMQ
+        else:
+            kind = f"ZeroMQ event {event['event']:#x}, value {event['value']:#x}"
+        self.refused += 1
+        self.reasons[kind] += 1
+        self._unlogged[kind] += 1
+        now = time.monotonic()
+        if now - self._last_logged >= DENIED_LOG_INTERVAL:
+            log.warning("refused %d connection(s) in the handshake, before any of their messages: %s",
+                        sum(self._unlogged.values()),
+                        "; ".join(f"{n} {self._REASONS.get(k, k)}" for k, n in self._unlogged.items()))
+            self._last_logged, self._unlogged = now, collections.Counter()

@@ -1,0 +1,93 @@
+"""jes.distributed.transport: CURVE keys from the shared secret, and the master's Gatekeeper on real sockets."""
+import time
+
+import pytest
+import zmq
+from zmq.utils import z85
+
+from jes.distributed import protocol, transport
+
+SECRET = b"transport-secret-0123456789abcdef"
+pytestmark = pytest.mark.hard_timeout(120)
+
+
+def test_keys_are_the_secrets_alone_and_differ_by_role_and_secret():
+    assert transport.client_keys(SECRET) == transport.client_keys(bytes(SECRET))
+    assert transport.server_keys(SECRET) == transport.server_keys(SECRET)
+    keys = {transport.client_keys(SECRET)[0], transport.server_keys(SECRET)[0],
+            transport.client_keys(b"another-secret-0123456789")[0], transport.server_keys(b"another-secret-0123456789")[0]}
+    assert len(keys) == 4 and all(len(k) == 40 for k in keys)
+    public, secret = protocol.curve_keypair()  # a master's own pair (jes keys) replaces the derived one
+    assert transport.server_keys(SECRET, secret.encode()) == (public.encode(), secret.encode())
+
+
+def test_the_gatekeeper_admits_the_secrets_client_key_alone():
+    context = zmq.Context()
+    router = context.socket(zmq.ROUTER)
+    gatekeeper = transport.Gatekeeper(context, SECRET, router)
+    try:
+        request = [b"1.0", b"7", b"", b"10.0.0.9", b"", b"CURVE"]
+        admitted = gatekeeper.answer([*request, z85.decode(transport.client_keys(SECRET)[0])])
+        assert admitted[:3] == [b"1.0", b"7", b"200"]
+        for frames in ([*request, z85.decode(zmq.curve_keypair()[0])],                              # another key
+                       [*request, z85.decode(transport.client_keys(b"another-secret-0123456789")[0])],
+                       [*request[:5], b"PLAIN", b"user", b"password"],                                 # another mechanism
+                       [*request[:5], b"NULL"],
+                       [*request, z85.decode(transport.client_keys(SECRET)[0]), b"extra"]):             # two credentials
+            assert gatekeeper.answer(frames)[:3] == [b"1.0", b"7", b"400"], frames
+        for malformed in ([b"1.0", b"8"], [b"2.0", b"8", b"", b"", b"", b"CURVE", b"k"], []):
+            assert gatekeeper.answer(malformed)[2] == b"500"
+        assert gatekeeper.admitted == 1
+    finally:
+        router.close(0)
+        gatekeeper.stop()
+        context.term()
+
+
+@pytest.mark.parametrize("own_server_key", [False, True])
+def test_only_a_client_of_the_secret_gets_a_message_through(own_server_key):
+    """Real sockets on loopback: a client with the secret's keys is heard; one with another secret's keys, or a
+    key pair of its own sent to the right server key, is refused in the handshake and never heard."""
+    public, secret = (k.encode() for k in protocol.curve_keypair())
+    context = zmq.Context()
+    router = context.socket(zmq.ROUTER)
+    router.setsockopt(zmq.LINGER, 0)
+    transport.secure_server(router, SECRET, secret if own_server_key else None)
+    gatekeeper = transport.Gatekeeper(context, SECRET, router)
+    port = router.bind_to_random_port("tcp://127.0.0.1")
+    clients = []
+
+    def client(secret_: bytes | None, server_key: bytes | None = None) -> zmq.Socket:
+        sock = context.socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, 0)
+        if secret_ is None:
+            sock.curve_serverkey = server_key
+            sock.curve_publickey, sock.curve_secretkey = zmq.curve_keypair()
+        else:
+            transport.secure_client(sock, secret_, server_key)
+        sock.connect(f"tcp://127.0.0.1:{port}")
+        clients.append(sock)
+        return sock
+
+    try:
+        server_public = public if own_server_key else transport.server_keys(SECRET)[0]
+        for outsider in (client(b"another-secret-0123456789", public if own_server_key else None),
+                         client(None, server_public)):
+            outsider.send(b"outsider", flags=zmq.NOBLOCK)
+        deadline = time.monotonic() + 60
+        while gatekeeper.refused < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert gatekeeper.reasons["key"] >= 1, gatekeeper.reasons  # the key pair of its own: ZAP said no
+        # another secret's keys: encrypted to another server key, or (to the master's own) a key that is not
+        # the secret's
+        assert gatekeeper.reasons["key" if own_server_key else "server key"] >= 1, gatekeeper.reasons
+        insider = client(SECRET, public if own_server_key else None)
+        insider.send(b"insider")
+        assert router.poll(60_000), "a client holding the secret was not heard"
+        assert router.recv_multipart()[1] == b"insider"
+        assert router.poll(500) == 0  # and nothing else ever arrived
+    finally:
+        for sock in (*clients, router):
+            sock.close(0)
+        gatekeeper.stop()
+        context.term()
