@@ -226,6 +226,38 @@ def test_a_master_gone_after_a_session_is_not_called_a_wrong_secret(caplog):
         link.stop()
 
 
+@pytest.mark.parametrize("master_kind", ["another secret", "an older plaintext master"])
+def test_a_failed_handshake_is_explained_at_once(caplog, master_kind):
+    """With CURVE on every connection a wrong secret ends in the handshake, where the master hears nothing: the
+    worker would only have said, after master_timeout, "no answer ... (not started yet, a wrong secret, ...)".
+    It says at once why the handshake failed."""
+    import logging
+
+    if master_kind == "another secret":
+        master = FakeMaster()  # the transport of SECRET; the link below holds another secret
+        secret, expected = b"another-secret-0123456789", "this worker's shared secret is not the master's"
+    else:
+        master = FakeMaster()
+        master.socket.close(0)
+        master.socket = zmq.Context.instance().socket(zmq.ROUTER)  # ZeroMQ without CURVE, as jes masters were
+        master.socket.setsockopt(zmq.LINGER, 0)
+        master.port = master.socket.bind_to_random_port("tcp://127.0.0.1")
+        secret, expected = SECRET, "before CURVE on every connection"  # "ended" or "no CURVE": a race
+    link = _Link(f"tcp://127.0.0.1:{master.port}", secret, "unit", heartbeat_interval=0.1, master_timeout=600)
+    link.start()
+    try:
+        with caplog.at_level(logging.WARNING, logger="jes.distributed"):
+            deadline = time.monotonic() + 60.0
+            while time.monotonic() < deadline and "handshake with master" not in caplog.text:
+                time.sleep(0.05)
+        assert f"the handshake with master tcp://127.0.0.1:{master.port} failed" in caplog.text, caplog.text
+        assert expected in caplog.text and link.session is None, caplog.text
+        assert master.socket.poll(0) == 0  # nothing of the worker's reached the master
+    finally:
+        link.stop()
+        master.close()
+
+
 def test_an_interrupt_python_dropped_still_stops_the_worker():
     """SIGTERM/Ctrl-C raise KeyboardInterrupt, which Python prints and drops when it lands in a weakref callback or
     ``__del__`` (seen in CI: the worker then served a gone master forever). The handler also flags the worker,

@@ -66,6 +66,36 @@ def secure_server(sock: zmq.Socket, secret: bytes, curve_secret_key: bytes | Non
     sock.curve_server = True
 
 
+HANDSHAKE_EVENTS = (zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+                    | zmq.EVENT_HANDSHAKE_FAILED_AUTH)
+
+
+def handshake_failure(frames: list[bytes]) -> str | None:
+    """The kind of failed handshake a socket monitor's event ``frames`` report, or ``None`` for another event:
+    ``"key"`` (the ZAP handler refused the client's key), ``"server key"`` (a cryptographic check failed: the
+    client encrypted to another server key), ``"no CURVE"`` (the peers' mechanisms differ), ``"ended"`` (the
+    connection ended in the handshake: the peer left, or, seen by a client, the server could not decrypt it),
+    or a description of another failure."""
+    from zmq.utils.monitor import parse_monitor_message
+
+    try:
+        event = parse_monitor_message(frames)
+    except Exception:  # noqa: BLE001 - not a monitor event
+        return None
+    if event["event"] == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
+        return "key"
+    if event["event"] == zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL:
+        if event["value"] == zmq.PROTOCOL_ERROR_ZMTP_CRYPTOGRAPHIC:
+            return "server key"
+        if event["value"] == zmq.PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH:
+            return "no CURVE"
+    if event["event"] == zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL:
+        return "ended"
+    if event["event"] & HANDSHAKE_EVENTS:
+        return f"ZeroMQ event {event['event']:#x}, value {event['value']:#x}"
+    return None
+
+
 class Gatekeeper(threading.Thread):
     """The master's doorkeeper: its context's ZAP handler, admitting CURVE clients holding ``secret``'s client
     key, and a watch on ``sock``'s failed handshakes.
@@ -77,7 +107,6 @@ class Gatekeeper(threading.Thread):
     tell a bound socket's monitor the peer's address).
     """
 
-    EVENTS = zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_AUTH
     _REASONS = {
         "key": "with a key pair that is not the shared secret's",
         "server key": "encrypting to another server key (another secret, or a --curve-server-key this master was "
@@ -96,7 +125,7 @@ class Gatekeeper(threading.Thread):
         try:
             self._zap.bind(ZAP_ENDPOINT)
             address = f"inproc://jes-handshakes-{uuid.uuid4().hex}"
-            sock.monitor(address, self.EVENTS)
+            sock.monitor(address, HANDSHAKE_EVENTS)
             self._monitor.connect(address)
         except zmq.ZMQError:
             self._zap.close(0)
@@ -143,24 +172,9 @@ class Gatekeeper(threading.Thread):
         return [b"1.0", request_id, b"400", b"not a worker of this run", b"", b""]
 
     def _handshake_failed(self, frames: list[bytes]) -> None:
-        from zmq.utils.monitor import parse_monitor_message
-
-        try:
-            event = parse_monitor_message(frames)
-        except Exception:  # noqa: BLE001 - not an event of ours; nothing to count
+        kind = handshake_failure(frames)
+        if kind is None:
             return
-        if not event["event"] & self.EVENTS:
-            return
-        if event["event"] == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
-            kind = "key"
-        elif event["event"] == zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL and event["value"] == zmq.PROTOCOL_ERROR_ZMTP_CRYPTOGRAPHIC:
-            kind = "server key"
-        elif event["event"] == zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL and event["value"] == zmq.PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH:
-            kind = "no CURVE"
-        elif event["event"] == zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL:
-            kind = "ended"  # the peer went away, or sent what is not ZeroMQ
-        else:
-            kind = f"ZeroMQ event {event['event']:#x}, value {event['value']:#x}"
         self.refused += 1
         self.reasons[kind] += 1
         self._unlogged[kind] += 1

@@ -26,6 +26,7 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import collections
 import logging
 import math
 import os
@@ -79,6 +80,19 @@ def parse_cores(text: str) -> set[int]:
     return cores
 
 
+_HANDSHAKE_ADVICE = {
+    "key": "the master refused this worker's key: this worker's shared secret (--secret-file, $JES_SECRET) is not "
+           "the master's",
+    "ended": "the master closed the connection in the CURVE handshake: this worker's shared secret is not the "
+             "master's, the master has a key pair of its own and --curve-server-key is missing or not its "
+             "NAME.public, or the master runs a jes from before CURVE on every connection (run the same jes "
+             "version on both)",
+    "no CURVE": "the process there does not speak CURVE: a jes master from before CURVE on every connection "
+                "(run the same jes version on both), or not a jes master",
+    "server key": "the CURVE handshake failed on a cryptographic check: --curve-server-key is not the master's",
+}
+
+
 class _Link(threading.Thread):
     """Owns the DEALER socket: the session, outgoing and incoming messages, heartbeats, reconnects.
 
@@ -110,6 +124,9 @@ class _Link(threading.Thread):
         self._last_hello = 0.0
         self.connected = False
         self.replayed = 0
+        self._monitor = None
+        self.handshake_failures: collections.Counter = collections.Counter()  # by transport.handshake_failure kind
+        self._last_handshake_warning = -float("inf")
 
     def send(self, message: dict) -> None:
         """Queue ``message`` for the master (main thread)."""
@@ -123,6 +140,8 @@ class _Link(threading.Thread):
 
     def _connect(self) -> None:
         if self._socket is not None:
+            self._socket.disable_monitor()
+            self._monitor.close(0)
             self._socket.close(0)
         sock = self.context.socket(zmq.DEALER)
         sock.setsockopt(zmq.IDENTITY, f"{self.name}-{uuid.uuid4().hex[:8]}".encode()[:255])
@@ -136,6 +155,7 @@ class _Link(threading.Thread):
         # CURVE with the client key of the shared secret (the master admits no other), to the master's own
         # server key when given, else to the one the secret gives (jes.distributed.transport).
         transport.secure_client(sock, self.key, self.curve_server_key)
+        self._monitor = sock.get_monitor_socket(transport.HANDSHAKE_EVENTS)
         sock.connect(self.endpoint)
         self._socket = sock
         self._new_session()
@@ -205,6 +225,7 @@ class _Link(threading.Thread):
         poller = zmq.Poller()
         poller.register(self._pipe_in, zmq.POLLIN)
         poller.register(self._socket, zmq.POLLIN)
+        poller.register(self._monitor, zmq.POLLIN)
         last_sent = last_heard = time.monotonic()
         ever_connected = False
         while not self._stopping.is_set():
@@ -216,6 +237,9 @@ class _Link(threading.Thread):
                 while self._pipe_in.poll(0):
                     self._outgoing(self._pipe_in.recv())
                 last_sent = now
+            if self._monitor in events:
+                while self._monitor.poll(0):
+                    self._handshake_event(self._monitor.recv_multipart(), now)
             if self._socket in events:
                 while self._socket.poll(0):
                     message = self._incoming(self._socket.recv_multipart())
@@ -224,6 +248,7 @@ class _Link(threading.Thread):
                     last_heard = now  # authenticated and in session: the master is there
                     if message["type"] == "session" and not self.connected:
                         self.connected = ever_connected = True
+                        self.handshake_failures.clear()  # those before this session were explained then
                         log.info("connected to master %s", self.endpoint)
                     if message["type"] != "pong":
                         self.inbox.put(message)
@@ -235,6 +260,8 @@ class _Link(threading.Thread):
             if self.idle and now - last_heard > self.master_timeout:
                 if self.connected:
                     log.warning("master %s silent for %.0fs; reconnecting", self.endpoint, now - last_heard)
+                elif self.handshake_failures:  # said why when the handshakes failed
+                    pass
                 elif ever_connected:  # not a wrong secret: it answered before
                     log.warning("master %s has not answered for %.0fs since it last did (its run ended, or it stopped "
                                 "or restarted; Ctrl-C stops this worker); waiting for a master there",
@@ -245,16 +272,31 @@ class _Link(threading.Thread):
                                 "still trying", self.endpoint, now - last_heard)
                 self.connected = False
                 poller.unregister(self._socket)
+                poller.unregister(self._monitor)
                 self._connect()
                 poller.register(self._socket, zmq.POLLIN)
+                poller.register(self._monitor, zmq.POLLIN)
                 last_heard = now
         # Flush what the main thread queued last (its 'bye'), then close.
         deadline = time.monotonic() + getattr(self, "_flush_seconds", 1.0)
         while self._pipe_in.poll(0):
             self._outgoing(self._pipe_in.recv())
         self._socket.setsockopt(zmq.LINGER, int(max(0.0, deadline - time.monotonic()) * 1000))
+        self._socket.disable_monitor()
+        self._monitor.close(0)
         self._socket.close()
         self._pipe_in.close(0)
+
+    def _handshake_event(self, frames: list[bytes], now: float) -> None:
+        """Say why the master's handshake failed: at once the first time, then at most every master_timeout."""
+        kind = transport.handshake_failure(frames)
+        if kind is None:
+            return
+        self.handshake_failures[kind] += 1
+        if now - self._last_handshake_warning >= self.master_timeout:
+            self._last_handshake_warning = now
+            log.warning("the handshake with master %s failed (%d time(s) so far, it retries): %s", self.endpoint,
+                        sum(self.handshake_failures.values()), _HANDSHAKE_ADVICE.get(kind, kind))
 
 
 class Worker:
