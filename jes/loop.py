@@ -494,8 +494,9 @@ def train(
             own = describe.own_modules(server.description)
             env_id = getattr(trainer.spec.env, "env_id", None) if trainer.spec.host else None
             registering = gymnasium_envs.registering_module(env_id) if env_id is not None else None
+            server_key = server.curve_public_key.decode("ascii") if server.own_server_key else None
             with server, LocalWorkers(f"127.0.0.1:{server.port}", local_secret, num_workers, allow_modules=own,
-                                      imports=(registering,) if registering else ()):
+                                      imports=(registering,) if registering else (), curve_server_key=server_key):
                 ready = server.wait_for_workers(state, num_workers, timeout=LOCAL_WORKERS_TIMEOUT, only_these=True)
                 if ready < num_workers:
                     warnings.warn(f"num_workers={num_workers}: {ready} local worker(s) became ready (the others "

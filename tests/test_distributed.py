@@ -749,3 +749,19 @@ def test_local_workers_build_a_policy_of_the_users_own_module():
     assert [m for m in recorder.messages if re.match(r"worker local-\d: assigned chunks", m)], recorder.messages
     np.testing.assert_array_equal(alone.flat_params, spread.flat_params)
     np.testing.assert_array_equal(alone.history["pop_mean"], spread.history["pop_mean"])
+
+
+@pytest.mark.hard_timeout(600)
+def test_local_workers_join_a_master_with_a_curve_key_pair_of_its_own():
+    """``master_options={"curve_secret_key": ...}`` with ``num_workers=N``: the local workers were started without the
+    master's public key, failed the handshake, and the master ran alone after waiting for them (120 s, warned).
+    They are given the public key now and evaluate chunks, with the bits of the run alone."""
+    public, secret = protocol.curve_keypair()
+    kw = dict(num_members=16, chunk_size=4, num_generations=2, eval_episodes=2, log_dir=None, progress=False, key=KEY)
+    alone = jes.train(jes.MLPPolicy(hidden_sizes=(3,)), "CartPole-v1", "adam", **kw)
+    with master_log() as recorder, warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)  # "... local worker(s) became ready ..." would fail here
+        spread = jes.train(jes.MLPPolicy(hidden_sizes=(3,)), "CartPole-v1", "adam", num_workers=1,
+                           master_options={"curve_secret_key": secret}, **kw)
+    assert [m for m in recorder.messages if re.match(r"worker local-0: assigned chunks", m)], recorder.messages
+    np.testing.assert_array_equal(alone.flat_params, spread.flat_params)

@@ -39,15 +39,18 @@ class LocalWorkers:
             ``sys.path``, so they import it from where this process did.
         imports: modules the workers import first (``jes-worker --import``): the module behind a Gymnasium id
             the user registered (:func:`jes.envs.gymnasium.registering_module`).
+        curve_server_key: the master's own CURVE public key (Z85), when it has a key pair of its own.
     """
 
     def __init__(self, endpoint: str, secret: str, count: int, max_restarts: int | None = None,
-                 log_level: str = "WARNING", allow_modules: tuple[str, ...] = (), imports: tuple[str, ...] = ()):
+                 log_level: str = "WARNING", allow_modules: tuple[str, ...] = (), imports: tuple[str, ...] = (),
+                 curve_server_key: str | None = None):
         if isinstance(count, bool) or not isinstance(count, int) or count < 1:
             raise ValueError(f"num_workers must be a positive integer, got {count!r}")
         self.endpoint, self.secret, self.count = endpoint, secret, count
         self.allow_modules = tuple(allow_modules)
         self.imports = tuple(imports)
+        self.curve_server_key = curve_server_key
         self.max_restarts = 3 * count if max_restarts is None else max_restarts
         self.restarts = 0
         self.log_level = log_level
@@ -67,6 +70,8 @@ class LocalWorkers:
             command += ["--allow-module", module]
         for module in self.imports:
             command += ["--import", module]
+        if self.curve_server_key is not None:  # a public key: fine on a command line
+            command += ["--curve-server-key", self.curve_server_key]
         if self.allow_modules or self.imports:  # the user's modules import from where this process did ("": its cwd)
             env["PYTHONPATH"] = os.pathsep.join(os.path.abspath(p) if p else os.getcwd() for p in sys.path)
         return subprocess.Popen(command, env=env, stdin=subprocess.DEVNULL)

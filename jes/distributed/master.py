@@ -264,7 +264,7 @@ class Master:
         self.socket.setsockopt(zmq.SNDHWM, 1000)
         self.socket.setsockopt(zmq.RCVHWM, 10000)
         # CURVE on every connection, keys from the secret: a peer without it never gets a frame queued here.
-        transport.secure_server(self.socket, self.key, curve_secret)
+        self.curve_public_key = transport.secure_server(self.socket, self.key, curve_secret)  # Z85 bytes
         self.gatekeeper = transport.Gatekeeper(self.context, self.key, self.socket)
         endpoint = bind_address(address)
         try:

@@ -59,11 +59,12 @@ def secure_client(sock: zmq.Socket, secret: bytes, curve_server_key: bytes | Non
     sock.curve_publickey, sock.curve_secretkey = client_keys(secret)
 
 
-def secure_server(sock: zmq.Socket, secret: bytes, curve_secret_key: bytes | None = None) -> None:
+def secure_server(sock: zmq.Socket, secret: bytes, curve_secret_key: bytes | None = None) -> bytes:
     """Make ``sock`` (before it binds) a CURVE server of ``secret``; clients are checked by its context's
-    :class:`Gatekeeper`."""
-    sock.curve_publickey, sock.curve_secretkey = server_keys(secret, curve_secret_key)
+    :class:`Gatekeeper`. Returns the server's public key (Z85)."""
+    sock.curve_publickey, sock.curve_secretkey = public, _ = server_keys(secret, curve_secret_key)
     sock.curve_server = True
+    return public
 
 
 HANDSHAKE_EVENTS = (zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
