@@ -48,7 +48,7 @@ from jes.generation import Trainer, TrainState, as_key, localize
 from jes.envs import brax as brax_envs
 from jes.envs import gymnasium as gymnasium_envs
 from jes.envs import gymnax as gymnax_envs
-from jes.envs.wrappers import KEEP_OPTION, split_option, with_option
+from jes.envs.wrappers import KEEP_OPTION, nan_option, split_option, with_option
 from jes.optimizers import resolve_name as resolve_optimizer_name
 
 MAGIC = b"JESCKPT1"
@@ -171,8 +171,13 @@ def checkpoint_allowlist(policy_class: str, allow_modules: Any = ()) -> describe
     return allow
 
 
-def build_policy(description: dict, path: str = "<checkpoint>", allow_modules: Any = ()) -> nn.Module:
-    """The policy module a :func:`describe_policy` description names, built within :func:`checkpoint_allowlist`."""
+def build_policy(description: dict, path: str = "<checkpoint>", allow_modules: Any = (),
+                 checkpoint: bool = True) -> nn.Module:
+    """The policy module a :func:`describe_policy` description names, built within :func:`checkpoint_allowlist`.
+
+    ``checkpoint``: the description is a checkpoint's (a failure then suggests restoring its state into a trainer
+    built by hand), not a ``.policy`` file's.
+    """
     allow = checkpoint_allowlist(description.get("class") if isinstance(description, dict) else None, allow_modules)
     try:
         return describe.build_object(description, allow, "policy", role="policy")
@@ -183,10 +188,16 @@ def build_policy(description: dict, path: str = "<checkpoint>", allow_modules: A
                 f"the script or notebook that trained it (__main__), which no other program can import. Resume or "
                 f"evaluate it from there (jes.train(policy, env, ..., resume=path); jes.checkpoint.read(path)"
                 f".restore_state(trainer)), or move the class to a module of its own for the next run") from err
-        raise CheckpointError(
-            f"{path}: cannot rebuild the policy: {err}. Import your policy's module first or pass "
-            f"allow_modules=[...] (CLI: --allow-module MODULE), or build the Trainer yourself and use jes.checkpoint.read(path).restore_state(trainer)"
-        ) from err
+        advice = []
+        # Opting a module in mends only a refusal of a module that can be opted in: not a registered class that
+        # refuses its fields, a class of the wrong role, or a library's class outside the registry.
+        if isinstance(err, describe.NotAllowedError) and err.can_opt_in:
+            advice.append("Import your policy's module first or pass allow_modules=[...] (CLI: --allow-module MODULE)")
+        if checkpoint:
+            advice.append(f"{'or build' if advice else 'Build'} the Trainer yourself and use "
+                          f"jes.checkpoint.read(path).restore_state(trainer)")
+        tail = (". " + ", ".join(advice)) if advice else ""
+        raise CheckpointError(f"{path}: cannot rebuild the policy: {err}{tail}") from err
 
 
 def describe_strategy(strategy: Any) -> dict:
@@ -777,7 +788,9 @@ def _migrate(state_dict: dict, meta: dict) -> dict:
     return state_dict
 
 
-KEY_IMPLS = ("threefry2x32", "rbg", "unsafe_rbg")
+# The key implementations a file may name, and the uint32 words of one key of each (its key data's shape).
+KEY_SIZES = {"threefry2x32": 2, "rbg": 4, "unsafe_rbg": 4}
+KEY_IMPLS = tuple(KEY_SIZES)
 _ARRAY_MAP = schema.Check(dict, lambda d: all(isinstance(v, np.ndarray) for v in d.values()), "a map of arrays")
 CONTENT_SCHEMA = {
     "meta": str, "state": dict, "history": _ARRAY_MAP, "key": schema.Array("u", 1),
@@ -795,13 +808,79 @@ META_SCHEMA = {
 }
 
 
+def _file_state(meta: dict, content: dict) -> dict:
+    """A file's state in today's layout (a malformed format-1 state as it is: restore_state names what it lacks)."""
+    try:
+        return _migrate(content["state"], meta)
+    except (KeyError, TypeError):
+        return content["state"]
+
+
+def _scalar_int(value: Any) -> int | None:
+    """A 0-d integer array's value, or ``None`` (a value of another kind is named by restore_state's checks)."""
+    if isinstance(value, (np.ndarray, np.generic)) and np.ndim(value) == 0 and np.asarray(value).dtype.kind in "iu":
+        return int(value)
+    return None
+
+
+def _check_state_against_meta(meta: dict, content: dict, path: str) -> None:
+    """What the meta repeats of the state (the generation, the key implementations), against the state: a file whose
+    two disagree was edited or is corrupt, and which of them tells the truth nobody knows."""
+    state = _file_state(meta, content)
+    problems = []
+    generation = _scalar_int(state.get("generation"))
+    if generation is not None and generation != meta["generation"]:
+        problems.append(f"its meta records generation {meta['generation']}, its state is at generation {generation}")
+    for field, data, what in (("key_impl", content["key"], "its run key"),
+                              ("es_key_impl", state.get("es_key"), "its state's es_key")):
+        size = KEY_SIZES[meta[field]]
+        if isinstance(data, np.ndarray) and data.shape != (size,):
+            problems.append(f"its meta records {field} {meta[field]!r} (keys of {size} uint32), {what} holds "
+                            f"{data.size} uint32 of shape {list(data.shape)}")
+    best = _scalar_int((content.get("best") or {}).get("generation"))
+    if best is not None and best > meta["generation"]:
+        problems.append(f"its best member is of generation {best}, after its run's generation {meta['generation']}")
+    if problems:
+        raise CheckpointError(f"checkpoint {path} is inconsistent: " + "; ".join(problems)
+                              + ". The file was edited or is corrupt: use an earlier checkpoint")
+
+
+def _check_values(meta: dict, content: dict, path: str) -> None:
+    """Values no run writes: an env name setting a parameter to NaN and unusable observation statistics are refused;
+    parameters that are not finite (a diverged run, a file to look at) are warned about."""
+    if nan_option(meta["env_name"]) is not None:
+        raise CheckpointError(f"checkpoint {path} is malformed: its env name {meta['env_name']!r} sets "
+                              f"{nan_option(meta['env_name'])}: an env parameter cannot be NaN (not a number)")
+    state = _file_state(meta, content)
+    best = content.get("best") or {}
+    stats = best.get("obs_stats") or {}
+    for problem in (schema.obs_stats_problem(*((f"state.{name}", state.get(name))
+                                               for name in ("obs_count", "obs_sum", "obs_sumsq"))),
+                    schema.obs_stats_problem(*((f"best.obs_stats[{i}] (its {name})", stats.get(str(i)))
+                                               for i, name in enumerate(("obs_count", "obs_sum", "obs_sumsq"))))):
+        if problem is not None:
+            raise CheckpointError(f"checkpoint {path} holds observation statistics no normaliser can use: {problem}")
+    strategy = state.get("strategy")
+    for what, params in (("its centre", strategy.get("mean") if isinstance(strategy, dict) else None),
+                         ("its best member's parameters", best.get("flat_params"))):
+        bad = schema.non_finite(params)
+        if bad:
+            warnings.warn(f"checkpoint {path}: {bad} of {np.size(params)} values of {what} are not finite (NaN or "
+                          f"infinite); the run diverged, or the file was edited", stacklevel=3)
+
+
 def read(path: str) -> Checkpoint:
     """Read and integrity-check a checkpoint file, validating every field it holds.
 
     Raises:
         FileNotFoundError: no file at ``path`` (or a directory).
-        CheckpointError: not a jes checkpoint, truncated, corrupted, malformed (naming the field), or
-            from a newer format.
+        CheckpointError: not a jes checkpoint, truncated, corrupted, malformed (naming the field), from a
+            newer format, inconsistent (a meta field that contradicts the state it repeats: the generation,
+            a key implementation), holding observation statistics no normaliser can use, or naming an env
+            that sets a parameter to NaN.
+
+    Warns:
+        UserWarning: a centre or best member that is not finite (a diverged run's file loads, for a look at it).
     """
     data = schema.read_file(path, "checkpoint", ".ckpt")
     if len(data) < _HEADER.size:
@@ -833,6 +912,8 @@ def read(path: str) -> Checkpoint:
         _keep_old_pgpe_step(meta)
     _keep_old_policy_defaults(meta)
     _check_chunk_size(meta, path)
+    _check_state_against_meta(meta, content, path)
+    _check_values(meta, content, path)
     return Checkpoint(path=path, meta=meta, state_dict=content["state"], history=dict(content["history"]),
                       key=content["key"], best=content.get("best"))
 

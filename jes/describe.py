@@ -31,7 +31,8 @@ else. A class is expected where a class is described and its role decides what k
 subclass ``flax.linen.Module``, an env must be a gymnax-style env, everything else a dataclass; a
 ``__callable__`` must be a function, never a class. The whole description is checked first and only
 then built, so a refused description creates nothing. Any failure is a :class:`DescriptionError`
-(:class:`RefusedError` when the registry said no).
+(:class:`RefusedError` when the registry said no; :class:`NotAllowedError` when it names a module the allowlist
+does not admit, the one refusal that opting a module in can mend).
 """
 from __future__ import annotations
 
@@ -76,6 +77,23 @@ class DescriptionError(ValueError):
 
 class RefusedError(DescriptionError):
     """A description names code outside the registry and the opted-in modules; nothing was built."""
+
+
+class NotAllowedError(RefusedError):
+    """A description names a class or function outside the registry, of a module the allowlist does not admit.
+
+    Attributes:
+        module: the module it is in (where it is defined, for an alias).
+        can_opt_in: whether opting that module in (``allow_modules``) could admit it: it is not ``__main__``, a
+            library package or a denied module. Only then is "allow its module" advice that helps.
+    """
+
+    def __init__(self, message: str, module: Any):
+        super().__init__(message)
+        self.module = module if isinstance(module, str) else ""
+        root = _root(self.module)
+        self.can_opt_in = (bool(self.module) and self.module != "__main__" and root not in LIBRARY_PACKAGES
+                           and root not in DENIED_MODULES)
 
 
 def _root(module: str) -> str:
@@ -370,10 +388,10 @@ def resolve(path: Any, allow: Allowlist, what: str, kind: str = "class") -> Any:
     single = kind == "class" and path in allow.classes
     if not family and not single and not allow.allows(module_name):
         registered = "classes" if kind == "class" else "functions (activations, dtypes)"
-        raise RefusedError(
+        raise NotAllowedError(
             f"{what}: {path!r} is not one of jes's registered {registered} and is outside the allowed modules "
             f"{list(allow.modules)}; a description is data and names only registered code. For a policy or env of "
-            f"your own, allow its module with allow_modules=[...] / --allow-module MODULE"
+            f"your own, allow its module with allow_modules=[...] / --allow-module MODULE", module_name
         )
     try:
         obj: Any = importlib.import_module(module_name)
@@ -397,7 +415,8 @@ def resolve(path: Any, allow: Allowlist, what: str, kind: str = "class") -> Any:
             raise RefusedError(f"{what}: {path!r} is not a gymnax environment class or its parameter dataclass")
         return obj
     if not allow.allows(defined_in) and not (single and defined_in == module_name):
-        raise RefusedError(f"{what}: {path!r} resolves to {obj!r} defined in {defined_in!r}, which is not allowed")
+        raise NotAllowedError(f"{what}: {path!r} resolves to {obj!r} defined in {defined_in!r}, which is not allowed",
+                              defined_in)
     return obj
 
 
@@ -463,7 +482,8 @@ def _walk(value: Any, allow: Allowlist, what: str, build: bool, role: str = "val
         try:
             return cls(**kwargs)
         except Exception as err:  # noqa: BLE001 - an allowed class rejecting its fields
-            raise DescriptionError(f"{what}: {cls.__qualname__}(...) failed: {type(err).__name__}: {err}") from err
+            detail = f"{type(err).__name__}: {err}" if str(err) else type(err).__name__  # a bare assert says nothing
+            raise DescriptionError(f"{what}: {cls.__qualname__}(...) failed: {detail}") from err
     if "__unimportable__" in value or "__repr__" in value:
         raise DescriptionError(f"{what}: {value.get('__unimportable__', value.get('__repr__'))} was recorded but "
                                f"cannot be rebuilt from a description")

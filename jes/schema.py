@@ -180,3 +180,36 @@ def decode(payload: bytes, content_spec: Any, meta_spec: Any, what: str) -> tupl
     except SchemaError as err:
         raise SchemaError(f"{err}{not_jes}") from err
     return content, meta
+
+
+def _numeric(value: Any) -> np.ndarray | None:
+    """``value`` as a numeric numpy array, or ``None`` (the readers' shape and type checks name anything else)."""
+    if isinstance(value, (np.ndarray, np.generic)) and np.asarray(value).dtype.kind in "fiu":
+        return np.asarray(value)
+    return None
+
+
+def non_finite(value: Any) -> int:
+    """How many values of a numeric array are NaN or infinite (0 for anything else)."""
+    array = _numeric(value)
+    return 0 if array is None else int(array.size - np.count_nonzero(np.isfinite(array)))
+
+
+def obs_stats_problem(count: tuple[str, Any], *sums: tuple[str, Any]) -> str | None:
+    """What makes running observation statistics no normaliser can use, naming the field, or ``None``.
+
+    Args:
+        count: ``(name, value)`` of the count of observations: it divides the sums, so it is positive and finite.
+        sums: ``(name, value)`` of the sums of observations and of their squares: finite.
+    """
+    name, value = count
+    array = _numeric(value)
+    if array is not None and not (np.isfinite(array).all() and (array > 0).all()):
+        shown = f"is {array.item()!r}" if array.size == 1 else "holds values that are not positive and finite"
+        return f"{name} {shown}; a count of observations is positive and finite"
+    for name, value in sums:
+        bad = non_finite(value)
+        if bad:
+            return (f"{name} holds {bad} non-finite value(s) (NaN or infinite); sums of observations and of their "
+                    f"squares are finite (observations past float32's range, or the file was edited or is corrupt)")
+    return None

@@ -22,6 +22,7 @@ import json
 import os
 import struct
 import tempfile
+import warnings
 from typing import Any, Callable
 
 import flax.linen as nn
@@ -36,6 +37,7 @@ from jes.checkpoint import build_policy
 from jes.cpu import compiler_options
 from jes.envs import EnvSpec, make_env
 from jes.envs.spec import box_action
+from jes.envs.wrappers import nan_option
 from jes.generation import as_key, host_unravel, int32_seed, positive_count
 from jes.policies import PolicyFns
 from jes.rollout import normalise, obs_mean_std, obs_normaliser, run_episodes
@@ -253,6 +255,9 @@ class TrainedPolicy:
             except ValueError as err:
                 raise ValueError(f"cannot rebuild env {self.env_name!r} for evaluation ({err}); pass env=... "
                                  f"(jes.make_env(your_env)) to evaluate") from err
+            except ImportError as err:  # the env's package is not installed here (brax, shimmy, a user's)
+                raise ImportError(f"cannot rebuild env {self.env_name!r} for evaluation: {err}. Or pass env=... "
+                                  f"(jes.make_env(your_env)) to evaluate", name=err.name) from err
         return self._spec
 
     def evaluate(self, num_episodes: int = 64, key: Any = 12345, env: Any = None) -> np.ndarray:
@@ -410,7 +415,12 @@ def load_policy(path: str, env: Any = None, allow_modules: Any = ()) -> TrainedP
     Raises:
         FileNotFoundError: no file at ``path`` (or a directory).
         PolicyFileError: not a jes policy file, truncated, corrupt, malformed (naming the field),
-            naming code outside the registry, or from a newer jes.
+            naming code outside the registry, or from a newer jes; observation statistics no normaliser can use
+            (a count that is not positive and finite, sums that are not finite), or an env name setting a
+            parameter to NaN.
+
+    Warns:
+        UserWarning: parameters that are not finite (a diverged run's file loads, for a look at it).
     """
     data = schema.read_file(path, "policy file", ".policy")
     if len(data) < _HEADER.size:
@@ -429,8 +439,11 @@ def load_policy(path: str, env: Any = None, allow_modules: Any = ()) -> TrainedP
     if meta["version"] > POLICY_FORMAT_VERSION:
         raise PolicyFileError(f"{path} has policy format version {meta['version']}; this jes reads up to "
                               f"{POLICY_FORMAT_VERSION}; upgrade jes")
+    if nan_option(meta["env_name"]) is not None:
+        raise PolicyFileError(f"policy file {path} is malformed: its env name {meta['env_name']!r} sets "
+                              f"{nan_option(meta['env_name'])}: an env parameter cannot be NaN (not a number)")
     try:
-        policy = build_policy(meta["policy"], path, allow_modules)
+        policy = build_policy(meta["policy"], path, allow_modules, checkpoint=False)
     except ValueError as err:  # CheckpointError: the description names code outside the registry, or is malformed
         raise PolicyFileError(str(err)) from err
     action = meta["action"]
@@ -442,6 +455,10 @@ def load_policy(path: str, env: Any = None, allow_modules: Any = ()) -> TrainedP
         if "obs_count" not in content or "obs_sumsq" not in content:
             raise PolicyFileError(f"policy file {path} is malformed: obs_sum without obs_count and obs_sumsq")
         obs_stats = (content["obs_count"], content["obs_sum"], content["obs_sumsq"])
+        problem = schema.obs_stats_problem(*((name, content[name]) for name in ("obs_count", "obs_sum", "obs_sumsq")))
+        if problem is not None:
+            raise PolicyFileError(f"policy file {path} holds observation statistics no normaliser can use: {problem}")
+
     try:
         action_map = ActionMap(discrete=action["discrete"], num_outputs=action["num_outputs"],
                                action_shape=tuple(action["action_shape"]),
@@ -452,4 +469,8 @@ def load_policy(path: str, env: Any = None, allow_modules: Any = ()) -> TrainedP
                                 env_name=meta["env_name"], max_steps=meta["max_steps"], env=spec)
     except Exception as err:  # noqa: BLE001 - fields that are well-typed but do not fit together
         raise PolicyFileError(f"policy file {path} does not describe a usable policy: {type(err).__name__}: {err}") from err
+    bad = schema.non_finite(trained.flat_params)
+    if bad:  # a diverged run's parameters are still data to look at: said, not refused
+        warnings.warn(f"policy file {path}: {bad} of {trained.flat_params.size} parameters are not finite (NaN or "
+                      f"infinite); its outputs, actions and returns may be NaN", stacklevel=2)
     return trained

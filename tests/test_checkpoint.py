@@ -232,8 +232,9 @@ def test_mismatching_run_is_refused_with_the_differences(saved):
 
 
 # --------------------------------------------------------------- what a file may build
-def _rewrite_meta(src: str, dst: str, change) -> str:
-    """Copy checkpoint ``src`` to ``dst`` with ``change(meta)`` applied (a valid header and checksum)."""
+def _rewrite_meta(src: str, dst: str, change, change_content=None) -> str:
+    """Copy checkpoint ``src`` to ``dst`` with ``change(meta)`` (and ``change_content(content)``) applied (a valid
+    header and checksum)."""
     import hashlib
     import json
 
@@ -245,6 +246,8 @@ def _rewrite_meta(src: str, dst: str, change) -> str:
     meta = json.loads(content["meta"])
     change(meta)
     content["meta"] = json.dumps(meta)
+    if change_content is not None:
+        change_content(content)
     payload = serialization.msgpack_serialize(content)
     with open(dst, "wb") as f:
         f.write(checkpoint._HEADER.pack(checkpoint.MAGIC, len(payload), hashlib.sha256(payload).digest()))
@@ -267,6 +270,110 @@ def test_a_checkpoint_cannot_make_load_run_arbitrary_code(saved, tmp_path):
         with pytest.raises(checkpoint.CheckpointError, match="cannot rebuild the policy"):
             checkpoint.load(path, allow_modules=["mypkg"])
     assert not target.exists()
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda meta: meta.update(policy={"class": "jes.policies:MLPPolicy",  # a registered layer refusing its fields
+                                      "fields": {"activation": {"class": "flax.linen:Dense", "fields": {}}}}),
+     r"policy.activation: Dense\(\.\.\.\) failed: TypeError: .*'features'"),
+    (lambda meta: meta.update(policy={"class": "jes.policies:MLPPolicy",  # a registered policy refusing its fields
+                                      "fields": {"parent": {"class": "flax.linen:Dense", "fields": {"features": 2}}}}),
+     r"policy: MLPPolicy\(\.\.\.\) failed: AssertionError"),
+    (lambda meta: meta.update(policy={"class": "jes.strategies.pgpe:PGPE", "fields": {}}),  # registered, not a policy
+     r"jes.strategies.pgpe:PGPE is not a flax.linen.Module subclass"),
+], ids=["layer-fields", "policy-fields", "role"])
+def test_a_registered_class_that_does_not_build_is_not_told_to_allow_its_module(saved, tmp_path, change, message):
+    """Allowing a module admits a class outside the registry; it cannot mend a registered class's fields or role, so
+    those errors no longer end with "Import your policy's module first or pass allow_modules=[...]"."""
+    path = _rewrite_meta(saved, str(tmp_path / "refused.ckpt"), change)
+    with pytest.raises(checkpoint.CheckpointError, match=message) as raised:
+        checkpoint.load(path)
+    text = str(raised.value)
+    assert "cannot rebuild the policy" in text and path in text
+    assert "allow_modules" not in text and "--allow-module" not in text and "Import your policy" not in text, text
+    assert "restore_state(trainer)" in text  # a trainer built by hand still takes the file's state
+
+
+@pytest.mark.parametrize("change, change_content, message", [
+    (lambda meta: meta.update(generation=2 ** 31 - 1), None,
+     r"its meta records generation 2147483647, its state is at generation 2"),
+    (lambda meta: meta.update(key_impl="rbg"), None,
+     r"its meta records key_impl 'rbg' \(keys of 4 uint32\), its run key holds 2"),
+    (lambda meta: meta.update(es_key_impl="unsafe_rbg"), None,
+     r"its meta records es_key_impl 'unsafe_rbg' \(keys of 4 uint32\), its state's es_key holds 2"),
+    (lambda meta: None, lambda content: content["best"].update(generation=np.asarray(3, np.int64)),
+     r"its best member is of generation 3, after its run's generation 2"),
+], ids=["generation", "key_impl", "es_key_impl", "best-generation"])
+def test_a_meta_that_contradicts_its_state_is_an_inconsistent_file(saved, tmp_path, change, change_content, message):
+    """The meta repeats some of the state (generation, key implementations); nothing compared them, so a meta
+    generation of 2**31-1 over a state at generation 2 loaded and `jes eval` printed "generation 2147483647"."""
+    path = _rewrite_meta(saved, str(tmp_path / "edited.ckpt"), change, change_content)
+    with pytest.raises(checkpoint.CheckpointError, match=message) as raised:
+        checkpoint.read(path)
+    assert f"checkpoint {path} is inconsistent" in str(raised.value)
+    assert "edited or is corrupt" in str(raised.value)
+    assert checkpoint.read(saved).generation == 2
+
+
+def test_the_key_shapes_checkpoints_check_are_jaxs():
+    for impl, size in checkpoint.KEY_SIZES.items():
+        assert jax.random.key_data(jax.random.key(0, impl=impl)).shape == (size,)
+
+
+@pytest.mark.parametrize("where, value, message", [
+    ("obs_count", np.asarray(-5.0, np.float32), r"state.obs_count is -5.0"),
+    ("obs_count", np.asarray(np.nan, np.float32), r"state.obs_count is nan"),
+    ("obs_count", np.asarray(0.0, np.float32), r"state.obs_count is 0.0"),
+    ("obs_sum", np.full(4, np.inf, np.float32), r"state.obs_sum holds 4 non-finite value"),
+    ("obs_sumsq", np.asarray([0.0, np.nan, 1.0, 1.0], np.float32), r"state.obs_sumsq holds 1 non-finite value"),
+    ("best.0", np.asarray(-1.0, np.float32), r"best.obs_stats\[0\] \(its obs_count\) is -1.0"),
+    ("best.2", np.full(4, -np.inf, np.float32), r"best.obs_stats\[2\] \(its obs_sumsq\) holds 4 non-finite"),
+])
+def test_invalid_observation_statistics_in_a_checkpoint_are_refused(saved, tmp_path, where, value, message):
+    """A checkpoint's normaliser statistics are counts and sums of observations: a count that is not positive and
+    finite, or a sum that is not finite, normalises every observation to NaN; such a file was edited or is corrupt."""
+    def change(content):
+        assert "obs_stats" in content["best"]
+        if where.startswith("best."):
+            content["best"]["obs_stats"][where[5:]] = value
+        else:
+            content["state"][where] = value
+
+    path = _rewrite_meta(saved, str(tmp_path / "stats.ckpt"), lambda meta: None, change)
+    with pytest.raises(checkpoint.CheckpointError, match=message) as raised:
+        checkpoint.read(path)
+    assert path in str(raised.value)
+
+
+def test_a_checkpoint_with_non_finite_parameters_loads_with_a_warning(saved, trainer, tmp_path):
+    """A diverged run's file is still data someone may want to inspect: it loads, and says what it holds."""
+    def change(content):
+        mean = np.array(content["state"]["strategy"]["mean"])
+        mean[:3] = [np.nan, np.inf, -np.inf]
+        content["state"]["strategy"]["mean"] = mean
+        best = np.array(content["best"]["flat_params"])
+        best[0] = np.nan
+        content["best"]["flat_params"] = best
+
+    path = _rewrite_meta(saved, str(tmp_path / "diverged.ckpt"), lambda meta: None, change)
+    with pytest.warns(UserWarning) as caught:
+        state = checkpoint.read(path).restore_state(trainer)
+    messages = [str(w.message) for w in caught]
+    assert any(f"checkpoint {path}: 3 of {trainer.num_params} values of its centre are not finite" in m
+               for m in messages), messages
+    assert any(f"1 of {trainer.num_params} values of its best member's parameters are not finite" in m
+               for m in messages), messages
+    assert np.isnan(np.asarray(state.strategy.mean)[0])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        checkpoint.read(saved)  # a finite file says nothing
+
+
+def test_a_checkpoint_naming_an_env_parameter_nan_is_refused(saved, tmp_path):
+    path = _rewrite_meta(saved, str(tmp_path / "nan-env.ckpt"),
+                         lambda meta: meta.update(env_name="CartPole-v1?gravity=nan"))
+    with pytest.raises(checkpoint.CheckpointError, match=r"env name 'CartPole-v1\?gravity=nan' sets gravity=nan"):
+        checkpoint.read(path)
 
 
 def test_format_1_checkpoints_still_load_and_resume(saved, trainer, tmp_path):

@@ -172,6 +172,27 @@ def test_user_modules_need_allow_modules():
     assert type(trainer.spec.env).__name__ == "Countdown"
 
 
+def test_only_a_refusal_that_opting_a_module_in_can_mend_is_a_not_allowed_error():
+    """Callers add "allow its module" advice to NotAllowedError alone: a registered class refusing its fields or a
+    class of the wrong role is no matter of the allowlist, nor is a library's or a denied module's class."""
+    allow = describe.allowlist()
+    with pytest.raises(describe.NotAllowedError) as raised:
+        describe.build_object({"class": "envs_for_tests:Countdown", "fields": {}}, allow)
+    assert raised.value.module == "envs_for_tests" and raised.value.can_opt_in
+    for path in ("flax.linen:ToLinen", "subprocess:Popen"):
+        with pytest.raises(describe.NotAllowedError) as raised:
+            describe.build_object({"class": path, "fields": {}}, allow, role="policy")
+        assert not raised.value.can_opt_in, path
+    with pytest.raises(RefusedError, match="flax.linen.Module") as raised:
+        describe.build_object({"class": "jes.strategies.pgpe:PGPE", "fields": {}}, allow, role="policy")
+    assert not isinstance(raised.value, describe.NotAllowedError)
+    with pytest.raises(DescriptionError, match=r"MLPPolicy\(\.\.\.\) failed: AssertionError$") as raised:
+        describe.build_object({"class": "jes.policies:MLPPolicy",
+                               "fields": {"parent": {"class": "flax.linen:Dense", "fields": {"features": 2}}}},
+                              allow, role="policy")
+    assert not isinstance(raised.value, RefusedError)
+
+
 def test_malformed_descriptions_are_description_errors():
     base = base_description()
     cartpole_params = gymnax.make("CartPole-v1")[1]

@@ -1,3 +1,5 @@
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -198,6 +200,18 @@ def test_gymnax_wrappers_and_mismatched_env_params_are_refused():
         make_env("CartPole-v1?grav=1")
     with pytest.raises(ValueError, match="available_torque.*cannot hold"):
         make_env("Acrobot-v1?available_torque=1")
+
+
+def test_an_env_name_setting_a_parameter_to_nan_is_refused():
+    """"CartPole-v1?gravity=nan" built an env whose every return was NaN. An infinite value (a threshold turned off)
+    is a setting; NaN is none."""
+    for name, option in (("CartPole-v1?gravity=nan", "gravity=nan"),
+                         ("CartPole-v1?keep_obs=0,2&length=NaN", "length=NaN"),
+                         ("Pendulum-v1?max_speed=-nan", "max_speed=-nan")):
+        with pytest.raises(ValueError, match=rf"env {re.escape(repr(name))} sets {re.escape(option)}: .*not a number"):
+            make_env(name)
+    assert make_env("CartPole-v1?x_threshold=inf").params.x_threshold == float("inf")
+    assert make_env("CartPole-v1?gravity=20.0").params.gravity == 20.0
 
 
 def test_an_observation_unlike_the_observation_space_is_refused():

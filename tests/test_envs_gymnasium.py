@@ -552,6 +552,27 @@ def test_env_classes_jes_cannot_build_or_read_say_what_to_pass():
         make_env(Sequenced)
 
 
+def test_a_registered_id_whose_package_is_missing_names_the_env_and_the_package(monkeypatch):
+    """gymnasium:GymV26Environment-v0 without shimmy (or any id whose entry point's package is not installed) raised
+    gymnasium's raw ImportError from make_env and jes.train, naming no env."""
+    spec = gymnasium.envs.registration.EnvSpec("JesNeedsMissing-v0", entry_point="jes_no_such_package.envs:Env",
+                                               max_episode_steps=20)
+    monkeypatch.setitem(gymnasium.registry, spec.id, spec)
+    message = (r"Gymnasium env 'gymnasium:JesNeedsMissing-v0' needs the package 'jes_no_such_package', which is not "
+               r"installed here")
+    with pytest.raises(ImportError, match=message) as raised:
+        make_env("gymnasium:JesNeedsMissing-v0")
+    assert raised.value.name == "jes_no_such_package"
+    with pytest.raises(ImportError, match=message):
+        small_train("gymnasium:JesNeedsMissing-v0")
+    try:
+        import shimmy  # noqa: F401
+    except ImportError:
+        with pytest.raises(ImportError, match=r"Gymnasium env 'gymnasium:GymV26Environment-v0' needs a package that "
+                                              r"is not installed here: .*shimmy"):
+            small_train("gymnasium:GymV26Environment-v0")
+
+
 def test_masking_a_gymnasium_env_says_to_wrap_it():
     """The error listed 'gymnasium:<id>' among the forms mask_observations takes."""
     for masked in (lambda: make_env("gymnasium:CartPole-v1?keep_obs=0,2"),

@@ -3,6 +3,7 @@ bit for bit; save_policy / load_policy round trips; the best member is regenerat
 import logging
 import os
 import re
+import warnings
 
 import flax.linen as nn
 import jax
@@ -170,3 +171,133 @@ def test_reading_the_result_and_evaluating_it_compile_only_the_evaluation(caplog
     assert returns.shape == (5,)
     compiled = [r.getMessage().split(" in ")[0] for r in caplog.records if "Finished XLA compilation" in r.getMessage()]
     assert compiled == ["Finished XLA compilation of jit(run)"], compiled
+
+
+# --------------------------------------------------------------- what a policy file may hold
+@pytest.fixture(scope="module")
+def policy_file(tmp_path_factory):
+    """A CartPole policy file with observation statistics (bytes)."""
+    spec = jes.make_env("CartPole-v1")
+    trained = jes.TrainedPolicy(jes.MLPPolicy(hidden_sizes=(3,), num_outputs=2), np.linspace(-1, 1, 23),
+                                spec.obs_shape, jes.trained.ActionMap.from_spec(spec),
+                                obs_stats=(np.float32(10.0), np.ones(4, np.float32), np.full(4, 2.0, np.float32)),
+                                env_name="CartPole-v1", max_steps=20)
+    path = jes.save_policy(trained, str(tmp_path_factory.mktemp("policy") / "run.policy"))
+    return open(path, "rb").read()
+
+
+def rewritten(data: bytes, path, meta_change=None, content_change=None) -> str:
+    """``data`` (a policy file) with its meta and content changed, under a valid header and checksum, at ``path``."""
+    import json
+
+    from flax import serialization
+
+    import file_fuzz
+
+    content = serialization.msgpack_restore(data[file_fuzz.HEADER.size:])
+    meta = json.loads(content["meta"])
+    if meta_change is not None:
+        meta_change(meta)
+    content["meta"] = json.dumps(meta)
+    if content_change is not None:
+        content_change(content)
+    path.write_bytes(file_fuzz.frame("policy", serialization.msgpack_serialize(content)))
+    return str(path)
+
+
+@pytest.mark.parametrize("policy, message", [
+    ({"class": "jes.policies:MLPPolicy", "fields": {"activation": {"class": "flax.linen:Dense", "fields": {}}}},
+     r"policy.activation: Dense\(\.\.\.\) failed: TypeError: .*'features'"),
+    ({"class": "jes.policies:MLPPolicy",
+      "fields": {"parent": {"class": "flax.linen:Dense", "fields": {"features": 2}}}},
+     r"policy: MLPPolicy\(\.\.\.\) failed: AssertionError"),
+    ({"class": "jes.strategies.pgpe:PGPE", "fields": {}},
+     r"jes.strategies.pgpe:PGPE is not a flax.linen.Module subclass"),
+], ids=["layer-fields", "policy-fields", "role"])
+def test_a_policy_file_whose_registered_class_does_not_build_is_not_told_to_allow_its_module(policy_file, tmp_path,
+                                                                                            policy, message):
+    path = rewritten(policy_file, tmp_path / "refused.policy", lambda meta: meta.update(policy=policy))
+    with pytest.raises(jes.trained.PolicyFileError, match=message) as raised:
+        jes.load_policy(path)
+    text = str(raised.value)
+    assert "allow_modules" not in text and "--allow-module" not in text and "Import your policy" not in text, text
+    assert "restore_state" not in text  # a checkpoint's advice: a policy file has no trainer state
+    outside = rewritten(policy_file, tmp_path / "outside.policy",
+                        lambda meta: meta.update(policy={"class": "jes_not_imported_policies:Tiny", "fields": {}}))
+    with pytest.raises(jes.trained.PolicyFileError, match=r"Import your policy's module first or pass allow_modules"):
+        jes.load_policy(outside)  # a class outside the allowlist: there the advice helps
+
+
+@pytest.fixture
+def missing_package_env(monkeypatch):
+    """A Gymnasium id whose entry point's package is not installed (as shimmy's GymV26Environment-v0 without shimmy)."""
+    gymnasium = pytest.importorskip("gymnasium")
+    spec = gymnasium.envs.registration.EnvSpec("JesNeedsMissing-v0", entry_point="jes_no_such_package.envs:Env",
+                                               max_episode_steps=20)
+    monkeypatch.setitem(gymnasium.registry, spec.id, spec)
+    return "gymnasium:JesNeedsMissing-v0"
+
+
+def test_evaluating_a_policy_whose_env_needs_a_missing_package_names_both(policy_file, tmp_path, missing_package_env):
+    """evaluate() raised the raw ImportError of gymnasium.make, naming neither the env nor what to do."""
+    path = rewritten(policy_file, tmp_path / "missing.policy", lambda meta: meta.update(env_name=missing_package_env))
+    trained = jes.load_policy(path)
+    with pytest.raises(ImportError, match=r"cannot rebuild env 'gymnasium:JesNeedsMissing-v0' for evaluation: .*"
+                                          r"needs the package 'jes_no_such_package'.*pass env=\.\.\.") as raised:
+        trained.evaluate(num_episodes=1)
+    assert isinstance(raised.value.__cause__, ImportError)
+
+
+def test_evaluating_a_policy_on_gymnasiums_gym_v26_env_without_shimmy_names_both(policy_file, tmp_path):
+    pytest.importorskip("gymnasium")
+    try:
+        import shimmy  # noqa: F401
+        pytest.skip("shimmy is installed: GymV26Environment-v0 is buildable here")
+    except ImportError:
+        pass
+    path = rewritten(policy_file, tmp_path / "v26.policy",
+                     lambda meta: meta.update(env_name="gymnasium:GymV26Environment-v0"))
+    with pytest.raises(ImportError, match=r"cannot rebuild env 'gymnasium:GymV26Environment-v0' for evaluation: .*"
+                                          r"shimmy.*pass env=\.\.\."):
+        jes.load_policy(path).evaluate(num_episodes=1)
+
+
+@pytest.mark.parametrize("field, value, message", [
+    ("obs_count", np.asarray(-5.0, np.float32), r"obs_count is -5.0; a count of observations is positive and finite"),
+    ("obs_count", np.asarray(np.nan, np.float32), r"obs_count is nan"),
+    ("obs_count", np.asarray(-1, np.int32), r"obs_count is -1"),
+    ("obs_sum", np.full(4, np.inf, np.float32), r"obs_sum holds 4 non-finite value"),
+    ("obs_sumsq", np.asarray([1.0, np.nan, 1.0, -np.inf], np.float32), r"obs_sumsq holds 2 non-finite value"),
+])
+def test_invalid_observation_statistics_in_a_policy_file_are_refused(policy_file, tmp_path, field, value, message):
+    """They loaded without a word, and every observation was then normalised to NaN."""
+    path = rewritten(policy_file, tmp_path / "stats.policy", content_change=lambda c: c.update({field: value}))
+    with pytest.raises(jes.trained.PolicyFileError, match=message) as raised:
+        jes.load_policy(path)
+    assert path in str(raised.value)
+
+
+def test_a_policy_file_naming_an_env_parameter_nan_is_refused(policy_file, tmp_path):
+    """It loaded, and evaluate returned NaN returns. (An infinite value, a threshold turned off, still loads.)"""
+    path = rewritten(policy_file, tmp_path / "nan.policy", lambda meta: meta.update(env_name="CartPole-v1?gravity=nan"))
+    with pytest.raises(jes.trained.PolicyFileError, match=r"env name 'CartPole-v1\?gravity=nan' sets gravity=nan"):
+        jes.load_policy(path)
+    path = rewritten(policy_file, tmp_path / "inf.policy",
+                     lambda meta: meta.update(env_name="CartPole-v1?x_threshold=inf"))
+    assert jes.load_policy(path).env_spec().params.x_threshold == float("inf")
+
+
+def test_a_policy_file_with_non_finite_parameters_loads_with_a_warning(policy_file, tmp_path):
+    """A diverged run's file is still data to inspect: it loads, and says how many values are not finite."""
+    def change(content):
+        params = np.array(content["params"])
+        params[[0, 5, 7]] = [np.nan, np.inf, -np.inf]
+        content["params"] = params
+
+    path = rewritten(policy_file, tmp_path / "diverged.policy", content_change=change)
+    with pytest.warns(UserWarning, match=rf"policy file {re.escape(path)}: 3 of 23 parameters are not finite"):
+        trained = jes.load_policy(path)
+    assert np.isnan(trained.flat_params[0])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        jes.load_policy(rewritten(policy_file, tmp_path / "fine.policy"))

@@ -24,7 +24,7 @@ from jes.envs import gymnasium as gymnasium_family
 from jes.envs import gymnax as gymnax_family
 from jes.envs.gymnax import SOLVED_RETURNS
 from jes.envs.spec import EnvSpec, spec_from_env
-from jes.envs.wrappers import KEEP_OPTION, MaskedObservations, split_option
+from jes.envs.wrappers import KEEP_OPTION, MaskedObservations, nan_option, split_option
 from jes.env_checks import check_env
 
 __all__ = ["EnvSpec", "SOLVED_RETURNS", "make_env", "mask_observations", "registered_env_names", "resolvable_name"]
@@ -151,16 +151,19 @@ def make_env(env: Any, env_params: Any = None, max_steps: int | None = None) -> 
     when that name does not rebuild it, ``"... (a brax env instance)"``.
 
     Raises:
-        ValueError: unknown env name (the message lists the valid ones), an unsupported action space, or
-            observations of another shape than the env's observation space.
+        ValueError: unknown env name (the message lists the valid ones), a name setting a parameter to NaN, an
+            unsupported action space, or observations of another shape than the env's observation space.
         TypeError: an object that does not follow the env protocol, a gymnax or brax wrapper, or params of another
             env.
-        ImportError: a brax env without brax installed (the message names the extra).
+        ImportError: a brax env without brax installed (the message names the extra), or a registered Gymnasium id
+            whose package is not installed (the message names the env and the package).
     """
     if gymnasium_family.is_gymnasium_env(env):
         if env_params is not None:
             raise ValueError("Gymnasium envs take no env_params; pass keyword arguments through your own factory")
         return gymnasium_family.make(env, max_steps).spec(max_steps)
+    if isinstance(env, str) and nan_option(env) is not None:
+        raise ValueError(f"env {env!r} sets {nan_option(env)}: an env parameter cannot be NaN (not a number)")
     check_env(env)
     env_obj, params, name = _resolve(env, env_params)
     _check_observations(env_obj, params, name)

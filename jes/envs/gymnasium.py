@@ -216,7 +216,19 @@ def _from_id(name: str, max_steps: int | None, render_mode: str | None = None) -
         kwargs["max_episode_steps"] = int(max_steps)
     if render_mode is not None:
         kwargs["render_mode"] = render_mode
-    return GymnasiumEnv(lambda: gymnasium.make(env_id, **kwargs), name, env_id=env_id, episode_seconds=limit)
+    try:
+        return GymnasiumEnv(lambda: gymnasium.make(env_id, **kwargs), name, env_id=env_id, episode_seconds=limit)
+    except ImportError as err:  # a registered id whose package is missing (GymV26Environment-v0 needs shimmy)
+        raise _missing_package(name, err) from err
+
+
+def _missing_package(name: str, err: ImportError) -> ImportError:
+    """An ``ImportError`` naming the env and the package that building it could not import."""
+    if err.name:
+        package = err.name.split(".")[0]
+        return ImportError(f"Gymnasium env {name!r} needs the package {package!r}, which is not installed here "
+                           f"({err}); install it (on every worker too)", name=err.name)
+    return ImportError(f"Gymnasium env {name!r} needs a package that is not installed here: {err}")
 
 
 def registering_module(env_id: str) -> str | None:
@@ -380,7 +392,8 @@ def make(env: Any, max_steps: int | None = None, render_mode: str | None = None)
     """A :class:`GymnasiumEnv` for a ``gymnasium:`` id, an env instance, an env class or a factory.
 
     Raises:
-        ImportError: gymnasium is not installed (the message names the extra).
+        ImportError: gymnasium is not installed (the message names the extra), or a registered id's package is not
+            (the message names the env and the package).
         ValueError: an unknown id or an unsupported space.
     """
     if isinstance(env, GymnasiumEnv):

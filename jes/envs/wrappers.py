@@ -6,6 +6,7 @@ remembers, which is what a recurrent policy is for.
 """
 from __future__ import annotations
 
+import math
 from typing import Any, Sequence
 
 import jax
@@ -38,6 +39,21 @@ def split_option(name: str, key: str) -> tuple[str, str | None]:
         else:
             rest.append(item)
     return base + ("?" + "&".join(rest) if rest else ""), value
+
+
+def nan_option(name: str) -> str | None:
+    """The first ``key=value`` option of env name ``name`` whose value reads as NaN (``"gravity=nan"``), or ``None``.
+
+    No env parameter means anything as NaN (an infinite one can: a threshold turned off), and a NaN one turns every
+    return NaN; env names come from files and masters too, so they are checked before anything is built.
+    """
+    for item in name.partition("?")[2].split("&"):
+        try:
+            if math.isnan(float(item.partition("=")[2])):
+                return item
+        except ValueError:
+            continue
+    return None
 
 
 class MaskedObservations:
