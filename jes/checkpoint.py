@@ -846,20 +846,24 @@ def _check_state_against_meta(meta: dict, content: dict, path: str) -> None:
 
 
 def _check_values(meta: dict, content: dict, path: str) -> None:
-    """Values no run writes: an env name setting a parameter to NaN and unusable observation statistics are refused;
-    parameters that are not finite (a diverged run, a file to look at) are warned about."""
+    """Values no run writes: an env name setting a parameter to NaN and a count of observations that is not positive
+    and finite are refused; parameters or sums of observations that are not finite (a diverged run, a file to look
+    at) are warned about."""
     if nan_option(meta["env_name"]) is not None:
         raise CheckpointError(f"checkpoint {path} is malformed: its env name {meta['env_name']!r} sets "
                               f"{nan_option(meta['env_name'])}: an env parameter cannot be NaN (not a number)")
     state = _file_state(meta, content)
     best = content.get("best") or {}
     stats = best.get("obs_stats") or {}
-    for problem in (schema.obs_stats_problem(*((f"state.{name}", state.get(name))
-                                               for name in ("obs_count", "obs_sum", "obs_sumsq"))),
-                    schema.obs_stats_problem(*((f"best.obs_stats[{i}] (its {name})", stats.get(str(i)))
-                                               for i, name in enumerate(("obs_count", "obs_sum", "obs_sumsq"))))):
+    for fields in ([(f"state.{name}", state.get(name)) for name in ("obs_count", "obs_sum", "obs_sumsq")],
+                   [(f"best.obs_stats[{i}] (its {name})", stats.get(str(i)))
+                    for i, name in enumerate(("obs_count", "obs_sum", "obs_sumsq"))]):
+        problem = schema.obs_stats_problem(fields[0])
         if problem is not None:
             raise CheckpointError(f"checkpoint {path} holds observation statistics no normaliser can use: {problem}")
+        warning = schema.obs_sums_warning(*fields[1:])
+        if warning is not None:
+            warnings.warn(f"checkpoint {path}: {warning}", stacklevel=3)
     strategy = state.get("strategy")
     for what, params in (("its centre", strategy.get("mean") if isinstance(strategy, dict) else None),
                          ("its best member's parameters", best.get("flat_params"))):
@@ -876,11 +880,12 @@ def read(path: str) -> Checkpoint:
         FileNotFoundError: no file at ``path`` (or a directory).
         CheckpointError: not a jes checkpoint, truncated, corrupted, malformed (naming the field), from a
             newer format, inconsistent (a meta field that contradicts the state it repeats: the generation,
-            a key implementation), holding observation statistics no normaliser can use, or naming an env
-            that sets a parameter to NaN.
+            a key implementation), holding a count of observations that is not positive and finite, or naming
+            an env that sets a parameter to NaN.
 
     Warns:
-        UserWarning: a centre or best member that is not finite (a diverged run's file loads, for a look at it).
+        UserWarning: a centre, best member or sums of observations that are not finite (a diverged run's file
+            loads, for a look at it).
     """
     data = schema.read_file(path, "checkpoint", ".ckpt")
     if len(data) < _HEADER.size:

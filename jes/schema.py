@@ -195,21 +195,24 @@ def non_finite(value: Any) -> int:
     return 0 if array is None else int(array.size - np.count_nonzero(np.isfinite(array)))
 
 
-def obs_stats_problem(count: tuple[str, Any], *sums: tuple[str, Any]) -> str | None:
-    """What makes running observation statistics no normaliser can use, naming the field, or ``None``.
-
-    Args:
-        count: ``(name, value)`` of the count of observations: it divides the sums, so it is positive and finite.
-        sums: ``(name, value)`` of the sums of observations and of their squares: finite.
-    """
+def obs_stats_problem(count: tuple[str, Any]) -> str | None:
+    """What makes a count of observations no normaliser can use (it divides the sums: positive and finite), naming
+    the field, or ``None``. No run writes such a count (jes starts it at 0.01)."""
     name, value = count
     array = _numeric(value)
     if array is not None and not (np.isfinite(array).all() and (array > 0).all()):
         shown = f"is {array.item()!r}" if array.size == 1 else "holds values that are not positive and finite"
         return f"{name} {shown}; a count of observations is positive and finite"
+    return None
+
+
+def obs_sums_warning(*sums: tuple[str, Any]) -> str | None:
+    """What is not finite among sums of observations and of their squares (``(name, value)`` pairs), or ``None``.
+    A run whose env's observations left float32's range (a brax physics blow-up) writes such sums itself, so a file
+    holding them loads, with this said."""
     for name, value in sums:
         bad = non_finite(value)
         if bad:
-            return (f"{name} holds {bad} non-finite value(s) (NaN or infinite); sums of observations and of their "
-                    f"squares are finite (observations past float32's range, or the file was edited or is corrupt)")
+            return (f"{name} holds {bad} non-finite value(s) (NaN or infinite): observations normalised with it "
+                    f"are NaN or 0 (observations past float32's range in the run, or the file was edited)")
     return None

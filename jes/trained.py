@@ -415,12 +415,12 @@ def load_policy(path: str, env: Any = None, allow_modules: Any = ()) -> TrainedP
     Raises:
         FileNotFoundError: no file at ``path`` (or a directory).
         PolicyFileError: not a jes policy file, truncated, corrupt, malformed (naming the field),
-            naming code outside the registry, or from a newer jes; observation statistics no normaliser can use
-            (a count that is not positive and finite, sums that are not finite), or an env name setting a
-            parameter to NaN.
+            naming code outside the registry, or from a newer jes; a count of observations that is not positive
+            and finite, or an env name setting a parameter to NaN.
 
     Warns:
-        UserWarning: parameters that are not finite (a diverged run's file loads, for a look at it).
+        UserWarning: parameters or sums of observations that are not finite (a diverged run's file loads, for a
+            look at it).
     """
     data = schema.read_file(path, "policy file", ".policy")
     if len(data) < _HEADER.size:
@@ -455,9 +455,12 @@ def load_policy(path: str, env: Any = None, allow_modules: Any = ()) -> TrainedP
         if "obs_count" not in content or "obs_sumsq" not in content:
             raise PolicyFileError(f"policy file {path} is malformed: obs_sum without obs_count and obs_sumsq")
         obs_stats = (content["obs_count"], content["obs_sum"], content["obs_sumsq"])
-        problem = schema.obs_stats_problem(*((name, content[name]) for name in ("obs_count", "obs_sum", "obs_sumsq")))
+        problem = schema.obs_stats_problem(("obs_count", content["obs_count"]))
         if problem is not None:
             raise PolicyFileError(f"policy file {path} holds observation statistics no normaliser can use: {problem}")
+        warning = schema.obs_sums_warning(*((name, content[name]) for name in ("obs_sum", "obs_sumsq")))
+        if warning is not None:
+            warnings.warn(f"policy file {path}: {warning}", stacklevel=2)
 
     try:
         action_map = ActionMap(discrete=action["discrete"], num_outputs=action["num_outputs"],

@@ -266,8 +266,6 @@ def test_evaluating_a_policy_on_gymnasiums_gym_v26_env_without_shimmy_names_both
     ("obs_count", np.asarray(-5.0, np.float32), r"obs_count is -5.0; a count of observations is positive and finite"),
     ("obs_count", np.asarray(np.nan, np.float32), r"obs_count is nan"),
     ("obs_count", np.asarray(-1, np.int32), r"obs_count is -1"),
-    ("obs_sum", np.full(4, np.inf, np.float32), r"obs_sum holds 4 non-finite value"),
-    ("obs_sumsq", np.asarray([1.0, np.nan, 1.0, -np.inf], np.float32), r"obs_sumsq holds 2 non-finite value"),
 ])
 def test_invalid_observation_statistics_in_a_policy_file_are_refused(policy_file, tmp_path, field, value, message):
     """They loaded without a word, and every observation was then normalised to NaN."""
@@ -275,6 +273,17 @@ def test_invalid_observation_statistics_in_a_policy_file_are_refused(policy_file
     with pytest.raises(jes.trained.PolicyFileError, match=message) as raised:
         jes.load_policy(path)
     assert path in str(raised.value)
+
+
+@pytest.mark.parametrize("field, value, message", [
+    ("obs_sum", np.full(4, np.inf, np.float32), r"obs_sum holds 4 non-finite value"),
+    ("obs_sumsq", np.asarray([1.0, np.nan, 1.0, -np.inf], np.float32), r"obs_sumsq holds 2 non-finite value"),
+])
+def test_non_finite_observation_sums_in_a_policy_file_load_with_a_warning(policy_file, tmp_path, field, value, message):
+    """A run whose observations left float32's range writes such sums itself: its file loads, and says so."""
+    path = rewritten(policy_file, tmp_path / "stats.policy", content_change=lambda c: c.update({field: value}))
+    with pytest.warns(UserWarning, match=message):
+        jes.load_policy(path)
 
 
 def test_a_policy_file_naming_an_env_parameter_nan_is_refused(policy_file, tmp_path):
