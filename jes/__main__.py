@@ -19,6 +19,21 @@ def main(argv: list[str] | None = None) -> int:
     import numpy as np
 
     import jes
+    from jes import strategies
+    from jes.optimizers import optimizer_names, resolve_name
+
+    # jes.train's own advice (strategy=..., an optax object) is for Python: this command takes a name alone
+    if strategies.canonical_name(args.optimizer):
+        print(f"python -m jes: --optimizer {args.optimizer}: {args.optimizer!r} is a strategy, not an optimizer; this "
+              f"quickstart trains OpenAI-ES with an optimizer (adam, ...): for {args.optimizer}, run jes train "
+              f"--strategy {args.optimizer}", file=sys.stderr)
+        return 2
+    try:
+        resolve_name(args.optimizer)
+    except ValueError:
+        print(f"python -m jes: --optimizer {args.optimizer}: unknown optimizer; python -m jes takes "
+              f"{', '.join(optimizer_names())}", file=sys.stderr)
+        return 2
     from jes.compilation_cache import enable_compilation_cache
     from jes.cpu import use_cpu_cores
 

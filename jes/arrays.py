@@ -92,7 +92,10 @@ def resolve_devices(devices: Any) -> list:
         return list(local)
     if isinstance(devices, (int, np.integer)) and not isinstance(devices, bool):
         devices = int(devices)
-        if not 1 <= devices <= len(local):
+        if devices < 1:  # "devices=0, but this process sees 2" did not say that 0 itself was the problem
+            raise ValueError(f"devices must be a positive number of local devices (None: all {len(local)}), got "
+                             f"{devices}")
+        if devices > len(local):
             raise ValueError(f"devices={devices}, but this process sees {len(local)} local device(s): {local}")
         return list(local[:devices])
     if isinstance(devices, jax.Device):

@@ -12,6 +12,7 @@ import os
 import re
 import signal
 import sys
+import tempfile
 import threading
 import warnings
 
@@ -77,7 +78,8 @@ def _parser() -> argparse.ArgumentParser:
                        help="a field of the policy, repeatable (e.g. --policy-arg features=16); values are Python "
                             "literals (16, 0.5, True, (32, 32)) or else strings")
     train.add_argument("--hidden", type=int, default=None, help="hidden units per layer of gru/mlp (default: 5)")
-    train.add_argument("--layers", type=int, default=None, help="GRU (or MLP hidden) layers of gru/mlp (default: 2)")
+    train.add_argument("--layers", type=int, default=None,
+                       help="GRU (or MLP hidden) layers of gru/mlp; --policy mlp --layers 0: a linear policy (default: 2)")
     train.add_argument("--strategy", default=None, help="openai_es, pgpe, snes, sep_cma_es, ars or cma_es (default: openai_es)")
     train.add_argument("--optimizer", default=None,
                        help="adam, adabelief, novograd, radam, amsgrad, sgd or clipup, for openai_es and pgpe "
@@ -107,14 +109,18 @@ def _parser() -> argparse.ArgumentParser:
                        help="members per compiled chunk (default: min(256, population); low rank: up to 2,048, fewer for "
                             "large policies)")
     train.add_argument("--max-episode-steps", type=int, default=None, help="episode length limit (default: the env's own)")
-    train.add_argument("--stop-at-return", type=float, default=None,
-                       help="stop once the centre reaches this return (default: run every generation)")
+    train.add_argument("--stop-at-return", type=_float_or_none, default=None, metavar="RETURN",
+                       help="stop once the centre reaches this return; 'none' clears a resumed run's (default: run "
+                            "every generation)")
     train.add_argument("--no-normalize-observations", action="store_true", help="turn off observation normalisation")
     train.add_argument("--seed", type=int, default=0, help="run key seed (ignored with --resume: the key is in the checkpoint)")
     train.add_argument("--log-dir", default="runs/<auto>",
-                       help="TensorBoard directory (default: runs/<env>-<policy>-<optimizer>-<time>); 'none' turns it off")
+                       help="TensorBoard directory (default: runs/<env>-<policy>-<optimizer>-<time>); 'none' turns it "
+                            "off, and with it the default checkpoint, which goes in the log dir (keep one with "
+                            "--checkpoint PATH)")
     train.add_argument("--checkpoint", default=None,
-                       help="checkpoint file (default: checkpoint.ckpt in the log dir, or the --resume file); 'none' turns it off")
+                       help="checkpoint file (default: checkpoint.ckpt in the log dir, or the --resume file; none with "
+                            "--log-dir none); 'none' turns it off")
     train.add_argument("--checkpoint-every", type=int, default=10, help="generations between checkpoints")
     train.add_argument("--resume", default=None, metavar="CHECKPOINT",
                        help="continue from this checkpoint with the policy, env, strategy, optimizer and config stored in "
@@ -230,6 +236,16 @@ def _none(value: str | None) -> str | None:
     return None if value is not None and value.lower() == "none" else value
 
 
+def _float_or_none(text: str) -> float | str:
+    """A number, or ``"none"`` (``--stop-at-return none``: no target, clearing a resumed run's)."""
+    if text.strip().lower() == "none":
+        return "none"
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid number: {text!r} (a return, or 'none')") from None
+
+
 def _literal(text: str):
     try:
         return ast.literal_eval(text)
@@ -280,7 +296,24 @@ def _build_policy(args: argparse.Namespace):
     if kind.lower() in ("gru", "mlp"):
         from jes.sweep import build_policy
 
-        policy = build_policy({"type": kind, "hidden": args.hidden or 5, "layers": args.layers or 2})
+        # None is "not given"; a 0 was replaced by the default (--hidden 0 trained 5 units silently)
+        hidden, layers = (5 if args.hidden is None else args.hidden), (2 if args.layers is None else args.layers)
+        if hidden < 1:
+            raise ValueError(f"--hidden must be a positive integer (units per layer), got {hidden}")
+        if layers < 0:
+            raise ValueError(f"--layers must be a positive integer (or 0 with --policy mlp: a linear policy), got {layers}")
+        if layers == 0 and kind.lower() == "gru":
+            raise ValueError("--layers 0: a GRU policy needs at least one layer (--policy mlp --layers 0 is a linear "
+                             "policy)")
+        if layers == 0:  # an MLP without hidden layers: the head alone, a linear policy
+            if args.hidden is not None:
+                raise ValueError(f"--hidden {args.hidden} has no layer to size with --layers 0 (a linear policy): "
+                                 f"drop --hidden, or give --layers 1 or more")
+            from jes.policies import MLPPolicy
+
+            policy = MLPPolicy(hidden_sizes=())
+        else:
+            policy = build_policy({"type": kind, "hidden": hidden, "layers": layers})
         cls = type(policy)
     elif ":" in kind:
         if args.hidden is not None or args.layers is not None:
@@ -295,7 +328,7 @@ def _build_policy(args: argparse.Namespace):
                          f"{', '.join(fields)}")
     try:
         return policy.clone(**extra) if policy is not None else cls(**extra)
-    except TypeError as err:
+    except (TypeError, ValueError) as err:  # a field's own refusal (GRUPolicy(hidden=0)), one line
         raise ValueError(f"--policy {kind} with {extra}: {err}") from err
 
 
@@ -304,6 +337,12 @@ def _train(args: argparse.Namespace) -> int:
     from jes import strategies
 
     overrides = {field: getattr(args, dest) for dest, field in CONFIG_FLAGS.items() if getattr(args, dest) is not None}
+    if overrides.get("stop_at_return") == "none":
+        overrides["stop_at_return"] = None  # given as None: clears a resumed run's target (absent keeps it)
+    if args.devices is not None and args.devices < 1:
+        raise ValueError(f"--devices must be a positive number of local devices (default: all), got {args.devices}")
+    if args.workers < 0:
+        raise ValueError(f"--workers must be an integer >= 0 (0: this process alone), got {args.workers}")
     if args.no_normalize_observations:
         overrides["normalize_observations"] = False
     if args.no_antithetic:
@@ -393,7 +432,10 @@ def _train(args: argparse.Namespace) -> int:
                   "(jes launch --devices-per-process K chooses them)", file=sys.stderr)
             return 2
         kwargs["distributed"] = True
-    result = jes.train(policy, env or "CartPole-v1", optimizer, strategy=strategy or "openai_es", **kwargs)
+    try:
+        result = jes.train(policy, env or "CartPole-v1", optimizer, strategy=strategy or "openai_es", **kwargs)
+    except jes.CheckpointSaveError as err:
+        return _save_failed(err)
     import jax
 
     try:
@@ -403,6 +445,42 @@ def _train(args: argparse.Namespace) -> int:
         interrupt.checkpoint_path = result.checkpoint_path
         raise
     return 0
+
+
+def _save_failed(err) -> int:
+    """A checkpoint save that failed mid-run (:class:`jes.loop.CheckpointSaveError`): say so, print the run so far,
+    and save it where a file can still be written (the current directory, else the temporary one), to resume."""
+    from jes import checkpoint
+
+    print(f"jes train: could not save the checkpoint {err.path} ({err.reason}): "
+          f"training stopped at generation {err.generation} of {err.num_generations}", file=sys.stderr)
+    result = err.result
+    if result is None:
+        return 2
+    print(result.summary())
+    failed = os.path.dirname(os.path.abspath(err.path))
+    tried = []
+    for folder in dict.fromkeys((os.getcwd(), tempfile.gettempdir())):
+        if os.path.abspath(folder) == failed:
+            continue
+        base, ext = os.path.splitext(f"rescued-{os.path.basename(err.path)}")
+        path = os.path.join(folder, base + ext)
+        number = 0
+        while os.path.lexists(path):  # never over another file
+            number += 1
+            path = os.path.join(folder, f"{base}_{number}{ext}")
+        try:
+            checkpoint.save(path, result.trainer, result.state, result.history, result.key, best=result.best)
+        except OSError as rescue_error:
+            tried.append(f"{path}: {rescue_error.strerror or rescue_error}")
+            continue
+        shown = os.path.relpath(path) if folder == os.getcwd() else path
+        print(f"jes train: the run so far (generation {err.generation}) is saved in {shown}: continue it with jes train "
+              f"--resume {shown} (add --checkpoint PATH to write the rest elsewhere)", file=sys.stderr)
+        return 2
+    print(f"jes train: the run so far could not be saved anywhere either ({'; '.join(tried) or 'no folder left'})",
+          file=sys.stderr)
+    return 2
 
 
 def _eval(args: argparse.Namespace) -> int:
@@ -415,6 +493,11 @@ def _eval(args: argparse.Namespace) -> int:
 
     if args.episodes < 1:
         raise ValueError(f"--episodes must be a positive number of episodes, got {args.episodes}")
+    if args.render_steps is not None and args.render_steps < 1:  # before the episodes, not after (as max_steps)
+        raise ValueError(f"--render-steps must be a positive number of steps, got {args.render_steps}")
+    if args.render_steps is not None and args.render is None:
+        raise ValueError(f"--render-steps {args.render_steps} is the length of the --render episode: add --render "
+                         f"PATH, or drop --render-steps")
     if _starts_with(args.checkpoint, trained.POLICY_MAGIC):
         if args.render is not None:
             raise ValueError(f"--render draws an episode of a checkpoint; {args.checkpoint} is a saved policy file "
@@ -442,7 +525,8 @@ def _eval(args: argparse.Namespace) -> int:
     else:
         returns, _ = jax.jit(trainer.evaluate_centre, static_argnums=1)(state, args.episodes, as_key(args.seed))
     returns = np.asarray(returns)
-    print(f"{args.checkpoint}: {ckpt.env_name}, {type(trainer.policy).__name__}, {ckpt.optimizer}, generation "
+    # run_label: the optimizer ("adam"), else the strategy ("snes", "pgpe-clipup"); ckpt.optimizer is None for snes
+    print(f"{args.checkpoint}: {ckpt.env_name}, {type(trainer.policy).__name__}, {trainer.run_label}, generation "
           f"{ckpt.generation}: centre return {returns.mean():.2f} +/- {returns.std():.2f} over {args.episodes} episodes")
     if args.render is not None:
         from jes.render import render
@@ -609,12 +693,23 @@ def _saved_note(args: argparse.Namespace, interrupt: KeyboardInterrupt) -> str:
         # Only once the runtime is up: process_index() would start the backend (an interrupt while connecting)
         if jax.distributed.is_initialized() and jax.process_index() != 0:  # process 0 alone writes the checkpoint (and says where)
             return f" (process {jax.process_index()}; process 0 writes the run's checkpoint and names it)"
+    save_error = getattr(interrupt, "save_error", None)  # the save on the interrupt failed (a full disk)
+    failed = f"saving it failed ({getattr(save_error, 'reason', None) or save_error})" if save_error else None
     for path in (getattr(interrupt, "checkpoint_path", None), args.resume):
         if path is not None and os.path.exists(path):
+            if failed:
+                return f" (the newest generations are not in checkpoint {path}: {failed}; continue from it with --resume {path})"
             return f" (checkpoint {path}; continue with --resume {path})"
-    # An interrupt once the generations run saves the run (a second Ctrl-C waits for the save): none came before.
-    return (" (no checkpoint was saved: interrupted before the first generation ran, or --checkpoint none; there is "
-            "nothing to --resume)")
+    if failed:
+        why = failed
+    elif args.checkpoint is not None and _none(args.checkpoint) is None:
+        why = "--checkpoint none"
+    elif args.checkpoint is None and args.resume is None and _none(args.log_dir) is None:
+        why = ("--log-dir none turns off the default checkpoint (which goes in the log dir); pass --checkpoint PATH to "
+               "keep one")
+    else:  # an interrupt once the generations run saves the run (a second Ctrl-C waits for the save): none came before
+        why = "interrupted before the first generation ran"
+    return f" (no checkpoint was saved: {why}; there is nothing to --resume)"
 
 
 def _flag_named(message: str) -> str:
@@ -640,9 +735,17 @@ def _flag_named(message: str) -> str:
     parts = re.split(r"('[^']*'|\"[^\"]*\")", message)  # odd parts: quoted, left as they are
     message = "".join(part if i % 2 else pattern.sub(rewrite, part) for i, part in enumerate(parts))
     message = re.sub(r"^devices=(\d+), but ", r"--devices \1: ", message)  # jes.train's arguments, as flags
+    # a quoted setting a strategy ignores: "fitness_shaping='raw' would be ignored" (the quotes keep it out of the above)
+    message = re.sub(r"(?<![\w-])fitness_shaping='(\w+)'", r"--fitness-shaping \1", message)
     message = re.sub(r"^checkpoint_every (.*), got (-?\d+)$", r"--checkpoint-every \2: \1", message)
     for argument, flag in (("resume=", "--resume "), ("another log_dir (or checkpoint_path)", "another --log-dir (or "
-                           "--checkpoint)")):  # jes.train's arguments of a refused overwrite, as flags
+                           "--checkpoint)"),  # jes.train's arguments of a refused overwrite, as flags
+                           # and of a folder that cannot be written (jes.loop._unwritable_problem)
+                           ("pass a log_dir in a folder you can write (jes train: --log-dir DIR), or log_dir=None "
+                            "(--log-dir none)", "give --log-dir DIR in a folder you can write, or --log-dir none"),
+                           ("pass a checkpoint_path in a folder you can write (jes train: --checkpoint PATH), or "
+                            "checkpoint_path=None (--checkpoint none)",
+                            "give --checkpoint PATH in a folder you can write, or --checkpoint none")):
         message = message.replace(argument, flag)
     return message
 

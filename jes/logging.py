@@ -83,6 +83,8 @@ def unique_dir(path: str) -> str:
 
 
 def _hparam_value(value: Any) -> bool | str | float | int:
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)  # "inf" (stop_at_return=inf): as a number tensorboardX logs a stray "NaN or Inf found"
     if isinstance(value, (bool, int, float, str)):
         return value
     return "None" if value is None else repr(value)

@@ -11,6 +11,7 @@ import dataclasses
 import math
 import os
 import re
+import tempfile
 import time
 import warnings
 from typing import Any, Callable, Iterable, Sequence
@@ -69,6 +70,38 @@ class NonFiniteUpdateError(ValueError):
 
     def __reduce__(self):  # copy / pickle (multiprocessing, joblib) with the attributes
         return type(self), (self.args[0], self.generation, self.result)
+
+
+class CheckpointSaveError(OSError):
+    """Saving the run's checkpoint failed mid-run (a full disk, a folder whose permissions changed); training
+    stopped at the generation it was saving. ``errno`` is the failed write's.
+
+    Attributes:
+        generation: the generation (1-based) the run had completed, which the failed save was to hold.
+        num_generations: the generations the run was to train.
+        reason: the failed write's own words (``"No space left on device"``).
+        path: the checkpoint file (the previous checkpoint there, if any, is intact).
+        result: the :class:`TrainResult` up to that generation: nothing trained is lost. Save it elsewhere with
+            ``jes.checkpoint.save(path, r.trainer, r.state, r.history, r.key, best=r.best)`` (``--resume``-able) or
+            ``r.save_policy(path)``.
+    """
+
+    def __init__(self, message: str, generation: int, path: str, result: "TrainResult | None" = None,
+                 errno: int | None = None, num_generations: int | None = None, reason: str | None = None):
+        super().__init__(message)
+        self.reason = reason
+        self.errno = errno
+        self.generation = generation
+        self.num_generations = num_generations
+        self.path = path
+        self.result = result
+
+    def __str__(self) -> str:  # the message alone (OSError's would prefix "[Errno N]" once errno is set)
+        return self.args[0]
+
+    def __reduce__(self):  # copy / pickle (multiprocessing, joblib) with the attributes
+        return type(self), (self.args[0], self.generation, self.path, self.result, self.errno, self.num_generations,
+                            self.reason)
 
 
 class BestMember:
@@ -334,7 +367,9 @@ def train(
             and on Ctrl-C. The default is ``checkpoint.ckpt`` in ``log_dir`` (the ``resume`` file when
             resuming); ``None`` turns checkpoints off. A file already there that is not the ``resume`` file
             (another run's checkpoint: a second run into the same ``log_dir``) is never overwritten: the run is
-            refused with a ``FileExistsError`` before it starts.
+            refused with a ``FileExistsError`` before it starts, and so is a ``log_dir`` or checkpoint folder that
+            cannot be written (a ``PermissionError``). A save that fails later (a full disk) stops the run with a
+            :class:`CheckpointSaveError` whose ``result`` holds the run so far.
         checkpoint_every: generations between checkpoints (0: only at the end and on Ctrl-C).
         resume: a checkpoint to continue from; the run then ends bit-identical to one never
             interrupted. The run key comes from the checkpoint (``key`` is ignored, with a warning where
@@ -452,6 +487,12 @@ def train(
             overwrite = _from_process_0(overwrite)  # process 0 writes; every process hears its refusal
         if overwrite is not None:
             raise FileExistsError(overwrite)
+        # A folder that cannot be written was found at the first save, after the training it was to keep
+        unwritable = _unwritable_problem(log_dir, checkpoint_path, resume) if primary else None
+        if jax.process_count() > 1:
+            unwritable = _from_process_0(unwritable)
+        if unwritable is not None:
+            raise PermissionError(unwritable)
         # In a multi-process run process 0 alone reports (and writes; see run()).
         earlier = [float(x) for x in (history or {}).get("pop_max", ()) if math.isfinite(float(x))]
         loggers = [jes_logging.ProgressBar(config.num_generations, int(fetch(state.generation)),
@@ -525,6 +566,37 @@ def train(
         except KeyboardInterrupt as interrupt:
             ran.interrupted(interrupt)
             raise
+
+
+def _unwritable_problem(log_dir: str | None, checkpoint_path: str | None, resume: str | None) -> str | None:
+    """Why the run could not write its logs or checkpoint (``None``: it can), found before anything trains: a file is
+    created in (and removed from) the folder each goes in, or the nearest folder above it that exists (the run
+    makes the rest)."""
+    remedies = {
+        "log_dir": "pass a log_dir in a folder you can write (jes train: --log-dir DIR), or log_dir=None (--log-dir "
+                   "none) to log nothing; nothing has trained yet",
+        "checkpoint": "pass a checkpoint_path in a folder you can write (jes train: --checkpoint PATH), or "
+                      "checkpoint_path=None (--checkpoint none) to run without one; nothing has trained yet",
+    }
+    targets = [("log_dir", log_dir, log_dir)] if log_dir is not None else []
+    if checkpoint_path is not None:
+        targets.append(("checkpoint", checkpoint_path, os.path.dirname(os.path.abspath(checkpoint_path))))
+    for what, path, folder in targets:
+        name = f"{what} {path!r}" + (" (the resumed checkpoint, which the run goes on writing)"
+                                     if what == "checkpoint" and path == resume else "")
+        existing = os.path.abspath(folder)
+        while not os.path.isdir(existing):
+            if os.path.lexists(existing):
+                return f"{name} cannot be written: {existing!r} is a file, not a folder; {remedies[what]}"
+            existing = os.path.dirname(existing)
+        try:
+            fd, probe = tempfile.mkstemp(prefix=".jes-write-check.", suffix=".tmp", dir=existing)
+            os.close(fd)
+            os.unlink(probe)
+        except OSError as err:
+            return (f"{name} cannot be written: a file cannot be created in {existing!r} "
+                    f"({err.strerror or err}); {remedies[what]}")
+    return None
 
 
 def _overwrite_problem(checkpoint_path: str, resume: str | None) -> str | None:
@@ -734,8 +806,8 @@ def run(trainer: Trainer, state: TrainState, *, key: Any = 0, callbacks: Iterabl
     if solved_generation is not None and cfg.stop_at_return is not None:
         if total > start_gen:  # a resumed run that had already stopped at its target stays stopped: say so
             warnings.warn(f"the run reached stop_at_return={cfg.stop_at_return:g} at generation {solved_generation} "
-                          f"(its history), so it trains no more generations; raise stop_at_return (jes train: "
-                          f"--stop-at-return) or drop it to continue", stacklevel=3)
+                          f"(its history), so it trains no more generations; to continue, raise stop_at_return or pass "
+                          f"stop_at_return=None (jes train: --stop-at-return none, or a higher value)", stacklevel=3)
         total = start_gen
     t_start = time.perf_counter() if started is None else started
 
@@ -763,14 +835,41 @@ def run(trainer: Trainer, state: TrainState, *, key: Any = 0, callbacks: Iterabl
     # waits in `pending` until then. An interrupt saves `state`; a resumed run evaluates the rest again.
     pending = None  # (record, state after it, best-member candidate) of a generation awaiting its centre
 
+    def so_far(saved_in: str | None) -> TrainResult:
+        """The run so far (what a checkpoint of ``state`` holds), for a notebook without one."""
+        done = int(fetch(state.generation))
+        rows = sum(1 for g in history["generation"] if g <= done)  # rows past the state: dropped, as saved
+        kept = {k: v[:rows] for k, v in history.items()}
+        return _result(trainer, state, kept, key, _first_solved(kept, solved_return), compile_time, t_start,
+                       best, saved_in, log_dir)
+
     def save_checkpoint():
         nonlocal saved_generation
         # The logs as far as the checkpoint, before it: a killed run's curves go on where its resume starts
         jes_logging.flush_all(callbacks, int(fetch(state.generation)))
         # A Ctrl-C (or jes train's SIGTERM) during the save is raised after it, once saved_generation says so.
         with checkpoint.interrupts_deferred():
-            checkpoint.save(save_to, trainer, localize(state), history, key, best=best)
+            try:
+                checkpoint.save(save_to, trainer, localize(state), history, key, best=best)
+            except OSError as err:  # a full disk, a folder made read-only: stop here, keeping what was trained
+                raise _save_failed(err) from err
             saved_generation = int(fetch(state.generation))
+
+    def _save_failed(err: OSError) -> CheckpointSaveError:
+        done = int(fetch(state.generation))
+        earlier = saved_generation  # this run's last good save, at save_to
+        kept = (f"; the checkpoint there holds generation {earlier}, saved before" if earlier is not None else "")
+        error = CheckpointSaveError(
+            f"could not save the checkpoint {save_to!r} ({err.strerror or err}): training stopped at generation "
+            f"{done} of {total}{kept}. error.result holds the {done} generation(s) completed: save them elsewhere "
+            f"with jes.checkpoint.save(path, r.trainer, r.state, r.history, r.key, best=r.best) (then resume=path) "
+            f"or r.save_policy(path)",
+            generation=done, path=save_to, errno=err.errno, num_generations=total, reason=err.strerror or str(err))
+        try:
+            error.result = so_far(save_to if earlier is not None else None)
+        except Exception:  # noqa: BLE001  the save's error goes on whatever making the result raised
+            pass
+        return error
 
     def commit(entry: tuple, centre_return: float, centre_steps: int) -> bool:
         """Add a generation's row (its centre now known), advance ``state``; True when the run stops here."""
@@ -816,23 +915,27 @@ def run(trainer: Trainer, state: TrainState, *, key: Any = 0, callbacks: Iterabl
                 break
             if metrics["bad_member"] >= 0 or metrics["bad_update"]:
                 # Keep what was achieved: the last good state goes to the checkpoint and into the error.
+                unsaved = ""
                 if save_to is not None:
-                    save_checkpoint()
+                    try:
+                        save_checkpoint()
+                    except CheckpointSaveError as err:  # the non-finite values are the news; the run is in .result
+                        unsaved = f" The checkpoint could not be saved ({err.reason})."
                 partial = _result(trainer, state, history, key, solved_generation, compile_time, t_start, best,
-                                  checkpoint_path, log_dir)
+                                  checkpoint_path if not unsaved else None, log_dir)
                 if metrics["bad_member"] >= 0:
                     member = metrics["bad_member"]
                     raise NonFiniteFitnessError(
                         f"member {member} of generation {gen + 1} on env {trainer.spec.name!r} has non-finite fitness (NaN or inf); the update was "
                         f"not applied: an env reward or one of its policy outputs was NaN or inf (a too-large "
-                        f"noise_std or learning rate can overflow them; so can unnormalised huge observations). error.result holds the {gen} generation(s) completed.",
+                        f"noise_std or learning rate can overflow them; so can unnormalised huge observations). error.result holds the {gen} generation(s) completed.{unsaved}",
                         generation=gen + 1, member=member, result=partial,
                     )
                 raise NonFiniteUpdateError(
                     f"the ES update of generation {gen + 1} is not finite (noise_std={metrics['noise_std']:g}, "
                     f"learning_rate={metrics['learning_rate']:g}) and was not applied. A noise_std schedule that reaches "
                     f"0, a too-large learning rate, or raw fitness that overflows cause this. error.result holds the "
-                    f"{gen} generation(s) completed.",
+                    f"{gen} generation(s) completed.{unsaved}",
                     generation=gen + 1, result=partial,
                 )
             # The row's time is this call's; its env steps are its members' plus, once known, its centre's.
@@ -860,19 +963,18 @@ def run(trainer: Trainer, state: TrainState, *, key: Any = 0, callbacks: Iterabl
                 # The logs as far as the run so far, whether or not a save follows (the newest checkpoint may already
                 # hold it): a generation interrupted among its callbacks is left out, as the resume logs it again.
                 jes_logging.flush_all(callbacks, int(fetch(state.generation)))
+                saved_in = None
                 if save_to is not None:
-                    if saved_generation != int(fetch(state.generation)):
-                        save_checkpoint()
-                    interrupt.checkpoint_path = save_to  # `jes train` names it (an interrupt before here saved none)
-
-                def so_far() -> TrainResult:  # the run so far (what the checkpoint holds), for a notebook without one
-                    done = int(fetch(state.generation))
-                    rows = sum(1 for g in history["generation"] if g <= done)  # rows past the state: dropped, as saved
-                    kept = {k: v[:rows] for k, v in history.items()}
-                    return _result(trainer, state, kept, key, _first_solved(kept, solved_return), compile_time, t_start,
-                                   best, save_to, log_dir)
-
-                _attach_result(interrupt, so_far)
+                    try:
+                        if saved_generation != int(fetch(state.generation)):
+                            save_checkpoint()
+                        saved_in = save_to
+                    except CheckpointSaveError as err:  # the interrupt goes on, saying why no checkpoint was saved
+                        interrupt.save_error = err
+                        saved_in = save_to if saved_generation is not None else None  # an earlier one of this run
+                    if saved_in is not None:
+                        interrupt.checkpoint_path = saved_in  # `jes train` names it (an interrupt before here saved none)
+                _attach_result(interrupt, lambda: so_far(saved_in))
         except KeyboardInterrupt:
             pass
         raise

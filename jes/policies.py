@@ -18,6 +18,7 @@ from typing import Any, Callable, Sequence
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 
 def _torch_uniform(bound: float):
@@ -27,6 +28,18 @@ def _torch_uniform(bound: float):
         return jax.random.uniform(key, shape, dtype, -bound, bound)
 
     return init
+
+
+def _check_count(module: nn.Module, field: str, value: Any, what: str, optional: bool = False) -> None:
+    """Raise unless ``value`` (``module``'s ``field``) is a positive integer (or ``None`` when ``optional``): a layer
+    of 0 units failed deep inside the init (``1 / sqrt(0)``), and a float would run as its floor."""
+    if optional and value is None:
+        return
+    name = type(module).__name__
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"{name} {field} must be a positive integer ({what}), got {value!r}")
+    if value < 1:
+        raise ValueError(f"{name} {field} must be a positive integer ({what}), got {value!r}")
 
 
 def matvec(self: nn.Module, name: str, weight: jax.Array, x: jax.Array) -> jax.Array:
@@ -49,6 +62,10 @@ class TorchGRUCell(nn.Module):
     """
 
     features: int
+
+    def __post_init__(self):
+        _check_count(self, "features", self.features, "hidden units")
+        super().__post_init__()
 
     @nn.compact
     def __call__(self, h: jax.Array, x: jax.Array) -> jax.Array:
@@ -74,6 +91,10 @@ class TorchLinear(nn.Module):
     """Dense layer with PyTorch's default init, U(±1/sqrt(fan_in)) for weight and bias."""
 
     features: int
+
+    def __post_init__(self):
+        _check_count(self, "features", self.features, "output units")
+        super().__post_init__()
 
     @nn.compact
     def __call__(self, x: jax.Array) -> jax.Array:
@@ -108,6 +129,12 @@ class GRUPolicy(nn.Module):
     num_outputs: int | None = None
     torch_layout: bool = True
 
+    def __post_init__(self):  # at construction, so every entry point (jes train, a sweep, a checkpoint) says it
+        _check_count(self, "hidden", self.hidden, "units per GRU layer")
+        _check_count(self, "layers", self.layers, "stacked GRU layers; an MLPPolicy(hidden_sizes=()) is linear")
+        _check_count(self, "num_outputs", self.num_outputs, "the head's size; None: set from the env", optional=True)
+        super().__post_init__()
+
     @nn.nowrap
     def initialize_carry(self, rng: jax.Array, input_shape: tuple[int, ...]) -> jax.Array:
         """Zero hidden state, shape ``(layers, hidden)``; the GRU is reset to it at episode start."""
@@ -141,7 +168,7 @@ class MLPPolicy(nn.Module):
     """Feed-forward policy: ``hidden_sizes`` dense layers with ``activation``, then a linear head.
 
     Attributes:
-        hidden_sizes: widths of the hidden layers.
+        hidden_sizes: widths of the hidden layers; ``()`` is a linear policy (the head alone).
         num_outputs: head size; ``None`` lets :func:`jes.train` fill it in.
         activation: nonlinearity between layers.
     """
@@ -149,6 +176,15 @@ class MLPPolicy(nn.Module):
     hidden_sizes: Sequence[int] = (32, 32)
     num_outputs: int | None = None
     activation: Callable[[jax.Array], jax.Array] = jnp.tanh
+
+    def __post_init__(self):
+        if isinstance(self.hidden_sizes, (str, bytes)) or not isinstance(self.hidden_sizes, Sequence):
+            raise TypeError(f"MLPPolicy hidden_sizes must be a sequence of layer widths, e.g. (32, 32) (or (): a "
+                            f"linear policy), got {self.hidden_sizes!r}")
+        for index, width in enumerate(self.hidden_sizes):
+            _check_count(self, f"hidden_sizes[{index}]", width, "a hidden layer's width; () for no hidden layer")
+        _check_count(self, "num_outputs", self.num_outputs, "the head's size; None: set from the env", optional=True)
+        super().__post_init__()
 
     @nn.compact
     def __call__(self, obs: jax.Array) -> jax.Array:

@@ -9,13 +9,15 @@
   envs an OpenGL context, e.g. ``MUJOCO_GL=egl``).
 
 The episode runs in one compiled ``lax.scan`` (the same keys and done rule as training rollouts);
-drawing happens on the host afterwards. A Gymnasium episode is stepped on the host, reset with the seed its
+drawing happens on the host afterwards. Outputs are written atomically (a temporary file beside the target, then
+``os.replace``), so a Ctrl-C or an error while writing leaves the file that was there. A Gymnasium episode is stepped on the host, reset with the seed its
 episode key gives in training (:func:`jes.host_rollout.episode_seeds`).
 """
 from __future__ import annotations
 
 import os
-from typing import Any
+import tempfile
+from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
@@ -184,9 +186,36 @@ def _pil() -> Any:
     return Image, ImageDraw
 
 
+def _write_atomically(path: str, write: Callable[[Any], None], mode: str = "wb") -> None:
+    """Write a file through ``write(f)`` into a temporary file beside ``path``, then ``os.replace`` it over ``path``:
+    an interrupt or an error midway (Ctrl-C while a GIF's frames are encoded, a full disk) leaves the file that was
+    at ``path`` as it was, and removes the temporary one. The file gets the permissions a plain ``open`` would give."""
+    directory = os.path.dirname(os.path.abspath(path))
+    os.makedirs(directory, exist_ok=True)
+    tmp = None
+    try:
+        # Inside the try: a Ctrl-C right after mkstemp created the file still removes it
+        fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=directory)
+        with os.fdopen(fd, mode) as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp's 0600 would keep a picture from whoever else reads the folder
+        os.replace(tmp, path)
+    except BaseException:
+        if tmp is not None:
+            try:
+                os.unlink(tmp)
+            except FileNotFoundError:
+                pass
+        raise
+
+
 def _save_gif(frames: list, path: str, duration_ms: int) -> None:
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    frames[0].save(path, save_all=True, append_images=frames[1:], duration=duration_ms, loop=0, optimize=False)
+    _write_atomically(path, lambda f: frames[0].save(f, format="GIF", save_all=True, append_images=frames[1:],
+                                                     duration=duration_ms, loop=0, optimize=False))
 
 
 def _cartpole_frames(states: Any, params: Any, length: int) -> list:
@@ -234,9 +263,8 @@ def _render_brax_html(env: BraxEnv, states: Any, length: int, path: str) -> None
 
     pipeline = states.pipeline_state
     frames = [jax.tree.map(lambda x: x[t], pipeline) for t in range(length + 1)]
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    with open(path, "w") as f:
-        f.write(html.render(env.env.sys.tree_replace({"opt.timestep": env.env.dt}), frames))
+    page = html.render(env.env.sys.tree_replace({"opt.timestep": env.env.dt}), frames)
+    _write_atomically(path, lambda f: f.write(page), mode="w")
 
 
 GIF_DRAWERS = {"CartPole-v1": _cartpole_frames, "Pendulum-v1": _pendulum_frames}

@@ -39,7 +39,7 @@ def test_quickstart_module_help():
 
 def test_quickstart_module_bad_values_are_one_line_errors(tmp_path):
     for flags, message in ((["--generations", "0"], "python -m jes: --generations must be a positive integer, got 0"),
-                           (["--optimizer", "bogus"], "python -m jes: unknown optimizer 'bogus'")):
+                           (["--optimizer", "bogus"], "python -m jes: --optimizer bogus: unknown optimizer")):
         out = subprocess.run([sys.executable, "-m", "jes", *flags], capture_output=True, text=True, cwd=str(tmp_path),
                              timeout=300)
         assert out.returncode == 2 and message in out.stderr and "Traceback" not in out.stderr, out.stderr
@@ -601,3 +601,170 @@ def test_a_sweep_file_of_the_wrong_type_is_one_line_and_rc_2(tmp_path, capsys):
     assert cli.main(["sweep", str(config)]) == 2
     err = capsys.readouterr().err
     assert err == f"jes sweep: sweep file {config}: policy hidden must be a positive integer, got 'eight'\n"
+
+
+TINY = ["--population", "16", "--chunk-size", "8", "--eval-episodes", "2", "--no-progress"]
+
+
+def test_an_unwritable_checkpoint_is_refused_before_training_in_the_flags_words(tmp_path, capsys):
+    """It was found at the first save, after training, with a message naming the save's temporary file."""
+    assert cli.main(["train", *TINY, "--generations", "2", "--log-dir", "none", "--checkpoint", "/proc/x.ckpt"]) == 2
+    out, err = capsys.readouterr()
+    assert "generation 1/2" not in out
+    # (after the wait for the step's compile, begun in the background, which every refusal there waits for)
+    assert "\njes train: checkpoint '/proc/x.ckpt' cannot be written: a file cannot be created in '/proc'" in err
+    assert "give --checkpoint PATH in a folder you can write, or --checkpoint none" in err and ".tmp" not in err
+    assert cli.main(["train", *TINY, "--generations", "2", "--log-dir", "/proc/jes-runs"]) == 2
+    err = capsys.readouterr().err
+    assert "\njes train: log_dir '/proc/jes-runs' cannot be written" in err and "give --log-dir DIR in a folder" in err
+
+
+def test_a_save_failing_mid_run_prints_the_run_so_far_and_saves_it_elsewhere(tmp_path, capsys, monkeypatch):
+    """The run was thrown away with one line naming a temporary file; no summary."""
+    target = str(tmp_path / "sub" / "run.ckpt")
+    real = checkpoint.save
+
+    def full_from_the_second_save(path, *args, **kwargs):
+        if path == target and os.path.exists(target):
+            raise OSError(28, "No space left on device", str(tmp_path / "sub" / ".run.ckpt.1@h.x.tmp"))
+        return real(path, *args, **kwargs)
+
+    monkeypatch.setattr(checkpoint, "save", full_from_the_second_save)
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(["train", *TINY, "--hidden", "3", "--layers", "1", "--generations", "4", "--checkpoint-every", "1",
+                     "--log-dir", "none", "--checkpoint", target]) == 2
+    out, err = capsys.readouterr()
+    assert "CartPole-v1 with adam: 2 generations" in out  # the summary of what it has
+    rescued = "rescued-run.ckpt"  # in the current directory
+    assert f"jes train: could not save the checkpoint {target}" in err and "No space left on device" in err
+    assert "training stopped at generation 2 of 4" in err and ".tmp" not in err
+    assert f"the run so far (generation 2) is saved in {rescued}: continue it with jes train --resume {rescued}" in err
+    assert checkpoint.read(str(tmp_path / rescued)).generation == 2 and checkpoint.read(target).generation == 1
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--hidden", "0"], "--hidden must be a positive integer (units per layer), got 0"),
+    (["--hidden", "-3"], "--hidden must be a positive integer (units per layer), got -3"),
+    (["--layers", "0"], "--layers 0: a GRU policy needs at least one layer (--policy mlp --layers 0 is a linear "
+                        "policy)"),
+    (["--policy", "mlp", "--layers", "0", "--hidden", "4"], "--hidden 4 has no layer to size with --layers 0"),
+    (["--policy-arg", "hidden=0"], "GRUPolicy hidden must be a positive integer"),
+    (["--policy", "mlp", "--policy-arg", "hidden_sizes=(0,)"], "MLPPolicy hidden_sizes[0] must be a positive integer"),
+])
+def test_zero_units_or_layers_are_refused_not_replaced_by_the_defaults(flags, message, capsys):
+    """--hidden 0 / --layers 0 trained the default 5x2 policy silently; --policy-arg hidden=0 was a
+    ZeroDivisionError traceback."""
+    assert cli.main(["train", *flags, "--generations", "1", "--log-dir", "none"]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err, err
+
+
+def test_mlp_with_zero_layers_is_a_linear_policy():
+    linear = cli._build_policy(cli._parser().parse_args(["train", "--policy", "mlp", "--layers", "0"]))
+    assert isinstance(linear, jes.MLPPolicy) and tuple(linear.hidden_sizes) == ()
+    sized = cli._build_policy(cli._parser().parse_args(["train", "--policy", "mlp", "--hidden", "7", "--layers", "1"]))
+    assert tuple(sized.hidden_sizes) == (7,)
+    assert "--policy mlp --layers 0: a linear policy" in " ".join(jes_cmd("train", "--help").stdout.split())
+
+
+def test_an_interrupt_of_a_run_without_a_log_dir_says_why_there_is_no_checkpoint(tmp_path, capsys, monkeypatch):
+    """It blamed "interrupted before the first generation ran, or --checkpoint none" when --log-dir none had turned
+    the default checkpoint off, thousands of generations in."""
+    monkeypatch.setattr(jes, "train", lambda *args, **kwargs: (_ for _ in ()).throw(KeyboardInterrupt()))
+    assert cli.main(["train", "--generations", "1", "--log-dir", "none"]) == 130
+    err = capsys.readouterr().err
+    assert "no checkpoint was saved: --log-dir none turns off the default checkpoint (which goes in the log dir); " \
+           "pass --checkpoint PATH to keep one" in err and "--checkpoint none" not in err
+    assert "before the first generation" not in err
+    assert cli.main(["train", "--generations", "1", "--checkpoint", "none"]) == 130
+    assert "no checkpoint was saved: --checkpoint none" in capsys.readouterr().err
+
+    def failed_save(*args, **kwargs):
+        interrupt = KeyboardInterrupt()
+        interrupt.save_error = jes.CheckpointSaveError("could not save ...", generation=3, path=str(tmp_path / "c.ckpt"),
+                                                       errno=28, reason="No space left on device")
+        raise interrupt
+
+    monkeypatch.setattr(jes, "train", failed_save)
+    assert cli.main(["train", "--generations", "1", "--checkpoint", str(tmp_path / "c.ckpt")]) == 130
+    assert "no checkpoint was saved: saving it failed (No space left on device)" in capsys.readouterr().err
+    assert "'none' turns it off, and with it the default checkpoint" in " ".join(jes_cmd("train", "--help").stdout.split())
+
+
+def test_render_steps_are_checked_before_evaluating_and_named_by_their_flag(trained, capsys):
+    """--render-steps 0 was reported after every episode was evaluated, as max_steps; without --render it was
+    accepted and did nothing."""
+    root, _ = trained
+    ckpt = str(root / "run" / "checkpoint.ckpt")
+    evaluated = []
+    real = jes.Trainer.evaluate_centre
+    try:
+        jes.Trainer.evaluate_centre = lambda *a, **k: evaluated.append(1) or real(*a, **k)
+        assert cli.main(["eval", ckpt, "--render", str(root / "x.gif"), "--render-steps", "0"]) == 2
+        assert "jes eval: --render-steps must be a positive number of steps, got 0" in capsys.readouterr().err
+        assert cli.main(["eval", ckpt, "--render-steps", "5"]) == 2
+        assert "jes eval: --render-steps 5 is the length of the --render episode" in capsys.readouterr().err
+    finally:
+        jes.Trainer.evaluate_centre = real
+    assert not evaluated and not (root / "x.gif").exists()
+
+
+def test_quickstart_module_names_its_own_flag_for_a_strategy_or_an_unknown_optimizer(capsys):
+    """`python -m jes --optimizer snes` advised strategy='snes', and an unknown one an optax object: neither can
+    be given to it."""
+    from jes import __main__ as quickstart
+
+    assert quickstart.main(["--optimizer", "snes"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("python -m jes: --optimizer snes: 'snes' is a strategy, not an optimizer") and \
+        "jes train --strategy snes" in err and "strategy=" not in err
+    assert quickstart.main(["--optimizer", "bogus"]) == 2
+    err = capsys.readouterr().err
+    assert "python -m jes: --optimizer bogus: unknown optimizer; python -m jes takes adabelief" in err
+    assert "optax" not in err
+
+
+@pytest.mark.hard_timeout(300)
+def test_a_run_stopped_at_its_target_resumes_with_stop_at_return_none(tmp_path, capsys):
+    """The warning said to "drop" --stop-at-return, which the command line had no way to do."""
+    ckpt = str(tmp_path / "c.ckpt")
+    flags = [*TINY, "--hidden", "3", "--layers", "1", "--log-dir", "none"]
+    assert cli.main(["train", *flags, "--generations", "3", "--stop-at-return", "1", "--checkpoint", ckpt]) == 0
+    assert checkpoint.read(ckpt).generation == 1
+    capsys.readouterr()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert cli.main(["train", "--resume", ckpt, "--generations", "2", "--no-progress", "--log-dir", "none"]) == 0
+    said = " ".join(str(w.message) for w in caught)
+    assert "jes train: --stop-at-return none" in said and "drop it" not in said
+    assert checkpoint.read(ckpt).generation == 1
+    assert cli.main(["train", "--resume", ckpt, "--generations", "2", "--stop-at-return", "none", "--no-progress",
+                     "--log-dir", "none"]) == 0
+    ran = checkpoint.read(ckpt)
+    assert ran.generation == 2 and ran.meta["config"]["stop_at_return"] is None
+    assert cli._parser().parse_args(["train", "--stop-at-return", "None"]).stop_at_return == "none"
+
+
+@pytest.mark.hard_timeout(300)
+def test_eval_names_the_strategy_of_a_checkpoint_without_an_optimizer(tmp_path, capsys):
+    """It printed `..., MLPPolicy, None, generation 2: ...` for snes, sep_cma_es, cma_es and ars checkpoints."""
+    ckpt = str(tmp_path / "snes.ckpt")
+    jes.train(jes.MLPPolicy(hidden_sizes=(3,)), "CartPole-v1", strategy="snes", num_members=16, num_generations=1,
+              eval_episodes=2, log_dir=None, progress=False, checkpoint_path=ckpt)
+    assert cli.main(["eval", ckpt, "--episodes", "2"]) == 0
+    line = capsys.readouterr().out
+    assert f"{ckpt}: CartPole-v1, MLPPolicy, snes, generation 1: centre return" in line and "None" not in line
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--devices", "0"], "jes train: --devices must be a positive number of local devices (default: all), got 0"),
+    (["--workers", "-1"], "jes train: --workers must be an integer >= 0 (0: this process alone), got -1"),
+    (["--strategy", "cma_es", "--fitness-shaping", "raw"], "jes train: --fitness-shaping raw would be ignored by "
+                                                           "strategy 'cma_es'"),
+])
+def test_device_worker_and_shaping_errors_name_the_flags(flags, message, capsys):
+    assert cli.main(["train", *flags, "--generations", "1", "--log-dir", "none"]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "num_workers" not in err and "fitness_shaping=" not in err, err
+    with pytest.raises(ValueError, match=r"devices must be a positive number of local devices \(None: all"):
+        jes.arrays.resolve_devices(0)

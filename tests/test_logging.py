@@ -375,3 +375,15 @@ def test_a_logger_of_ones_own_with_a_flush_without_arguments_is_flushed():
         warnings.simplefilter("error")
         jes_logging.flush_all([mine], 5)
     assert mine.flushed == 1
+
+
+def test_a_non_finite_hyperparameter_is_recorded_as_text_without_tensorboardxs_stray_warning(tmp_path, caplog):
+    """``jes train --stop-at-return inf`` printed tensorboardX's "NaN or Inf found in input tensor." at the end of
+    the run (its HPARAMS entry took the infinite threshold for a number)."""
+    logger = jes_logging.TensorBoardLogger(str(tmp_path / "tb"), {"stop_at_return": float("inf"), "lr": 0.1})
+    assert logger.hparams["stop_at_return"] == "inf" and logger.hparams["lr"] == 0.1
+    logger({"generation": 1, "pop_mean": 1.0, "centre_return": 2.0})
+    with caplog.at_level("WARNING"):
+        logger.close()
+    assert not [r for r in caplog.records if "NaN or Inf" in r.getMessage()], caplog.text
+    assert "_hparams_/session_start_info" in jes_logging.read_summary_tags(str(tmp_path / "tb"))

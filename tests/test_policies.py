@@ -71,3 +71,26 @@ def test_bfloat16_parameters_are_refused_saying_to_compute_in_bfloat16_instead()
 
     with pytest.raises(TypeError, match=r"must be float32, got bfloat16.*dtype= \(e.g. nn.Dense\(64, dtype=jnp.bfloat16\)\)"):
         jes.Trainer(Half(), "CartPole-v1", "adam", jes.ESConfig(num_members=4))
+
+
+@pytest.mark.parametrize("make, error, message", [
+    (lambda: jes.GRUPolicy(hidden=0), ValueError, "GRUPolicy hidden must be a positive integer"),
+    (lambda: jes.GRUPolicy(layers=0), ValueError, "GRUPolicy layers must be a positive integer"),
+    (lambda: jes.GRUPolicy(hidden=2.5), TypeError, "GRUPolicy hidden must be a positive integer"),
+    (lambda: jes.GRUPolicy(num_outputs=0), ValueError, "GRUPolicy num_outputs must be a positive integer"),
+    (lambda: jes.MLPPolicy(hidden_sizes=(0,)), ValueError, r"MLPPolicy hidden_sizes\[0\] must be a positive integer"),
+    (lambda: jes.MLPPolicy(hidden_sizes=(8, -1)), ValueError, r"MLPPolicy hidden_sizes\[1\]"),
+    (lambda: jes.MLPPolicy(hidden_sizes=16), TypeError, "MLPPolicy hidden_sizes must be a sequence"),
+    (lambda: jes.TorchGRUCell(0), ValueError, "TorchGRUCell features must be a positive integer"),
+    (lambda: jes.policies.TorchLinear(0), ValueError, "TorchLinear features must be a positive integer"),
+])
+def test_a_policy_of_no_units_is_refused_when_made_with_its_field_named(make, error, message):
+    """GRUPolicy(hidden=0) and MLPPolicy(hidden_sizes=(0,)) ended in ZeroDivisionError inside the init (and
+    layers=0 in "Need at least one array to stack") once a run built the policy."""
+    with pytest.raises(error, match=message):
+        make()
+
+
+def test_an_mlp_without_hidden_layers_is_a_linear_policy_and_numpy_sizes_are_accepted():
+    assert count(jes.MLPPolicy(hidden_sizes=(), num_outputs=2), 4) == 4 * 2 + 2
+    assert count(jes.MLPPolicy(hidden_sizes=[np.int64(3)], num_outputs=2), 4) == 4 * 3 + 3 + 3 * 2 + 2

@@ -108,3 +108,69 @@ def test_brax_renders_to_html(tmp_path):
     path = render(trainer, state, str(tmp_path / "pendulum.html"), key=2)
     text = open(path).read()
     assert os.path.getsize(path) > 1000 and "<html" in text.lower() and "brax" in text.lower()
+
+
+def _interrupted_midway(fp, written=b"GIF89a partial"):
+    fp.write(written)  # Pillow had opened (and truncated) the target and begun encoding when Ctrl-C came
+    raise KeyboardInterrupt
+
+
+@pytest.mark.parametrize("what", ["ctrl_c", "error"])
+def test_a_gif_interrupted_while_written_leaves_the_previous_file(tmp_path, monkeypatch, what):
+    """Ctrl-C during ``jes eval --render`` left a 0-byte GIF where a good one had been: the frames were encoded
+    straight into the target path."""
+    from PIL import GifImagePlugin
+
+    from jes import render as render_module
+
+    target = tmp_path / "episode.gif"
+    frames = [Image.new("RGB", (8, 6), colour) for colour in ("white", "black", "red")]
+    render_module._save_gif(frames, str(target), duration_ms=20)
+    good = target.read_bytes()
+    assert Image.open(target).n_frames == 3
+
+    def failing(im, fp, filename):
+        if what == "ctrl_c":
+            _interrupted_midway(fp)
+        fp.write(b"GIF89a")
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setitem(Image.SAVE_ALL, "GIF", failing)
+    with pytest.raises(KeyboardInterrupt if what == "ctrl_c" else OSError):
+        render_module._save_gif(frames[:2], str(target), duration_ms=20)
+    assert target.read_bytes() == good and os.listdir(tmp_path) == ["episode.gif"]  # no temporary file left
+    monkeypatch.setitem(Image.SAVE_ALL, "GIF", GifImagePlugin._save_all)
+    render_module._save_gif(frames[:2], str(target), duration_ms=20)  # a save that completes replaces it
+    assert Image.open(target).n_frames == 2 and os.listdir(tmp_path) == ["episode.gif"]
+    assert oct(os.stat(target).st_mode & 0o777) == oct(0o666 & ~_umask())  # not mkstemp's 0600
+
+
+def _umask():
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def test_a_brax_html_interrupted_while_rendered_leaves_the_previous_file(tmp_path, monkeypatch):
+    pytest.importorskip("brax")
+    from types import SimpleNamespace
+
+    from brax.io import html
+
+    from jes import render as render_module
+
+    target = tmp_path / "episode.html"
+    target.write_text("<html>the good one</html>")
+    env = SimpleNamespace(env=SimpleNamespace(dt=0.1, sys=SimpleNamespace(tree_replace=lambda replacements: "sys")))
+    states = SimpleNamespace(pipeline_state=np.zeros((3, 2)))
+
+    def interrupted(sys, frames):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(html, "render", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        render_module._render_brax_html(env, states, 2, str(target))
+    assert target.read_text() == "<html>the good one</html>" and os.listdir(tmp_path) == ["episode.html"]
+    monkeypatch.setattr(html, "render", lambda sys, frames: f"<html>{len(frames)} frames</html>")
+    render_module._render_brax_html(env, states, 2, str(target))
+    assert target.read_text() == "<html>3 frames</html>" and os.listdir(tmp_path) == ["episode.html"]

@@ -1,4 +1,5 @@
 import copy
+import os
 
 import flax.linen as nn
 import jax
@@ -503,3 +504,89 @@ def test_step_and_member_programs_with_threefry_unrolled_give_the_bits_of_jax_ro
         for name in metrics_u:
             assert np.asarray(metrics_u[name]).tobytes() == np.asarray(metrics_r[name]).tobytes(), name
     assert member_u.tobytes() == member_r.tobytes()
+
+
+def test_an_unwritable_checkpoint_or_log_folder_is_refused_before_anything_trains(tmp_path, monkeypatch):
+    """A checkpoint path in a folder that cannot be written was found only at the first save, after training, and
+    the run was thrown away with an error naming the save's temporary file."""
+    import jes.loop
+
+    ran = []
+    monkeypatch.setattr(jes.loop, "run", lambda *args, **kwargs: ran.append(1))
+    common = dict(SMALL, progress=False)
+    policy = jes.MLPPolicy(hidden_sizes=(4,))
+    # /proc takes no new files, whoever runs the tests (root included)
+    with pytest.raises(PermissionError, match=r"checkpoint '/proc/jes-test\.ckpt' cannot be written: a file cannot "
+                                              r"be created in '/proc' .*checkpoint_path=") as err:
+        jes.train(policy, "CartPole-v1", "adam", log_dir=None, checkpoint_path="/proc/jes-test.ckpt", **common)
+    assert ".tmp" not in str(err.value)
+    with pytest.raises(PermissionError, match=r"log_dir '/proc/jes-test-runs/a' cannot be written: a file cannot be "
+                                              r"created in '/proc' .*log_dir="):
+        jes.train(policy, "CartPole-v1", "adam", log_dir="/proc/jes-test-runs/a", checkpoint_path=None, **common)
+    (tmp_path / "afile").write_text("")
+    with pytest.raises(PermissionError, match="is a file, not a folder"):
+        jes.train(policy, "CartPole-v1", "adam", log_dir=None, checkpoint_path=str(tmp_path / "afile" / "x.ckpt"),
+                  **common)
+    assert not ran and os.listdir(tmp_path) == ["afile"]  # nothing trained, and the probe left nothing behind
+    jes.train(policy, "CartPole-v1", "adam", log_dir=None, checkpoint_path=str(tmp_path / "new" / "run.ckpt"), **common)
+    assert ran and os.listdir(tmp_path) == ["afile"]  # a folder still to be made is fine (the save makes it)
+
+
+def test_a_save_failing_mid_run_stops_there_and_carries_the_run_so_far(tmp_path, monkeypatch):
+    """A save that failed mid-run (a full disk) raised the bare OSError: the trained parameters were lost."""
+    from jes import checkpoint
+
+    path = str(tmp_path / "run.ckpt")
+    real, saves = checkpoint._write_payload, []
+
+    def full_from_the_second_save(f, payload):
+        saves.append(1)
+        if len(saves) >= 2:
+            raise OSError(28, "No space left on device", f"{tmp_path}/.run.ckpt.123@host.x.tmp")
+        real(f, payload)
+
+    monkeypatch.setattr(checkpoint, "_write_payload", full_from_the_second_save)
+    with pytest.raises(jes.CheckpointSaveError) as info:
+        jes.train(jes.MLPPolicy(hidden_sizes=(4,)), "CartPole-v1", "adam", log_dir=None, progress=False,
+                  checkpoint_path=path, checkpoint_every=1, **dict(SMALL, num_generations=4))
+    err = info.value
+    assert isinstance(err, OSError) and err.errno == 28 and err.generation == 2 and err.path == path
+    message = str(err)
+    assert "training stopped at generation 2 of 4" in message and "No space left on device" in message
+    assert ".tmp" not in message and "error.result" in message and "generation 1" in message
+    result = err.result
+    assert int(result.state.generation) == 2 and result.history["generation"].tolist() == [1, 2]
+    assert np.all(np.isfinite(result.flat_params)) and result.checkpoint_path == path
+    assert checkpoint.read(path).generation == 1  # the save that succeeded is intact
+    monkeypatch.undo()
+    again = str(tmp_path / "elsewhere.ckpt")  # the run so far saves elsewhere and resumes from there
+    checkpoint.save(again, result.trainer, result.state, result.history, result.key, best=result.best)
+    resumed = jes.train(jes.MLPPolicy(hidden_sizes=(4,)), "CartPole-v1", "adam", log_dir=None, progress=False,
+                        resume=again, **dict(SMALL, num_generations=4))
+    uninterrupted = jes.train(jes.MLPPolicy(hidden_sizes=(4,)), "CartPole-v1", "adam", log_dir=None, progress=False,
+                              checkpoint_path=None, **dict(SMALL, num_generations=4))
+    np.testing.assert_array_equal(resumed.flat_params, uninterrupted.flat_params)
+
+
+def test_a_save_failing_on_ctrl_c_still_carries_the_run_and_says_why_none_was_saved(tmp_path, monkeypatch):
+    from jes import checkpoint
+
+    calls = []
+
+    def step_then_interrupt(*args, **kwargs):  # Ctrl-C arrives during the second generation's callbacks
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+
+    def full(f, payload):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(checkpoint, "_write_payload", full)
+    with pytest.raises(KeyboardInterrupt) as info:
+        jes.train(jes.MLPPolicy(hidden_sizes=(4,)), "CartPole-v1", "adam", log_dir=None, progress=False,
+                  checkpoint_path=str(tmp_path / "run.ckpt"), callbacks=[step_then_interrupt],
+                  **dict(SMALL, num_generations=4))
+    interrupt = info.value
+    assert isinstance(interrupt.save_error, jes.CheckpointSaveError) and interrupt.save_error.generation == 1
+    assert getattr(interrupt, "checkpoint_path", None) is None and int(interrupt.result.state.generation) == 1
+    assert os.listdir(tmp_path) == []
