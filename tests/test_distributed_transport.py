@@ -91,3 +91,76 @@ def test_only_a_client_of_the_secret_gets_a_message_through(own_server_key):
             sock.close(0)
         gatekeeper.stop()
         context.term()
+
+
+def _router_and_gatekeeper(context):
+    router = context.socket(zmq.ROUTER)
+    router.setsockopt(zmq.LINGER, 0)
+    transport.secure_server(router, SECRET)
+    gatekeeper = transport.Gatekeeper(context, SECRET, router)
+    return router, gatekeeper, router.bind_to_random_port("tcp://127.0.0.1")
+
+
+def _outsider(context, port):
+    """A CURVE client with a key pair of its own, to the server key of SECRET (which a former worker knows)."""
+    sock = context.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.curve_serverkey = transport.server_keys(SECRET)[0]
+    sock.curve_publickey, sock.curve_secretkey = zmq.curve_keypair()
+    sock.connect(f"tcp://127.0.0.1:{port}")
+    return sock
+
+
+def test_a_server_whose_gatekeeper_is_gone_admits_nobody():
+    """libzmq admits every CURVE client key where no ZAP handler answers: a Gatekeeper gone (its thread ended) opened
+    the door to any key. The socket's ZAP domain, enforced, makes it fail closed."""
+    context = zmq.Context()
+    router, gatekeeper, port = _router_and_gatekeeper(context)
+    gatekeeper.stop()
+    outsider = _outsider(context, port)
+    insider = context.socket(zmq.DEALER)
+    insider.setsockopt(zmq.LINGER, 0)
+    transport.secure_client(insider, SECRET)
+    insider.connect(f"tcp://127.0.0.1:{port}")
+    try:
+        outsider.send(b"outsider", flags=zmq.NOBLOCK)
+        insider.send(b"insider", flags=zmq.NOBLOCK)
+        assert router.poll(3000) == 0  # nobody: no handler, no handshake
+    finally:
+        for sock in (outsider, insider, router):
+            sock.close(0)
+        context.term()
+
+
+def test_a_logging_handler_that_raises_does_not_end_the_gatekeeper():
+    """A user's logging handler that raises (a remote log sink that is down) ended the Gatekeeper's thread at the
+    first refused handshake, and the master's socket then admitted any client key."""
+    import logging
+
+    class Raising(logging.Handler):
+        def emit(self, record):
+            raise ConnectionError("log server unreachable")
+
+    handler = Raising()
+    logging.getLogger("jes.distributed").addHandler(handler)
+    context = zmq.Context()
+    router, gatekeeper, port = _router_and_gatekeeper(context)
+    outsiders = []
+    try:
+        outsiders.append(_outsider(context, port))
+        deadline = time.monotonic() + 60
+        while gatekeeper.refused == 0 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert gatekeeper.refused >= 1 and gatekeeper.is_alive()
+        outsiders.append(_outsider(context, port))
+        outsiders[-1].send(b"outsider", flags=zmq.NOBLOCK)
+        deadline = time.monotonic() + 60
+        while gatekeeper.refused < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert gatekeeper.refused >= 2 and gatekeeper.is_alive() and router.poll(500) == 0
+    finally:
+        logging.getLogger("jes.distributed").removeHandler(handler)
+        for sock in (*outsiders, router):
+            sock.close(0)
+        gatekeeper.stop()
+        context.term()

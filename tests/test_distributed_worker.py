@@ -119,10 +119,12 @@ class FakeMaster:
     """A ROUTER on 127.0.0.1 that speaks the session protocol by hand."""
 
     def __init__(self, curve_secret_key: str | None = None):
-        self.socket = zmq.Context.instance().socket(zmq.ROUTER)
+        self.context = zmq.Context()  # its own: a context has one ZAP handler
+        self.socket = self.context.socket(zmq.ROUTER)
         self.socket.setsockopt(zmq.LINGER, 0)
-        # The master's end of the transport (a real master also checks the worker's key, with its Gatekeeper)
+        # The master's end of the transport, as a real master has it
         transport.secure_server(self.socket, SECRET, curve_secret_key and curve_secret_key.encode())
+        self.gatekeeper = transport.Gatekeeper(self.context, SECRET, self.socket)
         self.port = self.socket.bind_to_random_port("tcp://127.0.0.1")
         self.identity = None
         self.session = None
@@ -148,6 +150,9 @@ class FakeMaster:
 
     def close(self):
         self.socket.close(0)
+        if self.gatekeeper.is_alive():
+            self.gatekeeper.stop()
+            self.context.term()
 
 
 def next_message(link: _Link, timeout: float = 5.0):
@@ -239,7 +244,7 @@ def test_a_failed_handshake_is_explained_at_once(caplog, master_kind):
     else:
         master = FakeMaster()
         master.socket.close(0)
-        master.socket = zmq.Context.instance().socket(zmq.ROUTER)  # ZeroMQ without CURVE, as jes masters were
+        master.socket = master.context.socket(zmq.ROUTER)  # ZeroMQ without CURVE, as jes masters were
         master.socket.setsockopt(zmq.LINGER, 0)
         master.port = master.socket.bind_to_random_port("tcp://127.0.0.1")
         secret, expected = SECRET, "before CURVE on every connection"  # "ended" or "no CURVE": a race

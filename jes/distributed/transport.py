@@ -30,6 +30,7 @@ from zmq.utils import z85
 log = logging.getLogger("jes.distributed.master")  # the Gatekeeper logs as part of its master
 
 ZAP_ENDPOINT = "inproc://zeromq.zap.01"  # where libzmq asks a context's ZAP handler (RFC 27)
+ZAP_DOMAIN = b"jes"
 _LABEL = b"jes transport key v1: "
 DENIED_LOG_INTERVAL = 10.0  # seconds between log lines about refused connections
 
@@ -64,6 +65,10 @@ def secure_server(sock: zmq.Socket, secret: bytes, curve_secret_key: bytes | Non
     :class:`Gatekeeper`. Returns the server's public key (Z85)."""
     sock.curve_publickey, sock.curve_secretkey = public, _ = server_keys(secret, curve_secret_key)
     sock.curve_server = True
+    # Fail closed: without a ZAP handler libzmq admits every CURVE client key; with a domain and enforcement it
+    # admits none (a Gatekeeper gone for any reason stops every handshake rather than opening the door).
+    sock.zap_domain = ZAP_DOMAIN
+    sock.setsockopt(zmq.ZAP_ENFORCE_DOMAIN, 1)
     return public
 
 
@@ -153,9 +158,18 @@ class Gatekeeper(threading.Thread):
             while not self._stopping.is_set():
                 events = dict(poller.poll(100))
                 if self._zap in events:
-                    self._zap.send_multipart(self.answer(self._zap.recv_multipart()))
+                    frames = self._zap.recv_multipart()
+                    try:
+                        reply = self.answer(frames)
+                    except Exception:  # noqa: BLE001 - never leave a request unanswered, nor this thread dead
+                        reply = [b"1.0", frames[1] if len(frames) > 1 else b"", b"500", b"internal error", b"", b""]
+                    self._zap.send_multipart(reply)
                 if self._monitor in events:
-                    self._handshake_failed(self._monitor.recv_multipart())
+                    frames = self._monitor.recv_multipart()
+                    try:
+                        self._handshake_failed(frames)
+                    except Exception:  # noqa: BLE001 - a user's logging handler that raises must not end the
+                        pass           # doorkeeper (the sockets fail closed without it, but the workers stop too)
         finally:
             self._zap.close(0)
             self._monitor.close(0)

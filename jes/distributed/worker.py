@@ -430,7 +430,8 @@ class Worker:
             self._build(message.get("description"))
         except Exception as err:  # noqa: BLE001 - a description we cannot (or will not) build must not kill us
             refused = isinstance(err, protocol.RefusedError)
-            reason = f"{'refused' if refused else 'cannot build'}: {type(err).__name__}: {err}"
+            # Any refusal (NotAllowedError too) is "RefusedError" on the wire: a master's log reads the same
+            reason = f"{'refused: RefusedError' if refused else 'cannot build: ' + type(err).__name__}: {err}"
             log.error("cannot build run %s sent by the master: %s", protocol.loggable(run, 200),
                       protocol.loggable(reason, 2000))
             self.refused_run, self.refused_reason, self.trainer = run, reason[:2000], None
