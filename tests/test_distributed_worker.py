@@ -124,7 +124,7 @@ class FakeMaster:
         self.socket.setsockopt(zmq.LINGER, 0)
         # The master's end of the transport, as a real master has it
         transport.secure_server(self.socket, SECRET, curve_secret_key and curve_secret_key.encode())
-        self.gatekeeper = transport.Gatekeeper(self.context, SECRET, self.socket)
+        self.gatekeeper = transport.Gatekeeper(self.context, SECRET)
         self.port = self.socket.bind_to_random_port("tcp://127.0.0.1")
         self.identity = None
         self.session = None

@@ -265,7 +265,7 @@ class Master:
         self.socket.setsockopt(zmq.RCVHWM, 10000)
         # CURVE on every connection, keys from the secret: a peer without it never gets a frame queued here.
         self.curve_public_key = transport.secure_server(self.socket, self.key, curve_secret)  # Z85 bytes
-        self.gatekeeper = transport.Gatekeeper(self.context, self.key, self.socket)
+        self.gatekeeper = transport.Gatekeeper(self.context, self.key)
         endpoint = bind_address(address)
         try:
             if endpoint.startswith("tcp://") and endpoint.endswith(":0"):

@@ -81,8 +81,8 @@ def parse_cores(text: str) -> set[int]:
 
 
 _HANDSHAKE_ADVICE = {
-    "key": "the master refused this worker's key: this worker's shared secret (--secret-file, $JES_SECRET) is not "
-           "the master's",
+    "key": "the master refused this worker's key: this worker's shared secret is not the master's (--secret-file, "
+           "$JES_SECRET)",
     "ended": "the master closed the connection in the CURVE handshake: this worker's shared secret is not the "
              "master's, the master has a key pair of its own and --curve-server-key is missing or not its "
              "NAME.public, or the master runs a jes from before CURVE on every connection (run the same jes "
