@@ -764,3 +764,15 @@ def test_local_workers_join_a_master_with_a_curve_key_pair_of_its_own():
                            master_options={"curve_secret_key": secret}, **kw)
     assert [m for m in recorder.messages if re.match(r"worker local-0: assigned chunks", m)], recorder.messages
     np.testing.assert_array_equal(alone.flat_params, spread.flat_params)
+
+
+def test_a_malformed_master_address_leaves_no_thread_or_socket(trainer):
+    """The address was checked after the context, the socket and the ZAP handler's thread existed: each refused
+    Master left a thread and its file descriptors behind."""
+    import threading
+
+    before = sum(t.name == "jes-zap" for t in threading.enumerate())
+    for address in ("no-port", "host:99999", ""):
+        with pytest.raises(ValueError, match="master address"):
+            Master(trainer, address, secret=SECRET, env="CartPole-v1", optimizer="adam", **FAST)
+    assert sum(t.name == "jes-zap" for t in threading.enumerate()) == before

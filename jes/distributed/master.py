@@ -257,6 +257,7 @@ class Master:
 
         curve_secret = protocol.load_curve_key(curve_secret_key, "curve_secret_key")
         self.own_server_key = curve_secret is not None
+        endpoint = bind_address(address)  # a malformed address is refused before any socket or thread exists
         self.context = zmq.Context()
         self.socket = self.context.socket(zmq.ROUTER)
         self.socket.setsockopt(zmq.LINGER, 0)
@@ -266,7 +267,6 @@ class Master:
         # CURVE on every connection, keys from the secret: a peer without it never gets a frame queued here.
         self.curve_public_key = transport.secure_server(self.socket, self.key, curve_secret)  # Z85 bytes
         self.gatekeeper = transport.Gatekeeper(self.context, self.key)
-        endpoint = bind_address(address)
         try:
             if endpoint.startswith("tcp://") and endpoint.endswith(":0"):
                 self.port = self.socket.bind_to_random_port(endpoint[:-2])

@@ -4,8 +4,9 @@ A peer without the secret never gets a message to the master: both ends derive C
 shared secret (HMAC-SHA256 of it under a fixed label, as X25519 secret keys), the master's socket is a CURVE
 server, and a ZAP handler on the master (:class:`Gatekeeper`) admits only the client key the secret gives.
 ZeroMQ runs the handshake before it delivers anything, so an unauthenticated peer's frames are never queued
-for the master, whatever it sends: before authentication a connection can hold at most one handshake command
-(capped by the socket's ``MAXMSGSIZE``) for ZeroMQ's handshake interval. Every connection is encrypted too.
+for the master, whatever it sends. Before authentication a connection can still hold one handshake command
+(capped by the socket's ``MAXMSGSIZE``) for :data:`HANDSHAKE_MS`: many connections at once hold as much as
+their senders push in that time. Every connection is encrypted too.
 
 The HMAC of each message (:mod:`jes.distributed.protocol`) stays: sessions, sequence numbers and replay
 protection live there, and it checks every message whatever the transport.
@@ -29,6 +30,7 @@ log = logging.getLogger("jes.distributed.master")  # the Gatekeeper logs as part
 
 ZAP_ENDPOINT = "inproc://zeromq.zap.01"  # where libzmq asks a context's ZAP handler (RFC 27)
 ZAP_DOMAIN = b"jes"
+HANDSHAKE_MS = 5000  # the master's limit on a connection's handshake
 _LABEL = b"jes transport key v1: "
 DENIED_LOG_INTERVAL = 10.0  # seconds between log lines about refused connections
 
@@ -67,6 +69,10 @@ def secure_server(sock: zmq.Socket, secret: bytes, curve_secret_key: bytes | Non
     # admits none (a Gatekeeper gone for any reason stops every handshake rather than opening the door).
     sock.zap_domain = ZAP_DOMAIN
     sock.setsockopt(zmq.ZAP_ENFORCE_DOMAIN, 1)
+    # A connection still in its handshake can hold one command up to the socket's MAXMSGSIZE: for a few seconds,
+    # not ZeroMQ's default 30 (a worker's handshake takes milliseconds), so what outsiders can make the master
+    # hold is bounded by what they can send in that time.
+    sock.setsockopt(zmq.HANDSHAKE_IVL, HANDSHAKE_MS)
     return public
 
 
@@ -133,6 +139,17 @@ class Gatekeeper(threading.Thread):
     def stop(self) -> None:
         self._stopping.set()
         self.join()
+        if self._unlogged:  # refusals since the last log line: said before the master goes
+            self._log_refused(self._unlogged, "")
+            self._unlogged = 0
+
+    def _log_refused(self, count: int, address: str) -> None:
+        try:
+            log.warning("refused %d connection(s) in the CURVE handshake, before any of their messages%s: a key pair "
+                        "that is not the shared secret's (a worker with another secret, or not a jes worker)", count,
+                        f", the last from {address}" if address else "")
+        except Exception:  # noqa: BLE001 - a user's logging handler that raises must not end the doorkeeper
+            pass
 
     def run(self) -> None:
         try:
@@ -144,6 +161,9 @@ class Gatekeeper(threading.Thread):
                     except Exception:  # noqa: BLE001 - never leave a request unanswered, nor this thread dead
                         reply = [b"1.0", frames[1] if len(frames) > 1 else b"", b"500", b"internal error", b"", b""]
                     self._zap.send_multipart(reply)
+                if self._unlogged and time.monotonic() - self._last_logged >= DENIED_LOG_INTERVAL:
+                    self._last_logged, count, self._unlogged = time.monotonic(), self._unlogged, 0
+                    self._log_refused(count, "")  # a burst's rest, said once the interval has passed
         finally:
             self._zap.close(0)
 
@@ -162,10 +182,5 @@ class Gatekeeper(threading.Thread):
         now = time.monotonic()
         if now - self._last_logged >= DENIED_LOG_INTERVAL:
             self._last_logged, count, self._unlogged = now, self._unlogged, 0
-            try:
-                log.warning("refused %d connection(s) in the CURVE handshake, before any of their messages, the last "
-                            "from %s: a key pair that is not the shared secret's (a worker with another secret, or "
-                            "not a jes worker)", count, address.decode("ascii", "backslashreplace")[:64])
-            except Exception:  # noqa: BLE001 - a user's logging handler that raises must not refuse an answer
-                pass
+            self._log_refused(count, address.decode("ascii", "backslashreplace")[:64])
         return [b"1.0", request_id, b"400", b"not a worker of this run", b"", b""]
