@@ -63,7 +63,8 @@ def secure_client(sock: zmq.Socket, secret: bytes, curve_server_key: bytes | Non
 def secure_server(sock: zmq.Socket, secret: bytes, curve_secret_key: bytes | None = None) -> bytes:
     """Make ``sock`` (before it binds) a CURVE server of ``secret``; clients are checked by its context's
     :class:`Gatekeeper`. Returns the server's public key (Z85)."""
-    sock.curve_publickey, sock.curve_secretkey = public, _ = server_keys(secret, curve_secret_key)
+    public, key = server_keys(secret, curve_secret_key)
+    sock.curve_publickey, sock.curve_secretkey = public, key
     sock.curve_server = True
     # Fail closed: without a ZAP handler libzmq admits every CURVE client key; with a domain and enforcement it
     # admits none (a Gatekeeper gone for any reason stops every handshake rather than opening the door).
@@ -139,11 +140,14 @@ class Gatekeeper(threading.Thread):
     def stop(self) -> None:
         self._stopping.set()
         self.join()
-        if self._unlogged:  # refusals since the last log line: said before the master goes
-            self._log_refused(self._unlogged, "")
-            self._unlogged = 0
+        self._log_refused(force=True)  # refusals since the last log line: said before the master goes
 
-    def _log_refused(self, count: int, address: str) -> None:
+    def _log_refused(self, address: str = "", force: bool = False) -> None:
+        """Log the refusals not yet logged, if any, once :data:`DENIED_LOG_INTERVAL` has passed (or ``force``)."""
+        now = time.monotonic()
+        if not self._unlogged or (not force and now - self._last_logged < DENIED_LOG_INTERVAL):
+            return
+        self._last_logged, count, self._unlogged = now, self._unlogged, 0
         try:
             log.warning("refused %d connection(s) in the CURVE handshake, before any of their messages%s: a key pair "
                         "that is not the shared secret's (a worker with another secret, or not a jes worker)", count,
@@ -161,9 +165,7 @@ class Gatekeeper(threading.Thread):
                     except Exception:  # noqa: BLE001 - never leave a request unanswered, nor this thread dead
                         reply = [b"1.0", frames[1] if len(frames) > 1 else b"", b"500", b"internal error", b"", b""]
                     self._zap.send_multipart(reply)
-                if self._unlogged and time.monotonic() - self._last_logged >= DENIED_LOG_INTERVAL:
-                    self._last_logged, count, self._unlogged = time.monotonic(), self._unlogged, 0
-                    self._log_refused(count, "")  # a burst's rest, said once the interval has passed
+                self._log_refused()  # a burst's rest, said once the interval has passed
         finally:
             self._zap.close(0)
 
@@ -179,8 +181,5 @@ class Gatekeeper(threading.Thread):
             return [b"1.0", request_id, b"200", b"OK", b"jes-worker", b""]
         self.refused += 1
         self._unlogged += 1
-        now = time.monotonic()
-        if now - self._last_logged >= DENIED_LOG_INTERVAL:
-            self._last_logged, count, self._unlogged = now, self._unlogged, 0
-            self._log_refused(count, address.decode("ascii", "backslashreplace")[:64])
+        self._log_refused(address.decode("ascii", "backslashreplace")[:64])
         return [b"1.0", request_id, b"400", b"not a worker of this run", b"", b""]
