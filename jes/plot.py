@@ -10,6 +10,7 @@ from typing import Sequence
 
 import numpy as np
 
+from jes.atomic import write_atomically
 from jes.logging import SCALAR_TAGS, read_scalars
 
 VIZ_HINT = "pip install 'jax-jes[viz]'"
@@ -84,7 +85,8 @@ def plot_runs(run_dirs: Sequence[str], path: str, labels: Sequence[str] | None =
         ax.grid(alpha=0.3)
     axes[0].legend(fontsize="small")
     fig.tight_layout()
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    fig.savefig(path, format="png", dpi=dpi)
-    plt.close(fig)
+    try:  # written whole or not at all: an interrupt keeps the picture that was there
+        write_atomically(path, lambda f: fig.savefig(f, format="png", dpi=dpi))
+    finally:
+        plt.close(fig)
     return path

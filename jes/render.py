@@ -16,8 +16,7 @@ episode key gives in training (:func:`jes.host_rollout.episode_seeds`).
 from __future__ import annotations
 
 import os
-import tempfile
-from typing import Any, Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -25,6 +24,7 @@ import numpy as np
 
 from jes import host_rollout
 from jes.arrays import as_key
+from jes.atomic import write_atomically
 from jes.envs import gymnasium as gymnasium_family
 from jes.envs.brax import BraxEnv
 from jes.envs.wrappers import MaskedObservations
@@ -186,35 +186,8 @@ def _pil() -> Any:
     return Image, ImageDraw
 
 
-def _write_atomically(path: str, write: Callable[[Any], None], mode: str = "wb") -> None:
-    """Write a file through ``write(f)`` into a temporary file beside ``path``, then ``os.replace`` it over ``path``:
-    an interrupt or an error midway (Ctrl-C while a GIF's frames are encoded, a full disk) leaves the file that was
-    at ``path`` as it was, and removes the temporary one. The file gets the permissions a plain ``open`` would give."""
-    directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
-    tmp = None
-    try:
-        # Inside the try: a Ctrl-C right after mkstemp created the file still removes it
-        fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=directory)
-        with os.fdopen(fd, mode) as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp's 0600 would keep a picture from whoever else reads the folder
-        os.replace(tmp, path)
-    except BaseException:
-        if tmp is not None:
-            try:
-                os.unlink(tmp)
-            except FileNotFoundError:
-                pass
-        raise
-
-
 def _save_gif(frames: list, path: str, duration_ms: int) -> None:
-    _write_atomically(path, lambda f: frames[0].save(f, format="GIF", save_all=True, append_images=frames[1:],
+    write_atomically(path, lambda f: frames[0].save(f, format="GIF", save_all=True, append_images=frames[1:],
                                                      duration=duration_ms, loop=0, optimize=False))
 
 
@@ -264,7 +237,7 @@ def _render_brax_html(env: BraxEnv, states: Any, length: int, path: str) -> None
     pipeline = states.pipeline_state
     frames = [jax.tree.map(lambda x: x[t], pipeline) for t in range(length + 1)]
     page = html.render(env.env.sys.tree_replace({"opt.timestep": env.env.dt}), frames)
-    _write_atomically(path, lambda f: f.write(page), mode="w")
+    write_atomically(path, lambda f: f.write(page), mode="w")
 
 
 GIF_DRAWERS = {"CartPole-v1": _cartpole_frames, "Pendulum-v1": _pendulum_frames}

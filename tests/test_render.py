@@ -174,3 +174,29 @@ def test_a_brax_html_interrupted_while_rendered_leaves_the_previous_file(tmp_pat
     monkeypatch.setattr(html, "render", lambda sys, frames: f"<html>{len(frames)} frames</html>")
     render_module._render_brax_html(env, states, 2, str(target))
     assert target.read_text() == "<html>3 frames</html>" and os.listdir(tmp_path) == ["episode.html"]
+
+
+def test_a_plot_interrupted_while_written_leaves_the_previous_png(trained_run, tmp_path, monkeypatch):
+    """``jes plot`` drew straight into the target: Ctrl-C while the PNG was encoded left a truncated file where a
+    good picture had been."""
+    import matplotlib.figure
+
+    from jes.plot import plot_runs
+
+    root, _ = trained_run
+    target = tmp_path / "curves.png"
+    plot_runs([str(root / "run")], str(target))
+    good = target.read_bytes()
+    savefig = matplotlib.figure.Figure.savefig
+
+    def interrupted(self, fname, **kwargs):
+        fname.write(good[:100])  # the encoder had begun writing when Ctrl-C came
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        plot_runs([str(root / "run")], str(target))
+    assert target.read_bytes() == good and os.listdir(tmp_path) == ["curves.png"]  # no temporary file left
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", savefig)
+    plot_runs([str(root / "run")], str(target), size=(6, 3))
+    assert Image.open(target).size == (600, 300)
