@@ -369,8 +369,11 @@ def train(
             (another run's checkpoint: a second run into the same ``log_dir``) is never overwritten: the run is
             refused with a ``FileExistsError`` before it starts, and so is a ``log_dir`` or checkpoint folder that
             cannot be written (a ``PermissionError``). A save that fails later (a full disk) stops the run with a
-            :class:`CheckpointSaveError` whose ``result`` holds the run so far.
-        checkpoint_every: generations between checkpoints (0: only at the end and on Ctrl-C).
+            :class:`CheckpointSaveError` whose ``result`` holds the run so far. Any other error that stops the run
+            midway (a Python simulator that raises, a callback's bug) first saves the last good state there, as
+            Ctrl-C does, and carries the run so far as ``error.result`` and the checkpoint as
+            ``error.checkpoint_path``: fix the cause and ``resume`` it.
+        checkpoint_every: generations between checkpoints (0: only at the end, on Ctrl-C and on an error).
         resume: a checkpoint to continue from; the run then ends bit-identical to one never
             interrupted. The run key comes from the checkpoint (``key`` is ignored, with a warning where
             it differs); the policy, env,
@@ -978,6 +981,29 @@ def run(trainer: Trainer, state: TrainState, *, key: Any = 0, callbacks: Iterabl
         except KeyboardInterrupt:
             pass
         raise
+    except (NonFiniteFitnessError, NonFiniteUpdateError, CheckpointSaveError):
+        raise  # each saved what it could and carries the run so far
+    except Exception as error:
+        # A failure mid-run (a Python simulator that raised, a callback's bug, every device or worker lost): the run
+        # so far is kept as an interrupt keeps it, the last good state saved and carried by the error (.result,
+        # .checkpoint_path), so hours of training survive a simulator that crashes late.
+        saved_in = None
+        try:
+            with checkpoint.interrupts_deferred():
+                if save_to is not None:
+                    try:
+                        if saved_generation != int(fetch(state.generation)):
+                            save_checkpoint()
+                        saved_in = save_to
+                    except CheckpointSaveError as err:
+                        error.save_error = err
+                        saved_in = save_to if saved_generation is not None else None
+                if saved_in is not None:
+                    error.checkpoint_path = saved_in
+                _attach_result(error, lambda: so_far(saved_in))
+        except Exception:  # noqa: BLE001  the run's error goes on whatever keeping its state raised
+            pass
+        raise
     return _result(trainer, state, history, key, solved_generation, compile_time, t_start, best, checkpoint_path, log_dir)
 
 
@@ -1016,9 +1042,9 @@ def _first_solved(history: dict, solved_return: float | None) -> int | None:
     return None
 
 
-def _attach_result(interrupt: KeyboardInterrupt, make: Callable[[], TrainResult]) -> None:
-    """``interrupt.result = make()`` (`except KeyboardInterrupt as e: e.result`), unless making it fails: the
-    interrupt goes on whatever that raised."""
+def _attach_result(interrupt: BaseException, make: Callable[[], TrainResult]) -> None:
+    """``interrupt.result = make()`` (`except KeyboardInterrupt as e: e.result`; also an error that stopped the run
+    midway), unless making it fails: the interrupt goes on whatever that raised."""
     try:
         interrupt.result = make()
     except Exception:  # noqa: BLE001

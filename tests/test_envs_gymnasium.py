@@ -678,3 +678,46 @@ def test_an_observation_beyond_float32_is_named_as_the_cause():
                                                r"observation") as error:
             small_train(Huge, max_episode_steps=10, eval_episodes=2, num_generations=1)
     assert "generation 1" in str(error.value)
+
+
+class FailsLate(Target):
+    """Raises in ``reset`` once ``fail_after`` episodes began in this process (a simulator that crashes hours in)."""
+
+    fail_after = None
+    resets = 0
+
+    def reset(self, *, seed=None, options=None):
+        FailsLate.resets += 1
+        if self.fail_after is not None and FailsLate.resets > self.fail_after:
+            raise RuntimeError("simulator licence expired")
+        return super().reset(seed=seed, options=options)
+
+
+@pytest.mark.hard_timeout(600)
+def test_an_env_that_fails_midway_keeps_the_run_so_far_in_a_checkpoint_that_resumes(tmp_path, monkeypatch):
+    """A host env that raised in generation 3 ended the run with no checkpoint and no result: every generation since
+    the last periodic save was lost. The last good state is saved now, and resuming it (the env fixed) ends
+    bit-identical to a run that never failed."""
+    from jes import checkpoint
+
+    env = GymnasiumEnv(FailsLate, "FailsLate")
+    reference = small_train(env, max_episode_steps=10, num_generations=5, eval_every=2)
+    per_generation = FailsLate.resets // 5  # members' and centre's episodes, about
+    path = str(tmp_path / "run.ckpt")
+    monkeypatch.setattr(FailsLate, "resets", 0)
+    monkeypatch.setattr(FailsLate, "fail_after", 3 * per_generation)
+    with pytest.raises(HostEnvError, match="licence expired") as err:
+        small_train(env, max_episode_steps=10, num_generations=5, eval_every=2, checkpoint_path=path,
+                    checkpoint_every=0)
+    done = int(err.value.result.history["generation"][-1])
+    assert 2 <= done < 5 and err.value.checkpoint_path == path, (done, per_generation)
+    assert checkpoint.read(path).meta["generation"] == done
+    np.testing.assert_array_equal(err.value.result.flat_params, checkpoint.read(path).restore_state(
+        Trainer(jes.GRUPolicy(**POLICY), env, "adam", jes.ESConfig(**{**SMALL, "max_episode_steps": 10,
+                                                                     "num_generations": 5, "eval_every": 2}))).params)
+    monkeypatch.setattr(FailsLate, "fail_after", None)  # the env fixed
+    resumed = small_train(env, max_episode_steps=10, num_generations=5, eval_every=2, resume=path,
+                          checkpoint_path=path)
+    assert resumed.flat_params.tobytes() == reference.flat_params.tobytes()
+    for name in ("generation", "pop_mean", "centre_return"):
+        assert resumed.history[name].tobytes() == reference.history[name].tobytes(), name
