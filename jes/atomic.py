@@ -1,6 +1,7 @@
 """Files written whole or not at all: a temporary file beside the target, then ``os.replace`` over it."""
 from __future__ import annotations
 
+import errno
 import os
 import tempfile
 from typing import Any, Callable
@@ -9,13 +10,24 @@ from typing import Any, Callable
 def write_atomically(path: str, write: Callable[[Any], None], mode: str = "wb") -> None:
     """Write a file through ``write(f)`` into a temporary file beside ``path``, then ``os.replace`` it over ``path``:
     an interrupt or an error midway (Ctrl-C while a GIF's frames are encoded, a full disk) leaves the file that was
-    at ``path`` as it was, and removes the temporary one. The file gets the permissions a plain ``open`` would give."""
+    at ``path`` as it was, and removes the temporary one. The file gets the permissions a plain ``open`` would give.
+
+    Raises:
+        OSError: ``path`` cannot be written (its folder is a file, or takes no new file; ``path`` is a folder): the
+            message names ``path``, never the temporary file. Errors of ``write`` itself are raised as they are.
+    """
     directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
+    try:
+        os.makedirs(directory, exist_ok=True)
+    except OSError as err:
+        raise _cannot_write(path, err) from err
     tmp = None
     try:
         # Inside the try: a Ctrl-C right after mkstemp created the file still removes it
-        fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=directory)
+        try:
+            fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=directory)
+        except OSError as err:
+            raise _cannot_write(path, err) from err
         with os.fdopen(fd, mode) as f:
             write(f)
             f.flush()
@@ -23,7 +35,10 @@ def write_atomically(path: str, write: Callable[[Any], None], mode: str = "wb") 
         umask = os.umask(0)
         os.umask(umask)
         os.chmod(tmp, 0o666 & ~umask)  # mkstemp's 0600 would keep a picture from whoever else reads the folder
-        os.replace(tmp, path)
+        try:
+            os.replace(tmp, path)
+        except OSError as err:
+            raise _cannot_write(path, err) from err
     except BaseException:
         if tmp is not None:
             try:
@@ -31,3 +46,45 @@ def write_atomically(path: str, write: Callable[[Any], None], mode: str = "wb") 
             except FileNotFoundError:
                 pass
         raise
+
+
+def check_writable(path: str) -> None:
+    """Raise an ``OSError`` naming ``path`` when a file cannot be written there (see :func:`write_atomically`), before
+    the work whose result goes there: a file is created in (and removed from) its folder, or the nearest folder
+    above it that exists (:func:`write_atomically` makes the rest)."""
+    problem = _unwritable(path)
+    if problem is not None:
+        raise _error(path, *problem)
+
+
+def _unwritable(path: str) -> tuple[type[OSError], int | None, str] | None:
+    """``(error type, errno, why)`` a file cannot be written at ``path``; ``None``: it can, as a probe file says."""
+    target = os.path.abspath(path)
+    if os.path.isdir(target):
+        return IsADirectoryError, errno.EISDIR, "it is a folder; give a file name in it"
+    existing = os.path.dirname(target)
+    while not os.path.isdir(existing):
+        if os.path.lexists(existing):
+            return NotADirectoryError, errno.ENOTDIR, f"{existing!r} is a file, not a folder"
+        existing = os.path.dirname(existing)
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".jes-write-check.", suffix=".tmp", dir=existing)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as err:
+        return type(err), err.errno, f"a file cannot be created in {existing!r} ({err.strerror or err})"
+    return None
+
+
+def _cannot_write(path: str, err: OSError) -> OSError:
+    """An error of creating the folder, the temporary file or the final rename, as one that names the path the caller
+    gave and the cause: "File exists: 'run/checkpoint.ckpt'" (a file where the folder should be) read as a refusal to
+    overwrite it, and jes's hidden temporary file is nothing the caller asked for."""
+    problem = _unwritable(path)
+    return _error(path, *(problem if problem is not None else (type(err), err.errno, err.strerror or str(err))))
+
+
+def _error(path: str, error_type: type[OSError], number: int | None, reason: str) -> OSError:
+    error = error_type(f"cannot write {path!r}: {reason}")  # one argument: the message as it is, no "[Errno n]"
+    error.errno = number
+    return error

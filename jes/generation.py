@@ -41,7 +41,7 @@ from jes.compiled import CompiledPrograms
 from jes.config import ESConfig
 from jes.cpu import compiler_options
 from jes.envs import EnvSpec, make_env
-from jes.optimizers import make_optimizer
+from jes.optimizers import DEFAULT_LEARNING_RATES, make_optimizer, resolve_name
 from jes.policies import PolicyFns, check_carry, fit_to_outputs, kind_of
 from jes.rollout import OBS_EPS, obs_mean_std, obs_normaliser, run_episodes, run_slots, sum_obs_stats
 from jes.strategies import noise
@@ -139,11 +139,7 @@ def build_context(strategy: Strategy, optimizer: Any, config: ESConfig, num_para
                          f"jes.train's third argument, is a name such as 'adam' or an optax.GradientTransformation)")
     if strategy.uses_optimizer:
         optimizer = strategy.default_optimizer if optimizer is None else optimizer
-        learning_rate = getattr(strategy, "center_lr", None)
-        learning_rate = config.learning_rate if learning_rate is None else learning_rate
-        if learning_rate is None:
-            learning_rate = strategy.default_learning_rate(optimizer, num_params, config.noise_std)
-        built = make_optimizer(optimizer, learning_rate)
+        built = make_optimizer(optimizer, _learning_rate_setting(strategy, optimizer, config, num_params))
         name = optimizer if isinstance(optimizer, str) else type(optimizer).__name__
     else:
         strategies.base.check_optimizer_free(strategy, optimizer)
@@ -163,6 +159,29 @@ def build_context(strategy: Strategy, optimizer: Any, config: ESConfig, num_para
         raise ValueError(f"chunk_size={config.chunk_size} must be even: {strategy.name} evaluates whole mirrored pairs")
     strategy.validate(ctx)
     return ctx, name
+
+
+def _learning_rate_setting(strategy: Strategy, optimizer: Any, config: ESConfig, num_params: int) -> Any:
+    """The rate the mean's optimizer is built with: the strategy's own (pgpe's ``center_lr``), else
+    ``config.learning_rate``, else the strategy's default for this run; ``None``: the named optimizer's default."""
+    learning_rate = getattr(strategy, "center_lr", None)
+    learning_rate = config.learning_rate if learning_rate is None else learning_rate
+    if learning_rate is None:
+        learning_rate = strategy.default_learning_rate(optimizer, num_params, config.noise_std)
+    return learning_rate
+
+
+def run_learning_rate(strategy: Strategy, optimizer: Any, config: ESConfig, num_params: int) -> Any:
+    """The learning rate (a number or a schedule) a run of ``config`` moves its mean with, defaults resolved as
+    :func:`build_context` resolves them; ``None`` for a strategy without an optimizer, or an optax object's (its
+    rate is inside it)."""
+    if not strategy.uses_optimizer:
+        return None
+    optimizer = strategy.default_optimizer if optimizer is None else optimizer
+    learning_rate = _learning_rate_setting(strategy, optimizer, config, num_params)
+    if learning_rate is None and isinstance(optimizer, str):
+        learning_rate = DEFAULT_LEARNING_RATES[resolve_name(optimizer)]
+    return learning_rate
 
 
 class Generation(CompiledPrograms):

@@ -346,7 +346,15 @@ def flush_all(loggers: Iterable[Any], generation: int | None = None) -> None:
 
 
 def _event_files(log_dir: str) -> list[str]:
-    return sorted(glob.glob(os.path.join(log_dir, "events.out.tfevents.*")))
+    """``log_dir``'s event files, oldest first: by the second in their names, then by the nanoseconds jes's own add
+    (two writers in one second: the resumed run after the run it continues)."""
+    def started(path: str) -> tuple:
+        parts = os.path.basename(path).split(".")
+        seconds = int(parts[3]) if len(parts) > 3 and parts[3].isdigit() else 0
+        nanoseconds = int(parts[-1]) if len(parts) > 5 and parts[-1].isdigit() and len(parts[-1]) >= 18 else 0
+        return seconds, nanoseconds, path
+
+    return sorted(glob.glob(os.path.join(log_dir, "events.out.tfevents.*")), key=started)
 
 
 def check_callbacks(callbacks: Any) -> None:
@@ -367,32 +375,155 @@ def iter_events(log_dir: str):
     """Yield every ``Event`` protobuf in the TensorBoard event files of ``log_dir`` (not its subdirectories).
 
     Reads the TFRecord framing (u64 length, u32 crc, payload, u32 crc) directly, so it needs only
-    tensorboardX's protobufs, not TensorFlow or TensorBoard.
-    """
-    from tensorboardX.proto import event_pb2
+    tensorboardX's protobufs, not TensorFlow or TensorBoard. A damaged record (a checksum that does not match, a
+    file cut short) is warned of, naming the file and the last generation read before it; the records after a
+    damaged stretch are read on.
 
+    Raises:
+        FileNotFoundError: ``log_dir`` does not exist or holds no event files (the message names the runs its
+            subfolders hold, a sweep's configurations).
+    """
+    for path in _files_to_read(log_dir):
+        yield from _file_events(path)
+
+
+def _files_to_read(log_dir: str) -> list[str]:
     files = _event_files(log_dir)
-    if not files:
-        runs = sorted(name for name in (os.listdir(log_dir) if os.path.isdir(log_dir) else ())
-                      if _event_files(os.path.join(log_dir, name)))
-        inside = (f"; its subfolders {', '.join(runs[:4])}{', ...' if len(runs) > 4 else ''} hold runs (a sweep's "
-                  f"configurations): name those" if runs else "")
-        raise FileNotFoundError(f"no TensorBoard event files in {log_dir!r}{inside}")
-    for path in files:
-        with open(path, "rb") as f:
-            data = f.read()
-        offset = 0
-        while offset + 12 <= len(data):
-            (length,) = struct.unpack_from("<Q", data, offset)
-            payload = data[offset + 12: offset + 12 + length]
-            if len(payload) < length:
-                break  # a record still being written
-            offset += 12 + length + 4
-            yield event_pb2.Event.FromString(payload)
+    if files:
+        return files
+    if not os.path.exists(log_dir):
+        raise FileNotFoundError(f"{log_dir!r} does not exist")
+    if not os.path.isdir(log_dir):
+        raise FileNotFoundError(f"{log_dir!r} is a file, not a run directory (the folder that holds a run's "
+                                f"events.out.tfevents.* files)")
+    runs = sorted(name for name in os.listdir(log_dir) if _event_files(os.path.join(log_dir, name)))
+    inside = (f"; its subfolders {', '.join(runs[:4])}{', ...' if len(runs) > 4 else ''} hold runs (a sweep's "
+              f"configurations): name those" if runs else "")
+    raise FileNotFoundError(f"no TensorBoard event files in {log_dir!r}{inside}")
+
+
+def _file_events(path: str):
+    """The events of one event file, each record's two checksums checked. TensorBoard's reader stops at the first
+    bad record, with a warning; here reading goes on at the next whole record after a damaged stretch, and one
+    warning at the file's end names the file, each stretch, the generations on either side and the last one read."""
+    with open(path, "rb") as f:
+        data = f.read()
+    offset, last_step, damaged, pending = 0, None, [], None
+    while offset < len(data):
+        record = _record_at(data, offset)
+        if record is None:
+            resumed = _next_record(data, offset + 1)
+            if pending is None:  # a new damaged stretch (else the one before goes on)
+                pending = [offset, resumed, _cut_short(data, offset) and resumed is None, last_step, None]
+                damaged.append(pending)
+            pending[1] = resumed
+            if resumed is None:
+                break
+            offset = resumed
+            continue
+        event, offset = record
+        if any(value.HasField("simple_value") for value in event.summary.value):
+            last_step = int(event.step)
+            if pending is not None:
+                pending[4] = last_step
+                pending = None
+        yield event
+    if damaged:
+        stretches = []
+        for start, end, cut, before, after in damaged:
+            written = ("the scalars written there" + (" (of the file's first generation)" if before is None else
+                       f", from generation {before} to {after}" if after is not None and after != before else
+                       f", of generation {before}" if after is not None else f", after generation {before}"))
+            if cut:
+                stretches.append(f"it ends in a record cut short at byte {start} of {len(data)} (a run still writing "
+                                 f"it, one killed while writing it, or a copy cut short): {written}, are missing")
+            elif end is None:
+                stretches.append(f"nothing from byte {start} of {len(data)} on can be read (checksums that do not "
+                                 f"match): {written}, are missing")
+            else:
+                stretches.append(f"bytes {start}-{end} of {len(data)} cannot be read (checksums that do not match) "
+                                 f"and are skipped: {written}, are missing")
+        warnings.warn(f"TensorBoard event file {path} is damaged: {'; '.join(stretches)}. The last generation read "
+                      f"from it is {last_step if last_step is not None else 'none'}", stacklevel=3)
+
+
+def _record_at(data: bytes, offset: int) -> tuple[Any, int] | None:
+    """``(event, next offset)`` of the whole record at ``offset`` whose checksums match and whose payload is an
+    ``Event``; ``None``: none there."""
+    from google.protobuf.message import DecodeError
+    from tensorboardX.proto import event_pb2
+    from tensorboardX.record_writer import masked_crc32c
+
+    if offset + 12 > len(data):
+        return None
+    (length,) = struct.unpack_from("<Q", data, offset)
+    end = offset + 12 + length
+    if end + 4 > len(data) or struct.unpack_from("<I", data, offset + 8)[0] != masked_crc32c(data[offset: offset + 8]):
+        return None
+    payload = data[offset + 12: end]
+    if struct.unpack_from("<I", data, end)[0] != masked_crc32c(payload):
+        return None
+    try:
+        return event_pb2.Event.FromString(payload), end + 4
+    except DecodeError:
+        return None
+
+
+def _cut_short(data: bytes, offset: int) -> bool:
+    """Whether the record at ``offset`` is whole as far as it goes but runs past the file's end."""
+    from tensorboardX.record_writer import masked_crc32c
+
+    if offset + 12 > len(data):
+        return True
+    (length,) = struct.unpack_from("<Q", data, offset)
+    return (struct.unpack_from("<I", data, offset + 8)[0] == masked_crc32c(data[offset: offset + 8])
+            and offset + 16 + length > len(data))
+
+
+def _next_record(data: bytes, offset: int) -> int | None:
+    """The offset of the next whole record at or after ``offset`` (two matching checksums: not a chance match)."""
+    for start in range(offset, len(data) - 15):
+        (length,) = struct.unpack_from("<Q", data, start)
+        if start + 16 + length <= len(data) and _record_at(data, start) is not None:
+            return start
+    return None
+
+
+class _Scalars:
+    """One run's scalars as TensorBoard reads them: a restart marker purges, a point written again is read once."""
+
+    def __init__(self) -> None:
+        self.scalars: dict[str, list[tuple[int, float]]] = {}
+        self._seen: set = set()
+
+    def add(self, event: Any) -> None:
+        if _is_restart(event):
+            for tag, points in self.scalars.items():
+                self.scalars[tag] = [point for point in points if point[0] < event.step]
+            self._seen = {(tag, point) for tag, point in self._seen if point[0] < event.step}
+            return
+        for value in event.summary.value:
+            if value.HasField("simple_value"):
+                point = (int(event.step), float(value.simple_value))
+                if (value.tag, point) not in self._seen:
+                    self._seen.add((value.tag, point))
+                    self.scalars.setdefault(value.tag, []).append(point)
+
+    @property
+    def last_step(self) -> int:
+        return max((step for points in self.scalars.values() for step, _ in points), default=0)
+
+    def result(self) -> dict[str, list[tuple[int, float]]]:
+        return {tag: points for tag, points in self.scalars.items() if points}
+
+
+def _is_restart(event: Any) -> bool:
+    return event.HasField("session_log") and event.session_log.status == event.session_log.START
 
 
 def read_scalars(log_dir: str) -> dict[str, list[tuple[int, float]]]:
-    """All scalars in ``log_dir``'s event files: ``{tag: [(step, value), ...]}`` in file order.
+    """All scalars in ``log_dir``'s event files: ``{tag: [(step, value), ...]}`` in file order, as TensorBoard shows
+    the folder (one run, whatever wrote it; :func:`read_runs` tells separate runs apart).
 
     A resumed run's restart marker (a ``SessionLog.START`` event at step S, as TensorBoard reads it) drops the
     points read so far from step S on: those a killed run wrote past its last checkpoint, which the resumed run
@@ -400,21 +531,42 @@ def read_scalars(log_dir: str) -> dict[str, list[tuple[int, float]]]:
     logged a generation interrupted among its callbacks again, with the same bits). Other values at a step already
     read are all kept: another run's in the same folder, and, in logs of an earlier jes, the timings (``perf/*``)
     of such a generation logged twice."""
-    scalars: dict[str, list[tuple[int, float]]] = {}
-    seen: set = set()
+    scalars = _Scalars()
     for event in iter_events(log_dir):
-        if event.HasField("session_log") and event.session_log.status == event.session_log.START:
-            for tag, points in scalars.items():
-                scalars[tag] = [point for point in points if point[0] < event.step]
-            seen = {(tag, point) for tag, point in seen if point[0] < event.step}
-            continue
-        for value in event.summary.value:
-            if value.HasField("simple_value"):
-                point = (int(event.step), float(value.simple_value))
-                if (value.tag, point) not in seen:
-                    seen.add((value.tag, point))
-                    scalars.setdefault(value.tag, []).append(point)
-    return {tag: points for tag, points in scalars.items() if points}
+        scalars.add(event)
+    return scalars.result()
+
+
+def read_runs(log_dir: str) -> list[dict[str, list[tuple[int, float]]]]:
+    """The scalars of each run that logged into ``log_dir``, oldest first, each as :func:`read_scalars` gives a
+    folder's; a run that logged no scalar is left out.
+
+    A run resumed from its checkpoint (its event file starts with the restart marker) continues the run it resumes,
+    as in TensorBoard: the points logged past the checkpoint are superseded, and its curves go on. A fresh run
+    logged into a folder that already held another (its checkpoint deleted to start over, or written elsewhere)
+    starts at generation 1 without a marker: it is a run of its own, where TensorBoard would draw both as one
+    line. Files of an earlier jes, which wrote no marker, continue the run before them unless they start at
+    generation 1.
+
+    Raises:
+        FileNotFoundError: as :func:`iter_events`.
+    """
+    runs: list[_Scalars] = []
+    for path in _files_to_read(log_dir):
+        events = list(_file_events(path))
+        restart = next((int(event.step) for event in events if _is_restart(event)), None)
+        first = next((int(event.step) for event in events
+                      if any(value.HasField("simple_value") for value in event.summary.value)), None)
+        start = restart if restart is not None else first
+        if runs and start is not None and (restart is not None or start > 1):
+            # the newest run that got as far as the generation before this file's first: the one it resumes
+            run = next((run for run in reversed(runs) if run.last_step >= start - 1), runs[-1])
+        else:
+            run = _Scalars()
+            runs.append(run)
+        for event in events:
+            run.add(event)
+    return [run.result() for run in runs if run.result()]
 
 
 def read_summary_tags(log_dir: str) -> list[str]:

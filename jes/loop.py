@@ -29,7 +29,7 @@ from jes.describe import DescriptionError
 from jes.config import ESConfig
 from jes.envs import gymnasium as gymnasium_envs
 from jes.envs.spec import maps_box_otherwise_than_before
-from jes.generation import Trainer, TrainState, as_key, fetch, localize
+from jes.generation import Trainer, TrainState, as_key, fetch, localize, run_learning_rate
 from jes import strategies
 from jes.strategies.base import ignored_settings
 from jes.host_step import HostGeneration
@@ -505,9 +505,8 @@ def train(
                           f"go beside them, and TensorBoard (and jes.logging.read_scalars) will show both: pass a new "
                           f"log_dir, or resume= that run's checkpoint to continue it", stacklevel=2)
         if log_dir is not None and primary:
-            hparams = dict(config.to_dict(), env=trainer.spec.name, policy=type(trainer.policy).__name__,
-                           optimizer=trainer.optimizer_name or "", strategy=trainer.strategy.describe(), num_params=trainer.num_params,
-                           key=str(np.asarray(jax.random.key_data(as_key(key))).tolist()))
+            hparams = dict(run_hparams(trainer, config, optimizer), strategy=trainer.strategy.describe(),
+                           num_params=trainer.num_params, key=str(np.asarray(jax.random.key_data(as_key(key))).tolist()))
             centres = [float(x) for x in (history or {}).get("centre_return", ()) if math.isfinite(float(x))]
             loggers.append(jes_logging.TensorBoardLogger(
                 log_dir, hparams, best_centre=max(centres, default=-math.inf),
@@ -569,6 +568,29 @@ def train(
         except KeyboardInterrupt as interrupt:
             ran.interrupted(interrupt)
             raise
+
+
+def run_hparams(trainer: Trainer, config: ESConfig, optimizer: Any) -> dict:
+    """The hyperparameters a run of ``trainer`` with ``config`` and ``optimizer`` (as given) runs with, for its
+    TensorBoard table and HPARAMS entry: ``config.to_dict()`` with its defaults resolved (the learning rate, chunk
+    size, episode length, mirrored sampling and observation normalisation the run uses), the env, the policy with
+    its fields and the optimizer's name. (The config as passed recorded ``learning_rate None``, ``chunk_size None``
+    and the policy's class alone: runs that differed in those looked the same in TensorBoard's HPARAMS view.)"""
+    hparams = config.to_dict()
+    learning_rate = run_learning_rate(trainer.strategy, optimizer, config, trainer.num_params)
+    if learning_rate is not None and not callable(learning_rate):  # a schedule stays as the config shows it
+        hparams["learning_rate"] = float(learning_rate)
+    hparams.update(chunk_size=trainer.chunk_size, max_episode_steps=trainer.spec.max_steps,
+                   antithetic=bool(trainer.antithetic), normalize_observations=bool(trainer.normalize_observations))
+    policy = trainer.policy
+
+    def text(value: Any) -> str:  # activation=tanh, not the repr of a jitted function; a submodule on one line
+        return value.__name__ if callable(value) and hasattr(value, "__name__") else " ".join(repr(value).split())
+
+    fields = ", ".join(f"{f.name}={text(getattr(policy, f.name))}" for f in dataclasses.fields(policy)
+                       if f.init and f.name not in ("parent", "name")) if dataclasses.is_dataclass(policy) else "..."
+    return dict(hparams, env=trainer.spec.name, policy=f"{type(policy).__name__}({fields})",
+                optimizer=trainer.optimizer_name or "")
 
 
 def _unwritable_problem(log_dir: str | None, checkpoint_path: str | None, resume: str | None) -> str | None:

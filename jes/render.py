@@ -24,7 +24,7 @@ import numpy as np
 
 from jes import host_rollout
 from jes.arrays import as_key
-from jes.atomic import write_atomically
+from jes.atomic import check_writable, write_atomically
 from jes.envs import gymnasium as gymnasium_family
 from jes.envs.brax import BraxEnv
 from jes.envs.wrappers import MaskedObservations
@@ -133,6 +133,7 @@ def render(trainer: Any, state: Any, path: str, key: Any = 0, max_steps: int | N
 
     Raises:
         ValueError: a format the env cannot be rendered to (the message names the one that works).
+        OSError: ``path`` cannot be written (its folder is a file or takes no new file), found before the episode.
         ImportError: Pillow / matplotlib missing (the message names the extra to install).
     """
     key = as_key(key)
@@ -160,7 +161,12 @@ def render(trainer: Any, state: Any, path: str, key: Any = 0, max_steps: int | N
 
 def check_render_path(spec: Any, path: str) -> None:
     """Raise ``ValueError`` when the env of ``spec`` cannot be rendered to ``path`` (a format it has no drawing in,
-    or no drawing at all), before anything runs."""
+    or no drawing at all), and ``OSError`` when ``path`` cannot be written, before anything runs."""
+    _check_render_format(spec, path)
+    check_writable(path)  # jes eval --render: before its episodes, not after (and render(): before the episode)
+
+
+def _check_render_format(spec: Any, path: str) -> None:
     suffix = os.path.splitext(path)[1].lower()
     if spec.host:
         if suffix != ".gif":

@@ -19,9 +19,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import os
 import struct
-import tempfile
 import warnings
 from typing import Any, Callable
 
@@ -33,6 +31,7 @@ from flax import serialization
 from jax.flatten_util import ravel_pytree
 
 from jes import describe, host_rollout, schema
+from jes.atomic import write_atomically
 from jes.checkpoint import build_policy
 from jes.cpu import compiler_options
 from jes.envs import EnvSpec, make_env
@@ -355,6 +354,7 @@ def save_policy(trained: TrainedPolicy, path: str) -> str:
     Raises:
         DescriptionError: the policy cannot be rebuilt by name from a file (its class defined in ``__main__`` or a
             notebook, a lambda or closure in a field); nothing is written.
+        OSError: ``path`` cannot be written (the message names it and why: its folder is a file, ...).
     """
     try:  # strict, unlike a checkpoint's description: a file whose policy no program can rebuild is of no use
         description = describe.describe_object(trained.policy, "policy")
@@ -371,21 +371,14 @@ def save_policy(trained: TrainedPolicy, path: str) -> str:
     if trained.obs_stats is not None:
         content["obs_count"], content["obs_sum"], content["obs_sumsq"] = trained.obs_stats
     payload = serialization.msgpack_serialize(content)
-    directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
-    tmp = None
-    try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=directory)
-        with os.fdopen(fd, "wb") as f:
-            f.write(_HEADER.pack(POLICY_MAGIC, len(payload), hashlib.sha256(payload).digest()))
-            f.write(payload)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if tmp is not None and os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+
+    def write(f: Any) -> None:
+        f.write(_HEADER.pack(POLICY_MAGIC, len(payload), hashlib.sha256(payload).digest()))
+        f.write(payload)
+
+    # A file to carry anywhere: the permissions a plain open gives (mkstemp's 0600 kept it from the folder's other
+    # readers), and an error naming path, not the temporary file beside it
+    write_atomically(path, write)
     return path
 
 

@@ -79,8 +79,12 @@ def test_plot_draws_several_runs_into_a_png(trained_run, tmp_path, capsys):
     assert image.format == "PNG" and image.size == (1000, 400)
     pixels = np.asarray(image.convert("RGB"))
     assert len(np.unique(pixels.reshape(-1, 3), axis=0)) > 10      # curves, not a blank canvas
+    (tmp_path / "nothing").mkdir()
     assert cli.main(["plot", str(tmp_path / "nothing"), "-o", str(tmp_path / "n.png")]) == 2
     assert "no TensorBoard event files" in capsys.readouterr().err
+    # a typo: "no TensorBoard event files in 'runs/typo'" read as if the folder were there
+    assert cli.main(["plot", str(tmp_path / "typo"), "-o", str(tmp_path / "n.png")]) == 2
+    assert f"'{tmp_path / 'typo'}' does not exist" in capsys.readouterr().err
     for name in ("curves.jpg", "curves"):  # PNG bytes under another format's name (or none) were written before
         assert cli.main(["plot", str(root / "run"), "-o", str(tmp_path / name)]) == 2
         assert f"give a path ending in .png, not '{tmp_path / name}'" in capsys.readouterr().err
@@ -200,3 +204,107 @@ def test_a_plot_interrupted_while_written_leaves_the_previous_png(trained_run, t
     monkeypatch.setattr(matplotlib.figure.Figure, "savefig", savefig)
     plot_runs([str(root / "run")], str(target), size=(6, 3))
     assert Image.open(target).size == (600, 300)
+
+
+def test_plot_runs_takes_one_run_directory_as_a_string_or_path(trained_run, tmp_path):
+    """``plot_runs("runs/a", ...)`` iterated the string: "no TensorBoard event files in 'r'"."""
+    import pathlib
+
+    from jes.plot import plot_runs
+
+    root, _ = trained_run
+    for run_dir in (str(root / "run"), pathlib.Path(root / "run")):
+        out = tmp_path / "one.png"
+        assert plot_runs(run_dir, str(out)) == str(out)
+        assert Image.open(out).format == "PNG"
+        out.unlink()
+
+
+@pytest.mark.hard_timeout(400)
+def test_two_fresh_runs_in_one_log_dir_are_drawn_apart_and_a_resumed_run_as_one(tmp_path):
+    """A second fresh run into a log dir (its checkpoint deleted to start over, as jes train's refusal suggests) was
+    spliced into one curve with the first: generations 1-3 of the second run, then 4-5 of the first."""
+    from jes.logging import read_runs, read_scalars
+    from jes.plot import load_curves, load_runs, plot_runs
+
+    log_dir = str(tmp_path / "x")
+    common = dict(num_members=8, chunk_size=8, eval_episodes=2, log_dir=log_dir, progress=False)
+    policy = jes.GRUPolicy(hidden=3, layers=1)
+    first = jes.train(policy, "CartPole-v1", "adam", key=0, num_generations=3, **common)
+    resumed = jes.train(policy, "CartPole-v1", "adam", resume=first.checkpoint_path, num_generations=4, **common)
+    (runs,) = [load_runs(log_dir)]
+    assert len(runs) == 1 and list(runs[0]["generation"]) == [1, 2, 3, 4]  # a resumed run's sessions: one run
+    np.testing.assert_allclose(load_curves(log_dir)["pop_mean"], resumed.history["pop_mean"], rtol=1e-6)
+    os.remove(first.checkpoint_path)  # start over in the same folder
+    with pytest.warns(UserWarning, match="already holds the TensorBoard event files of an earlier run"):
+        second = jes.train(policy, "CartPole-v1", "adam", key=1, num_generations=2, **common)
+    assert len(read_scalars(log_dir)["population/mean_return"]) == 6  # TensorBoard's view: both runs' points
+    separate = read_runs(log_dir)
+    assert [[step for step, _ in run["population/mean_return"]] for run in separate] == [[1, 2, 3, 4], [1, 2]]
+    runs = load_runs(log_dir)
+    np.testing.assert_allclose(runs[0]["pop_mean"], resumed.history["pop_mean"], rtol=1e-6)
+    np.testing.assert_allclose(runs[1]["pop_mean"], second.history["pop_mean"], rtol=1e-6)
+    np.testing.assert_allclose(runs[1]["env_steps"], second.history["env_steps"], rtol=1e-6)
+    with pytest.raises(ValueError, match="holds 2 separate runs .*load_runs"):
+        load_curves(log_dir)
+    with pytest.warns(UserWarning, match=r"holds 2 separate runs .* drawn as 'x \(run 1\)', 'x \(run 2\)'"):
+        plot_runs([log_dir], str(tmp_path / "both.png"))
+    assert Image.open(tmp_path / "both.png").format == "PNG"
+    with pytest.warns(UserWarning, match=r"drawn as 'x \(run 1\)', 'x \(run 2\)'"):
+        assert cli.main(["plot", log_dir, "-o", str(tmp_path / "cli.png")]) == 0
+    assert Image.open(tmp_path / "cli.png").format == "PNG"
+
+
+@pytest.mark.hard_timeout(300)
+def test_plotting_a_run_that_has_logged_no_generation_yet_says_so(tmp_path):
+    """In a run's first seconds its event file is empty (each generation's scalars wait for the next generation,
+    and the file is flushed every 10 s): `jes plot` asked "is it a jes run directory?"."""
+    from jes.plot import plot_runs
+
+    log_dir = str(tmp_path / "early")
+    seen = []
+
+    def plot_at_generation_1(record):
+        if record["generation"] == 1:
+            try:
+                plot_runs([log_dir], str(tmp_path / "early.png"))
+            except ValueError as err:
+                seen.append(str(err))
+
+    jes.train(jes.GRUPolicy(hidden=3, layers=1), "CartPole-v1", "adam", key=0, num_members=8, num_generations=2,
+              eval_episodes=2, log_dir=log_dir, progress=False, callbacks=[plot_at_generation_1])
+    assert len(seen) == 1 and seen[0].startswith(f"{log_dir!r} has logged no generation yet"), seen
+    assert not (tmp_path / "early.png").exists()
+    plot_runs([log_dir], str(tmp_path / "early.png"))  # once it has: drawn
+    assert Image.open(tmp_path / "early.png").format == "PNG"
+
+
+def test_an_output_path_that_cannot_be_written_is_named_before_any_work(trained_run, tmp_path, capsys):
+    """jes eval --render evaluated every episode, then failed naming jes's hidden temporary file
+    ('/proc/.cart.gif.6mpiwmqv.tmp'), or "File exists: '.../checkpoint.ckpt'" for a file where the folder should
+    be; jes plot -o and render() did the same."""
+    from jes.plot import plot_runs
+
+    root, result = trained_run
+    ckpt = str(root / "run" / "checkpoint.ckpt")
+    for name in ("cart.gif", "curves.png"):
+        targets = [(f"{ckpt}/{name}", f"'{ckpt}' is a file, not a folder"),
+                   (f"{ckpt}/deeper/{name}", f"'{ckpt}' is a file, not a folder"),
+                   (f"/proc/{name}", "a file cannot be created in '/proc'")]
+        for target, cause in targets:
+            if name.endswith(".gif"):
+                assert cli.main(["eval", ckpt, "--episodes", "2", "--render", target]) == 2
+            else:
+                assert cli.main(["plot", str(root / "run"), "-o", target]) == 2
+            out = capsys.readouterr()
+            assert f"cannot write '{target}': {cause}" in out.err, out.err
+            assert ".tmp" not in out.err and "File exists" not in out.err, out.err
+            assert "centre return" not in out.out  # refused before the evaluation's episodes
+    with pytest.raises(NotADirectoryError, match=f"cannot write '{ckpt}/x.gif': '{ckpt}' is a file"):
+        result.render(f"{ckpt}/x.gif")
+    with pytest.raises(NotADirectoryError, match=f"cannot write '{ckpt}/x.png': '{ckpt}' is a file"):
+        plot_runs([str(root / "run")], f"{ckpt}/x.png")
+    (tmp_path / "folder.gif").mkdir()
+    with pytest.raises(IsADirectoryError, match="it is a folder"):
+        result.render(str(tmp_path / "folder.gif"))
+    assert os.listdir(tmp_path) == ["folder.gif"] and os.path.isfile(ckpt)

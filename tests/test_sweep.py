@@ -44,6 +44,35 @@ def test_two_by_two_grid_gives_four_rows(grid_result):
     assert scalars["es/learning_rate"][0][1] == pytest.approx(0.05)
 
 
+def test_a_sweep_result_prints_short(grid_result):
+    """``print(sweep_result)`` in a notebook dumped every run's parameters, history and state (33 kB for a 2x2 sweep
+    of a small GRU); the training result's repr had been made short for the same reason."""
+    result, _ = grid_result
+    text = repr(result)
+    best = max(range(4), key=lambda i: result.rows[i]["final_centre_return_mean"])
+    assert text.startswith("SweepResult(4 configuration(s) x 2 seed(s): 8 runs; best: configuration "
+                           f"{best}, final centre return {result.rows[best]['final_centre_return_mean']:.1f}")
+    assert text.endswith(f"; table: {result.csv_path})") and len(text) < 300, text
+    run = result.run(1, 0)
+    assert repr(run) == (f"SweepRun(configuration 1, seed 0, 3 generations, final centre return "
+                         f"{run.history['centre_return'][-1]:.1f}, {run.flat_params.size} params)")
+    assert str(result) == text
+
+
+def test_a_sweeps_tensorboard_runs_record_the_hyperparameters_they_ran_with(grid_result):
+    """As jes.train's: the policy with its fields and the episode length, not ``GRUPolicy`` and ``None``."""
+    _, root = grid_result
+    rows = []
+    for event in jes_logging.iter_events(str(root / "tb" / "num_members=24,learning_rate=0.05")):
+        for value in event.summary.value:
+            if value.tag == "hparams/text_summary":
+                rows += value.tensor.string_val[0].decode().splitlines()
+    for row in ("| policy | GRUPolicy(hidden=3, layers=1, num_outputs=2, torch_layout=True) |",
+                "| max_episode_steps | 500 |", "| learning_rate | 0.05 |", "| num_members | 24 |", "| chunk_size | 8 |",
+                "| seeds | 0 1 |"):
+        assert row in rows, (row, rows)
+
+
 HISTORY_BITS = ("pop_mean", "pop_max", "pop_min", "pop_std", "centre_return", "env_steps", "noise_std",
                 "learning_rate", "grad_norm", "update_norm", "param_norm")
 

@@ -174,16 +174,56 @@ def test_reading_the_result_and_evaluating_it_compile_only_the_evaluation(caplog
 
 
 # --------------------------------------------------------------- what a policy file may hold
+def small_trained_policy() -> jes.TrainedPolicy:
+    """A CartPole policy with observation statistics, made without training."""
+    spec = jes.make_env("CartPole-v1")
+    return jes.TrainedPolicy(jes.MLPPolicy(hidden_sizes=(3,), num_outputs=2), np.linspace(-1, 1, 23),
+                             spec.obs_shape, jes.trained.ActionMap.from_spec(spec),
+                             obs_stats=(np.float32(10.0), np.ones(4, np.float32), np.full(4, 2.0, np.float32)),
+                             env_name="CartPole-v1", max_steps=20)
+
+
 @pytest.fixture(scope="module")
 def policy_file(tmp_path_factory):
     """A CartPole policy file with observation statistics (bytes)."""
-    spec = jes.make_env("CartPole-v1")
-    trained = jes.TrainedPolicy(jes.MLPPolicy(hidden_sizes=(3,), num_outputs=2), np.linspace(-1, 1, 23),
-                                spec.obs_shape, jes.trained.ActionMap.from_spec(spec),
-                                obs_stats=(np.float32(10.0), np.ones(4, np.float32), np.full(4, 2.0, np.float32)),
-                                env_name="CartPole-v1", max_steps=20)
-    path = jes.save_policy(trained, str(tmp_path_factory.mktemp("policy") / "run.policy"))
+    path = jes.save_policy(small_trained_policy(), str(tmp_path_factory.mktemp("policy") / "run.policy"))
     return open(path, "rb").read()
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def test_a_policy_file_gets_the_permissions_a_plain_open_gives(tmp_path):
+    """save_policy wrote 0600 files (mkstemp's mode), unreadable by the folder's other users: a .policy file is
+    what one carries to wherever jes is installed, and GIFs and PNGs beside it were 0644."""
+    path = jes.save_policy(small_trained_policy(), str(tmp_path / "run.policy"))
+    assert oct(os.stat(path).st_mode & 0o777) == oct(0o666 & ~_umask())
+    jes.save_policy(small_trained_policy(), path)  # over an earlier file too
+    assert oct(os.stat(path).st_mode & 0o777) == oct(0o666 & ~_umask())
+    assert os.listdir(tmp_path) == ["run.policy"]
+
+
+def test_a_policy_path_that_cannot_be_written_is_named_with_the_cause(tmp_path):
+    """The errors named jes's hidden temporary file ('/proc/.x.policy.6mpiwmqv.tmp', '.pol.5h4qyvhh.tmp' ->
+    'out/pol') or read as a refusal to overwrite a file ("File exists: '.../checkpoint.ckpt'")."""
+    trained = small_trained_policy()
+    (tmp_path / "file.txt").write_text("a file, not a folder")
+    (tmp_path / "out" / "pol").mkdir(parents=True)
+    cases = [(str(tmp_path / "file.txt" / "x.policy"), NotADirectoryError, "is a file, not a folder"),
+             (str(tmp_path / "file.txt" / "deeper" / "x.policy"), NotADirectoryError, "is a file, not a folder"),
+             (str(tmp_path / "out" / "pol"), IsADirectoryError, "it is a folder"),
+             ("/proc/x.policy", OSError, "a file cannot be created in '/proc'")]
+    for path, error, cause in cases:
+        with pytest.raises(error) as raised:
+            jes.save_policy(trained, path)
+        message = str(raised.value)
+        assert message.startswith(f"cannot write {path!r}: ") and cause in message, message
+        assert ".tmp" not in message and "File exists" not in message, message
+    assert (tmp_path / "file.txt").read_text() == "a file, not a folder"
+    assert sorted(os.listdir(tmp_path)) == ["file.txt", "out"] and os.listdir(tmp_path / "out" / "pol") == []
 
 
 def rewritten(data: bytes, path, meta_change=None, content_change=None) -> str:
