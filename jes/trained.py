@@ -320,21 +320,16 @@ def _evaluate(fns: PolicyFns, spec: EnvSpec, action_map: ActionMap) -> Callable:
 
 def _host_evaluate(fns: PolicyFns, spec: EnvSpec, action_map: ActionMap) -> Callable:
     """:func:`_evaluate` for a host env: ``(variables, key, E) -> returns[E]`` over host episodes seeded as training's
-    centre evaluation (:class:`jes.host_step.HostGeneration`), one jitted policy step per env step."""
+    centre evaluation, through the same normaliser and policy step programs (:class:`jes.host_rollout.CentreEvaluator`,
+    as :class:`jes.host_step.HostGeneration` runs it), one jitted policy step per env step."""
     pool = host_rollout.HostEnvPool(spec.env)
     seeds_of = jax.jit(lambda key, n: host_rollout.episode_seeds(noise.centre_episode_keys(key, n)), static_argnums=1)
-
-    def step(params, obs_scale, carry, obs):
-        return host_rollout.policy_step(fns.apply, spec, params, carry, obs, obs_scale, action_map)
-
-    step = jax.jit(step)
+    centre = host_rollout.CentreEvaluator(fns.apply, spec, compiler_options(), action_map)
 
     def run(variables, key, num_episodes):
         params = jax.tree.map(lambda x: jnp.broadcast_to(x, (num_episodes,) + x.shape), variables["params"])
-        obs_scale = _obs_scale(variables["obs_stats"])
-        returns, _ = host_rollout.evaluate_centre(spec, pool, lambda c, o: step(params, obs_scale, c, o),
-                                                  fns.initial_carry(), np.asarray(seeds_of(key, num_episodes)),
-                                                  lambda slot: f"evaluation episode {slot}")
+        returns, _ = centre(pool, params, variables["obs_stats"], fns.initial_carry(),
+                            np.asarray(seeds_of(key, num_episodes)), lambda slot: f"evaluation episode {slot}")
         return returns
 
     return run
