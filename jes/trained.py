@@ -48,6 +48,8 @@ POLICY_MAGIC = b"JESPOLI1"
 # were trained with: ActionMap.raw_unless_bounded).
 POLICY_FORMAT_VERSION = 2
 _HEADER = struct.Struct("<8sQ32s")
+# How to evaluate a policy whose env its name does not rebuild (`jes eval`, which takes no env object, says otherwise)
+ENV_HINT = "pass env=... (jes.make_env(your_env)) to evaluate"
 
 
 class PolicyFileError(ValueError):
@@ -253,11 +255,10 @@ class TrainedPolicy:
             try:
                 self._spec = make_env(self.env_name, max_steps=self.max_steps)
             except ValueError as err:
-                raise ValueError(f"cannot rebuild env {self.env_name!r} for evaluation ({err}); pass env=... "
-                                 f"(jes.make_env(your_env)) to evaluate") from err
+                raise ValueError(f"cannot rebuild env {self.env_name!r} for evaluation ({err}); {ENV_HINT}") from err
             except ImportError as err:  # the env's package is not installed here (brax, shimmy, a user's)
-                raise ImportError(f"cannot rebuild env {self.env_name!r} for evaluation: {err}. Or pass env=... "
-                                  f"(jes.make_env(your_env)) to evaluate", name=err.name) from err
+                raise ImportError(f"cannot rebuild env {self.env_name!r} for evaluation: {err}. Or {ENV_HINT}",
+                                  name=err.name) from err
         return self._spec
 
     def evaluate(self, num_episodes: int = 64, key: Any = 12345, env: Any = None) -> np.ndarray:

@@ -358,6 +358,17 @@ def test_every_evaluation_of_a_normalised_continuous_run_gives_training_centres_
     assert np.mean(training, dtype=np.float32) == np.float32(result.history["centre_return"][-1])
 
 
+class DrawsWithMissing(Drawn):
+    """Draws with a package that is not installed, as Gymnasium's CartPole without pygame: DependencyNotInstalled."""
+
+    def render(self):
+        try:
+            import jes_no_such_drawing  # noqa: F401
+        except ImportError as err:
+            raise gymnasium.error.DependencyNotInstalled(
+                "jes_no_such_drawing is not installed, run `pip install jes_no_such_drawing`") from err
+
+
 @pytest.mark.hard_timeout(600)
 def test_render_draws_the_envs_own_rgb_array_frames(tmp_path):
     PIL = pytest.importorskip("PIL.Image")
@@ -370,6 +381,12 @@ def test_render_draws_the_envs_own_rgb_array_frames(tmp_path):
     plain = small_train(Target, max_episode_steps=10, num_generations=1)
     with pytest.raises(ValueError, match="rgb_array"):
         plain.render(str(tmp_path / "plain.gif"))
+    # gymnasium's DependencyNotInstalled (not an ImportError) was a traceback: an ImportError naming env and package
+    missing = small_train(DrawsWithMissing, max_episode_steps=10, num_generations=1)
+    with pytest.raises(ImportError, match=r"env '.*DrawsWithMissing.*' needs the package 'jes_no_such_drawing', which "
+                                          r"is not installed here \(.*pip install jes_no_such_drawing"):
+        missing.render(str(tmp_path / "missing.gif"))
+    assert not (tmp_path / "missing.gif").exists()
 
 
 @pytest.mark.hard_timeout(600)
