@@ -370,6 +370,39 @@ class DrawsWithMissing(Drawn):
 
 
 @pytest.mark.hard_timeout(600)
+def test_act_flattens_the_raw_observation_of_a_dict_or_discrete_space_as_training_did(tmp_path):
+    """act(carry, obs) with the dict env.reset() returns raised "float() argument must be ... not 'dict'"."""
+    result = small_train(DictObs, max_episode_steps=10, num_generations=1)
+    env = DictObs()
+    obs, _ = env.reset(seed=0)
+    flat = gymnasium.spaces.flatten(env.observation_space, obs)
+    carry = result.initial_carry()
+    expected = result.act(carry, flat)
+    path = result.save_policy(str(tmp_path / "dict.policy"))
+    for policy in (result, result.trained_policy(), jes.load_policy(path, env=DictObs)):
+        for given in (obs, flat, list(flat)):  # raw, or flattened already
+            got = policy.act(carry, given)
+            assert all(np.array_equal(a, b) for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(expected)))
+    with pytest.raises(ValueError, match=r"act takes one observation of the env's observation space Dict\(.*as "
+                                         r"env.reset\(\) and env.step\(\) return it .* of shape \(5,\); flattening this "
+                                         r"dict failed: KeyError"):
+        result.act(carry, {"target": obs["target"]})
+    alone = jes.load_policy(path)  # a class of one's own: no name rebuilds it, so nothing knows its space
+    assert np.array_equal(alone.act(carry, flat)[1], expected[1])
+    with pytest.raises(ValueError, match=r"act takes one observation of shape \(5,\), as training gave it to the policy; "
+                                         r"got a dict, .* Pass gymnasium.spaces.flatten\(env.observation_space, obs\), "
+                                         r"or load the policy with jes.load_policy\(path, env=your_env\)"):
+        alone.act(carry, obs)
+    # a registered id with a Discrete observation (an int): the loaded policy rebuilds its env to flatten it
+    lake = jes.train(jes.MLPPolicy((3,)), "gymnasium:FrozenLake-v1", "adam", num_members=8, num_generations=1,
+                     eval_episodes=2, max_episode_steps=20, log_dir=None, progress=False)
+    loaded = jes.load_policy(lake.save_policy(str(tmp_path / "lake.policy")))
+    state = 6
+    one_hot = np.eye(16, dtype=np.float32)[state]
+    assert loaded.act((), state)[1] == loaded.act((), one_hot)[1] == lake.act((), np.int64(state))[1]
+
+
+@pytest.mark.hard_timeout(600)
 def test_render_draws_the_envs_own_rgb_array_frames(tmp_path):
     PIL = pytest.importorskip("PIL.Image")
     result = small_train(Drawn, max_episode_steps=10, num_generations=1)

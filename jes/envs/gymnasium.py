@@ -139,6 +139,12 @@ class GymnasiumEnv:
         """A fresh env instance."""
         return self.factory()
 
+    @property
+    def flattens(self) -> bool:
+        """Whether :meth:`observation` flattens the env's observations (a Dict, Tuple, Discrete, MultiDiscrete or
+        MultiBinary space: ``gymnasium.spaces.flatten``), rather than taking a Box's array as it is."""
+        return self._flatten is not None
+
     def observation(self, obs: Any) -> np.ndarray:
         """One observation as the policy's flat float32 array of :attr:`obs_shape`."""
         if self._flatten is not None:
