@@ -9,6 +9,7 @@ import os
 import signal
 import struct
 import time
+import warnings
 
 import numpy as np
 import pytest
@@ -730,6 +731,34 @@ def test_a_class_or_factory_of_ones_own_is_named_by_where_it_is_and_resumes_only
     with pytest.warns(UserWarning, match="cannot say whether it ran"):
         again = small_train(Target, num_generations=2, resume=path, **train)
     np.testing.assert_array_equal(whole.flat_params, again.flat_params)
+
+
+@pytest.mark.hard_timeout(600)
+def test_resuming_a_run_on_a_gymnasium_instance_warns_that_its_settings_cannot_be_checked(tmp_path):
+    """A run on a changed instance (gravity 20) resumed on one of other physics (gravity 5) without a word: a file
+    names an instance by its id or class only. No fingerprint of its objects could tell a legitimate resume (the
+    same settings made again) from another, so the resume is not refused: it warns, every time, and a run on the
+    id's plain env (rebuilt from its name) does not."""
+    def cartpole(gravity):
+        env = gymnasium.make("CartPole-v1")
+        env.unwrapped.gravity = gravity
+        return env
+
+    train = dict(num_members=8, chunk_size=8, eval_episodes=2, max_episode_steps=20)
+    path = str(tmp_path / "instance.ckpt")
+    small_train(cartpole(20.0), num_generations=1, checkpoint_path=path, **train)
+    assert jes.checkpoint.read(path).env_name == "CartPole-v1" + jes.envs.gymnasium.INSTANCE_SUFFIX
+    for gravity in (20.0, 5.0):  # the run's settings made again, and others: the file cannot tell them apart
+        with pytest.warns(UserWarning, match=r"ran the gymnasium.Env instance 'CartPole-v1 \(a gymnasium.Env "
+                                             r"instance\)'.*not what was set on it .*jes cannot check that the instance "
+                                             r"given now is the one it ran"):
+            resumed = small_train(cartpole(gravity), num_generations=2, resume=path, **train)
+        assert resumed.history["generation"][-1] == 2
+    plain = str(tmp_path / "plain.ckpt")
+    small_train(num_generations=1, checkpoint_path=plain, **train)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        small_train(num_generations=2, resume=plain, **train)
 
 
 class Huge(Target):
