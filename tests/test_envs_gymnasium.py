@@ -5,7 +5,9 @@ deterministic given their seed (CartPole is) are what the guarantee covers.
 """
 import hashlib
 import json
+import logging
 import os
+import re
 import signal
 import struct
 import time
@@ -209,8 +211,10 @@ def test_an_env_workers_cannot_build_is_refused_or_ends_the_wait_on_their_refusa
 
 
 @pytest.mark.hard_timeout(900)
-def test_dying_worker_is_replaced_and_its_members_rerun():
-    """Workers built by id from the description (no code travels); one is killed after generation 1."""
+def test_dying_worker_is_replaced_and_its_members_rerun(caplog):
+    """Workers built by id from the description (no code travels); one is killed after generation 1. Its
+    replacement is named apart from it (both were local-0 in the master's log)."""
+    caplog.set_level(logging.WARNING, logger="jes.distributed.local")
     config = jes.ESConfig(**{**SMALL, "num_generations": 3})
     reference = small_train(num_generations=3)
     trainer = Trainer(jes.GRUPolicy(**POLICY), "gymnasium:CartPole-v1", "adam", config)
@@ -232,8 +236,60 @@ def test_dying_worker_is_replaced_and_its_members_rerun():
         while workers.restarts < 1 and time.monotonic() < deadline:
             time.sleep(0.2)
         assert workers.restarts >= 1 and killed and killed[0] not in workers.pids()
+        assert "local worker local-0 exited (code -9); started local-0 (restart 1) to replace it" in caplog.text
+        replacement = workers.processes[0]
+        if os.path.exists(f"/proc/{replacement.pid}/cmdline"):  # the name the replacement gives the master
+            with open(f"/proc/{replacement.pid}/cmdline", "rb") as f:
+                assert b"--name\0local-0 (restart 1)\0" in f.read()
     np.testing.assert_array_equal(reference.flat_params, result.flat_params)
     assert server.stats["master_chunks"] < 3 * trainer.num_chunks, server.stats
+
+
+STEP_RAISES_MODULE = '''
+import gymnasium
+import numpy as np
+
+
+class StepRaises(gymnasium.Env):
+    observation_space = gymnasium.spaces.Box(-1.0, 1.0, (2,), np.float32)
+    action_space = gymnasium.spaces.Discrete(2)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        return np.zeros(2, np.float32), {}
+
+    def step(self, action):
+        self.t += 1
+        if self.t == 3:
+            raise RuntimeError("simulator exploded")
+        return np.zeros(2, np.float32), 1.0, False, False, {}
+
+
+gymnasium.register("JesTestStepRaises-v0", entry_point="jesteststepraises:StepRaises", max_episode_steps=10)
+'''
+
+
+@pytest.mark.hard_timeout(600)
+def test_a_worker_whose_env_fails_in_its_warm_up_chunk_says_the_env_failed(tmp_path, monkeypatch, caplog, capfd):
+    """Workers logged "cannot build run ...: cannot build: HostEnvError" for an env that raised in the chunk they
+    evaluate to warm up: it read as a problem of the run's description."""
+    (tmp_path / "jesteststepraises.py").write_text(STEP_RAISES_MODULE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import jesteststepraises  # noqa: F401 - registers the id (local workers import it themselves)
+
+    caplog.set_level(logging.ERROR, logger="jes.distributed.master")
+    with pytest.warns(UserWarning, match=r"0 local worker\(s\) became ready"), \
+            pytest.raises(HostEnvError, match="step raised RuntimeError: simulator exploded"):
+        small_train("gymnasium:JesTestStepRaises-v0", num_workers=1, num_generations=1, max_episode_steps=10)
+    refused = [r.getMessage() for r in caplog.records if "refused run" in r.getMessage()]
+    assert refused and all(": its env failed: HostEnvError: env 'gymnasium:JesTestStepRaises-v0': "
+                           "step raised RuntimeError: simulator exploded" in m and "(in the chunk this worker evaluates "
+                           "to warm up, before any assignment)" in m and "cannot build" not in m for m in refused), refused
+    worker_log = capfd.readouterr().err  # the worker process's own log (its stderr is this process's)
+    assert re.search(r"built run \S+ sent by the master, but its env failed: HostEnvError: env "
+                     r"'gymnasium:JesTestStepRaises-v0': step raised", worker_log), worker_log
+    assert "cannot build" not in worker_log, worker_log
 
 
 @pytest.mark.hard_timeout(600)
