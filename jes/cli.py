@@ -677,7 +677,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"jes {args.command}: {_for_command(str(err), args.command)}", file=sys.stderr)
         return 2
     except HostEnvError as err:  # a Python simulator's step or reset raised: its message names env, member, generation
-        print(f"jes {args.command}: {err}", file=sys.stderr)
+        saved = getattr(err, "checkpoint_path", None)  # jes.train saved the last good state there
+        note = (f" (the run so far is in checkpoint {saved}: fix the env, then continue with --resume {saved})"
+                if args.command == "train" and saved and os.path.exists(saved) else "")
+        print(f"jes {args.command}: {err}{note}", file=sys.stderr)
         return 2
     finally:
         warnings.formatwarning = formatwarning

@@ -23,8 +23,8 @@ SMALL_FLAGS = ["--population", "16", "--chunk-size", "8", "--hidden", "3", "--la
 def jes_cmd(*args, cwd=ROOT):
     # this checkout's jes, from any working directory
     path = os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p)
-    return subprocess.run([sys.executable, "-m", "jes.cli", *args], capture_output=True, text=True, cwd=cwd, timeout=300,
-                          env=dict(os.environ, PYTHONPATH=path))
+    return subprocess.run([sys.executable, "-m", "jes.cli", *args], capture_output=True, text=True, cwd=cwd,
+                          timeout=300, env=dict(os.environ, PYTHONPATH=path))
 
 
 def test_train_help():
@@ -801,7 +801,20 @@ class StepRaises(Counter):
         return super().step(action)
 
 
+class LateReset(Counter):
+    """Its 21st reset (in all) raises: a simulator that fails after a few generations."""
+
+    resets = 0
+
+    def reset(self, *, seed=None, options=None):
+        LateReset.resets += 1
+        if LateReset.resets > 20:
+            raise RuntimeError("simulator license expired")
+        return super().reset(seed=seed, options=options)
+
+
 gymnasium.register("JesCliCounter-v0", entry_point="jesclihostenvs:Counter", max_episode_steps=5)
+gymnasium.register("JesCliLateReset-v0", entry_point="jesclihostenvs:LateReset", max_episode_steps=5)
 gymnasium.register("JesCliStepRaises-v0", entry_point="jesclihostenvs:StepRaises", max_episode_steps=5)
 '''
 HOST_FLAGS = ["--policy", "mlp", "--hidden", "3", "--layers", "1", "--population", "8", "--eval-episodes", "2",
@@ -827,6 +840,17 @@ def test_host_env_errors_are_one_line_messages(host_envs, tmp_path, capsys):
     err = capsys.readouterr().err
     assert ("jes train: env 'gymnasium:JesCliStepRaises-v0': step raised RuntimeError: simulator exploded in member"
             in err and "Traceback" not in err), err
+    import jesclihostenvs
+
+    late = str(tmp_path / "late.ckpt")  # fails after a generation or two: the run so far is saved, and the line says so
+    jesclihostenvs.LateReset.resets = 0
+    assert cli.main(["train", "--env", "gymnasium:JesCliLateReset-v0", "--import", "jesclihostenvs", *HOST_FLAGS,
+                     "--generations", "5", "--checkpoint", late]) == 2
+    err = capsys.readouterr().err
+    assert (f"jes train: env 'gymnasium:JesCliLateReset-v0': reset raised RuntimeError: simulator license expired in "
+            in err and f"(the run so far is in checkpoint {late}: fix the env, then continue with --resume {late})"
+            in err and "Traceback" not in err), err
+    assert checkpoint.read(late).generation >= 1  # what ran before the env failed
     ckpt = str(tmp_path / "counter.ckpt")
     assert cli.main(["train", "--env", "gymnasium:JesCliCounter-v0", "--import", "jesclihostenvs", *HOST_FLAGS,
                      "--checkpoint", ckpt]) == 0
