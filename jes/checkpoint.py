@@ -654,6 +654,14 @@ class Checkpoint:
                 continue
             if json.loads(json.dumps(mine[field])) != theirs[field]:
                 problems.append(f"{label}: checkpoint has {theirs[field]}, this run has {mine[field]}")
+        if mine["env_name"] == theirs["env_name"] and str(theirs["env_name"]).endswith(gymnasium_envs.INSTANCE_SUFFIX):
+            # gymnax params are in the name and brax physics compared with it; an instance's are its own objects (its
+            # class's code, wrappers, attributes set after make()), which no file could hold or compare: said, not
+            # refused (a fingerprint of them would refuse legitimate resumes)
+            warnings.warn(f"checkpoint {self.path} ran the gymnasium.Env instance {theirs['env_name']!r}: a file "
+                          f"records an instance by its class or id only, not what was set on it (physics such as "
+                          f"gravity, attributes, wrappers), so jes cannot check that the instance given now is the one "
+                          f"it ran; restoring it for this instance as given", stacklevel=3)
         schedules = set(theirs["config_schedules"]) | set(mine["config_schedules"])
         perturbation = lambda c: repr(c.get("perturbation", "full_rank")) + (
             f" (rank {c.get('perturbation_rank')})" if c.get("perturbation") == "low_rank" else "")

@@ -656,6 +656,8 @@ def main(argv: list[str] | None = None) -> int:
         except ValueError as err:
             print(f"jes {args.command}: error: {err}", file=sys.stderr)
             return 2
+    from jes.host_rollout import HostEnvError
+
     handler = {"train": _train, "eval": _eval, "sweep": _sweep, "plot": _plot}[args.command]
     terminated = []
 
@@ -672,7 +674,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"\n{'terminated' if terminated else 'interrupted'}{_saved_note(args, interrupt)}", file=sys.stderr)
         return 128 + signal.SIGTERM if terminated else 130
     except (OSError, ValueError, ImportError) as err:  # a busy --listen port, a missing file, a bad value
-        print(f"jes {args.command}: {_flag_named(str(err)) if args.command == 'train' else err}", file=sys.stderr)
+        print(f"jes {args.command}: {_for_command(str(err), args.command)}", file=sys.stderr)
+        return 2
+    except HostEnvError as err:  # a Python simulator's step or reset raised: its message names env, member, generation
+        saved = getattr(err, "checkpoint_path", None)  # jes.train saved the last good state there
+        note = (f" (the run so far is in checkpoint {saved}: fix the env, then continue with --resume {saved})"
+                if args.command == "train" and saved and os.path.exists(saved) else "")
+        print(f"jes {args.command}: {err}{note}", file=sys.stderr)
         return 2
     finally:
         warnings.formatwarning = formatwarning
@@ -712,6 +720,22 @@ def _saved_note(args: argparse.Namespace, interrupt: KeyboardInterrupt) -> str:
     return f" (no checkpoint was saved: {why}; there is nothing to --resume)"
 
 
+def _for_command(message: str, command: str) -> str:
+    """A library error's advice as the command being run takes it: ``jes train``'s config fields as its flags
+    (:func:`_flag_named`); ``jes eval``'s own ``--import MODULE`` for the module registering an env, and, for a
+    policy file whose env no name rebuilds, the Python call that takes the env (the command line takes no env=)."""
+    from jes.envs.gymnasium import IMPORT_HINT
+    from jes.trained import ENV_HINT
+
+    if command == "train":
+        return _flag_named(message)
+    if command == "eval":
+        message = message.replace(IMPORT_HINT, "with jes eval --import MODULE")
+        message = message.replace(ENV_HINT, "from Python, jes.load_policy(path, env=your_env).evaluate() takes the "
+                                            "env itself")
+    return message
+
+
 def _flag_named(message: str) -> str:
     """An ESConfig error as the command line gave the value: "perturbation_rank must be ..." names --rank too,
     "num_members=15 is odd ... or antithetic=False" reads "--population 15 is odd ... or --no-antithetic". Only
@@ -738,7 +762,9 @@ def _flag_named(message: str) -> str:
     # a quoted setting a strategy ignores: "fitness_shaping='raw' would be ignored" (the quotes keep it out of the above)
     message = re.sub(r"(?<![\w-])fitness_shaping='(\w+)'", r"--fitness-shaping \1", message)
     message = re.sub(r"^checkpoint_every (.*), got (-?\d+)$", r"--checkpoint-every \2: \1", message)
-    for argument, flag in (("resume=", "--resume "), ("another log_dir (or checkpoint_path)", "another --log-dir (or "
+    # (only jes.train's arguments: "jes.train(policy, env, ..., resume=path)" is a Python call, advice for Python)
+    for argument, flag in (("continue that run with resume=", "continue that run with --resume "),
+                           ("another log_dir (or checkpoint_path)", "another --log-dir (or "
                            "--checkpoint)"),  # jes.train's arguments of a refused overwrite, as flags
                            # and of a folder that cannot be written (jes.loop._unwritable_problem)
                            ("pass a log_dir in a folder you can write (jes train: --log-dir DIR), or log_dir=None "

@@ -23,7 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jes.envs.spec import EnvSpec
-from jes.rollout import batch_act
+from jes.rollout import batch_act, obs_normaliser
 
 
 class HostEnvError(RuntimeError):
@@ -85,6 +85,44 @@ class HostEnvPool:
             except Exception:  # noqa: BLE001 - closing is best effort
                 pass
         self.instances = []
+
+
+class CentreEvaluator:
+    """One parameter set's host episodes with the normaliser of running statistics: THE program pair training's centre
+    evaluation (:class:`jes.host_step.HostGeneration`), ``jes eval`` and :meth:`jes.TrainedPolicy.evaluate` all run.
+
+    The normaliser ``(mean, 1 / std)`` is its own jitted program: computed eagerly, op by op, its variance
+    ``sumsq / count - mean * mean`` is rounded twice where a compiled program fuses it into one multiply-add, and the
+    policy saw observations that differed in their last bits. The policy step compiles with the same XLA options
+    whoever evaluates, ``options`` (:func:`jes.cpu.compiler_options`: the centre is the plain policy, whatever the
+    run's perturbation, so a policy file, which knows none, evaluates with the same).
+
+    Args:
+        apply: ``apply(params, carry, obs) -> (carry, outputs)`` for one slot.
+        spec: the host env's spec.
+        options: XLA compiler options of both programs.
+        action_fn: one output -> one action (default ``spec.action``; a :class:`jes.ActionMap` gives the same bits).
+    """
+
+    def __init__(self, apply: Callable, spec: EnvSpec, options: dict | None, action_fn: Callable | None = None):
+        self.spec = spec
+
+        def scale(obs_stats):
+            return None if obs_stats is None else obs_normaliser(*obs_stats)
+
+        def step(params, carry, obs, obs_scale):
+            return policy_step(apply, spec, params, carry, obs, obs_scale, action_fn)
+
+        self._scale = jax.jit(scale, compiler_options=options)
+        self._step = jax.jit(step, compiler_options=options)
+
+    def __call__(self, pool: HostEnvPool, params: Any, obs_stats: tuple | None, initial_carry: Any, seeds: np.ndarray,
+                 label: Callable[[int], str]) -> tuple[np.ndarray, np.ndarray]:
+        """Returns and steps ``[E]`` of ``params`` (leaves ``[E, ...]``) on the ``E`` episodes of ``seeds``
+        (:func:`episode_seeds`), observations normalised by ``obs_stats`` ``(count, sum, sumsq)`` or not (``None``)."""
+        obs_scale = self._scale(obs_stats)
+        return evaluate_centre(self.spec, pool, lambda c, o: self._step(params, c, o, obs_scale), initial_carry,
+                               np.asarray(seeds), label)
 
 
 def evaluate_centre(spec: EnvSpec, pool: HostEnvPool, step: Callable, initial_carry: Any, seeds: np.ndarray,

@@ -18,6 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jes import host_rollout
+from jes.cpu import compiler_options
 from jes.generation import ChunkResults, Trainer, TrainState, fetch, positive_count
 from jes.rollout import batch_act
 from jes.strategies import noise
@@ -56,15 +57,14 @@ class HostGeneration:
             forward = getattr(member_fns, "apply_batch", None) or jax.vmap(member_fns.apply)
             return batch_act(forward, trainer.spec, params, carry, obs, scale)
 
-        def centre_step(params, carry, obs, scale):
-            return host_rollout.policy_step(trainer.fns.apply, trainer.spec, params, carry, obs, scale)
-
         # Threefry unrolled (the same bits: jes.threefry), and the step's XLA options (which can change bits)
         options = trainer.step_compiler_options
         self._prepare = UnrolledJit(prepare, compiler_options=options)
         self._prepare_centre = jax.jit(prepare_centre, static_argnums=2, compiler_options=options)
         self._member_step = jax.jit(member_step, compiler_options=options)
-        self._centre_step = jax.jit(centre_step, compiler_options=options)
+        # The centre's normaliser and policy step: the very programs TrainedPolicy.evaluate runs (jes's options for
+        # the plain policy, not the perturbation's), so result.evaluate, policy files and jes eval give these bits
+        self._centre = host_rollout.CentreEvaluator(trainer.fns.apply, trainer.spec, compiler_options(trainer.devices))
         self._scale = jax.jit(trainer.obs_scale, compiler_options=options)
         self._apply = UnrolledJit(lambda s, *r: trainer.apply_chunk_results(s, ChunkResults(*r)), compiler_options=options)
         self.pool = host_rollout.HostEnvPool(trainer.spec.env)
@@ -132,11 +132,10 @@ class HostGeneration:
         num_episodes = (trainer.config.eval_episodes if num_episodes is None
                         else positive_count(num_episodes, "num_episodes"))
         params, seeds = self._prepare_centre(state, key, num_episodes)
-        scale = self._scale(state)
+        obs_stats = (state.obs_count, state.obs_sum, state.obs_sumsq) if trainer.normalize_observations else None
         generation = int(fetch(state.generation))
-        step = lambda c, o: self._centre_step(params, c, o, scale)
-        return host_rollout.evaluate_centre(trainer.spec, self.pool, step, trainer.fns.initial_carry(), seeds,
-                                            lambda slot: f"centre episode {slot} after generation {generation}")
+        return self._centre(self.pool, params, obs_stats, trainer.fns.initial_carry(), seeds,
+                            lambda slot: f"centre episode {slot} after generation {generation}")
 
     def centre(self, state: TrainState) -> tuple[np.float32, np.int32]:
         """``(mean return, env steps)`` of the centre's ``eval_episodes`` episodes (the centre program)."""

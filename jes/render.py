@@ -81,17 +81,27 @@ def record_host_episode(trainer: Any, state: Any, key: jax.Array, max_steps: int
     already render that way. Reset with the seed of episode key ``key`` (as training seeds its episodes).
 
     Raises:
-        ValueError: the env does not render to ``rgb_array``.
+        ValueError: the env does not render to ``rgb_array`` (or cannot be made with that ``render_mode``).
+        ImportError: the env's drawing needs a package that is not installed (the message names it).
     """
     spec, fns = trainer.spec, trainer.fns
     host_env = spec.env
+    advice = "jes draws a Gymnasium env from its render_mode='rgb_array' frames"
     if host_env.env_id is not None:
-        instance = gymnasium_family.make(spec.name, spec.max_steps, render_mode="rgb_array").make()
+        try:
+            instance = gymnasium_family.make(spec.name, spec.max_steps, render_mode="rgb_array").make()
+        except TypeError as err:  # gymnasium.make passes render_mode to a constructor that takes none
+            if "render_mode" not in str(err):
+                raise
+            raise ValueError(f"env {spec.name!r} cannot be made with render_mode='rgb_array' (its constructor takes "
+                             f"no render_mode); {advice}: give your env a render_mode argument and an rgb_array "
+                             f"render()") from err
     else:
         instance = host_env.make()
     if getattr(instance, "render_mode", None) != "rgb_array":
+        instance.close()
         raise ValueError(f"env {spec.name!r} renders with render_mode={getattr(instance, 'render_mode', None)!r}; "
-                         f"jes draws a Gymnasium env from its render_mode='rgb_array' frames: make your env with it")
+                         f"{advice}: make your env with it")
     params = jax.tree.map(lambda x: x[None], trainer.unravel(state.params))
     obs_scale = trainer.obs_scale(state)
     step = jax.jit(lambda c, o: host_rollout.policy_step(fns.apply, spec, params, c, o, obs_scale))
@@ -107,6 +117,8 @@ def record_host_episode(trainer: Any, state: Any, key: jax.Array, max_steps: int
             if terminated or truncated:
                 break
         fps = float((getattr(instance, "metadata", None) or {}).get("render_fps") or 30)
+    except gymnasium_family.missing_package_errors() as err:  # its render() imports what draws it (CartPole: pygame)
+        raise gymnasium_family.missing_package(spec.name, err) from err
     finally:
         instance.close()
     return frames, fps

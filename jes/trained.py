@@ -47,6 +47,8 @@ POLICY_MAGIC = b"JESPOLI1"
 # were trained with: ActionMap.raw_unless_bounded).
 POLICY_FORMAT_VERSION = 2
 _HEADER = struct.Struct("<8sQ32s")
+# How to evaluate a policy whose env its name does not rebuild (`jes eval`, which takes no env object, says otherwise)
+ENV_HINT = "pass env=... (jes.make_env(your_env)) to evaluate"
 
 
 class PolicyFileError(ValueError):
@@ -224,15 +226,54 @@ class TrainedPolicy:
     def act(self, carry: Any, obs: Any) -> tuple[Any, jax.Array]:
         """One step: normalise ``obs`` (shape ``obs_shape``), apply the policy, map its output to an action.
 
+        A Gymnasium env's observation of a Dict, Tuple, Discrete, MultiDiscrete or MultiBinary space, as its
+        ``reset()`` and ``step()`` return it, is flattened first as training flattened it
+        (``gymnasium.spaces.flatten`` with the space the policy was trained on); one flattened already is taken as it
+        is. A policy loaded from a file knows that space once its env is rebuilt from its id (or given:
+        ``jes.load_policy(path, env=...)``); where it cannot be, ``act`` says to pass the flattened observation.
+
         Returns:
             ``(carry, action)``: an int32 scalar for discrete envs, else an ``action_shape`` float32 array
             in the env's bounds.
         """
-        obs = jnp.asarray(obs, jnp.float32)
+        obs = jnp.asarray(self._flat_observation(obs), jnp.float32)
         if tuple(obs.shape) != tuple(self.obs_shape):
             raise ValueError(f"act takes one observation of shape {tuple(self.obs_shape)}, got shape {tuple(obs.shape)}; "
                              f"for a batch of envs use jax.vmap(policy.policy_fn())(carries, observations)")
         return self._act(self.variables, carry, obs)
+
+    def _flat_observation(self, obs: Any) -> Any:
+        """``obs`` as training gave it to the policy: a raw observation of a space Gymnasium flattens, flattened by its
+        env (:meth:`jes.envs.gymnasium.GymnasiumEnv.observation`, what the host rollout calls); anything else as is."""
+        if isinstance(obs, jax.Array):  # a device array (or a trace): the policy's input already
+            return obs
+        fits = _has_shape(obs, self.obs_shape)
+        if self._spec is None:
+            if fits:  # the common case needs no env: a Box's observation (or one flattened already)
+                return obs
+            try:  # is it the raw observation of an env that flattens them? Only its space can tell
+                self.env_spec()
+            except (ValueError, ImportError, TypeError) as err:
+                if isinstance(obs, (dict, tuple, list)) or np.ndim(obs) == 0:
+                    raise ValueError(f"act takes one observation of shape {tuple(self.obs_shape)}, as training gave it "
+                                     f"to the policy; got a {type(obs).__name__}, and this policy's env "
+                                     f"{self.env_name!r} cannot be rebuilt here to flatten it ({err}). Pass "
+                                     f"gymnasium.spaces.flatten(env.observation_space, obs), or load the policy with "
+                                     f"jes.load_policy(path, env=your_env) so that act flattens it") from err
+                return obs
+        env = self._spec.env
+        if not getattr(env, "flattens", False):
+            return obs
+        space = env.observation_space
+        if fits and not _contains(space, obs):  # flattened already (a raw one is in the space)
+            return obs
+        try:
+            return env.observation(obs)
+        except Exception as err:  # noqa: BLE001 - gymnasium's flatten of something that is not of the space
+            raise ValueError(f"act takes one observation of the env's observation space {space}, as env.reset() and "
+                             f"env.step() return it (flattened here as training flattened it), or one flattened "
+                             f"already, of shape {tuple(self.obs_shape)}; flattening this {type(obs).__name__} "
+                             f"failed: {type(err).__name__}: {err}") from err
 
     def policy_fn(self) -> Callable[[Any, jax.Array], tuple[Any, jax.Array]]:
         """A self-contained ``fn(carry, obs) -> (carry, action)`` with params, normaliser and action mapping
@@ -252,11 +293,10 @@ class TrainedPolicy:
             try:
                 self._spec = make_env(self.env_name, max_steps=self.max_steps)
             except ValueError as err:
-                raise ValueError(f"cannot rebuild env {self.env_name!r} for evaluation ({err}); pass env=... "
-                                 f"(jes.make_env(your_env)) to evaluate") from err
+                raise ValueError(f"cannot rebuild env {self.env_name!r} for evaluation ({err}); {ENV_HINT}") from err
             except ImportError as err:  # the env's package is not installed here (brax, shimmy, a user's)
-                raise ImportError(f"cannot rebuild env {self.env_name!r} for evaluation: {err}. Or pass env=... "
-                                  f"(jes.make_env(your_env)) to evaluate", name=err.name) from err
+                raise ImportError(f"cannot rebuild env {self.env_name!r} for evaluation: {err}. Or {ENV_HINT}",
+                                  name=err.name) from err
         return self._spec
 
     def evaluate(self, num_episodes: int = 64, key: Any = 12345, env: Any = None) -> np.ndarray:
@@ -294,6 +334,25 @@ class TrainedPolicy:
                 f"{'discrete' if self.action_map.discrete else 'continuous'} actions, {norm})")
 
 
+def _has_shape(obs: Any, shape: tuple[int, ...]) -> bool:
+    """Whether ``obs`` is a numeric array (or nested list) of ``shape``."""
+    if isinstance(obs, (dict, tuple)):
+        return False
+    try:
+        array = np.asarray(obs)
+    except Exception:  # noqa: BLE001 - ragged, or not array-like at all
+        return False
+    return array.dtype.kind in "biuf" and tuple(array.shape) == tuple(shape)
+
+
+def _contains(space: Any, obs: Any) -> bool:
+    """``space.contains(obs)``, False where the space cannot even compare it."""
+    try:
+        return bool(space.contains(obs))
+    except Exception:  # noqa: BLE001 - gymnasium's spaces raise on some foreign values
+        return False
+
+
 def _evaluate(fns: PolicyFns, spec: EnvSpec, action_map: ActionMap) -> Callable:
     """A jitted ``(variables, key or int32 seed, E) -> returns[E]``: the rollout training's centre evaluation runs.
 
@@ -319,21 +378,16 @@ def _evaluate(fns: PolicyFns, spec: EnvSpec, action_map: ActionMap) -> Callable:
 
 def _host_evaluate(fns: PolicyFns, spec: EnvSpec, action_map: ActionMap) -> Callable:
     """:func:`_evaluate` for a host env: ``(variables, key, E) -> returns[E]`` over host episodes seeded as training's
-    centre evaluation (:class:`jes.host_step.HostGeneration`), one jitted policy step per env step."""
+    centre evaluation, through the same normaliser and policy step programs (:class:`jes.host_rollout.CentreEvaluator`,
+    as :class:`jes.host_step.HostGeneration` runs it), one jitted policy step per env step."""
     pool = host_rollout.HostEnvPool(spec.env)
     seeds_of = jax.jit(lambda key, n: host_rollout.episode_seeds(noise.centre_episode_keys(key, n)), static_argnums=1)
-
-    def step(params, obs_scale, carry, obs):
-        return host_rollout.policy_step(fns.apply, spec, params, carry, obs, obs_scale, action_map)
-
-    step = jax.jit(step)
+    centre = host_rollout.CentreEvaluator(fns.apply, spec, compiler_options(), action_map)
 
     def run(variables, key, num_episodes):
         params = jax.tree.map(lambda x: jnp.broadcast_to(x, (num_episodes,) + x.shape), variables["params"])
-        obs_scale = _obs_scale(variables["obs_stats"])
-        returns, _ = host_rollout.evaluate_centre(spec, pool, lambda c, o: step(params, obs_scale, c, o),
-                                                  fns.initial_carry(), np.asarray(seeds_of(key, num_episodes)),
-                                                  lambda slot: f"evaluation episode {slot}")
+        returns, _ = centre(pool, params, variables["obs_stats"], fns.initial_carry(),
+                            np.asarray(seeds_of(key, num_episodes)), lambda slot: f"evaluation episode {slot}")
         return returns
 
     return run

@@ -21,7 +21,10 @@ SMALL_FLAGS = ["--population", "16", "--chunk-size", "8", "--hidden", "3", "--la
 
 
 def jes_cmd(*args, cwd=ROOT):
-    return subprocess.run([sys.executable, "-m", "jes.cli", *args], capture_output=True, text=True, cwd=cwd, timeout=300)
+    # this checkout's jes, from any working directory
+    path = os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p)
+    return subprocess.run([sys.executable, "-m", "jes.cli", *args], capture_output=True, text=True, cwd=cwd,
+                          timeout=300, env=dict(os.environ, PYTHONPATH=path))
 
 
 def test_train_help():
@@ -768,3 +771,129 @@ def test_device_worker_and_shaping_errors_name_the_flags(flags, message, capsys)
     assert message in err and "num_workers" not in err and "fitness_shaping=" not in err, err
     with pytest.raises(ValueError, match=r"devices must be a positive number of local devices \(None: all"):
         jes.arrays.resolve_devices(0)
+
+
+# A user's module registering Gymnasium envs (as `jes train --import MODULE` imports one): a counter whose constructor
+# takes no render_mode, and one whose step raises on its third step.
+HOST_ENVS = '''
+import gymnasium
+import numpy as np
+
+
+class Counter(gymnasium.Env):
+    observation_space = gymnasium.spaces.Box(-1.0, 1.0, (2,), np.float32)
+    action_space = gymnasium.spaces.Discrete(2)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        return np.zeros(2, np.float32), {}
+
+    def step(self, action):
+        self.t += 1
+        return np.full(2, 0.1 * self.t, np.float32), float(action), False, False, {}
+
+
+class StepRaises(Counter):
+    def step(self, action):
+        if self.t == 2:
+            raise RuntimeError("simulator exploded")
+        return super().step(action)
+
+
+class LateReset(Counter):
+    """Its 21st reset (in all) raises: a simulator that fails after a few generations."""
+
+    resets = 0
+
+    def reset(self, *, seed=None, options=None):
+        LateReset.resets += 1
+        if LateReset.resets > 20:
+            raise RuntimeError("simulator license expired")
+        return super().reset(seed=seed, options=options)
+
+
+gymnasium.register("JesCliCounter-v0", entry_point="jesclihostenvs:Counter", max_episode_steps=5)
+gymnasium.register("JesCliLateReset-v0", entry_point="jesclihostenvs:LateReset", max_episode_steps=5)
+gymnasium.register("JesCliStepRaises-v0", entry_point="jesclihostenvs:StepRaises", max_episode_steps=5)
+'''
+HOST_FLAGS = ["--policy", "mlp", "--hidden", "3", "--layers", "1", "--population", "8", "--eval-episodes", "2",
+              "--generations", "1", "--no-progress", "--log-dir", "none"]
+
+
+@pytest.fixture
+def host_envs(tmp_path, monkeypatch):
+    """The folder holding the module ``jesclihostenvs`` (importable here, registered once per process)."""
+    pytest.importorskip("gymnasium")
+    folder = tmp_path / "user"
+    folder.mkdir()
+    (folder / "jesclihostenvs.py").write_text(HOST_ENVS)
+    monkeypatch.syspath_prepend(str(folder))
+    return folder
+
+
+@pytest.mark.hard_timeout(600)
+def test_host_env_errors_are_one_line_messages(host_envs, tmp_path, capsys):
+    """An env whose step raised (HostEnvError), gymnasium's DependencyNotInstalled (Box2D for LunarLander) and --render
+    of an env whose constructor takes no render_mode were tracebacks."""
+    assert cli.main(["train", "--env", "gymnasium:JesCliStepRaises-v0", "--import", "jesclihostenvs", *HOST_FLAGS]) == 2
+    err = capsys.readouterr().err
+    assert ("jes train: env 'gymnasium:JesCliStepRaises-v0': step raised RuntimeError: simulator exploded in member"
+            in err and "Traceback" not in err), err
+    import jesclihostenvs
+
+    late = str(tmp_path / "late.ckpt")  # fails after a generation or two: the run so far is saved, and the line says so
+    jesclihostenvs.LateReset.resets = 0
+    assert cli.main(["train", "--env", "gymnasium:JesCliLateReset-v0", "--import", "jesclihostenvs", *HOST_FLAGS,
+                     "--generations", "5", "--checkpoint", late]) == 2
+    err = capsys.readouterr().err
+    assert (f"jes train: env 'gymnasium:JesCliLateReset-v0': reset raised RuntimeError: simulator license expired in "
+            in err and f"(the run so far is in checkpoint {late}: fix the env, then continue with --resume {late})"
+            in err and "Traceback" not in err), err
+    assert checkpoint.read(late).generation >= 1  # what ran before the env failed
+    ckpt = str(tmp_path / "counter.ckpt")
+    assert cli.main(["train", "--env", "gymnasium:JesCliCounter-v0", "--import", "jesclihostenvs", *HOST_FLAGS,
+                     "--checkpoint", ckpt]) == 0
+    capsys.readouterr()
+    gif = tmp_path / "counter.gif"
+    assert cli.main(["eval", ckpt, "--episodes", "2", "--import", "jesclihostenvs", "--render", str(gif)]) == 2
+    out, err = capsys.readouterr()
+    assert "centre return" in out and not gif.exists()
+    assert ("jes eval: env 'gymnasium:JesCliCounter-v0' cannot be made with render_mode='rgb_array' (its constructor "
+            "takes no render_mode)" in err and "Traceback" not in err), err
+    try:
+        import Box2D  # noqa: F401
+    except ImportError:
+        assert cli.main(["train", "--env", "gymnasium:LunarLander-v3", *HOST_FLAGS]) == 2
+        err = capsys.readouterr().err
+        assert ("jes train: Gymnasium env 'gymnasium:LunarLander-v3' needs the package 'Box2D', which is not installed "
+                "here" in err and 'pip install "gymnasium[box2d]"' in err and "Traceback" not in err), err
+        with pytest.raises(ImportError, match=r"needs the package 'Box2D'") as raised:
+            jes.make_env("gymnasium:LunarLander-v3")
+        assert raised.value.name == "Box2D"
+
+
+@pytest.mark.hard_timeout(600)
+def test_env_rebuild_hints_name_the_options_of_the_command_run(host_envs, tmp_path, capsys):
+    """`jes eval` of a user's registered id without --import advised `jes train --import MODULE` and `env=...`
+    (not a command-line option); `jes train --resume` of a run on one's own env class printed the Python call
+    `jes.train(policy, env, ..., --resume path)`."""
+    import jesclihostenvs
+
+    run = dict(num_members=8, num_generations=1, eval_episodes=2, log_dir=None, progress=False)
+    policy = jes.train(jes.MLPPolicy((3,)), "gymnasium:JesCliCounter-v0", **run).save_policy(str(tmp_path / "c.policy"))
+    ckpt = str(tmp_path / "c.ckpt")
+    jes.train(jes.MLPPolicy((3,)), "gymnasium:JesCliCounter-v0", checkpoint_path=ckpt, **run)
+    for path in (policy, ckpt):  # in a process that has not imported the module: the id is not registered
+        out = jes_cmd("eval", path, "--episodes", "2", cwd=str(host_envs))
+        assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr
+        assert "with jes eval --import MODULE" in out.stderr and "jes train --import" not in out.stderr, out.stderr
+        assert "env=..." not in out.stderr and "pass env" not in out.stderr, out.stderr
+        fixed = jes_cmd("eval", path, "--episodes", "2", "--import", "jesclihostenvs", cwd=str(host_envs))
+        assert fixed.returncode == 0 and "return" in fixed.stdout, fixed.stderr
+    own = str(tmp_path / "own.ckpt")
+    jes.train(jes.MLPPolicy((3,)), jesclihostenvs.Counter, checkpoint_path=own, max_episode_steps=5, **run)
+    assert cli.main(["train", "--resume", own, "--generations", "2", "--no-progress", "--log-dir", "none"]) == 2
+    err = capsys.readouterr().err
+    assert "jes.train(policy, env, ..., resume=path)); the command line cannot rebuild it" in err, err
+    assert "--resume path" not in err, err

@@ -5,10 +5,13 @@ deterministic given their seed (CartPole is) are what the guarantee covers.
 """
 import hashlib
 import json
+import logging
 import os
+import re
 import signal
 import struct
 import time
+import warnings
 
 import numpy as np
 import pytest
@@ -208,8 +211,10 @@ def test_an_env_workers_cannot_build_is_refused_or_ends_the_wait_on_their_refusa
 
 
 @pytest.mark.hard_timeout(900)
-def test_dying_worker_is_replaced_and_its_members_rerun():
-    """Workers built by id from the description (no code travels); one is killed after generation 1."""
+def test_dying_worker_is_replaced_and_its_members_rerun(caplog):
+    """Workers built by id from the description (no code travels); one is killed after generation 1. Its
+    replacement is named apart from it (both were local-0 in the master's log)."""
+    caplog.set_level(logging.WARNING, logger="jes.distributed.local")
     config = jes.ESConfig(**{**SMALL, "num_generations": 3})
     reference = small_train(num_generations=3)
     trainer = Trainer(jes.GRUPolicy(**POLICY), "gymnasium:CartPole-v1", "adam", config)
@@ -231,8 +236,60 @@ def test_dying_worker_is_replaced_and_its_members_rerun():
         while workers.restarts < 1 and time.monotonic() < deadline:
             time.sleep(0.2)
         assert workers.restarts >= 1 and killed and killed[0] not in workers.pids()
+        assert "local worker local-0 exited (code -9); started local-0 (restart 1) to replace it" in caplog.text
+        replacement = workers.processes[0]
+        if os.path.exists(f"/proc/{replacement.pid}/cmdline"):  # the name the replacement gives the master
+            with open(f"/proc/{replacement.pid}/cmdline", "rb") as f:
+                assert b"--name\0local-0 (restart 1)\0" in f.read()
     np.testing.assert_array_equal(reference.flat_params, result.flat_params)
     assert server.stats["master_chunks"] < 3 * trainer.num_chunks, server.stats
+
+
+STEP_RAISES_MODULE = '''
+import gymnasium
+import numpy as np
+
+
+class StepRaises(gymnasium.Env):
+    observation_space = gymnasium.spaces.Box(-1.0, 1.0, (2,), np.float32)
+    action_space = gymnasium.spaces.Discrete(2)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        return np.zeros(2, np.float32), {}
+
+    def step(self, action):
+        self.t += 1
+        if self.t == 3:
+            raise RuntimeError("simulator exploded")
+        return np.zeros(2, np.float32), 1.0, False, False, {}
+
+
+gymnasium.register("JesTestStepRaises-v0", entry_point="jesteststepraises:StepRaises", max_episode_steps=10)
+'''
+
+
+@pytest.mark.hard_timeout(600)
+def test_a_worker_whose_env_fails_in_its_warm_up_chunk_says_the_env_failed(tmp_path, monkeypatch, caplog, capfd):
+    """Workers logged "cannot build run ...: cannot build: HostEnvError" for an env that raised in the chunk they
+    evaluate to warm up: it read as a problem of the run's description."""
+    (tmp_path / "jesteststepraises.py").write_text(STEP_RAISES_MODULE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import jesteststepraises  # noqa: F401 - registers the id (local workers import it themselves)
+
+    caplog.set_level(logging.ERROR, logger="jes.distributed.master")
+    with pytest.warns(UserWarning, match=r"0 local worker\(s\) became ready"), \
+            pytest.raises(HostEnvError, match="step raised RuntimeError: simulator exploded"):
+        small_train("gymnasium:JesTestStepRaises-v0", num_workers=1, num_generations=1, max_episode_steps=10)
+    refused = [r.getMessage() for r in caplog.records if "refused run" in r.getMessage()]
+    said = ("its env failed: HostEnvError: env 'gymnasium:JesTestStepRaises-v0': step raised RuntimeError: simulator "
+            "exploded", "(in the chunk this worker evaluates to warm up, before any assignment)")
+    assert refused and all(all(s in m for s in said) and "cannot build" not in m for m in refused), refused
+    worker_log = capfd.readouterr().err  # the worker process's own log (its stderr is this process's)
+    assert re.search(r"built run \S+ sent by the master, but its env failed: HostEnvError: env "
+                     r"'gymnasium:JesTestStepRaises-v0': step raised", worker_log), worker_log
+    assert "cannot build" not in worker_log, worker_log
 
 
 @pytest.mark.hard_timeout(600)
@@ -330,6 +387,80 @@ def test_trained_policy_evaluates_as_training_evaluates_the_centre(tmp_path):
 
 
 @pytest.mark.hard_timeout(600)
+def test_every_evaluation_of_a_normalised_continuous_run_gives_training_centres_bits(tmp_path):
+    """Training's centre evaluation, ``jes eval``'s (HostGeneration of the checkpoint), ``result.evaluate``,
+    ``TrainedPolicy.evaluate`` and a loaded policy file's: the same returns bit for bit. Continuous actions
+    show any last-bit difference of the normalised observations (CartPole's argmax hides them): computed
+    eagerly, the normaliser's variance was rounded twice where the compiled one fused it, and 4 of these 8
+    returns differed."""
+    from jes.checkpoint import read
+
+    path = str(tmp_path / "run.ckpt")
+    result = jes.train(jes.MLPPolicy((8,)), "gymnasium:Pendulum-v1", "adam", num_members=8, num_generations=2,
+                       eval_episodes=4, max_episode_steps=40, key=3, normalize_observations=True, log_dir=None,
+                       progress=False, checkpoint_path=path)
+    trainer, state = read(path).centre_for_evaluation()
+    assert trainer.normalize_observations
+    host = HostGeneration(trainer)
+    reference, _ = host.evaluate_centre(state, 8, key=jax.random.key(12345))
+    loaded = jes.load_policy(result.save_policy(str(tmp_path / "run.policy")))
+    for name, returns in [("result.evaluate", result.evaluate(8, key=12345)),
+                          ("TrainedPolicy.evaluate", result.trained_policy().evaluate(8, key=jax.random.key(12345))),
+                          ("load_policy().evaluate", loaded.evaluate(8, key=12345))]:
+        assert np.array_equal(returns, reference), (name, returns.tolist(), reference.tolist())
+    # and training's own centre evaluation of the last generation, with its key: its mean is the history's
+    centre_key = jes.strategies.noise.generation_key(state.es_key, state.generation)
+    training, _ = host.evaluate_centre(state)
+    assert np.array_equal(loaded.evaluate(4, key=centre_key), training)
+    assert np.mean(training, dtype=np.float32) == np.float32(result.history["centre_return"][-1])
+
+
+class DrawsWithMissing(Drawn):
+    """Draws with a package that is not installed, as Gymnasium's CartPole without pygame: DependencyNotInstalled."""
+
+    def render(self):
+        try:
+            import jes_no_such_drawing  # noqa: F401
+        except ImportError as err:
+            raise gymnasium.error.DependencyNotInstalled(
+                "jes_no_such_drawing is not installed, run `pip install jes_no_such_drawing`") from err
+
+
+@pytest.mark.hard_timeout(600)
+def test_act_flattens_the_raw_observation_of_a_dict_or_discrete_space_as_training_did(tmp_path):
+    """act(carry, obs) with the dict env.reset() returns raised "float() argument must be ... not 'dict'"."""
+    result = small_train(DictObs, max_episode_steps=10, num_generations=1)
+    env = DictObs()
+    obs, _ = env.reset(seed=0)
+    flat = gymnasium.spaces.flatten(env.observation_space, obs)
+    carry = result.initial_carry()
+    expected = result.act(carry, flat)
+    path = result.save_policy(str(tmp_path / "dict.policy"))
+    for policy in (result, result.trained_policy(), jes.load_policy(path, env=DictObs)):
+        for given in (obs, flat, list(flat)):  # raw, or flattened already
+            got = policy.act(carry, given)
+            assert all(np.array_equal(a, b) for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(expected)))
+    with pytest.raises(ValueError, match=r"act takes one observation of the env's observation space Dict\(.*as "
+                                         r"env.reset\(\) and env.step\(\) return it .* of shape \(5,\); "
+                                         r"flattening this dict failed: KeyError"):
+        result.act(carry, {"target": obs["target"]})
+    alone = jes.load_policy(path)  # a class of one's own: no name rebuilds it, so nothing knows its space
+    assert np.array_equal(alone.act(carry, flat)[1], expected[1])
+    with pytest.raises(ValueError, match=r"act takes one observation of shape \(5,\), as training gave it to the "
+                                         r"policy; got a dict, .* Pass gymnasium.spaces.flatten\("
+                                         r"env.observation_space, obs\), or load the policy with "
+                                         r"jes.load_policy\(path, env=your_env\)"):
+        alone.act(carry, obs)
+    # a registered id with a Discrete observation (an int): the loaded policy rebuilds its env to flatten it
+    lake = jes.train(jes.MLPPolicy((3,)), "gymnasium:FrozenLake-v1", "adam", num_members=8, num_generations=1,
+                     eval_episodes=2, max_episode_steps=20, log_dir=None, progress=False)
+    loaded = jes.load_policy(lake.save_policy(str(tmp_path / "lake.policy")))
+    state = 6
+    one_hot = np.eye(16, dtype=np.float32)[state]
+    assert loaded.act((), state)[1] == loaded.act((), one_hot)[1] == lake.act((), np.int64(state))[1]
+
+
+@pytest.mark.hard_timeout(600)
 def test_render_draws_the_envs_own_rgb_array_frames(tmp_path):
     PIL = pytest.importorskip("PIL.Image")
     result = small_train(Drawn, max_episode_steps=10, num_generations=1)
@@ -341,6 +472,12 @@ def test_render_draws_the_envs_own_rgb_array_frames(tmp_path):
     plain = small_train(Target, max_episode_steps=10, num_generations=1)
     with pytest.raises(ValueError, match="rgb_array"):
         plain.render(str(tmp_path / "plain.gif"))
+    # gymnasium's DependencyNotInstalled (not an ImportError) was a traceback: an ImportError naming env and package
+    missing = small_train(DrawsWithMissing, max_episode_steps=10, num_generations=1)
+    with pytest.raises(ImportError, match=r"env '.*DrawsWithMissing.*' needs the package 'jes_no_such_drawing', which "
+                                          r"is not installed here \(.*pip install jes_no_such_drawing"):
+        missing.render(str(tmp_path / "missing.gif"))
+    assert not (tmp_path / "missing.gif").exists()
 
 
 @pytest.mark.hard_timeout(600)
@@ -651,6 +788,34 @@ def test_a_class_or_factory_of_ones_own_is_named_by_where_it_is_and_resumes_only
     with pytest.warns(UserWarning, match="cannot say whether it ran"):
         again = small_train(Target, num_generations=2, resume=path, **train)
     np.testing.assert_array_equal(whole.flat_params, again.flat_params)
+
+
+@pytest.mark.hard_timeout(600)
+def test_resuming_a_run_on_a_gymnasium_instance_warns_that_its_settings_cannot_be_checked(tmp_path):
+    """A run on a changed instance (gravity 20) resumed on one of other physics (gravity 5) without a word: a file
+    names an instance by its id or class only. No fingerprint of its objects could tell a legitimate resume (the
+    same settings made again) from another, so the resume is not refused: it warns, every time, and a run on the
+    id's plain env (rebuilt from its name) does not."""
+    def cartpole(gravity):
+        env = gymnasium.make("CartPole-v1")
+        env.unwrapped.gravity = gravity
+        return env
+
+    train = dict(num_members=8, chunk_size=8, eval_episodes=2, max_episode_steps=20)
+    path = str(tmp_path / "instance.ckpt")
+    small_train(cartpole(20.0), num_generations=1, checkpoint_path=path, **train)
+    assert jes.checkpoint.read(path).env_name == "CartPole-v1" + jes.envs.gymnasium.INSTANCE_SUFFIX
+    for gravity in (20.0, 5.0):  # the run's settings made again, and others: the file cannot tell them apart
+        with pytest.warns(UserWarning, match=r"ran the gymnasium.Env instance 'CartPole-v1 \(a gymnasium.Env "
+                                             r"instance\)'.*not what was set on it .*jes cannot check that the "
+                                             r"instance given now is the one it ran"):
+            resumed = small_train(cartpole(gravity), num_generations=2, resume=path, **train)
+        assert resumed.history["generation"][-1] == 2
+    plain = str(tmp_path / "plain.ckpt")
+    small_train(num_generations=1, checkpoint_path=plain, **train)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        small_train(num_generations=2, resume=plain, **train)
 
 
 class Huge(Target):

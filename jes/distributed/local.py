@@ -40,6 +40,12 @@ class LocalWorkers:
         imports: modules the workers import first (``jes-worker --import``): the module behind a Gymnasium id
             the user registered (:func:`jes.envs.gymnasium.registering_module`).
         curve_server_key: the master's own CURVE public key (Z85), when it has a key pair of its own.
+
+    Attributes:
+        names: each slot's worker as the master's log names it: ``local-0``, its replacements ``local-0 (restart 1)``,
+            ``local-0 (restart 2)``, ... (a replacement may connect before the master notices the loss of the worker
+            it replaces; both were ``local-0``).
+        restarts: replacements started so far, in all.
     """
 
     def __init__(self, endpoint: str, secret: str, count: int, max_restarts: int | None = None,
@@ -55,6 +61,8 @@ class LocalWorkers:
         self.restarts = 0
         self.log_level = log_level
         self.processes: list[subprocess.Popen | None] = [None] * count
+        self.names: list[str] = [""] * count  # each slot's worker, as the master's log names it
+        self._slot_restarts = [0] * count
         self._stop = threading.Event()
         self._lock = threading.Lock()
         for i in range(count):
@@ -64,8 +72,11 @@ class LocalWorkers:
 
     def _spawn(self, index: int) -> subprocess.Popen:
         env = dict(os.environ, JES_SECRET=self.secret)
+        # A replacement is named apart from the worker it replaces, whose loss the master may log after it connects
+        restarts = self._slot_restarts[index]
+        self.names[index] = f"local-{index}" + (f" (restart {restarts})" if restarts else "")
         command = [sys.executable, "-m", "jes.distributed.worker", "--master", self.endpoint,
-                   "--name", f"local-{index}", "--log-level", self.log_level, "--exit-with", str(os.getpid())]
+                   "--name", self.names[index], "--log-level", self.log_level, "--exit-with", str(os.getpid())]
         for module in self.allow_modules:
             command += ["--allow-module", module]
         for module in self.imports:
@@ -83,13 +94,16 @@ class LocalWorkers:
                     if process is None or process.poll() is None:
                         continue
                     if self.restarts >= self.max_restarts:
-                        log.warning("local worker %d exited (code %s); not replaced (%d restarts already)", i,
-                                    process.returncode, self.restarts)
+                        log.warning("local worker %s exited (code %s); not replaced (%d restarts already)",
+                                    self.names[i], process.returncode, self.restarts)
                         self.processes[i] = None
                         continue
-                    log.warning("local worker %d exited (code %s); starting a replacement", i, process.returncode)
                     self.restarts += 1
+                    self._slot_restarts[i] += 1
+                    exited = self.names[i]
                     self.processes[i] = self._spawn(i)
+                    log.warning("local worker %s exited (code %s); started %s to replace it", exited,
+                                process.returncode, self.names[i])
 
     def pids(self) -> list[int]:
         """Process ids of the live workers."""

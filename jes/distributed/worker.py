@@ -54,6 +54,11 @@ MAX_HEARTBEAT_INTERVAL = 3600.0
 log = logging.getLogger("jes.distributed.worker")
 
 
+class EnvFailedError(RuntimeError):
+    """The run built, but its env failed (:class:`jes.host_rollout.HostEnvError`) in the chunk a worker evaluates to
+    warm its programs up before any assignment: the env's fault, not the run's description."""
+
+
 def connect_address(master: str) -> str:
     """``"host:port"`` -> ``tcp://host:port`` (``tcp://...`` as is)."""
     if not isinstance(master, str):
@@ -431,9 +436,15 @@ class Worker:
         except Exception as err:  # noqa: BLE001 - a description we cannot (or will not) build must not kill us
             refused = isinstance(err, protocol.RefusedError)
             # Any refusal (NotAllowedError too) is "RefusedError" on the wire: a master's log reads the same
-            reason = f"{'refused: RefusedError' if refused else 'cannot build: ' + type(err).__name__}: {err}"
-            log.error("cannot build run %s sent by the master: %s", protocol.loggable(run, 200),
-                      protocol.loggable(reason, 2000))
+            if refused:
+                reason = f"refused: RefusedError: {err}"
+            elif isinstance(err, EnvFailedError):  # built; its env raised, which a log should not call a build problem
+                reason = f"its env failed: {err}"
+            else:
+                reason = f"cannot build: {type(err).__name__}: {err}"
+            what = "built run %s sent by the master, but" if isinstance(err, EnvFailedError) else \
+                "cannot build run %s sent by the master:"
+            log.error(what + " %s", protocol.loggable(run, 200), protocol.loggable(reason, 2000))
             self.refused_run, self.refused_reason, self.trainer = run, reason[:2000], None
             self.link.send({"type": "refused", "run": run, "reason": self.refused_reason})
             self._request()
@@ -452,6 +463,7 @@ class Worker:
 
         from jes import host_step
         from jes.generation import ChunkResults, resolve_devices
+        from jes.host_rollout import HostEnvError
         from jes.threefry import UnrolledJit
 
         devices = resolve_devices(self.devices_arg)
@@ -466,7 +478,12 @@ class Worker:
         self.trainer = trainer
         self._set_state(trainer.init_state(0), "")
         for i, device in enumerate(devices):
-            jax.block_until_ready(self.evaluate(self.device_states[i], jax.device_put(np.zeros(1, np.int32), device)))
+            try:  # a host env steps its episodes here: chunk 0 of the first generation, as a run's first assignment
+                jax.block_until_ready(self.evaluate(self.device_states[i], jax.device_put(np.zeros(1, np.int32),
+                                                                                          device)))
+            except HostEnvError as err:
+                raise EnvFailedError(f"HostEnvError: {err} (in the chunk this worker evaluates to warm up, before "
+                                     f"any assignment)") from err
         n, size, obs = trainer.num_chunks, trainer.chunk_size, trainer.spec.obs_shape
         zeros = (np.zeros((n, size), np.float32), np.zeros(n, np.int32), np.zeros((n, *obs), np.float32),
                  np.zeros((n, *obs), np.float32))

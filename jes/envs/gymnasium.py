@@ -87,6 +87,8 @@ class GymnasiumEnv:
         self.factory, self.name, self.env_id, self.episode_seconds = factory, name, env_id, episode_seconds
         try:
             probe = self.make()
+        except missing_package_errors() as err:  # a registered id whose package is missing (LunarLander needs Box2D)
+            raise missing_package(name, err) from err
         except TypeError as err:
             if not inspect.isclass(factory):  # a factory's own error is its own
                 raise
@@ -136,6 +138,12 @@ class GymnasiumEnv:
     def make(self) -> Any:
         """A fresh env instance."""
         return self.factory()
+
+    @property
+    def flattens(self) -> bool:
+        """Whether :meth:`observation` flattens the env's observations (a Dict, Tuple, Discrete, MultiDiscrete or
+        MultiBinary space: ``gymnasium.spaces.flatten``), rather than taking a Box's array as it is."""
+        return self._flatten is not None
 
     def observation(self, obs: Any) -> np.ndarray:
         """One observation as the policy's flat float32 array of :attr:`obs_shape`."""
@@ -210,25 +218,34 @@ def _from_id(name: str, max_steps: int | None, render_mode: str | None = None) -
         close = [k for k in gymnasium.registry if k.split("-")[0].lower() == env_id.split("-")[0].lower()]
         raise ValueError(f"unknown Gymnasium id {env_id!r} in {name!r}" + (f"; did you mean {close}?" if close else
                          "; see gymnasium.pprint_registry()") + " (an env outside gymnasium needs its package installed "
-                         "and imported, on every worker too: jes train --import MODULE, jes-worker --import MODULE)")
+                         f"and imported, {IMPORT_HINT})")
     kwargs: dict = {"disable_env_checker": True}
     if max_steps is not None:
         kwargs["max_episode_steps"] = int(max_steps)
     if render_mode is not None:
         kwargs["render_mode"] = render_mode
-    try:
-        return GymnasiumEnv(lambda: gymnasium.make(env_id, **kwargs), name, env_id=env_id, episode_seconds=limit)
-    except ImportError as err:  # a registered id whose package is missing (GymV26Environment-v0 needs shimmy)
-        raise _missing_package(name, err) from err
+    return GymnasiumEnv(lambda: gymnasium.make(env_id, **kwargs), name, env_id=env_id, episode_seconds=limit)
 
 
-def _missing_package(name: str, err: ImportError) -> ImportError:
-    """An ``ImportError`` naming the env and the package that building it could not import."""
-    if err.name:
-        package = err.name.split(".")[0]
+def missing_package_errors() -> tuple[type, ...]:
+    """What building or drawing a Gymnasium env raises for a package that is not installed: ``ImportError``
+    (GymV26Environment-v0 without shimmy, MuJoCo's imageio), and Gymnasium's own ``DependencyNotInstalled`` (Box2D
+    for LunarLander, pygame for CartPole's frames), which is not an ``ImportError``."""
+    return ImportError, import_gymnasium().error.DependencyNotInstalled
+
+
+def missing_package(name: str, err: Exception) -> ImportError:
+    """An ``ImportError`` naming the env and the package that building it could not import (``err``: one of
+    :func:`missing_package_errors`; Gymnasium's ``DependencyNotInstalled`` says how to install it, and the
+    ``ImportError`` it was raised from names the package)."""
+    cause = err if isinstance(err, ImportError) else err.__cause__
+    module = cause.name if isinstance(cause, ImportError) else None
+    if module:
+        package = module.split(".")[0]
         return ImportError(f"Gymnasium env {name!r} needs the package {package!r}, which is not installed here "
-                           f"({err}); install it (on every worker too)", name=err.name)
-    return ImportError(f"Gymnasium env {name!r} needs a package that is not installed here: {err}")
+                           f"({err}); install it (on every worker too)", name=module)
+    return ImportError(f"Gymnasium env {name!r} needs a package that is not installed here: {err}; install it (on "
+                       f"every worker too)")
 
 
 def registering_module(env_id: str) -> str | None:
@@ -242,6 +259,9 @@ def registering_module(env_id: str) -> str | None:
         return None
     return module
 
+
+# How a program imports the module registering a user's Gymnasium id (`jes eval` says its own flag instead: jes.cli)
+IMPORT_HINT = "on every worker too: jes train --import MODULE, jes-worker --import MODULE"
 
 # Why jes's observation masking (keep_obs, jes.envs.mask_observations) refuses a Gymnasium env.
 NOT_MASKED = ("masks the observations of JAX envs (gymnax, brax); a Gymnasium env masks its own with a wrapper of "
