@@ -405,7 +405,8 @@ def _files_to_read(log_dir: str) -> list[str]:
 def _file_events(path: str):
     """The events of one event file, each record's two checksums checked. TensorBoard's reader stops at the first
     bad record, with a warning; here reading goes on at the next whole record after a damaged stretch, and one
-    warning at the file's end names the file, each stretch, the generations on either side and the last one read."""
+    warning at the file's end names the file, each stretch, the generations on either side and the last one read.
+    A last record cut short (still being written, or a killed writer's) is left out without a warning."""
     with open(path, "rb") as f:
         data = f.read()
     offset, last_step, damaged, pending = 0, None, [], None
@@ -428,16 +429,17 @@ def _file_events(path: str):
                 pending[4] = last_step
                 pending = None
         yield event
+    # A last record cut short is most often one still being written (a writer that writes a record in several
+    # calls: tensorboardX's SummaryWriter), or the one a killed run was writing: read up to it without a word, as
+    # TensorBoard does.
+    damaged = [stretch for stretch in damaged if not stretch[2]]
     if damaged:
         stretches = []
-        for start, end, cut, before, after in damaged:
+        for start, end, _, before, after in damaged:
             written = ("the scalars written there" + (" (of the file's first generation)" if before is None else
                        f", from generation {before} to {after}" if after is not None and after != before else
                        f", of generation {before}" if after is not None else f", after generation {before}"))
-            if cut:
-                stretches.append(f"it ends in a record cut short at byte {start} of {len(data)} (a run still writing "
-                                 f"it, one killed while writing it, or a copy cut short): {written}, are missing")
-            elif end is None:
+            if end is None:
                 stretches.append(f"nothing from byte {start} of {len(data)} on can be read (checksums that do not "
                                  f"match): {written}, are missing")
             else:
@@ -495,6 +497,7 @@ class _Scalars:
     def __init__(self) -> None:
         self.scalars: dict[str, list[tuple[int, float]]] = {}
         self._seen: set = set()
+        self.key: str | None = None  # the run key its files name (see _run_key)
 
     def add(self, event: Any) -> None:
         if _is_restart(event):
@@ -515,6 +518,19 @@ class _Scalars:
 
     def result(self) -> dict[str, list[tuple[int, float]]]:
         return {tag: points for tag, points in self.scalars.items() if points}
+
+
+def _run_key(events: list) -> str | None:
+    """The run key in a file's hyperparameter table (``| key | [0, 3] |``, written by :class:`TensorBoardLogger`
+    when the run starts or resumes), or ``None``."""
+    for event in events:
+        for value in event.summary.value:
+            if value.tag.startswith("hparams") and value.tensor.string_val:
+                for line in value.tensor.string_val[0].decode("utf-8", "replace").splitlines():
+                    cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
+                    if len(cells) == 2 and cells[0] == "key":
+                        return cells[1]
+    return None
 
 
 def _is_restart(event: Any) -> bool:
@@ -558,12 +574,18 @@ def read_runs(log_dir: str) -> list[dict[str, list[tuple[int, float]]]]:
         first = next((int(event.step) for event in events
                       if any(value.HasField("simple_value") for value in event.summary.value)), None)
         start = restart if restart is not None else first
-        if runs and start is not None and (restart is not None or start > 1):
+        key = _run_key(events)
+        # A resumed run continues its key's run (two runs of one key and config are the same run, bit for bit): another
+        # run in the folder, longer or newer, is never the one it resumes. Files without a key (an earlier jes) can
+        # only be told by their generations.
+        candidates = [run for run in runs if key is None or run.key is None or run.key == key]
+        if candidates and start is not None and (restart is not None or start > 1):
             # the newest run that got as far as the generation before this file's first: the one it resumes
-            run = next((run for run in reversed(runs) if run.last_step >= start - 1), runs[-1])
+            run = next((run for run in reversed(candidates) if run.last_step >= start - 1), candidates[-1])
         else:
             run = _Scalars()
             runs.append(run)
+        run.key = run.key if run.key is not None else key
         for event in events:
             run.add(event)
     return [run.result() for run in runs if run.result()]

@@ -255,6 +255,29 @@ def test_two_fresh_runs_in_one_log_dir_are_drawn_apart_and_a_resumed_run_as_one(
     assert Image.open(tmp_path / "cli.png").format == "PNG"
 
 
+def test_a_resumed_run_continues_its_own_run_not_a_longer_one_beside_it(tmp_path):
+    """Run A (5 generations) and run B (8) logged into one folder, their checkpoints elsewhere; A resumed to 7 was
+    joined onto B (the newest run that had got that far): B's curve went 1-5 then A's 6-7, and A's stopped at 5."""
+    from jes.logging import read_runs
+
+    log_dir = str(tmp_path / "ab")
+    common = dict(num_members=8, chunk_size=8, eval_episodes=2, log_dir=log_dir, progress=False)
+    policy = jes.GRUPolicy(hidden=3, layers=1)
+    a = jes.train(policy, "CartPole-v1", "adam", key=0, num_generations=5,
+                  checkpoint_path=str(tmp_path / "a.ckpt"), **common)
+    with pytest.warns(UserWarning, match="already holds the TensorBoard event files of an earlier run"):
+        b = jes.train(policy, "CartPole-v1", "adam", key=1, num_generations=8,
+                      checkpoint_path=str(tmp_path / "b.ckpt"), **common)
+    resumed = jes.train(policy, "CartPole-v1", "adam", resume=a.checkpoint_path, num_generations=7,
+                        checkpoint_path=a.checkpoint_path, **common)
+    runs = read_runs(log_dir)
+    assert [[step for step, _ in run["population/mean_return"]] for run in runs] == [list(range(1, 8)),
+                                                                                     list(range(1, 9))]
+    for run, result in zip(runs, (resumed, b)):
+        assert [np.float32(v) for _, v in run["population/mean_return"]] == \
+            [np.float32(v) for v in result.history["pop_mean"]]
+
+
 @pytest.mark.hard_timeout(300)
 def test_plotting_a_run_that_has_logged_no_generation_yet_says_so(tmp_path):
     """In a run's first seconds its event file is empty (each generation's scalars wait for the next generation,
