@@ -439,6 +439,7 @@ def train(
         restored.check_compatible(trainer)
     if master is None and not num_workers and not trainer.spec.host:  # a master or a host env runs no local step
         trainer.start_compiling_step()  # overlaps building or restoring the state
+    server = None  # the ZeroMQ master of master=, made before the loggers
     try:  # a compile thread left running when this raises would abort the interpreter at its exit
         history = None
         if jax.process_count() > 1:
@@ -496,6 +497,11 @@ def train(
             unwritable = _from_process_0(unwritable)
         if unwritable is not None:
             raise PermissionError(unwritable)
+        # Listening (a secret, a free port) is checked before any log file exists: a refused master leaves nothing.
+        if master is not None:
+            _check_workers_can_rebuild(trainer, f"master={master!r}")
+            server = Master(trainer, master, secret=secret, env=env, optimizer=optimizer, env_params=env_params,
+                            **(master_options or {}))
         # In a multi-process run process 0 alone reports (and writes; see run()).
         earlier = [float(x) for x in (history or {}).get("pop_max", ()) if math.isfinite(float(x))]
         loggers = [jes_logging.ProgressBar(config.num_generations, int(fetch(state.generation)),
@@ -513,17 +519,13 @@ def train(
                 purge_from=int(fetch(state.generation)) + 1 if resume is not None else None))
     except BaseException:
         trainer.finish_compiling()
+        if server is not None:
+            server.close()
         raise
     ran = _Ran()
     try:
-        if (num_workers or master is not None) and trainer.spec.host \
-                and getattr(trainer.spec.env, "env_id", "") is None:
-            how = f"num_workers={num_workers}" if num_workers else f"master={master!r}"
-            raise ValueError(f"{how}: worker processes rebuild a Python env from its registered id, and env "
-                             f"{trainer.spec.name!r} is your own class, instance or factory, which cannot travel to "
-                             f"them: pass it by a registered id ('gymnasium:<id>', registered where every worker "
-                             f"imports it), or run without workers")
         if num_workers:
+            _check_workers_can_rebuild(trainer, f"num_workers={num_workers}")
             local_secret = new_secret()
             try:
                 server = Master(trainer, "127.0.0.1:0", secret=local_secret, env=env, optimizer=optimizer,
@@ -549,9 +551,8 @@ def train(
                 return ran(run(trainer, state, key=key, callbacks=[*loggers, *callbacks], history=history,
                                checkpoint_path=checkpoint_path, checkpoint_every=checkpoint_every,
                                step_fn=server.step, log_dir=log_dir, best=best, started=started))
-        if master is not None:
-            with Master(trainer, master, secret=secret, env=env, optimizer=optimizer, env_params=env_params,
-                        **(master_options or {})) as server:
+        if server is not None:
+            with server:
                 return ran(run(trainer, state, key=key, callbacks=[*loggers, *callbacks], history=history,
                                checkpoint_path=checkpoint_path, checkpoint_every=checkpoint_every,
                                step_fn=server.step, log_dir=log_dir, best=best, started=started))
@@ -591,6 +592,15 @@ def run_hparams(trainer: Trainer, config: ESConfig, optimizer: Any) -> dict:
                        if f.init and f.name not in ("parent", "name")) if dataclasses.is_dataclass(policy) else "..."
     return dict(hparams, env=trainer.spec.name, policy=f"{type(policy).__name__}({fields})",
                 optimizer=trainer.optimizer_name or "")
+
+
+def _check_workers_can_rebuild(trainer: Trainer, how: str) -> None:
+    """Refuse a Python env that worker processes cannot rebuild (they rebuild it from its registered id)."""
+    if trainer.spec.host and getattr(trainer.spec.env, "env_id", "") is None:
+        raise ValueError(f"{how}: worker processes rebuild a Python env from its registered id, and env "
+                         f"{trainer.spec.name!r} is your own class, instance or factory, which cannot travel to "
+                         f"them: pass it by a registered id ('gymnasium:<id>', registered where every worker "
+                         f"imports it), or run without workers")
 
 
 def _unwritable_problem(log_dir: str | None, checkpoint_path: str | None, resume: str | None) -> str | None:
@@ -714,6 +724,16 @@ def _check_same_run(trainer: Trainer, key: Any, resume: str | None) -> None:
     digest = lambda value: np.frombuffer(hashlib.sha256(text(value).encode()).digest()[:8], np.uint32)
     mine = np.stack([digest(parts[name]) for name in names])  # [fields, 2]
     everyone = np.asarray(multihost_utils.process_allgather(mine))  # [processes, fields, 2]
+    # The count each process was launched with (`jes launch --processes`, per host): JAX takes the coordinator's
+    # and ignores the others, so a host's wrong count went unnoticed. 0: not launched with one.
+    launched = np.array([int(os.environ.get(jax_runtime.ENV_NUM_PROCESSES, "0") or 0)], np.int32)
+    counts = np.asarray(multihost_utils.process_allgather(launched)).reshape(-1).tolist()
+    wrong = [(p, c) for p, c in enumerate(counts) if c and c != jax.process_count()]
+    if wrong:
+        said = "; ".join(f"process {p} was launched as one of {c}" for p, c in wrong)
+        raise ValueError(f"the processes of this jax.distributed run were launched with different process counts "
+                         f"({said}, but the run has {jax.process_count()} processes): give every host's `jes launch` "
+                         f"the same --processes")
     differing = {p: [n for i, n in enumerate(names) if not np.array_equal(everyone[p, i], everyone[0, i])]
                  for p in range(everyone.shape[0])}
     differing = {p: fields for p, fields in differing.items() if fields}
@@ -721,8 +741,8 @@ def _check_same_run(trainer: Trainer, key: Any, resume: str | None) -> None:
         names_of = lambda f: f[0] if len(f) == 1 else f"{', '.join(f[:-1])} and {f[-1]}"
         listed = "; ".join(f"process {p}'s {names_of(f)} {'differs' if len(f) == 1 else 'differ'} from process 0's"
                            for p, f in differing.items())
-        raise ValueError(f"the processes of this jax.distributed run were given different runs ({listed}): every "
-                         f"process must run the same command, with the same key, "
+        raise ValueError(f"the processes of this jax.distributed run were given different runs ({listed}): "
+                         f"every process must run the same command, with the same key, "
                          f"settings and --resume checkpoint (a per-process seed would mix the processes' runs into "
                          f"one that is none of them)")
 

@@ -5,7 +5,8 @@
 Trains the small run of :func:`small_run` with ``distributed=True`` and writes what this process's
 result holds to ``OUT_DIR/result<process id>.npz``. ``JES_TEST_DIE_AT=G`` makes process 1 exit
 abruptly (status 3) after generation G, as a crashed host would; ``JES_TEST_PERTURBATION=low_rank`` trains
-with low-rank members, ``JES_TEST_SCHEDULE=1`` with a learning-rate schedule; ``JES_TEST_KEY_PER_PROCESS=1`` gives each process its own key (a mistake jes refuses).
+with low-rank members, ``JES_TEST_SCHEDULE=1`` with a learning-rate schedule; ``JES_TEST_KEY_PER_PROCESS=1`` gives each process its own key (a mistake jes refuses),
+``JES_TEST_PROCESSES_OF_1=N`` launches process 1 as one of N processes (another host's ``jes launch --processes N``).
 """
 import os
 import sys
@@ -41,6 +42,8 @@ def main(out: str, generations: int, resume: str | None = None) -> None:
             os._exit(3)
 
     kwargs = small_run(generations)
+    if os.environ.get("JES_TEST_PROCESSES_OF_1") and os.environ["JES_PROCESS_ID"] == "1":  # its host's other count
+        os.environ["JES_NUM_PROCESSES"] = os.environ["JES_TEST_PROCESSES_OF_1"]
     if os.environ.get("JES_TEST_KEY_PER_PROCESS"):  # a per-process seed, as data-parallel scripts often have
         kwargs["key"] += int(os.environ["JES_PROCESS_ID"])
     result = jes.train(kwargs.pop("policy"), kwargs.pop("env"), kwargs.pop("optimizer"), distributed=True,

@@ -56,6 +56,9 @@ class LyingWorker(Worker):
         if message["type"] == "session":
             self.mode, self.results_sent = self._read_mode(), 0
             logging.getLogger("malicious").info("new session: mode %s", self.mode)
+        if message["type"] == "distrusted":  # a liar does not stop when caught (and this process serves later masters)
+            logging.getLogger("malicious").info("distrusted: %s", message.get("reason"))
+            return
         if message["type"] == "work" and self.mode == "seconds_huge" and self.results_sent:
             # Hold the range: the link heartbeats while we are "busy", and no result ever comes.
             self.last_aid = max(self.last_aid, int(message.get("aid") or 0))

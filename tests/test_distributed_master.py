@@ -401,3 +401,104 @@ def test_the_status_lines_rates_show_workers_that_evaluated_few_members():
     assert members_per_second(1, 30.0) == "0.033"
     assert members_per_second(0, 10.0) == "0"
     assert members_per_second(1234, 10.0) == "123"
+
+
+# ---------------------------------------- a worker is verified before it is trusted
+def drive(master, fakes, sent, alter):
+    """Serve the generation to ``fakes`` (``alter(fake, result)`` may change a result) until it is complete."""
+    for _ in range(200):
+        if master._have.all() and not master._auditing():
+            return
+        for fake in fakes:
+            worker = master.workers.get(fake.identity)
+            if worker is None or worker.distrusted:
+                continue
+            work = [m for m in sent[fake.identity] if m["type"] == "work"]
+            sent[fake.identity].clear()
+            if not work:
+                master._handle(fake.identity, request_message(fake))
+            for m in work:
+                fake.last_aid = m["aid"]
+                master._handle(fake.identity, alter(fake, result_message(master.trainer, m["aid"], m["start"],
+                                                                         m["stop"])))
+        master.clock.now += 0.1
+        master._expire(master.clock.now)
+        master._assign_idle()
+        if master._pending and master._should_evaluate_here():
+            master._evaluate_here(master._pending[0])
+        elif not master._pending and master._audits and master._should_audit_here():
+            master._audit_here(*master._audits.pop(0))
+        check_invariant(master)
+    raise AssertionError("the generation did not complete")
+
+
+def test_a_new_workers_first_range_is_audited_even_without_audit(trainer, caplog):
+    """Defect (new-user tester): with audit=0 a worker computing other bits (other XLA flags) had every result used.
+    Its first range is now checked against the master's own evaluation, so it is distrusted before any of its
+    results settle the generation, and it is told why."""
+    liar, honest = FakeWorker(b"liar"), FakeWorker(b"honest")
+    master, _ = serve(trainer, (liar, honest))
+    sent = {b"liar": [], b"honest": []}
+    master._send = lambda worker, message: sent[worker.identity].append(message)
+
+    def alter(fake, result):
+        if fake is liar:  # one value off in every range it sends
+            k = result["stop"] - result["start"]
+            obs_sum = np.zeros((k, *trainer.spec.obs_shape), np.float32)
+            obs_sum[0, 0] = 1e-7
+            result["obs_sum"] = protocol.pack_array(obs_sum)
+        return result
+
+    try:
+        with caplog.at_level("INFO", "jes.distributed.master"):
+            drive(master, (liar, honest), sent, alter)
+        assert master.workers[b"liar"].distrusted and not master.workers[b"honest"].distrusted
+        assert master.workers[b"honest"].verified  # its first range was audited too, and matched
+        assert master.stats["join_audits"] == 2 and master.stats["sampled_audits"] == 0
+        assert all(not r.any() for r in master._results)  # nothing the liar said survived
+        told = [m for m in sent[b"liar"] if m["type"] == "distrusted"]
+        assert told and "differ from the master's own evaluation" in told[0]["reason"]
+        with caplog.at_level("INFO", "jes.distributed.master"):
+            master._last_status = -1e9  # a status line now
+            master._status(1)
+        assert "liar distrusted, honest" in caplog.text
+    finally:
+        master.close()
+
+
+def test_a_worker_that_reports_a_diverged_state_is_distrusted_with_the_likely_causes(trainer, caplog):
+    """Defect (new-user tester): a worker whose state after an update differed from the master's only asked for a
+    snapshot (86 times in one run) while its results kept being used; now it says so and the master distrusts it."""
+    fake = FakeWorker(b"fast")
+    master, _ = serve(trainer, (fake,))
+    sent = []
+    master._send = lambda worker, message: sent.append(message)
+    try:
+        work = issue(master, fake, sent)
+        with caplog.at_level("INFO", "jes.distributed.master"):
+            master._handle(fake.identity, {"type": "diverged", "run": "run", "gen": 0, "hash": "h", "mine": "other"})
+        assert master.workers[b"fast"].distrusted and work["start"] in master._pending
+        warning = [r for r in caplog.records if "computes other bits" in r.getMessage()]
+        assert warning and warning[0].levelname == "WARNING"
+        for cause in ("XLA_FLAGS", "JAX_ENABLE_X64", "jaxlib", "CPU", "no longer used"):
+            assert cause in warning[0].getMessage()
+        assert sent[-1]["type"] == "distrusted" and "computes other bits" in sent[-1]["reason"]
+        master._handle(fake.identity, request_message(fake))  # asking again: told again, no work
+        assert sent[-1]["type"] == "distrusted"
+    finally:
+        master.close()
+
+
+def test_two_workers_of_one_name_are_told_apart_and_the_name_is_warned_about_once(trainer, caplog):
+    """Defect (new-user tester): two `jes-worker --name dup` read "members/s: dup 4387, dup 2702" in the log."""
+    master = make_master(trainer, Clock())
+    try:
+        with caplog.at_level("INFO", "jes.distributed.master"):
+            for identity in (b"one", b"two", b"three"):
+                master._hello(identity, {"type": "hello", "name": "dup", "nonce": identity.decode().ljust(16, "n")})
+            master._hello(b"four", {"type": "hello", "name": "other", "nonce": "4" * 16})
+        assert [w.name for w in master.workers.values()] == ["dup", "dup#2", "dup#3", "other"]
+        assert len([r for r in caplog.records if "name dup is taken" in r.getMessage()]) == 1
+        assert "worker dup#2 connected" in caplog.text
+    finally:
+        master.close()

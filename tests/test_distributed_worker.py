@@ -377,3 +377,58 @@ def test_a_heartbeat_interval_that_would_stop_or_silence_the_worker_is_refused_o
         assert worker.link.heartbeat_interval == 3600.0 and worker.run == "r"
     else:  # dropped: nothing built, the interval kept
         assert worker.link.heartbeat_interval == before and worker.run is None
+
+
+@pytest.mark.parametrize("where, expected", [("127.0.0.1:PORT", "connection refused: nothing listens on that port"),
+                                             ("nosuchhost.invalid:5555", "cannot resolve host 'nosuchhost.invalid'")])
+def test_an_unreachable_master_is_named_at_once(caplog, where, expected):
+    """Defect (new-user tester): a worker pointed at a typo'd host, or a port where nothing listens, said nothing for
+    30 s and then listed causes including "a wrong secret" (which is reported at once anyway)."""
+    import socket
+
+    with socket.socket() as probe:  # a port nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        where = where.replace("PORT", str(probe.getsockname()[1]))
+    link = _Link(f"tcp://{where}", SECRET, "unit", heartbeat_interval=0.1, master_timeout=600)
+    with caplog.at_level(logging.WARNING, logger="jes.distributed"):
+        link.start()
+        try:
+            deadline = time.monotonic() + 60.0
+            while time.monotonic() < deadline and expected not in caplog.text:
+                time.sleep(0.05)
+        finally:
+            link.stop()
+    assert f"cannot reach master tcp://{where}: {expected}" in caplog.text, caplog.text
+    assert "wrong secret" not in caplog.text
+
+
+def test_failed_handshakes_back_off_exponentially(monkeypatch):
+    """Defect (new-user tester): a worker with a wrong secret reconnected about 5 times a second, for ever. It backs
+    off now: 1, 2, 4 ... seconds between attempts, at most 30."""
+    from jes.distributed.worker import handshake_backoff
+
+    assert [handshake_backoff(n) for n in (1, 2, 3, 4, 5, 6, 7, 50)] == [1, 2, 4, 8, 16, 30, 30, 30]
+    failed_at = []
+    seen = transport.handshake_failure
+
+    def recording(frames):
+        kind = seen(frames)
+        if kind is not None:
+            failed_at.append(time.monotonic())
+        return kind
+
+    monkeypatch.setattr(transport, "handshake_failure", recording)
+    master = FakeMaster()  # the transport of SECRET; the link holds another secret
+    link = _Link(f"tcp://127.0.0.1:{master.port}", b"another-secret-0123456789", "unit", heartbeat_interval=0.1,
+                 master_timeout=600)
+    link.start()
+    try:
+        deadline = time.monotonic() + 120.0
+        while time.monotonic() < deadline and len(failed_at) < 3:
+            time.sleep(0.05)
+    finally:
+        link.stop()
+        master.close()
+    assert len(failed_at) >= 3, failed_at
+    # Lower bounds only (a loaded machine makes the gaps longer, never shorter): no reconnect before its back-off
+    assert failed_at[1] - failed_at[0] >= 0.9 and failed_at[2] - failed_at[1] >= 1.9, failed_at

@@ -150,6 +150,16 @@ def test_processes_given_different_runs_are_refused_naming_what_differs(tmp_path
     assert "done" not in output and not os.path.exists(tmp_path / "keys" / "runs" / "checkpoint.ckpt")
 
 
+def test_hosts_launched_with_different_process_counts_are_refused(tmp_path):
+    """Defect (new-user tester): a host's `jes launch --processes 3` joining a 2-process run went unnoticed (JAX
+    takes the coordinator's count). Every process now compares the count it was launched with."""
+    status, output = launch(tmp_path / "counts", 2, 1, 2, env={"JES_TEST_PROCESSES_OF_1": "3"})
+    assert status != 0, output
+    assert ("launched with different process counts (process 1 was launched as one of 3, but the run has 2 "
+            "processes): give every host's `jes launch` the same --processes") in output, output
+    assert "done" not in output and not os.path.exists(tmp_path / "counts" / "runs" / "checkpoint.ckpt")
+
+
 def test_a_launched_process_without_distributed_is_refused_or_warned(monkeypatch, capsys):
     """Under jes launch without --distributed every process trained the whole run alone into the same files (one
     died on the other's checkpoint save)."""

@@ -42,6 +42,11 @@ more work for the rest of the run, and what it delivered in the generation
 goes back to the queue. Reported times enter the speed estimate only clamped
 to what the master measured itself, so no deadline can be zero or unbounded.
 
+A worker is verified before it is trusted: the first range each newly connected worker delivers is audited
+(below) whatever ``audit`` (one range per join), and a worker whose state after a generation's update differs
+from the master's says so (``diverged``) and is distrusted: it computes other bits. A distrusted worker is told
+why (``distrusted``; a ``jes-worker`` then stops).
+
 With ``audit > 0`` a fraction of delivered ranges is evaluated a second time
 and compared bit for bit, by the master or by a worker the master has verified
 (one whose delivery matched the master's own evaluation); the master settles a
@@ -131,6 +136,7 @@ class _Worker:
     refused: str | None = None  # the run this worker said it cannot build
     distrusted: bool = False    # delivered wrong, malformed or impossible results: never given work again
     verified: bool = False      # a delivery of it matched the master's own evaluation: it may audit others
+    probe: bool = True          # its next delivered range is audited, whatever `audit` (it joined, or resynced)
     aids: set = dataclasses.field(default_factory=set)  # its live assignments
     chunks_per_second: float | None = None
     members_done: int = 0
@@ -222,7 +228,8 @@ class Master:
         self._audit_rng = random.Random(audit_seed)
         self._audits: list[tuple[int, int, bytes]] = []  # (start, stop, first deliverer) waiting for a second look
         self._delivered_by: dict[int, bytes] = {}         # chunk -> the worker whose result is stored
-        self._distrusted: set[bytes] = set()              # identities distrusted for the rest of the run
+        self._distrusted: dict[bytes, str] = {}           # identities distrusted for the rest of the run: why
+        self._names_warned: set[str] = set()              # names taken by two connected workers (warned once each)
         spec = trainer.spec
         max_steps = getattr(spec, "max_steps", None)
         # The most env steps a chunk's episodes can take (each member slot's episode stops at max_steps).
@@ -503,6 +510,7 @@ class Master:
         if worker is None or worker.nonce != nonce:
             if worker is not None:  # the same connection opens a new session: the old one is over
                 self._drop_worker(worker, "opened a new session")
+            name = self._unique_name(name)
             worker = self.workers[identity] = _Worker(identity, name, self.clock(), nonce=nonce,
                                                       session=protocol.Session(self.key, protocol.new_nonce()),
                                                       distrusted=identity in self._distrusted)
@@ -511,10 +519,25 @@ class Master:
         self._send_frames(identity, protocol.encode({"type": "welcome", "nonce": nonce, "sid": worker.session.sid},
                                                     self.key), "welcome", name)
 
+    def _unique_name(self, name: str) -> str:
+        """``name``, or ``name#2``, ``name#3``... when a connected worker has it (two ``--name $(hostname)`` on one
+        host); a taken name is warned about once."""
+        taken = {w.name for w in self.workers.values()}
+        if name not in taken:
+            return name
+        number = 2
+        while f"{name}#{number}" in taken:
+            number += 1
+        if name not in self._names_warned:
+            self._names_warned.add(name)
+            log.warning("worker name %s is taken by a connected worker; this one is called %s#%d in this log (give "
+                        "each worker its own --name)", name, name, number)
+        return f"{name}#{number}"
+
     def _handle(self, identity: bytes, message: dict) -> None:
         """Act on an authenticated, in-session message from a known worker."""
         kind = message["type"]
-        if kind not in ("request", "result", "heartbeat", "bye", "refused"):
+        if kind not in ("request", "result", "heartbeat", "bye", "refused", "diverged"):
             raise ProtocolError(f"unexpected message type {kind!r}")
         worker = self.workers[identity]
         worker.last_seen = self.clock()
@@ -530,6 +553,9 @@ class Master:
             return
         if kind == "bye":
             self._drop_worker(worker, "left")
+            return
+        if kind == "diverged":
+            self._diverged(worker, message)
             return
         if kind == "refused":
             run = field(message, "run", str)
@@ -560,6 +586,19 @@ class Master:
             return
         worker.idle = True
         self._assign(worker)  # between generations the queue is empty: set up, or 'wait'
+
+    def _diverged(self, worker: _Worker, message: dict) -> None:
+        """A worker found its state after a generation's update differs from ours: it computes other bits."""
+        run, generation = field(message, "run", str), field(message, "gen", int)
+        expected, mine = field(message, "hash", str), field(message, "mine", str)
+        if run != self._run or worker.distrusted:
+            return
+        self.stats["diverged"] += 1
+        self._distrust(worker.identity, f"computes other bits than the master: its state after the update of "
+                                        f"generation {generation - 1} has hash {protocol.loggable(mine, 64)}, the "
+                                        f"master's {protocol.loggable(expected, 64)} (likely causes: other XLA_FLAGS "
+                                        f"or JAX settings on that worker, e.g. JAX_ENABLE_X64 or --xla_cpu_enable_fast_"
+                                        f"math; another jes, JAX or jaxlib version; another kind of CPU)", logging.WARNING)
 
     def _handle_result(self, worker: _Worker, message: dict, run, generation: int, state_hash: str) -> None:
         aid = field(message, "aid", int)
@@ -592,8 +631,12 @@ class Master:
                 self._check_audit(start, stop, values, worker.identity)
                 return
             stored = self._store(list(range(start, stop)), *values, worker.identity)
-            if stored and self.audit and self._audit_rng.random() < self.audit:
+            # A worker's first range (after it joined, or after its state diverged) is always checked: one
+            # range per join, so a worker computing other bits is caught before its results settle anything
+            probe, worker.probe = worker.probe and not worker.verified, False
+            if stored and (probe or (self.audit and self._audit_rng.random() < self.audit)):
                 self._audits.append((start, stop, worker.identity))
+                self.stats["join_audits" if probe else "sampled_audits"] += 1
             worker.members_done += stored * self.trainer.chunk_size
             worker.interval_members += stored * self.trainer.chunk_size
             self._learn_speed(worker, stop - start, seconds, elapsed)
@@ -774,11 +817,12 @@ class Master:
                 worker.verified = True
 
     def _distrust(self, identity: bytes,
-                  why: str = "returned results that differ from the master's own evaluation") -> None:
+                  why: str = "returned results that differ from the master's own evaluation",
+                  level: int = logging.ERROR) -> None:
         """Drop everything ``identity`` delivered in this generation and give it no more work (for the rest of
-        the run, also in a new session of the same identity)."""
+        the run, also in a new session of the same identity); tell the worker why (``distrusted``)."""
         already = identity in self._distrusted
-        self._distrusted.add(identity)
+        self._distrusted.setdefault(identity, why)
         worker = self.workers.get(identity)
         name = worker.name if worker is not None else identity.hex()[:12]
         dropped = sorted(c for c, who in self._delivered_by.items() if who == identity)
@@ -795,8 +839,10 @@ class Master:
         if already:
             return
         self.stats["distrusted_workers"] += 1
-        log.error("worker %s %s: distrusted for the rest of the run; its %d chunk(s) of generation %d go back "
-                  "to the queue", name, why, len(dropped), self._generation)
+        log.log(level, "worker %s %s: distrusted for the rest of the run, its results are no longer used; its %d "
+                "chunk(s) of generation %d go back to the queue", name, why, len(dropped), self._generation)
+        if worker is not None:
+            self._send(worker, {"type": "distrusted", "run": self._run, "reason": why})
 
     def _range_size(self, worker: _Worker) -> int:
         rate = worker.chunks_per_second
@@ -830,9 +876,12 @@ class Master:
         audit = None
         if not self._pending and not worker.distrusted and worker.verified:
             audit = next((a for a in self._audits if a[2] != worker.identity), None)
-        if (not self._pending and audit is None) or self._benched(worker) or worker.distrusted:
-            # Nothing to do, a worker that keeps failing to sync (it sits this generation out), or one
-            # whose results an audit proved wrong.
+        if worker.distrusted:  # told again (a new session of it): a jes-worker stops at this message
+            self._send(worker, {"type": "distrusted", "run": self._run,
+                                "reason": self._distrusted.get(worker.identity, "distrusted")})
+            return
+        if (not self._pending and audit is None) or self._benched(worker):
+            # Nothing to do, or a worker that keeps failing to sync (it sits this generation out).
             self._send(worker, {"type": "wait"})
             return
         update = None
@@ -879,7 +928,8 @@ class Master:
         elapsed = now - self._last_status
         if elapsed < self.status_interval or elapsed <= 0:
             return
-        parts = [f"{w.name} {members_per_second(w.interval_members, elapsed)}" for w in self.workers.values()]
+        parts = [f"{w.name} {'distrusted' if w.distrusted else members_per_second(w.interval_members, elapsed)}"
+                 for w in self.workers.values()]
         log.info("generation %d: %d worker(s) connected; members/s: %s%s", generation, len(self.workers),
                  ", ".join(parts) or "-", f", master {members_per_second(self._master_members, elapsed)}")
         for w in self.workers.values():

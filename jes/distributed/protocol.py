@@ -30,6 +30,8 @@ Messages (worker -> master), all but ``hello`` with ``sid`` and ``seq``:
     ``result``    {run, gen, hash, aid, start, stop, fitness, env_steps, obs_sum, obs_sumsq, seconds}.
     ``heartbeat`` {name}: still alive (sent by the worker's I/O thread while it builds or computes).
     ``refused``   {run, reason}: the run's description cannot be built here (e.g. outside the allowlist).
+    ``diverged``  {run, gen, hash, mine}: my state after applying the update that leads to generation ``gen``
+                  has hash ``mine``, not the master's ``hash``: I compute other bits (the master distrusts me).
     ``bye``       {aid}: leaving; my assignment goes back to the queue.
 
 Messages (master -> worker), all but ``welcome``/``rehello`` with ``sid`` and ``seq``:
@@ -43,6 +45,7 @@ Messages (master -> worker), all but ``welcome``/``rehello`` with ``sid`` and ``
                   that turn the worker's previous state into this one.
     ``wait``      {}: no work right now.
     ``pong``      {}: answer to a heartbeat.
+    ``distrusted`` {run, reason}: none of your results are used any more in this run (a jes-worker stops).
 """
 from __future__ import annotations
 

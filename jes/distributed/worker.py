@@ -10,7 +10,8 @@ sends back only fitness, env steps and observation sums.
 
 Two threads: the main thread computes; a link thread owns the socket, sends
 heartbeats while the main thread is busy (compiling or evaluating), and
-reconnects when the master goes quiet (e.g. it restarted). Ctrl-C (or
+reconnects when the master goes quiet (e.g. it restarted), backing off after failed handshakes. A worker the
+master distrusts (its results differed, or its state drifted) logs why and ``jes-worker`` exits with status 3. Ctrl-C (or
 SIGTERM) hands the current range back to the master and exits cleanly.
 
 A worker builds only registered classes and functions (jes's policies and
@@ -50,6 +51,28 @@ from jes.distributed.protocol import ProtocolError, field
 
 # A master's heartbeat interval beyond this is taken as this (seconds): the worker still heartbeats hourly
 MAX_HEARTBEAT_INTERVAL = 3600.0
+# After a failed handshake (a wrong secret or server key) the worker reconnects after 1, 2, 4 ... seconds, at most
+# this long, rather than ZeroMQ's every 200 ms: a misconfigured fleet must not hammer the master's port
+MAX_HANDSHAKE_BACKOFF = 30.0
+# What the worker's socket monitor watches: failed handshakes, and TCP connections that fail (refused)
+LINK_EVENTS = transport.HANDSHAKE_EVENTS | zmq.EVENT_CONNECT_RETRIED | zmq.EVENT_CONNECTED
+
+
+def handshake_backoff(failures: int) -> float:
+    """Seconds to wait before reconnecting after the ``failures``-th failed handshake in a row (1, 2, 4, ... 30)."""
+    return min(MAX_HANDSHAKE_BACKOFF, 2.0 ** min(max(failures - 1, 0), 16))
+
+
+def resolve_problem(endpoint: str) -> str | None:
+    """Why the host of a ``tcp://host:port`` endpoint cannot be resolved, or ``None`` (resolved, or not TCP)."""
+    if not endpoint.startswith("tcp://"):
+        return None
+    host, _, port = endpoint[len("tcp://"):].rpartition(":")
+    try:
+        socket.getaddrinfo(host.strip("[]"), int(port), type=socket.SOCK_STREAM)
+    except (socket.gaierror, UnicodeError, ValueError) as err:
+        return f"cannot resolve host {host!r} (name resolution failed: {err}); check --master"
+    return None
 
 log = logging.getLogger("jes.distributed.worker")
 
@@ -98,6 +121,29 @@ _HANDSHAKE_ADVICE = {
 }
 
 
+# `jes-worker`'s exit status when its master distrusts it (a supervisor may keep it from restarting on this
+# status: a restarted worker with the same settings is distrusted again)
+DISTRUSTED_EXIT = 3
+
+
+class Distrusted(Exception):
+    """The master distrusts this worker (its reason in ``args[0]``): :meth:`Worker.serve` returns."""
+
+
+def likely_cause(reason: str) -> str:
+    """What to check on a worker the master distrusted for ``reason`` (the master's words)."""
+    if "int64" in reason or "float64" in reason:
+        return ("Is JAX_ENABLE_X64 (or jax.config's jax_enable_x64) set on this worker? The master computes in "
+                "32 bits.")
+    if "other bits" in reason or "differ from the master's own evaluation" in reason or "differ" in reason:
+        return ("This worker computes other bits than the master: check that its environment matches the master's "
+                "(XLA_FLAGS, JAX_ENABLE_X64 and other JAX settings; the jes, JAX and jaxlib versions; the kind of "
+                "CPU or accelerator).")
+    if "evaluation time" in reason:
+        return "Its reported evaluation times were impossible by the master's clock."
+    return "Check that this worker runs the same jes, JAX and settings as the master."
+
+
 class _Link(threading.Thread):
     """Owns the DEALER socket: the session, outgoing and incoming messages, heartbeats, reconnects.
 
@@ -132,6 +178,9 @@ class _Link(threading.Thread):
         self._monitor = None
         self.handshake_failures: collections.Counter = collections.Counter()  # by transport.handshake_failure kind
         self._last_handshake_warning = -float("inf")
+        self._reconnect_at: float | None = None  # a reconnect put off after a failed handshake (back-off)
+        self.unreachable: str | None = None  # why the master cannot be reached (unresolvable, refused), once said
+        self._last_unreachable_warning = -float("inf")
 
     def send(self, message: dict) -> None:
         """Queue ``message`` for the master (main thread)."""
@@ -160,10 +209,20 @@ class _Link(threading.Thread):
         # CURVE with the client key of the shared secret (the master admits no other), to the master's own
         # server key when given, else to the one the secret gives (jes.distributed.transport).
         transport.secure_client(sock, self.key, self.curve_server_key)
-        self._monitor = sock.get_monitor_socket(transport.HANDSHAKE_EVENTS)
+        self._monitor = sock.get_monitor_socket(LINK_EVENTS)
+        problem = resolve_problem(self.endpoint)  # ZeroMQ retries an unresolvable name in silence
+        if problem is not None:
+            self._unreachable(problem, time.monotonic())
         sock.connect(self.endpoint)
         self._socket = sock
         self._new_session()
+
+    def _unreachable(self, why: str, now: float) -> None:
+        """Say why the master cannot be reached: at once the first time, then at most every master_timeout."""
+        self.unreachable = why
+        if now - self._last_unreachable_warning >= self.master_timeout:
+            self._last_unreachable_warning = now
+            log.warning("cannot reach master %s: %s; still trying", self.endpoint, why)
 
     def _new_session(self) -> None:
         """Forget the session; :meth:`_hello` opens the next one."""
@@ -245,6 +304,9 @@ class _Link(threading.Thread):
             if self._monitor in events:
                 while self._monitor.poll(0):
                     self._handshake_event(self._monitor.recv_multipart(), now)
+            if self._reconnect_at is not None and now >= self._reconnect_at:
+                self._reconnect_at = None
+                self._socket.connect(self.endpoint)
             if self._socket in events:
                 while self._socket.poll(0):
                     message = self._incoming(self._socket.recv_multipart())
@@ -262,19 +324,21 @@ class _Link(threading.Thread):
                 # pongs keep last_heard fresh, so a long build never looks like a silent master.
                 self._forward(self.session.seal({"type": "heartbeat", "name": self.name}))
                 last_sent = now
-            if self.idle and now - last_heard > self.master_timeout:
+            if self.idle and now - last_heard > self.master_timeout and self._reconnect_at is not None:
+                last_heard = now  # a reconnect is put off after a failed handshake (said why): keep the back-off
+            elif self.idle and now - last_heard > self.master_timeout:
                 if self.connected:
                     log.warning("master %s silent for %.0fs; reconnecting", self.endpoint, now - last_heard)
-                elif self.handshake_failures:  # said why when the handshakes failed
-                    pass
                 elif ever_connected:  # not a wrong secret: it answered before
                     log.warning("master %s has not answered for %.0fs since it last did (its run ended, or it stopped "
                                 "or restarted; Ctrl-C stops this worker); waiting for a master there",
                                 self.endpoint, now - last_heard)
+                elif self.handshake_failures or self.unreachable:  # said why when the handshakes failed, or the
+                    pass                                             # connection was refused or not resolved
                 else:
-                    log.warning("no answer from master %s for %.0fs (not started yet, a wrong secret, a wrong --curve-server-key, or a "
-                                "jes master from before CURVE on every connection?); "
-                                "still trying", self.endpoint, now - last_heard)
+                    # A wrong secret or server key fails the handshake, which is said at once: not listed here.
+                    log.warning("no answer from master %s for %.0fs (not started yet, a firewall dropping the "
+                                "connection, or not a jes master?); still trying", self.endpoint, now - last_heard)
                 self.connected = False
                 poller.unregister(self._socket)
                 poller.unregister(self._monitor)
@@ -294,14 +358,36 @@ class _Link(threading.Thread):
 
     def _handshake_event(self, frames: list[bytes], now: float) -> None:
         """Say why the master's handshake failed: at once the first time, then at most every master_timeout."""
+        from zmq.utils.monitor import parse_monitor_message
+
+        try:
+            event = parse_monitor_message(frames)["event"]
+        except Exception:  # noqa: BLE001 - not a monitor event
+            return
+        if event == zmq.EVENT_CONNECTED:
+            self.unreachable = None
+            return
+        if event == zmq.EVENT_CONNECT_RETRIED:  # the TCP connection failed: refused, or a name not resolved
+            if now - self._last_unreachable_warning >= self.master_timeout:  # a name lookup only when it is said
+                self._unreachable(resolve_problem(self.endpoint) or "connection refused: nothing listens on that "
+                                  "port (the master is not started yet, or a wrong host or port)", now)
+            return
         kind = transport.handshake_failure(frames)
         if kind is None:
             return
         self.handshake_failures[kind] += 1
+        failures = sum(self.handshake_failures.values())
+        delay = handshake_backoff(failures)
+        try:  # no ZeroMQ reconnect every 200 ms: the link connects again after the back-off
+            self._socket.disconnect(self.endpoint)
+        except zmq.ZMQError:
+            pass
+        self._reconnect_at = now + delay
         if now - self._last_handshake_warning >= self.master_timeout:
             self._last_handshake_warning = now
-            log.warning("the handshake with master %s failed (%d time(s) so far, it retries): %s", self.endpoint,
-                        sum(self.handshake_failures.values()), _HANDSHAKE_ADVICE.get(kind, kind))
+            log.warning("the handshake with master %s failed (%d time(s) so far, it retries in %.0fs, backing off "
+                        "to every %.0fs): %s", self.endpoint, failures, delay, MAX_HANDSHAKE_BACKOFF,
+                        _HANDSHAKE_ADVICE.get(kind, kind))
 
 
 class Worker:
@@ -342,6 +428,7 @@ class Worker:
         self.refused_run: str | None = None
         self.refused_reason = ""
         self.members_done = 0
+        self.distrusted: str | None = None  # the master's reason, once it distrusts this worker
         # Set by interrupt(): a KeyboardInterrupt raised by a signal handler can land in a weakref callback or a
         # __del__, where Python prints and drops it; the serve loop checks this flag too, so the worker still exits.
         self._interrupted = threading.Event()
@@ -351,7 +438,8 @@ class Worker:
 
     # ---------------------------------------------------------------- loop
     def serve(self) -> None:
-        """Run until Ctrl-C/SIGTERM (or :meth:`stop`)."""
+        """Run until Ctrl-C/SIGTERM (or :meth:`stop`), or until the master distrusts this worker (then
+        :attr:`distrusted` holds its reason)."""
         log.info("worker %s connecting to %s", self.name, self.endpoint)
         self.link.start()
         try:
@@ -370,6 +458,9 @@ class Worker:
             note = f", returning assignment {self.current_aid}" if self.current_aid is not None else ""
             log.info("worker %s interrupted%s; disconnecting after %d members", self.name, note, self.members_done)
             self.link.send({"type": "bye", "name": self.name, "aid": self.current_aid})
+        except Distrusted as err:
+            self.distrusted = str(err)
+            self.link.send({"type": "bye", "name": self.name, "aid": None})
         finally:
             self.link.stop()
             log.info("worker %s disconnected", self.name)
@@ -387,6 +478,8 @@ class Worker:
 
     def _handle(self, message: dict) -> None:
         kind = message["type"]
+        if kind == "distrusted":
+            self._distrusted(message)
         try:
             if kind == "setup":
                 self._setup(message)
@@ -412,6 +505,14 @@ class Worker:
             self._request(abandon=failed)
 
     # ------------------------------------------------------------ handlers
+    def _distrusted(self, message: dict) -> None:
+        """The master uses no more results of this worker in its run: say why, with the likely cause, and stop
+        (:class:`Distrusted`; ``jes-worker`` exits with status :data:`DISTRUSTED_EXIT`)."""
+        reason = protocol.loggable(str(message.get("reason") or "no reason given"), 2000)
+        log.error("the master distrusts this worker and uses none of its results for the rest of run %s: %s. %s "
+                  "This worker stops.", protocol.loggable(str(message.get("run")), 64), reason, likely_cause(reason))
+        raise Distrusted(reason)
+
     def _setup(self, message: dict) -> None:
         run = field(message, "run", str)
         heartbeat = float(field(message, "heartbeat_interval", (int, float)))
@@ -550,8 +651,13 @@ class Worker:
                 if state_hash == expected:
                     self._set_state(state, state_hash)
                 else:
-                    log.warning("my state after generation %d differs from the master's (hash %s vs %s); "
-                                "asking for a snapshot", generation, state_hash, expected)
+                    # Same results, another state: this process computes other bits than the master. Its results
+                    # cannot be trusted either; the master distrusts it (and says so) when told.
+                    log.warning("my state after generation %d differs from the master's (hash %s vs %s): this "
+                                "worker computes other bits than the master; telling it", generation - 1, state_hash,
+                                expected)
+                    self.link.send({"type": "diverged", "name": self.name, "run": self.run, "gen": generation,
+                                    "hash": expected, "mine": state_hash})
             if (generation, expected) != (self.generation, self.state_hash):
                 self.generation, self.state_hash = -1, ""  # unknown: the master answers with a snapshot
                 self._request(abandon=aid)
@@ -700,7 +806,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.exit_with is not None:
         _exit_with(args.exit_with, worker)
     worker.serve()
-    return 0
+    return DISTRUSTED_EXIT if worker.distrusted is not None else 0
 
 
 if __name__ == "__main__":
