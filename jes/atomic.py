@@ -62,7 +62,13 @@ def _unwritable(path: str) -> tuple[type[OSError], int | None, str] | None:
     target = os.path.abspath(path)
     if os.path.isdir(target):
         return IsADirectoryError, errno.EISDIR, "it is a folder; give a file name in it"
-    existing = os.path.dirname(target)
+    return folder_problem(os.path.dirname(target))
+
+
+def folder_problem(folder: str) -> tuple[type[OSError], int | None, str] | None:
+    """``(error type, errno, why)`` files cannot be created in ``folder``, or in the nearest folder above it that
+    exists (the writer makes the rest); ``None``: they can, as a probe file created there and removed says."""
+    existing = os.path.abspath(folder)
     while not os.path.isdir(existing):
         if os.path.lexists(existing):
             return NotADirectoryError, errno.ENOTDIR, f"{existing!r} is a file, not a folder"

@@ -11,7 +11,6 @@ import dataclasses
 import math
 import os
 import re
-import tempfile
 import time
 import warnings
 from typing import Any, Callable, Iterable, Sequence
@@ -21,6 +20,7 @@ import jax
 import numpy as np
 
 from jes import checkpoint, logging as jes_logging
+from jes.atomic import folder_problem
 from jes.distributed import jax_runtime
 from jes.distributed.local import LOCAL_MASTER_OPTIONS, LocalWorkers, new_secret
 from jes.distributed.master import Master
@@ -619,18 +619,9 @@ def _unwritable_problem(log_dir: str | None, checkpoint_path: str | None, resume
     for what, path, folder in targets:
         name = f"{what} {path!r}" + (" (the resumed checkpoint, which the run goes on writing)"
                                      if what == "checkpoint" and path == resume else "")
-        existing = os.path.abspath(folder)
-        while not os.path.isdir(existing):
-            if os.path.lexists(existing):
-                return f"{name} cannot be written: {existing!r} is a file, not a folder; {remedies[what]}"
-            existing = os.path.dirname(existing)
-        try:
-            fd, probe = tempfile.mkstemp(prefix=".jes-write-check.", suffix=".tmp", dir=existing)
-            os.close(fd)
-            os.unlink(probe)
-        except OSError as err:
-            return (f"{name} cannot be written: a file cannot be created in {existing!r} "
-                    f"({err.strerror or err}); {remedies[what]}")
+        problem = folder_problem(folder)
+        if problem is not None:
+            return f"{name} cannot be written: {problem[2]}; {remedies[what]}"
     return None
 
 
