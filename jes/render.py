@@ -118,6 +118,8 @@ def record_host_episode(trainer: Any, state: Any, key: jax.Array, max_steps: int
                 break
         fps = float((getattr(instance, "metadata", None) or {}).get("render_fps") or 30)
     except gymnasium_family.missing_package_errors() as err:  # its render() imports what draws it (CartPole: pygame)
+        if not gymnasium_family.is_missing_package(err):
+            raise
         raise gymnasium_family.missing_package(spec.name, err) from err
     finally:
         instance.close()

@@ -253,7 +253,7 @@ class TrainedPolicy:
                 return obs
             try:  # is it the raw observation of an env that flattens them? Only its space can tell
                 self.env_spec()
-            except (ValueError, ImportError, TypeError) as err:
+            except Exception as err:  # noqa: BLE001 - an env that cannot be rebuilt here (its own error is beside it)
                 if isinstance(obs, (dict, tuple, list)) or np.ndim(obs) == 0:
                     raise ValueError(f"act takes one observation of shape {tuple(self.obs_shape)}, as training gave it "
                                      f"to the policy; got a {type(obs).__name__}, and this policy's env "
@@ -335,8 +335,8 @@ class TrainedPolicy:
 
 
 def _has_shape(obs: Any, shape: tuple[int, ...]) -> bool:
-    """Whether ``obs`` is a numeric array (or nested list) of ``shape``."""
-    if isinstance(obs, (dict, tuple)):
+    """Whether ``obs`` is a numeric array (or nested list or tuple) of ``shape``."""
+    if isinstance(obs, dict):
         return False
     try:
         array = np.asarray(obs)

@@ -446,6 +446,8 @@ def test_act_flattens_the_raw_observation_of_a_dict_or_discrete_space_as_trainin
         result.act(carry, {"target": obs["target"]})
     alone = jes.load_policy(path)  # a class of one's own: no name rebuilds it, so nothing knows its space
     assert np.array_equal(alone.act(carry, flat)[1], expected[1])
+    assert np.array_equal(alone.act(carry, tuple(flat))[1], expected[1])  # a tuple of numbers is an observation too
+    assert np.array_equal(result.act(carry, tuple(flat))[1], expected[1])
     with pytest.raises(ValueError, match=r"act takes one observation of shape \(5,\), as training gave it to the "
                                          r"policy; got a dict, .* Pass gymnasium.spaces.flatten\("
                                          r"env.observation_space, obs\), or load the policy with "
@@ -886,3 +888,19 @@ def test_an_env_that_fails_midway_keeps_the_run_so_far_in_a_checkpoint_that_resu
     assert resumed.flat_params.tobytes() == reference.flat_params.tobytes()
     for name in ("generation", "pop_mean", "centre_return"):
         assert resumed.history[name].tobytes() == reference.history[name].tobytes(), name
+
+
+class ImportsWrongly(Target):
+    """An env whose constructor imports a name its (installed) module lacks: the env's own bug."""
+
+    def __init__(self):
+        from json import no_such_name  # noqa: F401
+        super().__init__()
+
+
+def test_an_import_error_of_the_envs_own_is_not_called_a_missing_package():
+    """Any ImportError from an env's constructor was reworded as "needs the package 'json', which is not installed
+    here; install it"; only a module that is not there is a missing package."""
+    with pytest.raises(ImportError, match="cannot import name 'no_such_name'") as err:
+        small_train(ImportsWrongly, max_episode_steps=10, num_generations=1)
+    assert "not installed" not in str(err.value)

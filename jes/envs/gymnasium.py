@@ -88,6 +88,8 @@ class GymnasiumEnv:
         try:
             probe = self.make()
         except missing_package_errors() as err:  # a registered id whose package is missing (LunarLander needs Box2D)
+            if not is_missing_package(err):
+                raise
             raise missing_package(name, err) from err
         except TypeError as err:
             if not inspect.isclass(factory):  # a factory's own error is its own
@@ -230,8 +232,16 @@ def _from_id(name: str, max_steps: int | None, render_mode: str | None = None) -
 def missing_package_errors() -> tuple[type, ...]:
     """What building or drawing a Gymnasium env raises for a package that is not installed: ``ImportError``
     (GymV26Environment-v0 without shimmy, MuJoCo's imageio), and Gymnasium's own ``DependencyNotInstalled`` (Box2D
-    for LunarLander, pygame for CartPole's frames), which is not an ``ImportError``."""
+    for LunarLander, pygame for CartPole's frames), which is not an ``ImportError``. Whether one of them is a missing
+    package: :func:`is_missing_package`."""
     return ImportError, import_gymnasium().error.DependencyNotInstalled
+
+
+def is_missing_package(err: Exception) -> bool:
+    """Whether ``err`` (one of :func:`missing_package_errors`) says a package is not installed, rather than being the
+    env's own error: an ``ImportError`` of a module that was found (a name it lacks, a native library that fails to
+    load: its ``path`` is set) is the env's bug or setup, which "install it" would not fix."""
+    return not isinstance(err, ImportError) or isinstance(err, ModuleNotFoundError) or err.path is None
 
 
 def missing_package(name: str, err: Exception) -> ImportError:
