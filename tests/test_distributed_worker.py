@@ -432,3 +432,35 @@ def test_failed_handshakes_back_off_exponentially(monkeypatch):
     assert len(failed_at) >= 3, failed_at
     # Lower bounds only (a loaded machine makes the gaps longer, never shorter): no reconnect before its back-off
     assert failed_at[1] - failed_at[0] >= 0.9 and failed_at[2] - failed_at[1] >= 1.9, failed_at
+
+
+def test_a_local_worker_the_master_distrusted_is_not_replaced(monkeypatch):
+    """jes train --workers N restarted a local worker that exited because the master distrusted it (exit status 3):
+    the replacement computed the same other bits, was audited, distrusted and exited again, up to the restart
+    limit. Any other exit is still replaced."""
+    import subprocess
+    import sys
+
+    from jes.distributed.local import LocalWorkers
+    from jes.distributed.worker import DISTRUSTED_EXIT
+
+    codes = iter([DISTRUSTED_EXIT, 1])
+    spawned = []
+
+    def spawn(self, index):
+        code = next(codes, None)
+        spawned.append(code)
+        script = f"import sys; sys.exit({code})" if code is not None else "import time; time.sleep(60)"
+        return subprocess.Popen([sys.executable, "-c", script])
+
+    monkeypatch.setattr(LocalWorkers, "_spawn", spawn)
+    workers = LocalWorkers("127.0.0.1:1", "x" * 32, 2)
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and len(spawned) < 3:
+            time.sleep(0.1)
+        time.sleep(1.5)  # three more turns of the watcher: a replacement of the distrusted one would be spawned now
+        assert spawned == [DISTRUSTED_EXIT, 1, None], spawned  # the exit-1 worker replaced, the distrusted one not
+        assert workers.processes[0] is None and workers.restarts == 1
+    finally:
+        workers.close()

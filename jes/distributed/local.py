@@ -19,6 +19,8 @@ import sys
 import threading
 import time
 
+from jes.distributed.worker import DISTRUSTED_EXIT
+
 log = logging.getLogger("jes.distributed.local")
 
 # Timing knobs of a master serving local processes: a dead worker is noticed within seconds.
@@ -92,6 +94,11 @@ class LocalWorkers:
             with self._lock:
                 for i, process in enumerate(self.processes):
                     if process is None or process.poll() is None:
+                        continue
+                    if process.returncode == DISTRUSTED_EXIT:  # a replacement would compute the same other bits
+                        log.warning("local worker %s exited: the master distrusts its results (logged above); not "
+                                    "replaced", self.names[i])
+                        self.processes[i] = None
                         continue
                     if self.restarts >= self.max_restarts:
                         log.warning("local worker %s exited (code %s); not replaced (%d restarts already)",

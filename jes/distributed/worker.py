@@ -376,6 +376,9 @@ class _Link(threading.Thread):
         if kind is None:
             return
         self.handshake_failures[kind] += 1
+        # The master there now is not the one this worker was connected to: the next session that opens is a new
+        # connection (said, and the failures' count cleared then, so a later failure backs off from 1 s again)
+        self.connected = False
         failures = sum(self.handshake_failures.values())
         delay = handshake_backoff(failures)
         try:  # no ZeroMQ reconnect every 200 ms: the link connects again after the back-off
