@@ -234,6 +234,34 @@ def test_a_benched_worker_does_not_stop_the_master_from_evaluating(trainer):
         master.close()
 
 
+def drive(master, fakes, sent, alter):
+    """Serve the generation to ``fakes`` (``alter(fake, result)`` may change a result) until it is complete."""
+    for _ in range(200):
+        if master._have.all() and not master._auditing():
+            return
+        for fake in fakes:
+            worker = master.workers.get(fake.identity)
+            if worker is None or worker.distrusted:
+                continue
+            work = [m for m in sent[fake.identity] if m["type"] == "work"]
+            sent[fake.identity].clear()
+            if not work:
+                master._handle(fake.identity, request_message(fake))
+            for m in work:
+                fake.last_aid = m["aid"]
+                master._handle(fake.identity, alter(fake, result_message(master.trainer, m["aid"], m["start"],
+                                                                         m["stop"])))
+        master.clock.now += 0.1
+        master._expire(master.clock.now)
+        master._assign_idle()
+        if master._pending and master._should_evaluate_here():
+            master._evaluate_here(master._pending[0])
+        elif not master._pending and master._audits and master._should_audit_here():
+            master._audit_here(*master._audits.pop(0))
+        check_invariant(master)
+    raise AssertionError("the generation did not complete")
+
+
 def test_audit_catches_a_worker_that_alters_fitness_and_keeps_the_generation_exact(trainer):
     clock = Clock()
     master = make_master(trainer, clock, audit=1.0)
@@ -251,32 +279,15 @@ def test_audit_catches_a_worker_that_alters_fitness_and_keeps_the_generation_exa
         sent = {b"honest": [], b"liar": []}
         master._send = lambda worker, message: sent[worker.identity].append(message)
         master._begin(None, 0, "h")
-        for _ in range(100):
-            if master._have.all() and not master._auditing():
-                break
-            for fake in (honest, liar):
-                if fake.identity not in master.workers:
-                    continue
-                work = [m for m in sent[fake.identity] if m["type"] == "work"]
-                sent[fake.identity].clear()
-                if not work:
-                    master._handle(fake.identity, request_message(fake))
-                for m in work:
-                    fake.last_aid = m["aid"]
-                    result = result_message(trainer, m["aid"], m["start"], m["stop"])
-                    if fake is liar:  # one altered value
-                        fitness = np.zeros((m["stop"] - m["start"], trainer.chunk_size), np.float32)
-                        fitness[0, 0] = 1.0
-                        result["fitness"] = protocol.pack_array(fitness)
-                    master._handle(fake.identity, result)
-            clock.now += 0.1
-            master._expire(clock.now)
-            master._assign_idle()
-            if master._pending and master._should_evaluate_here():
-                master._evaluate_here(master._pending[0])
-            elif not master._pending and master._audits and master._should_audit_here():
-                master._audit_here(*master._audits.pop(0))
-            check_invariant(master)
+
+        def alter(fake, result):
+            if fake is liar:  # one altered value
+                fitness = np.zeros((result["stop"] - result["start"], trainer.chunk_size), np.float32)
+                fitness[0, 0] = 1.0
+                result["fitness"] = protocol.pack_array(fitness)
+            return result
+
+        drive(master, (honest, liar), sent, alter)
         assert master._have.all() and not master._auditing()
         assert master.workers[b"liar"].distrusted and not master.workers[b"honest"].distrusted
         assert master.stats["audit_mismatches"] >= 1 and master.stats["distrusted_workers"] == 1
@@ -404,34 +415,6 @@ def test_the_status_lines_rates_show_workers_that_evaluated_few_members():
 
 
 # ---------------------------------------- a worker is verified before it is trusted
-def drive(master, fakes, sent, alter):
-    """Serve the generation to ``fakes`` (``alter(fake, result)`` may change a result) until it is complete."""
-    for _ in range(200):
-        if master._have.all() and not master._auditing():
-            return
-        for fake in fakes:
-            worker = master.workers.get(fake.identity)
-            if worker is None or worker.distrusted:
-                continue
-            work = [m for m in sent[fake.identity] if m["type"] == "work"]
-            sent[fake.identity].clear()
-            if not work:
-                master._handle(fake.identity, request_message(fake))
-            for m in work:
-                fake.last_aid = m["aid"]
-                master._handle(fake.identity, alter(fake, result_message(master.trainer, m["aid"], m["start"],
-                                                                         m["stop"])))
-        master.clock.now += 0.1
-        master._expire(master.clock.now)
-        master._assign_idle()
-        if master._pending and master._should_evaluate_here():
-            master._evaluate_here(master._pending[0])
-        elif not master._pending and master._audits and master._should_audit_here():
-            master._audit_here(*master._audits.pop(0))
-        check_invariant(master)
-    raise AssertionError("the generation did not complete")
-
-
 def test_a_new_workers_first_range_is_audited_even_without_audit(trainer, caplog):
     """Defect (new-user tester): with audit=0 a worker computing other bits (other XLA flags) had every result used.
     Its first range is now checked against the master's own evaluation, so it is distrusted before any of its
