@@ -526,6 +526,8 @@ def optimize(
         noise_std: initial sigma (openai_es/ars: fixed sigma; openai_es also takes a schedule).
         optimizer, learning_rate: the mean's optimizer for openai_es/pgpe (``None``: the strategy's default).
         fitness_shaping: for openai_es/pgpe.
+        weight_decay: L2 coefficient for openai_es/pgpe (the other strategies refuse one): adds ``weight_decay *
+            mean`` to the step's loss gradient, pulling the mean towards 0 whichever the direction (0: none).
         chunk_size: members per compiled chunk (part of the run's identity).
         target: stop once f(mean) reaches this value (below it when minimising, above when maximising); NaN
             is refused (no value reaches it).
