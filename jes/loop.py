@@ -240,7 +240,7 @@ class TrainResult:
     def render(self, path: str, key: Any = 0, max_steps: int | None = None) -> str:
         """Draw one centre episode to ``path`` (``.gif`` for gymnax CartPole/Pendulum and Gymnasium envs, ``.html`` for brax).
 
-        Needs the ``viz`` extra for GIFs (``pip install "jax-jes[viz]"``); see :func:`jes.render.render`.
+        Needs the ``viz`` extra for GIFs (``pip install ".[viz]"`` in jes's clone); see :func:`jes.render.render`.
         """
         from jes.render import render as render_episode  # matplotlib/pillow only when asked for
 
