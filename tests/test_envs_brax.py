@@ -236,7 +236,7 @@ def test_an_env_object_no_name_rebuilds_is_named_an_instance_and_rebuilding_it_i
 
     for env in (changed, late, held, Pendulum(backend="spring")):
         name = make_env(env).name
-        assert name.endswith(" (a brax env instance)"), name
+        assert " (a brax env instance) physics:" in name, name
         assert make_env(env).solved_return is None
         for asked in (name, name + "?keep_obs=0,1"):
             with pytest.raises(ValueError, match="pass that env itself again"):
@@ -264,6 +264,86 @@ def test_resumes_and_workers_rebuild_an_env_object_s_physics_or_refuse(tmp_path)
     changed.sys = changed.sys.tree_replace({"opt.timestep": 0.01})
     with pytest.raises(DescriptionError, match="no name rebuilds"):
         protocol.describe_run(jes.Trainer(policy, changed, "adam", cfg), changed, "adam")
+
+
+def _changed_timestep(factor: float):
+    env = brax_envs.get_environment("inverted_pendulum", backend="spring")
+    env.sys = env.sys.tree_replace({"opt.timestep": env.sys.opt.timestep * factor})
+    return env
+
+
+FINGERPRINT_SCRIPT = textwrap.dedent("""
+    import jax
+    import brax.envs
+    import jes
+    env = brax.envs.get_environment("inverted_pendulum", backend="spring")
+    env.sys = jax.device_put(env.sys.tree_replace({"opt.timestep": env.sys.opt.timestep * 2}), jax.devices()[1])
+    assert jax.config.jax_enable_x64 and env.sys.link.inertia.mass.dtype == "float64"
+    print(jes.make_env(env).name)
+""")
+
+
+def test_an_instance_s_name_holds_a_fingerprint_of_its_physics_the_same_in_every_process():
+    """A brax System is data: an instance's name ends with a fingerprint of its sys and attributes, the same for the
+    same physics in another process, with 64-bit JAX and with the sys on another device; other physics, another."""
+    name = make_env(_changed_timestep(2)).name
+    assert name.startswith("brax/inverted_pendulum?backend=spring (a brax env instance) physics:"), name
+    assert make_env(_changed_timestep(2)).name == name                      # built again: the same
+    assert make_env(_changed_timestep(5)).name != name                      # another timestep: another
+    late = brax_envs.get_environment("inverted_pendulum", backend="spring")
+    late.extra_push = 2.0
+    later = brax_envs.get_environment("inverted_pendulum", backend="spring")
+    later.extra_push = 3.0
+    assert make_env(late).name != make_env(later).name                      # an attribute of another value
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2", JAX_PLATFORMS="cpu",
+               JAX_ENABLE_X64="1")
+    proc = subprocess.run([sys.executable, "-c", FINGERPRINT_SCRIPT], capture_output=True, text=True, env=env,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.strip().splitlines()[-1] == name
+
+
+def test_a_resume_or_policy_load_on_an_instance_of_other_physics_is_refused(tmp_path):
+    """The envs guide's promise: a run on a brax env instance resumes, and its policy file loads, only on an instance
+    of the same physics; a file written before names held the fingerprint warns that it cannot check."""
+    from jes import checkpoint
+    from jes.loop import trained_policy
+    from test_checkpoint import _rewrite_meta
+
+    cfg = jes.ESConfig(num_members=4, num_generations=1, max_episode_steps=10, eval_episodes=1)
+    policy = jes.MLPPolicy(hidden_sizes=(2,))
+    trainer = jes.Trainer(policy, _changed_timestep(2), "adam", cfg)
+    state = trainer.init_state(0)
+    path = str(tmp_path / "instance.ckpt")
+    checkpoint.save(path, trainer, state)
+    other = jes.Trainer(policy, _changed_timestep(5), "adam", cfg)
+    with pytest.raises(checkpoint.CheckpointError, match="has other physics than the file's") as caught:
+        checkpoint.read(path).restore_state(other)
+    assert trainer.spec.name in str(caught.value) and other.spec.name in str(caught.value)
+    again = jes.Trainer(policy, _changed_timestep(2), "adam", cfg)          # the same physics, built again
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        restored = checkpoint.read(path).restore_state(again)
+    np.testing.assert_array_equal(np.asarray(restored.params), np.asarray(state.params))
+
+    policy_path = str(tmp_path / "instance.policy")
+    trained = trained_policy(trainer, state.params, state)
+    trained.save(policy_path)
+    with pytest.raises(ValueError, match="has other physics than the file's"):
+        jes.load_policy(policy_path, env=_changed_timestep(5))
+    assert jes.load_policy(policy_path, env=_changed_timestep(2)).env_name == trainer.spec.name
+    jes.load_policy(policy_path).evaluate(1, env=_changed_timestep(5))     # other physics, asked for
+
+    # Files written before an instance's name held its physics: said, not refused
+    old_name = trainer.spec.name.partition(" physics:")[0]
+    assert old_name.endswith(" (a brax env instance)")
+    old = _rewrite_meta(path, str(tmp_path / "old.ckpt"), lambda meta: meta.update(env_name=old_name))
+    with pytest.warns(UserWarning, match="cannot check that the instance given now"):
+        checkpoint.read(old).restore_state(other)
+    trained.env_name = old_name
+    old_policy = trained.save(str(tmp_path / "old.policy"))
+    with pytest.warns(UserWarning, match="cannot check that the instance given"):
+        jes.load_policy(old_policy, env=_changed_timestep(5))
 
 
 def test_brax_wrappers_are_refused_at_any_depth():

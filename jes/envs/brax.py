@@ -34,8 +34,9 @@ Names: an env object is named by its registry name, backend and the constructor 
 (``brax/inverted_pendulum?backend=spring&n_frames=1``), read back from what brax stores (``_n_frames``,
 ``_<argument>``); the name is verified by rebuilding the env from it and comparing its attributes, ``sys``
 included. An object that its name does not rebuild (a changed ``sys``, an attribute set after construction,
-an argument a name cannot hold, a class of one's own) is named ``"<name> (a brax env instance)"``
-(:data:`INSTANCE_SUFFIX`), which rebuilding refuses: its files are evaluated and resumed with the env passed again.
+an argument a name cannot hold, a class of one's own) is named ``"<name> (a brax env instance) physics:<fingerprint>"``
+(:data:`INSTANCE_SUFFIX`, :func:`physics_fingerprint`), which rebuilding refuses: its files are evaluated and resumed
+with the env passed again, and refuse an instance of other physics (another fingerprint).
 brax wrappers (``brax.envs.create``'s, ``training.wrap``'s, one's own ``brax.envs.Wrapper``) are refused.
 
 The ``brax`` package is imported only here, and only when a brax env is asked for.
@@ -45,8 +46,10 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import enum
+import hashlib
 import inspect
 import io
+import re
 import sys
 import types
 import warnings
@@ -69,9 +72,13 @@ BACKENDS = ("spring", "positional", "generalized", "mjx")
 # Fractions of the per-step maximum that count as solved (Gym's InvertedPendulum: 950 of 1000), for the registered
 # env with its default constructor arguments, at brax's own episode limit only.
 SOLVED_FRACTIONS = {"inverted_pendulum": 0.95}
-# An env object that no name rebuilds is named "<name> (a brax env instance)": checkpoints and policy files record
-# that, and rebuilding it by name asks for the env object.
+# An env object that no name rebuilds is named "<name> (a brax env instance) physics:<fingerprint>": checkpoints and
+# policy files record that, and rebuilding it by name asks for the env object. The fingerprint (physics_fingerprint)
+# makes a file refuse to resume on, or load for, an instance of other physics; files written before names held it
+# name an instance without one (their physics cannot be checked), and an older jes still finds the suffix in a name.
 INSTANCE_SUFFIX = " (a brax env instance)"
+PHYSICS_LABEL = " physics:"
+_FINGERPRINT_HEX = 12
 _BRAX_NOTICE = "Brax System, piplines and environments are not actively"
 _MISSING = object()
 
@@ -267,6 +274,129 @@ def _same_env(env: Any, other: Any) -> bool:
     return mine.keys() == theirs.keys() and all(_same(mine[k], theirs[k]) for k in mine)
 
 
+def _feed(digest: Any, value: Any, depth: int = 0) -> None:
+    """Feed ``value`` to ``digest`` as bytes that are the same wherever it holds the same physics: in every process
+    and run, on any device, with 64-bit JAX or not. Numbers and arrays are fed by kind, shape and values in one
+    canonical dtype (floats as float32, the precision of brax's physics without x64; ints as int64; a Python float
+    and a 0-d float32 array alike: brax's spring ``System`` keeps its timestep as a float, ``tree_replace`` may
+    make it an array); dataclasses (a ``System``, its parts) field by field, in order; sequences and dicts item by
+    item. A MuJoCo ``MjModel`` (the rendering model a ``System`` keeps; physics reads the ``System``'s own arrays),
+    a module, a function and an object of any other type count by their type or qualified name."""
+    def put(tag: str, data: bytes = b"") -> None:
+        digest.update(f"{tag}:{len(data)}:".encode() + data)
+
+    if depth > 32:
+        return put("deep")
+    if isinstance(value, enum.Enum):   # before str and int: an IntEnum or StrEnum is one of them too
+        return put(f"enum {type(value).__qualname__}", repr(value.value).encode())
+    if value is None:
+        return put("none")
+    if isinstance(value, str):
+        return put("str", value.encode())
+    if isinstance(value, bytes):
+        return put("bytes", bytes(value))
+    if isinstance(value, (bool, int, float, complex, np.generic, np.ndarray, jax.Array)):
+        try:
+            array = np.asarray(value)
+        except Exception:  # noqa: BLE001 - key arrays and the like: by their type
+            return put(f"object {type(value).__module__}.{type(value).__qualname__}")
+        if isinstance(value, int) and not isinstance(value, bool) and array.dtype.kind not in "iu":
+            return put("bigint", str(value).encode())   # beyond 64 bits
+        if array.dtype.kind == "b":
+            canonical = array.astype(np.bool_)
+        elif array.dtype.kind == "u" and array.dtype.itemsize == 8:
+            canonical = array.astype("<u8")
+        elif array.dtype.kind in "iu":
+            canonical = array.astype("<i8")
+        elif array.dtype.kind == "c":
+            canonical = array.astype("<c8")
+        elif np.issubdtype(array.dtype, np.floating) or jnp.issubdtype(array.dtype, jnp.floating):
+            canonical = array.astype("<f4")
+        elif array.dtype.kind == "O":   # an array of objects: item by item (its bytes are their addresses)
+            put(f"objects {list(array.shape)}")
+            for item in array.ravel().tolist():
+                _feed(digest, item, depth + 1)
+            return None
+        else:
+            canonical = array
+        return put(f"array {canonical.dtype.str}{list(canonical.shape)}", np.ascontiguousarray(canonical).tobytes())
+    if type(value).__name__ == "MjModel" and type(value).__module__.split(".")[0] == "mujoco":
+        return put("MjModel")
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        fields = dataclasses.fields(value)
+        put(f"dataclass {type(value).__qualname__}", str(len(fields)).encode())
+        for field in fields:
+            put("field", field.name.encode())
+            _feed(digest, getattr(value, field.name), depth + 1)
+        return None
+    if isinstance(value, (tuple, list)):
+        put("sequence", str(len(value)).encode())
+        for item in value:
+            _feed(digest, item, depth + 1)
+        return None
+    if isinstance(value, dict):
+        items = sorted(value.items(), key=lambda item: repr(item[0]))
+        put("dict", str(len(items)).encode())
+        for key, item in items:
+            _feed(digest, key, depth + 1)
+            _feed(digest, item, depth + 1)
+        return None
+    if isinstance(value, types.ModuleType):
+        return put("module", value.__name__.encode())
+    if callable(value) and hasattr(value, "__qualname__"):
+        return put("callable", f"{getattr(value, '__module__', '')}.{value.__qualname__}".encode())
+    return put(f"object {type(value).__module__}.{type(value).__qualname__}")
+
+
+def physics_fingerprint(env: Any) -> str:
+    """A short sha256 of a raw brax env's attributes, ``sys`` with every array of it included (:func:`_feed`):
+    the same for the same physics in every process and run, on any device, with 64-bit JAX or not (floats are
+    compared at float32 precision); another one for another ``sys``, another attribute value or another brax or
+    MuJoCo version whose ``System`` holds other fields."""
+    digest = hashlib.sha256()
+    for key, value in sorted(vars(env).items()):
+        _feed(digest, key)
+        _feed(digest, value)
+    return digest.hexdigest()[:_FINGERPRINT_HEX]
+
+
+def instance_name(name: str, env: Any) -> str:
+    """The name of brax env instance ``env``: ``name`` (its class's registry name and options) with
+    :data:`INSTANCE_SUFFIX` and its :func:`physics_fingerprint`."""
+    return name + INSTANCE_SUFFIX + PHYSICS_LABEL + physics_fingerprint(env)
+
+
+def _split_physics(name: str) -> tuple[str, str | None]:
+    """``(name without its instance's fingerprint, the fingerprint or None)``."""
+    head, suffix, tail = name.partition(INSTANCE_SUFFIX)
+    found = re.match(re.escape(PHYSICS_LABEL) + "([0-9a-f]+)", tail) if suffix else None
+    if found is None:
+        return name, None
+    return head + suffix + tail[found.end():], found.group(1)
+
+
+def instance_difference(recorded: str, given: str) -> str | None:
+    """How env name ``given`` stands to ``recorded`` (a file's) where both name one brax env instance:
+    ``"physics"`` when its physics fingerprint is another, ``"unchecked"`` when ``recorded`` was written before
+    names held one (a file of an earlier jes: the instance's physics cannot be checked), ``None`` otherwise (the
+    same name, or names of other envs)."""
+    if recorded == given or INSTANCE_SUFFIX not in recorded or INSTANCE_SUFFIX not in given:
+        return None
+    (recorded_plain, recorded_physics), (given_plain, given_physics) = _split_physics(recorded), _split_physics(given)
+    if recorded_plain != given_plain or given_physics is None:
+        return None
+    return "unchecked" if recorded_physics is None else "physics"
+
+
+def other_physics(recorded: str, given: str) -> str:
+    """What differs between brax env instances ``recorded`` (a file's) and ``given`` whose names differ in their
+    physics fingerprint only (:func:`instance_difference` ``"physics"``), in words."""
+    (_, theirs), (_, mine) = _split_physics(recorded), _split_physics(given)
+    return (f"the brax env instance given, {given!r}, has other physics than the file's {recorded!r}: its sys or "
+            f"attributes differ (fingerprint {mine}, the file's {theirs}; a sys changed otherwise, an attribute or "
+            f"constructor argument of another value, or another brax or MuJoCo version building it)")
+
+
 def _registry_name(env: Any) -> str | None:
     return next((n for n, cls in _import_brax_envs()._envs.items() if type(env) is cls), None)
 
@@ -278,7 +408,8 @@ def name_of(env: Any) -> str:
     those of the env the name alone builds (read back from the ``_<argument>`` attributes brax's envs keep:
     ``"brax/inverted_pendulum?backend=spring&n_frames=1"``). The name is verified by building the env from it and
     comparing every attribute; an env it does not rebuild (a changed ``sys``, an attribute set after construction,
-    an argument a name cannot hold, a class of one's own) is named with :data:`INSTANCE_SUFFIX`.
+    an argument a name cannot hold, a class of one's own) is named with :data:`INSTANCE_SUFFIX` and its
+    :func:`physics_fingerprint` (:func:`instance_name`).
     """
     arguments, closed = _constructor_arguments(type(env))
     backend = vars(env).get("_backend") if "backend" in arguments else None   # brax's toy env "fast" keeps none
@@ -286,7 +417,7 @@ def name_of(env: Any) -> str:
     options = dict(plain)
     base = _registry_name(env)
     if base is None:
-        return canonical_name(type(env).__name__, options) + INSTANCE_SUFFIX
+        return instance_name(canonical_name(type(env).__name__, options), env)
     rebuilds = False
     try:
         fresh = _build(base, options)
@@ -306,7 +437,7 @@ def name_of(env: Any) -> str:
     except Exception:  # noqa: BLE001 - a value a name cannot hold, or an env its name does not build: an instance
         rebuilds = False
     name = canonical_name(base, options)
-    return name if rebuilds else name + INSTANCE_SUFFIX
+    return name if rebuilds else instance_name(name, env)
 
 
 def refuse_wrapper(env: Any) -> None:
