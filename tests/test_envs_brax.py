@@ -377,6 +377,44 @@ def test_bad_option_values_name_the_option_the_env_and_what_it_takes():
         make_env("brax/hopper?backend=spring&backend=generalized")
 
 
+def test_an_example_value_is_the_env_s_own_default_on_its_backend():
+    """inverted_pendulum steps 4 physics frames on spring, 2 on generalized: not PipelineEnv's 1."""
+    for backend, frames in (("spring", 4), ("generalized", 2)):
+        with pytest.raises(ValueError) as caught:
+            make_env(f"{ENV}?backend={backend}&n_frames=abc")
+        assert f"'brax/inverted_pendulum?backend={backend}&n_frames={frames}', inverted_pendulum's default" \
+            in str(caught.value), caught.value
+
+
+def test_n_frames_below_one_is_refused_by_name_and_as_an_object():
+    """n_frames=0 or -1 never steps the physics: every member would score alike (the maximum, on inverted_pendulum)."""
+    for frames in (0, -1):
+        with pytest.raises(ValueError, match=rf"n_frames={frames} runs no physics step.*1 or more"):
+            make_env(f"{ENV}?n_frames={frames}")
+    with pytest.raises(ValueError, match="n_frames=0 runs no physics step"):
+        make_env(brax_envs.get_environment("inverted_pendulum", backend="spring", n_frames=0))
+
+
+def test_a_negative_or_infinite_reset_noise_scale_is_refused():
+    """brax draws uniform(-scale, scale): a negative scale clamps every draw to -scale (all episodes start alike),
+    an infinite one draws NaN."""
+    for scale in ("-0.1", "inf"):
+        with pytest.raises(ValueError, match=rf"reset_noise_scale={scale} gives no reset noise.*"
+                                             rf"'brax/hopper\?backend=spring&reset_noise_scale=0.005'"):
+            make_env(f"brax/hopper?reset_noise_scale={scale}")
+    with pytest.raises(ValueError, match="reset_noise_scale=-1 gives no reset noise"):
+        make_env(brax_envs.get_environment("hopper", backend="spring", reset_noise_scale=-1))
+    assert make_env("brax/hopper?reset_noise_scale=0").name == "brax/hopper?backend=spring&reset_noise_scale=0.0"
+
+
+def test_brax_s_own_option_names_are_answered_with_jes_s():
+    for option in ("episode_length", "max_episode_steps"):
+        with pytest.raises(ValueError, match=r"max_episode_steps=100\) or jes train --max-episode-steps 100"):
+            make_env(f"{ENV}?{option}=100")
+    with pytest.raises(ValueError, match=r"action_repeat.*n_frames.*'brax/inverted_pendulum\?backend=spring&n_frames=4'"):
+        make_env(f"{ENV}?action_repeat=2")
+
+
 def test_an_unsupported_backend_is_answered_with_the_env_s_own_backends():
     with pytest.raises(ValueError, match=r"'swimmer' does not support backend 'spring'.*supports generalized:") as caught:
         make_env("brax/swimmer?backend=spring")

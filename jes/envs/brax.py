@@ -171,21 +171,78 @@ def _kind(default: Any) -> type | None:
     return None
 
 
+# Option names of brax's own trainers (brax.envs.create, EvoJAX's BraxTask) and of jes's config, which a brax env's
+# name does not take: what jes calls them. ("{value}" is the value given.)
+_ELSEWHERE = {
+    "episode_length": "the episode length is jes's max_episode_steps, not part of the env name: "
+                      "jes.train(..., max_episode_steps={value}) or jes train --max-episode-steps {value}",
+    "max_episode_steps": "max_episode_steps is jes's config, not part of the env name: "
+                         "jes.train(..., max_episode_steps={value}) or jes train --max-episode-steps {value}",
+    "max_steps": "the episode length is jes's max_episode_steps, not part of the env name: "
+                 "jes.train(..., max_episode_steps={value}) or jes train --max-episode-steps {value}",
+    "action_repeat": "brax.envs.create's action_repeat (a wrapper repeating whole env steps) has no wrapper in jes; "
+                     "the nearest is the env's own n_frames, the physics steps one env step takes{example}",
+}
+
+
+def _value_problem(key: str, value: Any) -> str | None:
+    """Why an option's value, of the right type, still makes no env, and what the option takes (``None``: it
+    makes one)."""
+    number = isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, (bool, np.bool_))
+    if key == "n_frames" and number and value < 1:
+        return (f"n_frames={value} runs no physics step per env step (an env step steps the physics n_frames "
+                f"times): the env would never move or end, and every member would score alike; n_frames takes an "
+                f"int of 1 or more")
+    if key == "reset_noise_scale" and number and not 0 <= value < np.inf:   # NaN is refused with every option
+        why = ("brax draws uniform(-scale, scale), which a negative scale clamps to -scale: every episode would "
+               "start alike, shifted by -scale" if value < 0 else "an infinite scale draws NaN start states")
+        return (f"reset_noise_scale={value} gives no reset noise ({why}); reset_noise_scale takes a finite number of "
+                f"0 or more (0: no noise)")
+    return None
+
+
+# Constructor arguments whose values _value_problem checks, also in an env object's _<argument> attributes.
+_VALUE_CHECKED = ("n_frames", "reset_noise_scale")
+
+
+def _example(base: str, key: str, options: dict[str, Any]) -> str:
+    """``" (e.g. 'brax/<base>?backend=...&<key>=<value>', <base>'s default)"``: the value of argument ``key`` that
+    brax env ``base`` is built with on the backend of ``options`` when a name leaves it out, read back from its
+    ``_<key>`` attribute (inverted_pendulum's ``n_frames`` is 4 on spring and 2 on generalized, not
+    ``PipelineEnv``'s 1); ``""`` where that cannot be told."""
+    shown = {"backend": options["backend"]} if "backend" in options else {}
+    try:
+        default = vars(_build(base, shown)).get("_" + key, _MISSING)
+    except Exception:  # noqa: BLE001 - an env that does not build on that backend: no example
+        return ""
+    if default is _MISSING or _value_problem(key, default) is not None:
+        return ""
+    return f" (e.g. {canonical_name(base, {**shown, key: default})!r}, {base}'s default)"
+
+
 def _checked_options(base: str, options: dict[str, Any], arguments: dict[str, Any], closed: bool) -> dict[str, Any]:
-    """``options`` checked against the constructor of brax env ``base`` (names, and values of the type of the
-    argument's default), ints given for float arguments made floats.
+    """``options`` checked against the constructor of brax env ``base`` (names, values of the type of the
+    argument's default, and values that make no env: ``n_frames`` < 1, a negative or infinite
+    ``reset_noise_scale``), ints given for float arguments made floats.
 
     Raises:
-        ValueError: an argument the constructor does not take, or a value of another type; the message names the
-            option, the env and what it takes.
+        ValueError: an argument the constructor does not take (with jes's name for it where it is an option of brax's
+            trainers or of jes's config: ``episode_length``, ``action_repeat``, ``max_episode_steps``), a value of
+            another type or one that makes no env; the message names the option, the env and what it takes.
     """
     takes = ", ".join(arguments)
     checked = {}
     for key, value in options.items():
         if key not in arguments:
             if closed:
-                raise ValueError(f"brax env {base!r} takes no option {key!r}; its constructor takes: {takes} "
-                                 f"(and jes's keep_obs=0,2)")
+                elsewhere = _ELSEWHERE.get(key, "")
+                if key == "action_repeat" and "n_frames" not in arguments:
+                    elsewhere = elsewhere.partition(";")[0]
+                if elsewhere:
+                    example = _example(base, "n_frames", options) if "{example}" in elsewhere else ""
+                    elsewhere = "; " + elsewhere.format(value=_format_value(value), example=example)
+                raise ValueError(f"brax env {base!r} takes no option {key!r}{elsewhere}; its constructor takes: "
+                                 f"{takes} (and jes's keep_obs=0,2)")
             checked[key] = value
             continue
         kind = _kind(arguments[key])
@@ -194,7 +251,10 @@ def _checked_options(base: str, options: dict[str, Any], arguments: dict[str, An
         if kind is not None and (type(value) is not kind):
             what = {bool: "true or false", int: "an int", float: "a number", str: "a string"}[kind]
             raise ValueError(f"brax env {base!r}: option {key}={_format_value(value)!r} is not {what}; {key} takes "
-                             f"{what}, e.g. '{PREFIX}{base}?{key}={_format_value(arguments[key])}'")
+                             f"{what}{_example(base, key, options)}")
+        problem = _value_problem(key, value)
+        if problem is not None:
+            raise ValueError(f"brax env {base!r}: {problem}{_example(base, key, options)}")
         checked[key] = value
     return checked
 
@@ -480,10 +540,16 @@ class BraxEnv:
 
     Raises:
         TypeError: a brax wrapper (:func:`refuse_wrapper`).
+        ValueError: an env built with ``n_frames`` < 1 (it would never move) or a negative or infinite
+            ``reset_noise_scale`` (no reset noise).
     """
 
     def __init__(self, env: Any, name: str | None = None):
         refuse_wrapper(env)
+        for key in _VALUE_CHECKED:   # an object built so (a name's options are refused before the env is built)
+            problem = _value_problem(key, vars(env).get("_" + key))
+            if problem is not None:
+                raise ValueError(f"brax env {type(env).__name__}: {problem}")
         self.env = env
         self.backend = getattr(env, "backend", None)
         self.name = name or name_of(env)
