@@ -395,15 +395,18 @@ def test_n_frames_below_one_is_refused_by_name_and_as_an_object():
         make_env(brax_envs.get_environment("inverted_pendulum", backend="spring", n_frames=0))
 
 
-def test_a_negative_or_infinite_reset_noise_scale_is_refused():
+def test_a_negative_infinite_or_nan_reset_noise_scale_is_refused():
     """brax draws uniform(-scale, scale): a negative scale clamps every draw to -scale (all episodes start alike),
-    an infinite one draws NaN."""
+    an infinite or NaN one draws NaN (an env object's NaN is said to be NaN; a name's is refused with any option)."""
     for scale in ("-0.1", "inf"):
         with pytest.raises(ValueError, match=rf"reset_noise_scale={scale} gives no reset noise.*"
                                              rf"'brax/hopper\?backend=spring&reset_noise_scale=0.005'"):
             make_env(f"brax/hopper?reset_noise_scale={scale}")
     with pytest.raises(ValueError, match="reset_noise_scale=-1 gives no reset noise"):
         make_env(brax_envs.get_environment("hopper", backend="spring", reset_noise_scale=-1))
+    with pytest.raises(ValueError, match=r"reset_noise_scale=nan gives no reset noise \(NaN, not a number") as caught:
+        make_env(brax_envs.get_environment("hopper", backend="spring", reset_noise_scale=float("nan")))
+    assert "infinite" not in str(caught.value)
     assert make_env("brax/hopper?reset_noise_scale=0").name == "brax/hopper?backend=spring&reset_noise_scale=0.0"
 
 

@@ -193,9 +193,14 @@ def _value_problem(key: str, value: Any) -> str | None:
         return (f"n_frames={value} runs no physics step per env step (an env step steps the physics n_frames "
                 f"times): the env would never move or end, and every member would score alike; n_frames takes an "
                 f"int of 1 or more")
-    if key == "reset_noise_scale" and number and not 0 <= value < np.inf:   # NaN is refused with every option
-        why = ("brax draws uniform(-scale, scale), which a negative scale clamps to -scale: every episode would "
-               "start alike, shifted by -scale" if value < 0 else "an infinite scale draws NaN start states")
+    if key == "reset_noise_scale" and number and not 0 <= value < np.inf:
+        if np.isnan(value):   # an env object built so (a name's NaN is refused before, with every option)
+            why = "NaN, not a number: brax's uniform(-scale, scale) draws NaN start states"
+        elif value < 0:
+            why = ("brax draws uniform(-scale, scale), which a negative scale clamps to -scale: every episode would "
+                   "start alike, shifted by -scale")
+        else:
+            why = "an infinite scale draws NaN start states"
         return (f"reset_noise_scale={value} gives no reset noise ({why}); reset_noise_scale takes a finite number of "
                 f"0 or more (0: no noise)")
     return None
