@@ -631,16 +631,10 @@ class Checkpoint:
                              ("num_params", "parameter count"), ("obs_shape", "observation shape")):
             if field == "optimizer" and _same_optimizer_name(mine[field], theirs[field]):
                 continue  # "adamm" and "AMSGrad" build amsgrad
-            instance = brax_envs.instance_difference(str(theirs[field]), str(mine[field])) \
-                if field == "env_name" else None
-            if instance == "physics":
-                problems.append(f"env: {brax_envs.other_physics(theirs[field], mine[field])}")
-                continue
-            if instance == "unchecked":
-                warnings.warn(f"checkpoint {self.path} ran the brax env instance {theirs[field]!r}, named as jes named "
-                              f"an instance before it recorded a fingerprint of its physics: jes cannot check that "
-                              f"the instance given now, {mine[field]!r}, has the physics it ran; resuming on it as "
-                              f"given", stacklevel=3)
+            notice = brax_envs.instance_warning(str(theirs[field]), str(mine[field]), f"checkpoint {self.path}",
+                                                resuming=True) if field == "env_name" else None
+            if notice is not None:   # another sys, or one that cannot be checked: said, not refused
+                warnings.warn(notice, stacklevel=3)
                 continue
             if field == "env_name" and mine[field] != theirs[field] and mine[field] == self._brax_name_today():
                 continue  # the same brax env, named as today's jes names it

@@ -457,8 +457,7 @@ def load_policy(path: str, env: Any = None, allow_modules: Any = ()) -> TrainedP
     Args:
         path: the file.
         env: the env to evaluate on when it is not a gymnax id (an env object or ``(env, params)``). For a file of a
-            brax env instance, the instance again: one of other physics is refused (to evaluate on it deliberately,
-            ``jes.load_policy(path).evaluate(env=env)``).
+            brax env instance, the instance again: one of another ``sys`` (physics) is warned about.
         allow_modules: modules of your own the policy may come from (e.g. ``["mypkg.policies"]``);
             a policy class whose module your program imported already is admitted without it.
 
@@ -467,12 +466,13 @@ def load_policy(path: str, env: Any = None, allow_modules: Any = ()) -> TrainedP
         PolicyFileError: not a jes policy file, truncated, corrupt, malformed (naming the field),
             naming code outside the registry, or from a newer jes; a count of observations that is not positive
             and finite, or an env name setting a parameter to NaN.
-        ValueError: ``env`` is a brax env instance of other physics than the one the file's policy was trained on.
 
     Warns:
         UserWarning: parameters or sums of observations that are not finite (a diverged run's file loads, for a
-            look at it); a brax env instance given for a file written before jes recorded an instance's physics (it
-            cannot be checked).
+            look at it); a brax env instance given whose ``sys`` (physics) differs from the one the file's policy was
+            trained on (another fingerprint: other physics, or the same built by another brax or MuJoCo version, or
+            edited with 64-bit JAX switched), or given for a file written before jes recorded an instance's physics
+            (it cannot be checked).
     """
     data = schema.read_file(path, "policy file", ".policy")
     if len(data) < _HEADER.size:
@@ -502,15 +502,9 @@ def load_policy(path: str, env: Any = None, allow_modules: Any = ()) -> TrainedP
     spec = None
     if env is not None:
         spec = env if isinstance(env, EnvSpec) else make_env(env, max_steps=meta["max_steps"])
-        instance = brax_envs.instance_difference(meta["env_name"], spec.name)
-        if instance == "physics":
-            raise ValueError(f"policy file {path}: {brax_envs.other_physics(meta['env_name'], spec.name)}. Pass the "
-                             f"instance it was trained on, or, to evaluate it on other physics, "
-                             f"jes.load_policy(path).evaluate(env=env)")
-        if instance == "unchecked":
-            warnings.warn(f"policy file {path} names its env {meta['env_name']!r}, as jes named a brax env instance "
-                          f"before it recorded a fingerprint of its physics: jes cannot check that the instance given, "
-                          f"{spec.name!r}, has the physics it was trained on; evaluating on it as given", stacklevel=2)
+        notice = brax_envs.instance_warning(meta["env_name"], spec.name, f"policy file {path}", resuming=False)
+        if notice is not None:   # another sys, or one that cannot be checked: said, not refused
+            warnings.warn(notice, stacklevel=2)
     obs_stats = None
     if "obs_sum" in content:
         if "obs_count" not in content or "obs_sumsq" not in content:

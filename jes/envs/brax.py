@@ -34,9 +34,10 @@ Names: an env object is named by its registry name, backend and the constructor 
 (``brax/inverted_pendulum?backend=spring&n_frames=1``), read back from what brax stores (``_n_frames``,
 ``_<argument>``); the name is verified by rebuilding the env from it and comparing its attributes, ``sys``
 included. An object that its name does not rebuild (a changed ``sys``, an attribute set after construction,
-an argument a name cannot hold, a class of one's own) is named ``"<name> (a brax env instance) physics:<fingerprint>"``
-(:data:`INSTANCE_SUFFIX`, :func:`physics_fingerprint`), which rebuilding refuses: its files are evaluated and resumed
-with the env passed again, and refuse an instance of other physics (another fingerprint).
+an argument a name cannot hold, a class of one's own) is named ``"<name> (a brax env instance) physics:1:<hex>"``
+(:data:`INSTANCE_SUFFIX`, :func:`physics_fingerprint` of its ``sys``), which rebuilding refuses: its files are
+evaluated and resumed with the env passed again, and warn when that instance's ``sys`` is another (another
+fingerprint: other physics, or the same built by another brax or MuJoCo version).
 brax wrappers (``brax.envs.create``'s, ``training.wrap``'s, one's own ``brax.envs.Wrapper``) are refused.
 
 The ``brax`` package is imported only here, and only when a brax env is asked for.
@@ -72,12 +73,14 @@ BACKENDS = ("spring", "positional", "generalized", "mjx")
 # Fractions of the per-step maximum that count as solved (Gym's InvertedPendulum: 950 of 1000), for the registered
 # env with its default constructor arguments, at brax's own episode limit only.
 SOLVED_FRACTIONS = {"inverted_pendulum": 0.95}
-# An env object that no name rebuilds is named "<name> (a brax env instance) physics:<fingerprint>": checkpoints and
-# policy files record that, and rebuilding it by name asks for the env object. The fingerprint (physics_fingerprint)
-# makes a file refuse to resume on, or load for, an instance of other physics; files written before names held it
-# name an instance without one (their physics cannot be checked), and an older jes still finds the suffix in a name.
+# An env object that no name rebuilds is named "<name> (a brax env instance) physics:<scheme>:<hex>": checkpoints
+# and policy files record that, and rebuilding it by name asks for the env object. The fingerprint (of its sys:
+# physics_fingerprint) makes a file warn when it is resumed on, or loaded for, an instance of another sys; files
+# written before names held it name an instance without one (their physics cannot be checked), and an older jes
+# still finds the suffix in a name.
 INSTANCE_SUFFIX = " (a brax env instance)"
 PHYSICS_LABEL = " physics:"
+PHYSICS_SCHEME = 1   # how physics_fingerprint computes; another number where that changes (a file's is not compared)
 _FINGERPRINT_HEX = 12
 _BRAX_NOTICE = "Brax System, piplines and environments are not actively"
 _MISSING = object()
@@ -340,7 +343,7 @@ def _same_env(env: Any, other: Any) -> bool:
 
 
 def _feed(digest: Any, value: Any, depth: int = 0) -> None:
-    """Feed ``value`` to ``digest`` as bytes that are the same wherever it holds the same physics: in every process
+    """Feed ``value`` to ``digest`` as bytes that are the same wherever it holds the same values: in every process
     and run, on any device, with 64-bit JAX or not. Numbers and arrays are fed by kind, shape and values in one
     canonical dtype (floats as float32, the precision of brax's physics without x64; ints as int64; a Python float
     and a 0-d float32 array alike: brax's spring ``System`` keeps its timestep as a float, ``tree_replace`` may
@@ -414,52 +417,81 @@ def _feed(digest: Any, value: Any, depth: int = 0) -> None:
 
 
 def physics_fingerprint(env: Any) -> str:
-    """A short sha256 of a raw brax env's attributes, ``sys`` with every array of it included (:func:`_feed`):
-    the same for the same physics in every process and run, on any device, with 64-bit JAX or not (floats are
-    compared at float32 precision); another one for another ``sys``, another attribute value or another brax or
-    MuJoCo version whose ``System`` holds other fields."""
+    """``"<scheme>:<hex>"``: a short sha256 of a raw brax env's physics, its ``sys`` (the brax ``System``, every
+    array of it included: :func:`_feed`), and of nothing else: attributes that change as an env is used (counters
+    such as brax's ``fast`` env's ``_reset_count``, cached properties) leave it alone, and constructor arguments are
+    in the name already. ``<scheme>`` (:data:`PHYSICS_SCHEME`) numbers the way it is computed. The same ``System``,
+    built again, gives the same one in every process and with the ``sys`` moved to another device; a ``System`` of
+    other values, one built by another brax or MuJoCo version (other fields), or one edited with values that round
+    otherwise (64-bit JAX on or off: floats are taken at float32 precision, but ``mass * 1.3`` computed in float64
+    then cast need not equal it computed in float32; another kind of device) gives another. An env without a
+    ``sys`` (brax's toy env ``fast``) has one fingerprint."""
+    try:
+        system = getattr(env, "sys", None)
+    except Exception:  # noqa: BLE001 - a property of one's own class that raises: no System to take
+        system = None
     digest = hashlib.sha256()
-    for key, value in sorted(vars(env).items()):
-        _feed(digest, key)
-        _feed(digest, value)
-    return digest.hexdigest()[:_FINGERPRINT_HEX]
+    _feed(digest, system)
+    return f"{PHYSICS_SCHEME}:{digest.hexdigest()[:_FINGERPRINT_HEX]}"
 
 
 def instance_name(name: str, env: Any) -> str:
     """The name of brax env instance ``env``: ``name`` (its class's registry name and options) with
-    :data:`INSTANCE_SUFFIX` and its :func:`physics_fingerprint`."""
+    :data:`INSTANCE_SUFFIX` and :data:`PHYSICS_LABEL` and its :func:`physics_fingerprint`."""
     return name + INSTANCE_SUFFIX + PHYSICS_LABEL + physics_fingerprint(env)
 
 
 def _split_physics(name: str) -> tuple[str, str | None]:
-    """``(name without its instance's fingerprint, the fingerprint or None)``."""
+    """``(name without its instance's fingerprint, the fingerprint or None)``: the fingerprint as written, of any
+    scheme (``"1:893fe4a92718"``; ``"893fe4a92718"`` in names of a development version before schemes had
+    numbers)."""
     head, suffix, tail = name.partition(INSTANCE_SUFFIX)
-    found = re.match(re.escape(PHYSICS_LABEL) + "([0-9a-f]+)", tail) if suffix else None
+    found = re.match(re.escape(PHYSICS_LABEL) + "([0-9a-z:]+)", tail) if suffix else None
     if found is None:
         return name, None
     return head + suffix + tail[found.end():], found.group(1)
 
 
 def instance_difference(recorded: str, given: str) -> str | None:
-    """How env name ``given`` stands to ``recorded`` (a file's) where both name one brax env instance:
-    ``"physics"`` when its physics fingerprint is another, ``"unchecked"`` when ``recorded`` was written before
-    names held one (a file of an earlier jes: the instance's physics cannot be checked), ``None`` otherwise (the
-    same name, or names of other envs)."""
+    """How env name ``given`` stands to ``recorded`` (a file's) where both name one brax env instance (one class,
+    backend and options): ``"physics"`` when ``given``'s physics fingerprint is another of this jes's scheme,
+    ``"unchecked"`` when ``recorded`` holds none of it (a file of an earlier jes, or of one fingerprinting by
+    another scheme: the instance's physics cannot be checked), ``None`` otherwise (the same name, or names of
+    other envs, which are compared as names)."""
     if recorded == given or INSTANCE_SUFFIX not in recorded or INSTANCE_SUFFIX not in given:
         return None
     (recorded_plain, recorded_physics), (given_plain, given_physics) = _split_physics(recorded), _split_physics(given)
     if recorded_plain != given_plain or given_physics is None:
         return None
-    return "unchecked" if recorded_physics is None else "physics"
+    scheme = f"{PHYSICS_SCHEME}:"
+    if recorded_physics is None or not recorded_physics.startswith(scheme) or not given_physics.startswith(scheme):
+        return "unchecked"
+    return "physics" if recorded_physics != given_physics else None
 
 
-def other_physics(recorded: str, given: str) -> str:
-    """What differs between brax env instances ``recorded`` (a file's) and ``given`` whose names differ in their
-    physics fingerprint only (:func:`instance_difference` ``"physics"``), in words."""
-    (_, theirs), (_, mine) = _split_physics(recorded), _split_physics(given)
-    return (f"the brax env instance given, {given!r}, has other physics than the file's {recorded!r}: its sys or "
-            f"attributes differ (fingerprint {mine}, the file's {theirs}; a sys changed otherwise, an attribute or "
-            f"constructor argument of another value, or another brax or MuJoCo version building it)")
+def instance_warning(recorded: str, given: str, file: str, resuming: bool) -> str | None:
+    """What to warn where ``file`` (``"checkpoint <path>"``, ``"policy file <path>"``), which ran brax env instance
+    ``recorded``, is resumed (``resuming``) or loaded with the instance ``given`` (:func:`instance_difference`);
+    ``None``: nothing to say. Another ``sys`` is said, not refused: the fingerprint of the same physics changes with
+    a brax or MuJoCo upgrade, or with 64-bit JAX switched, too, which must not lock a run away."""
+    difference = instance_difference(recorded, given)
+    if difference == "physics":
+        (_, theirs), (_, mine) = _split_physics(recorded), _split_physics(given)
+        going_on = ("resuming continues on the physics given" if resuming else
+                    "its policy is evaluated on the physics given")
+        return (f"{file} ran the brax env instance {recorded!r}; the instance given, {given!r}, has other physics: "
+                f"its sys (brax System) differs from the one the file ran (fingerprint {mine}, the file's {theirs}), "
+                f"and {going_on}. If that is not what you meant, pass the instance the file ran; the fingerprint of "
+                f"the same physics changes too with a brax or MuJoCo upgrade, and with 64-bit JAX switched on or off "
+                f"where the sys was edited with values that round otherwise")
+    if difference == "unchecked":
+        (_, theirs) = _split_physics(recorded)
+        why = ("as jes named an instance before it recorded a fingerprint of its physics" if theirs is None else
+               f"with a fingerprint of another scheme ({theirs}; this jes writes scheme {PHYSICS_SCHEME})")
+        return (f"{file} ran the brax env instance {recorded!r}, named {why}: jes cannot check that the instance "
+                f"given now, {given!r}, has the physics it ran; {'resuming' if resuming else 'evaluating'} on it "
+                f"as given")
+    return None
 
 
 def _registry_name(env: Any) -> str | None:
