@@ -32,9 +32,7 @@ def write_atomically(path: str, write: Callable[[Any], None], mode: str = "wb") 
             write(f)
             f.flush()
             os.fsync(f.fileno())
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp's 0600 would keep a picture from whoever else reads the folder
+        os.chmod(tmp, plain_file_mode())  # mkstemp's 0600 would keep a picture from whoever else reads the folder
         try:
             os.replace(tmp, path)
         except OSError as err:
@@ -46,6 +44,14 @@ def write_atomically(path: str, write: Callable[[Any], None], mode: str = "wb") 
             except FileNotFoundError:
                 pass
         raise
+
+
+def plain_file_mode() -> int:
+    """``0666 & ~umask``: the permissions a plain ``open`` gives a new file, for a file made with ``tempfile.mkstemp``
+    (always 0600, which keeps it from the folder's other readers: a group sharing runs, a colleague's ``jes eval``)."""
+    umask = os.umask(0)  # the only way to read it; set back at once
+    os.umask(umask)
+    return 0o666 & ~umask
 
 
 def check_writable(path: str) -> None:

@@ -314,8 +314,10 @@ def format_line(record: Mapping[str, Any], total: int, best: float) -> str:
     return ", ".join(parts)
 
 
-def close_all(loggers: Iterable[Any]) -> None:
-    """Call ``close()`` on every logger that has one, even if an earlier one fails."""
+def close_all(loggers: Iterable[Any], warn: bool = False) -> None:
+    """Call ``close()`` on every logger that has one, even if an earlier one fails; then raise the first failure, or,
+    with ``warn``, warn of each (:func:`jes.train`'s: an error closing the logs, a full log disk, must not replace the
+    error that stopped the run, which carries the run so far, nor cost a finished run its result)."""
     error = None
     for logger in loggers:
         close = getattr(logger, "close", None)
@@ -323,8 +325,12 @@ def close_all(loggers: Iterable[Any]) -> None:
             try:
                 close()
             except Exception as err:  # keep closing the others; report the first failure
+                if warn:
+                    warnings.warn(f"could not close {type(logger).__name__} ({type(err).__name__}: {err}); what it had "
+                                  f"not written yet is missing from its logs (the run's result and checkpoint are "
+                                  f"not affected)", stacklevel=3)
                 error = error or err
-    if error is not None:
+    if error is not None and not warn:
         raise error
 
 
