@@ -34,6 +34,7 @@ import tempfile
 import threading
 import time
 import warnings
+import weakref
 from typing import Any, Iterator
 
 import flax.linen as nn
@@ -43,7 +44,7 @@ import numpy as np
 from flax import serialization
 
 from jes import describe, schema, strategies
-from jes.atomic import plain_file_mode
+from jes.atomic import file_mode
 
 try:
     import fcntl
@@ -317,7 +318,8 @@ def _save(path: str, trainer: Trainer, state: TrainState, history: dict | None, 
             _write_payload(f, payload)
             f.flush()
             os.fsync(f.fileno())
-        os.chmod(tmp, plain_file_mode())  # as other files: a 0600 checkpoint kept a shared run from its group
+        # As other files (a 0600 checkpoint kept a shared run from its group), or as the file it replaces was
+        os.chmod(tmp, file_mode(path))
         os.replace(tmp, path)
     except BaseException:
         if tmp is None:  # interrupted inside mkstemp: the file may exist without our knowing its name
@@ -447,8 +449,22 @@ def _remove_stale_temp_files(directory: str, prefix: str, older_than: float | No
 
 
 # ------------------------------------------------------------------ the writer's lock
-LOCK_SUFFIX = ".lock"  # the lock of checkpoint PATH is PATH.lock
+LOCK_SUFFIX = ".jes-lock"  # the lock of checkpoint PATH is PATH.jes-lock (not PATH.lock: filelock's, a job script's own)
 _LOCK_ATTEMPTS = 20  # lock files found removed by the run that held them (ending as this one starts) before giving up
+_HELD_LOCKS: "weakref.WeakSet[WriterLock]" = weakref.WeakSet()  # this process's held locks, for _close_in_child
+
+
+def _close_in_child() -> None:
+    """After ``fork()`` (without exec: multiprocessing's "fork", a callback's background process), close the child's
+    copy of every held lock's descriptor: a ``flock`` belongs to the open file, which the child shares, so a child
+    outliving a killed run would keep its checkpoint locked. Closing a copy leaves the parent's lock as it is (only
+    ``LOCK_UN``, or closing the last copy, ends it); the child holds nothing and never removes the file."""
+    for lock in list(_HELD_LOCKS):
+        lock._forget()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_close_in_child)
 
 
 class CheckpointInUseError(OSError):
@@ -481,10 +497,12 @@ class WriterLock:
     run's own check of its folders (or its first save) to report.
     """
 
-    def __init__(self, checkpoint_path: str):
+    def __init__(self, checkpoint_path: str, resuming: bool = False):
         self.checkpoint_path = checkpoint_path
         self.path = checkpoint_path + LOCK_SUFFIX
+        self.resuming = resuming  # a resumed run's (it writes the file it resumes from): the refusal's advice differs
         self._fd: int | None = None
+        self._closer: weakref.finalize | None = None  # closes the descriptor of a lock dropped while held
         self._made: list[str] = []  # folders made for the lock file, outermost first: removed with it when empty
 
     @property
@@ -509,16 +527,24 @@ class WriterLock:
         except OSError:
             return self
         self._made = missing
+        fd = None  # the descriptor being tried: closed on any way out that does not hold it (a Ctrl-C included)
         try:
             for _ in range(_LOCK_ATTEMPTS):
                 fd, writable = self._open()
-                if fd is None:  # a folder that takes no file: the run's folder check (or its first save) says so
-                    break
+                if fd is None:
+                    if not os.path.isdir(os.path.dirname(os.path.abspath(self.path))):
+                        try:  # removed meanwhile (another run's empty folder, removed as it ended): make it again
+                            os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
+                            continue
+                        except OSError:
+                            pass
+                    break  # a folder that takes no file: the run's folder check (or its first save) says so
                 try:
                     fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 except BlockingIOError:
                     holder = _lock_holder(fd)
                     os.close(fd)
+                    fd = None
                     raise self._in_use(holder) from None
                 except OSError as err:  # ENOLCK, EOPNOTSUPP: a filesystem without locks (some network ones)
                     try:
@@ -527,30 +553,40 @@ class WriterLock:
                     except OSError:
                         pass
                     os.close(fd)
-                    warnings.warn(f"cannot lock {self.path} ({err.strerror or err}): this filesystem takes no file "
-                                  f"locks, so jes cannot keep another run from writing checkpoint "
-                                  f"{self.checkpoint_path} at the same time (the last writer's saves would be all that "
-                                  f"is kept); the run goes on unlocked: make sure no other run writes it", stacklevel=4)
+                    fd = None
+                    self._warn_unlocked(f"cannot lock {self.path} ({err.strerror or err}): this filesystem takes no "
+                                        f"file locks")
                     break
                 if not self._names(fd):  # removed by the run that held it, as it ended: take the file there now
                     os.close(fd)
+                    fd = None
                     continue
                 if not writable:  # another user's file, left by a killed run: replace it with one naming this run
                     try:
                         os.unlink(self.path)
                     except OSError:  # a folder that keeps others' files (/tmp's sticky bit): hold it as it is
-                        self._fd = fd
+                        self._hold(fd)
                         return self
                     os.close(fd)
+                    fd = None
                     continue
+                self._hold(fd)
                 try:
                     os.ftruncate(fd, 0)
                     os.pwrite(fd, f"pid {os.getpid()} on host {socket.gethostname()}, since "
                                   f"{time.strftime('%Y-%m-%d %H:%M:%S')}\n".encode(), 0)
                 except OSError:  # a full disk: locked all the same, only nameless
                     pass
-                self._fd = fd
                 return self
+            else:  # every try found the file removed as it was locked: runs starting and ending on it without end
+                self._warn_unlocked(f"cannot lock {self.path}: it was removed each of the {_LOCK_ATTEMPTS} times "
+                                    f"it was locked (other runs starting and ending on this checkpoint)")
+        except BaseException:
+            if self._fd is not None:  # held, then interrupted while naming itself (a Ctrl-C): let it go again
+                self.release()
+            elif fd is not None:
+                os.close(fd)
+            raise
         finally:
             if self._fd is None:
                 self._remove_made_folders()
@@ -558,7 +594,7 @@ class WriterLock:
 
     def release(self) -> None:
         """Remove the lock file and release the lock (a no-op when not held)."""
-        fd, self._fd = self._fd, None
+        fd = self._forget(close=False)
         if fd is not None:
             try:
                 if self._names(fd):  # not a file someone put there after removing this one by hand
@@ -574,6 +610,29 @@ class WriterLock:
 
     def __exit__(self, *exc: Any) -> None:
         self.release()
+
+    def _hold(self, fd: int) -> None:
+        self._fd = fd
+        # A backstop: a lock dropped while held (a window no release reached) closes its descriptor, ending the lock
+        self._closer = weakref.finalize(self, _close_quietly, fd)
+        _HELD_LOCKS.add(self)
+
+    def _forget(self, close: bool = True) -> int | None:
+        """Stop holding: the descriptor, closed (``close``) or returned for the caller to close."""
+        fd, self._fd = self._fd, None
+        if self._closer is not None:
+            self._closer.detach()
+            self._closer = None
+        _HELD_LOCKS.discard(self)
+        if fd is not None and close:
+            _close_quietly(fd)
+            return None
+        return fd
+
+    def _warn_unlocked(self, why: str) -> None:
+        warnings.warn(f"{why}, so jes cannot keep another run from writing checkpoint {self.checkpoint_path} at the "
+                      f"same time (the last writer's saves would be all that is kept); the run goes on unlocked: make "
+                      f"sure no other run writes it", stacklevel=5)
 
     def _open(self) -> tuple[int | None, bool]:
         try:
@@ -602,14 +661,46 @@ class WriterLock:
         self._made = []
 
     def _in_use(self, holder: str | None) -> CheckpointInUseError:
-        mine = holder is not None and holder.startswith(f"pid {os.getpid()} on host {socket.gethostname()},")
+        host = socket.gethostname()
+        mine = holder is not None and holder.startswith(f"pid {os.getpid()} on host {host},")
         who = f"{holder}{': this process' if mine else ''}" if holder else "its holder has not named itself yet"
+        gone = _gone_pid(holder, host) if holder and not mine else None
+        if gone is not None:
+            who += (f"; pid {gone} is gone, and a process it started (a forked child) still holds the lock: "
+                    f"`fuser -v {self.path}` names it")
+        if self.resuming:
+            advice = ("A resumed run writes the checkpoint it resumes from: let that run end (or stop it) before "
+                      "resuming it, or give this resumed run its own checkpoint_path (it reads the checkpoint and "
+                      "writes its saves there)")
+        else:
+            advice = ("Let that run end (or stop it) before running on this checkpoint, or give this run another "
+                      "log_dir (or checkpoint_path)")
         return CheckpointInUseError(
             f"checkpoint {self.checkpoint_path!r} is in use: another run is writing it ({who}). Two runs writing one "
-            f"checkpoint overwrite each other's saves, and the last writer's are all that is kept. Let that run end "
-            f"(or stop it) before running on this checkpoint, or give this run another log_dir (or checkpoint_path). "
-            f"(A run holds {self.path!r} while it writes the checkpoint; the lock ends with its process, however it "
-            f"ends.)", path=self.checkpoint_path, holder=holder)
+            f"checkpoint overwrite each other's saves, and the last writer's are all that is kept. {advice}. "
+            f"(A run holds {self.path!r} while it writes the checkpoint; the lock ends with its process and the "
+            f"processes it forked, however they end.)", path=self.checkpoint_path, holder=holder)
+
+
+def _gone_pid(holder: str, host: str) -> int | None:
+    """The pid a lock file names, where it was on this host and no process has it now; else ``None``."""
+    m = re.match(r"pid (\d+) on host (.*), since ", holder)
+    if m is None or m.group(2) != host:
+        return None
+    try:
+        os.kill(int(m.group(1)), 0)
+    except ProcessLookupError:
+        return int(m.group(1))
+    except (OSError, OverflowError, ValueError):  # another user's (EPERM): alive
+        return None
+    return None
+
+
+def _close_quietly(fd: int) -> None:
+    try:
+        os.close(fd)
+    except OSError:
+        pass
 
 
 def _lock_holder(fd: int) -> str | None:

@@ -792,6 +792,7 @@ def _flag_named(message: str) -> str:
     for argument, flag in (("continue that run with resume=", "continue that run with --resume "),
                            ("another log_dir (or checkpoint_path)", "another --log-dir (or "
                            "--checkpoint)"),  # jes.train's arguments of a refused overwrite, as flags
+                           ("its own checkpoint_path", "its own --checkpoint PATH"),  # a refused resume's
                            # and of a folder that cannot be written (jes.loop._unwritable_problem)
                            ("pass a log_dir in a folder you can write (jes train: --log-dir DIR), or log_dir=None "
                             "(--log-dir none)", "give --log-dir DIR in a folder you can write, or --log-dir none"),

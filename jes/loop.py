@@ -369,9 +369,12 @@ def train(
             (another run's checkpoint: a second run into the same ``log_dir``) is never overwritten: the run is
             refused with a ``FileExistsError`` before it starts, and so is a ``log_dir`` or checkpoint folder that
             cannot be written (a ``PermissionError``). While the run writes the checkpoint it holds a lock beside
-            it (``<checkpoint>.lock``, removed when the run ends; the lock ends with its process, however it ends):
-            a second run on the same checkpoint (resuming it too, say) is refused with a
-            :class:`jes.checkpoint.CheckpointInUseError` naming the run that holds it, before its step compiles. A
+            it (``<checkpoint>.jes-lock``, removed when the run ends; the lock ends with its process and those it
+            forked, however they end): a second run on the same checkpoint (resuming it too, say) is refused with a
+            :class:`jes.checkpoint.CheckpointInUseError` naming the run that holds it, before its step compiles (in
+            a ``jax.distributed`` run, once its processes agree on the run, with the compile already started); a
+            run into an auto-named ``log_dir`` that another run started in the same second took moves on to the
+            next free name instead. A
             save that fails later (a full disk) stops the run with a
             :class:`CheckpointSaveError` whose ``result`` holds the run so far. Any other error that stops the run
             midway (a Python simulator that raises, a callback's bug, a full log disk) first saves the last good
@@ -456,9 +459,11 @@ def train(
         restored.check_compatible(trainer)
     if log_dir == "runs/<auto>" and resume is not None and jes_logging.has_event_files(os.path.dirname(resume) or "."):
         log_dir = os.path.dirname(resume) or "."  # the checkpoint sits in its run's log dir: continue the curves there
+    auto_name = None  # the auto log dir's name: a run started in the same second that took it first moves this one on
     if log_dir == "runs/<auto>":
-        name = jes_logging.default_run_name(trainer.spec.name, type(trainer.policy).__name__, trainer.run_label)
-        log_dir = jes_logging.unique_dir(os.path.join("runs", name))
+        auto_name = jes_logging.default_run_name(trainer.spec.name, type(trainer.policy).__name__, trainer.run_label)
+        log_dir = jes_logging.unique_dir(os.path.join("runs", auto_name))
+    auto_checkpoint = checkpoint_path == "<log_dir>/checkpoint.ckpt" and resume is None
     if checkpoint_path == "<log_dir>/checkpoint.ckpt":
         checkpoint_path = resume if resume is not None else (
             os.path.join(log_dir, "checkpoint.ckpt") if log_dir is not None else None)
@@ -466,7 +471,17 @@ def train(
     server = None  # the ZeroMQ master of master=, made before the loggers
     try:  # a compile thread left running when this raises would abort the interpreter at its exit
         if jax.process_count() == 1:  # (a multi-process run takes process 0's below, once its processes agree on it)
-            lock = _lock_checkpoint(checkpoint_path)  # before the compile: a checkpoint in use is refused at once
+            for attempt in range(_AUTO_DIR_ATTEMPTS):
+                try:  # before the compile: a checkpoint in use is refused at once
+                    lock = _lock_checkpoint(checkpoint_path, resuming=resume is not None)
+                    break
+                except checkpoint.CheckpointInUseError:
+                    # Runs started together that picked one auto folder: the others move on to its _1, _2... (the
+                    # lock made the folder) as unique_dir moved them before; only a path one chose is refused
+                    if auto_name is None or not auto_checkpoint or log_dir is None or attempt + 1 == _AUTO_DIR_ATTEMPTS:
+                        raise
+                    log_dir = jes_logging.unique_dir(os.path.join("runs", auto_name))
+                    checkpoint_path = os.path.join(log_dir, "checkpoint.ckpt")
         if master is None and not num_workers and not trainer.spec.host:  # a master or a host env runs no local step
             trainer.start_compiling_step()  # overlaps building or restoring the state
         history = None
@@ -506,7 +521,7 @@ def train(
         if jax.process_count() > 1:
             log_dir = _from_process_0(log_dir)  # its auto name has process 0's clock in it
             checkpoint_path = _from_process_0(checkpoint_path)
-            lock = _lock_checkpoint(checkpoint_path)
+            lock = _lock_checkpoint(checkpoint_path, resuming=resume is not None)
         overwrite = _overwrite_problem(checkpoint_path, resume) if primary and checkpoint_path is not None else None
         if jax.process_count() > 1:
             overwrite = _from_process_0(overwrite)  # process 0 writes; every process hears its refusal
@@ -539,11 +554,13 @@ def train(
                 log_dir, hparams, best_centre=max(centres, default=-math.inf),
                 purge_from=int(fetch(state.generation)) + 1 if resume is not None else None))
     except BaseException:
-        trainer.finish_compiling()
-        if server is not None:
-            server.close()
-        if lock is not None:
-            lock.release()
+        try:
+            trainer.finish_compiling()
+            if server is not None:
+                server.close()
+        finally:  # even if those raise: a lock left held would refuse every later run on it in this process
+            if lock is not None:
+                lock.release()
         raise
     ran = _Ran()
     failed = None  # the error (or interrupt) the run raises, if any
@@ -597,6 +614,11 @@ def train(
             ran.interrupted(interrupt)
             _carry_run_over(failed, interrupt)
             raise
+        except Exception as err:  # that warning raised as an error (-W error): it must not replace the run's error
+            if failed is None:
+                raise
+            if hasattr(failed, "add_note"):
+                failed.add_note(f"(closing the logs also failed: {type(err).__name__}: {err})")
         finally:
             if lock is not None:
                 lock.release()
@@ -877,13 +899,14 @@ def run(trainer: Trainer, state: TrainState, *, key: Any = 0, callbacks: Iterabl
 
     Raises:
         jes.checkpoint.CheckpointInUseError: another run is writing ``checkpoint_path`` (it holds the lock beside it,
-            ``<checkpoint_path>.lock``, which this run holds while it runs), before anything runs.
+            ``<checkpoint_path>.jes-lock``, which this run holds while it runs), before anything runs.
     """
     _check_checkpoint_every(checkpoint_every)
     if isinstance(best, dict):  # a checkpoint's own record of it
         best = _best_from_checkpoint(trainer, best)
-    lock = _lock_checkpoint(checkpoint_path)
-    try:
+    lock = None
+    try:  # (the lock inside the try: an interrupt right after it was taken still releases it)
+        lock = _lock_checkpoint(checkpoint_path)
         return _run(trainer, state, key=key, callbacks=callbacks, history=history, num_generations=num_generations,
                     step_fn=step_fn, checkpoint_path=checkpoint_path, checkpoint_every=checkpoint_every,
                     log_dir=log_dir, best=best, started=started)
@@ -1134,7 +1157,10 @@ def _carry_run_over(error: BaseException | None, interrupt: KeyboardInterrupt) -
             setattr(interrupt, name, getattr(error, name))
 
 
-def _lock_checkpoint(path: str | None) -> checkpoint.WriterLock | None:
+_AUTO_DIR_ATTEMPTS = 10  # auto log dirs tried by runs started in the same second (each found taken by another)
+
+
+def _lock_checkpoint(path: str | None, resuming: bool = False) -> checkpoint.WriterLock | None:
     """Process 0's :class:`jes.checkpoint.WriterLock` on the checkpoint ``path`` its run writes (``None`` in the other
     processes, or without a checkpoint); every process of a multi-process run raises its refusal.
 
@@ -1144,13 +1170,18 @@ def _lock_checkpoint(path: str | None) -> checkpoint.WriterLock | None:
     lock, refusal = None, None
     if path is not None and jax.process_index() == 0:
         try:
-            lock = checkpoint.WriterLock(path).acquire()
+            lock = checkpoint.WriterLock(path, resuming=resuming).acquire()
         except checkpoint.CheckpointInUseError as err:
             if jax.process_count() == 1:
                 raise
             refusal = str(err)
     if jax.process_count() > 1:
-        refusal = _from_process_0(refusal)
+        try:
+            refusal = _from_process_0(refusal)
+        except BaseException:
+            if lock is not None:
+                lock.release()
+            raise
     if refusal is not None:
         raise checkpoint.CheckpointInUseError(refusal, path)
     return lock

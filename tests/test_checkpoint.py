@@ -462,7 +462,8 @@ def test_interrupt_inside_mkstemp_leaves_no_temp_file(trainer, saved, tmp_path, 
 
 def test_a_checkpoint_gets_the_permissions_a_plain_open_gives(trainer, saved, tmp_path):
     """Checkpoints were written 0600 (mkstemp's mode) where event files and .policy files follow the umask: a shared
-    run's group could not `jes eval` or resume it, and a chmod was undone at the next save."""
+    run's group could not `jes eval` or resume it. A new file follows the umask; a file saved over keeps its mode
+    (a deliberate chmod 600, or 644, stayed only until the next save)."""
     previous = os.umask(0o022)
     try:
         path = str(tmp_path / "run.ckpt")
@@ -471,7 +472,16 @@ def test_a_checkpoint_gets_the_permissions_a_plain_open_gives(trainer, saved, tm
         os.chmod(path, 0o600)
         os.umask(0o002)
         checkpoint.save(path, trainer, trainer.init_state(9), {}, key=9)
-        assert oct(os.stat(path).st_mode & 0o777) == oct(0o664)
+        assert oct(os.stat(path).st_mode & 0o777) == oct(0o600)  # kept
+        os.chmod(path, 0o644)
+        os.umask(0o077)
+        checkpoint.save(path, trainer, trainer.init_state(9), {}, key=9)
+        assert oct(os.stat(path).st_mode & 0o777) == oct(0o644)  # kept
+        os.umask(0o002)
+        other = str(tmp_path / "new.ckpt")
+        checkpoint.save(other, trainer, trainer.init_state(9), {}, key=9)
+        assert oct(os.stat(other).st_mode & 0o777) == oct(0o664)  # a new file: 0666 & ~umask
+        assert os.umask(0o002) == 0o002  # saves read the umask, never set it
     finally:
         os.umask(previous)
 
@@ -842,7 +852,8 @@ def test_a_checkpoint_another_run_is_writing_is_refused_naming_that_run(tmp_path
         assert cli.main(["train", "--resume", path, "--log-dir", "none", "--no-progress"]) == 2
         err = capsys.readouterr().err
         assert f"is in use: another run is writing it (pid {other.pid} on host" in err
-        assert "give this run another --log-dir (or --checkpoint)" in err, err
+        assert "give this run another --log-dir" not in err, err  # a resume writes the file it resumes from
+        assert "give this resumed run its own --checkpoint PATH" in err, err
         assert checkpoint.read(path).generation == 1  # nothing of the refused runs was written
         other.kill()  # kill -9: its lock file stays, its lock does not
         other.wait()
@@ -866,11 +877,120 @@ def test_a_writer_lock_is_one_runs_and_leaves_nothing_behind(tmp_path):
             checkpoint.WriterLock(path).acquire()  # another run of this process (a thread, a callback)
     assert os.listdir(tmp_path) == []  # the lock file, and the folders made for it (a refused run's, say)
     os.makedirs(tmp_path / "run")
-    left = tmp_path / "run" / "run.ckpt.lock"  # a killed run's lock file, unlocked: taken over
+    left = tmp_path / "run" / "run.ckpt.jes-lock"  # a killed run's lock file, unlocked: taken over
     left.write_text("pid 4242 on host gone, since yesterday\n")
     with checkpoint.WriterLock(str(tmp_path / "run" / "run.ckpt")) as lock:
         assert lock.held and left.read_text().startswith(f"pid {os.getpid()} ")
     assert os.listdir(tmp_path / "run") == []
+
+
+def test_a_writer_lock_is_not_a_users_own_lock_file(tmp_path):
+    """A job script guarding its checkpoint with FileLock(ckpt + ".lock") was refused by its own lock."""
+    import fcntl
+
+    path = str(tmp_path / "run.ckpt")
+    with open(path + ".lock", "w") as own:
+        fcntl.flock(own, fcntl.LOCK_EX)
+        with checkpoint.WriterLock(path) as lock:
+            assert lock.held
+    assert os.listdir(tmp_path) == ["run.ckpt.lock"]  # and jes left it alone
+
+
+def test_the_refusal_gives_advice_that_works_for_a_resume(tmp_path):
+    """A resume writes the file it resumes from: "give this run another log_dir" was refused again."""
+    path = str(tmp_path / "run.ckpt")
+    with checkpoint.WriterLock(path):
+        with pytest.raises(checkpoint.CheckpointInUseError, match="or give this run another log_dir"):
+            checkpoint.WriterLock(path).acquire()
+        with pytest.raises(checkpoint.CheckpointInUseError) as info:
+            checkpoint.WriterLock(path, resuming=True).acquire()
+    assert "another log_dir" not in str(info.value)
+    assert "give this resumed run its own checkpoint_path" in str(info.value)
+
+
+def test_a_forked_child_never_keeps_its_parents_checkpoint_lock(tmp_path):
+    """fork() without exec (multiprocessing's "fork", a callback's background process) shared the lock's open file:
+    a child outliving a killed run kept the checkpoint locked, and every resume was refused naming a dead pid."""
+    import warnings as _warnings
+
+    path = str(tmp_path / "run.ckpt")
+    lock = checkpoint.WriterLock(path).acquire()
+    ready_r, ready_w = os.pipe()
+    done_r, done_w = os.pipe()
+    with _warnings.catch_warnings():
+        _warnings.simplefilter("ignore")  # JAX's warning of fork() in a threaded process
+        child = os.fork()
+    if child == 0:  # the child: stays alive, as a background process would, until told
+        try:
+            os.write(ready_w, b"x")
+            os.read(done_r, 1)
+        finally:
+            os._exit(0)
+    try:
+        os.read(ready_r, 1)
+        # The child's closing its copy left the parent's lock held
+        with pytest.raises(checkpoint.CheckpointInUseError, match="this process"):
+            checkpoint.WriterLock(path).acquire()
+        lock._forget()  # the run dies (kill -9): its descriptor closes, its lock file stays
+        assert os.path.exists(path + checkpoint.LOCK_SUFFIX)
+        with checkpoint.WriterLock(path) as again:  # the live child holds nothing
+            assert again.held
+    finally:
+        os.write(done_w, b"x")
+        os.waitpid(child, 0)
+        for fd in (ready_r, ready_w, done_r, done_w):
+            os.close(fd)
+
+
+def test_a_refusal_says_when_the_pid_it_names_is_gone(tmp_path):
+    import fcntl
+
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    path = str(tmp_path / "run.ckpt")
+    with open(path + checkpoint.LOCK_SUFFIX, "w") as f:  # held by what that pid started (a forked child)
+        f.write(f"pid {gone.pid} on host {socket.gethostname()}, since 2026-01-01 00:00:00\n")
+        f.flush()
+        fcntl.flock(f, fcntl.LOCK_EX)
+        with pytest.raises(checkpoint.CheckpointInUseError, match=rf"pid {gone.pid} is gone, and a process it started "
+                                                                  rf"\(a forked child\) still holds the lock: `fuser"):
+            checkpoint.WriterLock(path).acquire()
+
+
+def test_a_lock_interrupted_as_it_is_taken_or_dropped_held_is_released(tmp_path, monkeypatch):
+    """A Ctrl-C after flock, before the lock was kept, left it held for the life of the process (a notebook refused
+    every later run on the checkpoint); so did a lock object dropped without release."""
+    import gc
+
+    path = str(tmp_path / "run.ckpt")
+    real = socket.gethostname
+    calls = []
+
+    def ctrl_c_once():
+        if not calls:
+            calls.append(1)
+            raise KeyboardInterrupt
+        return real()
+
+    monkeypatch.setattr(socket, "gethostname", ctrl_c_once)
+    with pytest.raises(KeyboardInterrupt):
+        checkpoint.WriterLock(path).acquire()
+    assert os.listdir(tmp_path) == []
+    with checkpoint.WriterLock(path) as lock:
+        assert lock.held
+    dropped = checkpoint.WriterLock(path).acquire()
+    del dropped
+    gc.collect()
+    with checkpoint.WriterLock(path) as lock:  # the dropped lock's descriptor was closed
+        assert lock.held
+
+
+def test_a_lock_that_cannot_be_kept_warns_rather_than_going_on_silently(tmp_path, monkeypatch):
+    path = str(tmp_path / "run.ckpt")
+    monkeypatch.setattr(checkpoint.WriterLock, "_names", lambda self, fd: False)  # removed each time it is locked
+    with pytest.warns(UserWarning, match=r"removed each of the 20 times it was locked .*the run goes on unlocked"):
+        lock = checkpoint.WriterLock(path).acquire()
+    assert not lock.held
 
 
 def test_a_run_releases_its_lock_however_it_ends(trainer, tmp_path):
@@ -902,7 +1022,7 @@ def test_without_file_locks_a_run_goes_on_unlocked(trainer, tmp_path, monkeypatc
 
     path = str(tmp_path / "run.ckpt")
     monkeypatch.setattr(checkpoint.fcntl, "flock", no_locks)
-    with pytest.warns(UserWarning, match=r"cannot lock .*run.ckpt.lock \(No locks available\): this filesystem takes no "
+    with pytest.warns(UserWarning, match=r"cannot lock .*run.ckpt.jes-lock \(No locks available\): this filesystem takes no "
                                          r"file locks.*the run goes on unlocked"):
         result = run(trainer, trainer.init_state(5), key=5, num_generations=1, checkpoint_path=path)
     assert result.checkpoint_path == path and os.listdir(tmp_path) == ["run.ckpt"]

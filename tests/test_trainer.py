@@ -674,3 +674,49 @@ def test_close_all_raises_the_first_failure_unless_told_to_warn():
     with pytest.warns(UserWarning, match="could not close LogsOnAFullDisk") as caught:
         jes.logging.close_all([LogsOnAFullDisk(), LogsOnAFullDisk()], warn=True)
     assert len(caught) == 2
+
+
+def test_close_all_under_warnings_as_errors_closes_every_logger_and_never_replaces_the_runs_error(tmp_path,
+                                                                                                  monkeypatch):
+    """With -W error the first warning raised inside close_all's loop: the loggers after it stayed open, and in
+    jes.train the warning replaced the error that stopped the run (which carries .result and .checkpoint_path)."""
+    import warnings as _warnings
+
+    from jes import checkpoint
+
+    first, second = LogsOnAFullDisk(), LogsOnAFullDisk()
+    with _warnings.catch_warnings():
+        _warnings.simplefilter("error")
+        with pytest.raises(UserWarning, match="could not close LogsOnAFullDisk"):
+            jes.logging.close_all([first, second], warn=True)
+    assert first.closed and second.closed
+    a_full_log_disk(monkeypatch, fails_from=2)
+    path = str(tmp_path / "run.ckpt")
+    with _warnings.catch_warnings():
+        _warnings.simplefilter("error", UserWarning)
+        with pytest.raises(OSError, match="No space left on device") as info:
+            jes.train(jes.MLPPolicy(hidden_sizes=(4,)), "CartPole-v1", "adam", log_dir=str(tmp_path / "logs"),
+                      progress=False, checkpoint_path=path, checkpoint_every=1, **SMALL)
+    assert not isinstance(info.value, UserWarning)
+    assert info.value.checkpoint_path == path and checkpoint.read(path).generation == 1
+    assert os.listdir(tmp_path) != [] and not os.path.exists(path + checkpoint.LOCK_SUFFIX)
+
+
+def test_runs_started_together_on_one_auto_folder_each_get_their_own(tmp_path, monkeypatch):
+    """Two runs started in the same second picked one runs/<name>-<second> folder; the lock refused the second,
+    where unique_dir had given it <name>_1. Only a path one chose is refused."""
+    from jes import checkpoint
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(jes.logging, "default_run_name", lambda *args: "same-second")
+    real_unique = jes.logging.unique_dir
+    picks = iter(["runs/same-second"])  # the first pick made before the first run made the folder
+    monkeypatch.setattr(jes.logging, "unique_dir", lambda path: next(picks, None) or real_unique(path))
+    with checkpoint.WriterLock(os.path.join("runs", "same-second", "checkpoint.ckpt")):  # the first run
+        result = jes.train(jes.MLPPolicy(hidden_sizes=(4,)), "CartPole-v1", "adam", progress=False,
+                           **dict(SMALL, num_generations=1))
+        assert result.checkpoint_path == os.path.join("runs", "same-second_1", "checkpoint.ckpt")
+        with pytest.raises(checkpoint.CheckpointInUseError):  # a checkpoint one named
+            jes.train(jes.MLPPolicy(hidden_sizes=(4,)), "CartPole-v1", "adam", progress=False,
+                      checkpoint_path=os.path.join("runs", "same-second", "checkpoint.ckpt"), log_dir=None,
+                      **dict(SMALL, num_generations=1))
