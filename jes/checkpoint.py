@@ -487,10 +487,11 @@ class CheckpointInUseError(OSError):
 
 class WriterLock:
     """The lock a run holds on its checkpoint while it writes it (:func:`jes.train` and :func:`jes.run` take it):
-    ``<checkpoint>.lock`` beside the file, locked with ``flock`` and naming its holder (pid, host, start).
+    ``<checkpoint>.jes-lock`` beside the file, locked with ``flock`` and naming its holder (pid, host, start).
 
     The operating system releases a ``flock`` when its process ends, however it ends: a run killed with ``kill -9``
-    leaves its lock file, never a lock, and the next run takes the file over. :meth:`release` removes the file while it
+    leaves its lock file, never a lock, and the next run takes the file over. Processes forked without exec close their copy of
+    the descriptor (a ``flock`` belongs to the open file they share), and a lock dropped while held closes its own. :meth:`release` removes the file while it
     still holds it, so a run that opened the file meanwhile finds it gone when it gets the lock, and opens a new one
     (two runs never hold two files of one name). Without ``fcntl`` (Windows) nothing is locked; on a filesystem that
     takes no locks the run is warned once and goes on unlocked; a folder that cannot take the file is left to the
