@@ -17,6 +17,7 @@ IMPORTED_AT_NS = time.time_ns()
 
 # public name -> module that defines it
 _EXPORTS = {
+    "CheckpointInUseError": "jes.checkpoint",
     "AskTell": "jes.blackbox", "NonFiniteValueError": "jes.blackbox", "OptimizeResult": "jes.blackbox",
     "StopCriteria": "jes.blackbox",
     "optimize": "jes.blackbox",
@@ -39,6 +40,7 @@ __all__ = sorted([*_EXPORTS, *_SUBMODULES])
 if TYPE_CHECKING:  # for type checkers and IDEs; at run time these resolve through __getattr__
     from jes import compilation_cache, cpu, perturbations, strategies, sweep  # noqa: F401
     from jes.blackbox import AskTell, NonFiniteValueError, OptimizeResult, StopCriteria, optimize  # noqa: F401
+    from jes.checkpoint import CheckpointInUseError  # noqa: F401
     from jes.compilation_cache import enable_compilation_cache  # noqa: F401
     from jes.config import ESConfig  # noqa: F401
     from jes.cpu import use_cpu_cores  # noqa: F401

@@ -10,7 +10,7 @@ from typing import Any, Callable
 def write_atomically(path: str, write: Callable[[Any], None], mode: str = "wb") -> None:
     """Write a file through ``write(f)`` into a temporary file beside ``path``, then ``os.replace`` it over ``path``:
     an interrupt or an error midway (Ctrl-C while a GIF's frames are encoded, a full disk) leaves the file that was
-    at ``path`` as it was, and removes the temporary one. The file gets the permissions a plain ``open`` would give.
+    at ``path`` as it was, and removes the temporary one. The file keeps the permissions of the file it replaces; a new one gets those a plain ``open`` gives.
 
     Raises:
         OSError: ``path`` cannot be written (its folder is a file, or takes no new file; ``path`` is a folder): the
@@ -32,9 +32,7 @@ def write_atomically(path: str, write: Callable[[Any], None], mode: str = "wb") 
             write(f)
             f.flush()
             os.fsync(f.fileno())
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp's 0600 would keep a picture from whoever else reads the folder
+        os.chmod(tmp, file_mode(path))  # mkstemp's 0600 would keep a picture from whoever else reads the folder
         try:
             os.replace(tmp, path)
         except OSError as err:
@@ -46,6 +44,43 @@ def write_atomically(path: str, write: Callable[[Any], None], mode: str = "wb") 
             except FileNotFoundError:
                 pass
         raise
+
+
+def plain_file_mode() -> int:
+    """``0666 & ~umask``: the permissions a plain ``open`` gives a new file, for a file made with ``tempfile.mkstemp``
+    (always 0600, which keeps it from the folder's other readers: a group sharing runs, a colleague's ``jes eval``)."""
+    return 0o666 & ~_umask()
+
+
+def file_mode(path: str) -> int:
+    """The permissions a file written over ``path`` gets: those of the file there now (a deliberate ``chmod 600`` or
+    ``644`` stays), else :func:`plain_file_mode`'s."""
+    try:
+        return os.stat(path).st_mode & 0o7777
+    except OSError:
+        return plain_file_mode()
+
+
+def _umask() -> int:
+    """The process's umask, read without setting it (``os.umask`` sets it process-wide, a race with other threads
+    creating files): from ``/proc/self/status`` where Linux says it, else as it was when jes was imported."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    return _UMASK_AT_IMPORT
+
+
+def _read_umask_once() -> int:
+    umask = os.umask(0o022)  # once, at import; set back at once
+    os.umask(umask)
+    return umask
+
+
+_UMASK_AT_IMPORT = _read_umask_once()
 
 
 def check_writable(path: str) -> None:

@@ -34,6 +34,7 @@ import tempfile
 import threading
 import time
 import warnings
+import weakref
 from typing import Any, Iterator
 
 import flax.linen as nn
@@ -43,6 +44,12 @@ import numpy as np
 from flax import serialization
 
 from jes import describe, schema, strategies
+from jes.atomic import file_mode
+
+try:
+    import fcntl
+except ImportError:  # Windows: runs take no lock on their checkpoints (WriterLock)
+    fcntl = None
 from jes.config import ESConfig
 from jes.generation import Trainer, TrainState, as_key, localize
 from jes.envs import brax as brax_envs
@@ -311,6 +318,8 @@ def _save(path: str, trainer: Trainer, state: TrainState, history: dict | None, 
             _write_payload(f, payload)
             f.flush()
             os.fsync(f.fileno())
+        # As other files (a 0600 checkpoint kept a shared run from its group), or as the file it replaces was
+        os.chmod(tmp, file_mode(path))
         os.replace(tmp, path)
     except BaseException:
         if tmp is None:  # interrupted inside mkstemp: the file may exist without our knowing its name
@@ -439,6 +448,272 @@ def _remove_stale_temp_files(directory: str, prefix: str, older_than: float | No
             pass  # gone already, or not ours to remove
 
 
+# ------------------------------------------------------------------ the writer's lock
+LOCK_SUFFIX = ".jes-lock"  # the lock of checkpoint PATH is PATH.jes-lock (not PATH.lock: filelock's, a job script's own)
+_LOCK_ATTEMPTS = 20  # lock files found removed by the run that held them (ending as this one starts) before giving up
+_HELD_LOCKS: "weakref.WeakSet[WriterLock]" = weakref.WeakSet()  # this process's held locks, for _close_in_child
+
+
+def _close_in_child() -> None:
+    """After ``fork()`` (without exec: multiprocessing's "fork", a callback's background process), close the child's
+    copy of every held lock's descriptor: a ``flock`` belongs to the open file, which the child shares, so a child
+    outliving a killed run would keep its checkpoint locked. Closing a copy leaves the parent's lock as it is (only
+    ``LOCK_UN``, or closing the last copy, ends it); the child holds nothing and never removes the file."""
+    for lock in list(_HELD_LOCKS):
+        lock._forget()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_close_in_child)
+
+
+class CheckpointInUseError(OSError):
+    """Another run is writing the checkpoint (it holds the lock beside it): a second run writing it too would overwrite
+    that run's saves with its own, and the last writer's would be all that is kept.
+
+    Attributes:
+        path: the checkpoint.
+        holder: who holds it, as its lock file says (``"pid 4242 on host node7, since 2026-05-01 10:00:00"``), or
+            ``None`` when it says nothing yet.
+    """
+
+    def __init__(self, message: str, path: str | None = None, holder: str | None = None):
+        super().__init__(message)  # one argument: the message as it is, no "[Errno n]"
+        self.path, self.holder = path, holder
+
+    def __reduce__(self):  # copy / pickle (multiprocessing, joblib) with the attributes
+        return type(self), (self.args[0], self.path, self.holder)
+
+
+class WriterLock:
+    """The lock a run holds on its checkpoint while it writes it (:func:`jes.train` and :func:`jes.run` take it):
+    ``<checkpoint>.jes-lock`` beside the file, locked with ``flock`` and naming its holder (pid, host, start).
+
+    The operating system releases a ``flock`` when its process ends, however it ends: a run killed with ``kill -9``
+    leaves its lock file, never a lock, and the next run takes the file over. Processes forked without exec close their copy of
+    the descriptor (a ``flock`` belongs to the open file they share), and a lock dropped while held closes its own. :meth:`release` removes the file while it
+    still holds it, so a run that opened the file meanwhile finds it gone when it gets the lock, and opens a new one
+    (two runs never hold two files of one name). Without ``fcntl`` (Windows) nothing is locked; on a filesystem that
+    takes no locks the run is warned once and goes on unlocked; a folder that cannot take the file is left to the
+    run's own check of its folders (or its first save) to report.
+    """
+
+    def __init__(self, checkpoint_path: str, resuming: bool = False):
+        self.checkpoint_path = checkpoint_path
+        self.path = checkpoint_path + LOCK_SUFFIX
+        self.resuming = resuming  # a resumed run's (it writes the file it resumes from): the refusal's advice differs
+        self._fd: int | None = None
+        self._closer: weakref.finalize | None = None  # closes the descriptor of a lock dropped while held
+        self._made: list[str] = []  # folders made for the lock file, outermost first: removed with it when empty
+
+    @property
+    def held(self) -> bool:
+        return self._fd is not None
+
+    def acquire(self) -> "WriterLock":
+        """Take the lock (a no-op when held, or where nothing can be locked).
+
+        Raises:
+            CheckpointInUseError: another process (or another run of this one) holds it; the message names it.
+        """
+        if fcntl is None or self._fd is not None:
+            return self
+        folder = os.path.dirname(os.path.abspath(self.path))
+        missing = []
+        while not os.path.isdir(folder) and not os.path.lexists(folder):
+            missing.insert(0, folder)
+            folder = os.path.dirname(folder)
+        try:
+            os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
+        except OSError:
+            return self
+        self._made = missing
+        fd = None  # the descriptor being tried: closed on any way out that does not hold it (a Ctrl-C included)
+        try:
+            for _ in range(_LOCK_ATTEMPTS):
+                fd, writable = self._open()
+                if fd is None:
+                    if not os.path.isdir(os.path.dirname(os.path.abspath(self.path))):
+                        try:  # removed meanwhile (another run's empty folder, removed as it ended): make it again
+                            os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
+                            continue
+                        except OSError:
+                            pass
+                    break  # a folder that takes no file: the run's folder check (or its first save) says so
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    holder = _lock_holder(fd)
+                    os.close(fd)
+                    fd = None
+                    raise self._in_use(holder) from None
+                except OSError as err:  # ENOLCK, EOPNOTSUPP: a filesystem without locks (some network ones)
+                    try:
+                        if writable and os.fstat(fd).st_size == 0 and self._names(fd):
+                            os.unlink(self.path)  # made just now (a holder names itself): nothing to leave behind
+                    except OSError:
+                        pass
+                    os.close(fd)
+                    fd = None
+                    self._warn_unlocked(f"cannot lock {self.path} ({err.strerror or err}): this filesystem takes no "
+                                        f"file locks")
+                    break
+                if not self._names(fd):  # removed by the run that held it, as it ended: take the file there now
+                    os.close(fd)
+                    fd = None
+                    continue
+                if not writable:  # another user's file, left by a killed run: replace it with one naming this run
+                    try:
+                        os.unlink(self.path)
+                    except OSError:  # a folder that keeps others' files (/tmp's sticky bit): hold it as it is
+                        self._hold(fd)
+                        return self
+                    os.close(fd)
+                    fd = None
+                    continue
+                self._hold(fd)
+                try:
+                    os.ftruncate(fd, 0)
+                    os.pwrite(fd, f"pid {os.getpid()} on host {socket.gethostname()}, since "
+                                  f"{time.strftime('%Y-%m-%d %H:%M:%S')}\n".encode(), 0)
+                except OSError:  # a full disk: locked all the same, only nameless
+                    pass
+                return self
+            else:  # every try found the file removed as it was locked: runs starting and ending on it without end
+                self._warn_unlocked(f"cannot lock {self.path}: it was removed each of the {_LOCK_ATTEMPTS} times "
+                                    f"it was locked (other runs starting and ending on this checkpoint)")
+        except BaseException:
+            if self._fd is not None:  # held, then interrupted while naming itself (a Ctrl-C): let it go again
+                self.release()
+            elif fd is not None:
+                os.close(fd)
+            raise
+        finally:
+            if self._fd is None:
+                self._remove_made_folders()
+        return self
+
+    def release(self) -> None:
+        """Remove the lock file and release the lock (a no-op when not held)."""
+        fd = self._forget(close=False)
+        if fd is not None:
+            try:
+                if self._names(fd):  # not a file someone put there after removing this one by hand
+                    os.unlink(self.path)  # before the lock ends: see the class
+            except OSError:
+                pass
+            finally:
+                os.close(fd)
+        self._remove_made_folders()
+
+    def __enter__(self) -> "WriterLock":
+        return self.acquire()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.release()
+
+    def _hold(self, fd: int) -> None:
+        self._fd = fd
+        # A backstop: a lock dropped while held (a window no release reached) closes its descriptor, ending the lock
+        self._closer = weakref.finalize(self, _close_quietly, fd)
+        _HELD_LOCKS.add(self)
+
+    def _forget(self, close: bool = True) -> int | None:
+        """Stop holding: the descriptor, closed (``close``) or returned for the caller to close."""
+        fd, self._fd = self._fd, None
+        if self._closer is not None:
+            self._closer.detach()
+            self._closer = None
+        _HELD_LOCKS.discard(self)
+        if fd is not None and close:
+            _close_quietly(fd)
+            return None
+        return fd
+
+    def _warn_unlocked(self, why: str) -> None:
+        warnings.warn(f"{why}, so jes cannot keep another run from writing checkpoint {self.checkpoint_path} at the "
+                      f"same time (the last writer's saves would be all that is kept); the run goes on unlocked: make "
+                      f"sure no other run writes it", stacklevel=5)
+
+    def _open(self) -> tuple[int | None, bool]:
+        try:
+            return os.open(self.path, os.O_RDWR | os.O_CREAT, 0o666), True  # the umask applies
+        except PermissionError:  # another user's lock file: a lock needs no write access
+            try:
+                return os.open(self.path, os.O_RDONLY), False
+            except OSError:
+                return None, False
+        except OSError:
+            return None, False
+
+    def _names(self, fd: int) -> bool:
+        """Whether the lock file's name still names the file ``fd`` has open."""
+        try:
+            return os.path.samestat(os.fstat(fd), os.stat(self.path))
+        except OSError:
+            return False
+
+    def _remove_made_folders(self) -> None:
+        for folder in reversed(self._made):
+            try:
+                os.rmdir(folder)  # only while empty: a refused run leaves no folder it made, a run that saved keeps it
+            except OSError:
+                break
+        self._made = []
+
+    def _in_use(self, holder: str | None) -> CheckpointInUseError:
+        host = socket.gethostname()
+        mine = holder is not None and holder.startswith(f"pid {os.getpid()} on host {host},")
+        who = f"{holder}{': this process' if mine else ''}" if holder else "its holder has not named itself yet"
+        gone = _gone_pid(holder, host) if holder and not mine else None
+        if gone is not None:
+            who += (f"; pid {gone} is gone, and a process it started (a forked child) still holds the lock: "
+                    f"`fuser -v {self.path}` names it")
+        if self.resuming:
+            advice = ("A resumed run writes the checkpoint it resumes from: let that run end (or stop it) before "
+                      "resuming it, or give this resumed run its own checkpoint_path (it reads the checkpoint and "
+                      "writes its saves there)")
+        else:
+            advice = ("Let that run end (or stop it) before running on this checkpoint, or give this run another "
+                      "log_dir (or checkpoint_path)")
+        return CheckpointInUseError(
+            f"checkpoint {self.checkpoint_path!r} is in use: another run is writing it ({who}). Two runs writing one "
+            f"checkpoint overwrite each other's saves, and the last writer's are all that is kept. {advice}. "
+            f"(A run holds {self.path!r} while it writes the checkpoint; the lock ends with its process and the "
+            f"processes it forked, however they end.)", path=self.checkpoint_path, holder=holder)
+
+
+def _gone_pid(holder: str, host: str) -> int | None:
+    """The pid a lock file names, where it was on this host and no process has it now; else ``None``."""
+    m = re.match(r"pid (\d+) on host (.*), since ", holder)
+    if m is None or m.group(2) != host:
+        return None
+    try:
+        os.kill(int(m.group(1)), 0)
+    except ProcessLookupError:
+        return int(m.group(1))
+    except (OSError, OverflowError, ValueError):  # another user's (EPERM): alive
+        return None
+    return None
+
+
+def _close_quietly(fd: int) -> None:
+    try:
+        os.close(fd)
+    except OSError:
+        pass
+
+
+def _lock_holder(fd: int) -> str | None:
+    """What a lock file says of its holder (one line of printable text), or ``None``."""
+    try:
+        text = os.pread(fd, 300, 0).decode("utf-8", "replace")
+    except OSError:
+        return None
+    line = "".join(c for c in text.split("\n", 1)[0] if c.isprintable()).strip()[:200]
+    return line or None
+
+
 @dataclasses.dataclass
 class Checkpoint:
     """A checkpoint as read from disk (integrity checked, not yet matched to a trainer).
@@ -449,6 +724,8 @@ class Checkpoint:
         state_dict: the training state as nested dicts of numpy arrays.
         history: per-generation numpy arrays (as in ``TrainResult.history``).
         key: ``uint32`` data of the run key.
+        best: the run's best member as the file keeps it (``fitness``, ``generation``, ``member``, ``flat_params``,
+            ``obs_stats``), or ``None``: pass it on to a resumed run, ``jes.run(..., best=checkpoint.best)``.
     """
 
     path: str

@@ -498,11 +498,14 @@ def _eval(args: argparse.Namespace) -> int:
     if args.render_steps is not None and args.render is None:
         raise ValueError(f"--render-steps {args.render_steps} is the length of the --render episode: add --render "
                          f"PATH, or drop --render-steps")
-    if _starts_with(args.checkpoint, trained.POLICY_MAGIC):
+    # A policy file by its first bytes, or by its name when they are neither kind's (a damaged .policy file is then
+    # called a policy file, not a checkpoint)
+    if _starts_with(args.checkpoint, trained.POLICY_MAGIC) or (
+            args.checkpoint.endswith(".policy") and not _starts_with(args.checkpoint, checkpoint.MAGIC)):
+        policy = trained.load_policy(args.checkpoint, allow_modules=args.allow_module)
         if args.render is not None:
             raise ValueError(f"--render draws an episode of a checkpoint; {args.checkpoint} is a saved policy file "
                              f"(evaluate it without --render, or render the run's checkpoint)")
-        policy = trained.load_policy(args.checkpoint, allow_modules=args.allow_module)
         returns = policy.evaluate(args.episodes, as_key(args.seed))
         print(f"{args.checkpoint}: {policy.env_name}, {type(policy.policy).__name__}, saved policy: return "
               f"{returns.mean():.2f} +/- {returns.std():.2f} over {args.episodes} episodes")
@@ -674,18 +677,41 @@ def main(argv: list[str] | None = None) -> int:
         print(f"\n{'terminated' if terminated else 'interrupted'}{_saved_note(args, interrupt)}", file=sys.stderr)
         return 128 + signal.SIGTERM if terminated else 130
     except (OSError, ValueError, ImportError) as err:  # a busy --listen port, a missing file, a bad value
-        print(f"jes {args.command}: {_for_command(str(err), args.command)}", file=sys.stderr)
+        # (or one that stopped a run midway, a full log disk: jes.train saved the run so far)
+        print(f"jes {args.command}: {_for_command(str(err), args.command)}"
+              f"{_kept_note(args, err, 'continue with --resume {path} once its cause is fixed')}", file=sys.stderr)
+        _print_run_so_far(args, err)
         return 2
     except HostEnvError as err:  # a Python simulator's step or reset raised: its message names env, member, generation
-        saved = getattr(err, "checkpoint_path", None)  # jes.train saved the last good state there
-        note = (f" (the run so far is in checkpoint {saved}: fix the env, then continue with --resume {saved})"
-                if args.command == "train" and saved and os.path.exists(saved) else "")
-        print(f"jes {args.command}: {err}{note}", file=sys.stderr)
+        print(f"jes {args.command}: {err}{_kept_note(args, err, 'fix the env, then continue with --resume {path}')}",
+              file=sys.stderr)
+        _print_run_so_far(args, err)
         return 2
     finally:
         warnings.formatwarning = formatwarning
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
+
+
+def _kept_note(args: argparse.Namespace, err: BaseException, advice: str) -> str:
+    """Where ``jes train`` kept a run an error stopped midway: the checkpoint :func:`jes.train` saved its last good
+    state in (``err.checkpoint_path``), with ``advice`` (``{path}``: the checkpoint); ``""`` when it saved none."""
+    saved = getattr(err, "checkpoint_path", None)
+    if args.command != "train" or not saved or not os.path.exists(saved):
+        return ""
+    return f" (the run so far is in checkpoint {saved}: {advice.format(path=saved)})"
+
+
+def _print_run_so_far(args: argparse.Namespace, err: BaseException) -> None:
+    """The summary of the run so far an error that stopped ``jes train`` midway carries (``err.result``), as a run
+    that ends prints its own."""
+    result = getattr(err, "result", None)
+    if args.command != "train" or result is None:
+        return
+    import jax
+
+    if jax.process_index() == 0:  # every process of a --distributed run has the same result
+        print(result.summary())
 
 
 def _saved_note(args: argparse.Namespace, interrupt: KeyboardInterrupt) -> str:
@@ -766,6 +792,7 @@ def _flag_named(message: str) -> str:
     for argument, flag in (("continue that run with resume=", "continue that run with --resume "),
                            ("another log_dir (or checkpoint_path)", "another --log-dir (or "
                            "--checkpoint)"),  # jes.train's arguments of a refused overwrite, as flags
+                           ("its own checkpoint_path", "its own --checkpoint PATH"),  # a refused resume's
                            # and of a folder that cannot be written (jes.loop._unwritable_problem)
                            ("pass a log_dir in a folder you can write (jes train: --log-dir DIR), or log_dir=None "
                             "(--log-dir none)", "give --log-dir DIR in a folder you can write, or --log-dir none"),

@@ -314,18 +314,26 @@ def format_line(record: Mapping[str, Any], total: int, best: float) -> str:
     return ", ".join(parts)
 
 
-def close_all(loggers: Iterable[Any]) -> None:
-    """Call ``close()`` on every logger that has one, even if an earlier one fails."""
-    error = None
+def close_all(loggers: Iterable[Any], warn: bool = False) -> None:
+    """Call ``close()`` on every logger that has one, even if an earlier one fails; then raise the first failure, or,
+    with ``warn``, warn of each (:func:`jes.train`'s: an error closing the logs, a full log disk, must not replace the
+    error that stopped the run, which carries the run so far, nor cost a finished run its result)."""
+    failures = []
     for logger in loggers:
         close = getattr(logger, "close", None)
         if callable(close):
             try:
                 close()
-            except Exception as err:  # keep closing the others; report the first failure
-                error = error or err
-    if error is not None:
-        raise error
+            except Exception as err:  # keep closing the others; report the failures once all are closed
+                failures.append((logger, err))
+    if not warn:
+        if failures:
+            raise failures[0][1]
+        return
+    # After every close: a warning raised as an error (-W error) leaves no logger unclosed
+    for logger, err in failures:
+        warnings.warn(f"could not close {type(logger).__name__} ({type(err).__name__}: {err}); what it had not written "
+                      f"yet is missing from its logs (the run's result and checkpoint are not affected)", stacklevel=3)
 
 
 def flush_all(loggers: Iterable[Any], generation: int | None = None) -> None:

@@ -368,16 +368,26 @@ def train(
             resuming); ``None`` turns checkpoints off. A file already there that is not the ``resume`` file
             (another run's checkpoint: a second run into the same ``log_dir``) is never overwritten: the run is
             refused with a ``FileExistsError`` before it starts, and so is a ``log_dir`` or checkpoint folder that
-            cannot be written (a ``PermissionError``). A save that fails later (a full disk) stops the run with a
+            cannot be written (a ``PermissionError``). While the run writes the checkpoint it holds a lock beside
+            it (``<checkpoint>.jes-lock``, removed when the run ends; the lock ends with its process and those it
+            forked, however they end): a second run on the same checkpoint (resuming it too, say) is refused with a
+            :class:`jes.checkpoint.CheckpointInUseError` naming the run that holds it, before its step compiles (in
+            a ``jax.distributed`` run, once its processes agree on the run, with the compile already started); a
+            run into an auto-named ``log_dir`` that another run started in the same second took moves on to the
+            next free name instead. A
+            save that fails later (a full disk) stops the run with a
             :class:`CheckpointSaveError` whose ``result`` holds the run so far. Any other error that stops the run
-            midway (a Python simulator that raises, a callback's bug) first saves the last good state there, as
-            Ctrl-C does, and carries the run so far as ``error.result`` and the checkpoint as
-            ``error.checkpoint_path``: fix the cause and ``resume`` it.
+            midway (a Python simulator that raises, a callback's bug, a full log disk) first saves the last good
+            state there, as Ctrl-C does, and carries the run so far as ``error.result`` and the checkpoint as
+            ``error.checkpoint_path``: fix the cause and ``resume`` it. Logs that cannot be closed at the end (a full
+            log disk) are warned of: they never replace that error, nor cost a finished run its result.
         checkpoint_every: generations between checkpoints (0: only at the end, on Ctrl-C and on an error).
         resume: a checkpoint to continue from; the run then ends bit-identical to one never
             interrupted. The run key comes from the checkpoint (``key`` is ignored, with a warning where
             it differs); the policy, env,
-            optimizer and config must match it (``num_generations`` may grow).
+            optimizer and config must match it (``num_generations`` may grow). ``learning_rate`` may change (with
+            a warning when the rate the run goes on with is not the one it ran with); not given (``None``), the
+            run goes on at the checkpoint's rate.
         master: listen address (``":5555"``, ``"0.0.0.0:5555"``) to spread each generation over
             ``jes-worker --master HOST:PORT`` processes (:mod:`jes.distributed`); the result is
             bit-identical to a local run. The policy, env, optimizer (by name) and config must be
@@ -423,6 +433,18 @@ def train(
     if overrides:
         _check_mirrored_population(strategy, overrides)
     config = (config or ESConfig()).replace(**overrides) if overrides else (config or ESConfig())
+    restored = None
+    if resume is not None:
+        # Before the Trainer, whose optimizer is built with the rate: a resume given none goes on at the file's
+        try:
+            restored = checkpoint.read(resume)
+        except (checkpoint.CheckpointError, OSError):
+            if jax.process_count() == 1:
+                raise
+            # A multi-process run: its processes first check that they resume the same file (below), which names the
+            # process that cannot read it, before any of them raises
+        if restored is not None:
+            config = _resumed_learning_rate(config, restored)
     trainer = Trainer(policy, env, optimizer, config, env_params=env_params, devices=devices,
                       rollout_min_batch=rollout_min_batch, strategy=strategy)
     ignored = ignored_settings(trainer.strategy, config.learning_rate, config.weight_decay, config.fitness_shaping,
@@ -431,16 +453,37 @@ def train(
         raise ValueError(ignored)
     if ignored is not None:  # a checkpoint of a jes that took them silently: its run goes on as it was
         warnings.warn(f"{ignored} (the resumed run goes on as it ran, without them)", stacklevel=2)
-    restored = None
-    if resume is not None and jax.process_count() == 1:
+    if restored is not None and jax.process_count() == 1:
         # Before the step's compile: a checkpoint of another run is refused at once, not after a compile (the
         # processes of a multi-process run first check that they resume the same file, below)
-        restored = checkpoint.read(resume)
         restored.check_compatible(trainer)
-    if master is None and not num_workers and not trainer.spec.host:  # a master or a host env runs no local step
-        trainer.start_compiling_step()  # overlaps building or restoring the state
+    if log_dir == "runs/<auto>" and resume is not None and jes_logging.has_event_files(os.path.dirname(resume) or "."):
+        log_dir = os.path.dirname(resume) or "."  # the checkpoint sits in its run's log dir: continue the curves there
+    auto_name = None  # the auto log dir's name: a run started in the same second that took it first moves this one on
+    if log_dir == "runs/<auto>":
+        auto_name = jes_logging.default_run_name(trainer.spec.name, type(trainer.policy).__name__, trainer.run_label)
+        log_dir = jes_logging.unique_dir(os.path.join("runs", auto_name))
+    auto_checkpoint = checkpoint_path == "<log_dir>/checkpoint.ckpt" and resume is None
+    if checkpoint_path == "<log_dir>/checkpoint.ckpt":
+        checkpoint_path = resume if resume is not None else (
+            os.path.join(log_dir, "checkpoint.ckpt") if log_dir is not None else None)
+    lock = None  # this run's lock on its checkpoint, held until it ends
     server = None  # the ZeroMQ master of master=, made before the loggers
     try:  # a compile thread left running when this raises would abort the interpreter at its exit
+        if jax.process_count() == 1:  # (a multi-process run takes process 0's below, once its processes agree on it)
+            for attempt in range(_AUTO_DIR_ATTEMPTS):
+                try:  # before the compile: a checkpoint in use is refused at once
+                    lock = _lock_checkpoint(checkpoint_path, resuming=resume is not None)
+                    break
+                except checkpoint.CheckpointInUseError:
+                    # Runs started together that picked one auto folder: the others move on to its _1, _2... (the
+                    # lock made the folder) as unique_dir moved them before; only a path one chose is refused
+                    if auto_name is None or not auto_checkpoint or log_dir is None or attempt + 1 == _AUTO_DIR_ATTEMPTS:
+                        raise
+                    log_dir = jes_logging.unique_dir(os.path.join("runs", auto_name))
+                    checkpoint_path = os.path.join(log_dir, "checkpoint.ckpt")
+        if master is None and not num_workers and not trainer.spec.host:  # a master or a host env runs no local step
+            trainer.start_compiling_step()  # overlaps building or restoring the state
         history = None
         if jax.process_count() > 1:
             _check_same_run(trainer, key, resume)
@@ -475,17 +518,10 @@ def train(
             if master is None and not num_workers and not trainer.spec.host and primary:
                 _warn_idle_devices(trainer)
                 _warn_serial_chunks(trainer)
-        if log_dir == "runs/<auto>" and resume is not None and jes_logging.has_event_files(os.path.dirname(resume) or "."):
-            log_dir = os.path.dirname(resume) or "."  # the checkpoint sits in its run's log dir: continue the curves there
-        if log_dir == "runs/<auto>":
-            name = jes_logging.default_run_name(trainer.spec.name, type(trainer.policy).__name__, trainer.run_label)
-            log_dir = jes_logging.unique_dir(os.path.join("runs", name))
-        if checkpoint_path == "<log_dir>/checkpoint.ckpt":
-            checkpoint_path = resume if resume is not None else (
-                os.path.join(log_dir, "checkpoint.ckpt") if log_dir is not None else None)
         if jax.process_count() > 1:
             log_dir = _from_process_0(log_dir)  # its auto name has process 0's clock in it
             checkpoint_path = _from_process_0(checkpoint_path)
+            lock = _lock_checkpoint(checkpoint_path, resuming=resume is not None)
         overwrite = _overwrite_problem(checkpoint_path, resume) if primary and checkpoint_path is not None else None
         if jax.process_count() > 1:
             overwrite = _from_process_0(overwrite)  # process 0 writes; every process hears its refusal
@@ -518,11 +554,16 @@ def train(
                 log_dir, hparams, best_centre=max(centres, default=-math.inf),
                 purge_from=int(fetch(state.generation)) + 1 if resume is not None else None))
     except BaseException:
-        trainer.finish_compiling()
-        if server is not None:
-            server.close()
+        try:
+            trainer.finish_compiling()
+            if server is not None:
+                server.close()
+        finally:  # even if those raise: a lock left held would refuse every later run on it in this process
+            if lock is not None:
+                lock.release()
         raise
     ran = _Ran()
+    failed = None  # the error (or interrupt) the run raises, if any
     try:
         if num_workers:
             _check_workers_can_rebuild(trainer, f"num_workers={num_workers}")
@@ -548,27 +589,39 @@ def train(
                                   f"refused the run or were not ready within {LOCAL_WORKERS_TIMEOUT:.0f} s; their "
                                   f"errors, if any, are logged above); the run goes on with them and evaluates the "
                                   f"rest in this process (same bits)", stacklevel=2)
-                return ran(run(trainer, state, key=key, callbacks=[*loggers, *callbacks], history=history,
+                return ran(_run(trainer, state, key=key, callbacks=[*loggers, *callbacks], history=history,
                                checkpoint_path=checkpoint_path, checkpoint_every=checkpoint_every,
                                step_fn=server.step, log_dir=log_dir, best=best, started=started))
         if server is not None:
             with server:
-                return ran(run(trainer, state, key=key, callbacks=[*loggers, *callbacks], history=history,
+                return ran(_run(trainer, state, key=key, callbacks=[*loggers, *callbacks], history=history,
                                checkpoint_path=checkpoint_path, checkpoint_every=checkpoint_every,
                                step_fn=server.step, log_dir=log_dir, best=best, started=started))
-        return ran(run(trainer, state, key=key, callbacks=[*loggers, *callbacks], history=history,
+        return ran(_run(trainer, state, key=key, callbacks=[*loggers, *callbacks], history=history,
                        checkpoint_path=checkpoint_path, checkpoint_every=checkpoint_every, log_dir=log_dir, best=best,
                        started=started))
     except BaseException as err:
+        failed = err
         trainer.finish_compiling()  # a failure before the step was compiled (already joined after it)
         ran.interrupted(err)
         raise
     finally:
         try:
-            jes_logging.close_all(loggers)
-        except KeyboardInterrupt as interrupt:
+            # A logger that cannot close (its disk full) is warned of: the error in flight, which carries the run so far
+            # and its checkpoint, goes on, and a run that finished returns its result (saved; only logs are missing)
+            jes_logging.close_all(loggers, warn=True)
+        except KeyboardInterrupt as interrupt:  # a Ctrl-C while the logs close
             ran.interrupted(interrupt)
+            _carry_run_over(failed, interrupt)
             raise
+        except Exception as err:  # that warning raised as an error (-W error): it must not replace the run's error
+            if failed is None:
+                raise
+            if hasattr(failed, "add_note"):
+                failed.add_note(f"(closing the logs also failed: {type(err).__name__}: {err})")
+        finally:
+            if lock is not None:
+                lock.release()
 
 
 def run_hparams(trainer: Trainer, config: ESConfig, optimizer: Any) -> dict:
@@ -752,26 +805,41 @@ def _from_process_0(text: str | None) -> str | None:
     return None if data[0] else bytes(data[1:]).rstrip(b"\0").decode()
 
 
+def _resumed_learning_rate(config: ESConfig, restored: checkpoint.Checkpoint) -> ESConfig:
+    """``config`` for a resume of ``restored``: given no ``learning_rate`` (``None``), the run goes on at its file's, as
+    ``jes train --resume`` does (``None`` is the optimizer's default, which made another run of it from here on)."""
+    ran = restored.meta["config"].get("learning_rate")
+    if config.learning_rate is not None or ran is None or "learning_rate" in restored.meta["config_schedules"]:
+        return config
+    try:
+        return config.replace(learning_rate=ran)
+    except (TypeError, ValueError):  # a value no config takes (an edited file): the resume's checks name it
+        return config
+
+
 def _apply_new_learning_rate(trainer: Trainer, state: TrainState, old: Any, path: str) -> TrainState:
     """A resumed run with another ``learning_rate``: warn, and put it into the optimizer state.
 
     Named optimizers keep their rate in ``opt_state.hyperparams`` (``optax.inject_hyperparams``), so the
-    restored state would otherwise go on with the old one.
+    restored state would otherwise go on with the old one. Rates are compared as the run uses them, defaults
+    resolved: ``learning_rate=0.2`` resuming a run on adam's default 0.2 is the same run, and says nothing.
     """
     new = trainer.config.learning_rate
     if callable(new) or callable(old) or new == old:
         return state
     opt_state = getattr(state.strategy, "opt_state", None)
     hyperparams = getattr(opt_state, "hyperparams", None)
-    ran = old
-    if old is None:  # the optimizer's (or the strategy's) default: the rate its state holds says which
-        rate = hyperparams.get("learning_rate") if isinstance(hyperparams, dict) else None
-        ran = f"{float(np.asarray(fetch(rate))):.4g}, its default" if rate is not None else "its default rate"
-    warnings.warn(f"resuming {path} with learning_rate={new} (the run used {ran}); the remaining generations "
-                  f"differ from an uninterrupted run", stacklevel=3)
-    if not isinstance(hyperparams, dict) or "learning_rate" not in hyperparams:
-        return state  # a strategy that reads the rate from its context
+    if not isinstance(hyperparams, dict) or "learning_rate" not in hyperparams:  # a strategy reading it from its context
+        warnings.warn(f"resuming {path} with learning_rate={new} (the run used {old}); the remaining generations "
+                      f"differ from an uninterrupted run", stacklevel=3)
+        return state
     fresh = trainer.init_state(0).strategy.opt_state.hyperparams["learning_rate"]
+    ran, now = (float(np.asarray(fetch(rate))) for rate in (hyperparams["learning_rate"], fresh))
+    if ran == now:  # one rate, given on one side and the default on the other: the run goes on as it was
+        return state
+    named = lambda given, rate: f"{given}" if given is not None else f"{rate:.4g}, its default"
+    warnings.warn(f"resuming {path} with learning_rate={named(new, now)} (the run used {named(old, ran)}); the "
+                  f"remaining generations differ from an uninterrupted run", stacklevel=3)
     opt_state = opt_state._replace(hyperparams=dict(hyperparams, learning_rate=fresh))
     return trainer.place(state.replace(strategy=state.strategy.replace(opt_state=opt_state)))
 
@@ -805,7 +873,7 @@ StepFn = Callable[[TrainState, bool, bool], "tuple[TrainState, dict]"]
 def run(trainer: Trainer, state: TrainState, *, key: Any = 0, callbacks: Iterable[Callback] = (),
         history: dict | None = None, num_generations: int | None = None, step_fn: StepFn | None = None,
         checkpoint_path: str | None = None, checkpoint_every: int = 0, log_dir: str | None = None,
-        best: BestMember | None = None, started: float | None = None) -> TrainResult:
+        best: BestMember | dict | None = None, started: float | None = None) -> TrainResult:
     """Host loop: call the generation step until ``num_generations`` (default: config's) are done.
 
     Args:
@@ -821,16 +889,39 @@ def run(trainer: Trainer, state: TrainState, *, key: Any = 0, callbacks: Iterabl
             out through it.
         checkpoint_path: where to save checkpoints (``jes.checkpoint``): every ``checkpoint_every``
             generations (0: never periodically), after the last generation, and on KeyboardInterrupt
-            (then re-raised). ``None``: no checkpoints.
+            (then re-raised). ``None``: no checkpoints. The run holds its lock while it runs (see :func:`train`).
         checkpoint_every: generations between periodic checkpoints to ``checkpoint_path`` (0, the default: none;
             the other saves happen anyway). A non-negative int, checked before the first generation.
         log_dir: where the run's logs go (only recorded in the result and its summary).
-        best: the best member of the generations before ``state`` (a resumed run's, from its checkpoint).
+        best: the best member of the generations before ``state``: a resumed run's, as its checkpoint keeps it
+            (``jes.checkpoint.read(path).best``, a dict, or a :class:`BestMember`). Without it a resumed run's best
+            member is the best of the generations it runs, and its checkpoint keeps that one instead.
         started: ``time.perf_counter()`` when the run began (the result's ``wall_time`` counts from it; default: now).
             :func:`train` passes its own start, so the trainer's build and the step's compile, begun there, count.
+
+    Raises:
+        jes.checkpoint.CheckpointInUseError: another run is writing ``checkpoint_path`` (it holds the lock beside it,
+            ``<checkpoint_path>.jes-lock``, which this run holds while it runs), before anything runs.
     """
     _check_checkpoint_every(checkpoint_every)
+    if isinstance(best, dict):  # a checkpoint's own record of it
+        best = _best_from_checkpoint(trainer, best)
+    lock = None
+    try:  # (the lock inside the try: an interrupt right after it was taken still releases it)
+        lock = _lock_checkpoint(checkpoint_path)
+        return _run(trainer, state, key=key, callbacks=callbacks, history=history, num_generations=num_generations,
+                    step_fn=step_fn, checkpoint_path=checkpoint_path, checkpoint_every=checkpoint_every,
+                    log_dir=log_dir, best=best, started=started)
+    finally:
+        if lock is not None:
+            lock.release()
 
+
+def _run(trainer: Trainer, state: TrainState, *, key: Any = 0, callbacks: Iterable[Callback] = (),
+         history: dict | None = None, num_generations: int | None = None, step_fn: StepFn | None = None,
+         checkpoint_path: str | None = None, checkpoint_every: int = 0, log_dir: str | None = None,
+         best: BestMember | None = None, started: float | None = None) -> TrainResult:
+    """:func:`run` once its checkpoint is locked (:func:`train` holds the lock from before the step's compile)."""
     # In a multi-process run only process 0 writes the checkpoint (every process computes the same state).
     save_to = checkpoint_path if jax.process_index() == 0 else None
 
@@ -1059,6 +1150,43 @@ class _Ran:
             if result.checkpoint_path is not None:
                 err.checkpoint_path = result.checkpoint_path
             _attach_result(err, lambda: result)
+
+
+def _carry_run_over(error: BaseException | None, interrupt: KeyboardInterrupt) -> None:
+    """A Ctrl-C that replaces ``error`` in flight carries what it carried (the run so far, its checkpoint)."""
+    for name in ("result", "checkpoint_path", "save_error"):
+        if error is not None and hasattr(error, name) and not hasattr(interrupt, name):
+            setattr(interrupt, name, getattr(error, name))
+
+
+_AUTO_DIR_ATTEMPTS = 10  # auto log dirs tried by runs started in the same second (each found taken by another)
+
+
+def _lock_checkpoint(path: str | None, resuming: bool = False) -> checkpoint.WriterLock | None:
+    """Process 0's :class:`jes.checkpoint.WriterLock` on the checkpoint ``path`` its run writes (``None`` in the other
+    processes, or without a checkpoint); every process of a multi-process run raises its refusal.
+
+    Raises:
+        jes.checkpoint.CheckpointInUseError: another run is writing ``path``.
+    """
+    lock, refusal = None, None
+    if path is not None and jax.process_index() == 0:
+        try:
+            lock = checkpoint.WriterLock(path, resuming=resuming).acquire()
+        except checkpoint.CheckpointInUseError as err:
+            if jax.process_count() == 1:
+                raise
+            refusal = str(err)
+    if jax.process_count() > 1:
+        try:
+            refusal = _from_process_0(refusal)
+        except BaseException:
+            if lock is not None:
+                lock.release()
+            raise
+    if refusal is not None:
+        raise checkpoint.CheckpointInUseError(refusal, path)
+    return lock
 
 
 def evaluates_centre(generation: int, total: int, eval_every: int) -> bool:

@@ -1,5 +1,6 @@
 """jes.checkpoint: atomic saves, bit-identical resume, clear errors for bad files."""
 import os
+import re
 import shutil
 import signal
 import socket
@@ -71,6 +72,30 @@ def test_the_checkpoint_keeps_the_best_member_for_a_resume(saved, full_run, tmp_
     assert resumed.best.fitness == first_two.max() and resumed.best.generation == int(kept["generation"])
     np.testing.assert_array_equal(resumed.best.flat_params, kept["flat_params"])
     assert resumed.best.policy.obs_stats is not None  # it acts with the normaliser it was evaluated with
+
+
+def test_a_manual_resume_keeps_the_checkpoints_best_member(saved, full_run, tmp_path):
+    """The public route (jes.checkpoint.load, then jes.run) had no way to pass the checkpoint's best member on (run()
+    took a BestMember, the checkpoint holds a dict): the resumed run's best was the best of its own generations,
+    saved over the better one the file kept."""
+    path = str(tmp_path / "copy.ckpt")
+    shutil.copy(saved, path)
+    trainer, state, ckpt = checkpoint.load(path)
+    # Nothing left to train (2 of 2 generations): the best member can only come from the file, and must stay in it
+    resumed = jes.run(trainer, state, key=ckpt.key, history=ckpt.history, best=ckpt.best, checkpoint_path=path,
+                      num_generations=2)
+    assert (resumed.best.fitness, resumed.best.generation, resumed.best.member) == (
+        float(ckpt.best["fitness"]), int(ckpt.best["generation"]), int(ckpt.best["member"]))
+    np.testing.assert_array_equal(resumed.best.flat_params, ckpt.best["flat_params"])
+    assert resumed.best.policy.obs_stats is not None  # it acts with the normaliser it was evaluated with
+    assert int(checkpoint.read(path).best["generation"]) == int(ckpt.best["generation"])
+    # On to the run's 4 generations: the best member is the uninterrupted run's, as with jes.train(resume=...)
+    trainer, state, ckpt = checkpoint.load(path)
+    resumed = jes.run(trainer, state, key=ckpt.key, history=ckpt.history, best=ckpt.best, checkpoint_path=path)
+    np.testing.assert_array_equal(resumed.flat_params, full_run.flat_params)
+    assert (resumed.best.fitness, resumed.best.generation, resumed.best.member) == (
+        full_run.best.fitness, full_run.best.generation, full_run.best.member)
+    np.testing.assert_array_equal(checkpoint.read(path).best["flat_params"], full_run.best.flat_params)
 
 
 def test_checkpoint_holds_everything(saved, trainer):
@@ -435,6 +460,32 @@ def test_interrupt_inside_mkstemp_leaves_no_temp_file(trainer, saved, tmp_path, 
         assert f.read() == good
 
 
+def test_a_checkpoint_gets_the_permissions_a_plain_open_gives(trainer, saved, tmp_path):
+    """Checkpoints were written 0600 (mkstemp's mode) where event files and .policy files follow the umask: a shared
+    run's group could not `jes eval` or resume it. A new file follows the umask; a file saved over keeps its mode
+    (a deliberate chmod 600, or 644, stayed only until the next save)."""
+    previous = os.umask(0o022)
+    try:
+        path = str(tmp_path / "run.ckpt")
+        run(trainer, checkpoint.read(saved).restore_state(trainer), key=5, num_generations=3, checkpoint_path=path)
+        assert oct(os.stat(path).st_mode & 0o777) == oct(0o644)
+        os.chmod(path, 0o600)
+        os.umask(0o002)
+        checkpoint.save(path, trainer, trainer.init_state(9), {}, key=9)
+        assert oct(os.stat(path).st_mode & 0o777) == oct(0o600)  # kept
+        os.chmod(path, 0o644)
+        os.umask(0o077)
+        checkpoint.save(path, trainer, trainer.init_state(9), {}, key=9)
+        assert oct(os.stat(path).st_mode & 0o777) == oct(0o644)  # kept
+        os.umask(0o002)
+        other = str(tmp_path / "new.ckpt")
+        checkpoint.save(other, trainer, trainer.init_state(9), {}, key=9)
+        assert oct(os.stat(other).st_mode & 0o777) == oct(0o664)  # a new file: 0666 & ~umask
+        assert os.umask(0o002) == 0o002  # saves read the umask, never set it
+    finally:
+        os.umask(previous)
+
+
 def test_save_sweeps_temp_files_left_by_a_killed_save(trainer, tmp_path):
     """A save killed with SIGKILL leaves its temp file; the next save removes it (and nothing else)."""
     path = str(tmp_path / "run.ckpt")
@@ -716,6 +767,270 @@ def test_a_new_learning_rate_on_resume_names_the_default_the_run_used(tmp_path):
                                                                                     learning_rate=0.01))
 
 
+def test_a_resume_given_no_learning_rate_goes_on_at_its_checkpoints(tmp_path):
+    """From Python, a resume without learning_rate went on at the optimizer's default rate (with a warning naming
+    learning_rate=None), where `jes train --resume` keeps the run's; and learning_rate=0.2 given to resume a run on
+    adam's default 0.2 warned that the rest of the run would differ, which it did not."""
+    def train(path, **kw):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            result = jes.train(jes.MLPPolicy((4,)), "CartPole-v1", "adam", log_dir=None, progress=False,
+                               **dict(SMALL_RUN, **kw), **({"checkpoint_path": path} if path else {}))
+        assert not [w for w in caught if "learning_rate" in str(w.message)], [str(w.message) for w in caught]
+        return result
+
+    ran_at = str(tmp_path / "at-0.05.ckpt")
+    train(ran_at, key=0, learning_rate=0.05, num_generations=1)
+    resumed = train(None, resume=ran_at, num_generations=3)
+    np.testing.assert_allclose(resumed.history["learning_rate"], [0.05] * 3)
+    uninterrupted = train(None, key=0, learning_rate=0.05, checkpoint_path=None)
+    np.testing.assert_array_equal(resumed.flat_params, uninterrupted.flat_params)
+    assert checkpoint.read(ran_at).meta["config"]["learning_rate"] == 0.05
+
+    ran_at_default = str(tmp_path / "default.ckpt")
+    train(ran_at_default, key=0, num_generations=1)
+    resumed = train(None, resume=ran_at_default, learning_rate=0.2, num_generations=3)  # adam's default, given
+    uninterrupted = train(None, key=0, checkpoint_path=None)
+    np.testing.assert_array_equal(resumed.flat_params, uninterrupted.flat_params)
+
+
+def test_a_changed_learning_rate_on_resume_names_the_rates_the_run_goes_on_with(tmp_path):
+    ckpt = str(tmp_path / "c.ckpt")
+    common = dict(log_dir=None, progress=False, **SMALL_RUN)
+    jes.train(jes.MLPPolicy((4,)), "CartPole-v1", "adam", key=0, checkpoint_path=ckpt, learning_rate=0.05,
+              **dict(common, num_generations=1))
+    with pytest.warns(UserWarning, match=r"with learning_rate=0.01 \(the run used 0.05\); the remaining generations "
+                                         r"differ"):
+        resumed = jes.train(jes.MLPPolicy((4,)), "CartPole-v1", "adam", resume=ckpt, learning_rate=0.01, **common)
+    np.testing.assert_allclose(resumed.history["learning_rate"], [0.05, 0.01, 0.01])
+
+
+RUN_THAT_WAITS = """
+import sys
+from jes.compilation_cache import enable_compilation_cache
+enable_compilation_cache()
+import jes
+
+def wait_in_generation_2(record):
+    if record["generation"] == 2:
+        print("writing", flush=True)
+        sys.stdin.readline()  # until the test says so, or kills it
+
+jes.train(jes.MLPPolicy((4,)), "CartPole-v1", "adam", resume=sys.argv[1], num_members=16, chunk_size=8,
+          num_generations=3, eval_episodes=4, eval_every=2, log_dir=None, progress=False,
+          callbacks=[wait_in_generation_2])
+"""
+
+
+@pytest.mark.hard_timeout(400)
+def test_a_checkpoint_another_run_is_writing_is_refused_naming_that_run(tmp_path, capsys):
+    """Two runs resuming one checkpoint at once both "succeeded": the last writer's saves were all the file kept (a
+    changed learning rate made that lost work). A run holds a lock beside its checkpoint while it writes it; another
+    run on it is refused at once, naming it; a kill -9 leaves the lock file, never the lock."""
+    path = str(tmp_path / "run.ckpt")
+    common = dict(log_dir=None, progress=False, **SMALL_RUN)
+    jes.train(jes.MLPPolicy((4,)), "CartPole-v1", "adam", key=0, checkpoint_path=path, **dict(common, num_generations=1))
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    other = subprocess.Popen([sys.executable, "-c", RUN_THAT_WAITS, path], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=str(tmp_path),
+                             env=dict(os.environ, PYTHONPATH=os.pathsep.join(
+                                 p for p in (root, os.environ.get("PYTHONPATH")) if p)))
+    try:
+        line = other.stdout.readline()  # the other run is in its generation 2, holding the checkpoint
+        assert line == "writing\n", other.communicate()[1][-3000:]
+        capsys.readouterr()
+        holder = rf"another run is writing it \(pid {other.pid} on host {re.escape(socket.gethostname())}, since "
+        with pytest.raises(checkpoint.CheckpointInUseError, match=rf"checkpoint {re.escape(repr(path))} is in use: "
+                                                                  rf"{holder}"):
+            jes.train(jes.MLPPolicy((4,)), "CartPole-v1", "adam", resume=path, **common)
+        assert "compile" not in capsys.readouterr().err  # refused before the step's compile
+        with pytest.raises(checkpoint.CheckpointInUseError, match=holder):  # a fresh run into it too
+            jes.train(jes.MLPPolicy((4,)), "CartPole-v1", "adam", checkpoint_path=path, **common)
+        trainer, state, ckpt = checkpoint.load(path)
+        with pytest.raises(checkpoint.CheckpointInUseError, match=holder):  # and jes.run
+            jes.run(trainer, state, key=ckpt.key, history=ckpt.history, best=ckpt.best, checkpoint_path=path)
+        assert cli.main(["train", "--resume", path, "--log-dir", "none", "--no-progress"]) == 2
+        err = capsys.readouterr().err
+        assert f"is in use: another run is writing it (pid {other.pid} on host" in err
+        assert "give this run another --log-dir" not in err, err  # a resume writes the file it resumes from
+        assert "give this resumed run its own --checkpoint PATH" in err, err
+        assert checkpoint.read(path).generation == 1  # nothing of the refused runs was written
+        other.kill()  # kill -9: its lock file stays, its lock does not
+        other.wait()
+        assert os.path.exists(path + checkpoint.LOCK_SUFFIX)
+        resumed = jes.train(jes.MLPPolicy((4,)), "CartPole-v1", "adam", resume=path, **common)
+        assert resumed.history["generation"].tolist() == [1, 2, 3] and checkpoint.read(path).generation == 3
+        assert os.listdir(tmp_path) == ["run.ckpt"]  # a run that ended removed its lock file
+    finally:
+        if other.poll() is None:
+            other.kill()
+            other.wait()
+
+
+def test_a_writer_lock_is_one_runs_and_leaves_nothing_behind(tmp_path):
+    path = str(tmp_path / "new" / "deeper" / "run.ckpt")
+    with checkpoint.WriterLock(path) as lock:
+        assert lock.held
+        with open(path + checkpoint.LOCK_SUFFIX) as f:
+            assert f.read().startswith(f"pid {os.getpid()} on host {socket.gethostname()}, since ")
+        with pytest.raises(checkpoint.CheckpointInUseError, match=rf"\(pid {os.getpid()} on host .*: this process\)"):
+            checkpoint.WriterLock(path).acquire()  # another run of this process (a thread, a callback)
+    assert os.listdir(tmp_path) == []  # the lock file, and the folders made for it (a refused run's, say)
+    os.makedirs(tmp_path / "run")
+    left = tmp_path / "run" / "run.ckpt.jes-lock"  # a killed run's lock file, unlocked: taken over
+    left.write_text("pid 4242 on host gone, since yesterday\n")
+    with checkpoint.WriterLock(str(tmp_path / "run" / "run.ckpt")) as lock:
+        assert lock.held and left.read_text().startswith(f"pid {os.getpid()} ")
+    assert os.listdir(tmp_path / "run") == []
+
+
+def test_a_writer_lock_is_not_a_users_own_lock_file(tmp_path):
+    """A job script guarding its checkpoint with FileLock(ckpt + ".lock") was refused by its own lock."""
+    import fcntl
+
+    path = str(tmp_path / "run.ckpt")
+    with open(path + ".lock", "w") as own:
+        fcntl.flock(own, fcntl.LOCK_EX)
+        with checkpoint.WriterLock(path) as lock:
+            assert lock.held
+    assert os.listdir(tmp_path) == ["run.ckpt.lock"]  # and jes left it alone
+
+
+def test_the_refusal_gives_advice_that_works_for_a_resume(tmp_path):
+    """A resume writes the file it resumes from: "give this run another log_dir" was refused again."""
+    path = str(tmp_path / "run.ckpt")
+    with checkpoint.WriterLock(path):
+        with pytest.raises(checkpoint.CheckpointInUseError, match="or give this run another log_dir"):
+            checkpoint.WriterLock(path).acquire()
+        with pytest.raises(checkpoint.CheckpointInUseError) as info:
+            checkpoint.WriterLock(path, resuming=True).acquire()
+    assert "another log_dir" not in str(info.value)
+    assert "give this resumed run its own checkpoint_path" in str(info.value)
+
+
+def test_a_forked_child_never_keeps_its_parents_checkpoint_lock(tmp_path):
+    """fork() without exec (multiprocessing's "fork", a callback's background process) shared the lock's open file:
+    a child outliving a killed run kept the checkpoint locked, and every resume was refused naming a dead pid."""
+    import warnings as _warnings
+
+    path = str(tmp_path / "run.ckpt")
+    lock = checkpoint.WriterLock(path).acquire()
+    ready_r, ready_w = os.pipe()
+    done_r, done_w = os.pipe()
+    with _warnings.catch_warnings():
+        _warnings.simplefilter("ignore")  # JAX's warning of fork() in a threaded process
+        child = os.fork()
+    if child == 0:  # the child: stays alive, as a background process would, until told
+        try:
+            os.write(ready_w, b"x")
+            os.read(done_r, 1)
+        finally:
+            os._exit(0)
+    try:
+        os.read(ready_r, 1)
+        # The child's closing its copy left the parent's lock held
+        with pytest.raises(checkpoint.CheckpointInUseError, match="this process"):
+            checkpoint.WriterLock(path).acquire()
+        lock._forget()  # the run dies (kill -9): its descriptor closes, its lock file stays
+        assert os.path.exists(path + checkpoint.LOCK_SUFFIX)
+        with checkpoint.WriterLock(path) as again:  # the live child holds nothing
+            assert again.held
+    finally:
+        os.write(done_w, b"x")
+        os.waitpid(child, 0)
+        for fd in (ready_r, ready_w, done_r, done_w):
+            os.close(fd)
+
+
+def test_a_refusal_says_when_the_pid_it_names_is_gone(tmp_path):
+    import fcntl
+
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    path = str(tmp_path / "run.ckpt")
+    with open(path + checkpoint.LOCK_SUFFIX, "w") as f:  # held by what that pid started (a forked child)
+        f.write(f"pid {gone.pid} on host {socket.gethostname()}, since 2026-01-01 00:00:00\n")
+        f.flush()
+        fcntl.flock(f, fcntl.LOCK_EX)
+        with pytest.raises(checkpoint.CheckpointInUseError, match=rf"pid {gone.pid} is gone, and a process it started "
+                                                                  rf"\(a forked child\) still holds the lock: `fuser"):
+            checkpoint.WriterLock(path).acquire()
+
+
+def test_a_lock_interrupted_as_it_is_taken_or_dropped_held_is_released(tmp_path, monkeypatch):
+    """A Ctrl-C after flock, before the lock was kept, left it held for the life of the process (a notebook refused
+    every later run on the checkpoint); so did a lock object dropped without release."""
+    import gc
+
+    path = str(tmp_path / "run.ckpt")
+    real = socket.gethostname
+    calls = []
+
+    def ctrl_c_once():
+        if not calls:
+            calls.append(1)
+            raise KeyboardInterrupt
+        return real()
+
+    monkeypatch.setattr(socket, "gethostname", ctrl_c_once)
+    with pytest.raises(KeyboardInterrupt):
+        checkpoint.WriterLock(path).acquire()
+    assert os.listdir(tmp_path) == []
+    with checkpoint.WriterLock(path) as lock:
+        assert lock.held
+    dropped = checkpoint.WriterLock(path).acquire()
+    del dropped
+    gc.collect()
+    with checkpoint.WriterLock(path) as lock:  # the dropped lock's descriptor was closed
+        assert lock.held
+
+
+def test_a_lock_that_cannot_be_kept_warns_rather_than_going_on_silently(tmp_path, monkeypatch):
+    path = str(tmp_path / "run.ckpt")
+    monkeypatch.setattr(checkpoint.WriterLock, "_names", lambda self, fd: False)  # removed each time it is locked
+    with pytest.warns(UserWarning, match=r"removed each of the 20 times it was locked .*the run goes on unlocked"):
+        lock = checkpoint.WriterLock(path).acquire()
+    assert not lock.held
+
+
+def test_a_run_releases_its_lock_however_it_ends(trainer, tmp_path):
+    """A notebook resumes in the same process after a Ctrl-C: the interrupted run's lock must be gone."""
+    path = str(tmp_path / "run.ckpt")
+
+    def ctrl_c_in_generation_2(record):
+        if record["generation"] == 2:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        run(trainer, trainer.init_state(5), key=5, callbacks=[ctrl_c_in_generation_2], checkpoint_path=path)
+    assert os.listdir(tmp_path) == ["run.ckpt"]
+    with pytest.raises(KeyboardInterrupt):
+        jes.train(POLICY, "CartPole-v1", "adam", resume=path, log_dir=None, progress=False,
+                  callbacks=[ctrl_c_in_generation_2], **SMALL)
+    assert os.listdir(tmp_path) == ["run.ckpt"]
+    resumed = jes.train(POLICY, "CartPole-v1", "adam", resume=path, log_dir=None, progress=False, **SMALL)
+    assert resumed.history["generation"].tolist() == [1, 2, 3, 4] and os.listdir(tmp_path) == ["run.ckpt"]
+
+
+def test_without_file_locks_a_run_goes_on_unlocked(trainer, tmp_path, monkeypatch):
+    """A filesystem that takes no locks (some network ones) warns and goes on; without fcntl (Windows) nothing is
+    locked."""
+    import errno
+
+    def no_locks(fd, operation):
+        raise OSError(errno.ENOLCK, "No locks available")
+
+    path = str(tmp_path / "run.ckpt")
+    monkeypatch.setattr(checkpoint.fcntl, "flock", no_locks)
+    with pytest.warns(UserWarning, match=r"cannot lock .*run.ckpt.jes-lock \(No locks available\): this filesystem takes no "
+                                         r"file locks.*the run goes on unlocked"):
+        result = run(trainer, trainer.init_state(5), key=5, num_generations=1, checkpoint_path=path)
+    assert result.checkpoint_path == path and os.listdir(tmp_path) == ["run.ckpt"]
+    monkeypatch.setattr(checkpoint, "fcntl", None)
+    with checkpoint.WriterLock(path) as lock:
+        assert not lock.held and os.listdir(tmp_path) == ["run.ckpt"]
+
+
 def test_a_resume_that_already_reached_stop_at_return_says_it_trains_nothing(tmp_path):
     """It trained 0 generations without a word."""
     ckpt = str(tmp_path / "c.ckpt")
@@ -939,8 +1254,8 @@ def test_ctrl_c_after_the_run_returned_carries_its_result_and_checkpoint(tmp_pat
 
     real_close_all = jes_logging.close_all
 
-    def close_then_ctrl_c(loggers):
-        real_close_all(loggers)
+    def close_then_ctrl_c(loggers, **kwargs):
+        real_close_all(loggers, **kwargs)
         raise KeyboardInterrupt
 
     monkeypatch.setattr(jes_logging, "close_all", close_then_ctrl_c)

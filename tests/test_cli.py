@@ -161,6 +161,25 @@ def test_eval_missing_or_bad_checkpoint(tmp_path, capsys):
     assert "not a jes checkpoint" in capsys.readouterr().err
 
 
+def test_eval_of_a_damaged_policy_file_calls_it_a_policy_file(trained, tmp_path, capsys):
+    """`jes eval` chose its reader by the file's first bytes alone: an empty or damaged .policy file was called "a
+    checkpoint" ("checkpoint x.policy is truncated", "x.policy is not a jes checkpoint"), unlike jes.load_policy."""
+    for name, data, message in (("empty.policy", b"", "is truncated (0 bytes): not a complete jes policy file"),
+                                ("junk.policy", b"junk" * 20, "junk.policy is not a jes policy file"),
+                                ("missing.policy", None, "no policy file at")):
+        path = tmp_path / name
+        if data is not None:
+            path.write_bytes(data)
+        assert cli.main(["eval", str(path)]) == 2
+        err = capsys.readouterr().err
+        assert message in err and "checkpoint" not in err, err
+    # A checkpoint named .policy is read by its first bytes, as before
+    root, _ = trained
+    shutil.copy(root / "run" / "checkpoint.ckpt", tmp_path / "named.policy")
+    assert cli.main(["eval", str(tmp_path / "named.policy"), "--episodes", "2"]) == 0
+    assert "generation 2: centre return" in capsys.readouterr().out
+
+
 def test_a_strategy_given_as_the_optimizer_is_refused_in_the_command_lines_words(tmp_path, capsys):
     assert cli.main(["train", "--optimizer", "SNES", "--log-dir", str(tmp_path / "run")]) == 2
     err = capsys.readouterr().err
@@ -897,3 +916,45 @@ def test_env_rebuild_hints_name_the_options_of_the_command_run(host_envs, tmp_pa
     err = capsys.readouterr().err
     assert "jes.train(policy, env, ..., resume=path)); the command line cannot rebuild it" in err, err
     assert "--resume path" not in err, err
+
+
+def _a_full_log_disk(monkeypatch, interrupt=False):
+    """TensorBoard's log disk fills up during generation 2 (its write fails, or a Ctrl-C comes then), and its close
+    fails on the same disk."""
+    from jes.logging import TensorBoardLogger
+
+    write, close = TensorBoardLogger.__call__, TensorBoardLogger.close
+
+    def full_from_generation_2(self, record):
+        if record["generation"] >= 2:
+            raise KeyboardInterrupt if interrupt else OSError(28, "No space left on device")
+        write(self, record)
+
+    def close_on_a_full_disk(self):
+        close(self)
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(TensorBoardLogger, "__call__", full_from_generation_2)
+    monkeypatch.setattr(TensorBoardLogger, "close", close_on_a_full_disk)
+
+
+@pytest.mark.hard_timeout(300)
+@pytest.mark.parametrize("interrupt", [False, True], ids=["write fails", "ctrl-c"])
+def test_a_full_log_disk_prints_the_run_so_far_and_how_to_resume_it(tmp_path, monkeypatch, capsys, interrupt):
+    """`jes train --log-dir <a full disk>` printed only `jes train: [Errno 28] No space left on device` (closing the
+    logs raised a new error in place of the one that carried the run) where a full checkpoint disk prints the run's
+    summary and how to resume it; a Ctrl-C then read as that bare error too."""
+    _a_full_log_disk(monkeypatch, interrupt)
+    ckpt = str(tmp_path / "elsewhere" / "run.ckpt")
+    with pytest.warns(UserWarning, match=r"could not close TensorBoardLogger \(OSError: \[Errno 28\] No space left"):
+        code = cli.main(["train", *SMALL_FLAGS, "--generations", "4", "--checkpoint-every", "1", "--no-progress",
+                         "--log-dir", str(tmp_path / "logs"), "--checkpoint", ckpt])
+    out, err = capsys.readouterr()
+    if interrupt:
+        assert code == 130 and f"interrupted (checkpoint {ckpt}; continue with --resume {ckpt})" in err, err
+    else:
+        assert code == 2, err
+        assert (f"jes train: [Errno 28] No space left on device (the run so far is in checkpoint {ckpt}: continue "
+                f"with --resume {ckpt} once its cause is fixed)") in err, err
+        assert "CartPole-v1 with adam: 1 generations" in out and f"checkpoint: {ckpt}" in out, out
+    assert checkpoint.read(ckpt).generation == 1

@@ -512,7 +512,7 @@ def test_an_unwritable_checkpoint_or_log_folder_is_refused_before_anything_train
     import jes.loop
 
     ran = []
-    monkeypatch.setattr(jes.loop, "run", lambda *args, **kwargs: ran.append(1))
+    monkeypatch.setattr(jes.loop, "_run", lambda *args, **kwargs: ran.append(1))  # train()'s host loop
     common = dict(SMALL, progress=False)
     policy = jes.MLPPolicy(hidden_sizes=(4,))
     # /proc takes no new files, whoever runs the tests (root included)
@@ -590,3 +590,133 @@ def test_a_save_failing_on_ctrl_c_still_carries_the_run_and_says_why_none_was_sa
     assert isinstance(interrupt.save_error, jes.CheckpointSaveError) and interrupt.save_error.generation == 1
     assert getattr(interrupt, "checkpoint_path", None) is None and int(interrupt.result.state.generation) == 1
     assert os.listdir(tmp_path) == []
+
+
+
+def a_full_log_disk(monkeypatch, fails_from=None, interrupt_at=None):
+    """TensorBoard's log disk fills up: its writes fail from generation ``fails_from`` on (``None``: never; or a Ctrl-C
+    comes among generation ``interrupt_at``'s), and its close fails on the same disk."""
+    from jes.logging import TensorBoardLogger
+
+    write, close = TensorBoardLogger.__call__, TensorBoardLogger.close
+
+    def full(self, record):
+        if record["generation"] == interrupt_at:
+            raise KeyboardInterrupt
+        if fails_from is not None and record["generation"] >= fails_from:
+            raise OSError(28, "No space left on device")
+        write(self, record)
+
+    def close_on_a_full_disk(self):
+        close(self)
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(TensorBoardLogger, "__call__", full)
+    monkeypatch.setattr(TensorBoardLogger, "close", close_on_a_full_disk)
+
+
+def test_a_logger_that_cannot_close_never_replaces_the_error_that_stopped_the_run(tmp_path, monkeypatch):
+    """A full disk under the log dir: the write that failed mid-run stopped the run with the run so far and its
+    checkpoint (.result, .checkpoint_path), and then closing the logs failed on the same disk and raised a new
+    OSError in its place, which carried neither: the error lost the run, and `jes train` printed a bare errno."""
+    from jes import checkpoint
+
+    a_full_log_disk(monkeypatch, fails_from=2)
+    path = str(tmp_path / "run.ckpt")
+    with pytest.warns(UserWarning, match=r"could not close TensorBoardLogger \(OSError: \[Errno 28\] No space left on "
+                                         r"device\); what it had not written yet is missing from its logs"):
+        with pytest.raises(OSError, match="No space left on device") as info:
+            jes.train(jes.MLPPolicy(hidden_sizes=(4,)), "CartPole-v1", "adam", log_dir=str(tmp_path / "logs"),
+                      progress=False, checkpoint_path=path, checkpoint_every=1, **SMALL)
+    err = info.value
+    assert err.checkpoint_path == path and checkpoint.read(path).generation == 1
+    assert err.result.history["generation"].tolist() == [1] and int(err.result.state.generation) == 1
+
+
+def test_a_ctrl_c_on_a_full_log_disk_still_carries_the_run_and_its_checkpoint(tmp_path, monkeypatch):
+    a_full_log_disk(monkeypatch, interrupt_at=2)
+    path = str(tmp_path / "run.ckpt")
+    with pytest.warns(UserWarning, match="could not close TensorBoardLogger"):
+        with pytest.raises(KeyboardInterrupt) as info:
+            jes.train(jes.MLPPolicy(hidden_sizes=(4,)), "CartPole-v1", "adam", log_dir=str(tmp_path / "logs"),
+                      progress=False, checkpoint_path=path, **SMALL)
+    assert info.value.checkpoint_path == path and info.value.result.history["generation"].tolist() == [1]
+
+
+def test_a_run_that_finished_keeps_its_result_when_its_logs_cannot_close(tmp_path, monkeypatch):
+    """The run trained and saved every generation; a log that could not be closed raised instead of returning it."""
+    from jes import checkpoint
+
+    a_full_log_disk(monkeypatch)
+    path = str(tmp_path / "run.ckpt")
+    with pytest.warns(UserWarning, match="could not close TensorBoardLogger .*the run's result and checkpoint are not "
+                                         "affected"):
+        result = jes.train(jes.MLPPolicy(hidden_sizes=(4,)), "CartPole-v1", "adam", log_dir=str(tmp_path / "logs"),
+                           progress=False, checkpoint_path=path, **SMALL)
+    assert result.history["generation"].tolist() == [1, 2, 3] and checkpoint.read(path).generation == 3
+
+
+class LogsOnAFullDisk(jes.logging.Logger):
+    def __call__(self, record):
+        pass
+
+    def close(self):
+        self.closed = True
+        raise OSError(28, "No space left on device")
+
+
+def test_close_all_raises_the_first_failure_unless_told_to_warn():
+    """jes.logging.close_all closes every logger, then raises the first failure (or, with warn, warns of each)."""
+    first, second = LogsOnAFullDisk(), LogsOnAFullDisk()
+    with pytest.raises(OSError, match="No space left"):
+        jes.logging.close_all([first, second])
+    assert first.closed and second.closed
+    with pytest.warns(UserWarning, match="could not close LogsOnAFullDisk") as caught:
+        jes.logging.close_all([LogsOnAFullDisk(), LogsOnAFullDisk()], warn=True)
+    assert len(caught) == 2
+
+
+def test_close_all_under_warnings_as_errors_closes_every_logger_and_never_replaces_the_runs_error(tmp_path,
+                                                                                                  monkeypatch):
+    """With -W error the first warning raised inside close_all's loop: the loggers after it stayed open, and in
+    jes.train the warning replaced the error that stopped the run (which carries .result and .checkpoint_path)."""
+    import warnings as _warnings
+
+    from jes import checkpoint
+
+    first, second = LogsOnAFullDisk(), LogsOnAFullDisk()
+    with _warnings.catch_warnings():
+        _warnings.simplefilter("error")
+        with pytest.raises(UserWarning, match="could not close LogsOnAFullDisk"):
+            jes.logging.close_all([first, second], warn=True)
+    assert first.closed and second.closed
+    a_full_log_disk(monkeypatch, fails_from=2)
+    path = str(tmp_path / "run.ckpt")
+    with _warnings.catch_warnings():
+        _warnings.simplefilter("error", UserWarning)
+        with pytest.raises(OSError, match="No space left on device") as info:
+            jes.train(jes.MLPPolicy(hidden_sizes=(4,)), "CartPole-v1", "adam", log_dir=str(tmp_path / "logs"),
+                      progress=False, checkpoint_path=path, checkpoint_every=1, **SMALL)
+    assert not isinstance(info.value, UserWarning)
+    assert info.value.checkpoint_path == path and checkpoint.read(path).generation == 1
+    assert os.listdir(tmp_path) != [] and not os.path.exists(path + checkpoint.LOCK_SUFFIX)
+
+
+def test_runs_started_together_on_one_auto_folder_each_get_their_own(tmp_path, monkeypatch):
+    """Two runs started in the same second picked one runs/<name>-<second> folder; the lock refused the second,
+    where unique_dir had given it <name>_1. Only a path one chose is refused."""
+    from jes import checkpoint
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(jes.logging, "default_run_name", lambda *args: "same-second")
+    real_unique = jes.logging.unique_dir
+    picks = iter(["runs/same-second"])  # the first pick made before the first run made the folder
+    monkeypatch.setattr(jes.logging, "unique_dir", lambda path: next(picks, None) or real_unique(path))
+    with checkpoint.WriterLock(os.path.join("runs", "same-second", "checkpoint.ckpt")):  # the first run
+        result = jes.train(jes.MLPPolicy(hidden_sizes=(4,)), "CartPole-v1", "adam", progress=False,
+                           **dict(SMALL, num_generations=1))
+        assert result.checkpoint_path == os.path.join("runs", "same-second_1", "checkpoint.ckpt")
+        with pytest.raises(checkpoint.CheckpointInUseError):  # a checkpoint one named
+            jes.train(jes.MLPPolicy(hidden_sizes=(4,)), "CartPole-v1", "adam", progress=False,
+                      checkpoint_path=os.path.join("runs", "same-second", "checkpoint.ckpt"), log_dir=None,
+                      **dict(SMALL, num_generations=1))
