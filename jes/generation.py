@@ -453,7 +453,9 @@ class Generation(CompiledPrograms):
         shaped = jax.lax.cond(jnp.isfinite(fitness).all(), weigh, skip, fitness)
 
         def pad(leaf):
-            padded = jnp.zeros(self.padded_chunks * self.chunk_size, jnp.float32).at[:n].set(leaf)
+            # in the weights' own dtype: float32 for every strategy's float32 weights (rank constants), float64 for
+            # ARS's fitness differences in x64 mode, which a float32 buffer narrowed (a JAX FutureWarning)
+            padded = jnp.zeros(self.padded_chunks * self.chunk_size, leaf.dtype).at[:n].set(leaf)
             return padded.reshape(self.padded_chunks, self.chunk_size)
 
         return jax.tree.map(pad, shaped)
