@@ -1,6 +1,7 @@
 """portable-es Acrobot table: GRU hidden 5 x 3 layers (603 params), 256 antithetic pairs, 25 generations.
 
     python benchmarks/acrobot.py [--seeds 5] [--optimizers adam,novograd]
+    (--seeds: a comma list of seeds as the other scripts take, 0,1,2, ranges too, 0-9; or a count N, seeds 0..N-1)
 
 "Solved" is the centre policy's mean return over 64 fresh episodes reaching -100 (Gym's threshold).
 """

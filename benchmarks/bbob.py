@@ -358,7 +358,9 @@ def main() -> None:
     parser.add_argument("--functions", default="1-24", help="e.g. 1-24 or 1,8,15")
     parser.add_argument("--instances", default="1-5")
     parser.add_argument("--budget-multiplier", type=float, default=1e4)
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=0,
+                        help="one number, every problem's x0 and optimizer seed derive from it (not a count or a "
+                             "list: COCO's instances 1-5 are the repetitions)")
     parser.add_argument("--out", default="exdata")
     parser.add_argument("--post", action="store_true", help="only print the table and run cocopp")
     args = parser.parse_args()

@@ -1,6 +1,7 @@
 """GRU vs MLP of similar size on tasks that need memory, several seeds each (one after another, jes.sweep's default).
 
     python benchmarks/memory.py [--seeds 5] [--generations 40] [--tasks cartpole,pendulum,memorychain]
+    (--seeds: a comma list of seeds as the other scripts take, 0,1,2, ranges too, 0-9; or a count N, seeds 0..N-1)
 
 Tasks:
   * ``CartPole-v1?keep_obs=0,2``: CartPole with both velocities hidden (cart position and pole angle only).
@@ -30,7 +31,7 @@ import jes  # noqa: E402
 from jes.sweep import sweep  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from provenance import print_load, print_provenance  # noqa: E402
+from provenance import print_load, print_provenance, seeds_or_count  # noqa: E402
 
 # name: (env, config overrides). Budgets sized for ~10 minutes on 2 loaded vCPUs.
 TASKS = {
@@ -47,13 +48,14 @@ POLICIES = {
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--seeds", type=int, default=5)
+    parser.add_argument("--seeds", type=seeds_or_count, default="5",
+                        help="a comma list of seeds (0,1,2 or 0-9) or a count N, seeds 0..N-1 (default 5)")
     parser.add_argument("--generations", type=int, default=40)
     parser.add_argument("--tasks", default=",".join(TASKS))
     args = parser.parse_args()
     jes.use_cpu_cores()
-    print_provenance(range(args.seeds))
-    print(f"# {args.seeds} seeds, {args.generations} generations, adam; jax {jax.__version__} on "
+    print_provenance(args.seeds)
+    print(f"# {len(args.seeds)} seeds, {args.generations} generations, adam; jax {jax.__version__} on "
           f"{jax.default_backend()} ({platform.machine()}, {len(jax.devices())} device(s))", flush=True)
     print("| task | policy | params | final centre return (mean ± std over seeds) | seeds solved | env steps/seed | time |")
     print("|---|---|---|---|---|---|---|", flush=True)
@@ -62,7 +64,7 @@ def main() -> None:
         for label, policy in POLICIES.items():
             config = jes.ESConfig(num_generations=args.generations, **overrides)
             t0 = time.perf_counter()
-            result = sweep(policy, env, "adam", grid={}, seeds=list(range(args.seeds)), config=config, log_dir=None)
+            result = sweep(policy, env, "adam", grid={}, seeds=args.seeds, config=config, log_dir=None)
             wall = time.perf_counter() - t0
             finals = np.array([run.history["centre_return"][-1] for run in result.runs])
             row = result.rows[0]
@@ -72,7 +74,7 @@ def main() -> None:
             digits = 2 if np.max(np.abs(finals)) < 10 else 1
             print(f"| `{env}` | {label} | {trainer_params} | {finals.mean():.{digits}f} ± {finals.std():.{digits}f} "
                   f"({' '.join(f'{f:.0f}' if abs(f) >= 10 else f'{f:.2f}' for f in finals)}) | "
-                  f"{n_solved}/{args.seeds} (≥ {solved:g}) | {row['env_steps_per_seed']:,.0f} | {wall:.0f} s |", flush=True)
+                  f"{n_solved}/{len(args.seeds)} (≥ {solved:g}) | {row['env_steps_per_seed']:,.0f} | {wall:.0f} s |", flush=True)
     print_load()
 
 

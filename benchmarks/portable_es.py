@@ -17,15 +17,16 @@ import numpy as np
 
 import jes
 from jes.loop import run
-from provenance import print_load, print_provenance
+from provenance import print_load, print_provenance, seeds_or_count
 
 OPTIMIZERS = ("novograd", "adabelief", "adam", "radam", "amsgrad")
 
 
-def parse_args(description: str, default_seeds: int = 5) -> argparse.Namespace:
+def parse_args(description: str, default_seeds: str = "5") -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--optimizers", default=",".join(OPTIMIZERS), help="comma-separated optimizer names")
-    parser.add_argument("--seeds", type=int, default=default_seeds, help="seeds 0..N-1 per optimizer")
+    parser.add_argument("--seeds", type=seeds_or_count, default=default_seeds,
+                        help="seeds per optimizer: a comma list (0,1,2 or 0-9) or a count N, seeds 0..N-1 (default 5)")
     parser.add_argument("--generations", type=int, default=25)
     parser.add_argument("--pairs", type=int, default=256, help="antithetic pairs per generation")
     parser.add_argument("--eval-episodes", type=int, default=64, help="fresh episodes per centre evaluation")
@@ -34,10 +35,10 @@ def parse_args(description: str, default_seeds: int = 5) -> argparse.Namespace:
 
 def benchmark(env: str, policy: jes.GRUPolicy, args: argparse.Namespace) -> list[dict]:
     """Run the table and print it; returns one row per optimizer."""
-    print_provenance(range(args.seeds))
+    print_provenance(args.seeds)
     described = " ".join(repr(policy).split())  # one line: flax's repr spans several, outside the '# ' block
     print(f"# {env}, {described}, {2 * args.pairs} evaluations/generation, {args.generations} generations, "
-          f"{args.seeds} seeds; jax {jax.__version__} on {jax.default_backend()} ({platform.machine()}, "
+          f"{len(args.seeds)} seeds; jax {jax.__version__} on {jax.default_backend()} ({platform.machine()}, "
           f"{len(jax.devices())} device(s))", flush=True)
     rows = []
     for name in args.optimizers.split(","):
@@ -48,7 +49,7 @@ def benchmark(env: str, policy: jes.GRUPolicy, args: argparse.Namespace) -> list
         setup_time = time.perf_counter() - t_setup
         pop_final, centre_final, solved_at, time_to_solve, per_gen = [], [], [], [], []
         compile_time = None
-        for seed in range(args.seeds):
+        for seed in args.seeds:
             t_init = time.perf_counter()
             state = trainer.init_state(seed)
             jax.block_until_ready(state)
@@ -72,7 +73,7 @@ def benchmark(env: str, policy: jes.GRUPolicy, args: argparse.Namespace) -> list
             optimizer=name, params=trainer.num_params,
             pop_mean=float(np.mean(pop_final)), pop_sd=float(np.std(pop_final)),
             centre=float(np.mean(centre_final)), centre_sd=float(np.std(centre_final)),
-            solved=f"{len(solved_at)}/{args.seeds}",
+            solved=f"{len(solved_at)}/{len(args.seeds)}",
             gens_median=float(np.median(solved_at)) if solved_at else float("nan"),
             gens_range=f"{min(solved_at)}-{max(solved_at)}" if solved_at else "-",
             solve_s=float(np.median(time_to_solve)) if time_to_solve else float("nan"),

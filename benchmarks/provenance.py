@@ -6,9 +6,11 @@ the machine's load, since these VMs are shared. ``print_provenance(seeds)`` at t
 """
 from __future__ import annotations
 
+import argparse
 import datetime
 import os
 import platform
+import re
 import sys
 
 
@@ -27,6 +29,29 @@ def seeds_text(seeds) -> str:
     if len(seeds) > 2 and seeds == list(range(seeds[0], seeds[0] + len(seeds))):
         return f"{seeds[0]}-{seeds[-1]}"
     return ",".join(str(s) for s in seeds)
+
+
+def seeds_or_count(text: str) -> list[int]:
+    """``--seeds`` of the scripts whose ``--seeds`` was a count (memory, cartpole/acrobot, startup, sweep), as an
+    argparse ``type``: a comma list of seeds as the other scripts take (``0,1,2``; here ranges too: ``0-9``, ``5-5``
+    for seed 5 alone), or a plain number N, the count it always was there: seeds 0..N-1 (``--seeds 10`` is 0-9, as
+    the published commands mean it)."""
+    text = text.strip()
+    if re.fullmatch(r"\d+", text):
+        seeds = list(range(int(text)))
+    elif re.fullmatch(r"\d+(-\d+)?(,\d+(-\d+)?)*", text):
+        seeds = []
+        for part in text.split(","):
+            low, _, high = part.partition("-")
+            seeds.extend(range(int(low), int(high or low) + 1))
+    else:
+        raise argparse.ArgumentTypeError(f"{text!r}: give a comma list of seeds (0,1,2 or 0-9) or a count N "
+                                         f"(seeds 0..N-1)")
+    if not seeds:  # "0": a count of none here, where the comma-list scripts read seed 0
+        why = "a plain number is a count, seeds 0..N-1: for seed N alone give N-N" if text.isdigit() else \
+            "a range runs from low to high"
+        raise argparse.ArgumentTypeError(f"{text!r} names no seed ({why})")
+    return seeds
 
 
 def now() -> str:

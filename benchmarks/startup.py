@@ -1,6 +1,7 @@
 """Startup benchmark: from starting ``python`` to a solved CartPole, cold and warm, as a user waits.
 
     python benchmarks/startup.py [--seeds 5] [--compare base=/path/to/old/checkout,new=.]
+    (--seeds: a comma list of seeds as the other scripts take, 0,1,2, ranges too, 0-4; or a count N, seeds 0..N-1)
     PYTHONPATH=/tmp/evosax python benchmarks/startup.py --peer evosax   # after the line below
     PYTHONPATH=/tmp/evosax python benchmarks/startup.py --as-user --peer evosax  # `python -m jes` itself
     pip install --target /tmp/evosax "evosax==0.3.2" dotmap --no-deps     # a peer, beside jes's environment
@@ -34,7 +35,7 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from provenance import print_load, print_provenance  # noqa: E402
+from provenance import print_load, print_provenance, seeds_or_count, seeds_text  # noqa: E402
 
 CHILD = r"""
 import sys, time
@@ -202,12 +203,12 @@ def run_module(seed: int, cache_dir: str) -> dict:
     return dict(total=total, solved=gens[-1] if proc.returncode == 0 else None, score=score[0] if score else None)
 
 
-def as_user(seeds: int, peers: list[str], kinds: tuple[str, ...] = ("cold", "warm")) -> None:
+def as_user(seeds: list[int], peers: list[str], kinds: tuple[str, ...] = ("cold", "warm")) -> None:
     """``python -m jes`` and each peer's child, cold then warm, interleaved seed by seed; wall time from outside."""
     children = [("python -m jes", None)] + [(peer, {"evosax": CHILD_EVOSAX}[peer]) for peer in peers]
     rows = {(label, kind): [] for label, _ in children for kind in kinds}
     with tempfile.TemporaryDirectory() as tmp:
-        for seed in range(seeds):
+        for seed in seeds:
             for label, child in children:
                 cache = os.path.join(tmp, f"{label.replace(' ', '_')}-{seed}")
                 for kind in kinds:
@@ -225,7 +226,7 @@ def as_user(seeds: int, peers: list[str], kinds: tuple[str, ...] = ("cold", "war
         print(f"| {label} | {kind} | {statistics.median(totals):.2f} [{min(totals):.2f}, {max(totals):.2f}] | "
               f"{statistics.median(totals) / base:.2f}x | {', '.join(str(r['solved']) for r in runs)} | "
               + ", ".join(f"{r['score']:.1f}" for r in runs) + " |")
-    print(f"\n(seeds 0-{seeds - 1}; load average at the end: {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs)")
+    print(f"\n(seeds {seeds_text(seeds)}; load average at the end: {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs)")
 
 
 def steady_generation_s(runs: list[dict]) -> float:
@@ -236,7 +237,8 @@ def steady_generation_s(runs: list[dict]) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--seeds", type=int, default=5)
+    parser.add_argument("--seeds", type=seeds_or_count, default="5",
+                        help="a comma list of seeds (0,1,2 or 0-4) or a count N, seeds 0..N-1 (default 5)")
     parser.add_argument("--compare", default=f"jes={os.path.dirname(os.path.dirname(os.path.abspath(__file__)))}",
                         help="label=PATH,... checkouts to compare (default: this one)")
     parser.add_argument("--no-warm", action="store_true", help="cold runs only")
@@ -250,7 +252,7 @@ def main() -> None:
         if importlib.util.find_spec(peer) is None:
             parser.error(f"--peer {peer}: {peer} is not importable here (pip install {peer}; it is a peer for "
                          f"comparison, never a jes dependency)")
-    print_provenance()
+    print_provenance(args.seeds)
     if args.as_user:
         as_user(args.seeds, args.peer, ("cold",) if args.no_warm else ("cold", "warm"))
         print_load()
@@ -260,7 +262,7 @@ def main() -> None:
         [(peer, "", {"evosax": CHILD_EVOSAX}[peer]) for peer in args.peer]
     rows = {(label, kind): [] for label, _, _ in checkouts for kind in ("cold", "warm")}
     with tempfile.TemporaryDirectory() as tmp:
-        for seed in range(args.seeds):
+        for seed in args.seeds:
             for label, path, child in checkouts:
                 cache = os.path.join(tmp, f"{label}-{seed}")
                 for kind in ("cold",) if args.no_warm else ("cold", "warm"):
@@ -281,7 +283,7 @@ def main() -> None:
         print(f"| {label} | {kind} | {med(lambda r: r['solved_at']):.2f} | {med(lambda r: r['total']):.2f} | "
               + " | ".join(f"{med(lambda r, k=k: r['phases'][k]):.2f}" for k in PHASES)
               + f" | {med(lambda r: r['solved'] or 0):.0f} | {steady_generation_s(runs):.4f} |")
-    print(f"\n(medians over seeds 0-{args.seeds - 1})")
+    print(f"\n(medians over seeds {seeds_text(args.seeds)})")
     print_load()
 
 

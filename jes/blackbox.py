@@ -475,6 +475,16 @@ def _condition(values: np.ndarray | None, strategy_state: Any) -> float | None:
     return ratio ** 2 if hasattr(strategy_state, "scales") else ratio
 
 
+def _own_statistics(pop_max: Any, pop_min: Any, pop_mean: Any, sign: float) -> dict:
+    """A generation's fitness statistics, from the maximised units the update works in (``sign * f``) back in
+    ``f``'s own: ``best_value`` (the best member's f: the smallest when minimising), ``pop_min`` / ``pop_max``
+    (the smallest and the largest f) and ``pop_mean``. The one conversion behind :func:`optimize`'s history and
+    :meth:`AskTell.tell`'s ``info``, for Python numbers and (traced) JAX scalars alike."""
+    best, worst = sign * pop_max, sign * pop_min
+    low, high = (best, worst) if sign < 0 else (worst, best)
+    return dict(best_value=best, pop_min=low, pop_max=high, pop_mean=sign * pop_mean)
+
+
 @dataclasses.dataclass
 class OptimizeResult:
     """What :func:`optimize` returns. Values are in the units of *your* function.
@@ -621,6 +631,8 @@ def optimize(
             given is refused (the strategy's would silently win).
         optimizer, learning_rate: the mean's optimizer for openai_es/pgpe (``None``: the strategy's default).
         fitness_shaping: for openai_es/pgpe.
+        weight_decay: L2 coefficient for openai_es/pgpe (the other strategies refuse one): adds ``weight_decay *
+            mean`` to the step's loss gradient, pulling the mean towards 0 whichever the direction (0: none).
         chunk_size: members per compiled chunk (part of the run's identity).
         target: stop once f(mean) reaches this value (below it when minimising, above when maximising); NaN
             is refused (no value reaches it).
@@ -957,7 +969,8 @@ def run_optimization(problem: FunctionProblem, key: Any = 0, num_generations: in
             if m["pop_max"] > best_value:
                 best_value, best_of = m["pop_max"], (before, int(m["best_member"]))
             gen += 1
-            pending = (dict(generation=gen, best_value=sign * m["pop_max"], pop_mean=sign * m["pop_mean"],
+            own = _own_statistics(m["pop_max"], m["pop_min"], m["pop_mean"], sign)
+            pending = (dict(generation=gen, best_value=own["best_value"], pop_mean=own["pop_mean"],
                             noise_std=m["noise_std"], evaluations=evaluations), after)
             if stop is not None:
                 rows.append((m["pop_max"], m["pop_min"], m["pop_mean"], m["noise_std"]))
@@ -1053,6 +1066,7 @@ def _run_in_blocks(problem, state, num_generations, stop_reason, target, callbac
         # on a cheap function the host's work per generation is a good part of a generation's time.
         col = {k: metrics[dtype][:made, i].tolist() for dtype, names in layout.items() for i, k in enumerate(names)}
         centres, pop_max, pop_mean, noise_std = col["centre_return"], col["pop_max"], col["pop_mean"], col["noise_std"]
+        pop_min = col["pop_min"]
         bad_member, bad_update = col["bad_member"], col["bad_update"]
         for i in range(made):
             if pending is not None:
@@ -1069,10 +1083,11 @@ def _run_in_blocks(problem, state, num_generations, stop_reason, target, callbac
                     evaluations + num_members, "non_finite", t_start, compile_time))  # its members were evaluated
             evaluations += num_members + 1
             gen += 1
-            pending = dict(generation=gen, best_value=sign * pop_max[i], pop_mean=sign * pop_mean[i],
+            own = _own_statistics(pop_max[i], pop_min[i], pop_mean[i], sign)
+            pending = dict(generation=gen, best_value=own["best_value"], pop_mean=own["pop_mean"],
                            noise_std=noise_std[i], evaluations=evaluations)
             if stop is not None:
-                rows.append((pop_max[i], col["pop_min"][i], pop_mean[i], noise_std[i]))
+                rows.append((pop_max[i], pop_min[i], pop_mean[i], noise_std[i]))
                 condition = None
                 if "cond_max" in col:
                     condition = _condition(np.array([col["cond_max"][i], col["cond_min"][i]]), state.strategy)
@@ -1247,8 +1262,9 @@ def _run_on_host(problem: HostFunctionProblem, key: Any, num_generations: int, s
         gen += 1
         if sign * value > best_value:
             best_value, best_flat = sign * value, mean
-        record = dict(generation=gen, mean_value=value, best_value=sign * info["pop_max"],
-                      pop_mean=sign * info["pop_mean"], noise_std=info["noise_std"], evaluations=evaluations)
+        own = _own_statistics(info["pop_max"], info["pop_min"], info["pop_mean"], sign)
+        record = dict(generation=gen, mean_value=value, best_value=own["best_value"], pop_mean=own["pop_mean"],
+                      noise_std=info["noise_std"], evaluations=evaluations)
         for k in history:
             history[k].append(record[k])
         for callback in callbacks:
@@ -1287,7 +1303,7 @@ class AskTell:
         def generations(state):
             def body(state, _):
                 state, info = es.tell(state, jax.vmap(my_loss)(es.ask(state)))
-                return state, info["pop_max"]
+                return state, info["best_value"]  # the generation's smallest loss
             return jax.lax.scan(body, state, None, length=100)
 
     Member ``i`` of generation ``g`` is a pure function of ``(key, g, i)`` and ``tell`` reduces
@@ -1298,7 +1314,8 @@ class AskTell:
         strategy: name or strategy object.
         x0: initial mean (array, pytree, or a list / tuple of numbers: one vector), as in :func:`optimize`.
         num_members: population (``None``: the strategy's default).
-        minimize: the fitness you pass to ``tell`` is to be minimised (default: maximised).
+        minimize: the fitness you pass to ``tell`` is to be minimised (default: maximised); ``tell``'s
+            ``info`` stays in its own units either way.
         noise_std, optimizer, learning_rate, fitness_shaping, weight_decay, chunk_size: as in :func:`optimize`.
     """
 
@@ -1328,6 +1345,13 @@ class AskTell:
     def tell(self, state: TrainState, fitness: Any) -> tuple[TrainState, dict]:
         """The next state from the members' fitness ``[num_members]`` (minimised if ``minimize``); jittable.
 
+        ``info`` is a dict of scalars. Its fitness statistics are in your fitness's own units whichever way it
+        is optimised, as :func:`optimize`'s history is: ``pop_min`` and ``pop_max`` (the smallest and the
+        largest value: with ``minimize``, ``pop_min`` is the best loss), ``pop_mean``, ``pop_std``,
+        ``best_value`` (the best member's value: ``pop_min`` when minimising, else ``pop_max``) and
+        ``best_member`` (its index). The others describe the search and its update (``noise_std``,
+        ``learning_rate``, ``grad_norm``, ``update_norm``, ``param_norm``, ...).
+
         ``fitness`` is checked as :func:`optimize` checks a function's values: real numbers (integer or float; not
         bool or complex), exactly ``[num_members]`` of them.
 
@@ -1341,8 +1365,8 @@ class AskTell:
 
         Float64 fitness is ranked in float64: in JAX's x64 mode as it is; without it, a float64 NumPy array
         is shifted by its median on the host before it becomes float32, which keeps its order (every
-        strategy here depends on fitness only through ranks or differences), and ``info``'s ``pop_*``
-        are shifted back.
+        strategy here depends on fitness only through ranks or differences), and ``info``'s ``pop_min``,
+        ``pop_max``, ``pop_mean`` and ``best_value`` are shifted back.
         """
         values = _check_fitness(fitness, jnp.asarray if isinstance(fitness, jax.Array) else np.asarray,
                                 self.num_members)
@@ -1371,9 +1395,8 @@ class AskTell:
                 and np.isfinite(fitness).all()):
             shift = float(np.median(fitness))
             state, info = self._tell(state, (fitness - shift).astype(np.float32))
-            moved = {k: info[k] + np.float32(shift) for k in ("pop_mean", "pop_max", "pop_min")}
-            if self.minimize:  # info is in the maximised units, -fitness, as without the shift
-                moved = {k: info[k] - np.float32(shift) for k in ("pop_mean", "pop_max", "pop_min")}
+            # info is in the fitness's own units, here those of the shifted values: shifted back
+            moved = {k: info[k] + np.float32(shift) for k in ("pop_mean", "pop_max", "pop_min", "best_value")}
             return state, dict(info, **moved)
         return self._tell(state, fitness)
 
@@ -1382,7 +1405,9 @@ class AskTell:
         fitness = jnp.asarray(fitness)
         dtype = jnp.float64 if fitness.dtype == jnp.float64 else jnp.float32
         fitness = fitness.astype(dtype).reshape(self.num_members) * self.problem.sign
-        return self.problem.apply_fitness(state, fitness)
+        new_state, info = self.problem.apply_fitness(state, fitness)
+        own = _own_statistics(info["pop_max"], info["pop_min"], info["pop_mean"], self.problem.sign)
+        return new_state, dict(info, **own)
 
     def mean(self, state: TrainState) -> Any:
         """The current mean, shaped like ``x0``."""

@@ -631,6 +631,11 @@ class Checkpoint:
                              ("num_params", "parameter count"), ("obs_shape", "observation shape")):
             if field == "optimizer" and _same_optimizer_name(mine[field], theirs[field]):
                 continue  # "adamm" and "AMSGrad" build amsgrad
+            notice = brax_envs.instance_warning(str(theirs[field]), str(mine[field]), f"checkpoint {self.path}",
+                                                resuming=True) if field == "env_name" else None
+            if notice is not None:   # another sys, or one that cannot be checked: said, not refused
+                warnings.warn(notice, stacklevel=3)
+                continue
             if field == "env_name" and mine[field] != theirs[field] and mine[field] == self._brax_name_today():
                 continue  # the same brax env, named as today's jes names it
             if field == "env_name" and mine[field] != theirs[field] \

@@ -27,8 +27,10 @@ from jes.rollout import batch_act, obs_normaliser
 
 
 class HostEnvError(RuntimeError):
-    """A host env failed during a member's (or the centre's) episode: its step or reset raised, or the episode ran
-    past its wall-time limit.
+    """A host env failed during a member's (or the centre's) episode: its step or reset raised, the episode ran
+    past its wall-time limit, or an observation is not finite as float32 (the policy's input). A training run it
+    stops saves its last good state to its checkpoint first and carries ``error.result`` (the run so far) and,
+    where it saved one, ``error.checkpoint_path`` (``resume`` it once the env is fixed).
 
     Attributes:
         env: the env's name. slot: what was evaluated (``"member 3 (episode 0) of generation 2"``).

@@ -240,7 +240,7 @@ class TrainResult:
     def render(self, path: str, key: Any = 0, max_steps: int | None = None) -> str:
         """Draw one centre episode to ``path`` (``.gif`` for gymnax CartPole/Pendulum and Gymnasium envs, ``.html`` for brax).
 
-        Needs the ``viz`` extra for GIFs (``pip install "jax-jes[viz]"``); see :func:`jes.render.render`.
+        Needs the ``viz`` extra for GIFs (``pip install ".[viz]"`` in jes's clone); see :func:`jes.render.render`.
         """
         from jes.render import render as render_episode  # matplotlib/pillow only when asked for
 
@@ -822,6 +822,8 @@ def run(trainer: Trainer, state: TrainState, *, key: Any = 0, callbacks: Iterabl
         checkpoint_path: where to save checkpoints (``jes.checkpoint``): every ``checkpoint_every``
             generations (0: never periodically), after the last generation, and on KeyboardInterrupt
             (then re-raised). ``None``: no checkpoints.
+        checkpoint_every: generations between periodic checkpoints to ``checkpoint_path`` (0, the default: none;
+            the other saves happen anyway). A non-negative int, checked before the first generation.
         log_dir: where the run's logs go (only recorded in the result and its summary).
         best: the best member of the generations before ``state`` (a resumed run's, from its checkpoint).
         started: ``time.perf_counter()`` when the run began (the result's ``wall_time`` counts from it; default: now).

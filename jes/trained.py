@@ -35,6 +35,7 @@ from jes.atomic import write_atomically
 from jes.checkpoint import build_policy
 from jes.cpu import compiler_options
 from jes.envs import EnvSpec, make_env
+from jes.envs import brax as brax_envs
 from jes.envs.spec import box_action
 from jes.envs.wrappers import nan_option
 from jes.generation import as_key, host_unravel, int32_seed, positive_count
@@ -455,7 +456,8 @@ def load_policy(path: str, env: Any = None, allow_modules: Any = ()) -> TrainedP
 
     Args:
         path: the file.
-        env: the env to evaluate on when it is not a gymnax id (an env object or ``(env, params)``).
+        env: the env to evaluate on when it is not a gymnax id (an env object or ``(env, params)``). For a file of a
+            brax env instance, the instance again: one of another ``sys`` (physics) is warned about.
         allow_modules: modules of your own the policy may come from (e.g. ``["mypkg.policies"]``);
             a policy class whose module your program imported already is admitted without it.
 
@@ -467,7 +469,10 @@ def load_policy(path: str, env: Any = None, allow_modules: Any = ()) -> TrainedP
 
     Warns:
         UserWarning: parameters or sums of observations that are not finite (a diverged run's file loads, for a
-            look at it).
+            look at it); a brax env instance given whose ``sys`` (physics) differs from the one the file's policy was
+            trained on (another fingerprint: other physics, or the same built by another brax or MuJoCo version, or
+            edited with 64-bit JAX switched), or given for a file written before jes recorded an instance's physics
+            (it cannot be checked).
     """
     data = schema.read_file(path, "policy file", ".policy")
     if len(data) < _HEADER.size:
@@ -497,6 +502,9 @@ def load_policy(path: str, env: Any = None, allow_modules: Any = ()) -> TrainedP
     spec = None
     if env is not None:
         spec = env if isinstance(env, EnvSpec) else make_env(env, max_steps=meta["max_steps"])
+        notice = brax_envs.instance_warning(meta["env_name"], spec.name, f"policy file {path}", resuming=False)
+        if notice is not None:   # another sys, or one that cannot be checked: said, not refused
+            warnings.warn(notice, stacklevel=2)
     obs_stats = None
     if "obs_sum" in content:
         if "obs_count" not in content or "obs_sumsq" not in content:

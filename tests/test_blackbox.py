@@ -268,7 +268,7 @@ def test_float64_fitness_from_the_host_is_ranked_in_float64_without_x64_mode():
         return float(np.sum(np.asarray(es.mean(state), np.float64) ** 2)), info
 
     wide, info = run(np.float64)
-    assert wide < 1e-8 and float(info["pop_mean"]) == pytest.approx(-OFFSET)
+    assert wide < 1e-8 and float(info["pop_mean"]) == pytest.approx(OFFSET)  # the loss's own units
     narrow, _ = run(np.float32)
     assert narrow > 1e-7
 
@@ -454,6 +454,37 @@ def test_ask_tell_inside_the_users_own_scan_traces_once():
         host, _ = es.tell(host, jax.vmap(rosenbrock)(es.ask(host)))
     np.testing.assert_array_equal(es.mean(state), es.mean(host))
     assert int(state.generation) == 20
+
+
+@pytest.mark.parametrize("minimize", [True, False])
+def test_ask_tell_info_is_in_the_fitness_own_units(minimize):
+    """tell's info holds the values told, whichever way they are optimised (as optimize's history does): pop_min and
+    pop_max the smallest and the largest, pop_mean their mean, best_value the best (the smallest when minimising) and
+    best_member its index; from the host, jitted, and for float64 NumPy values (shifted by their median and back).
+    Generation by generation, best_value and pop_mean are those of optimize's history with the same settings."""
+    sign = 1.0 if minimize else -1.0
+    f = lambda x: sign * rosenbrock(x)  # noqa: E731
+    es = jes.AskTell("sep_cma_es", jnp.zeros(4), num_members=8, minimize=minimize, noise_std=0.3)
+    state, history = es.init(3), {"best_value": [], "pop_mean": []}
+    for _ in range(6):
+        values = np.asarray(jax.vmap(f)(es.ask(state)))
+        best = values.min() if minimize else values.max()
+        assert values.min() < values.max()  # so that the smallest, the largest and the best are told apart
+        for tell, told, rtol in ((es.tell, values, 0), (jax.jit(es.tell), values, 0),
+                                 (es.tell, values.astype(np.float64) + OFFSET, 1e-6)):
+            _, info = tell(state, told)
+            shift = told[0] - values[0]
+            np.testing.assert_allclose([float(info[k]) for k in ("pop_min", "pop_max", "best_value")],
+                                       [told.min(), told.max(), best + shift], rtol=rtol)
+            np.testing.assert_allclose(float(info["pop_mean"]), told.mean(), rtol=max(rtol, 1e-6))
+            assert values[int(info["best_member"])] == best
+        state, info = es.tell(state, values)
+        history["best_value"].append(float(info["best_value"]))
+        history["pop_mean"].append(float(info["pop_mean"]))
+    r = jes.optimize(f, jnp.zeros(4), "sep_cma_es", minimize=minimize, num_members=8, noise_std=0.3, key=3,
+                     num_generations=6)
+    for k, v in history.items():
+        np.testing.assert_allclose(r.history[k], v, rtol=1e-5, err_msg=k)
 
 
 # ------------------------------------------------------------------ host functions (optimize(..., host=True))

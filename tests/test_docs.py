@@ -5,7 +5,9 @@ temporary working directory. A block preceded by ``<!-- skip: why -->`` is not r
 in a test (several machines, a GPU, the brax extra, a long training). ```bash blocks are never run.
 """
 import glob
+import importlib
 import importlib.util
+import inspect
 import os
 import re
 import subprocess
@@ -31,6 +33,29 @@ def python_blocks(path: str) -> list[tuple[int, str, str | None]]:
 
 
 PAGES = sorted(os.path.relpath(p, DOCS) for p in glob.glob(os.path.join(DOCS, "**", "*.md"), recursive=True))
+API_PAGE = os.path.join(DOCS, "api.md")
+# Named in the guides for users to import, call or catch, beyond jes.__all__: each needs an API entry too.
+GUIDE_NAMES = ("jes.host_rollout.HostEnvError", "jes.envs.gymnasium.make", "jes.envs.gymnasium.GymnasiumEnv",
+               "jes.policies.matvec", "jes.checkpoint.CheckpointError", "jes.trained.PolicyFileError",
+               "jes.distributed.DistributedSetupError", "jes.cpu.gpu_compiler_options",
+               "jes.describe.registered_classes", "jes.describe.registered_callables", "jes.plot.plot_runs",
+               "jes.render.render", "jes.logging.read_scalars", "jes.sweep.SweepRun")
+
+
+def api_entries() -> list[str]:
+    """The dotted paths of docs/api.md's ``::: path`` entries, in page order."""
+    return re.findall(r"^::: (\S+)", open(API_PAGE, encoding="utf-8").read(), re.M)
+
+
+def resolve(path: str):
+    """The module or object a dotted path names."""
+    try:
+        return importlib.import_module(path)
+    except ModuleNotFoundError as err:
+        if err.name != path:
+            raise
+    module, _, name = path.rpartition(".")
+    return getattr(importlib.import_module(module), name)
 
 
 def test_the_snippet_finder_sees_fences_and_skip_markers(tmp_path):
@@ -46,6 +71,27 @@ def test_every_page_has_been_found():
     assert len(blocks) >= 20
     skipped = [b for b in blocks if b[2]]
     assert len(skipped) <= 4, f"skip markers are for what cannot run in a test, not {len(skipped)} blocks"
+
+
+def test_the_api_page_has_an_entry_for_every_public_name():
+    """Every name of jes.__all__ (for a submodule: an entry inside it) and every name the guides tell users to import
+    or catch has a ``::: path`` entry on docs/api.md whose path names that very object (where it is defined, or a
+    package re-exporting it)."""
+    import jes
+
+    paths = api_entries()
+    documented = {id(resolve(path)) for path in paths}
+    missing = []
+    for name in jes.__all__:
+        obj = getattr(jes, name)
+        if inspect.ismodule(obj):
+            if not any(p == obj.__name__ or p.startswith(obj.__name__ + ".") for p in paths):
+                missing.append(f"jes.{name} (a module: no entry inside it)")
+        elif id(obj) not in documented:
+            missing.append(f"jes.{name}")
+    missing += [path for path in GUIDE_NAMES if id(resolve(path)) not in documented]
+    assert not missing, (f"public names with no entry on docs/api.md: {', '.join(missing)}; add `::: module.Name` "
+                         f"(where it is defined) to its section")
 
 
 @pytest.mark.hard_timeout(240)
@@ -76,8 +122,9 @@ def test_mkdocs_build_strict(tmp_path):
     assert proc.returncode == 0, f"mkdocs build --strict failed:\n{proc.stdout}\n{proc.stderr}"
     api = (tmp_path / "site" / "api" / "index.html").read_text()
     assert api.count("jes.loop.train") >= 1
-    for name in ("jes.plot.plot_runs", "jes.render.render", "jes.logging.read_scalars", "jes.sweep.SweepRun"):
-        assert name in api, f"{name} is not on the API page"  # the guides tell users to import them
+    ids = set(re.findall(r'id="(jes\.[^"]+)"', api))
+    unrendered = [path for path in api_entries() if path not in ids]
+    assert not unrendered, f"api.md entries with no heading on the built page: {unrendered}"
     roles = re.findall(r":(?:func|class|meth|data|attr|mod|exc):<code>", api)
     assert not roles, f"Sphinx roles shown as text on the API page: {len(roles)}"
     assert (tmp_path / "site" / "notebooks" / "quickstart" / "index.html").exists()

@@ -1,6 +1,9 @@
 """jes.envs.brax: the brax adapter on its cheapest env and backend (inverted_pendulum, spring), small shapes."""
+import dataclasses
+import functools
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -236,7 +239,7 @@ def test_an_env_object_no_name_rebuilds_is_named_an_instance_and_rebuilding_it_i
 
     for env in (changed, late, held, Pendulum(backend="spring")):
         name = make_env(env).name
-        assert name.endswith(" (a brax env instance)"), name
+        assert " (a brax env instance) physics:" in name, name
         assert make_env(env).solved_return is None
         for asked in (name, name + "?keep_obs=0,1"):
             with pytest.raises(ValueError, match="pass that env itself again"):
@@ -264,6 +267,135 @@ def test_resumes_and_workers_rebuild_an_env_object_s_physics_or_refuse(tmp_path)
     changed.sys = changed.sys.tree_replace({"opt.timestep": 0.01})
     with pytest.raises(DescriptionError, match="no name rebuilds"):
         protocol.describe_run(jes.Trainer(policy, changed, "adam", cfg), changed, "adam")
+
+
+def _changed_timestep(factor: float):
+    env = brax_envs.get_environment("inverted_pendulum", backend="spring")
+    env.sys = env.sys.tree_replace({"opt.timestep": env.sys.opt.timestep * factor})
+    return env
+
+
+FINGERPRINT_SCRIPT = textwrap.dedent("""
+    import jax
+    import brax.envs
+    import jes
+    env = brax.envs.get_environment("inverted_pendulum", backend="spring")
+    env.sys = jax.device_put(env.sys.tree_replace({"opt.timestep": env.sys.opt.timestep * 2}), jax.devices()[1])
+    assert jax.config.jax_enable_x64 and env.sys.link.inertia.mass.dtype == "float64"
+    print(jes.make_env(env).name)
+""")
+
+
+def test_an_instance_s_name_holds_a_fingerprint_of_its_sys_the_same_in_every_process():
+    """A brax System is data: an instance's name ends with a numbered fingerprint of its sys (and of nothing else),
+    the same for the same System in another process, with 64-bit JAX (an exact edit) and with the sys on another
+    device; another System, another."""
+    name = make_env(_changed_timestep(2)).name
+    assert re.fullmatch(r"brax/inverted_pendulum\?backend=spring \(a brax env instance\) physics:1:[0-9a-f]{12}",
+                        name), name
+    assert make_env(_changed_timestep(2)).name == name                      # built again: the same
+    assert make_env(_changed_timestep(5)).name != name                      # another timestep: another
+    late = brax_envs.get_environment("inverted_pendulum", backend="spring")
+    late.extra_push = 2.0
+    later = brax_envs.get_environment("inverted_pendulum", backend="spring")
+    later.extra_push = 3.0
+    assert " (a brax env instance) physics:1:" in make_env(late).name       # an instance still
+    assert make_env(late).name == make_env(later).name                      # an attribute: not the physics' sys
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2", JAX_PLATFORMS="cpu",
+               JAX_ENABLE_X64="1")
+    proc = subprocess.run([sys.executable, "-c", FINGERPRINT_SCRIPT], capture_output=True, text=True, env=env,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.strip().splitlines()[-1] == name
+
+
+def test_a_resume_or_policy_load_on_an_instance_of_another_sys_warns(tmp_path):
+    """A run on a brax env instance resumed, or its policy file loaded, on an instance of another sys: said (naming
+    both fingerprints), not refused, as a brax or MuJoCo upgrade changes the fingerprint too; a file written before
+    names held one, or with one of another scheme, warns that it cannot check."""
+    from jes import checkpoint
+    from jes.loop import trained_policy
+    from test_checkpoint import _rewrite_meta
+
+    cfg = jes.ESConfig(num_members=4, num_generations=1, max_episode_steps=10, eval_episodes=1)
+    policy = jes.MLPPolicy(hidden_sizes=(2,))
+    trainer = jes.Trainer(policy, _changed_timestep(2), "adam", cfg)
+    state = trainer.init_state(0)
+    path = str(tmp_path / "instance.ckpt")
+    checkpoint.save(path, trainer, state)
+    other = jes.Trainer(policy, _changed_timestep(5), "adam", cfg)
+    mine, theirs = other.spec.name.rpartition(":")[2], trainer.spec.name.rpartition(":")[2]
+    with pytest.warns(UserWarning, match=r"has other physics: its sys \(brax System\) differs from the one the file "
+                                         r"ran") as caught:
+        restored = checkpoint.read(path).restore_state(other)
+    said = " ".join(str(w.message) for w in caught)
+    for part in (trainer.spec.name, other.spec.name, f"fingerprint 1:{mine}, the file's 1:{theirs}",
+                 "resuming continues on the physics given", "brax or MuJoCo upgrade", "64-bit JAX"):
+        assert part in said, (part, said)
+    np.testing.assert_array_equal(np.asarray(restored.params), np.asarray(state.params))
+    again = jes.Trainer(policy, _changed_timestep(2), "adam", cfg)          # the same physics, built again
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        checkpoint.read(path).restore_state(again)
+    assert not [w for w in caught if "brax env instance" in str(w.message)], [str(w.message) for w in caught]
+
+    policy_path = str(tmp_path / "instance.policy")
+    trained = trained_policy(trainer, state.params, state)
+    trained.save(policy_path)
+    with pytest.warns(UserWarning, match="has other physics: its sys.*its policy is evaluated on the physics given"):
+        loaded = jes.load_policy(policy_path, env=_changed_timestep(5))
+    assert loaded.env_name == trainer.spec.name
+
+    # Files written before an instance's name held its physics, or by another scheme: said, cannot check
+    plain = trainer.spec.name.partition(" physics:")[0]
+    assert plain.endswith(" (a brax env instance)")
+    for label, written in (("old", plain), ("scheme2", plain + " physics:2:0123456789ab"),
+                           ("unnumbered", plain + " physics:0123456789ab")):
+        old = _rewrite_meta(path, str(tmp_path / f"{label}.ckpt"), lambda meta: meta.update(env_name=written))
+        with pytest.warns(UserWarning, match="cannot check that the instance given now") as caught:
+            checkpoint.read(old).restore_state(again)
+        if label != "old":
+            assert any("a fingerprint of another scheme" in str(w.message) for w in caught)
+        trained.env_name = written
+        old_policy = trained.save(str(tmp_path / f"{label}.policy"))
+        with pytest.warns(UserWarning, match="cannot check that the instance given now.*evaluating on it as given"):
+            jes.load_policy(old_policy, env=_changed_timestep(2))
+
+
+class _CachingPendulum(brax_envs.inverted_pendulum.InvertedPendulum):
+    """A class of one's own (always an instance) whose use changes its attributes: a cached property read by
+    reset, and a count of traces (as brax's "fast" env keeps)."""
+
+    @functools.cached_property
+    def pole(self) -> int:
+        return 1
+
+    def reset(self, rng):
+        self.traces = getattr(self, "traces", 0) + 1
+        assert self.pole == 1
+        return super().reset(rng)
+
+
+def test_the_same_instance_resumes_and_loads_after_a_run_in_the_same_process(tmp_path):
+    """The notebook workflow: train on an instance, then resume and load_policy(path, env=env) with that very object,
+    which the run has used (its attributes changed): the fingerprint is of its sys only, so nothing is said."""
+    env = _CachingPendulum(backend="spring")
+    env.sys = env.sys.tree_replace({"opt.timestep": env.sys.opt.timestep * 2})
+    name = make_env(env).name
+    cfg = jes.ESConfig(num_members=4, num_generations=1, max_episode_steps=10, eval_episodes=1)
+    policy = jes.MLPPolicy(hidden_sizes=(2,))
+    path = str(tmp_path / "run.ckpt")
+    first = jes.train(policy, env, "adam", config=cfg, progress=False, log_dir=None, checkpoint_path=path)
+    policy_path = first.save_policy(str(tmp_path / "run.policy"))
+    assert "pole" in vars(env) and env.traces > 0                          # the run used it
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert make_env(env).name == name
+        resumed = jes.train(policy, env, "adam", config=dataclasses.replace(cfg, num_generations=2), progress=False,
+                            log_dir=None, checkpoint_path=path, resume=path)
+        loaded = jes.load_policy(policy_path, env=env)
+    assert not [w for w in caught if "brax env instance" in str(w.message)], [str(w.message) for w in caught]
+    assert int(np.asarray(resumed.history["generation"])[-1]) == 2 and loaded.env_name == name
 
 
 def test_brax_wrappers_are_refused_at_any_depth():
@@ -295,6 +427,47 @@ def test_bad_option_values_name_the_option_the_env_and_what_it_takes():
         make_env(ENV + "?bogus=3")
     with pytest.raises(ValueError, match="given twice"):
         make_env("brax/hopper?backend=spring&backend=generalized")
+
+
+def test_an_example_value_is_the_env_s_own_default_on_its_backend():
+    """inverted_pendulum steps 4 physics frames on spring, 2 on generalized: not PipelineEnv's 1."""
+    for backend, frames in (("spring", 4), ("generalized", 2)):
+        with pytest.raises(ValueError) as caught:
+            make_env(f"{ENV}?backend={backend}&n_frames=abc")
+        assert f"'brax/inverted_pendulum?backend={backend}&n_frames={frames}', inverted_pendulum's default" \
+            in str(caught.value), caught.value
+
+
+def test_n_frames_below_one_is_refused_by_name_and_as_an_object():
+    """n_frames=0 or -1 never steps the physics: every member would score alike (the maximum, on inverted_pendulum)."""
+    for frames in (0, -1):
+        with pytest.raises(ValueError, match=rf"n_frames={frames} runs no physics step.*1 or more"):
+            make_env(f"{ENV}?n_frames={frames}")
+    with pytest.raises(ValueError, match="n_frames=0 runs no physics step"):
+        make_env(brax_envs.get_environment("inverted_pendulum", backend="spring", n_frames=0))
+
+
+def test_a_negative_infinite_or_nan_reset_noise_scale_is_refused():
+    """brax draws uniform(-scale, scale): a negative scale clamps every draw to -scale (all episodes start alike),
+    an infinite or NaN one draws NaN (an env object's NaN is said to be NaN; a name's is refused with any option)."""
+    for scale in ("-0.1", "inf"):
+        with pytest.raises(ValueError, match=rf"reset_noise_scale={scale} gives no reset noise.*"
+                                             rf"'brax/hopper\?backend=spring&reset_noise_scale=0.005'"):
+            make_env(f"brax/hopper?reset_noise_scale={scale}")
+    with pytest.raises(ValueError, match="reset_noise_scale=-1 gives no reset noise"):
+        make_env(brax_envs.get_environment("hopper", backend="spring", reset_noise_scale=-1))
+    with pytest.raises(ValueError, match=r"reset_noise_scale=nan gives no reset noise \(NaN, not a number") as caught:
+        make_env(brax_envs.get_environment("hopper", backend="spring", reset_noise_scale=float("nan")))
+    assert "infinite" not in str(caught.value)
+    assert make_env("brax/hopper?reset_noise_scale=0").name == "brax/hopper?backend=spring&reset_noise_scale=0.0"
+
+
+def test_brax_s_own_option_names_are_answered_with_jes_s():
+    for option in ("episode_length", "max_episode_steps"):
+        with pytest.raises(ValueError, match=r"max_episode_steps=100\) or jes train --max-episode-steps 100"):
+            make_env(f"{ENV}?{option}=100")
+    with pytest.raises(ValueError, match=r"action_repeat.*n_frames.*'brax/inverted_pendulum\?backend=spring&n_frames=4'"):
+        make_env(f"{ENV}?action_repeat=2")
 
 
 def test_an_unsupported_backend_is_answered_with_the_env_s_own_backends():

@@ -44,7 +44,8 @@ HOW_TO_START = (
 
 
 class DistributedSetupError(RuntimeError):
-    """The multi-process runtime could not be started as asked."""
+    """The multi-process runtime could not be started as asked (:func:`initialize`, ``jes.train(...,
+    distributed=True)``); the message says what to change. Importable as ``jes.distributed.DistributedSetupError``."""
 
 
 @dataclasses.dataclass(frozen=True)

@@ -148,7 +148,7 @@ def make_env(env: Any, env_params: Any = None, max_steps: int | None = None) -> 
     options in it; an env object made otherwise than its id (constructor arguments, or params a name cannot hold)
     gets a name ending in ``" (a gymnax env instance)"``, which rebuilding refuses. A brax env object is named by its
     registry name, backend and constructor arguments (``"brax/inverted_pendulum?backend=spring&n_frames=1"``), or,
-    when that name does not rebuild it, ``"... (a brax env instance)"``.
+    when that name does not rebuild it, ``"... (a brax env instance) physics:<fingerprint>"``.
 
     Raises:
         ValueError: unknown env name (the message lists the valid ones), a name setting a parameter to NaN, an

@@ -34,8 +34,10 @@ Names: an env object is named by its registry name, backend and the constructor 
 (``brax/inverted_pendulum?backend=spring&n_frames=1``), read back from what brax stores (``_n_frames``,
 ``_<argument>``); the name is verified by rebuilding the env from it and comparing its attributes, ``sys``
 included. An object that its name does not rebuild (a changed ``sys``, an attribute set after construction,
-an argument a name cannot hold, a class of one's own) is named ``"<name> (a brax env instance)"``
-(:data:`INSTANCE_SUFFIX`), which rebuilding refuses: its files are evaluated and resumed with the env passed again.
+an argument a name cannot hold, a class of one's own) is named ``"<name> (a brax env instance) physics:1:<hex>"``
+(:data:`INSTANCE_SUFFIX`, :func:`physics_fingerprint` of its ``sys``), which rebuilding refuses: its files are
+evaluated and resumed with the env passed again, and warn when that instance's ``sys`` is another (another
+fingerprint: other physics, or the same built by another brax or MuJoCo version).
 brax wrappers (``brax.envs.create``'s, ``training.wrap``'s, one's own ``brax.envs.Wrapper``) are refused.
 
 The ``brax`` package is imported only here, and only when a brax env is asked for.
@@ -45,8 +47,10 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import enum
+import hashlib
 import inspect
 import io
+import re
 import sys
 import types
 import warnings
@@ -69,9 +73,15 @@ BACKENDS = ("spring", "positional", "generalized", "mjx")
 # Fractions of the per-step maximum that count as solved (Gym's InvertedPendulum: 950 of 1000), for the registered
 # env with its default constructor arguments, at brax's own episode limit only.
 SOLVED_FRACTIONS = {"inverted_pendulum": 0.95}
-# An env object that no name rebuilds is named "<name> (a brax env instance)": checkpoints and policy files record
-# that, and rebuilding it by name asks for the env object.
+# An env object that no name rebuilds is named "<name> (a brax env instance) physics:<scheme>:<hex>": checkpoints
+# and policy files record that, and rebuilding it by name asks for the env object. The fingerprint (of its sys:
+# physics_fingerprint) makes a file warn when it is resumed on, or loaded for, an instance of another sys; files
+# written before names held it name an instance without one (their physics cannot be checked), and an older jes
+# still finds the suffix in a name.
 INSTANCE_SUFFIX = " (a brax env instance)"
+PHYSICS_LABEL = " physics:"
+PHYSICS_SCHEME = 1   # how physics_fingerprint computes; another number where that changes (a file's is not compared)
+_FINGERPRINT_HEX = 12
 _BRAX_NOTICE = "Brax System, piplines and environments are not actively"
 _MISSING = object()
 
@@ -164,21 +174,83 @@ def _kind(default: Any) -> type | None:
     return None
 
 
+# Option names of brax's own trainers (brax.envs.create, EvoJAX's BraxTask) and of jes's config, which a brax env's
+# name does not take: what jes calls them. ("{value}" is the value given.)
+_ELSEWHERE = {
+    "episode_length": "the episode length is jes's max_episode_steps, not part of the env name: "
+                      "jes.train(..., max_episode_steps={value}) or jes train --max-episode-steps {value}",
+    "max_episode_steps": "max_episode_steps is jes's config, not part of the env name: "
+                         "jes.train(..., max_episode_steps={value}) or jes train --max-episode-steps {value}",
+    "max_steps": "the episode length is jes's max_episode_steps, not part of the env name: "
+                 "jes.train(..., max_episode_steps={value}) or jes train --max-episode-steps {value}",
+    "action_repeat": "brax.envs.create's action_repeat (a wrapper repeating whole env steps) has no wrapper in jes; "
+                     "the nearest is the env's own n_frames, the physics steps one env step takes{example}",
+}
+
+
+def _value_problem(key: str, value: Any) -> str | None:
+    """Why an option's value, of the right type, still makes no env, and what the option takes (``None``: it
+    makes one)."""
+    number = isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, (bool, np.bool_))
+    if key == "n_frames" and number and value < 1:
+        return (f"n_frames={value} runs no physics step per env step (an env step steps the physics n_frames "
+                f"times): the env would never move or end, and every member would score alike; n_frames takes an "
+                f"int of 1 or more")
+    if key == "reset_noise_scale" and number and not 0 <= value < np.inf:
+        if np.isnan(value):   # an env object built so (a name's NaN is refused before, with every option)
+            why = "NaN, not a number: brax's uniform(-scale, scale) draws NaN start states"
+        elif value < 0:
+            why = ("brax draws uniform(-scale, scale), which a negative scale clamps to -scale: every episode would "
+                   "start alike, shifted by -scale")
+        else:
+            why = "an infinite scale draws NaN start states"
+        return (f"reset_noise_scale={value} gives no reset noise ({why}); reset_noise_scale takes a finite number of "
+                f"0 or more (0: no noise)")
+    return None
+
+
+# Constructor arguments whose values _value_problem checks, also in an env object's _<argument> attributes.
+_VALUE_CHECKED = ("n_frames", "reset_noise_scale")
+
+
+def _example(base: str, key: str, options: dict[str, Any]) -> str:
+    """``" (e.g. 'brax/<base>?backend=...&<key>=<value>', <base>'s default)"``: the value of argument ``key`` that
+    brax env ``base`` is built with on the backend of ``options`` when a name leaves it out, read back from its
+    ``_<key>`` attribute (inverted_pendulum's ``n_frames`` is 4 on spring and 2 on generalized, not
+    ``PipelineEnv``'s 1); ``""`` where that cannot be told."""
+    shown = {"backend": options["backend"]} if "backend" in options else {}
+    try:
+        default = vars(_build(base, shown)).get("_" + key, _MISSING)
+    except Exception:  # noqa: BLE001 - an env that does not build on that backend: no example
+        return ""
+    if default is _MISSING or _value_problem(key, default) is not None:
+        return ""
+    return f" (e.g. {canonical_name(base, {**shown, key: default})!r}, {base}'s default)"
+
+
 def _checked_options(base: str, options: dict[str, Any], arguments: dict[str, Any], closed: bool) -> dict[str, Any]:
-    """``options`` checked against the constructor of brax env ``base`` (names, and values of the type of the
-    argument's default), ints given for float arguments made floats.
+    """``options`` checked against the constructor of brax env ``base`` (names, values of the type of the
+    argument's default, and values that make no env: ``n_frames`` < 1, a negative or infinite
+    ``reset_noise_scale``), ints given for float arguments made floats.
 
     Raises:
-        ValueError: an argument the constructor does not take, or a value of another type; the message names the
-            option, the env and what it takes.
+        ValueError: an argument the constructor does not take (with jes's name for it where it is an option of brax's
+            trainers or of jes's config: ``episode_length``, ``action_repeat``, ``max_episode_steps``), a value of
+            another type or one that makes no env; the message names the option, the env and what it takes.
     """
     takes = ", ".join(arguments)
     checked = {}
     for key, value in options.items():
         if key not in arguments:
             if closed:
-                raise ValueError(f"brax env {base!r} takes no option {key!r}; its constructor takes: {takes} "
-                                 f"(and jes's keep_obs=0,2)")
+                elsewhere = _ELSEWHERE.get(key, "")
+                if key == "action_repeat" and "n_frames" not in arguments:
+                    elsewhere = elsewhere.partition(";")[0]
+                if elsewhere:
+                    example = _example(base, "n_frames", options) if "{example}" in elsewhere else ""
+                    elsewhere = "; " + elsewhere.format(value=_format_value(value), example=example)
+                raise ValueError(f"brax env {base!r} takes no option {key!r}{elsewhere}; its constructor takes: "
+                                 f"{takes} (and jes's keep_obs=0,2)")
             checked[key] = value
             continue
         kind = _kind(arguments[key])
@@ -187,7 +259,10 @@ def _checked_options(base: str, options: dict[str, Any], arguments: dict[str, An
         if kind is not None and (type(value) is not kind):
             what = {bool: "true or false", int: "an int", float: "a number", str: "a string"}[kind]
             raise ValueError(f"brax env {base!r}: option {key}={_format_value(value)!r} is not {what}; {key} takes "
-                             f"{what}, e.g. '{PREFIX}{base}?{key}={_format_value(arguments[key])}'")
+                             f"{what}{_example(base, key, options)}")
+        problem = _value_problem(key, value)
+        if problem is not None:
+            raise ValueError(f"brax env {base!r}: {problem}{_example(base, key, options)}")
         checked[key] = value
     return checked
 
@@ -267,6 +342,158 @@ def _same_env(env: Any, other: Any) -> bool:
     return mine.keys() == theirs.keys() and all(_same(mine[k], theirs[k]) for k in mine)
 
 
+def _feed(digest: Any, value: Any, depth: int = 0) -> None:
+    """Feed ``value`` to ``digest`` as bytes that are the same wherever it holds the same values: in every process
+    and run, on any device, with 64-bit JAX or not. Numbers and arrays are fed by kind, shape and values in one
+    canonical dtype (floats as float32, the precision of brax's physics without x64; ints as int64; a Python float
+    and a 0-d float32 array alike: brax's spring ``System`` keeps its timestep as a float, ``tree_replace`` may
+    make it an array); dataclasses (a ``System``, its parts) field by field, in order; sequences and dicts item by
+    item. A MuJoCo ``MjModel`` (the rendering model a ``System`` keeps; physics reads the ``System``'s own arrays),
+    a module, a function and an object of any other type count by their type or qualified name."""
+    def put(tag: str, data: bytes = b"") -> None:
+        digest.update(f"{tag}:{len(data)}:".encode() + data)
+
+    if depth > 32:
+        return put("deep")
+    if isinstance(value, enum.Enum):   # before str and int: an IntEnum or StrEnum is one of them too
+        return put(f"enum {type(value).__qualname__}", repr(value.value).encode())
+    if value is None:
+        return put("none")
+    if isinstance(value, str):
+        return put("str", value.encode())
+    if isinstance(value, bytes):
+        return put("bytes", bytes(value))
+    if isinstance(value, (bool, int, float, complex, np.generic, np.ndarray, jax.Array)):
+        try:
+            array = np.asarray(value)
+        except Exception:  # noqa: BLE001 - key arrays and the like: by their type
+            return put(f"object {type(value).__module__}.{type(value).__qualname__}")
+        if isinstance(value, int) and not isinstance(value, bool) and array.dtype.kind not in "iu":
+            return put("bigint", str(value).encode())   # beyond 64 bits
+        if array.dtype.kind == "b":
+            canonical = array.astype(np.bool_)
+        elif array.dtype.kind == "u" and array.dtype.itemsize == 8:
+            canonical = array.astype("<u8")
+        elif array.dtype.kind in "iu":
+            canonical = array.astype("<i8")
+        elif array.dtype.kind == "c":
+            canonical = array.astype("<c8")
+        elif np.issubdtype(array.dtype, np.floating) or jnp.issubdtype(array.dtype, jnp.floating):
+            canonical = array.astype("<f4")
+        elif array.dtype.kind == "O":   # an array of objects: item by item (its bytes are their addresses)
+            put(f"objects {list(array.shape)}")
+            for item in array.ravel().tolist():
+                _feed(digest, item, depth + 1)
+            return None
+        else:
+            canonical = array
+        return put(f"array {canonical.dtype.str}{list(canonical.shape)}", np.ascontiguousarray(canonical).tobytes())
+    if type(value).__name__ == "MjModel" and type(value).__module__.split(".")[0] == "mujoco":
+        return put("MjModel")
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        fields = dataclasses.fields(value)
+        put(f"dataclass {type(value).__qualname__}", str(len(fields)).encode())
+        for field in fields:
+            put("field", field.name.encode())
+            _feed(digest, getattr(value, field.name), depth + 1)
+        return None
+    if isinstance(value, (tuple, list)):
+        put("sequence", str(len(value)).encode())
+        for item in value:
+            _feed(digest, item, depth + 1)
+        return None
+    if isinstance(value, dict):
+        items = sorted(value.items(), key=lambda item: repr(item[0]))
+        put("dict", str(len(items)).encode())
+        for key, item in items:
+            _feed(digest, key, depth + 1)
+            _feed(digest, item, depth + 1)
+        return None
+    if isinstance(value, types.ModuleType):
+        return put("module", value.__name__.encode())
+    if callable(value) and hasattr(value, "__qualname__"):
+        return put("callable", f"{getattr(value, '__module__', '')}.{value.__qualname__}".encode())
+    return put(f"object {type(value).__module__}.{type(value).__qualname__}")
+
+
+def physics_fingerprint(env: Any) -> str:
+    """``"<scheme>:<hex>"``: a short sha256 of a raw brax env's physics, its ``sys`` (the brax ``System``, every
+    array of it included: :func:`_feed`), and of nothing else: attributes that change as an env is used (counters
+    such as brax's ``fast`` env's ``_reset_count``, cached properties) leave it alone, and constructor arguments are
+    in the name already. ``<scheme>`` (:data:`PHYSICS_SCHEME`) numbers the way it is computed. The same ``System``,
+    built again, gives the same one in every process and with the ``sys`` moved to another device; a ``System`` of
+    other values, one built by another brax or MuJoCo version (other fields), or one edited with values that round
+    otherwise (64-bit JAX on or off: floats are taken at float32 precision, but ``mass * 1.3`` computed in float64
+    then cast need not equal it computed in float32; another kind of device) gives another. An env without a
+    ``sys`` (brax's toy env ``fast``) has one fingerprint."""
+    try:
+        system = getattr(env, "sys", None)
+    except Exception:  # noqa: BLE001 - a property of one's own class that raises: no System to take
+        system = None
+    digest = hashlib.sha256()
+    _feed(digest, system)
+    return f"{PHYSICS_SCHEME}:{digest.hexdigest()[:_FINGERPRINT_HEX]}"
+
+
+def instance_name(name: str, env: Any) -> str:
+    """The name of brax env instance ``env``: ``name`` (its class's registry name and options) with
+    :data:`INSTANCE_SUFFIX` and :data:`PHYSICS_LABEL` and its :func:`physics_fingerprint`."""
+    return name + INSTANCE_SUFFIX + PHYSICS_LABEL + physics_fingerprint(env)
+
+
+def _split_physics(name: str) -> tuple[str, str | None]:
+    """``(name without its instance's fingerprint, the fingerprint or None)``: the fingerprint as written, of any
+    scheme (``"1:893fe4a92718"``; ``"893fe4a92718"`` in names of a development version before schemes had
+    numbers)."""
+    head, suffix, tail = name.partition(INSTANCE_SUFFIX)
+    found = re.match(re.escape(PHYSICS_LABEL) + "([0-9a-z:]+)", tail) if suffix else None
+    if found is None:
+        return name, None
+    return head + suffix + tail[found.end():], found.group(1)
+
+
+def instance_difference(recorded: str, given: str) -> str | None:
+    """How env name ``given`` stands to ``recorded`` (a file's) where both name one brax env instance (one class,
+    backend and options): ``"physics"`` when ``given``'s physics fingerprint is another of this jes's scheme,
+    ``"unchecked"`` when ``recorded`` holds none of it (a file of an earlier jes, or of one fingerprinting by
+    another scheme: the instance's physics cannot be checked), ``None`` otherwise (the same name, or names of
+    other envs, which are compared as names)."""
+    if recorded == given or INSTANCE_SUFFIX not in recorded or INSTANCE_SUFFIX not in given:
+        return None
+    (recorded_plain, recorded_physics), (given_plain, given_physics) = _split_physics(recorded), _split_physics(given)
+    if recorded_plain != given_plain or given_physics is None:
+        return None
+    scheme = f"{PHYSICS_SCHEME}:"
+    if recorded_physics is None or not recorded_physics.startswith(scheme) or not given_physics.startswith(scheme):
+        return "unchecked"
+    return "physics" if recorded_physics != given_physics else None
+
+
+def instance_warning(recorded: str, given: str, file: str, resuming: bool) -> str | None:
+    """What to warn where ``file`` (``"checkpoint <path>"``, ``"policy file <path>"``), which ran brax env instance
+    ``recorded``, is resumed (``resuming``) or loaded with the instance ``given`` (:func:`instance_difference`);
+    ``None``: nothing to say. Another ``sys`` is said, not refused: the fingerprint of the same physics changes with
+    a brax or MuJoCo upgrade, or with 64-bit JAX switched, too, which must not lock a run away."""
+    difference = instance_difference(recorded, given)
+    if difference == "physics":
+        (_, theirs), (_, mine) = _split_physics(recorded), _split_physics(given)
+        going_on = ("resuming continues on the physics given" if resuming else
+                    "its policy is evaluated on the physics given")
+        return (f"{file} ran the brax env instance {recorded!r}; the instance given, {given!r}, has other physics: "
+                f"its sys (brax System) differs from the one the file ran (fingerprint {mine}, the file's {theirs}), "
+                f"and {going_on}. If that is not what you meant, pass the instance the file ran; the fingerprint of "
+                f"the same physics changes too with a brax or MuJoCo upgrade, and with 64-bit JAX switched on or off "
+                f"where the sys was edited with values that round otherwise")
+    if difference == "unchecked":
+        (_, theirs) = _split_physics(recorded)
+        why = ("as jes named an instance before it recorded a fingerprint of its physics" if theirs is None else
+               f"with a fingerprint of another scheme ({theirs}; this jes writes scheme {PHYSICS_SCHEME})")
+        return (f"{file} ran the brax env instance {recorded!r}, named {why}: jes cannot check that the instance "
+                f"given now, {given!r}, has the physics it ran; {'resuming' if resuming else 'evaluating'} on it "
+                f"as given")
+    return None
+
+
 def _registry_name(env: Any) -> str | None:
     return next((n for n, cls in _import_brax_envs()._envs.items() if type(env) is cls), None)
 
@@ -278,7 +505,8 @@ def name_of(env: Any) -> str:
     those of the env the name alone builds (read back from the ``_<argument>`` attributes brax's envs keep:
     ``"brax/inverted_pendulum?backend=spring&n_frames=1"``). The name is verified by building the env from it and
     comparing every attribute; an env it does not rebuild (a changed ``sys``, an attribute set after construction,
-    an argument a name cannot hold, a class of one's own) is named with :data:`INSTANCE_SUFFIX`.
+    an argument a name cannot hold, a class of one's own) is named with :data:`INSTANCE_SUFFIX` and its
+    :func:`physics_fingerprint` (:func:`instance_name`).
     """
     arguments, closed = _constructor_arguments(type(env))
     backend = vars(env).get("_backend") if "backend" in arguments else None   # brax's toy env "fast" keeps none
@@ -286,7 +514,7 @@ def name_of(env: Any) -> str:
     options = dict(plain)
     base = _registry_name(env)
     if base is None:
-        return canonical_name(type(env).__name__, options) + INSTANCE_SUFFIX
+        return instance_name(canonical_name(type(env).__name__, options), env)
     rebuilds = False
     try:
         fresh = _build(base, options)
@@ -306,7 +534,7 @@ def name_of(env: Any) -> str:
     except Exception:  # noqa: BLE001 - a value a name cannot hold, or an env its name does not build: an instance
         rebuilds = False
     name = canonical_name(base, options)
-    return name if rebuilds else name + INSTANCE_SUFFIX
+    return name if rebuilds else instance_name(name, env)
 
 
 def refuse_wrapper(env: Any) -> None:
@@ -349,10 +577,16 @@ class BraxEnv:
 
     Raises:
         TypeError: a brax wrapper (:func:`refuse_wrapper`).
+        ValueError: an env built with ``n_frames`` < 1 (it would never move) or a negative or infinite
+            ``reset_noise_scale`` (no reset noise).
     """
 
     def __init__(self, env: Any, name: str | None = None):
         refuse_wrapper(env)
+        for key in _VALUE_CHECKED:   # an object built so (a name's options are refused before the env is built)
+            problem = _value_problem(key, vars(env).get("_" + key))
+            if problem is not None:
+                raise ValueError(f"brax env {type(env).__name__}: {problem}")
         self.env = env
         self.backend = getattr(env, "backend", None)
         self.name = name or name_of(env)
