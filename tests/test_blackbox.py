@@ -879,6 +879,17 @@ def test_a_list_of_numbers_x0_is_one_vector():
     assert isinstance(tree.x, list) and tree.x[0].shape == (2,) and tree.x[1].shape == ()
     es = jes.AskTell("snes", x0=[1.0, 2.0, 3.0], num_members=6)
     assert es.ask(es.init(0)).shape == (6, 3)
+    # 0-d arrays are scalars too, alone or mixed with Python numbers ([jnp.mean(a), 2.0] was a list of two leaves)
+    for x0 in ([jnp.float32(1.0), 2.0], [jnp.array(1.0), jnp.array(2.0)], [np.array(1.0, np.float32), 2.0]):
+        seen = []
+        r = jes.optimize(lambda x: seen.append(type(x)) or float(x @ x), x0, "cma_es", minimize=True,
+                         num_generations=2, host=True)
+        assert set(seen) == {np.ndarray} and r.x.shape == (2,)
+        pair = jes.AskTell("snes", x0=x0, num_members=6)
+        assert pair.ask(pair.init(0)).shape == (6, 2)
+    nested = jes.optimize(lambda p: jnp.sum(jnp.asarray(p) ** 2), [[1.0, 2.0], [3.0, 4.0]], "cma_es", minimize=True,
+                          num_generations=2)
+    assert isinstance(nested.x, list) and isinstance(nested.x[0], list) and len(nested.x[0]) == 2
 
 
 # ------------------------------------------------------------------ restarts: callback records
@@ -909,6 +920,25 @@ def test_ars_in_x64_mode_keeps_its_float64_weights():
         state = problem.init_state(0)
         weights = problem.weights(state, jnp.arange(problem.config.num_members, dtype=jnp.float64))
         assert weights.dtype == jnp.float64
+
+
+def test_a_float32_x0_with_float64_fitness_in_x64_mode_stays_float32():
+    """x64 mode, a float32 mean and float64 fitness (NumPy's default; a JAX function computing in float64): ars's
+    weights (fitness differences) and z_score's are float64, and padding them in their own dtype made a float64 step
+    and mean, which the update's cond refused against the float32 state (TypeError). They are padded in float32
+    where the mean is float32, as before, with no FutureWarning."""
+    with jax.enable_x64(True), warnings.catch_warnings():
+        warnings.simplefilter("error", FutureWarning)
+        for strategy, shaping in (("ars", {}), ("openai_es", dict(fitness_shaping="z_score"))):
+            es = jes.AskTell(strategy, jnp.ones(4, jnp.float32), num_members=8, minimize=True, **shaping)
+            state = start = es.init(0)
+            for _ in range(2):
+                state, info = es.tell(state, np.sum(np.asarray(es.ask(state), np.float64) ** 2, axis=1))
+            assert state.params.dtype == jnp.float32 and int(state.generation) == 2
+            assert not np.array_equal(state.params, start.params) and np.isfinite(state.params).all()
+            r = jes.optimize(lambda x: jnp.sum(x.astype(jnp.float64) ** 2), jnp.ones(4, jnp.float32), strategy,
+                             minimize=True, num_members=8, num_generations=2, **shaping)
+            assert r.x.dtype == jnp.float32 and r.stop_reason == "num_generations"
 
 
 # ------------------------------------------------------------------ messages
