@@ -453,7 +453,12 @@ class Generation(CompiledPrograms):
         shaped = jax.lax.cond(jnp.isfinite(fitness).all(), weigh, skip, fitness)
 
         def pad(leaf):
-            padded = jnp.zeros(self.padded_chunks * self.chunk_size, jnp.float32).at[:n].set(leaf)
+            # float64 only where the weights and the mean are (x64 mode: ARS's fitness differences, z_score shaping
+            # of float64 fitness), else float32, cast explicitly (a float64 leaf set into a float32 buffer is a JAX
+            # FutureWarning): a float64 step on a float32 mean would make the update's cond branches differ
+            wide = leaf.dtype == jnp.float64 and state.params.dtype == jnp.float64
+            dtype = jnp.float64 if wide else jnp.float32
+            padded = jnp.zeros(self.padded_chunks * self.chunk_size, dtype).at[:n].set(leaf.astype(dtype))
             return padded.reshape(self.padded_chunks, self.chunk_size)
 
         return jax.tree.map(pad, shaped)

@@ -1,6 +1,7 @@
 """jes.optimize's stop criteria and restarts (IPOP / BIPOP), and float64 fitness (jes/blackbox.py).
 (The strategies through optimize / AskTell: tests/test_strategies.py, tests/test_cma_es.py.)"""
 import math
+import os
 import re
 import warnings
 
@@ -67,7 +68,7 @@ def test_a_function_that_is_not_jax_code_or_returns_no_number_gets_a_clear_error
                                             r"host=True to call it as plain Python / NumPy code"):
             jes.optimize(fn, jnp.ones(3), "snes", minimize=True, num_generations=2)
     assert jes.optimize(numpy_fn, jnp.ones(3), "snes", minimize=True, num_generations=2, host=True).num_evaluations
-    for returned, shown in ((None, "None"), ("a", "'a'"), (1j, "complex64"), (True, "bool")):
+    for returned, shown in ((None, "None"), ("a", "str 'a'"), (1j, "complex64"), (True, "bool")):
         with pytest.raises(TypeError, match=f"fitness_fn must return a real number, got {shown}"):
             jes.optimize(lambda x, r=returned: r, jnp.ones(3), "snes", num_generations=2)
     assert jes.optimize(lambda x: jnp.int32(3), jnp.ones(3), "snes", num_generations=2).value == 3.0
@@ -670,3 +671,297 @@ def test_a_nan_target_is_refused():
         with pytest.raises(ValueError, match=r"target is NaN, which no value reaches .* or target=None for no target"):
             jes.optimize(sphere if not host else (lambda x: float(np.sum(x ** 2))), jnp.ones(3), "snes",
                          num_generations=2, target=float("nan"), host=host)
+
+
+# ------------------------------------------------------------------ results across processes
+WORKER_SCRIPT = '''
+import multiprocessing
+import sys
+
+import numpy as np
+
+
+def job(name):
+    import jax.numpy as jnp
+    import jes
+    if name == "sphere":  # a lambda (and _flatten_x0's own) in the result's problem
+        return jes.optimize(lambda x: jnp.sum(x ** 2), 3 * jnp.ones(3), "snes", minimize=True, num_generations=30)
+    return jes.optimize(lambda x: float("nan") if np.sum(x ** 2) < 4.0 else float(np.sum(x ** 2)),
+                        3 * np.ones(3, np.float32), "snes", minimize=True, num_generations=300, host=True)
+
+
+if __name__ == "__main__":
+    import jes
+    with multiprocessing.get_context("spawn").Pool(1) as pool:
+        result = pool.apply_async(job, ("sphere",)).get(timeout=float(sys.argv[1]))
+        assert isinstance(result, jes.OptimizeResult) and result.problem is None, result
+        np.testing.assert_array_equal(result.x, job("sphere").x)  # the worker's bits, unpickled
+        try:
+            pool.apply_async(job, ("nan",)).get(timeout=float(sys.argv[1]))
+        except jes.NonFiniteValueError as err:
+            assert err.member >= 0 and err.result.stop_reason == "non_finite" and err.result.problem is None
+            assert str(err).startswith(f"generation {err.generation}: member {err.member} has a non-finite value")
+        else:
+            raise AssertionError("the worker's NonFiniteValueError did not reach the caller")
+    print("results and errors came back")
+'''
+
+
+def test_results_and_errors_pickle_and_deepcopy():
+    """A result (and a NonFiniteValueError, which holds one) pickles without its problem, which holds the user's
+    function and compiled programs: problem is None after unpickling, every other field is the same; deepcopy keeps
+    (shares) the problem."""
+    import copy
+    import pickle
+
+    r = jes.optimize(lambda x: jnp.sum(x ** 2), 3 * jnp.ones(3), "cma_es", minimize=True, num_generations=5)
+    back = pickle.loads(pickle.dumps(r))
+    assert back.problem is None and r.problem is not None
+    _same(r, back)
+    deep = copy.deepcopy(r)
+    assert deep.problem is r.problem and deep.history is not r.history
+    _same(r, deep)
+    assert copy.copy(r).problem is r.problem
+    with pytest.raises(jes.NonFiniteValueError) as caught:
+        jes.optimize(lambda x: jnp.where(jnp.sum(x ** 2) < 4.0, jnp.nan, jnp.sum(x ** 2)), 3 * jnp.ones(3), "snes",
+                     minimize=True, num_generations=300)
+    for err in (pickle.loads(pickle.dumps(caught.value)), copy.deepcopy(caught.value)):
+        assert type(err) is jes.NonFiniteValueError and str(err) == str(caught.value)
+        assert (err.generation, err.member) == (caught.value.generation, caught.value.member)
+        _same(err.result, caught.value.result)
+
+
+@pytest.mark.hard_timeout(660)
+def test_a_multiprocessing_worker_returns_a_result_and_raises_a_non_finite_value_error(tmp_path):
+    """One problem per process, as COCO sweeps run: the result and the error come back through a spawn Pool."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "workers.py"
+    script.write_text(WORKER_SCRIPT)
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p))
+    try:
+        done = subprocess.run([sys.executable, str(script), "240"], env=env, capture_output=True, text=True,
+                              timeout=600)
+    except subprocess.TimeoutExpired as e:
+        pytest.fail(f"the multiprocessing script ran past 600 s: {e.stdout}\n{e.stderr}")
+    assert done.returncode == 0 and "results and errors came back" in done.stdout, done.stdout + done.stderr
+
+
+# ------------------------------------------------------------------ the initial sigma
+OWN_SIGMAS = {"cma_es": "sigma_init", "sep_cma_es": "sigma_init", "snes": "sigma_init", "pgpe": "stdev_init",
+              "ars": "noise_std_init"}
+
+
+@pytest.mark.parametrize("name, field", OWN_SIGMAS.items())
+def test_a_strategys_own_initial_sigma_and_noise_std_are_not_both_taken(name, field):
+    """CMAES(sigma_init=...) silently beat noise_std=...: both given is refused, naming the field; either alone is
+    the same run (pycma's one sigma0)."""
+    assert {n: jes.strategies.get(n).sigma_field for n in jes.strategies.names()
+            if jes.strategies.get(n).sigma_field} == OWN_SIGMAS
+    own = jes.strategies.get(name, **{field: 0.5})
+    with pytest.raises(ValueError, match=rf"noise_std=0.01 and \w+\({field}=0.5\) both set the initial sigma, and "
+                                         rf"the strategy's would win; give one of them"):
+        jes.optimize(sphere, jnp.ones(4), own, minimize=True, noise_std=0.01, num_generations=2)
+    with pytest.raises(ValueError, match="both set the initial sigma"):
+        jes.AskTell(own, jnp.ones(4), num_members=8, noise_std=0.01)
+    if name != "sep_cma_es":  # its noise_std is scaled by sigma_scale (1 for functions, the same run)
+        with_field = jes.optimize(sphere, jnp.ones(4), own, minimize=True, num_generations=3, num_members=8)
+        with_noise_std = jes.optimize(sphere, jnp.ones(4), name, minimize=True, num_generations=3, num_members=8,
+                                      noise_std=0.5)
+        np.testing.assert_array_equal(with_field.x, with_noise_std.x)
+
+
+def test_restarts_scale_the_sigma_actually_used_and_record_it():
+    """BIPOP's small runs start at sigma0 * 10^(-2 u'), sigma0 a strategy's own sigma_init as much as noise_std (the
+    small runs of CMAES(sigma_init=1) all started at 1); runs[i]["noise_std"] is the sigma the run started from
+    (sep_cma_es: sigma_scale * noise_std); and a small run is the run of that sigma alone."""
+    common = dict(minimize=True, key=0, restarts="bipop", max_evaluations=3000)
+    by_field = jes.optimize(rastrigin, 3 * jnp.ones(3), jes.strategies.CMAES(sigma_init=1.0), **common)
+    by_noise_std = jes.optimize(rastrigin, 3 * jnp.ones(3), "cma_es", noise_std=1.0, **common)
+    assert by_field.runs == by_noise_std.runs
+    _same(by_field, by_noise_std)
+    small = [(k, run) for k, run in enumerate(by_field.runs) if run["noise_std"] < 1.0]
+    assert small and all(run["noise_std"] == 1.0 for k, run in enumerate(by_field.runs) if (k, run) not in small)
+    k, run = small[0]
+    alone = jes.optimize(rastrigin, 3 * jnp.ones(3), jes.strategies.CMAES(sigma_init=run["noise_std"]),
+                         minimize=True, key=restart_key(0, k), num_members=run["population"], stop=StopCriteria(),
+                         num_generations=run["generations"])
+    assert alone.value == run["value"] and alone.num_evaluations == run["evaluations"]
+    scaled = jes.optimize(sphere, jnp.ones(3), jes.strategies.SepCMAES(sigma_scale=2.0), minimize=True,
+                          noise_std=0.5, restarts="ipop", max_restarts=1, max_evaluations=500)
+    assert [run["noise_std"] for run in scaled.runs] == [1.0] * len(scaled.runs)
+    start = jes.AskTell(jes.strategies.SepCMAES(sigma_scale=2.0), jnp.ones(3), noise_std=0.5).init(0)
+    assert float(start.strategy.sigma) == 1.0
+
+
+# ------------------------------------------------------------------ ask/tell: what tell takes
+def test_tell_raises_on_a_non_finite_value_outside_jit_as_optimize_stops():
+    """A NaN left the state unchanged and ask gave the same members forever, silently: called with concrete values
+    tell raises NonFiniteValueError (generation, member; the state held is the last good one); traced (inside the
+    user's jit) it cannot, and info says so."""
+    es = jes.AskTell("cma_es", x0=3 * jnp.ones(5), num_members=8, minimize=True, noise_std=0.5)
+    state = es.init(0)
+    state, _ = es.tell(state, np.sum(np.asarray(es.ask(state)) ** 2, axis=1))
+    losses = np.sum(np.asarray(es.ask(state)) ** 2, axis=1)
+    losses[[2, 5]] = np.nan
+    for told in (losses, jnp.asarray(losses), list(losses)):
+        with pytest.raises(jes.NonFiniteValueError, match=r"AskTell.tell, generation 2: 2 of 8 fitness values are "
+                                                          r"not finite \(member 2: nan\); .* no update was made") as e:
+            es.tell(state, told)
+        assert (e.value.generation, e.value.member, e.value.result) == (2, 2, None)
+    same, info = jax.jit(es.tell)(state, losses)
+    assert int(info["bad_member"]) == 2 and int(same.generation) == int(state.generation)
+    # an update that overflows: raw fitness shaping of huge values
+    raw = jes.AskTell("openai_es", x0=jnp.zeros(3), num_members=8, fitness_shaping="raw")
+    with pytest.raises(jes.NonFiniteValueError, match=r"generation 1: the strategy's update is not finite") as e:
+        raw.tell(raw.init(0), np.array([3e38, -3e38] * 4, np.float32))
+    assert e.value.member == -1
+
+
+def test_tell_checks_its_fitness_as_optimize_checks_a_functions_values():
+    """bool, complex and any shape of the right size were taken: the check is optimize's."""
+    es = jes.AskTell("cma_es", x0=jnp.ones(4), num_members=8, minimize=True)
+    state = es.init(0)
+    losses = np.sum(np.asarray(es.ask(state)) ** 2, axis=1)
+    for told, error, message in ((losses > 4, TypeError, "got bool"), (losses + 1j, TypeError, "got complex"),
+                                 (losses.reshape(2, 4), ValueError, r"one fitness value per member \(8\), got shape "
+                                                                    r"\(2, 4\)"),
+                                 (losses[:, None], ValueError, r"got shape \(8, 1\)"),
+                                 (None, TypeError, "got None"), ("abc", TypeError, "got str 'abc'")):
+        with pytest.raises(error, match="tell takes .*" + message):
+            es.tell(state, told)
+    with pytest.raises(TypeError, match="got bool"):
+        jax.jit(es.tell)(state, jnp.asarray(losses > 4))
+    plain, _ = es.tell(state, losses.astype(np.float32))
+    for same in (list(losses.astype(np.float32)), jnp.asarray(losses, jnp.float32), (100 * losses).astype(np.int32)):
+        told, _ = es.tell(state, same)
+        if not np.issubdtype(np.asarray(same).dtype, np.integer):
+            np.testing.assert_array_equal(es.mean(told), es.mean(plain))
+
+
+# ------------------------------------------------------------------ x0
+def test_an_integer_x0_is_searched_in_the_modes_float():
+    """x64 mode searched an integer x0 in float32 (silently: a bbob offset never reached 1e-8); it is float64 now,
+    as a float64 x0 is. Without x64 it is float32, with no warning (nothing float64 was asked for)."""
+    x0 = np.array([1, 2, 3, 0, 1])
+    with jax.enable_x64(True):
+        r = jes.optimize(lambda x: jnp.sum((x - 0.3) ** 2) + OFFSET, x0, "cma_es", minimize=True,
+                         max_evaluations=3000, target=OFFSET + 1e-8)
+        assert r.x.dtype == np.float64 and r.stop_reason == "target"
+        assert jes.AskTell("snes", x0=[1, 2, 3]).mean(jes.AskTell("snes", x0=[1, 2, 3]).init(0)).dtype == np.float64
+        assert jes.AskTell("snes", x0={"a": np.ones(2, np.float32), "b": 1}).init(0).params.dtype == np.float32
+    if not jax.config.jax_enable_x64:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            r = jes.optimize(sphere, x0, "cma_es", minimize=True, num_generations=3)
+        assert r.x.dtype == np.float32
+
+
+def test_a_list_of_numbers_x0_is_one_vector():
+    """pycma's x0=[1.0, 2.0, 3.0] reached the function as a list (of tracers, or of 0-d NumPy arrays): a list or
+    tuple of numbers is one 1-D vector now (the same run as the array); a list of arrays is still a pytree."""
+    vector = jes.optimize(sphere, jnp.array([1.0, 2.0, 3.0]), "cma_es", minimize=True, num_generations=5)
+    for x0 in ([1.0, 2.0, 3.0], (1.0, 2.0, 3.0), [1, 2.0, np.float32(3.0)]):
+        r = jes.optimize(sphere, x0, "cma_es", minimize=True, num_generations=5)
+        assert isinstance(r.x, jax.Array) and r.x.shape == (3,)
+        np.testing.assert_array_equal(r.x, vector.x)
+    seen = []
+    host = jes.optimize(lambda x: seen.append(type(x)) or float(x @ x), [1.0, 2.0, 3.0], "cma_es", minimize=True,
+                        num_generations=5, host=True)
+    assert set(seen) == {np.ndarray}
+    array = jes.optimize(lambda x: float(x @ x), np.array([1.0, 2.0, 3.0], np.float32), "cma_es", minimize=True,
+                         num_generations=5, host=True)
+    np.testing.assert_array_equal(host.x, array.x)
+    tree = jes.optimize(lambda p: jnp.sum(p[0] ** 2) + p[1] ** 2, [jnp.ones(2), jnp.float32(1.0)], "cma_es",
+                        minimize=True, num_generations=2)
+    assert isinstance(tree.x, list) and tree.x[0].shape == (2,) and tree.x[1].shape == ()
+    es = jes.AskTell("snes", x0=[1.0, 2.0, 3.0], num_members=6)
+    assert es.ask(es.init(0)).shape == (6, 3)
+    # 0-d arrays are scalars too, alone or mixed with Python numbers ([jnp.mean(a), 2.0] was a list of two leaves)
+    for x0 in ([jnp.float32(1.0), 2.0], [jnp.array(1.0), jnp.array(2.0)], [np.array(1.0, np.float32), 2.0]):
+        seen = []
+        r = jes.optimize(lambda x: seen.append(type(x)) or float(x @ x), x0, "cma_es", minimize=True,
+                         num_generations=2, host=True)
+        assert set(seen) == {np.ndarray} and r.x.shape == (2,)
+        pair = jes.AskTell("snes", x0=x0, num_members=6)
+        assert pair.ask(pair.init(0)).shape == (6, 2)
+    nested = jes.optimize(lambda p: jnp.sum(jnp.asarray(p) ** 2), [[1.0, 2.0], [3.0, 4.0]], "cma_es", minimize=True,
+                          num_generations=2)
+    assert isinstance(nested.x, list) and isinstance(nested.x[0], list) and len(nested.x[0]) == 2
+
+
+# ------------------------------------------------------------------ restarts: callback records
+def test_callback_records_of_restarted_runs_are_the_history_rows():
+    """A record's generation restarted at 1 with each run while the history (and NonFiniteValueError) numbered on:
+    records are the history's rows now, with run_generation the generation within the run."""
+    records = []
+    r = jes.optimize(rastrigin, 3 * jnp.ones(3), "cma_es", minimize=True, noise_std=2.0, restarts="ipop",
+                     max_evaluations=2000, callbacks=[records.append])
+    assert len(r.runs) > 1
+    for k in ("generation", "evaluations", "run"):
+        assert [record[k] for record in records] == r.history[k].tolist(), k
+    within = [g for run in r.runs for g in range(1, run["generations"] + 1)]
+    assert [record["run_generation"] for record in records] == within
+
+
+# ------------------------------------------------------------------ ars in x64 mode
+def test_ars_in_x64_mode_keeps_its_float64_weights():
+    """ARS's weights (fitness differences) are float64 in x64 mode: the generation padded them into a float32 buffer
+    (a JAX FutureWarning that becomes an error in later JAX, and a silent narrowing)."""
+    with jax.enable_x64(True), warnings.catch_warnings():
+        warnings.simplefilter("error", FutureWarning)
+        for host in (False, True):
+            fn = (lambda x: float(np.sum(x ** 2))) if host else sphere
+            r = jes.optimize(fn, np.ones(4), "ars", minimize=True, num_generations=3, host=host)
+            assert r.x.dtype == np.float64
+        problem = r.problem
+        state = problem.init_state(0)
+        weights = problem.weights(state, jnp.arange(problem.config.num_members, dtype=jnp.float64))
+        assert weights.dtype == jnp.float64
+
+
+def test_a_float32_x0_with_float64_fitness_in_x64_mode_stays_float32():
+    """x64 mode, a float32 mean and float64 fitness (NumPy's default; a JAX function computing in float64): ars's
+    weights (fitness differences) and z_score's are float64, and padding them in their own dtype made a float64 step
+    and mean, which the update's cond refused against the float32 state (TypeError). They are padded in float32
+    where the mean is float32, as before, with no FutureWarning."""
+    with jax.enable_x64(True), warnings.catch_warnings():
+        warnings.simplefilter("error", FutureWarning)
+        for strategy, shaping in (("ars", {}), ("openai_es", dict(fitness_shaping="z_score"))):
+            es = jes.AskTell(strategy, jnp.ones(4, jnp.float32), num_members=8, minimize=True, **shaping)
+            state = start = es.init(0)
+            for _ in range(2):
+                state, info = es.tell(state, np.sum(np.asarray(es.ask(state), np.float64) ** 2, axis=1))
+            assert state.params.dtype == jnp.float32 and int(state.generation) == 2
+            assert not np.array_equal(state.params, start.params) and np.isfinite(state.params).all()
+            r = jes.optimize(lambda x: jnp.sum(x.astype(jnp.float64) ** 2), jnp.ones(4, jnp.float32), strategy,
+                             minimize=True, num_members=8, num_generations=2, **shaping)
+            assert r.x.dtype == jnp.float32 and r.stop_reason == "num_generations"
+
+
+# ------------------------------------------------------------------ messages
+def test_messages_name_the_cause():
+    """jnp.nonzero without size= was reported as turning a traced value into NumPy; a loss maximised by mistake
+    ended in a NaN error with no hint; a host function returning None or a string was 'got object' / 'got <U3'."""
+    for fn in (lambda x: jnp.sum(jnp.nonzero(x > 0)[0]), lambda x: jnp.sum(x[x > 0])):
+        with pytest.raises(TypeError, match=r"fitness_fn is traced by JAX .* it makes one whose shape depends on them "
+                                            r"\(JAX: .*\): give such a function a static size \(jnp.nonzero\(x, "
+                                            r"size=n, fill_value=0\)"):
+            jes.optimize(fn, jnp.ones(5), "snes", minimize=True, num_generations=2)
+    with pytest.raises(TypeError, match=r"write it with jax.numpy, .* \(JAX: The problem arose with the `float` "
+                                        r"function"):
+        jes.optimize(lambda x: float(jnp.sum(x)), jnp.ones(5), "snes", num_generations=2)
+    with pytest.raises(jes.NonFiniteValueError, match=r"The run was maximising fitness_fn \(jes's default\) and f at "
+                                                      r"the mean grew from \S+ to \S+: if it is a loss, pass "
+                                                      r"minimize=True") as caught:
+        jes.optimize(sphere, jnp.ones(5), "cma_es", max_evaluations=20_000)
+    assert caught.value.result.direction == "maximize"
+    with pytest.raises(jes.NonFiniteValueError) as caught:  # no hint where the run did not diverge upwards
+        jes.optimize(lambda x: jnp.where(jnp.sum(x ** 2) < 0.05, jnp.nan, jnp.sum(x ** 2)), jnp.ones(3), "snes",
+                     minimize=True, num_generations=300, key=3)
+    assert "minimize=True" not in str(caught.value)
+    for returned, shown in ((None, "got None"), ("1.0", "got str '1.0'"), ({"f": 1.0}, "got dict {'f': 1.0}")):
+        with pytest.raises(TypeError, match=f"fitness_fn must return a real number, {re.escape(shown)}"):
+            jes.optimize(lambda x, r=returned: r, np.ones(3, np.float32), "cma_es", num_generations=2, host=True)

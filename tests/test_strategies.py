@@ -199,7 +199,10 @@ def test_ask_tell_on_a_pytree_and_non_finite_fitness():
     state = es.init(0)
     xs = es.ask(state)
     assert xs["w"].shape == (6, 2, 3) and xs["b"].shape == (6, 3)
-    bad, info = es.tell(state, jnp.array([1.0, jnp.nan, 0, 0, 0, 0]))
+    fitness = jnp.array([1.0, jnp.nan, 0, 0, 0, 0])
+    with pytest.raises(jes.NonFiniteValueError, match=r"1 of 6 fitness values are not finite \(member 1: nan\)"):
+        es.tell(state, fitness)  # concrete values: raised, as optimize stops
+    bad, info = jax.jit(es.tell)(state, fitness)  # traced: the state comes back unchanged, info says why
     assert int(info["bad_member"]) == 1 and int(bad.generation) == 0
     np.testing.assert_array_equal(bad.params, state.params)
 

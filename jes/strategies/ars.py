@@ -45,6 +45,7 @@ class ARS(Strategy):
     noise_std_init: float | None = None
 
     name = "ars"
+    sigma_field = "noise_std_init"
     isotropic = True
     PER_USE_DEFAULTS: ClassVar[dict] = {"step_size": (1.0, 0.1)}
 
@@ -75,7 +76,7 @@ class ARS(Strategy):
         return max(1, num_members // 4) if self.top_directions is None else self.top_directions
 
     def init(self, ctx, mean):
-        nu = ctx.initial_noise_std if self.noise_std_init is None else float(self.noise_std_init)
+        nu = self.initial_sigma(ctx.initial_noise_std)
         return ARSState(mean=mean, noise_std=jnp.float32(nu))
 
     def noise_std(self, ctx, state, generation):

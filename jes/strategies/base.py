@@ -89,6 +89,8 @@ class Strategy:
     default_optimizer: ClassVar[str | None] = None
     # Optimizer jes.optimize/AskTell use when none is given (None: default_optimizer).
     blackbox_optimizer: ClassVar[str | None] = None
+    # The field that sets the initial sigma in place of ESConfig.noise_std (None: the strategy has none).
+    sigma_field: ClassVar[str | None] = None
 
     # ------------------------------------------------------------- run shape
     def antithetic(self, requested: bool) -> bool:
@@ -144,6 +146,17 @@ class Strategy:
                     raise ValueError(f"{self.name} {name} must be True or False (or None for the default), got {value!r}")
             elif not value > 0:
                 raise ValueError(f"{self.name} {name} must be positive (or None for the default), got {value}")
+
+    def own_sigma(self) -> float | None:
+        """The initial sigma this strategy object sets itself (its :attr:`sigma_field`, e.g.
+        ``CMAES(sigma_init=0.5)``), or ``None``: it starts from ``ESConfig.noise_std``."""
+        return None if self.sigma_field is None else getattr(self, self.sigma_field)
+
+    def initial_sigma(self, noise_std: float) -> float:
+        """The sigma :meth:`init` starts from when ``ESConfig.noise_std`` is ``noise_std`` (a number): the
+        strategy's own field when set, else ``noise_std``."""
+        own = self.own_sigma()
+        return float(noise_std) if own is None else float(own)
 
     # ------------------------------------------------------------- algorithm
     def init(self, ctx: Context, mean: jax.Array) -> Any:

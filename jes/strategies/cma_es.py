@@ -64,6 +64,7 @@ class CMAES(Strategy):
     max_params: int = MAX_PARAMS
 
     name = "cma_es"
+    sigma_field = "sigma_init"
 
     def antithetic(self, requested: bool) -> bool:
         return False  # mirrored samples bias the rank-mu estimate of the covariance
@@ -113,7 +114,7 @@ class CMAES(Strategy):
         return self.constants(d, n)["eigen_interval"] if self.eigen_interval is None else int(self.eigen_interval)
 
     def init(self, ctx, mean):
-        sigma = ctx.initial_noise_std if self.sigma_init is None else float(self.sigma_init)
+        sigma = self.initial_sigma(ctx.initial_noise_std)
         d, dtype = mean.shape[0], mean.dtype
         eye = jnp.eye(d, dtype=dtype)
         zeros = jnp.zeros_like(mean)

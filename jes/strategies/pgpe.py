@@ -61,6 +61,7 @@ class PGPE(Strategy):
     stdev_min: float = 1e-12
 
     name = "pgpe"
+    sigma_field = "stdev_init"
     uses_optimizer = True
     default_optimizer = "clipup"
     # ClipUp's fixed speed cannot settle closer to an optimum than its learning rate; for function
@@ -93,7 +94,7 @@ class PGPE(Strategy):
             raise ValueError("pgpe needs stdev_max_change > 0 and stdev_lr >= 0")
 
     def init(self, ctx: Context, mean: jax.Array) -> PGPEState:
-        sigma = ctx.initial_noise_std if self.stdev_init is None else float(self.stdev_init)
+        sigma = self.initial_sigma(ctx.initial_noise_std)
         return PGPEState(mean=mean, stdev=jnp.full_like(mean, sigma), opt_state=ctx.optimizer.init(mean))
 
     def noise_std(self, ctx, state, generation):

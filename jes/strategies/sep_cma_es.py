@@ -68,6 +68,7 @@ class SepCMAES(Strategy):
     unbiased_csa: bool | None = None
 
     name = "sep_cma_es"
+    sigma_field = "sigma_init"
     PER_USE_DEFAULTS: ClassVar[dict] = {"mean_lr": (10.0 / 1.5, 1.0), "sigma_scale": (1.5, 1.0),
                                         "unbiased_csa": (True, False)}
 
@@ -103,13 +104,14 @@ class SepCMAES(Strategy):
                     c_1=c_1, c_mu=c_mu, chi_n=chi_n)
 
     def init(self, ctx, mean):
-        if self.sigma_init is None:
-            sigma = ctx.initial_noise_std * self.resolved("sigma_scale")
-        else:
-            sigma = float(self.sigma_init)
+        sigma = self.initial_sigma(ctx.initial_noise_std)
         zeros = jnp.zeros_like(mean)
         return SepCMAState(mean=mean, sigma=jnp.asarray(sigma, mean.dtype), diag_c=jnp.ones_like(mean), path_sigma=zeros,
                            path_c=zeros)
+
+    def initial_sigma(self, noise_std: float) -> float:
+        """``sigma_init``, else ``noise_std * sigma_scale``."""
+        return noise_std * self.resolved("sigma_scale") if self.sigma_init is None else float(self.sigma_init)
 
     def noise_std(self, ctx, state, generation):
         return state.sigma * jnp.sqrt(state.diag_c).mean()

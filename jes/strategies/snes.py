@@ -83,6 +83,7 @@ class SNES(Strategy):
     linear_utilities: bool | None = None
 
     name = "snes"
+    sigma_field = "sigma_init"
     PER_USE_DEFAULTS: ClassVar[dict] = {"mean_lr": (20.0, 1.0), "linear_utilities": (True, False)}
 
     def antithetic(self, requested: bool) -> bool:
@@ -97,7 +98,7 @@ class SNES(Strategy):
         return (3 + math.log(d)) / (5 * math.sqrt(d)) if self.sigma_lr is None else float(self.sigma_lr)
 
     def init(self, ctx, mean):
-        sigma = ctx.initial_noise_std if self.sigma_init is None else float(self.sigma_init)
+        sigma = self.initial_sigma(ctx.initial_noise_std)
         return SNESState(mean=mean, sigma=jnp.full_like(mean, sigma))
 
     def noise_std(self, ctx, state, generation):
