@@ -29,7 +29,7 @@ from jes.cpu import compiler_options
 from jes.generation import ChunkResults, Generation, TrainState, as_key
 from jes.logging import check_callbacks
 from jes.strategies import get as get_strategy
-from jes.strategies.base import check_settings_apply
+from jes.strategies.base import both_sigmas, check_settings_apply
 from jes.threefry import lower_unrolled
 
 
@@ -396,13 +396,11 @@ def _noise_std(strategy, noise_std: Any) -> Any:
     strategy object's own initial sigma where it sets one (``CMAES(sigma_init=...)``: ``ESConfig.noise_std`` is
     then not read by it), else ``DEFAULT_NOISE_STD``. Both given is refused: one of them would be ignored (pycma
     takes one ``sigma0``)."""
-    own = strategy.own_sigma()
     if noise_std is None:
         return DEFAULT_NOISE_STD
-    if own is not None:
-        raise ValueError(f"noise_std={noise_std!r} and {type(strategy).__name__}({strategy.sigma_field}={own!r}) both "
-                         f"set the initial sigma, and the strategy's would win; give one of them: drop noise_std, or "
-                         f"the strategy's {strategy.sigma_field}")
+    refused = both_sigmas(strategy, noise_std)
+    if refused is not None:
+        raise ValueError(refused)
     return noise_std
 
 

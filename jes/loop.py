@@ -31,7 +31,7 @@ from jes.envs import gymnasium as gymnasium_envs
 from jes.envs.spec import maps_box_otherwise_than_before
 from jes.generation import Trainer, TrainState, as_key, fetch, localize, run_learning_rate
 from jes import strategies
-from jes.strategies.base import ignored_settings
+from jes.strategies.base import both_sigmas, ignored_settings
 from jes.host_step import HostGeneration
 from jes.trained import ActionMap, TrainedPolicy
 
@@ -449,6 +449,8 @@ def train(
                       rollout_min_batch=rollout_min_batch, strategy=strategy)
     ignored = ignored_settings(trainer.strategy, config.learning_rate, config.weight_decay, config.fitness_shaping,
                                config.antithetic)
+    sigmas = both_sigmas(trainer.strategy, overrides["noise_std"]) if "noise_std" in overrides else None
+    ignored = "; and ".join(message for message in (ignored, sigmas) if message) or None
     if ignored is not None and resume is None:
         raise ValueError(ignored)
     if ignored is not None:  # a checkpoint of a jes that took them silently: its run goes on as it was

@@ -50,7 +50,7 @@ from jes.policies import GRUPolicy, MLPPolicy
 from jes.generation import Trainer, TrainState, build_context, check_strategy_supports
 from jes.loop import HISTORY_KEYS, NonFiniteFitnessError, NonFiniteUpdateError, evaluates_centre, run_hparams
 from jes.optimizers import DEFAULT_LEARNING_RATES, resolve_name
-from jes.strategies.base import ignored_settings
+from jes.strategies.base import both_sigmas, ignored_settings
 from jes.threefry import lower_unrolled
 
 # Hyperparameters that live in the TrainState, so different values share one compiled program.
@@ -157,6 +157,8 @@ def check_points(points: list[dict], base: ESConfig, strategy: Any, optimizer: A
                                  f"it, or train the configuration alone with jes.train to stop early")
             ignored = ignored_settings(point_strategy, config.learning_rate, config.weight_decay,
                                        config.fitness_shaping, config.antithetic)
+            sigmas = both_sigmas(point_strategy, point["noise_std"]) if "noise_std" in point else None
+            ignored = "; and ".join(message for message in (ignored, sigmas) if message) or None
             if ignored is not None:
                 if len(strategy_names) > 1:
                     ignored += (f"; this grid crosses strategies {strategy_names}: split it into one sweep per "

@@ -283,6 +283,24 @@ def _no_training(monkeypatch):
     return trained
 
 
+def test_a_noise_std_a_strategy_objects_own_sigma_overrides_is_refused_before_any_point_trains(monkeypatch):
+    """SNES(sigma_init=0.3) starts from its own sigma: a sweep over noise_std ran rows that differed only in their
+    label. Refused, as jes.train and jes.optimize refuse both; a strategy starting from noise_std sweeps it."""
+    trained = _no_training(monkeypatch)
+    with pytest.raises(ValueError, match=r"grid point \(noise_std=0.05\): noise_std=0.05 and SNES\(sigma_init=0.3\) "
+                                         r"both set the initial sigma.*drop noise_std, or the strategy's sigma_init"):
+        jes_sweep.sweep(jes.MLPPolicy((8,)), "CartPole-v1", None, config=BASE, seeds=[0], log_dir=None,
+                        strategy=jes.strategies.SNES(sigma_init=0.3), grid={"noise_std": [0.05, 0.1]})
+    with pytest.raises(ValueError, match=r"grid point \(strategy=CMAES\(.*noise_std=0.05\): noise_std=0.05 and "
+                                         r"CMAES\(sigma_init=0.5\) both set"):
+        jes_sweep.sweep(jes.MLPPolicy((8,)), "CartPole-v1", None, config=BASE, seeds=[0], log_dir=None,
+                        grid={"strategy": ["snes", jes.strategies.CMAES(sigma_init=0.5)], "noise_std": [0.05]})
+    assert not trained
+    with pytest.raises(ValueError, match=r"noise_std=0.05 and SNES\(sigma_init=0.3\) both set the initial sigma"):
+        jes.train(jes.MLPPolicy((8,)), "CartPole-v1", strategy=jes.strategies.SNES(sigma_init=0.3), noise_std=0.05,
+                  num_members=16, num_generations=1, log_dir=None, progress=False)
+
+
 def test_a_learning_rate_a_points_strategy_ignores_is_refused_before_any_point_trains(monkeypatch):
     """snes/ars never read learning_rate: swept, their rows differed only in their label (learning_rate_source
     'grid'); jes.train refuses it, and so does the sweep, naming the point."""

@@ -314,6 +314,18 @@ def ignored_settings(strategy: Strategy, learning_rate: Any, weight_decay: float
     return "; and ".join(messages) or None
 
 
+def both_sigmas(strategy: Strategy, noise_std: Any) -> str | None:
+    """A refusal when ``noise_std`` is given to a strategy object that sets its own initial sigma (e.g.
+    ``CMAES(sigma_init=0.5)``): the strategy's would win and ``noise_std`` would do nothing (rows of a sweep over it
+    would differ only in their label); ``None`` when the strategy starts from ``noise_std``."""
+    own = strategy.own_sigma()
+    if own is None:
+        return None
+    return (f"noise_std={noise_std!r} and {type(strategy).__name__}({strategy.sigma_field}={own!r}) both set the "
+            f"initial sigma, and the strategy's would win; give one of them: drop noise_std, or the strategy's "
+            f"{strategy.sigma_field}")
+
+
 def check_positive_field(strategy: Strategy, field: str, unset: str = "noise_std") -> None:
     """Raise ``ValueError`` unless ``strategy``'s ``field`` is ``None`` (``unset`` stands in) or a positive finite
     number (an initial sigma or a rate: zero, negative, inf or nan would train nothing, or nan)."""
