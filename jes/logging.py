@@ -67,9 +67,11 @@ class Logger:
 
 
 def default_run_name(env_name: str, policy_name: str, optimizer_name: str) -> str:
-    """``<env>-<policy>-<optimizer>-<YYYYmmdd-HHMMSS>``, the directory name under ``runs/``."""
+    """``<env>-<policy>-<optimizer>-<YYYYmmdd-HHMMSS>``, the directory name under ``runs/``; each part is cut to its
+    first 64 characters (a long env instance's or optimizer's name would pass a file system's 255-byte limit on a
+    name, and the run would fail at its first log), and characters other than letters, digits, ``-_.`` are ``_``."""
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
-    safe = lambda s: "".join(c if c.isalnum() or c in "-_." else "_" for c in str(s))
+    safe = lambda s: "".join(c if c.isascii() and (c.isalnum() or c in "-_.") else "_" for c in str(s)[:64])
     return f"{safe(env_name)}-{safe(policy_name)}-{safe(optimizer_name)}-{stamp}"
 
 

@@ -487,3 +487,12 @@ def test_the_hyperparameters_are_recorded_as_the_run_ran_them(tmp_path):
     scalars = jes_logging.read_scalars(log_dir)
     assert [step for step, _ in scalars["population/mean_return"]] == [1, 2, 3]
     assert scalars["es/learning_rate"][0][1] == pytest.approx(0.2)
+
+
+def test_an_auto_run_folder_name_fits_a_file_systems_name_limit():
+    """A long env name (a user's env instance's repr) or optimizer label made runs/<auto> longer than 255 bytes:
+    the run failed at its first log with ENAMETOOLONG."""
+    name = jes.logging.default_run_name("MyEnv(" + "option=1, " * 40 + ")", "Policy" * 30, "adam(schedule=é" + "x" * 90)
+    assert len(name.encode()) < 255 - 8 and name.startswith("MyEnv_option_1__option_1_"), name
+    assert "-PolicyPolicy" in name and "-adam_schedule__xx" in name and name.isascii()
+    assert jes.logging.default_run_name("CartPole-v1", "MLPPolicy", "adam").startswith("CartPole-v1-MLPPolicy-adam-")
