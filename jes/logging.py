@@ -15,6 +15,7 @@ Add your own sink by passing a function (or a :class:`Logger` subclass) in
 """
 from __future__ import annotations
 
+import contextlib
 import datetime
 import glob
 import inspect
@@ -206,13 +207,25 @@ class _EventFile:
         self._file = open(self.path, "ab")
         self._write(event_pb2.Event(wall_time=time.time(), file_version="brain.Event:2"))
 
+    @contextlib.contextmanager
+    def _naming_the_file(self):
+        """A failed write, flush or close (a full disk: a bare ``[Errno 28] No space left on device``) names this
+        file, so that the user knows which disk filled up."""
+        try:
+            yield
+        except OSError as err:
+            if err.filename is None:
+                err.filename = self.path
+            raise
+
     def _write(self, event: Any) -> None:
         from tensorboardX.record_writer import masked_crc32c
 
         data = event.SerializeToString()
         header = struct.pack("<Q", len(data))
-        self._file.write(header + struct.pack("<I", masked_crc32c(header)) + data
-                         + struct.pack("<I", masked_crc32c(data)))
+        with self._naming_the_file():
+            self._file.write(header + struct.pack("<I", masked_crc32c(header)) + data
+                             + struct.pack("<I", masked_crc32c(data)))
 
     def add_summary(self, summary: Any, step: int | None = None) -> None:
         from tensorboardX.proto import event_pb2
@@ -239,10 +252,12 @@ class _EventFile:
         self.add_summary(text_summary(tag, text), step)
 
     def flush(self) -> None:
-        self._file.flush()
+        with self._naming_the_file():
+            self._file.flush()
 
     def close(self) -> None:
-        self._file.close()
+        with self._naming_the_file():
+            self._file.close()
 
 
 class ProgressBar(Logger):

@@ -496,3 +496,22 @@ def test_an_auto_run_folder_name_fits_a_file_systems_name_limit():
     assert len(name.encode()) < 255 - 8 and name.startswith("MyEnv_option_1__option_1_"), name
     assert "-PolicyPolicy" in name and "-adam_schedule__xx" in name and name.isascii()
     assert jes.logging.default_run_name("CartPole-v1", "MLPPolicy", "adam").startswith("CartPole-v1-MLPPolicy-adam-")
+
+
+def test_a_full_log_disk_names_the_event_file(tmp_path):
+    """A write that failed on a full disk said only `[Errno 28] No space left on device`: which disk?"""
+    events = jes_logging._EventFile(str(tmp_path / "logs"))
+    real = events._file
+
+    class FullDisk:
+        def write(self, data):
+            raise OSError(28, "No space left on device")
+
+        flush = close = lambda self: (_ for _ in ()).throw(OSError(28, "No space left on device"))
+
+    events._file = FullDisk()
+    for call in (lambda: events.add_scalar("a", 1.0, 1), events.flush, events.close):
+        with pytest.raises(OSError, match=r"\[Errno 28\] No space left on device: '.*events\.out\.tfevents\.") as err:
+            call()
+        assert err.value.errno == 28 and err.value.filename == events.path
+    real.close()
