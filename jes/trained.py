@@ -472,7 +472,8 @@ def load_policy(path: str, env: Any = None, allow_modules: Any = ()) -> TrainedP
             look at it); a brax env instance given whose ``sys`` (physics) differs from the one the file's policy was
             trained on (another fingerprint: other physics, or the same built by another brax or MuJoCo version, or
             edited with 64-bit JAX switched), or given for a file written before jes recorded an instance's physics
-            (it cannot be checked).
+            (it cannot be checked); the registered env of the class (brax's default physics) given for a file of
+            an instance of it.
     """
     data = schema.read_file(path, "policy file", ".policy")
     if len(data) < _HEADER.size:
@@ -502,7 +503,8 @@ def load_policy(path: str, env: Any = None, allow_modules: Any = ()) -> TrainedP
     spec = None
     if env is not None:
         spec = env if isinstance(env, EnvSpec) else make_env(env, max_steps=meta["max_steps"])
-        notice = brax_envs.instance_warning(meta["env_name"], spec.name, f"policy file {path}", resuming=False)
+        notice = (brax_envs.instance_warning(meta["env_name"], spec.name, f"policy file {path}", resuming=False)
+                  or brax_envs.registered_instead_warning(meta["env_name"], spec.name, f"policy file {path}"))
         if notice is not None:   # another sys, or one that cannot be checked: said, not refused
             warnings.warn(notice, stacklevel=2)
     obs_stats = None

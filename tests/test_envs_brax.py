@@ -345,6 +345,10 @@ def test_a_resume_or_policy_load_on_an_instance_of_another_sys_warns(tmp_path):
     with pytest.warns(UserWarning, match="has other physics: its sys.*its policy is evaluated on the physics given"):
         loaded = jes.load_policy(policy_path, env=_changed_timestep(5))
     assert loaded.env_name == trainer.spec.name
+    registered = trainer.spec.name.partition(" (a brax env instance)")[0]   # the class's registered env, by its name
+    with pytest.warns(UserWarning, match=r"ran the brax env instance .* but the env given is the registered "
+                                         rf"{re.escape(repr(registered))}, with brax's default physics"):
+        jes.load_policy(policy_path, env=registered)
 
     # Files written before an instance's name held its physics, or by another scheme: said, cannot check
     plain = trainer.spec.name.partition(" physics:")[0]

@@ -494,6 +494,18 @@ def instance_warning(recorded: str, given: str, file: str, resuming: bool) -> st
     return None
 
 
+def registered_instead_warning(recorded: str, given: str, file: str) -> str | None:
+    """What to warn where ``file``, whose policy ran brax env instance ``recorded``, is evaluated on ``given``, the
+    registered env of the instance's class and options (its default physics, not the instance's); ``None``
+    otherwise (an env of another name is taken as the user's choice, as any env of fitting shapes is)."""
+    head, suffix, _ = recorded.partition(INSTANCE_SUFFIX)
+    if not suffix or INSTANCE_SUFFIX in given or head != given:
+        return None
+    return (f"{file} ran the brax env instance {recorded!r} (a {head!r} of its own physics or attributes), but the "
+            f"env given is the registered {given!r}, with brax's default physics: its policy is evaluated on those. "
+            f"If that is not what you meant, pass the instance the file ran (load_policy(path, env=instance))")
+
+
 def _registry_name(env: Any) -> str | None:
     return next((n for n, cls in _import_brax_envs()._envs.items() if type(env) is cls), None)
 
