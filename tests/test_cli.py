@@ -449,10 +449,15 @@ def test_eval_of_a_low_rank_checkpoint_does_not_repeat_the_fallback_warning(tmp_
 def test_a_bad_checkpoint_interval_or_device_count_is_a_clean_error_named_by_its_flag(tmp_path):
     # --checkpoint-every was checked after the step's compile had started in a thread: the process then aborted at
     # its exit ("FATAL: exception not rethrown", status 134) instead of returning 2
+    # The CLI makes one CPU device per usable core: 2 CPU devices here, whatever the machine (on one of 99 cores or
+    # more, --devices 99 would be valid and the run would train)
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    env.update(JES_CPU_DEVICES="2", JAX_PLATFORMS="cpu")
     for flags, message in ((["--checkpoint-every", "-2"], "jes train: --checkpoint-every -2: must be an integer >= 0"),
-                           (["--devices", "99"], "jes train: --devices 99: this process sees ")):
+                           (["--devices", "99"], "jes train: --devices 99: this process sees 2 local device(s)")):
         out = subprocess.run([sys.executable, "-m", "jes.cli", "train", "--generations", "1", "--log-dir", "none",
-                              "--no-progress", *flags], capture_output=True, text=True, cwd=str(tmp_path), timeout=300)
+                              "--no-progress", *flags], capture_output=True, text=True, cwd=str(tmp_path), timeout=300,
+                             env=env)
         assert out.returncode == 2, (flags, out.returncode, out.stderr[-2000:])
         assert message in out.stderr and "FATAL" not in out.stderr, out.stderr[-2000:]
 
