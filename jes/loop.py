@@ -31,7 +31,7 @@ from jes.envs import gymnasium as gymnasium_envs
 from jes.envs.spec import maps_box_otherwise_than_before
 from jes.generation import Trainer, TrainState, as_key, fetch, localize, run_learning_rate
 from jes import strategies
-from jes.strategies.base import both_sigmas, ignored_settings
+from jes.strategies.base import both_sigmas, given_noise_std, ignored_settings
 from jes.host_step import HostGeneration
 from jes.trained import ActionMap, TrainedPolicy
 
@@ -353,7 +353,8 @@ def train(
             default (adam for openai_es, clipup for pgpe). snes, sep_cma_es, ars and cma_es have their own
             update rules and refuse an optimizer.
         strategy: ``"openai_es"`` (default), ``"pgpe"``, ``"snes"``, ``"sep_cma_es"``, ``"ars"``, ``"cma_es"``
-            (``jes.strategies.names()``) or a strategy object with its hyperparameters.
+            (``jes.strategies.names()``) or a strategy object with its hyperparameters. One that sets its own
+            initial sigma (``SNES(sigma_init=0.3)``) refuses a ``noise_std`` given beside it (one would be ignored).
         key: int seed or ``jax.random`` key; same key and config give bit-identical results.
         config: an :class:`ESConfig`; keyword ``overrides`` (e.g. ``num_members=256``) replace its fields.
         env_params: gymnax env params.
@@ -449,10 +450,12 @@ def train(
                       rollout_min_batch=rollout_min_batch, strategy=strategy)
     ignored = ignored_settings(trainer.strategy, config.learning_rate, config.weight_decay, config.fitness_shaping,
                                config.antithetic)
-    sigmas = both_sigmas(trainer.strategy, overrides["noise_std"]) if "noise_std" in overrides else None
-    ignored = "; and ".join(message for message in (ignored, sigmas) if message) or None
     if ignored is not None and resume is None:
         raise ValueError(ignored)
+    # (a resume goes on from the sigma its state holds: neither initial sigma is read again)
+    sigmas = both_sigmas(trainer.strategy, given_noise_std(config, overrides)) if resume is None else None
+    if sigmas is not None:
+        raise ValueError(sigmas)
     if ignored is not None:  # a checkpoint of a jes that took them silently: its run goes on as it was
         warnings.warn(f"{ignored} (the resumed run goes on as it ran, without them)", stacklevel=2)
     if restored is not None and jax.process_count() == 1:

@@ -50,7 +50,7 @@ from jes.policies import GRUPolicy, MLPPolicy
 from jes.generation import Trainer, TrainState, build_context, check_strategy_supports
 from jes.loop import HISTORY_KEYS, NonFiniteFitnessError, NonFiniteUpdateError, evaluates_centre, run_hparams
 from jes.optimizers import DEFAULT_LEARNING_RATES, resolve_name
-from jes.strategies.base import both_sigmas, ignored_settings
+from jes.strategies.base import both_sigmas, given_noise_std, ignored_settings
 from jes.threefry import lower_unrolled
 
 # Hyperparameters that live in the TrainState, so different values share one compiled program.
@@ -141,8 +141,9 @@ def check_points(points: list[dict], base: ESConfig, strategy: Any, optimizer: A
     Refused: what :class:`~jes.Trainer` would refuse without building the env or policy (a strategy with an
     optimizer it does not use, a perturbation it cannot carry, an odd population for mirrored pairs, ...), settings
     the point's strategy never reads (``learning_rate`` for ars, snes, sep_cma_es, cma_es: :func:`jes.train`
-    refuses them too; in a sweep the rows would differ only in their label), and ``stop_at_return`` (a sweep runs
-    every generation).
+    refuses them too; in a sweep the rows would differ only in their label), ``noise_std`` (in the grid, or
+    ``base``'s other than the default) beside a strategy object's own initial sigma (``SNES(sigma_init=0.3)``: the
+    strategy's would win), and ``stop_at_return`` (a sweep runs every generation).
     """
     strategy_names = sorted({jes_strategies.get(p.get("strategy", strategy)).name for p in points})
     for point in points:
@@ -157,13 +158,14 @@ def check_points(points: list[dict], base: ESConfig, strategy: Any, optimizer: A
                                  f"it, or train the configuration alone with jes.train to stop early")
             ignored = ignored_settings(point_strategy, config.learning_rate, config.weight_decay,
                                        config.fitness_shaping, config.antithetic)
-            sigmas = both_sigmas(point_strategy, point["noise_std"]) if "noise_std" in point else None
-            ignored = "; and ".join(message for message in (ignored, sigmas) if message) or None
             if ignored is not None:
                 if len(strategy_names) > 1:
                     ignored += (f"; this grid crosses strategies {strategy_names}: split it into one sweep per "
                                 f"strategy, or sweep these settings only with strategies that read them")
                 raise ValueError(ignored)
+            sigmas = both_sigmas(point_strategy, given_noise_std(base, point))
+            if sigmas is not None:
+                raise ValueError(sigmas)
             # What the Trainer refuses of the strategy, optimizer and config (a full-rank stand-in: the
             # perturbation was checked above, and its layout needs the policy); the env and the policy's size
             # are checked when each group's Trainer is built, before any group runs.
@@ -492,8 +494,9 @@ def sweep(
         out_dir: where ``sweep.csv`` and ``sweep.json`` go (``None``: not written).
 
     Early stopping (``stop_at_return``) is refused: every run does all its generations. So are settings a
-    point's strategy never reads (``learning_rate`` with ars, snes, sep_cma_es, cma_es), and an optimizer with a
-    strategy that uses none, for every point before any point runs.
+    point's strategy never reads (``learning_rate`` with ars, snes, sep_cma_es, cma_es), ``noise_std`` beside a
+    strategy object's own initial sigma (``SNES(sigma_init=0.3)``), and an optimizer with a strategy that uses
+    none, for every point before any point runs.
 
     Each row's ``env_steps_per_seed`` is the mean over its seeds of the env steps each seed's run took (its
     members' and centre evaluations'; seeds differ where episodes end early); ``generations`` is every seed's.

@@ -296,9 +296,15 @@ def test_a_noise_std_a_strategy_objects_own_sigma_overrides_is_refused_before_an
         jes_sweep.sweep(jes.MLPPolicy((8,)), "CartPole-v1", None, config=BASE, seeds=[0], log_dir=None,
                         grid={"strategy": ["snes", jes.strategies.CMAES(sigma_init=0.5)], "noise_std": [0.05]})
     assert not trained
-    with pytest.raises(ValueError, match=r"noise_std=0.05 and SNES\(sigma_init=0.3\) both set the initial sigma"):
-        jes.train(jes.MLPPolicy((8,)), "CartPole-v1", strategy=jes.strategies.SNES(sigma_init=0.3), noise_std=0.05,
-                  num_members=16, num_generations=1, log_dir=None, progress=False)
+    with pytest.raises(ValueError, match=r"grid point \(num_members=16\): noise_std=0.05 and SNES\(sigma_init=0.3\)"):
+        jes_sweep.sweep(jes.MLPPolicy((8,)), "CartPole-v1", None, config=BASE.replace(noise_std=0.05), seeds=[0],
+                        log_dir=None, strategy=jes.strategies.SNES(sigma_init=0.3), grid={"num_members": [16]})
+    assert not trained
+    for given in (dict(noise_std=0.05), dict(config=jes.ESConfig(noise_std=0.05, num_members=16, num_generations=1))):
+        with pytest.raises(ValueError, match=r"noise_std=0.05 and SNES\(sigma_init=0.3\) both set the initial sigma"):
+            jes.train(jes.MLPPolicy((8,)), "CartPole-v1", strategy=jes.strategies.SNES(sigma_init=0.3),
+                      **({"num_members": 16, "num_generations": 1} if "config" not in given else {}), **given,
+                      log_dir=None, progress=False)
 
 
 def test_a_learning_rate_a_points_strategy_ignores_is_refused_before_any_point_trains(monkeypatch):

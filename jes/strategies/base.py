@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Mapping
 from typing import Any, Callable, ClassVar
 
 import jax
@@ -314,12 +315,22 @@ def ignored_settings(strategy: Strategy, learning_rate: Any, weight_decay: float
     return "; and ".join(messages) or None
 
 
+def given_noise_std(config: Any, overrides: Mapping[str, Any]) -> Any:
+    """The ``noise_std`` a caller gave: in ``overrides`` (``jes.train(noise_std=...)``, a grid point), else
+    ``config``'s where it is not ``ESConfig``'s default (a default cannot be told from one given equal to it);
+    ``None``: none given."""
+    if "noise_std" in overrides:
+        return overrides["noise_std"]
+    default = type(config).__dataclass_fields__["noise_std"].default
+    return None if config.noise_std is default or config.noise_std == default else config.noise_std
+
+
 def both_sigmas(strategy: Strategy, noise_std: Any) -> str | None:
     """A refusal when ``noise_std`` is given to a strategy object that sets its own initial sigma (e.g.
     ``CMAES(sigma_init=0.5)``): the strategy's would win and ``noise_std`` would do nothing (rows of a sweep over it
-    would differ only in their label); ``None`` when the strategy starts from ``noise_std``."""
+    would differ only in their label); ``None`` when the strategy starts from ``noise_std`` or none is given."""
     own = strategy.own_sigma()
-    if own is None:
+    if own is None or noise_std is None:
         return None
     return (f"noise_std={noise_std!r} and {type(strategy).__name__}({strategy.sigma_field}={own!r}) both set the "
             f"initial sigma, and the strategy's would win; give one of them: drop noise_std, or the strategy's "
