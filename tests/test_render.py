@@ -31,7 +31,9 @@ def _frames(path):
 def test_result_render_writes_one_frame_per_step(trained_run, tmp_path):
     _, result = trained_run
     path = render(result.trainer, result.state, str(tmp_path / "episode.gif"), key=1, max_steps=40)
-    _, _, length = record_episode(result.trainer, result.state, __import__("jax").random.key(1), max_steps=40)
+    trainer, state = result.trainer, result.state
+    _, _, length = record_episode(trainer.spec, trainer.fns, trainer.unravel(state.params), trainer.obs_scale(state),
+                                  __import__("jax").random.key(1), max_steps=40)
     kind, size, frames = _frames(path)
     assert kind == "GIF" and size == FRAME_SIZE and len(frames) == length + 1 >= 2
     assert all((frame < 250).any() for frame in frames)            # something is drawn on every frame
