@@ -764,8 +764,8 @@ def _for_command(message: str, command: str) -> str:
         return _flag_named(message)
     if command == "eval":
         message = message.replace(IMPORT_HINT, "with jes eval --import MODULE")
-        message = message.replace(ENV_HINT, "from Python, jes.load_policy(path, env=your_env).evaluate() takes the "
-                                            "env itself")
+        message = message.replace(ENV_HINT, "from Python, jes.load_policy(path, env=your_env).evaluate() (or "
+                                            ".render(path)) takes the env itself")
     return message
 
 

@@ -51,7 +51,7 @@ POLICY_MAGIC = b"JESPOLI1"
 POLICY_FORMAT_VERSION = 2
 _HEADER = struct.Struct("<8sQ32s")
 # How to evaluate a policy whose env its name does not rebuild (`jes eval`, which takes no env object, says otherwise)
-ENV_HINT = "pass env=... (jes.make_env(your_env)) to evaluate"
+ENV_HINT = "pass env=... (jes.make_env(your_env)) to evaluate or render"
 
 
 class PolicyFileError(ValueError):

@@ -198,7 +198,8 @@ def test_brax_renders_to_html(tmp_path):
     path = render(trainer, state, str(tmp_path / "pendulum.html"), key=2)
     text = open(path).read()
     assert os.path.getsize(path) > 1000 and "<html" in text.lower() and "brax" in text.lower()
-    policy = jes.loop.trained_policy(trainer, state.params, state)  # a saved policy's view: the same page
+    saved = jes.loop.trained_policy(trainer, state.params, state).save(str(tmp_path / "p.policy"))
+    policy = jes.load_policy(saved)  # a saved policy, its env rebuilt from the file's name: the same page
     assert open(policy.render(str(tmp_path / "policy.html"), key=2)).read() == text
     with pytest.raises(ValueError, match="brax envs render to brax's HTML viewer: give a .html path"):
         policy.render(str(tmp_path / "policy.gif"))
