@@ -23,6 +23,7 @@ EPILOG = """examples:
   jes train --resume runs/<name>/checkpoint.ckpt --generations 100
   jes eval runs/<name>/checkpoint.ckpt --episodes 100
   jes eval runs/<name>/checkpoint.ckpt --render cartpole.gif     # brax envs: --render hopper.html
+  jes eval centre.policy --render cartpole.gif                   # a saved policy file draws the same episode
   jes plot runs/run-a runs/run-b -o curves.png
   jes sweep sweep.toml
   jes keys trainhost                                      # a master's own CURVE key pair
@@ -173,7 +174,9 @@ def _parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--episodes", type=int, default=100, help="fresh episodes to average")
     evaluate.add_argument("--seed", type=int, default=12345, help="key of the evaluation episodes")
     evaluate.add_argument("--render", default=None, metavar="PATH",
-                          help="also draw one episode of a checkpoint's policy: a .gif for gymnax CartPole/Pendulum and Gymnasium envs (their rgb_array frames), a .html for brax envs")
+                          help="also draw one episode of the policy (a checkpoint's centre, or a policy file's): a .gif "
+                               "for gymnax CartPole/Pendulum and Gymnasium envs (their rgb_array frames), a .html for "
+                               "brax envs")
     evaluate.add_argument("--render-steps", type=int, default=None, help="steps to draw at most (default: the episode limit)")
     evaluate.add_argument("--import", dest="imports", action="append", default=[], metavar="MODULE",
                           help="import this module of your own first (repeatable), e.g. one that registers the "
@@ -503,12 +506,16 @@ def _eval(args: argparse.Namespace) -> int:
     if _starts_with(args.checkpoint, trained.POLICY_MAGIC) or (
             args.checkpoint.endswith(".policy") and not _starts_with(args.checkpoint, checkpoint.MAGIC)):
         policy = trained.load_policy(args.checkpoint, allow_modules=args.allow_module)
-        if args.render is not None:
-            raise ValueError(f"--render draws an episode of a checkpoint; {args.checkpoint} is a saved policy file "
-                             f"(evaluate it without --render, or render the run's checkpoint)")
+        if args.render is not None:  # before the episodes are evaluated, as a checkpoint's
+            from jes.render import check_render_path
+
+            check_render_path(policy.env_spec(), args.render)
         returns = policy.evaluate(args.episodes, as_key(args.seed))
         print(f"{args.checkpoint}: {policy.env_name}, {type(policy.policy).__name__}, saved policy: return "
               f"{returns.mean():.2f} +/- {returns.std():.2f} over {args.episodes} episodes")
+        if args.render is not None:
+            policy.render(args.render, as_key(args.seed), args.render_steps)
+            print(f"rendered one episode to {args.render}")
         return 0
     with warnings.catch_warnings():
         # Only the centre is evaluated: which leaves the members' low-rank noise cannot factor does not matter here
@@ -757,8 +764,8 @@ def _for_command(message: str, command: str) -> str:
         return _flag_named(message)
     if command == "eval":
         message = message.replace(IMPORT_HINT, "with jes eval --import MODULE")
-        message = message.replace(ENV_HINT, "from Python, jes.load_policy(path, env=your_env).evaluate() takes the "
-                                            "env itself")
+        message = message.replace(ENV_HINT, "from Python, jes.load_policy(path, env=your_env).evaluate() (or "
+                                            ".render(path)) takes the env itself")
     return message
 
 

@@ -1,4 +1,8 @@
-"""Pictures of what a policy does: one episode of the centre policy as a GIF (gymnax) or HTML (brax).
+"""Pictures of what a policy does: one episode as a GIF (gymnax, Gymnasium) or HTML (brax).
+
+:func:`render` draws a run's centre policy (a trainer and a state, from a result or a checkpoint);
+:func:`render_policy` any policy given as its env, functions, parameters and normaliser
+(``TrainedPolicy.render``, so a saved ``.policy`` file too). The same key gives the same frames.
 
 * CartPole and Pendulum (also with masked observations) are drawn with Pillow, frame by frame.
 * Other gymnax envs have no drawing yet (gymnax's own matplotlib visualiser failed on Acrobot here).
@@ -16,7 +20,7 @@ episode key gives in training (:func:`jes.host_rollout.episode_seeds`).
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
@@ -27,31 +31,37 @@ from jes.arrays import as_key
 from jes.atomic import check_writable, write_atomically
 from jes.envs import gymnasium as gymnasium_family
 from jes.envs.brax import BraxEnv
+from jes.envs.spec import EnvSpec
 from jes.envs.wrappers import MaskedObservations
+from jes.policies import PolicyFns
 from jes.rollout import normalise
 
 VIZ_HINT = "pip install 'jax-jes[viz]'"
 FRAME_SIZE = (400, 300)
 
 
-def record_episode(trainer: Any, state: Any, key: jax.Array, max_steps: int | None = None) -> tuple[Any, np.ndarray, int]:
-    """Run the centre policy of ``state`` for one episode.
+def record_episode(spec: EnvSpec, fns: PolicyFns, params: Any, obs_scale: tuple[jax.Array, jax.Array] | None,
+                   key: jax.Array, max_steps: int | None = None,
+                   action_fn: Callable | None = None) -> tuple[Any, np.ndarray, int]:
+    """Run one episode of a policy on a gymnax or brax env, in one compiled ``lax.scan``.
 
     Args:
-        trainer: a :class:`jes.Trainer` (its spec, policy functions and parameter layout).
-        state: a :class:`jes.TrainState`.
+        spec: the env (:class:`jes.EnvSpec`).
+        fns: the policy's functions (``apply(params, carry, obs) -> (carry, outputs)`` and ``initial_carry()``).
+        params: the policy's (unflattened) variables, e.g. ``trainer.unravel(state.params)``.
+        obs_scale: ``(mean, 1 / std)`` observations are normalised with (``trainer.obs_scale(state)``), or ``None``.
         key: the episode key (reset from ``fold_in(key, 0)``, step ``t`` from ``fold_in(key, t + 1)``).
         max_steps: steps to record at most (default: the spec's episode limit).
+        action_fn: one policy output -> one env action (default ``spec.action``; a :class:`jes.trained.ActionMap`
+            gives the same bits).
 
     Returns:
         ``(env_states, rewards, length)``: env states stacked over time ``[T + 1, ...]`` (the reset
         state first), rewards ``[T]``, and the episode's real length ``<= T`` (steps up to and
         including the one that ended it).
     """
-    spec, fns = trainer.spec, trainer.fns
     steps = int(max_steps or spec.max_steps)
-    params = trainer.unravel(state.params)
-    obs_scale = trainer.obs_scale(state)
+    action_fn = spec.action if action_fn is None else action_fn
 
     @jax.jit
     def episode(params, obs_scale, key):
@@ -61,7 +71,7 @@ def record_episode(trainer: Any, state: Any, key: jax.Array, max_steps: int | No
             obs, env_state, policy_carry, done = carry
             policy_carry, out = fns.apply(params, policy_carry, normalise(obs, obs_scale))
             new_obs, new_state, reward, terminated, _ = spec.env.step_env(
-                jax.random.fold_in(key, t + 1), env_state, spec.action(out), spec.params)
+                jax.random.fold_in(key, t + 1), env_state, action_fn(out), spec.params)
             now_done = done | spec.done_after(terminated, new_state)
             return (new_obs, new_state, policy_carry, now_done), (new_state, jnp.where(done, 0.0, reward), done)
 
@@ -74,17 +84,19 @@ def record_episode(trainer: Any, state: Any, key: jax.Array, max_steps: int | No
     return jax.device_get(states), np.asarray(rewards), int(length)
 
 
-def record_host_episode(trainer: Any, state: Any, key: jax.Array, max_steps: int | None = None) -> tuple[list, float]:
-    """One centre episode of a Gymnasium env, drawn by the env itself: ``(frames, fps)``, frames ``[H, W, 3]`` uint8.
+def record_host_episode(spec: EnvSpec, fns: PolicyFns, params: Any, obs_scale: tuple[jax.Array, jax.Array] | None,
+                        key: jax.Array, max_steps: int | None = None,
+                        action_fn: Callable | None = None) -> tuple[list, float]:
+    """One episode of a Gymnasium env, drawn by the env itself: ``(frames, fps)``, frames ``[H, W, 3]`` uint8.
 
     The env is rebuilt from its id with ``render_mode="rgb_array"``; a user's own env (a factory or class) must
-    already render that way. Reset with the seed of episode key ``key`` (as training seeds its episodes).
+    already render that way. Reset with the seed of episode key ``key`` (as training seeds its episodes). The
+    arguments are :func:`record_episode`'s.
 
     Raises:
         ValueError: the env does not render to ``rgb_array`` (or cannot be made with that ``render_mode``).
         ImportError: the env's drawing needs a package that is not installed (the message names it).
     """
-    spec, fns = trainer.spec, trainer.fns
     host_env = spec.env
     advice = "jes draws a Gymnasium env from its render_mode='rgb_array' frames"
     if host_env.env_id is not None:
@@ -102,9 +114,8 @@ def record_host_episode(trainer: Any, state: Any, key: jax.Array, max_steps: int
         instance.close()
         raise ValueError(f"env {spec.name!r} renders with render_mode={getattr(instance, 'render_mode', None)!r}; "
                          f"{advice}: make your env with it")
-    params = jax.tree.map(lambda x: x[None], trainer.unravel(state.params))
-    obs_scale = trainer.obs_scale(state)
-    step = jax.jit(lambda c, o: host_rollout.policy_step(fns.apply, spec, params, c, o, obs_scale))
+    params = jax.tree.map(lambda x: x[None], params)
+    step = jax.jit(lambda c, o: host_rollout.policy_step(fns.apply, spec, params, c, o, obs_scale, action_fn))
     seed = host_rollout.seed_of(np.asarray(host_rollout.episode_seeds(key[None]))[0])
     carry = jax.tree.map(lambda c: c[None], fns.initial_carry())
     try:
@@ -135,6 +146,9 @@ def _unwrap(env: Any) -> Any:
 def render(trainer: Any, state: Any, path: str, key: Any = 0, max_steps: int | None = None) -> str:
     """Render one episode of the centre policy to ``path`` (``.gif`` for gymnax envs, ``.html`` for brax).
 
+    A saved policy (``jes.load_policy``, ``result.trained_policy()``) draws the same frames with
+    :meth:`jes.trained.TrainedPolicy.render`.
+
     Args:
         trainer, state: a trainer and a training state (``result.trainer``, ``result.state``;
             or ``jes.checkpoint.load(path)[:2]``).
@@ -150,26 +164,63 @@ def render(trainer: Any, state: Any, path: str, key: Any = 0, max_steps: int | N
         OSError: ``path`` cannot be written (its folder is a file or takes no new file), found before the episode.
         ImportError: Pillow / matplotlib missing (the message names the extra to install).
     """
+    key = _check_request(trainer.spec, path, key, max_steps)
+    return _draw(trainer.spec, trainer.fns, trainer.unravel(state.params), trainer.obs_scale(state), path, key,
+                 max_steps)
+
+
+def render_policy(spec: EnvSpec, fns: PolicyFns, params: Any, obs_scale: tuple[jax.Array, jax.Array] | None,
+                  path: str, key: Any = 0, max_steps: int | None = None, action_fn: Callable | None = None) -> str:
+    """Render one episode of any policy to ``path``, given what :func:`render` takes from a trainer and a state.
+
+    ``TrainedPolicy.render`` calls it; with the values of the same state, the same key gives :func:`render`'s bytes.
+
+    Args:
+        spec: the env (:class:`jes.EnvSpec`).
+        fns: the policy's functions (``apply(params, carry, obs) -> (carry, outputs)`` and ``initial_carry()``).
+        params: the policy's (unflattened) variables.
+        obs_scale: ``(mean, 1 / std)`` observations are normalised with, or ``None``.
+        path: output file; its suffix picks the format.
+        key: an int seed or a PRNG key for the episode.
+        max_steps: steps to show at most (default: the env's episode limit).
+        action_fn: one policy output -> one env action (default ``spec.action``).
+
+    Returns:
+        ``path``.
+
+    Raises:
+        ValueError, OSError, ImportError: as :func:`render`, before the episode where they can be.
+    """
+    key = _check_request(spec, path, key, max_steps)
+    return _draw(spec, fns, params, obs_scale, path, key, max_steps, action_fn)
+
+
+def _check_request(spec: EnvSpec, path: str, key: Any, max_steps: int | None) -> jax.Array:
+    """The episode key of ``key``, after refusing a bad ``key``, ``max_steps`` or ``path`` (before any episode)."""
     key = as_key(key)
     if max_steps is not None and (isinstance(max_steps, bool) or not isinstance(max_steps, (int, np.integer))
                                   or max_steps < 1):
         raise ValueError(f"max_steps must be a positive number of steps (or None: the env's episode limit), got "
                          f"{max_steps!r}")
-    check_render_path(trainer.spec, path)
-    base_env = _unwrap(trainer.spec.env)
-    if trainer.spec.host:
-        frames, fps = record_host_episode(trainer, state, key, max_steps)
+    check_render_path(spec, path)
+    return key
+
+
+def _draw(spec: EnvSpec, fns: PolicyFns, params: Any, obs_scale: Any, path: str, key: jax.Array,
+          max_steps: int | None, action_fn: Callable | None = None) -> str:
+    """Record one episode and write it to ``path`` in the format the env's kind takes (checked already)."""
+    if spec.host:
+        frames, fps = record_host_episode(spec, fns, params, obs_scale, key, max_steps, action_fn)
         Image, _ = _pil()
         _save_gif([Image.fromarray(np.asarray(f, np.uint8)) for f in frames], path, duration_ms=int(1000 / fps))
         return path
+    base_env = _unwrap(spec.env)
+    states, _, length = record_episode(spec, fns, params, obs_scale, key, max_steps, action_fn)
     if isinstance(base_env, BraxEnv):
-        states, _, length = record_episode(trainer, state, key, max_steps)
         _render_brax_html(base_env, states, length, path)
         return path
-    name = trainer.spec.name.split("?")[0]
-    states, _, length = record_episode(trainer, state, key, max_steps)
-    _save_gif(GIF_DRAWERS[name](states, trainer.spec.params, length), path,
-              duration_ms=20 if name == "CartPole-v1" else 50)
+    name = spec.name.split("?")[0]
+    _save_gif(GIF_DRAWERS[name](states, spec.params, length), path, duration_ms=20 if name == "CartPole-v1" else 50)
     return path
 
 

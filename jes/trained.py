@@ -9,6 +9,7 @@ observation normalisation training used and the mapping from outputs to actions.
     carry, action = trained.act(carry, obs)    # one observation -> one env action
     fn = trained.policy_fn()                   # self-contained and jittable: fn(carry, obs) -> (carry, action)
     trained.evaluate(num_episodes=64)          # returns on fresh episodes, through the same function
+    trained.render("episode.gif")              # one episode drawn (brax envs: .html)
 
 :func:`save_policy` / :func:`load_policy` write and read a small msgpack file (never pickle)
 holding the flat parameters, the normaliser's statistics, the policy's description, the env name and the
@@ -40,6 +41,7 @@ from jes.envs.spec import box_action
 from jes.envs.wrappers import nan_option
 from jes.generation import as_key, host_unravel, int32_seed, positive_count
 from jes.policies import PolicyFns
+from jes.render import render_policy
 from jes.rollout import normalise, obs_mean_std, obs_normaliser, run_episodes
 from jes.strategies import noise
 
@@ -49,7 +51,7 @@ POLICY_MAGIC = b"JESPOLI1"
 POLICY_FORMAT_VERSION = 2
 _HEADER = struct.Struct("<8sQ32s")
 # How to evaluate a policy whose env its name does not rebuild (`jes eval`, which takes no env object, says otherwise)
-ENV_HINT = "pass env=... (jes.make_env(your_env)) to evaluate"
+ENV_HINT = "pass env=... (jes.make_env(your_env)) to evaluate or render"
 
 
 class PolicyFileError(ValueError):
@@ -100,6 +102,9 @@ class ActionMap:
 
 class TrainedPolicy:
     """A policy with its parameters, observation normaliser and action mapping.
+
+    Step it in your own loop (:meth:`act`, :meth:`policy_fn`), measure it (:meth:`evaluate`), draw one episode
+    (:meth:`render`) or write it to a file (:meth:`save`); :func:`load_policy` reads one back.
 
     Args:
         policy: the Flax module (with ``num_outputs`` filled in).
@@ -188,7 +193,8 @@ class TrainedPolicy:
         if found:
             recorded = f" (the env its file names)" if spec.name == self.env_name else ""
             raise ValueError(f"env {spec.name!r}{recorded} does not fit this policy: the env has {'; '.join(found)}. "
-                             f"Evaluate it on the env it was trained on (TrainedPolicy.evaluate(env=...))")
+                             f"Evaluate or render it on the env it was trained on (TrainedPolicy.evaluate(env=...), "
+                             f"render(env=...))")
 
     @property
     def params(self) -> Any:
@@ -313,8 +319,7 @@ class TrainedPolicy:
             env: an env (id, gymnax object or :class:`EnvSpec`) instead of the recorded one.
         """
         num_episodes = positive_count(num_episodes, "num_episodes")
-        spec = self.env_spec() if env is None else (env if isinstance(env, EnvSpec) else make_env(env, max_steps=self.max_steps))
-        self._check_env(spec)
+        spec = self._env_for(env)
         if spec.host:  # a Python simulator (Gymnasium): the same host episodes as training's centre evaluation
             key = as_key(key)
         else:
@@ -324,6 +329,39 @@ class TrainedPolicy:
             self._evaluators[spec] = (_host_evaluate if spec.host else _evaluate)(self.fns, spec, self.action_map)
         returns = self._evaluators[spec](self.variables, key, int(num_episodes))
         return np.asarray(returns)
+
+    def render(self, path: str, key: Any = 0, max_steps: int | None = None, env: Any = None) -> str:
+        """Draw one episode of this policy to ``path`` (``.gif`` for gymnax CartPole/Pendulum and Gymnasium envs,
+        ``.html`` for brax), through :meth:`apply`'s normaliser and action mapping.
+
+        With the same key these are the frames :func:`jes.render.render` draws of the training state the policy
+        came from (a run's centre, or a checkpoint's), byte for byte. GIFs need the ``viz`` extra (Pillow).
+
+        Args:
+            path: output file; its suffix picks the format.
+            key: an int seed or a PRNG key for the episode.
+            max_steps: steps to show at most (default: the env's episode limit).
+            env: an env (id, gymnax object or :class:`EnvSpec`) instead of the recorded one, as :meth:`evaluate`.
+
+        Returns:
+            ``path``.
+
+        Raises:
+            ValueError: a format the env cannot be rendered to (the message names the one that works), or an env
+                that does not fit the policy.
+            OSError: ``path`` cannot be written, found before the episode.
+            ImportError: Pillow missing (the message names the extra to install), or what the env draws with.
+        """
+        spec = self._env_for(env)
+        return render_policy(spec, self.fns, self.params, _obs_scale(self.obs_stats), path, key, max_steps,
+                             action_fn=self.action_map)
+
+    def _env_for(self, env: Any) -> EnvSpec:
+        """The env ``evaluate`` and ``render`` step: the recorded one, or ``env`` (checked to fit the policy)."""
+        spec = self.env_spec() if env is None else (
+            env if isinstance(env, EnvSpec) else make_env(env, max_steps=self.max_steps))
+        self._check_env(spec)
+        return spec
 
     def save(self, path: str) -> str:
         """Write this policy to ``path`` (see :func:`save_policy`)."""

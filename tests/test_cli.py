@@ -129,8 +129,6 @@ def test_eval_of_a_saved_policy_file_gives_its_checkpoints_returns(trained, tmp_
     assert cli.main(["eval", path, "--episodes", "6"]) == 0
     out = capsys.readouterr().out
     assert "saved policy" in out and returns(out) == from_checkpoint  # the same episodes, the same bits
-    assert cli.main(["eval", path, "--render", str(tmp_path / "episode.gif")]) == 2
-    assert "--render draws an episode of a checkpoint" in capsys.readouterr().err
 
 
 @pytest.mark.hard_timeout(300)

@@ -483,6 +483,36 @@ def test_render_draws_the_envs_own_rgb_array_frames(tmp_path):
 
 
 @pytest.mark.hard_timeout(600)
+def test_a_saved_policy_draws_the_frames_of_its_run(tmp_path):
+    """A policy file could not be rendered (no TrainedPolicy.render): loaded, it draws its run's centre episode byte
+    for byte, its env of one's own given to load_policy or to render, with render's refusals."""
+    pytest.importorskip("PIL.Image")
+    from jes.checkpoint import load
+    from jes.render import render
+
+    result = small_train(Drawn, max_episode_steps=10, num_generations=1)
+    path = result.save_policy(str(tmp_path / "drawn.policy"))
+    expected = open(render(result.trainer, result.state, str(tmp_path / "run.gif"), key=5), "rb").read()
+    for policy, env in [(jes.load_policy(path, env=Drawn), None), (jes.load_policy(path), Drawn)]:
+        got = policy.render(str(tmp_path / "policy.gif"), key=5, env=env)
+        assert open(got, "rb").read() == expected
+    with pytest.raises(ValueError, match=r"\.gif path"):
+        policy.render(str(tmp_path / "drawn.html"), env=Drawn)
+    with pytest.raises(ValueError, match="rgb_array"):
+        policy.render(str(tmp_path / "plain.gif"), env=Target)
+    with pytest.raises(ImportError, match=r"env '.*DrawsWithMissing.*' needs the package 'jes_no_such_drawing'"):
+        policy.render(str(tmp_path / "missing.gif"), env=DrawsWithMissing)
+    assert sorted(os.listdir(tmp_path)) == ["drawn.policy", "policy.gif", "run.gif"]
+    pytest.importorskip("pygame")  # Gymnasium's CartPole draws with pygame (gymnasium[classic-control])
+    ckpt = str(tmp_path / "run.ckpt")
+    small_train(num_generations=1, checkpoint_path=ckpt)
+    trainer, state, _ = load(ckpt)
+    policy = jes.load_policy(jes.loop.trained_policy(trainer, state.params, state).save(str(tmp_path / "c.policy")))
+    expected = open(render(trainer, state, str(tmp_path / "cartpole-run.gif"), key=2, max_steps=20), "rb").read()
+    assert open(policy.render(str(tmp_path / "cartpole.gif"), key=2, max_steps=20), "rb").read() == expected
+
+
+@pytest.mark.hard_timeout(600)
 def test_jes_eval_and_render_of_a_gymnasium_checkpoint(tmp_path, capsys):
     pytest.importorskip("pygame")  # CartPole draws with pygame (gymnasium[classic-control])
     PIL = pytest.importorskip("PIL.Image")

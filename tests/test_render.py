@@ -31,7 +31,9 @@ def _frames(path):
 def test_result_render_writes_one_frame_per_step(trained_run, tmp_path):
     _, result = trained_run
     path = render(result.trainer, result.state, str(tmp_path / "episode.gif"), key=1, max_steps=40)
-    _, _, length = record_episode(result.trainer, result.state, __import__("jax").random.key(1), max_steps=40)
+    trainer, state = result.trainer, result.state
+    _, _, length = record_episode(trainer.spec, trainer.fns, trainer.unravel(state.params), trainer.obs_scale(state),
+                                  __import__("jax").random.key(1), max_steps=40)
     kind, size, frames = _frames(path)
     assert kind == "GIF" and size == FRAME_SIZE and len(frames) == length + 1 >= 2
     assert all((frame < 250).any() for frame in frames)            # something is drawn on every frame
@@ -59,6 +61,90 @@ def test_eval_render_from_the_command_line(trained_run, tmp_path, capsys):
     assert kind == "GIF" and size == FRAME_SIZE and 2 <= len(frames) <= 31
     assert cli.main(["eval", ckpt, "--episodes", "2", "--render", str(tmp_path / "x.html")]) == 2
     assert "give a .gif path" in capsys.readouterr().err
+
+
+@pytest.mark.hard_timeout(400)
+@pytest.mark.parametrize("env", ["CartPole-v1?keep_obs=0,2", "Pendulum-v1"])
+def test_a_saved_policy_draws_the_frames_of_its_checkpoint(env, tmp_path):
+    """A .policy file could not be rendered at all (no TrainedPolicy.render; `jes eval x.policy --render` refused):
+    loaded, it draws its checkpoint's centre episode byte for byte (normalised observations; Pendulum's continuous
+    actions show a last-bit difference of the normaliser or the action mapping)."""
+    ckpt = str(tmp_path / "run.ckpt")
+    result = jes.train(jes.GRUPolicy(hidden=3, layers=1), env, "adam", key=2, num_members=8, num_generations=2,
+                       eval_episodes=2, max_episode_steps=50, normalize_observations=True, log_dir=None,
+                       progress=False, checkpoint_path=ckpt)
+    trainer, state, _ = jes.checkpoint.load(ckpt)
+    assert trainer.normalize_observations
+    policy = jes.load_policy(result.save_policy(str(tmp_path / "run.policy")))
+    expected = render(trainer, state, str(tmp_path / "checkpoint.gif"), key=3, max_steps=40)
+    got = policy.render(str(tmp_path / "policy.gif"), key=3, max_steps=40)
+    assert got == str(tmp_path / "policy.gif")
+    assert open(got, "rb").read() == open(expected, "rb").read()
+    assert len(_frames(got)[2]) >= 2
+    # another key another episode; no max_steps the env's limit, as render's; env= as evaluate takes it
+    policy.render(str(tmp_path / "other.gif"), key=4)
+    render(trainer, state, str(tmp_path / "other-checkpoint.gif"), key=4)
+    assert (tmp_path / "other.gif").read_bytes() == (tmp_path / "other-checkpoint.gif").read_bytes()
+    assert (tmp_path / "other.gif").read_bytes() != open(got, "rb").read()
+    policy.render(str(tmp_path / "env.gif"), key=3, max_steps=40, env=trainer.spec)
+    assert (tmp_path / "env.gif").read_bytes() == open(expected, "rb").read()
+
+
+def test_a_trained_policy_refuses_what_render_refuses_before_the_episode(trained_run, tmp_path, monkeypatch):
+    import sys
+
+    from jes import render as render_module
+
+    root, result = trained_run
+    policy = result.trained_policy()
+    ran = []
+    monkeypatch.setattr(render_module, "record_episode", lambda *a, **k: ran.append(1))
+    with pytest.raises(ValueError, match="gymnax envs render to an animated GIF: give a .gif path"):
+        policy.render(str(tmp_path / "x.html"))
+    ckpt = str(root / "run" / "checkpoint.ckpt")
+    with pytest.raises(NotADirectoryError, match=f"cannot write '{ckpt}/x.gif': '{ckpt}' is a file"):
+        policy.render(f"{ckpt}/x.gif")
+    for bad in (0, 2.5, True):
+        with pytest.raises(ValueError, match=f"max_steps must be a positive number of steps .* got {bad!r}"):
+            policy.render(str(tmp_path / "x.gif"), max_steps=bad)
+    with pytest.raises(TypeError, match="key must be an int seed or a jax.random key"):
+        policy.render(str(tmp_path / "x.gif"), key="abc")
+    with pytest.raises(ValueError, match=r"env 'Pendulum-v1' does not fit this policy"):
+        policy.render(str(tmp_path / "x.gif"), env="Pendulum-v1")
+    acrobot = jes.Trainer(jes.MLPPolicy(hidden_sizes=(2,)), "Acrobot-v1", "adam", jes.ESConfig(num_members=4))
+    with pytest.raises(ValueError, match="no drawing for env 'Acrobot-v1': jes renders CartPole-v1, Pendulum-v1"):
+        jes.loop.trained_policy(acrobot, acrobot.init_state(0).params, acrobot.init_state(0)).render(
+            str(tmp_path / "a.gif"))
+    assert not ran and os.listdir(tmp_path) == []
+    monkeypatch.undo()
+    monkeypatch.setitem(sys.modules, "PIL", None)  # Pillow not installed
+    with pytest.raises(ImportError, match=r"rendering GIFs needs Pillow: pip install 'jax-jes\[viz\]'"):
+        policy.render(str(tmp_path / "x.gif"), max_steps=5)
+    assert os.listdir(tmp_path) == []
+
+
+def test_eval_renders_a_saved_policy_file_as_its_checkpoint(trained_run, tmp_path, capsys, monkeypatch):
+    """`jes eval x.policy --render out.gif` was refused ("--render draws an episode of a checkpoint")."""
+    root, result = trained_run
+    ckpt = str(root / "run" / "checkpoint.ckpt")
+    trainer, state, _ = jes.checkpoint.load(ckpt)
+    path = jes.loop.trained_policy(trainer, state.params, state).save(str(tmp_path / "centre.policy"))
+    flags = ["--episodes", "2", "--seed", "5", "--render-steps", "30", "--render"]
+    assert cli.main(["eval", ckpt, *flags, str(tmp_path / "checkpoint.gif")]) == 0
+    capsys.readouterr()
+    out = tmp_path / "policy.gif"
+    assert cli.main(["eval", path, *flags, str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "saved policy: return" in printed and f"rendered one episode to {out}" in printed, printed
+    assert out.read_bytes() == (tmp_path / "checkpoint.gif").read_bytes()
+    # a format the env has no drawing in, or a path that cannot be written: refused before the episodes
+    evaluated = []
+    monkeypatch.setattr(jes.TrainedPolicy, "evaluate", lambda *a, **k: evaluated.append(1))
+    assert cli.main(["eval", path, "--render", str(tmp_path / "x.html")]) == 2
+    assert "give a .gif path" in capsys.readouterr().err
+    assert cli.main(["eval", path, "--render", f"{ckpt}/x.gif"]) == 2
+    assert f"cannot write '{ckpt}/x.gif': '{ckpt}' is a file, not a folder" in capsys.readouterr().err
+    assert not evaluated and sorted(os.listdir(tmp_path)) == ["centre.policy", "checkpoint.gif", "policy.gif"]
 
 
 def test_envs_without_a_drawing_are_explained(tmp_path):
@@ -112,6 +198,11 @@ def test_brax_renders_to_html(tmp_path):
     path = render(trainer, state, str(tmp_path / "pendulum.html"), key=2)
     text = open(path).read()
     assert os.path.getsize(path) > 1000 and "<html" in text.lower() and "brax" in text.lower()
+    saved = jes.loop.trained_policy(trainer, state.params, state).save(str(tmp_path / "p.policy"))
+    policy = jes.load_policy(saved)  # a saved policy, its env rebuilt from the file's name: the same page
+    assert open(policy.render(str(tmp_path / "policy.html"), key=2)).read() == text
+    with pytest.raises(ValueError, match="brax envs render to brax's HTML viewer: give a .html path"):
+        policy.render(str(tmp_path / "policy.gif"))
 
 
 def _interrupted_midway(fp, written=b"GIF89a partial"):

@@ -62,7 +62,7 @@ def _resolve(env: Any, env_params: Any = None) -> tuple[Any, Any, str]:
                              (gymnasium_family.FACTORY_SUFFIX, "a factory of gymnasium.Env")):
             if env.endswith(suffix):
                 raise ValueError(f"env {env!r} was {kind} of your own, which no name rebuilds: pass that env itself "
-                                 f"again, from Python (jes.load_policy(path, env=env), policy.evaluate(env=env), "
+                                 f"again, from Python (jes.load_policy(path, env=env), policy.evaluate(env=env), policy.render(path, env=env), "
                                  f"jes.train(policy, env, ..., resume=path)); the command line cannot rebuild it")
         for suffix, kind, how in (
                 (gymnasium_family.INSTANCE_SUFFIX, "a gymnasium.Env instance", "its registered id (other arguments, "
@@ -75,7 +75,7 @@ def _resolve(env: Any, env_params: Any = None) -> tuple[Any, Any, str]:
             if env.endswith(suffix) or (suffix == brax_family.INSTANCE_SUFFIX and suffix in env):
                 raise ValueError(f"env {env!r} was {kind} made otherwise than {how}, which no name rebuilds: pass "
                                  f"that env itself again, from Python (jes.load_policy(path, env=env), "
-                                 f"policy.evaluate(env=env), jes.train(policy, env, ..., resume=path)); the command "
+                                 f"policy.evaluate(env=env), policy.render(path, env=env), jes.train(policy, env, ..., resume=path)); the command "
                                  f"line cannot rebuild it")
         if env.startswith(brax_family.PREFIX):
             adapted = brax_family.make(env)
