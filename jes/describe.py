@@ -39,6 +39,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import importlib
+import json
 import os
 import sys
 import types
@@ -247,6 +248,70 @@ def _importable(obj: Any) -> str | None:
     return path if found is obj else None
 
 
+def code_name(value: Any, depth: int = 0) -> str | None:
+    """A name of a callable that cannot be imported by name, the same in another process that runs the same code.
+
+    A lambda or nested function: ``"module:qualname:line"`` (``"__main__:<lambda>:12"``: a lambda's qualified name
+    says only ``<lambda>``, its first line tells it from the module's others), plus ``" closing over [...]"`` with the
+    plain data it captures and its defaults; ``functools.partial``: ``"functools.partial(name, [args], {kwargs})"``.
+    ``None`` where that cannot be said without a memory address (it captures an object that is not plain data,
+    a callable object): its ``repr`` then differs in every process.
+    """
+    if depth > 4:
+        return None
+    if isinstance(value, functools.partial):
+        func = _path_of(value.func) or code_name(value.func, depth + 1)
+        captured = _captured(list(value.args) + [value.keywords or {}], depth)
+        return None if func is None or captured is None else f"functools.partial({func}, {captured})"
+    code, module, qualname = (getattr(value, a, None) for a in ("__code__", "__module__", "__qualname__"))
+    if not isinstance(code, types.CodeType) or not isinstance(module, str) or not module or not isinstance(qualname, str):
+        return None
+    name = f"{module}:{qualname}:{code.co_firstlineno}"
+    try:
+        values = [cell.cell_contents for cell in value.__closure__ or ()]
+    except ValueError:  # a cell not yet filled
+        return None
+    values += list(value.__defaults__ or ()) + [dict(value.__kwdefaults__ or {})]
+    if values == [{}]:
+        return name
+    captured = _captured(values, depth)
+    return None if captured is None else f"{name} closing over {captured}"
+
+
+def _captured(values: list, depth: int) -> str | None:
+    """JSON of the plain data ``values`` (functions by name), or ``None`` when one is not plain data."""
+    def plain(v):
+        if isinstance(v, _PLAIN):
+            return v
+        if isinstance(v, (list, tuple)):
+            return [plain(x) for x in v]
+        if isinstance(v, dict) and all(isinstance(k, str) for k in v):
+            return {k: plain(x) for k, x in v.items()}
+        if callable(v) and not isinstance(v, type):
+            name = _path_of(v) or code_name(v, depth + 1)
+            if name is not None:
+                return name
+        raise DescriptionError("not plain data")
+    try:
+        return json.dumps(plain(values), sort_keys=True)
+    except (DescriptionError, RecursionError, ValueError, TypeError):
+        return None
+
+
+def unstable_fields(description: Any, where: str = "policy") -> list[str]:
+    """Where a lenient description (:func:`describe_object`) recorded a value by a ``repr`` holding a memory address:
+    a value the same code gives another process is recorded otherwise there, so a file holding it matches no run
+    of another process."""
+    if isinstance(description, dict):
+        if "class" in description and isinstance(description.get("fields"), dict):
+            return [f for k, v in description["fields"].items() for f in unstable_fields(v, f"{where}.{k}")]
+        if "__seq__" in description:
+            return [f for i, v in enumerate(description["__seq__"]) for f in unstable_fields(v, f"{where}[{i}]")]
+        text = description.get("__unimportable__", description.get("__repr__"))
+        return [f"{where} ({text})"] if isinstance(text, str) and " at 0x" in text else []
+    return []
+
+
 def describe_value(value: Any, what: str, *, lenient: bool = False) -> Any:
     """Plain-data form of a field value: scalars, lists/tuples, importable functions and classes, dataclasses.
 
@@ -272,7 +337,7 @@ def describe_value(value: Any, what: str, *, lenient: bool = False) -> Any:
         if path is not None and not path.startswith("__main__:"):
             return {"__callable__": path}
         if lenient:
-            return {"__unimportable__": _path_of(value) or repr(value)}
+            return {"__unimportable__": _path_of(value) or code_name(value) or repr(value)}
         raise DescriptionError(
             f"{what} holds the callable {value!r}, which cannot be imported by name; use a module-level "
             f"function or class (importable as 'module:name'), not a lambda, closure, schedule or __main__ object"

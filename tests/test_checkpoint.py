@@ -1265,3 +1265,71 @@ def test_ctrl_c_after_the_run_returned_carries_its_result_and_checkpoint(tmp_pat
                   eval_episodes=1, log_dir=None, checkpoint_path=path, progress=False)
     assert interrupted.value.checkpoint_path == path and checkpoint.read(path).generation == 2
     assert list(interrupted.value.result.history["generation"]) == [1, 2]
+
+
+LAMBDA_POLICY_SCRIPT = """
+import sys, warnings
+import flax.linen as nn, jes
+warnings.simplefilter("error")  # no warning either way: the same code in another process is the same policy
+policy = jes.MLPPolicy((4,), activation=lambda x: x * nn.sigmoid(x))
+kw = dict(num_members=8, eval_episodes=2, max_episode_steps=20, progress=False)
+if sys.argv[1] == "train":
+    r = jes.train(policy, "CartPole-v1", "adam", num_generations=2, log_dir=sys.argv[2], **kw)
+else:
+    r = jes.train(policy, "CartPole-v1", "adam", num_generations=3, resume=sys.argv[2], **kw)
+print("generations", len(r.history["generation"]))
+"""
+
+
+def test_a_policy_with_a_lambda_resumes_in_another_process(tmp_path):
+    """A lambda field was recorded by its repr, memory address included: resume= in a new process was always refused
+    with "Resume with the same policy", which it was."""
+    script = tmp_path / "lambda_policy.py"
+    script.write_text(LAMBDA_POLICY_SCRIPT)
+    run = lambda *args: subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True,
+                                       timeout=300, cwd=str(tmp_path))
+    first = run("train", str(tmp_path / "run"))
+    assert first.returncode == 0 and "generations 2" in first.stdout, first.stderr[-3000:]
+    resumed = run("resume", str(tmp_path / "run" / "checkpoint.ckpt"))
+    assert resumed.returncode == 0 and "generations 3" in resumed.stdout, resumed.stderr[-3000:]
+
+
+def _swish(x):
+    return x
+
+
+def test_a_checkpoint_recording_a_lambda_by_its_address_resumes_with_a_warning(tmp_path):
+    """Checkpoints written before jes named lambdas by module, qualified name and line hold their address: the same
+    qualified name resumes, said; another function is refused with a message that explains lambdas."""
+    swish = lambda x: x * jax.nn.sigmoid(x)  # noqa: E731
+    policy = jes.MLPPolicy((3,), activation=swish)
+    trainer = jes.Trainer(policy, "CartPole-v1", "adam", jes.ESConfig(**SMALL))
+    saved = checkpoint.save(str(tmp_path / "new.ckpt"), trainer, trainer.init_state(0), key=0)
+    old_repr = f"<function {swish.__qualname__} at 0x7f40098d84a0>"
+    old = _rewrite_meta(saved, str(tmp_path / "old.ckpt"),
+                        lambda meta: meta["policy"]["fields"].update(activation={"__unimportable__": old_repr}))
+    with pytest.warns(UserWarning, match=r"recorded the function <function .*<lambda> at 0x7f40098d84a0> by its memory "
+                                         r"address, as jes did before .*resuming with it as given"):
+        checkpoint.read(old).restore_state(trainer)
+    def linear(x):
+        return x
+
+    other = jes.Trainer(jes.MLPPolicy((3,), activation=linear), "CartPole-v1", "adam", jes.ESConfig(**SMALL))
+    with pytest.raises(checkpoint.CheckpointError, match=r"a lambda or closure is recorded by its module, qualified "
+                                                         r"name and first line"):
+        checkpoint.read(old).restore_state(other)
+
+
+class _Scale:
+    def __call__(self, x):
+        return x
+
+
+def test_a_run_whose_checkpoint_cannot_resume_in_another_process_says_so_as_it_starts(tmp_path):
+    """A callable object's repr holds its address: its checkpoint matches no other process, said at the start of the
+    run, not when resume= refuses it hours later."""
+    policy = jes.MLPPolicy((3,), activation=_Scale())
+    with pytest.warns(UserWarning, match=r"will record policy.activation \(<.*_Scale object at 0x[0-9a-f]+>\) by its "
+                                         r"memory address.*resume= in another process will refuse it"):
+        jes.train(policy, "CartPole-v1", "adam", log_dir=str(tmp_path / "run"), progress=False,
+                  **dict(SMALL, num_generations=1))

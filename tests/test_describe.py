@@ -1,5 +1,6 @@
 """jes.describe: plain-data descriptions and the allowlist that decides what they may build."""
 import dataclasses
+import functools
 import json
 import os
 import subprocess
@@ -232,6 +233,35 @@ def test_lenient_description_records_what_cannot_travel():
     assert "__unimportable__" in recorded["fields"]["activation"]
     with pytest.raises(DescriptionError, match="cannot be rebuilt"):
         describe.build_object(recorded, describe.allowlist(), role="policy")
+
+
+def _scaled(scale):
+    return lambda x: x * scale
+
+
+class _Opaque:
+    pass
+
+
+def test_a_lambda_is_recorded_by_module_qualified_name_and_line_not_its_address():
+    """A lambda was recorded by its repr, memory address included, so no other process matched its checkpoint."""
+    swish = lambda x: x * nn.sigmoid(x)  # noqa: E731
+    line = swish.__code__.co_firstlineno
+    recorded = describe.describe_value(swish, "policy.activation", lenient=True)
+    assert recorded == {"__unimportable__": f"{__name__}:test_a_lambda_is_recorded_by_module_qualified_name_and_line_"
+                                            f"not_its_address.<locals>.<lambda>:{line}"}
+    assert describe.unstable_fields({"class": "c", "fields": {"activation": recorded}}) == []
+    # a closure: with the plain data it closes over, so another scale is another function
+    line = _scaled.__code__.co_firstlineno + 1
+    assert describe.code_name(_scaled(2.0)) == f"{__name__}:_scaled.<locals>.<lambda>:{line} closing over [2.0, {{}}]"
+    assert describe.code_name(_scaled(2.0)) != describe.code_name(_scaled(3.0))
+    assert describe.code_name(functools.partial(nn.leaky_relu, negative_slope=0.1)) == \
+        'functools.partial(flax.linen.activation:leaky_relu, [{"negative_slope": 0.1}])'.replace(
+            "flax.linen.activation:leaky_relu", describe._path_of(nn.leaky_relu))
+    # what it closes over is an object: its repr holds an address, and the description says where
+    assert describe.code_name(_scaled(_Opaque())) is None
+    recorded = describe.describe_object(jes.MLPPolicy(activation=_scaled(_Opaque())), "policy", lenient=True)
+    assert [f.split(" (")[0] for f in describe.unstable_fields(recorded)] == ["policy.activation"]
 
 
 def test_a_description_nested_past_the_limit_is_malformed_not_a_recursion_error():
