@@ -652,11 +652,13 @@ def check_parameter_dtypes(name: str, variables: Any) -> None:
         dtype = jnp.dtype(leaf.dtype)
         if dtype == jnp.float32:
             continue
-        where = "/".join(str(getattr(k, "key", getattr(k, "idx", k))) for k in path)
-        if jnp.issubdtype(dtype, jnp.floating):
-            raise TypeError(f"policy parameters must be float32, got {dtype} at {where} of policy {name}: jes evolves "
-                            f"one float32 vector of them; keep param_dtype float32 (the default) and compute in "
-                            f"another type with the layers' dtype= (e.g. nn.Dense(64, dtype=jnp.bfloat16))")
+        # DictKey .key, SequenceKey .idx, GetAttrKey .name (a boxed leaf, nn.with_partitioning: params/w/value)
+        where = "/".join(str(getattr(k, "key", getattr(k, "idx", getattr(k, "name", k)))) for k in path)
+        if jnp.issubdtype(dtype, jnp.inexact):  # bf16, f16, f64, complex
+            unsupported = " (complex parameters are not supported)" if jnp.issubdtype(dtype, jnp.complexfloating) else ""
+            raise TypeError(f"policy parameters must be float32{unsupported}, got {dtype} at {where} of policy {name}: "
+                            f"jes evolves one float32 vector of them; keep param_dtype float32 (the default) and "
+                            f"compute in another type with the layers' dtype= (e.g. nn.Dense(64, dtype=jnp.bfloat16))")
         raise TypeError(f"policy {name}'s variable {where} is {dtype}{list(leaf.shape)}: jes evolves every variable "
                         f"as float32 parameters (it would perturb and train it); make a fixed {dtype} value a "
                         f"constant of the module (a field, or an array built in __call__), not a variable")

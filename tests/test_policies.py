@@ -126,6 +126,34 @@ def test_a_policy_with_some_low_precision_parameters_is_refused_naming_the_first
         jes.Trainer(_PartlyHalf(dtype), "CartPole-v1", "adam", jes.ESConfig(num_members=4))
 
 
+class _Complex(nn.Module):
+    @nn.compact
+    def __call__(self, obs):
+        w = self.param("w", lambda key: jnp.ones((4,), jnp.complex64))
+        return nn.Dense(2)(obs * w.real)
+
+
+class _BoxedInt(nn.Module):
+    """An int32 parameter boxed by nn.with_partitioning (a leaf under the box's .value)."""
+    @nn.compact
+    def __call__(self, obs):
+        w = self.param("w", nn.with_partitioning(lambda key, shape: jnp.ones(shape, jnp.int32), (None,)), (4,))
+        return nn.Dense(2)(obs * w)
+
+
+def test_a_complex_parameter_gets_the_float32_message_saying_complex_is_not_supported():
+    """It was told it was an int or bool variable to make a constant."""
+    with pytest.raises(TypeError, match=r"^policy parameters must be float32 \(complex parameters are not supported\), "
+                                        r"got complex64 at params/w of policy _Complex: "):
+        jes.Trainer(_Complex(), "CartPole-v1", "adam", jes.ESConfig(num_members=4))
+
+
+def test_a_boxed_variable_is_named_by_its_path_without_punctuation():
+    """A GetAttrKey was written by its str: params/w/.value."""
+    with pytest.raises(TypeError, match=r"^policy _BoxedInt's variable params/w/value is int32\[4\]: "):
+        jes.Trainer(_BoxedInt(), "CartPole-v1", "adam", jes.ESConfig(num_members=4))
+
+
 def test_flax_rnn_as_a_policy_is_refused_saying_to_pass_its_cell():
     """nn.RNN scans a time axis; given one observation it failed deep in Flax with a bare IndexError."""
     with pytest.raises(ValueError, match=r"^policy RNN is Flax's nn.RNN, which scans a sequence along a time axis.*"
