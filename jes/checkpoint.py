@@ -87,7 +87,7 @@ def describe_policy(policy: nn.Module) -> dict:
 
     Field values that cannot be rebuilt by name (a lambda activation) are recorded, not refused, so
     such a run can still be checkpointed and resumed into a trainer you build yourself: a lambda or nested
-    function by its module, qualified name, first line and the plain data it closes over
+    function by its module, qualified name, first line, code hash and the plain data it closes over
     (:func:`jes.describe.code_name`), which ``resume=`` in another process matches.
     """
     return describe.describe_object(policy, "policy", lenient=True)
@@ -955,8 +955,8 @@ class Checkpoint:
                     continue
                 if notes or describe.unstable_fields(theirs[field]):
                     problems.append(f"{label}: checkpoint has {theirs[field]}, this run has {mine[field]} (a lambda or "
-                                    f"closure is recorded by its module, qualified name and first line, and by what it "
-                                    f"closes over; one recorded by its memory address matches no other process: "
+                                    f"closure is recorded by its module, qualified name, first line and code hash, and "
+                                    f"by what it closes over; one recorded by its memory address matches no other process: "
                                     f"define it with def at module level, or restore the state into a trainer you "
                                     f"build: jes.checkpoint.read(path).restore_state(trainer))")
                     continue
@@ -1076,14 +1076,15 @@ def _nbytes(tree: Any) -> int:
 
 
 _ADDRESS_REPR = re.compile(r"^<function (\S+) at 0x[0-9a-fA-F]+>$")
-_CODE_NAME = re.compile(r"^([^:]+):(\S+):(\d+)( closing over .*)?$")
+# module, qualified name, line, code hash (absent before jes hashed the code), what it closes over
+_CODE_NAME = re.compile(r"^([^:]+):(\S+):(\d+)(?: code=([0-9a-f]+))?( closing over .*)?$")
 
 
 def _same_policy(theirs: Any, mine: Any, notes: list) -> bool:
     """Whether two policy descriptions differ only in how a lambda or nested function is recorded, noting each such
     difference in ``notes`` (even when they differ otherwise): one recorded by its ``repr`` with a memory address
     (as jes did before :func:`jes.describe.code_name`) where this run's has the same qualified name, or the same
-    module's function at another line (a cell or lines above it edited)."""
+    module's function at another line (a cell or lines above it edited) or with other code (edited on its line)."""
     if isinstance(theirs, dict) and isinstance(mine, dict) and set(theirs) == set(mine) == {"__unimportable__"}:
         a, b = str(theirs["__unimportable__"]), str(mine["__unimportable__"])
         if a == b:
@@ -1095,10 +1096,13 @@ def _same_policy(theirs: Any, mine: Any, notes: list) -> bool:
                          f"as given")
             return True
         old = _CODE_NAME.match(a)
-        if old is not None and new is not None and old.group(1, 2, 4) == new.group(1, 2, 4):
-            notes.append(f"ran the function {a}, this run passes {b}: the same module, another line (a cell or lines "
-                         f"above it edited?). jes cannot tell whether it is the same function; resuming with it as "
-                         f"given")
+        if old is not None and new is not None and old.group(1, 2, 5) == new.group(1, 2, 5):
+            moved, edited = old.group(3) != new.group(3), old.group(4) != new.group(4)
+            what = ("another line and other code (moved and edited?)" if moved and edited else
+                    "another line (a cell or lines above it edited?)" if moved else
+                    "the same line but other code (edited?)")
+            notes.append(f"ran the function {a}, this run passes {b}: the same module, {what}. jes cannot tell "
+                         f"whether it computes the same; resuming with it as given")
             return True
         notes.append(f"ran the function {a}, this run passes {b}")
         return False

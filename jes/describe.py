@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import hashlib
 import importlib
 import json
 import os
@@ -251,11 +252,13 @@ def _importable(obj: Any) -> str | None:
 def code_name(value: Any, depth: int = 0) -> str | None:
     """A name of a callable that cannot be imported by name, the same in another process that runs the same code.
 
-    A lambda or nested function: ``"module:qualname:line"`` (``"__main__:<lambda>:12"``: a lambda's qualified name
-    says only ``<lambda>``, its first line tells it from the module's others), plus ``" closing over [...]"`` with the
-    plain data it captures and its defaults; ``functools.partial``: ``"functools.partial(name, [args], {kwargs})"``.
-    ``None`` where that cannot be said without a memory address (it captures an object that is not plain data,
-    a callable object): its ``repr`` then differs in every process.
+    A lambda or nested function: ``"module:qualname:line code=HASH"`` (``"__main__:<lambda>:12 code=3f2a9c1b0d4e"``:
+    a lambda's qualified name says only ``<lambda>``, its first line tells it from the module's others, and a short
+    hash of its compiled code (:func:`code_hash`) tells an edited one on the same line), plus ``" closing over [...]"``
+    with the plain data it captures and its defaults (``sha256:...`` of that data where it is long: it is only
+    compared); ``functools.partial``: ``"functools.partial(name, [args], {kwargs})"``. ``None`` where that cannot be
+    said without a memory address (it captures an object that is not plain data, a callable object): its ``repr``
+    then differs in every process.
     """
     if depth > 4:
         return None
@@ -266,7 +269,7 @@ def code_name(value: Any, depth: int = 0) -> str | None:
     code, module, qualname = (getattr(value, a, None) for a in ("__code__", "__module__", "__qualname__"))
     if not isinstance(code, types.CodeType) or not isinstance(module, str) or not module or not isinstance(qualname, str):
         return None
-    name = f"{module}:{qualname}:{code.co_firstlineno}"
+    name = f"{module}:{qualname}:{code.co_firstlineno} code={code_hash(code)}"
     try:
         values = [cell.cell_contents for cell in value.__closure__ or ()]
     except ValueError:  # a cell not yet filled
@@ -293,9 +296,47 @@ def _captured(values: list, depth: int) -> str | None:
                 return name
         raise DescriptionError("not plain data")
     try:
-        return json.dumps(plain(values), sort_keys=True)
+        text = json.dumps(plain(values), sort_keys=True)
     except (DescriptionError, RecursionError, ValueError, TypeError):
         return None
+    # Long data (a table, a token or path in a long closure) is only compared: its hash, not a copy in every file
+    # and error message.
+    return text if len(text) <= MAX_CAPTURED_CHARS else f"sha256:{hashlib.sha256(text.encode()).hexdigest()}"
+
+
+# Captured data longer than this (as JSON) is recorded by its sha256.
+MAX_CAPTURED_CHARS = 200
+
+
+def code_hash(code: types.CodeType) -> str:
+    """A short hash of a function's compiled code: its bytecode, constants and names, and those of the functions
+    defined in it. The same source gives the same hash in another process (of the same Python version); an edit to
+    a lambda that leaves it on the same line changes it."""
+    digest = hashlib.sha256()
+
+    def feed(c: types.CodeType, depth: int) -> None:
+        digest.update(c.co_code)
+        digest.update(repr(c.co_names).encode())
+        for const in c.co_consts:
+            if isinstance(const, types.CodeType) and depth < 16:
+                digest.update(b"<code>")
+                feed(const, depth + 1)
+            else:
+                digest.update(_const_text(const).encode())
+            digest.update(b"\0")
+
+    feed(code, 0)
+    return digest.hexdigest()[:12]
+
+
+def _const_text(const: Any) -> str:
+    """``repr`` of a code constant, the same in every process: a frozenset's (``x in {"a", "b"}``) order depends on
+    string hashing, so its items are sorted."""
+    if isinstance(const, frozenset):
+        return "frozenset(" + repr(sorted(_const_text(c) for c in const)) + ")"
+    if isinstance(const, tuple):
+        return "(" + ", ".join(_const_text(c) for c in const) + ",)"
+    return repr(const)
 
 
 def unstable_fields(description: Any, where: str = "policy") -> list[str]:
@@ -337,7 +378,10 @@ def describe_value(value: Any, what: str, *, lenient: bool = False) -> Any:
         if path is not None and not path.startswith("__main__:"):
             return {"__callable__": path}
         if lenient:
-            return {"__unimportable__": _path_of(value) or code_name(value) or repr(value)}
+            recorded = _path_of(value) or repr(value)
+            if " at 0x" in recorded:  # a lambda, a closure: its repr differs in every process; a stable one stays
+                recorded = code_name(value) or recorded  # as jes always wrote it, so its checkpoints still resume
+            return {"__unimportable__": recorded}
         raise DescriptionError(
             f"{what} holds the callable {value!r}, which cannot be imported by name; use a module-level "
             f"function or class (importable as 'module:name'), not a lambda, closure, schedule or __main__ object"

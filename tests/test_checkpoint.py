@@ -1,4 +1,6 @@
 """jes.checkpoint: atomic saves, bit-identical resume, clear errors for bad files."""
+import functools
+import operator
 import os
 import re
 import shutil
@@ -1316,7 +1318,7 @@ def test_a_checkpoint_recording_a_lambda_by_its_address_resumes_with_a_warning(t
 
     other = jes.Trainer(jes.MLPPolicy((3,), activation=linear), "CartPole-v1", "adam", jes.ESConfig(**SMALL))
     with pytest.raises(checkpoint.CheckpointError, match=r"a lambda or closure is recorded by its module, qualified "
-                                                         r"name and first line"):
+                                                         r"name, first line and code hash"):
         checkpoint.read(old).restore_state(other)
 
 
@@ -1333,3 +1335,47 @@ def test_a_run_whose_checkpoint_cannot_resume_in_another_process_says_so_as_it_s
                                          r"memory address.*resume= in another process will refuse it"):
         jes.train(policy, "CartPole-v1", "adam", log_dir=str(tmp_path / "run"), progress=False,
                   **dict(SMALL, num_generations=1))
+
+
+def test_a_run_that_writes_no_checkpoint_does_not_warn_that_it_cannot_resume():
+    """The warning is about a checkpoint: a run with log_dir=None and checkpoint_path=None writes none."""
+    policy = jes.MLPPolicy((3,), activation=_Scale())
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        warnings.simplefilter("ignore", DeprecationWarning)
+        jes.train(policy, "CartPole-v1", "adam", log_dir=None, checkpoint_path=None, progress=False,
+                  **dict(SMALL, num_generations=1))
+
+
+@pytest.mark.parametrize("value, old", [
+    (functools.partial(operator.mul, 0.5), "functools.partial(<built-in function mul>, 0.5)"),
+    (functools.partial(operator.add, 1.0), "functools.partial(<built-in function add>, 1.0)"),
+])
+def test_a_checkpoint_of_a_policy_with_a_stable_repr_partial_still_resumes(tmp_path, value, old):
+    """Naming lambdas by their code recorded these partials otherwise than jes always had: their checkpoints were
+    refused on resume, blaming a lambda."""
+    trainer = jes.Trainer(jes.MLPPolicy((3,), activation=value), "CartPole-v1", "adam", jes.ESConfig(**SMALL))
+    saved = checkpoint.save(str(tmp_path / "new.ckpt"), trainer, trainer.init_state(0), key=0)
+    written = _rewrite_meta(saved, str(tmp_path / "old.ckpt"),
+                            lambda meta: meta["policy"]["fields"].update(activation={"__unimportable__": old}))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        warnings.simplefilter("ignore", DeprecationWarning)
+        checkpoint.read(written).restore_state(trainer)
+
+
+def test_a_lambda_edited_on_its_line_resumes_with_a_warning(tmp_path):
+    """Recorded by module, qualified name, line and captured data only, a lambda edited on the same line resumed
+    silently: its code's hash now tells it, said as for a moved lambda."""
+    trained, edited = (lambda x: x * 2.0), (lambda x: jax.numpy.sin(x))  # noqa: E731 - the same line
+    trainer = jes.Trainer(jes.MLPPolicy((3,), activation=trained), "CartPole-v1", "adam", jes.ESConfig(**SMALL))
+    saved = checkpoint.save(str(tmp_path / "run.ckpt"), trainer, trainer.init_state(0), key=0)
+    other = jes.Trainer(jes.MLPPolicy((3,), activation=edited), "CartPole-v1", "adam", jes.ESConfig(**SMALL))
+    with pytest.warns(UserWarning, match=r"ran the function .*<lambda>:\d+ code=[0-9a-f]+, this run passes .*<lambda>:"
+                                         r"\d+ code=[0-9a-f]+: the same module, the same line but other code "
+                                         r"\(edited\?\).*resuming with it as given"):
+        checkpoint.read(saved).restore_state(other)
+    with warnings.catch_warnings():  # the same lambda: nothing to say
+        warnings.simplefilter("error")
+        warnings.simplefilter("ignore", DeprecationWarning)
+        checkpoint.read(saved).restore_state(trainer)
