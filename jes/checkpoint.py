@@ -86,9 +86,22 @@ def describe_policy(policy: nn.Module) -> dict:
     """``{"class": "module:QualName", "fields": {...}}`` of a Flax module, JSON-able (see :mod:`jes.describe`).
 
     Field values that cannot be rebuilt by name (a lambda activation) are recorded, not refused, so
-    such a run can still be checkpointed and resumed into a trainer you build yourself.
+    such a run can still be checkpointed and resumed into a trainer you build yourself: a lambda or nested
+    function by its module, qualified name, first line, code hash and the plain data it closes over
+    (:func:`jes.describe.code_name`), which ``resume=`` in another process matches.
     """
     return describe.describe_object(policy, "policy", lenient=True)
+
+
+def warn_unresumable(policy: nn.Module, path: str) -> None:
+    """Warn, as a run starts, when its checkpoint at ``path`` will record a field of ``policy`` by a memory address
+    (a closure over an object, a callable object): ``resume=`` in another process could never match it."""
+    fields = describe.unstable_fields(describe_policy(policy))
+    if fields:
+        warnings.warn(f"checkpoint {path} will record {', '.join(fields)} by its memory address, which differs in "
+                      f"every process: resume= in another process will refuse it. Use a module-level function (or a "
+                      f"lambda closing over plain data only), or restore it into a trainer you build: "
+                      f"jes.checkpoint.read(path).restore_state(trainer)", stacklevel=3)
 
 
 def _upgrade_v1(value: Any) -> Any:
@@ -934,6 +947,19 @@ class Checkpoint:
                               f"{theirs[field]!r}, which cannot say whether it ran {mine[field]!r}; resuming on "
                               f"{mine[field]!r} as given", stacklevel=3)
                 continue
+            if field == "policy" and json.loads(json.dumps(mine[field])) != theirs[field]:
+                notes: list = []
+                if _same_policy(theirs[field], json.loads(json.dumps(mine[field])), notes):
+                    for note in notes:  # the same policy but for functions recorded otherwise: said, not refused
+                        warnings.warn(f"checkpoint {self.path} {note}", stacklevel=3)
+                    continue
+                if notes or describe.unstable_fields(theirs[field]):
+                    problems.append(f"{label}: checkpoint has {theirs[field]}, this run has {mine[field]} (a lambda or "
+                                    f"closure is recorded by its module, qualified name, first line and code hash, and "
+                                    f"by what it closes over; one recorded by its memory address matches no other process: "
+                                    f"define it with def at module level, or restore the state into a trainer you "
+                                    f"build: jes.checkpoint.read(path).restore_state(trainer))")
+                    continue
             if json.loads(json.dumps(mine[field])) != theirs[field]:
                 problems.append(f"{label}: checkpoint has {theirs[field]}, this run has {mine[field]}")
         if mine["env_name"] == theirs["env_name"] and str(theirs["env_name"]).endswith(gymnasium_envs.INSTANCE_SUFFIX):
@@ -1047,6 +1073,45 @@ def _nbytes(tree: Any) -> int:
     """Bytes of a tree's array (or ``ShapeDtypeStruct``) leaves."""
     return sum(int(np.prod(x.shape, dtype=np.int64)) * np.dtype(x.dtype).itemsize
                for x in jax.tree.leaves(tree) if hasattr(x, "shape") and hasattr(x, "dtype"))
+
+
+_ADDRESS_REPR = re.compile(r"^<function (\S+) at 0x[0-9a-fA-F]+>$")
+# module, qualified name, line, code hash (absent before jes hashed the code), what it closes over
+_CODE_NAME = re.compile(r"^([^:]+):(\S+):(\d+)(?: code=([0-9a-f]+))?( closing over .*)?$")
+
+
+def _same_policy(theirs: Any, mine: Any, notes: list) -> bool:
+    """Whether two policy descriptions differ only in how a lambda or nested function is recorded, noting each such
+    difference in ``notes`` (even when they differ otherwise): one recorded by its ``repr`` with a memory address
+    (as jes did before :func:`jes.describe.code_name`) where this run's has the same qualified name, or the same
+    module's function at another line (a cell or lines above it edited) or with other code (edited on its line)."""
+    if isinstance(theirs, dict) and isinstance(mine, dict) and set(theirs) == set(mine) == {"__unimportable__"}:
+        a, b = str(theirs["__unimportable__"]), str(mine["__unimportable__"])
+        if a == b:
+            return True
+        old, new = _ADDRESS_REPR.match(a), _CODE_NAME.match(b)
+        if old is not None and new is not None and old.group(1) == new.group(2):
+            notes.append(f"recorded the function {a} by its memory address, as jes did before it named such a function "
+                         f"by its module, qualified name and line: it cannot say whether it ran {b}; resuming with it "
+                         f"as given")
+            return True
+        old = _CODE_NAME.match(a)
+        if old is not None and new is not None and old.group(1, 2, 5) == new.group(1, 2, 5):
+            moved, edited = old.group(3) != new.group(3), old.group(4) != new.group(4)
+            what = ("another line and other code (moved and edited?)" if moved and edited else
+                    "another line (a cell or lines above it edited?)" if moved else
+                    "the same line but other code (edited?)")
+            notes.append(f"ran the function {a}, this run passes {b}: the same module, {what}. jes cannot tell "
+                         f"whether it computes the same; resuming with it as given")
+            return True
+        notes.append(f"ran the function {a}, this run passes {b}")
+        return False
+    if isinstance(theirs, dict) and isinstance(mine, dict):
+        same = set(theirs) == set(mine)
+        return all([_same_policy(theirs[k], mine[k], notes) for k in theirs if k in mine]) and same
+    if isinstance(theirs, list) and isinstance(mine, list):
+        return len(theirs) == len(mine) and all([_same_policy(a, b, notes) for a, b in zip(theirs, mine)])
+    return theirs == mine
 
 
 def _lambda_moved(theirs: str, mine: str) -> bool:

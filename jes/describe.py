@@ -38,7 +38,9 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import hashlib
 import importlib
+import json
 import os
 import sys
 import types
@@ -247,6 +249,110 @@ def _importable(obj: Any) -> str | None:
     return path if found is obj else None
 
 
+def code_name(value: Any, depth: int = 0) -> str | None:
+    """A name of a callable that cannot be imported by name, the same in another process that runs the same code.
+
+    A lambda or nested function: ``"module:qualname:line code=HASH"`` (``"__main__:<lambda>:12 code=3f2a9c1b0d4e"``:
+    a lambda's qualified name says only ``<lambda>``, its first line tells it from the module's others, and a short
+    hash of its compiled code (:func:`code_hash`) tells an edited one on the same line), plus ``" closing over [...]"``
+    with the plain data it captures and its defaults (``sha256:...`` of that data where it is long: it is only
+    compared); ``functools.partial``: ``"functools.partial(name, [args], {kwargs})"``. ``None`` where that cannot be
+    said without a memory address (it captures an object that is not plain data, a callable object): its ``repr``
+    then differs in every process.
+    """
+    if depth > 4:
+        return None
+    if isinstance(value, functools.partial):
+        func = _path_of(value.func) or code_name(value.func, depth + 1)
+        captured = _captured(list(value.args) + [value.keywords or {}], depth)
+        return None if func is None or captured is None else f"functools.partial({func}, {captured})"
+    code, module, qualname = (getattr(value, a, None) for a in ("__code__", "__module__", "__qualname__"))
+    if not isinstance(code, types.CodeType) or not isinstance(module, str) or not module or not isinstance(qualname, str):
+        return None
+    name = f"{module}:{qualname}:{code.co_firstlineno} code={code_hash(code)}"
+    try:
+        values = [cell.cell_contents for cell in value.__closure__ or ()]
+    except ValueError:  # a cell not yet filled
+        return None
+    values += list(value.__defaults__ or ()) + [dict(value.__kwdefaults__ or {})]
+    if values == [{}]:
+        return name
+    captured = _captured(values, depth)
+    return None if captured is None else f"{name} closing over {captured}"
+
+
+def _captured(values: list, depth: int) -> str | None:
+    """JSON of the plain data ``values`` (functions by name), or ``None`` when one is not plain data."""
+    def plain(v):
+        if isinstance(v, _PLAIN):
+            return v
+        if isinstance(v, (list, tuple)):
+            return [plain(x) for x in v]
+        if isinstance(v, dict) and all(isinstance(k, str) for k in v):
+            return {k: plain(x) for k, x in v.items()}
+        if callable(v) and not isinstance(v, type):
+            name = _path_of(v) or code_name(v, depth + 1)
+            if name is not None:
+                return name
+        raise DescriptionError("not plain data")
+    try:
+        text = json.dumps(plain(values), sort_keys=True)
+    except (DescriptionError, RecursionError, ValueError, TypeError):
+        return None
+    # Long data (a table, a token or path in a long closure) is only compared: its hash, not a copy in every file
+    # and error message.
+    return text if len(text) <= MAX_CAPTURED_CHARS else f"sha256:{hashlib.sha256(text.encode()).hexdigest()}"
+
+
+# Captured data longer than this (as JSON) is recorded by its sha256.
+MAX_CAPTURED_CHARS = 200
+
+
+def code_hash(code: types.CodeType) -> str:
+    """A short hash of a function's compiled code: its bytecode, constants and names, and those of the functions
+    defined in it. The same source gives the same hash in another process (of the same Python version); an edit to
+    a lambda that leaves it on the same line changes it."""
+    digest = hashlib.sha256()
+
+    def feed(c: types.CodeType, depth: int) -> None:
+        digest.update(c.co_code)
+        digest.update(repr(c.co_names).encode())
+        for const in c.co_consts:
+            if isinstance(const, types.CodeType) and depth < 16:
+                digest.update(b"<code>")
+                feed(const, depth + 1)
+            else:
+                digest.update(_const_text(const).encode())
+            digest.update(b"\0")
+
+    feed(code, 0)
+    return digest.hexdigest()[:12]
+
+
+def _const_text(const: Any) -> str:
+    """``repr`` of a code constant, the same in every process: a frozenset's (``x in {"a", "b"}``) order depends on
+    string hashing, so its items are sorted."""
+    if isinstance(const, frozenset):
+        return "frozenset(" + repr(sorted(_const_text(c) for c in const)) + ")"
+    if isinstance(const, tuple):
+        return "(" + ", ".join(_const_text(c) for c in const) + ",)"
+    return repr(const)
+
+
+def unstable_fields(description: Any, where: str = "policy") -> list[str]:
+    """Where a lenient description (:func:`describe_object`) recorded a value by a ``repr`` holding a memory address:
+    a value the same code gives another process is recorded otherwise there, so a file holding it matches no run
+    of another process."""
+    if isinstance(description, dict):
+        if "class" in description and isinstance(description.get("fields"), dict):
+            return [f for k, v in description["fields"].items() for f in unstable_fields(v, f"{where}.{k}")]
+        if "__seq__" in description:
+            return [f for i, v in enumerate(description["__seq__"]) for f in unstable_fields(v, f"{where}[{i}]")]
+        text = description.get("__unimportable__", description.get("__repr__"))
+        return [f"{where} ({text})"] if isinstance(text, str) and " at 0x" in text else []
+    return []
+
+
 def describe_value(value: Any, what: str, *, lenient: bool = False) -> Any:
     """Plain-data form of a field value: scalars, lists/tuples, importable functions and classes, dataclasses.
 
@@ -272,7 +378,10 @@ def describe_value(value: Any, what: str, *, lenient: bool = False) -> Any:
         if path is not None and not path.startswith("__main__:"):
             return {"__callable__": path}
         if lenient:
-            return {"__unimportable__": _path_of(value) or repr(value)}
+            recorded = _path_of(value) or repr(value)
+            if " at 0x" in recorded:  # a lambda, a closure: its repr differs in every process; a stable one stays
+                recorded = code_name(value) or recorded  # as jes always wrote it, so its checkpoints still resume
+            return {"__unimportable__": recorded}
         raise DescriptionError(
             f"{what} holds the callable {value!r}, which cannot be imported by name; use a module-level "
             f"function or class (importable as 'module:name'), not a lambda, closure, schedule or __main__ object"

@@ -638,6 +638,32 @@ class Generation(CompiledPrograms):
         return new_state, dict(metrics, centre_return=centre_return, centre_steps=centre_steps)
 
 
+def check_parameter_dtypes(name: str, variables: Any) -> None:
+    """Refuse a policy whose variables are not all float32: jes evolves them as one float32 vector.
+
+    Raveling promotes mixed dtypes, so the vector's dtype hides a bf16 layer beside float32 ones (each member
+    rounded back to bf16: small perturbations lost) and an int or bool variable (perturbed in float32 and cast
+    back: a mask's False turned True, an integer drifting). Each leaf is checked, and the first not float32 named.
+
+    Raises:
+        TypeError: naming the variable's path and dtype, and what to do.
+    """
+    for path, leaf in jax.tree_util.tree_leaves_with_path(variables):
+        dtype = jnp.dtype(leaf.dtype)
+        if dtype == jnp.float32:
+            continue
+        # DictKey .key, SequenceKey .idx, GetAttrKey .name (a boxed leaf, nn.with_partitioning: params/w/value)
+        where = "/".join(str(getattr(k, "key", getattr(k, "idx", getattr(k, "name", k)))) for k in path)
+        if jnp.issubdtype(dtype, jnp.inexact):  # bf16, f16, f64, complex
+            unsupported = " (complex parameters are not supported)" if jnp.issubdtype(dtype, jnp.complexfloating) else ""
+            raise TypeError(f"policy parameters must be float32{unsupported}, got {dtype} at {where} of policy {name}: "
+                            f"jes evolves one float32 vector of them; keep param_dtype float32 (the default) and "
+                            f"compute in another type with the layers' dtype= (e.g. nn.Dense(64, dtype=jnp.bfloat16))")
+        raise TypeError(f"policy {name}'s variable {where} is {dtype}{list(leaf.shape)}: jes evolves every variable "
+                        f"as float32 parameters (it would perturb and train it); make a fixed {dtype} value a "
+                        f"constant of the module (a field, or an array built in __call__), not a variable")
+
+
 class Trainer(Generation):
     """The compiled pieces of an ES run of a policy on an env, for one (policy, env, strategy, optimizer, config).
 
@@ -676,12 +702,17 @@ class Trainer(Generation):
         self.rollout_min_batch = rollout_min_batch
         self.spec: EnvSpec = make_env(env, env_params, config.max_episode_steps)
         self.obs_shape = self.spec.obs_shape
+        if isinstance(policy, nn.RNN):  # it failed deep in Flax (IndexError) or scanned an observation's axis
+            raise ValueError(f"policy {type(policy).__name__} is Flax's nn.RNN, which scans a sequence along a time "
+                             f"axis, but jes gives a policy one observation a step and carries its carry between steps "
+                             f"itself: pass the cell as the policy ({type(policy.cell).__name__}, as nn.RNN was given it)")
         self.policy = fit_to_outputs(policy, self.spec.num_outputs)
         self.fns = PolicyFns(self.policy, self.spec.obs_shape)
-        unravel = []
+        unravel, abstract = [], []
 
         def flat_template():
             variables = self._init_variables(jax.random.key(0), abstract=True)
+            abstract.append(variables)  # shapes and dtypes
             flat, fn = ravel_pytree(jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), variables))
             unravel.append(fn)  # static (shapes and sizes only), so usable outside this trace
             return flat
@@ -689,10 +720,7 @@ class Trainer(Generation):
         # Shapes only: traced, never run (running it was a dozen tiny compiles at start-up).
         flat = jax.eval_shape(flat_template)
         self.unravel = unravel[0]
-        if flat.dtype != jnp.float32:
-            raise TypeError(f"policy parameters must be float32, got {flat.dtype}: jes evolves one float32 vector "
-                            f"of them; keep param_dtype float32 (the default) and compute in another type with the "
-                            f"layers' dtype= (e.g. nn.Dense(64, dtype=jnp.bfloat16))")
+        check_parameter_dtypes(type(self.policy).__name__, abstract[0])
         self.num_params = int(flat.shape[0])
         self._setup(strategy, optimizer, devices)
         self.normalize_observations = self.strategy.uses_obs_norm(config.normalize_observations)
@@ -746,7 +774,7 @@ class Trainer(Generation):
                 f"policy {name} cannot be applied as a pure function of its parameters ({err}); jes evaluates "
                 f"members with no mutable collections or RNGs: use nn.BatchNorm(use_running_average=True), "
                 f"nn.Dropout(deterministic=True)") from err
-        except (TypeError, ValueError) as err:
+        except (TypeError, ValueError, IndexError) as err:
             raise ValueError(
                 f"policy {name} cannot be applied to one observation of env "
                 f"{self.spec.name!r} (shape {self.spec.obs_shape}): {err}"
@@ -858,11 +886,12 @@ class Trainer(Generation):
 
     def centre_from_chunks(self, centre):
         returns, steps = (x.reshape(-1)[: self.config.eval_episodes] for x in centre)
-        return returns.mean(), steps.sum()
+        return returns.mean(), steps.sum(dtype=jnp.int32)
 
     def centre_score(self, state):
         returns, steps = self.evaluate_centre(state)
-        return returns.mean(), steps.sum()
+        # int32 as the cond's other branch (in JAX's x64 mode a sum is int64): a no-op otherwise
+        return returns.mean(), steps.sum(dtype=jnp.int32)
 
     def evaluate_centre(self, state: TrainState, num_episodes: int | None = None, key: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
         """Returns and steps of the unperturbed centre on fresh episodes, each ``[num_episodes]``."""

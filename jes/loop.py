@@ -472,6 +472,8 @@ def train(
     if checkpoint_path == "<log_dir>/checkpoint.ckpt":
         checkpoint_path = resume if resume is not None else (
             os.path.join(log_dir, "checkpoint.ckpt") if log_dir is not None else None)
+    if checkpoint_path is not None and primary:
+        checkpoint.warn_unresumable(trainer.policy, checkpoint_path)  # at the start, not when resume= refuses it
     lock = None  # this run's lock on its checkpoint, held until it ends
     server = None  # the ZeroMQ master of master=, made before the loggers
     try:  # a compile thread left running when this raises would abort the interpreter at its exit

@@ -1,4 +1,6 @@
 """jes.checkpoint: atomic saves, bit-identical resume, clear errors for bad files."""
+import functools
+import operator
 import os
 import re
 import shutil
@@ -1265,3 +1267,115 @@ def test_ctrl_c_after_the_run_returned_carries_its_result_and_checkpoint(tmp_pat
                   eval_episodes=1, log_dir=None, checkpoint_path=path, progress=False)
     assert interrupted.value.checkpoint_path == path and checkpoint.read(path).generation == 2
     assert list(interrupted.value.result.history["generation"]) == [1, 2]
+
+
+LAMBDA_POLICY_SCRIPT = """
+import sys, warnings
+import flax.linen as nn, jes
+warnings.simplefilter("error")  # no warning either way: the same code in another process is the same policy
+policy = jes.MLPPolicy((4,), activation=lambda x: x * nn.sigmoid(x))
+kw = dict(num_members=8, eval_episodes=2, max_episode_steps=20, progress=False)
+if sys.argv[1] == "train":
+    r = jes.train(policy, "CartPole-v1", "adam", num_generations=2, log_dir=sys.argv[2], **kw)
+else:
+    r = jes.train(policy, "CartPole-v1", "adam", num_generations=3, resume=sys.argv[2], **kw)
+print("generations", len(r.history["generation"]))
+"""
+
+
+def test_a_policy_with_a_lambda_resumes_in_another_process(tmp_path):
+    """A lambda field was recorded by its repr, memory address included: resume= in a new process was always refused
+    with "Resume with the same policy", which it was."""
+    script = tmp_path / "lambda_policy.py"
+    script.write_text(LAMBDA_POLICY_SCRIPT)
+    run = lambda *args: subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True,
+                                       timeout=300, cwd=str(tmp_path))
+    first = run("train", str(tmp_path / "run"))
+    assert first.returncode == 0 and "generations 2" in first.stdout, first.stderr[-3000:]
+    resumed = run("resume", str(tmp_path / "run" / "checkpoint.ckpt"))
+    assert resumed.returncode == 0 and "generations 3" in resumed.stdout, resumed.stderr[-3000:]
+
+
+def _swish(x):
+    return x
+
+
+def test_a_checkpoint_recording_a_lambda_by_its_address_resumes_with_a_warning(tmp_path):
+    """Checkpoints written before jes named lambdas by module, qualified name and line hold their address: the same
+    qualified name resumes, said; another function is refused with a message that explains lambdas."""
+    swish = lambda x: x * jax.nn.sigmoid(x)  # noqa: E731
+    policy = jes.MLPPolicy((3,), activation=swish)
+    trainer = jes.Trainer(policy, "CartPole-v1", "adam", jes.ESConfig(**SMALL))
+    saved = checkpoint.save(str(tmp_path / "new.ckpt"), trainer, trainer.init_state(0), key=0)
+    old_repr = f"<function {swish.__qualname__} at 0x7f40098d84a0>"
+    old = _rewrite_meta(saved, str(tmp_path / "old.ckpt"),
+                        lambda meta: meta["policy"]["fields"].update(activation={"__unimportable__": old_repr}))
+    with pytest.warns(UserWarning, match=r"recorded the function <function .*<lambda> at 0x7f40098d84a0> by its memory "
+                                         r"address, as jes did before .*resuming with it as given"):
+        checkpoint.read(old).restore_state(trainer)
+    def linear(x):
+        return x
+
+    other = jes.Trainer(jes.MLPPolicy((3,), activation=linear), "CartPole-v1", "adam", jes.ESConfig(**SMALL))
+    with pytest.raises(checkpoint.CheckpointError, match=r"a lambda or closure is recorded by its module, qualified "
+                                                         r"name, first line and code hash"):
+        checkpoint.read(old).restore_state(other)
+
+
+class _Scale:
+    def __call__(self, x):
+        return x
+
+
+def test_a_run_whose_checkpoint_cannot_resume_in_another_process_says_so_as_it_starts(tmp_path):
+    """A callable object's repr holds its address: its checkpoint matches no other process, said at the start of the
+    run, not when resume= refuses it hours later."""
+    policy = jes.MLPPolicy((3,), activation=_Scale())
+    with pytest.warns(UserWarning, match=r"will record policy.activation \(<.*_Scale object at 0x[0-9a-f]+>\) by its "
+                                         r"memory address.*resume= in another process will refuse it"):
+        jes.train(policy, "CartPole-v1", "adam", log_dir=str(tmp_path / "run"), progress=False,
+                  **dict(SMALL, num_generations=1))
+
+
+def test_a_run_that_writes_no_checkpoint_does_not_warn_that_it_cannot_resume():
+    """The warning is about a checkpoint: a run with log_dir=None and checkpoint_path=None writes none."""
+    policy = jes.MLPPolicy((3,), activation=_Scale())
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        warnings.simplefilter("ignore", DeprecationWarning)
+        jes.train(policy, "CartPole-v1", "adam", log_dir=None, checkpoint_path=None, progress=False,
+                  **dict(SMALL, num_generations=1))
+
+
+@pytest.mark.parametrize("value, old", [
+    (functools.partial(operator.mul, 0.5), "functools.partial(<built-in function mul>, 0.5)"),
+    (functools.partial(operator.add, 1.0), "functools.partial(<built-in function add>, 1.0)"),
+])
+def test_a_checkpoint_of_a_policy_with_a_stable_repr_partial_still_resumes(tmp_path, value, old):
+    """Naming lambdas by their code recorded these partials otherwise than jes always had: their checkpoints were
+    refused on resume, blaming a lambda."""
+    trainer = jes.Trainer(jes.MLPPolicy((3,), activation=value), "CartPole-v1", "adam", jes.ESConfig(**SMALL))
+    saved = checkpoint.save(str(tmp_path / "new.ckpt"), trainer, trainer.init_state(0), key=0)
+    written = _rewrite_meta(saved, str(tmp_path / "old.ckpt"),
+                            lambda meta: meta["policy"]["fields"].update(activation={"__unimportable__": old}))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        warnings.simplefilter("ignore", DeprecationWarning)
+        checkpoint.read(written).restore_state(trainer)
+
+
+def test_a_lambda_edited_on_its_line_resumes_with_a_warning(tmp_path):
+    """Recorded by module, qualified name, line and captured data only, a lambda edited on the same line resumed
+    silently: its code's hash now tells it, said as for a moved lambda."""
+    trained, edited = (lambda x: x * 2.0), (lambda x: jax.numpy.sin(x))  # noqa: E731 - the same line
+    trainer = jes.Trainer(jes.MLPPolicy((3,), activation=trained), "CartPole-v1", "adam", jes.ESConfig(**SMALL))
+    saved = checkpoint.save(str(tmp_path / "run.ckpt"), trainer, trainer.init_state(0), key=0)
+    other = jes.Trainer(jes.MLPPolicy((3,), activation=edited), "CartPole-v1", "adam", jes.ESConfig(**SMALL))
+    with pytest.warns(UserWarning, match=r"ran the function .*<lambda>:\d+ code=[0-9a-f]+, this run passes .*<lambda>:"
+                                         r"\d+ code=[0-9a-f]+: the same module, the same line but other code "
+                                         r"\(edited\?\).*resuming with it as given"):
+        checkpoint.read(saved).restore_state(other)
+    with warnings.catch_warnings():  # the same lambda: nothing to say
+        warnings.simplefilter("error")
+        warnings.simplefilter("ignore", DeprecationWarning)
+        checkpoint.read(saved).restore_state(trainer)

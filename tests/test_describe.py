@@ -1,7 +1,10 @@
 """jes.describe: plain-data descriptions and the allowlist that decides what they may build."""
 import dataclasses
+import functools
 import json
+import operator
 import os
+import re
 import subprocess
 import sys
 
@@ -10,6 +13,7 @@ import gymnax
 import jax
 import jax.numpy as jnp
 import msgpack
+import numpy as np
 import pytest
 
 import jes
@@ -232,6 +236,92 @@ def test_lenient_description_records_what_cannot_travel():
     assert "__unimportable__" in recorded["fields"]["activation"]
     with pytest.raises(DescriptionError, match="cannot be rebuilt"):
         describe.build_object(recorded, describe.allowlist(), role="policy")
+
+
+def _scaled(scale):
+    return lambda x: x * scale
+
+
+class _Opaque:
+    pass
+
+
+def test_a_lambda_is_recorded_by_module_qualified_name_and_line_not_its_address():
+    """A lambda was recorded by its repr, memory address included, so no other process matched its checkpoint."""
+    swish = lambda x: x * nn.sigmoid(x)  # noqa: E731
+    line = swish.__code__.co_firstlineno
+    recorded = describe.describe_value(swish, "policy.activation", lenient=True)
+    assert recorded == {"__unimportable__": f"{__name__}:test_a_lambda_is_recorded_by_module_qualified_name_and_line_"
+                                            f"not_its_address.<locals>.<lambda>:{line} "
+                                            f"code={describe.code_hash(swish.__code__)}"}
+    assert describe.unstable_fields({"class": "c", "fields": {"activation": recorded}}) == []
+    # a closure: with the plain data it closes over, so another scale is another function
+    line = _scaled.__code__.co_firstlineno + 1
+    code = describe.code_hash(_scaled(2.0).__code__)
+    assert describe.code_name(_scaled(2.0)) == \
+        f"{__name__}:_scaled.<locals>.<lambda>:{line} code={code} closing over [2.0, {{}}]"
+    assert describe.code_name(_scaled(2.0)) != describe.code_name(_scaled(3.0))
+    assert describe.code_name(functools.partial(nn.leaky_relu, negative_slope=0.1)) == \
+        'functools.partial(flax.linen.activation:leaky_relu, [{"negative_slope": 0.1}])'.replace(
+            "flax.linen.activation:leaky_relu", describe._path_of(nn.leaky_relu))
+    # what it closes over is an object: its repr holds an address, and the description says where
+    assert describe.code_name(_scaled(_Opaque())) is None
+    recorded = describe.describe_object(jes.MLPPolicy(activation=_scaled(_Opaque())), "policy", lenient=True)
+    assert [f.split(" (")[0] for f in describe.unstable_fields(recorded)] == ["policy.activation"]
+
+
+@pytest.mark.parametrize("value, recorded", [
+    (functools.partial(operator.mul, 0.5), "functools.partial(<built-in function mul>, 0.5)"),
+    (functools.partial(nn.Dense, 4), "functools.partial(<class 'flax.linen.linear.Dense'>, 4)"),
+    (functools.partial(np.maximum, 0.0), "functools.partial(<ufunc 'maximum'>, 0.0)"),
+])
+def test_a_value_whose_repr_was_already_stable_is_recorded_as_before(value, recorded):
+    """Naming lambdas by code changed partials of builtins, classes and ufuncs too, whose repr already matched in
+    every process: their old checkpoints were refused on resume. Only a repr holding an address is replaced."""
+    assert describe.describe_value(value, "policy.activation", lenient=True) == {"__unimportable__": recorded}
+
+
+def test_an_edited_lambda_on_the_same_line_is_recorded_otherwise():
+    """Module, qualified name, line and captured data were all that was recorded: a lambda edited on its line resumed
+    silently. Its code's hash tells it; the same code elsewhere hashes the same (a moved lambda is the same)."""
+    a, b = (lambda x: x * 2.0), (lambda x: x * 3.0)  # noqa: E731 - one line, one qualified name
+    c = (
+        lambda x: x * 2.0)  # noqa: E731
+    assert describe.code_name(a) != describe.code_name(b)
+    assert describe.code_hash(a.__code__) == describe.code_hash(c.__code__)
+    assert describe.code_hash(a.__code__) != describe.code_hash(b.__code__)
+    # a function defined inside it: its code counts too
+    outer1, outer2 = (lambda x: (lambda y: y + 1)(x)), (lambda x: (lambda y: y - 1)(x))  # noqa: E731
+    assert describe.code_hash(outer1.__code__) != describe.code_hash(outer2.__code__)
+    assert len(describe.code_hash(a.__code__)) == 12
+
+
+CODE_HASH = """
+from jes import describe
+f = lambda x: x in {"alpha", "beta", "gamma", "delta"} or x in frozenset({1, 2})
+print(describe.code_hash(f.__code__))
+"""
+
+
+def test_a_code_hash_is_the_same_in_processes_with_other_string_hashing():
+    """A set constant (``x in {"a", "b"}``) is a frozenset whose order follows PYTHONHASHSEED."""
+    hashes = set()
+    for seed in ("1", "2", "3"):
+        out = subprocess.run([sys.executable, "-c", CODE_HASH], capture_output=True, text=True, timeout=120,
+                             env=dict(os.environ, PYTHONHASHSEED=seed))
+        assert out.returncode == 0, out.stderr[-2000:]
+        hashes.add(out.stdout.strip())
+    assert len(hashes) == 1, hashes
+
+
+def test_long_captured_data_is_recorded_by_its_hash():
+    """A lambda closing over a 200k-element list was recorded as a 1 MB description, echoed in every error."""
+    table = [0.5] * 200_000
+    name = describe.code_name(_scaled(table))
+    assert len(name) < 250 and re.search(r" closing over sha256:[0-9a-f]{64}$", name), name
+    assert name == describe.code_name(_scaled(list(table)))
+    assert name != describe.code_name(_scaled([0.5] * 199_999))
+    assert describe.code_name(_scaled("a" * 150)).endswith('closing over ["' + "a" * 150 + '", {}]')  # short: as is
 
 
 def test_a_description_nested_past_the_limit_is_malformed_not_a_recursion_error():

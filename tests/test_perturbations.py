@@ -5,7 +5,10 @@ for every supported layer type; noise determinism from (key, generation, member)
 with equal fitness moves nothing; the accumulated update has rank > r; no member ever holds ``[C, P]``.
 """
 import math
+import os
 import re
+import subprocess
+import sys
 import warnings
 
 import flax.linen as nn
@@ -910,3 +913,24 @@ def test_the_parity_benchmarks_stats_compare_each_perturbation_with_full_rank_se
     (tmp_path / "again.txt").write_text("  mycell r=1 seed 0: solved at 31, centre 1.0\n")
     with pytest.raises(SystemExit, match="seed 0 appears twice with other results"):
         bench.stats([str(low), str(tmp_path / "again.txt")])
+
+
+X64_TRAIN = """
+import jax, numpy as np, jes
+assert jax.config.jax_enable_x64
+for perturbation in ("low_rank", "full_rank"):
+    r = jes.train(jes.MLPPolicy((4,)), "CartPole-v1", num_members=8, num_generations=2, eval_episodes=2,
+                  max_episode_steps=20, perturbation=perturbation, perturbation_rank=1, log_dir=None, progress=False)
+    assert np.isfinite(r.flat_params).all() and np.isfinite(r.history["centre_return"][-1]), r.history
+    print(perturbation, "trained")
+"""
+
+
+def test_low_rank_trains_in_jax_x64_mode():
+    """In x64 mode a centre's summed steps were int64 while the step's other branch gave int32: the generation's
+    cond refused to trace ("cond branches must have equal output types"). x64 cannot be turned on and off safely
+    mid-suite, so a process of its own runs it."""
+    env = dict(os.environ, JAX_ENABLE_X64="1", JAX_PLATFORMS="cpu")
+    out = subprocess.run([sys.executable, "-c", X64_TRAIN], capture_output=True, text=True, env=env, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.split() == ["low_rank", "trained", "full_rank", "trained"], out.stdout

@@ -1,3 +1,6 @@
+from typing import Any
+
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -71,6 +74,102 @@ def test_bfloat16_parameters_are_refused_saying_to_compute_in_bfloat16_instead()
 
     with pytest.raises(TypeError, match=r"must be float32, got bfloat16.*dtype= \(e.g. nn.Dense\(64, dtype=jnp.bfloat16\)\)"):
         jes.Trainer(Half(), "CartPole-v1", "adam", jes.ESConfig(num_members=4))
+
+
+class _Masked(nn.Module):
+    """A bool mask in a collection of its own."""
+    @nn.compact
+    def __call__(self, obs):
+        mask = self.variable("consts", "mask", lambda: jnp.array([True, False, True, False]))
+        return nn.Dense(2)(jnp.where(mask.value, obs, 0.0))
+
+
+class _Counted(nn.Module):
+    """An int32 parameter."""
+    @nn.compact
+    def __call__(self, obs):
+        count = self.param("count", lambda key: jnp.int32(3))
+        return nn.Dense(2)(obs * count)
+
+
+class _PartlyHalf(nn.Module):
+    """One float16 (or bfloat16) layer beside a float32 one."""
+    dtype: Any = jnp.bfloat16
+
+    @nn.compact
+    def __call__(self, obs):
+        return nn.Dense(2)(nn.Dense(8, param_dtype=self.dtype)(obs))
+
+
+@pytest.mark.parametrize("policy, message", [
+    (_Masked(), r"^policy _Masked's variable consts/mask is bool\[4\]: jes evolves every variable as float32 "
+                r"parameters.*make a fixed bool value a constant of the module"),
+    (_Counted(), r"^policy _Counted's variable params/count is int32\[\]: .*constant of the module"),
+])
+def test_int_and_bool_variables_are_refused_naming_them(policy, message):
+    """They were raveled into the float32 vector, perturbed and cast back: a mask's False turned True in every member
+    and in the result, an int parameter drifted (3 trained to 2)."""
+    with pytest.raises(TypeError, match=message):
+        jes.Trainer(policy, "CartPole-v1", "adam", jes.ESConfig(num_members=4))
+    with pytest.raises(TypeError, match=message):
+        jes.Trainer(policy, "CartPole-v1", "adam", jes.ESConfig(num_members=4, perturbation="low_rank",
+                                                               perturbation_rank=1))
+
+
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16])
+def test_a_policy_with_some_low_precision_parameters_is_refused_naming_the_first(dtype):
+    """Only a module whose parameters were all bfloat16 was refused: a bf16 layer beside a float32 one trained with
+    each member rounded to bf16 (at a small noise_std ~40 % of its entries unperturbed)."""
+    name = jnp.dtype(dtype).name
+    with pytest.raises(TypeError, match=rf"^policy parameters must be float32, got {name} at params/Dense_1/bias of "
+                                        rf"policy _PartlyHalf: .*dtype= \(e.g. nn.Dense\(64, dtype=jnp.bfloat16\)\)"):
+        jes.Trainer(_PartlyHalf(dtype), "CartPole-v1", "adam", jes.ESConfig(num_members=4))
+
+
+class _Complex(nn.Module):
+    @nn.compact
+    def __call__(self, obs):
+        w = self.param("w", lambda key: jnp.ones((4,), jnp.complex64))
+        return nn.Dense(2)(obs * w.real)
+
+
+class _BoxedInt(nn.Module):
+    """An int32 parameter boxed by nn.with_partitioning (a leaf under the box's .value)."""
+    @nn.compact
+    def __call__(self, obs):
+        w = self.param("w", nn.with_partitioning(lambda key, shape: jnp.ones(shape, jnp.int32), (None,)), (4,))
+        return nn.Dense(2)(obs * w)
+
+
+def test_a_complex_parameter_gets_the_float32_message_saying_complex_is_not_supported():
+    """It was told it was an int or bool variable to make a constant."""
+    with pytest.raises(TypeError, match=r"^policy parameters must be float32 \(complex parameters are not supported\), "
+                                        r"got complex64 at params/w of policy _Complex: "):
+        jes.Trainer(_Complex(), "CartPole-v1", "adam", jes.ESConfig(num_members=4))
+
+
+def test_a_boxed_variable_is_named_by_its_path_without_punctuation():
+    """A GetAttrKey was written by its str: params/w/.value."""
+    with pytest.raises(TypeError, match=r"^policy _BoxedInt's variable params/w/value is int32\[4\]: "):
+        jes.Trainer(_BoxedInt(), "CartPole-v1", "adam", jes.ESConfig(num_members=4))
+
+
+def test_flax_rnn_as_a_policy_is_refused_saying_to_pass_its_cell():
+    """nn.RNN scans a time axis; given one observation it failed deep in Flax with a bare IndexError."""
+    with pytest.raises(ValueError, match=r"^policy RNN is Flax's nn.RNN, which scans a sequence along a time axis.*"
+                                         r"pass the cell as the policy \(GRUCell, as nn.RNN was given it\)$"):
+        jes.Trainer(nn.RNN(nn.GRUCell(2)), "CartPole-v1", "adam", jes.ESConfig(num_members=4))
+
+
+def test_an_index_error_applying_the_policy_is_one_line_naming_it():
+    class Indexing(nn.Module):
+        @nn.compact
+        def __call__(self, obs):
+            return nn.Dense(2)(obs[:, 0])  # obs has no batch axis
+
+    with pytest.raises(ValueError, match=r"^policy Indexing cannot be applied to one observation of env 'CartPole-v1' "
+                                         r"\(shape \(4,\)\): "):
+        jes.Trainer(Indexing(), "CartPole-v1", "adam", jes.ESConfig(num_members=4))
 
 
 @pytest.mark.parametrize("make, error, message", [
