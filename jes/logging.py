@@ -63,8 +63,14 @@ class Logger:
         its curves) and never past it (a generation interrupted among its callbacks is not in the checkpoint, and
         a resumed run logs it again). ``None``: everything."""
 
-    def close(self) -> None:
-        """Flush and release resources; called once when the run ends."""
+    def close(self, completed: bool = True) -> None:
+        """Flush and release resources; called once when the run ends.
+
+        Args:
+            completed: ``False`` when the run ended on an interrupt or an error (a run to be resumed), ``True`` when
+                it returned its result (all its generations, or stopped early by ``stop_at_return`` or
+                :class:`jes.StopTraining`). :func:`jes.train` passes it to a ``close`` that takes it.
+        """
 
 
 def default_run_name(env_name: str, policy_name: str, optimizer_name: str) -> str:
@@ -105,9 +111,12 @@ class TensorBoardLogger(Logger):
     checkpoint does not hold (Ctrl-C among its callbacks) is never written, so a resumed run logs each generation
     once. Events are on disk after a :meth:`flush` (before each checkpoint) or :meth:`close`, and in between
     every ``LIVE_FLUSH_SECONDS`` (10 s) and whenever the file's buffer fills.
+    The event file is created with the first generation written (or the first :meth:`flush`, which comes before a
+    checkpoint is saved): a run stopped (or killed) before any, during the step's compile say, leaves none behind.
     ``hparams`` (e.g. ``config.to_dict()`` plus env/policy/optimizer) are written
-    as a text table at the start and as a TensorBoard HPARAMS entry, with the final
-    metrics, at :meth:`close`.
+    as a text table at the file's start and as a TensorBoard HPARAMS entry at :meth:`close`, with the final
+    metrics (``hparams/*`` scalars at the last generation) only when the run completed: an interrupted run's
+    resume writes them once, at its end, where both would draw them as a two-point curve.
 
     Args:
         log_dir: directory for the event file (created if missing).
@@ -118,22 +127,33 @@ class TensorBoardLogger(Logger):
                  purge_from: int | None = None):
         self.log_dir = log_dir
         self.hparams = {k: _hparam_value(v) for k, v in (hparams or {}).items()}
-        # tensorboardX names the file by the second and the host only: a second writer in the same directory within
-        # the same second (a short run resumed at once into its log dir) would overwrite the first's events
-        self.writer = _EventFile(log_dir, filename_suffix=f".{os.getpid()}.{time.time_ns()}")
+        self._writer: _EventFile | None = None  # opened at the first write (see the writer property)
+        self._purge_from = purge_from
         self._last: dict = {}
         self._pending: dict | None = None  # the newest record, not written yet (see flush)
         self._flushed_at = time.monotonic()
         self._best_centre = best_centre  # a resumed run's: the best centre return of its earlier sessions
-        if purge_from is not None:
-            # A resumed run's restart marker (tensorboardX's purge_step): TensorBoard, and read_scalars, drop the
-            # earlier sessions' points from this step on, which a killed run may have written past its checkpoint.
-            self.writer.add_session_start(purge_from)
-        if self.hparams:
-            table = "| hyperparameter | value |\n|---|---|\n" + "\n".join(
-                f"| {k} | {v} |" for k, v in sorted(self.hparams.items())
-            )
-            self.writer.add_text("hparams", table, 0)
+
+    @property
+    def writer(self) -> "_EventFile":
+        """The run's event file, created (with its restart marker and hyperparameter table) when first written:
+        a run stopped before its first generation (a Ctrl-C or a kill during the step's compile) leaves no file
+        without generations, which a later run into the folder would take for an earlier run's."""
+        if self._writer is None:
+            # tensorboardX names the file by the second and the host only: a second writer in the same directory
+            # within the same second (a short run resumed at once into its log dir) would overwrite the first's events
+            writer = _EventFile(self.log_dir, filename_suffix=f".{os.getpid()}.{time.time_ns()}")
+            if self._purge_from is not None:
+                # A resumed run's restart marker (tensorboardX's purge_step): TensorBoard, and read_scalars, drop the
+                # earlier sessions' points from this step on, which a killed run may have written past its checkpoint.
+                writer.add_session_start(self._purge_from)
+            if self.hparams:
+                table = "| hyperparameter | value |\n|---|---|\n" + "\n".join(
+                    f"| {k} | {v} |" for k, v in sorted(self.hparams.items())
+                )
+                writer.add_text("hparams", table, 0)
+            self._writer = writer
+        return self._writer
 
     def __call__(self, record: Mapping[str, Any]) -> None:
         # The record before this one is the run's for good (its generation's state is the run's now); this one is
@@ -167,7 +187,11 @@ class TensorBoardLogger(Logger):
         self._write_pending()
         self.writer.flush()
 
-    def close(self) -> None:
+    def close(self, completed: bool = True) -> None:
+        """Write what is pending and close the file; with ``completed`` (the run returned its result), the final
+        metrics too. An interrupted run's (``completed=False``) HPARAMS entry has its hyperparameters and no
+        metrics: a point at its interrupted generation would stay beside the one its resume writes at its end
+        (TensorBoard cannot take a point back), drawn as a two-point curve of "final" values."""
         self._write_pending()
         if self.hparams and self._last:
             from tensorboardX.summary import hparams as hparams_summary
@@ -182,9 +206,10 @@ class TensorBoardLogger(Logger):
                 self.writer.add_summary(summary)
             step = int(self._last.get("generation", 0))
             for tag, value in metrics.items():
-                if math.isfinite(value):
+                if completed and math.isfinite(value):
                     self.writer.add_scalar(tag, value, step)
-        self.writer.close()
+        if self._writer is not None:
+            self._writer.close()
 
 
 class _EventFile:
@@ -331,16 +356,22 @@ def format_line(record: Mapping[str, Any], total: int, best: float) -> str:
     return ", ".join(parts)
 
 
-def close_all(loggers: Iterable[Any], warn: bool = False) -> None:
+def close_all(loggers: Iterable[Any], warn: bool = False, completed: bool = True) -> None:
     """Call ``close()`` on every logger that has one, even if an earlier one fails; then raise the first failure, or,
     with ``warn``, warn of each (:func:`jes.train`'s: an error closing the logs, a full log disk, must not replace the
-    error that stopped the run, which carries the run so far, nor cost a finished run its result)."""
+    error that stopped the run, which carries the run so far, nor cost a finished run its result). ``completed``
+    goes to each ``close`` that takes it (see :meth:`Logger.close`)."""
     failures = []
     for logger in loggers:
         close = getattr(logger, "close", None)
         if callable(close):
             try:
-                close()
+                try:
+                    inspect.signature(close).bind(completed=completed)
+                except (TypeError, ValueError):  # a close() of one's own without it (or no signature to read)
+                    close()
+                else:
+                    close(completed=completed)
             except Exception as err:  # keep closing the others; report the failures once all are closed
                 failures.append((logger, err))
     if not warn:
@@ -394,6 +425,39 @@ def check_callbacks(callbacks: Any) -> None:
 def has_event_files(log_dir: str) -> bool:
     """Whether ``log_dir`` (not its subdirectories) already holds TensorBoard event files."""
     return bool(_event_files(log_dir))
+
+
+def has_logged_scalars(log_dir: str) -> bool:
+    """Whether ``log_dir``'s event files (not its subdirectories') hold a scalar: an earlier run's curves, which a
+    run logged beside them would be shown with. A file without any (a run stopped during its step's compile by a
+    jes that made the file at its start) shows nothing. Each file is read only as far as its first scalar."""
+    return any(_holds_scalar(path) for path in _event_files(log_dir))
+
+
+def _holds_scalar(path: str) -> bool:
+    """Whether the event file ``path`` holds a scalar before its end or a record that cannot be read (where
+    TensorBoard stops reading it too)."""
+    from google.protobuf.message import DecodeError
+    from tensorboardX.proto import event_pb2
+
+    try:
+        with open(path, "rb") as f:
+            while True:
+                header = f.read(12)
+                if len(header) < 12:
+                    return False
+                (length,) = struct.unpack_from("<Q", header)
+                payload = f.read(length)
+                if len(payload) < length or len(f.read(4)) < 4:
+                    return False
+                try:
+                    event = event_pb2.Event.FromString(payload)
+                except DecodeError:
+                    return False
+                if any(value.HasField("simple_value") for value in event.summary.value):
+                    return True
+    except OSError:  # unreadable: TensorBoard cannot show it either
+        return False
 
 
 def iter_events(log_dir: str):

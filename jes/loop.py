@@ -36,6 +36,24 @@ from jes.host_step import HostGeneration
 from jes.trained import ActionMap, TrainedPolicy
 
 
+class StopTraining(Exception):
+    """Raise it from a callback to end the run after the generation the callback was given, keeping it.
+
+    The run ends as at its last generation: the generation's row is in the history (the callbacks after the one
+    that raised still see it), ``best`` counts it, the checkpoint is saved and the logs are closed as at a normal
+    end; :func:`train` returns its result, whose ``stopped`` holds the message (or ``"StopTraining"``). Its centre
+    is evaluated only if the generation was to evaluate it (``eval_every``). Resuming the checkpoint with
+    ``resume=`` goes on from there. In a ``jax.distributed`` run, where every process runs the callbacks, the
+    processes agree after each generation: a ``StopTraining`` raised in any of them stops them all there.
+
+    Example:
+        >>> def plateau(record):
+        ...     if record["generation"] >= 20 and record["pop_mean"] < 30:
+        ...         raise jes.StopTraining("no progress in 20 generations")
+        >>> result = jes.train(policy, "CartPole-v1", callbacks=[plateau])
+    """
+
+
 class NonFiniteFitnessError(ValueError):
     """A member's fitness was NaN or infinite; training stopped before using it.
 
@@ -179,6 +197,8 @@ class TrainResult:
             checkpoint), or ``None``.
         log_dir: the TensorBoard directory, or ``None``.
         checkpoint_path: the checkpoint file, or ``None``.
+        stopped: ``None``, or why a callback ended the run early: the message of the :class:`StopTraining` it raised
+            (``"StopTraining"`` when it gave none).
     """
 
     params: Any
@@ -198,6 +218,7 @@ class TrainResult:
     best: BestMember | None = None
     log_dir: str | None = None
     checkpoint_path: str | None = None
+    stopped: str | None = None
 
     @property
     def final_centre_return(self) -> float:
@@ -260,6 +281,7 @@ class TrainResult:
             # 0.0: the step was not compiled here as one program (a host env's pieces, a master's workers)
             + (f" ({self.compile_time:.1f}s compile)" if self.compile_time else "")
             + (f"; best member {self.best.fitness:.1f} (generation {self.best.generation})" if self.best else "")
+            + (f"; stopped by a callback: {self.stopped}" if self.stopped is not None else "")
             + f"; logs: {self.log_dir or 'off'}; checkpoint: {self.checkpoint_path or 'off'}"
         )
 
@@ -359,7 +381,8 @@ def train(
         config: an :class:`ESConfig`; keyword ``overrides`` (e.g. ``num_members=256``) replace its fields.
         env_params: gymnax env params.
         devices: local devices to shard the population over (``None``: all local devices).
-        callbacks: functions called with each generation's metrics dict (host side); see :mod:`jes.logging`.
+        callbacks: functions called with each generation's metrics dict (host side); see :mod:`jes.logging`. One
+            that raises :class:`StopTraining` ends the run after that generation, keeping it (``result.stopped``).
         log_dir: TensorBoard directory; the default is ``runs/<env>-<policy>-<optimizer>-<time>``, or with
             ``resume`` the checkpoint's directory when it holds TensorBoard event files (the run's own log dir,
             where its curves then continue); ``None`` turns TensorBoard logging off.
@@ -472,8 +495,27 @@ def train(
     if checkpoint_path == "<log_dir>/checkpoint.ckpt":
         checkpoint_path = resume if resume is not None else (
             os.path.join(log_dir, "checkpoint.ckpt") if log_dir is not None else None)
+    # A resume of a run with nothing left to train (its generations done, or its stop_at_return reached): its result
+    # is the checkpoint's, so the step is not compiled and no event file is started
+    nothing_left = restored is not None and _nothing_left(restored.generation, restored.history, config)
     lock = None  # this run's lock on its checkpoint, held until it ends
     server = None  # the ZeroMQ master of master=, made before the loggers
+
+    def refuse_to_write() -> None:
+        """Refuse a checkpoint that would replace another run's, or a folder that cannot be written: process 0's
+        verdict, which every process of a multi-process run raises."""
+        overwrite = _overwrite_problem(checkpoint_path, resume) if primary and checkpoint_path is not None else None
+        if jax.process_count() > 1:
+            overwrite = _from_process_0(overwrite)  # process 0 writes; every process hears its refusal
+        if overwrite is not None:
+            raise FileExistsError(overwrite)
+        # A folder that cannot be written was found at the first save, after the training it was to keep
+        unwritable = _unwritable_problem(log_dir, checkpoint_path, resume) if primary else None
+        if jax.process_count() > 1:
+            unwritable = _from_process_0(unwritable)
+        if unwritable is not None:
+            raise PermissionError(unwritable)
+
     try:  # a compile thread left running when this raises would abort the interpreter at its exit
         if jax.process_count() == 1:  # (a multi-process run takes process 0's below, once its processes agree on it)
             for attempt in range(_AUTO_DIR_ATTEMPTS):
@@ -487,8 +529,9 @@ def train(
                         raise
                     log_dir = jes_logging.unique_dir(os.path.join("runs", auto_name))
                     checkpoint_path = os.path.join(log_dir, "checkpoint.ckpt")
-        if master is None and not num_workers and not trainer.spec.host:  # a master or a host env runs no local step
-            trainer.start_compiling_step()  # overlaps building or restoring the state
+            refuse_to_write()  # before the compile: nothing has run (a multi-process run's processes agree first)
+        if master is None and not num_workers and not trainer.spec.host and not nothing_left:
+            trainer.start_compiling_step()  # overlaps building or restoring the state (a master or a host env: none)
         history = None
         if jax.process_count() > 1:
             _check_same_run(trainer, key, resume)
@@ -527,17 +570,7 @@ def train(
             log_dir = _from_process_0(log_dir)  # its auto name has process 0's clock in it
             checkpoint_path = _from_process_0(checkpoint_path)
             lock = _lock_checkpoint(checkpoint_path, resuming=resume is not None)
-        overwrite = _overwrite_problem(checkpoint_path, resume) if primary and checkpoint_path is not None else None
-        if jax.process_count() > 1:
-            overwrite = _from_process_0(overwrite)  # process 0 writes; every process hears its refusal
-        if overwrite is not None:
-            raise FileExistsError(overwrite)
-        # A folder that cannot be written was found at the first save, after the training it was to keep
-        unwritable = _unwritable_problem(log_dir, checkpoint_path, resume) if primary else None
-        if jax.process_count() > 1:
-            unwritable = _from_process_0(unwritable)
-        if unwritable is not None:
-            raise PermissionError(unwritable)
+            refuse_to_write()
         # Listening (a secret, a free port) is checked before any log file exists: a refused master leaves nothing.
         if master is not None:
             _check_workers_can_rebuild(trainer, f"master={master!r}")
@@ -547,11 +580,11 @@ def train(
         earlier = [float(x) for x in (history or {}).get("pop_max", ()) if math.isfinite(float(x))]
         loggers = [jes_logging.ProgressBar(config.num_generations, int(fetch(state.generation)),
                                            enabled=progress if primary else False, best=max(earlier, default=-math.inf))]
-        if log_dir is not None and primary and resume is None and jes_logging.has_event_files(log_dir):
+        if log_dir is not None and primary and resume is None and jes_logging.has_logged_scalars(log_dir):
             warnings.warn(f"log_dir {log_dir!r} already holds the TensorBoard event files of an earlier run; this run's "
                           f"go beside them, and TensorBoard (and jes.logging.read_scalars) will show both: pass a new "
                           f"log_dir, or resume= that run's checkpoint to continue it", stacklevel=2)
-        if log_dir is not None and primary:
+        if log_dir is not None and primary and not nothing_left:  # (nothing to log: no event file)
             hparams = dict(run_hparams(trainer, config, optimizer), strategy=trainer.strategy.describe(),
                            num_params=trainer.num_params, key=str(np.asarray(jax.random.key_data(as_key(key))).tolist()))
             centres = [float(x) for x in (history or {}).get("centre_return", ()) if math.isfinite(float(x))]
@@ -614,7 +647,7 @@ def train(
         try:
             # A logger that cannot close (its disk full) is warned of: the error in flight, which carries the run so far
             # and its checkpoint, goes on, and a run that finished returns its result (saved; only logs are missing)
-            jes_logging.close_all(loggers, warn=True)
+            jes_logging.close_all(loggers, warn=True, completed=ran.result is not None)
         except KeyboardInterrupt as interrupt:  # a Ctrl-C while the logs close
             ran.interrupted(interrupt)
             _carry_run_over(failed, interrupt)
@@ -948,7 +981,9 @@ def _run(trainer: Trainer, state: TrainState, *, key: Any = 0, callbacks: Iterab
     state = trainer.place(state)
     if step_fn is None and trainer.spec.host:
         step_fn = HostGeneration(trainer).step  # a Python simulator: envs stepped here, the update compiled
-    if step_fn is None:
+    if step_fn is None and start_gen >= total:  # nothing left to train: nothing to compile (the step is never called)
+        step_fn, compile_time = None, 0.0
+    elif step_fn is None:
         try:
             compiled, compile_time = trainer.compiled_step(state)
         except KeyboardInterrupt as interrupt:  # while compiling: the run as it started (fresh, or the checkpoint's)
@@ -968,6 +1003,7 @@ def _run(trainer: Trainer, state: TrainState, *, key: Any = 0, callbacks: Iterab
     # step runs with the next generation's members (the centre of the state passed in), so the newest state
     # waits in `pending` until then. An interrupt saves `state`; a resumed run evaluates the rest again.
     pending = None  # (record, state after it, best-member candidate) of a generation awaiting its centre
+    stopped = None  # a callback's StopTraining: the run ends after the generation it was given
 
     def so_far(saved_in: str | None) -> TrainResult:
         """The run so far (what a checkpoint of ``state`` holds), for a notebook without one."""
@@ -1007,7 +1043,7 @@ def _run(trainer: Trainer, state: TrainState, *, key: Any = 0, callbacks: Iterab
 
     def commit(entry: tuple, centre_return: float, centre_steps: int) -> bool:
         """Add a generation's row (its centre now known), advance ``state``; True when the run stops here."""
-        nonlocal state, best, env_steps, solved_generation
+        nonlocal state, best, env_steps, solved_generation, stopped
         record, after, candidate = entry
         generation_steps = record["env_steps"] + centre_steps
         env_steps += generation_steps
@@ -1020,16 +1056,24 @@ def _run(trainer: Trainer, state: TrainState, *, key: Any = 0, callbacks: Iterab
         # with some of its scalars never logged (a hole in the curves). The state after the history row, so an
         # interrupt never leaves history behind the state (a checkpoint drops rows past its state but cannot make up
         # a missing one).
+        stop = None
         for callback in callbacks:
-            callback(record)
+            try:
+                callback(record)
+            except StopTraining as err:  # after this generation, kept; the other callbacks still see it
+                stop = stop or err
+        if jax.process_count() > 1:  # every process runs the callbacks: they stop together, if any says so
+            stop = _stop_in_any_process(stop)
         state, best = after, candidate
         generation = record["generation"]
         if save_to is not None and checkpoint_every and generation % checkpoint_every == 0:
             save_checkpoint()
+        if stop is not None:
+            stopped = str(stop) or "StopTraining"
         if solved_generation is None and solved_return is not None and centre_return >= solved_return:
             solved_generation = generation
-            return cfg.stop_at_return is not None
-        return False
+            return cfg.stop_at_return is not None or stop is not None
+        return stop is not None
 
     try:
         for gen in range(start_gen, total + 1):
@@ -1084,7 +1128,8 @@ def _run(trainer: Trainer, state: TrainState, *, key: Any = 0, callbacks: Iterab
             pending = (record, new_state, candidate)
             if not evaluates_centre(gen + 1, total, cfg.eval_every):  # nothing to wait for
                 entry, pending = pending, None
-                commit(entry, float("nan"), 0)
+                if commit(entry, float("nan"), 0):  # (a callback's StopTraining)
+                    break
         # Inside the try: an interrupt during the final save (seconds in a multi-process run, where the best member's
         # program compiles then) is raised once it is written, and one just before it still saves.
         if save_to is not None and saved_generation != int(fetch(state.generation)):
@@ -1135,7 +1180,35 @@ def _run(trainer: Trainer, state: TrainState, *, key: Any = 0, callbacks: Iterab
         except Exception:  # noqa: BLE001  the run's error goes on whatever keeping its state raised
             pass
         raise
-    return _result(trainer, state, history, key, solved_generation, compile_time, t_start, best, checkpoint_path, log_dir)
+    result = _result(trainer, state, history, key, solved_generation, compile_time, t_start, best, checkpoint_path,
+                     log_dir)
+    result.stopped = stopped
+    return result
+
+
+def _nothing_left(generation: int, history: dict, config: ESConfig) -> bool:
+    """Whether a run at ``generation`` with ``history`` trains no more under ``config``: its generations are done,
+    or it reached its ``stop_at_return`` (:func:`_run` then returns at once, without stepping)."""
+    return generation >= config.num_generations or (
+        config.stop_at_return is not None and _first_solved(history, config.stop_at_return) is not None)
+
+
+def _stop_in_any_process(stop: StopTraining | None) -> StopTraining | None:
+    """A multi-process run's verdict on stopping after this generation, the same in every process: the
+    :class:`StopTraining` of the first process whose callbacks raised one (each process runs its callbacks; one that
+    stopped alone would leave the others waiting in the next step), or ``None``."""
+    from jax.experimental import multihost_utils
+
+    mine = np.zeros(257, np.uint8)  # [raised, utf-8 message...]
+    if stop is not None:
+        raw = (str(stop) or "StopTraining").encode()[:256]
+        mine[0], mine[1:1 + len(raw)] = 1, np.frombuffer(raw, np.uint8)
+    everyone = np.asarray(multihost_utils.process_allgather(mine)).reshape(-1, 257)  # [processes, 257]
+    raised = np.flatnonzero(everyone[:, 0])
+    if not raised.size:
+        return None
+    message = bytes(everyone[raised[0], 1:]).rstrip(b"\0").decode("utf-8", "replace")
+    return StopTraining(message if raised[0] == 0 else f"{message} (process {raised[0]})")
 
 
 class _Ran:

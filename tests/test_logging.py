@@ -241,6 +241,7 @@ def test_a_generation_interrupted_among_its_callbacks_is_logged_once(tmp_path, c
                   callbacks=[interrupt_at_generation_3], **common)
     assert list(interrupted.value.result.history["generation"]) == [1, 2]
     assert _steps(log_dir, "perf/wall_time") == [1, 2]
+    assert "hparams/generations" not in jes_logging.read_scalars(log_dir)  # "final" metrics: at the run's end only
     resumed = jes.train(jes.MLPPolicy((4,)), "CartPole-v1", "adam", resume=os.path.join(log_dir, "checkpoint.ckpt"),
                         **common)
     scalars = jes_logging.read_scalars(log_dir)
@@ -248,6 +249,9 @@ def test_a_generation_interrupted_among_its_callbacks_is_logged_once(tmp_path, c
         assert _steps(log_dir, tag) == [1, 2, 3, 4, 5], tag
     assert jes_logging.read_runs(log_dir) == [scalars]
     assert [v for _, v in scalars["perf/wall_time"]] == pytest.approx(list(resumed.history["wall_time"]))
+    # Once, at the end: the interrupted session's at generation 2 made TensorBoard draw them as two-point curves
+    assert scalars["hparams/generations"] == [(5, 5.0)]
+    assert [step for step, _ in scalars["hparams/final_pop_mean"]] == [5]
 
 
 @pytest.mark.hard_timeout(300)
@@ -515,3 +519,75 @@ def test_a_full_log_disk_names_the_event_file(tmp_path):
             call()
         assert err.value.errno == 28 and err.value.filename == events.path
     real.close()
+
+
+def test_a_logger_creates_its_event_file_at_its_first_write(tmp_path):
+    """A run stopped (Ctrl-C) or killed during its step's compile left an event file without generations, which the
+    next run into the folder took for an earlier run's."""
+    log_dir = str(tmp_path / "tb")
+    logger = jes_logging.TensorBoardLogger(log_dir, {"lr": 0.1}, purge_from=4)
+    assert not jes_logging.has_event_files(log_dir)  # nothing written yet (a kill -9 now leaves nothing)
+    logger.close(completed=False)
+    assert not jes_logging.has_event_files(log_dir)
+    logger = jes_logging.TensorBoardLogger(log_dir, {"lr": 0.1})
+    logger.flush(0)  # before a checkpoint's save: the checkpoint's folder holds its run's event file
+    assert jes_logging.has_event_files(log_dir) and not jes_logging.has_logged_scalars(log_dir)
+    logger({"generation": 1, "pop_mean": 1.0})
+    logger.close()
+    assert jes_logging.has_logged_scalars(log_dir)
+    assert "hparams/text_summary" in jes_logging.read_summary_tags(log_dir)
+
+
+@pytest.mark.hard_timeout(300)
+def test_a_run_stopped_during_its_compile_leaves_no_event_file_and_no_false_warning(tmp_path, monkeypatch):
+    log_dir = str(tmp_path / "tb")
+    common = dict(log_dir=log_dir, progress=False, checkpoint_path=None, **SMALL)
+
+    def interrupted_compile(self, state):
+        raise KeyboardInterrupt
+
+    with monkeypatch.context() as patch:
+        patch.setattr(jes.Trainer, "compiled_step", interrupted_compile)
+        with pytest.raises(KeyboardInterrupt):
+            jes.train(jes.MLPPolicy((4,)), "CartPole-v1", "adam", key=0, **common)
+    assert not jes_logging.has_event_files(log_dir)
+    # A file an earlier jes left so (the hyperparameter table, no scalar): nothing of a run to "show both" of
+    leftover = jes_logging._EventFile(log_dir)
+    leftover.add_text("hparams", "| hyperparameter | value |", 0)
+    leftover.close()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        again = jes.train(jes.MLPPolicy((4,)), "CartPole-v1", "adam", key=0, **common)
+    assert len(jes_logging.read_runs(log_dir)) == 1 and again.log_dir == log_dir
+    with pytest.warns(UserWarning, match="already holds the TensorBoard event files of an earlier run"):
+        jes.train(jes.MLPPolicy((4,)), "CartPole-v1", "adam", key=0, **common)
+
+
+@pytest.mark.hard_timeout(300)
+def test_another_runs_checkpoint_is_refused_before_the_step_compiles(tmp_path, monkeypatch):
+    """The FileExistsError came once the background compile had finished (seconds with a default-sized policy)."""
+    log_dir = str(tmp_path / "A")
+    jes.train(jes.MLPPolicy((4,)), "CartPole-v1", "adam", key=1, log_dir=log_dir, progress=False, **SMALL)
+    compiles = []
+    monkeypatch.setattr(jes.Trainer, "start_compiling_step", lambda self: compiles.append(self))
+    with pytest.raises(FileExistsError, match="already holds a checkpoint of another run"):
+        jes.train(jes.MLPPolicy((4,)), "CartPole-v1", "adam", key=0, log_dir=log_dir, progress=False, **SMALL)
+    assert compiles == []
+
+
+@pytest.mark.hard_timeout(300)
+def test_resuming_a_finished_run_compiles_nothing_and_adds_no_event_file(tmp_path, monkeypatch):
+    log_dir = str(tmp_path / "run")
+    common = dict(progress=False, **SMALL)
+    first = jes.train(jes.MLPPolicy((4,)), "CartPole-v1", "adam", key=1, log_dir=log_dir, **common)
+    files = jes_logging._event_files(log_dir)
+    compiles = []
+    monkeypatch.setattr(jes.Trainer, "start_compiling_step", lambda self: compiles.append("background"))
+    monkeypatch.setattr(jes.Trainer, "compiled_step", lambda self, state: compiles.append("step"))
+    for _ in range(2):
+        with pytest.warns(UserWarning, match="nothing left to train"):
+            again = jes.train(jes.MLPPolicy((4,)), "CartPole-v1", "adam", resume=first.checkpoint_path, **common)
+        np.testing.assert_array_equal(again.flat_params, first.flat_params)
+        np.testing.assert_array_equal(again.history["pop_mean"], first.history["pop_mean"])
+        assert again.compile_time == 0.0 and again.log_dir == log_dir
+    assert compiles == [] and jes_logging._event_files(log_dir) == files
