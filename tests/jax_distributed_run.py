@@ -6,7 +6,8 @@ Trains the small run of :func:`small_run` with ``distributed=True`` and writes w
 result holds to ``OUT_DIR/result<process id>.npz``. ``JES_TEST_DIE_AT=G`` makes process 1 exit
 abruptly (status 3) after generation G, as a crashed host would; ``JES_TEST_PERTURBATION=low_rank`` trains
 with low-rank members, ``JES_TEST_SCHEDULE=1`` with a learning-rate schedule; ``JES_TEST_KEY_PER_PROCESS=1`` gives each process its own key (a mistake jes refuses),
-``JES_TEST_PROCESSES_OF_1=N`` launches process 1 as one of N processes (another host's ``jes launch --processes N``).
+``JES_TEST_PROCESSES_OF_1=N`` launches process 1 as one of N processes (another host's ``jes launch --processes N``),
+``JES_TEST_STOP_AT=G`` makes process 1's callback alone raise ``jes.StopTraining`` at generation G.
 """
 import os
 import sys
@@ -34,12 +35,15 @@ def main(out: str, generations: int, resume: str | None = None) -> None:
 
     jes.enable_compilation_cache(os.environ.get("JES_TEST_CACHE") or None)
     die_at = int(os.environ.get("JES_TEST_DIE_AT", "0"))
+    stop_at = int(os.environ.get("JES_TEST_STOP_AT", "0"))
 
     def maybe_die(record):
         import jax
 
         if die_at and record["generation"] == die_at and jax.process_index() == 1:
             os._exit(3)
+        if record["generation"] == stop_at and jax.process_index() == 1:
+            raise jes.StopTraining("enough")
 
     kwargs = small_run(generations)
     if os.environ.get("JES_TEST_PROCESSES_OF_1") and os.environ["JES_PROCESS_ID"] == "1":  # its host's other count
@@ -54,7 +58,7 @@ def main(out: str, generations: int, resume: str | None = None) -> None:
     np.savez(os.path.join(out, f"result{jax.process_index()}.npz"), flat=result.flat_params,
              pop_mean=result.history["pop_mean"], centre=result.history["centre_return"],
              best=result.best.flat_params, processes=jax.process_count(), devices=jax.device_count(),
-             checkpoint=str(result.checkpoint_path), log_dir=str(result.log_dir))
+             checkpoint=str(result.checkpoint_path), log_dir=str(result.log_dir), stopped=str(result.stopped))
     print(f"process {jax.process_index()} of {jax.process_count()} done", flush=True)
 
 

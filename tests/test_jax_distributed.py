@@ -125,6 +125,17 @@ def test_a_process_that_dies_stops_the_others_with_a_clear_error(tmp_path):
     assert 1 <= ckpt.generation <= 2
 
 
+def test_a_stop_training_raised_in_one_process_stops_every_process_at_that_generation(tmp_path):
+    """Every process runs the callbacks: one process stopping alone would leave the others waiting in the next step."""
+    status, output = launch(tmp_path / "stop", 2, 1, 6, env={"JES_TEST_STOP_AT": "3"})
+    assert status == 0, output
+    done = results(tmp_path / "stop", 2)
+    for result in done:
+        assert len(result["pop_mean"]) == 3 and str(result["stopped"]) == "enough (process 1)"
+    np.testing.assert_array_equal(done[0]["flat"], done[1]["flat"])
+    assert jes.checkpoint.read(str(tmp_path / "stop" / "runs" / "checkpoint.ckpt")).generation == 3
+
+
 def test_a_failed_process_gets_advice_for_a_refusal_and_for_a_run_that_had_begun():
     """No exit status tells a refusal before the first generation (status 2 from jes train, 1 from a script, a busy
     port's crash) from a failure mid-run: the advice says to fix the error first, and to resume a run that had begun."""
