@@ -67,9 +67,14 @@ class Logger:
         """Flush and release resources; called once when the run ends.
 
         Args:
-            completed: ``False`` when the run ended on an interrupt or an error (a run to be resumed), ``True`` when
-                it returned its result (all its generations, or stopped early by ``stop_at_return`` or
-                :class:`jes.StopTraining`). :func:`jes.train` passes it to a ``close`` that takes it.
+            completed: ``False`` when the run ended on an interrupt or an error before its end (a run to be
+                resumed), ``True`` when it reached its end: all its generations, or stopped early by
+                ``stop_at_return`` or :class:`jes.StopTraining` (also when a Ctrl-C or an error came during its final
+                checkpoint's save). :func:`jes.train` passes it to a ``close`` that takes it (by its name).
+
+        A subclass of :class:`TensorBoardLogger` that overrides ``close`` must take ``completed`` and pass it on,
+        ``super().close(completed=completed)``: a ``close(self)`` of its own calling ``super().close()`` closes every
+        run as completed, writing the final metrics of an interrupted one (which its resume writes again).
         """
 
 
@@ -116,7 +121,10 @@ class TensorBoardLogger(Logger):
     ``hparams`` (e.g. ``config.to_dict()`` plus env/policy/optimizer) are written
     as a text table at the file's start and as a TensorBoard HPARAMS entry at :meth:`close`, with the final
     metrics (``hparams/*`` scalars at the last generation) only when the run completed: an interrupted run's
-    resume writes them once, at its end, where both would draw them as a two-point curve.
+    resume writes them once, at its end, where both would draw them as a two-point curve. A resume of a run that
+    completed (stopped by :class:`jes.StopTraining`, or given more generations) drops the final metrics of its
+    earlier session: its restart marker is at the checkpoint's generation, and ``again``, that generation's record
+    (its checkpoint's last history row), is written again after it (the marker drops every scalar from its step on).
 
     Args:
         log_dir: directory for the event file (created if missing).
@@ -124,11 +132,12 @@ class TensorBoardLogger(Logger):
     """
 
     def __init__(self, log_dir: str, hparams: Mapping[str, Any] | None = None, best_centre: float = -math.inf,
-                 purge_from: int | None = None):
+                 purge_from: int | None = None, again: Mapping[str, Any] | None = None):
         self.log_dir = log_dir
         self.hparams = {k: _hparam_value(v) for k, v in (hparams or {}).items()}
         self._writer: _EventFile | None = None  # opened at the first write (see the writer property)
         self._purge_from = purge_from
+        self._again = dict(again) if again is not None else None  # written after the marker (at purge_from)
         self._last: dict = {}
         self._pending: dict | None = None  # the newest record, not written yet (see flush)
         self._flushed_at = time.monotonic()
@@ -153,7 +162,14 @@ class TensorBoardLogger(Logger):
                 )
                 writer.add_text("hparams", table, 0)
             self._writer = writer
+            if self._again is not None:  # the generation at the marker, which drops its points: written again
+                self._write_scalars(self._again)
         return self._writer
+
+    def create_file(self) -> None:
+        """Create the event file if it is not there yet (before a checkpoint is saved: a resume of that checkpoint
+        finds its run's log dir by it, even at generation 0)."""
+        self.writer  # noqa: B018  (the property creates it)
 
     def __call__(self, record: Mapping[str, Any]) -> None:
         # The record before this one is the run's for good (its generation's state is the run's now); this one is
@@ -166,12 +182,7 @@ class TensorBoardLogger(Logger):
         record = self._pending
         if record is None:
             return
-        step = int(record["generation"])
-        for key, tag in SCALAR_TAGS.items():
-            value = record.get(key)
-            if value is None or not math.isfinite(float(value)):
-                continue  # centre_return is NaN on generations without a centre evaluation
-            self.writer.add_scalar(tag, float(value), step)
+        self._write_scalars(record)
         centre = record.get("centre_return")
         if centre is not None and math.isfinite(centre):
             self._best_centre = max(self._best_centre, float(centre))
@@ -181,9 +192,22 @@ class TensorBoardLogger(Logger):
             self.writer.flush()
             self._flushed_at = time.monotonic()
 
+    def _write_scalars(self, record: Mapping[str, Any]) -> None:
+        step = int(record["generation"])
+        for key, tag in SCALAR_TAGS.items():
+            value = record.get(key)
+            if value is None or not math.isfinite(float(value)):
+                continue  # centre_return is NaN on generations without a centre evaluation
+            self.writer.add_scalar(tag, float(value), step)
+
     def flush(self, generation: int | None = None) -> None:
+        """Write what is pending (up to ``generation``) and hand the file to the OS; with nothing written yet and
+        nothing pending, no file is created (a Ctrl-C during the first generation, no checkpoint saved after it:
+        :func:`flush_all` creates it before a checkpoint's save)."""
         if self._pending is not None and generation is not None and int(self._pending["generation"]) > generation:
             self._pending = None  # interrupted among its callbacks: not in the checkpoint, logged again on resume
+        if self._writer is None and self._pending is None:
+            return
         self._write_pending()
         self.writer.flush()
 
@@ -384,12 +408,16 @@ def close_all(loggers: Iterable[Any], warn: bool = False, completed: bool = True
                       f"yet is missing from its logs (the run's result and checkpoint are not affected)", stacklevel=3)
 
 
-def flush_all(loggers: Iterable[Any], generation: int | None = None) -> None:
+def flush_all(loggers: Iterable[Any], generation: int | None = None, saving: bool = False) -> None:
     """:meth:`Logger.flush` every :class:`Logger` in ``loggers`` up to ``generation``; a logger that fails is
-    warned of, not raised: the checkpoint saved next matters more than its logs."""
+    warned of, not raised: the checkpoint saved next matters more than its logs. ``saving``: a checkpoint is saved
+    next, so a :class:`TensorBoardLogger` creates its event file even with nothing to write (the resume of a
+    generation-0 checkpoint finds its log dir by it)."""
     for logger in loggers:
         if isinstance(logger, Logger):
             try:
+                if saving and isinstance(logger, TensorBoardLogger):
+                    logger.create_file()
                 try:
                     inspect.signature(logger.flush).bind(generation)
                 except TypeError:  # a Logger of one's own whose flush() predates the generation argument
@@ -458,6 +486,25 @@ def _holds_scalar(path: str) -> bool:
                     return True
     except OSError:  # unreadable: TensorBoard cannot show it either
         return False
+
+
+def final_metrics_at(log_dir: str, generation: int) -> bool:
+    """Whether ``log_dir``'s event files hold the final metrics (``hparams/generations``) at step ``generation``:
+    a session that completed there wrote them (:meth:`TensorBoardLogger.close`), and its resume's restart marker
+    goes at that step to drop them. Only files that name the tag at all are read through."""
+    tag = "hparams/generations"
+    for path in _event_files(log_dir):
+        try:
+            with open(path, "rb") as f:
+                if tag.encode() not in f.read():
+                    continue
+            for event in _file_events(path):
+                if int(event.step) == generation and any(value.tag == tag and value.HasField("simple_value")
+                                                         for value in event.summary.value):
+                    return True
+        except OSError:  # unreadable: TensorBoard cannot show it either
+            continue
+    return False
 
 
 def iter_events(log_dir: str):

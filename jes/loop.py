@@ -43,8 +43,10 @@ class StopTraining(Exception):
     that raised still see it), ``best`` counts it, the checkpoint is saved and the logs are closed as at a normal
     end; :func:`train` returns its result, whose ``stopped`` holds the message (or ``"StopTraining"``). Its centre
     is evaluated only if the generation was to evaluate it (``eval_every``). Resuming the checkpoint with
-    ``resume=`` goes on from there. In a ``jax.distributed`` run, where every process runs the callbacks, the
-    processes agree after each generation: a ``StopTraining`` raised in any of them stops them all there.
+    ``resume=`` goes on from there (its TensorBoard final metrics, written at the stop, move to the resumed run's
+    end: one point each). In a ``jax.distributed`` run, where every process runs the callbacks, the processes agree
+    after each generation: a ``StopTraining`` raised in any of them stops them all there (as does another error in
+    one of them: see :class:`CallbackFailedInAnotherProcess`).
 
     Example:
         >>> def plateau(record):
@@ -588,9 +590,16 @@ def train(
             hparams = dict(run_hparams(trainer, config, optimizer), strategy=trainer.strategy.describe(),
                            num_params=trainer.num_params, key=str(np.asarray(jax.random.key_data(as_key(key))).tolist()))
             centres = [float(x) for x in (history or {}).get("centre_return", ()) if math.isfinite(float(x))]
+            purge_from, again = (int(fetch(state.generation)) + 1, None) if resume is not None else (None, None)
+            if resume is not None:
+                # A session that completed at the checkpoint's generation (stopped by StopTraining, or given more
+                # generations now) wrote its final metrics there: the marker goes at that step, dropping them (a
+                # "final" curve of two points otherwise), and the generation's own scalars are written again
+                row = _last_record(history, purge_from - 1)
+                if row is not None and jes_logging.final_metrics_at(log_dir, purge_from - 1):
+                    purge_from, again = purge_from - 1, row
             loggers.append(jes_logging.TensorBoardLogger(
-                log_dir, hparams, best_centre=max(centres, default=-math.inf),
-                purge_from=int(fetch(state.generation)) + 1 if resume is not None else None))
+                log_dir, hparams, best_centre=max(centres, default=-math.inf), purge_from=purge_from, again=again))
     except BaseException:
         try:
             trainer.finish_compiling()
@@ -603,7 +612,7 @@ def train(
     ran = _Ran()
     failed = None  # the error (or interrupt) the run raises, if any
     try:
-        if num_workers:
+        if num_workers and not nothing_left:  # (nothing left: no workers to start, compile and wait for)
             _check_workers_can_rebuild(trainer, f"num_workers={num_workers}")
             local_secret = new_secret()
             try:
@@ -647,7 +656,10 @@ def train(
         try:
             # A logger that cannot close (its disk full) is warned of: the error in flight, which carries the run so far
             # and its checkpoint, goes on, and a run that finished returns its result (saved; only logs are missing)
-            jes_logging.close_all(loggers, warn=True, completed=ran.result is not None)
+            # Completed: the run reached its end (its result returned, or a Ctrl-C or an error during its final
+            # checkpoint's save, after which a resume has nothing left to write them)
+            completed = ran.result is not None or getattr(failed, "_jes_reached_end", False)
+            jes_logging.close_all(loggers, warn=True, completed=completed)
         except KeyboardInterrupt as interrupt:  # a Ctrl-C while the logs close
             ran.interrupted(interrupt)
             _carry_run_over(failed, interrupt)
@@ -979,7 +991,7 @@ def _run(trainer: Trainer, state: TrainState, *, key: Any = 0, callbacks: Iterab
     t_start = time.perf_counter() if started is None else started
 
     state = trainer.place(state)
-    if step_fn is None and trainer.spec.host:
+    if step_fn is None and trainer.spec.host and start_gen < total:
         step_fn = HostGeneration(trainer).step  # a Python simulator: envs stepped here, the update compiled
     if step_fn is None and start_gen >= total:  # nothing left to train: nothing to compile (the step is never called)
         step_fn, compile_time = None, 0.0
@@ -1005,6 +1017,18 @@ def _run(trainer: Trainer, state: TrainState, *, key: Any = 0, callbacks: Iterab
     pending = None  # (record, state after it, best-member candidate) of a generation awaiting its centre
     stopped = None  # a callback's StopTraining: the run ends after the generation it was given
 
+    def mark_if_ended(err: BaseException) -> None:
+        """Mark an error (or interrupt) that came once the run had reached its end (during its final checkpoint's
+        save): :func:`train` closes its logs as completed, writing the final metrics, which its resume, with nothing
+        left, would never write."""
+        ended = stopped is not None or int(fetch(state.generation)) >= total or (
+            cfg.stop_at_return is not None and solved_generation is not None)
+        if ended:
+            try:
+                err._jes_reached_end = True
+            except Exception:  # noqa: BLE001  an exception that takes no attributes: closed as interrupted
+                pass
+
     def so_far(saved_in: str | None) -> TrainResult:
         """The run so far (what a checkpoint of ``state`` holds), for a notebook without one."""
         done = int(fetch(state.generation))
@@ -1016,7 +1040,7 @@ def _run(trainer: Trainer, state: TrainState, *, key: Any = 0, callbacks: Iterab
     def save_checkpoint():
         nonlocal saved_generation
         # The logs as far as the checkpoint, before it: a killed run's curves go on where its resume starts
-        jes_logging.flush_all(callbacks, int(fetch(state.generation)))
+        jes_logging.flush_all(callbacks, int(fetch(state.generation)), saving=True)
         # A Ctrl-C (or jes train's SIGTERM) during the save is raised after it, once saved_generation says so.
         with checkpoint.interrupts_deferred():
             try:
@@ -1056,14 +1080,19 @@ def _run(trainer: Trainer, state: TrainState, *, key: Any = 0, callbacks: Iterab
         # with some of its scalars never logged (a hole in the curves). The state after the history row, so an
         # interrupt never leaves history behind the state (a checkpoint drops rows past its state but cannot make up
         # a missing one).
-        stop = None
+        stop = error = None
         for callback in callbacks:
             try:
                 callback(record)
             except StopTraining as err:  # after this generation, kept; the other callbacks still see it
                 stop = stop or err
+            except Exception as err:
+                if jax.process_count() == 1:
+                    raise
+                error = err  # raised once the other processes have heard of it (below)
+                break
         if jax.process_count() > 1:  # every process runs the callbacks: they stop together, if any says so
-            stop = _stop_in_any_process(stop)
+            stop = _stop_in_any_process(stop, error, record["generation"])
         state, best = after, candidate
         generation = record["generation"]
         if save_to is not None and checkpoint_every and generation % checkpoint_every == 0:
@@ -1135,6 +1164,7 @@ def _run(trainer: Trainer, state: TrainState, *, key: Any = 0, callbacks: Iterab
         if save_to is not None and saved_generation != int(fetch(state.generation)):
             save_checkpoint()
     except KeyboardInterrupt as interrupt:
+        mark_if_ended(interrupt)
         try:
             # A second Ctrl-C (an impatient user, a launcher passing SIGTERM on) waits for the save, then is dropped:
             # this interrupt goes on, carrying the checkpoint and the run so far.
@@ -1157,9 +1187,11 @@ def _run(trainer: Trainer, state: TrainState, *, key: Any = 0, callbacks: Iterab
         except KeyboardInterrupt:
             pass
         raise
-    except (NonFiniteFitnessError, NonFiniteUpdateError, CheckpointSaveError):
+    except (NonFiniteFitnessError, NonFiniteUpdateError, CheckpointSaveError) as error:
+        mark_if_ended(error)
         raise  # each saved what it could and carries the run so far
     except Exception as error:
+        mark_if_ended(error)
         # A failure mid-run (a Python simulator that raised, a callback's bug, every device or worker lost): the run
         # so far is kept as an interrupt keeps it, the last good state saved and carried by the error (.result,
         # .checkpoint_path), so hours of training survive a simulator that crashes late.
@@ -1193,22 +1225,63 @@ def _nothing_left(generation: int, history: dict, config: ESConfig) -> bool:
         config.stop_at_return is not None and _first_solved(history, config.stop_at_return) is not None)
 
 
-def _stop_in_any_process(stop: StopTraining | None) -> StopTraining | None:
-    """A multi-process run's verdict on stopping after this generation, the same in every process: the
-    :class:`StopTraining` of the first process whose callbacks raised one (each process runs its callbacks; one that
-    stopped alone would leave the others waiting in the next step), or ``None``."""
+class CallbackFailedInAnotherProcess(RuntimeError):
+    """A callback raised an error in another process of a ``jax.distributed`` run: every process stops at that
+    generation (process 0 saves the run as at any error midway), this one with this error, which names the failing
+    process and its error (that process raises the error itself)."""
+
+
+_STOPPED, _ERRORED = 1, 2  # a process's word in _stop_in_any_process
+_MESSAGE_BYTES = 512
+
+
+def _stop_in_any_process(stop: StopTraining | None, error: BaseException | None = None,
+                         generation: int = 0) -> StopTraining | None:
+    """A multi-process run's verdict after this generation's callbacks, the same in every process (each process
+    runs its callbacks; one that stopped alone, on a ``StopTraining`` or an error, would leave the others waiting in
+    the next step). An error in any process's callbacks stops every process here: the process that raised it raises
+    it, the others a :class:`CallbackFailedInAnotherProcess` naming it. Otherwise the :class:`StopTraining` of the
+    first process whose callbacks raised one, or ``None``."""
     from jax.experimental import multihost_utils
 
-    mine = np.zeros(257, np.uint8)  # [raised, utf-8 message...]
-    if stop is not None:
-        raw = (str(stop) or "StopTraining").encode()[:256]
-        mine[0], mine[1:1 + len(raw)] = 1, np.frombuffer(raw, np.uint8)
-    everyone = np.asarray(multihost_utils.process_allgather(mine)).reshape(-1, 257)  # [processes, 257]
-    raised = np.flatnonzero(everyone[:, 0])
+    mine = np.zeros(1 + _MESSAGE_BYTES, np.uint8)  # [word, utf-8 message...]
+    if error is not None:
+        raw = f"{type(error).__name__}: {error}".encode()[:_MESSAGE_BYTES]
+        mine[0], mine[1:1 + len(raw)] = _ERRORED, np.frombuffer(raw, np.uint8)
+    elif stop is not None:
+        raw = (str(stop) or "StopTraining").encode()[:_MESSAGE_BYTES]
+        mine[0], mine[1:1 + len(raw)] = _STOPPED, np.frombuffer(raw, np.uint8)
+    everyone = np.asarray(multihost_utils.process_allgather(mine)).reshape(-1, 1 + _MESSAGE_BYTES)
+
+    def message(process: int) -> str:
+        return bytes(everyone[process, 1:]).rstrip(b"\0").decode("utf-8", "replace")
+
+    if error is not None:
+        raise error  # its own, with its traceback (the others heard of it)
+    errored = np.flatnonzero(everyone[:, 0] == _ERRORED)
+    if errored.size:
+        raise CallbackFailedInAnotherProcess(
+            f"a callback of process {errored[0]} of this jax.distributed run raised {message(errored[0])} at "
+            f"generation {generation}: every process stops there, as a run stops at a callback's error (the run is "
+            f"kept at generation {generation - 1}, in process 0's checkpoint and error.result); see process "
+            f"{errored[0]}'s output for its traceback")
+    raised = np.flatnonzero(everyone[:, 0] == _STOPPED)
     if not raised.size:
         return None
-    message = bytes(everyone[raised[0], 1:]).rstrip(b"\0").decode("utf-8", "replace")
-    return StopTraining(message if raised[0] == 0 else f"{message} (process {raised[0]})")
+    return StopTraining(message(raised[0]) if raised[0] == 0 else f"{message(raised[0])} (process {raised[0]})")
+
+
+def _last_record(history: dict | None, generation: int) -> dict | None:
+    """The record (as its loggers got it) of a checkpoint's last history row, when that is ``generation``'s."""
+    if not history or generation < 1 or any(k not in history for k in HISTORY_KEYS):
+        return None
+    rows = history["generation"]
+    if not len(rows) or int(rows[-1]) != generation:
+        return None
+    record = {k: history[k][-1].item() if hasattr(history[k][-1], "item") else history[k][-1] for k in HISTORY_KEYS}
+    before = int(history["env_steps"][-2]) if len(rows) > 1 else 0
+    record["env_steps_per_second"] = (int(record["env_steps"]) - before) / max(float(record["generation_time"]), 1e-9)
+    return record
 
 
 class _Ran:

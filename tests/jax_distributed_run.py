@@ -7,7 +7,9 @@ result holds to ``OUT_DIR/result<process id>.npz``. ``JES_TEST_DIE_AT=G`` makes 
 abruptly (status 3) after generation G, as a crashed host would; ``JES_TEST_PERTURBATION=low_rank`` trains
 with low-rank members, ``JES_TEST_SCHEDULE=1`` with a learning-rate schedule; ``JES_TEST_KEY_PER_PROCESS=1`` gives each process its own key (a mistake jes refuses),
 ``JES_TEST_PROCESSES_OF_1=N`` launches process 1 as one of N processes (another host's ``jes launch --processes N``),
-``JES_TEST_STOP_AT=G`` makes process 1's callback alone raise ``jes.StopTraining`` at generation G.
+``JES_TEST_STOP_AT=G`` makes process 1's callback alone raise ``jes.StopTraining`` at generation G,
+``JES_TEST_ERROR_AT=G`` a ``RuntimeError`` (each process then writes what it raised to ``OUT_DIR/error<process id>.txt``:
+its type, message and the generations of the run it carries).
 """
 import os
 import sys
@@ -36,6 +38,7 @@ def main(out: str, generations: int, resume: str | None = None) -> None:
     jes.enable_compilation_cache(os.environ.get("JES_TEST_CACHE") or None)
     die_at = int(os.environ.get("JES_TEST_DIE_AT", "0"))
     stop_at = int(os.environ.get("JES_TEST_STOP_AT", "0"))
+    error_at = int(os.environ.get("JES_TEST_ERROR_AT", "0"))
 
     def maybe_die(record):
         import jax
@@ -44,15 +47,32 @@ def main(out: str, generations: int, resume: str | None = None) -> None:
             os._exit(3)
         if record["generation"] == stop_at and jax.process_index() == 1:
             raise jes.StopTraining("enough")
+        if record["generation"] == error_at and jax.process_index() == 1:
+            raise RuntimeError("a callback's bug")
 
     kwargs = small_run(generations)
     if os.environ.get("JES_TEST_PROCESSES_OF_1") and os.environ["JES_PROCESS_ID"] == "1":  # its host's other count
         os.environ["JES_NUM_PROCESSES"] = os.environ["JES_TEST_PROCESSES_OF_1"]
     if os.environ.get("JES_TEST_KEY_PER_PROCESS"):  # a per-process seed, as data-parallel scripts often have
         kwargs["key"] += int(os.environ["JES_PROCESS_ID"])
-    result = jes.train(kwargs.pop("policy"), kwargs.pop("env"), kwargs.pop("optimizer"), distributed=True,
-                       log_dir=os.path.join(out, "runs"), checkpoint_every=1, progress=False,
-                       callbacks=[maybe_die], resume=resume, **kwargs)
+    try:
+        result = jes.train(kwargs.pop("policy"), kwargs.pop("env"), kwargs.pop("optimizer"), distributed=True,
+                           log_dir=os.path.join(out, "runs"), checkpoint_every=1, progress=False,
+                           callbacks=[maybe_die], resume=resume, **kwargs)
+    except Exception as err:
+        if not error_at:
+            raise
+        import time
+
+        import jax
+
+        carried = getattr(err, "result", None)
+        generations = [int(g) for g in carried.history["generation"]] if carried is not None else None
+        with open(os.path.join(out, f"error{jax.process_index()}.txt"), "w") as f:
+            f.write(f"{type(err).__name__}: {err}\n{generations}\n")
+        if jax.process_index() == 1:
+            time.sleep(5)  # the other process writes its file before jes launch stops it (once this one exits)
+        raise
     import jax
 
     np.savez(os.path.join(out, f"result{jax.process_index()}.npz"), flat=result.flat_params,
