@@ -70,8 +70,11 @@ def main(out: str, generations: int, resume: str | None = None) -> None:
         generations = [int(g) for g in carried.history["generation"]] if carried is not None else None
         with open(os.path.join(out, f"error{jax.process_index()}.txt"), "w") as f:
             f.write(f"{type(err).__name__}: {err}\n{generations}\n")
-        if jax.process_index() == 1:
-            time.sleep(5)  # the other process writes its file before jes launch stops it (once this one exits)
+        if jax.process_index() == 1:  # the other process writes its file before jes launch stops it (once this
+            other = os.path.join(out, "error0.txt")  # one exits): wait for it, boundedly (the test's own timeout)
+            deadline = time.monotonic() + 240
+            while not os.path.exists(other) and time.monotonic() < deadline:
+                time.sleep(0.1)
         raise
     import jax
 
