@@ -27,7 +27,7 @@ _EXPORTS = {
     "EnvSpec": "jes.envs", "make_env": "jes.envs", "registered_env_names": "jes.envs",
     "ChunkResults": "jes.generation", "Trainer": "jes.generation", "TrainState": "jes.generation",
     "BestMember": "jes.loop", "CheckpointSaveError": "jes.loop", "NonFiniteFitnessError": "jes.loop", "NonFiniteUpdateError": "jes.loop",
-    "TrainResult": "jes.loop", "run": "jes.loop", "train": "jes.loop",
+    "StopTraining": "jes.loop", "TrainResult": "jes.loop", "run": "jes.loop", "train": "jes.loop",
     "make_optimizer": "jes.optimizers", "optimizer_names": "jes.optimizers",
     "FullRank": "jes.perturbations", "LowRank": "jes.perturbations",
     "GRUPolicy": "jes.policies", "MLPPolicy": "jes.policies", "TorchGRUCell": "jes.policies",
@@ -46,7 +46,7 @@ if TYPE_CHECKING:  # for type checkers and IDEs; at run time these resolve throu
     from jes.cpu import use_cpu_cores  # noqa: F401
     from jes.envs import EnvSpec, make_env, registered_env_names  # noqa: F401
     from jes.generation import ChunkResults, Trainer, TrainState  # noqa: F401
-    from jes.loop import BestMember, CheckpointSaveError, NonFiniteFitnessError, NonFiniteUpdateError, TrainResult, run, train  # noqa: F401
+    from jes.loop import BestMember, CheckpointSaveError, NonFiniteFitnessError, NonFiniteUpdateError, StopTraining, TrainResult, run, train  # noqa: F401
     from jes.optimizers import make_optimizer, optimizer_names  # noqa: F401
     from jes.perturbations import FullRank, LowRank  # noqa: F401
     from jes.policies import GRUPolicy, MLPPolicy, TorchGRUCell  # noqa: F401

@@ -63,8 +63,19 @@ class Logger:
         its curves) and never past it (a generation interrupted among its callbacks is not in the checkpoint, and
         a resumed run logs it again). ``None``: everything."""
 
-    def close(self) -> None:
-        """Flush and release resources; called once when the run ends."""
+    def close(self, completed: bool = True) -> None:
+        """Flush and release resources; called once when the run ends.
+
+        Args:
+            completed: ``False`` when the run ended on an interrupt or an error before its end (a run to be
+                resumed), ``True`` when it reached its end: all its generations, or stopped early by
+                ``stop_at_return`` or :class:`jes.StopTraining` (also when a Ctrl-C or an error came during its final
+                checkpoint's save). :func:`jes.train` passes it to a ``close`` that takes it (by its name).
+
+        A subclass of :class:`TensorBoardLogger` that overrides ``close`` must take ``completed`` and pass it on,
+        ``super().close(completed=completed)``: a ``close(self)`` of its own calling ``super().close()`` closes every
+        run as completed, writing the final metrics of an interrupted one (which its resume writes again).
+        """
 
 
 def default_run_name(env_name: str, policy_name: str, optimizer_name: str) -> str:
@@ -105,9 +116,15 @@ class TensorBoardLogger(Logger):
     checkpoint does not hold (Ctrl-C among its callbacks) is never written, so a resumed run logs each generation
     once. Events are on disk after a :meth:`flush` (before each checkpoint) or :meth:`close`, and in between
     every ``LIVE_FLUSH_SECONDS`` (10 s) and whenever the file's buffer fills.
+    The event file is created with the first generation written (or the first :meth:`flush`, which comes before a
+    checkpoint is saved): a run stopped (or killed) before any, during the step's compile say, leaves none behind.
     ``hparams`` (e.g. ``config.to_dict()`` plus env/policy/optimizer) are written
-    as a text table at the start and as a TensorBoard HPARAMS entry, with the final
-    metrics, at :meth:`close`.
+    as a text table at the file's start and as a TensorBoard HPARAMS entry at :meth:`close`, with the final
+    metrics (``hparams/*`` scalars at the last generation) only when the run completed: an interrupted run's
+    resume writes them once, at its end, where both would draw them as a two-point curve. A resume of a run that
+    completed (stopped by :class:`jes.StopTraining`, or given more generations) drops the final metrics of its
+    earlier session: its restart marker is at the checkpoint's generation, and ``again``, that generation's record
+    (its checkpoint's last history row), is written again after it (the marker drops every scalar from its step on).
 
     Args:
         log_dir: directory for the event file (created if missing).
@@ -115,25 +132,44 @@ class TensorBoardLogger(Logger):
     """
 
     def __init__(self, log_dir: str, hparams: Mapping[str, Any] | None = None, best_centre: float = -math.inf,
-                 purge_from: int | None = None):
+                 purge_from: int | None = None, again: Mapping[str, Any] | None = None):
         self.log_dir = log_dir
         self.hparams = {k: _hparam_value(v) for k, v in (hparams or {}).items()}
-        # tensorboardX names the file by the second and the host only: a second writer in the same directory within
-        # the same second (a short run resumed at once into its log dir) would overwrite the first's events
-        self.writer = _EventFile(log_dir, filename_suffix=f".{os.getpid()}.{time.time_ns()}")
+        self._writer: _EventFile | None = None  # opened at the first write (see the writer property)
+        self._purge_from = purge_from
+        self._again = dict(again) if again is not None else None  # written after the marker (at purge_from)
         self._last: dict = {}
         self._pending: dict | None = None  # the newest record, not written yet (see flush)
         self._flushed_at = time.monotonic()
         self._best_centre = best_centre  # a resumed run's: the best centre return of its earlier sessions
-        if purge_from is not None:
-            # A resumed run's restart marker (tensorboardX's purge_step): TensorBoard, and read_scalars, drop the
-            # earlier sessions' points from this step on, which a killed run may have written past its checkpoint.
-            self.writer.add_session_start(purge_from)
-        if self.hparams:
-            table = "| hyperparameter | value |\n|---|---|\n" + "\n".join(
-                f"| {k} | {v} |" for k, v in sorted(self.hparams.items())
-            )
-            self.writer.add_text("hparams", table, 0)
+
+    @property
+    def writer(self) -> "_EventFile":
+        """The run's event file, created (with its restart marker and hyperparameter table) when first written:
+        a run stopped before its first generation (a Ctrl-C or a kill during the step's compile) leaves no file
+        without generations, which a later run into the folder would take for an earlier run's."""
+        if self._writer is None:
+            # tensorboardX names the file by the second and the host only: a second writer in the same directory
+            # within the same second (a short run resumed at once into its log dir) would overwrite the first's events
+            writer = _EventFile(self.log_dir, filename_suffix=f".{os.getpid()}.{time.time_ns()}")
+            if self._purge_from is not None:
+                # A resumed run's restart marker (tensorboardX's purge_step): TensorBoard, and read_scalars, drop the
+                # earlier sessions' points from this step on, which a killed run may have written past its checkpoint.
+                writer.add_session_start(self._purge_from)
+            if self.hparams:
+                table = "| hyperparameter | value |\n|---|---|\n" + "\n".join(
+                    f"| {k} | {v} |" for k, v in sorted(self.hparams.items())
+                )
+                writer.add_text("hparams", table, 0)
+            self._writer = writer
+            if self._again is not None:  # the generation at the marker, which drops its points: written again
+                self._write_scalars(self._again)
+        return self._writer
+
+    def create_file(self) -> None:
+        """Create the event file if it is not there yet (before a checkpoint is saved: a resume of that checkpoint
+        finds its run's log dir by it, even at generation 0)."""
+        self.writer  # noqa: B018  (the property creates it)
 
     def __call__(self, record: Mapping[str, Any]) -> None:
         # The record before this one is the run's for good (its generation's state is the run's now); this one is
@@ -146,12 +182,7 @@ class TensorBoardLogger(Logger):
         record = self._pending
         if record is None:
             return
-        step = int(record["generation"])
-        for key, tag in SCALAR_TAGS.items():
-            value = record.get(key)
-            if value is None or not math.isfinite(float(value)):
-                continue  # centre_return is NaN on generations without a centre evaluation
-            self.writer.add_scalar(tag, float(value), step)
+        self._write_scalars(record)
         centre = record.get("centre_return")
         if centre is not None and math.isfinite(centre):
             self._best_centre = max(self._best_centre, float(centre))
@@ -161,13 +192,30 @@ class TensorBoardLogger(Logger):
             self.writer.flush()
             self._flushed_at = time.monotonic()
 
+    def _write_scalars(self, record: Mapping[str, Any]) -> None:
+        step = int(record["generation"])
+        for key, tag in SCALAR_TAGS.items():
+            value = record.get(key)
+            if value is None or not math.isfinite(float(value)):
+                continue  # centre_return is NaN on generations without a centre evaluation
+            self.writer.add_scalar(tag, float(value), step)
+
     def flush(self, generation: int | None = None) -> None:
+        """Write what is pending (up to ``generation``) and hand the file to the OS; with nothing written yet and
+        nothing pending, no file is created (a Ctrl-C during the first generation, no checkpoint saved after it:
+        :func:`flush_all` creates it before a checkpoint's save)."""
         if self._pending is not None and generation is not None and int(self._pending["generation"]) > generation:
             self._pending = None  # interrupted among its callbacks: not in the checkpoint, logged again on resume
+        if self._writer is None and self._pending is None:
+            return
         self._write_pending()
         self.writer.flush()
 
-    def close(self) -> None:
+    def close(self, completed: bool = True) -> None:
+        """Write what is pending and close the file; with ``completed`` (the run returned its result), the final
+        metrics too. An interrupted run's (``completed=False``) HPARAMS entry has its hyperparameters and no
+        metrics: a point at its interrupted generation would stay beside the one its resume writes at its end
+        (TensorBoard cannot take a point back), drawn as a two-point curve of "final" values."""
         self._write_pending()
         if self.hparams and self._last:
             from tensorboardX.summary import hparams as hparams_summary
@@ -182,9 +230,10 @@ class TensorBoardLogger(Logger):
                 self.writer.add_summary(summary)
             step = int(self._last.get("generation", 0))
             for tag, value in metrics.items():
-                if math.isfinite(value):
+                if completed and math.isfinite(value):
                     self.writer.add_scalar(tag, value, step)
-        self.writer.close()
+        if self._writer is not None:
+            self._writer.close()
 
 
 class _EventFile:
@@ -331,16 +380,22 @@ def format_line(record: Mapping[str, Any], total: int, best: float) -> str:
     return ", ".join(parts)
 
 
-def close_all(loggers: Iterable[Any], warn: bool = False) -> None:
+def close_all(loggers: Iterable[Any], warn: bool = False, completed: bool = True) -> None:
     """Call ``close()`` on every logger that has one, even if an earlier one fails; then raise the first failure, or,
     with ``warn``, warn of each (:func:`jes.train`'s: an error closing the logs, a full log disk, must not replace the
-    error that stopped the run, which carries the run so far, nor cost a finished run its result)."""
+    error that stopped the run, which carries the run so far, nor cost a finished run its result). ``completed``
+    goes to each ``close`` that takes it (see :meth:`Logger.close`)."""
     failures = []
     for logger in loggers:
         close = getattr(logger, "close", None)
         if callable(close):
             try:
-                close()
+                try:
+                    inspect.signature(close).bind(completed=completed)
+                except (TypeError, ValueError):  # a close() of one's own without it (or no signature to read)
+                    close()
+                else:
+                    close(completed=completed)
             except Exception as err:  # keep closing the others; report the failures once all are closed
                 failures.append((logger, err))
     if not warn:
@@ -353,12 +408,16 @@ def close_all(loggers: Iterable[Any], warn: bool = False) -> None:
                       f"yet is missing from its logs (the run's result and checkpoint are not affected)", stacklevel=3)
 
 
-def flush_all(loggers: Iterable[Any], generation: int | None = None) -> None:
+def flush_all(loggers: Iterable[Any], generation: int | None = None, saving: bool = False) -> None:
     """:meth:`Logger.flush` every :class:`Logger` in ``loggers`` up to ``generation``; a logger that fails is
-    warned of, not raised: the checkpoint saved next matters more than its logs."""
+    warned of, not raised: the checkpoint saved next matters more than its logs. ``saving``: a checkpoint is saved
+    next, so a :class:`TensorBoardLogger` creates its event file even with nothing to write (the resume of a
+    generation-0 checkpoint finds its log dir by it)."""
     for logger in loggers:
         if isinstance(logger, Logger):
             try:
+                if saving and isinstance(logger, TensorBoardLogger):
+                    logger.create_file()
                 try:
                     inspect.signature(logger.flush).bind(generation)
                 except TypeError:  # a Logger of one's own whose flush() predates the generation argument
@@ -394,6 +453,58 @@ def check_callbacks(callbacks: Any) -> None:
 def has_event_files(log_dir: str) -> bool:
     """Whether ``log_dir`` (not its subdirectories) already holds TensorBoard event files."""
     return bool(_event_files(log_dir))
+
+
+def has_logged_scalars(log_dir: str) -> bool:
+    """Whether ``log_dir``'s event files (not its subdirectories') hold a scalar: an earlier run's curves, which a
+    run logged beside them would be shown with. A file without any (a run stopped during its step's compile by a
+    jes that made the file at its start) shows nothing. Each file is read only as far as its first scalar."""
+    return any(_holds_scalar(path) for path in _event_files(log_dir))
+
+
+def _holds_scalar(path: str) -> bool:
+    """Whether the event file ``path`` holds a scalar before its end or a record that cannot be read (where
+    TensorBoard stops reading it too)."""
+    from google.protobuf.message import DecodeError
+    from tensorboardX.proto import event_pb2
+
+    try:
+        with open(path, "rb") as f:
+            while True:
+                header = f.read(12)
+                if len(header) < 12:
+                    return False
+                (length,) = struct.unpack_from("<Q", header)
+                payload = f.read(length)
+                if len(payload) < length or len(f.read(4)) < 4:
+                    return False
+                try:
+                    event = event_pb2.Event.FromString(payload)
+                except DecodeError:
+                    return False
+                if any(value.HasField("simple_value") for value in event.summary.value):
+                    return True
+    except OSError:  # unreadable: TensorBoard cannot show it either
+        return False
+
+
+def final_metrics_at(log_dir: str, generation: int) -> bool:
+    """Whether ``log_dir``'s event files hold the final metrics (``hparams/generations``) at step ``generation``:
+    a session that completed there wrote them (:meth:`TensorBoardLogger.close`), and its resume's restart marker
+    goes at that step to drop them. Only files that name the tag at all are read through."""
+    tag = "hparams/generations"
+    for path in _event_files(log_dir):
+        try:
+            with open(path, "rb") as f:
+                if tag.encode() not in f.read():
+                    continue
+            for event in _file_events(path):
+                if int(event.step) == generation and any(value.tag == tag and value.HasField("simple_value")
+                                                         for value in event.summary.value):
+                    return True
+        except OSError:  # unreadable: TensorBoard cannot show it either
+            continue
+    return False
 
 
 def iter_events(log_dir: str):

@@ -36,6 +36,26 @@ from jes.host_step import HostGeneration
 from jes.trained import ActionMap, TrainedPolicy
 
 
+class StopTraining(Exception):
+    """Raise it from a callback to end the run after the generation the callback was given, keeping it.
+
+    The run ends as at its last generation: the generation's row is in the history (the callbacks after the one
+    that raised still see it), ``best`` counts it, the checkpoint is saved and the logs are closed as at a normal
+    end; :func:`train` returns its result, whose ``stopped`` holds the message (or ``"StopTraining"``). Its centre
+    is evaluated only if the generation was to evaluate it (``eval_every``). Resuming the checkpoint with
+    ``resume=`` goes on from there (its TensorBoard final metrics, written at the stop, move to the resumed run's
+    end: one point each). In a ``jax.distributed`` run, where every process runs the callbacks, the processes agree
+    after each generation: a ``StopTraining`` raised in any of them stops them all there (as does another error in
+    one of them: see :class:`CallbackFailedInAnotherProcess`).
+
+    Example:
+        >>> def plateau(record):
+        ...     if record["generation"] >= 20 and record["pop_mean"] < 30:
+        ...         raise jes.StopTraining("no progress in 20 generations")
+        >>> result = jes.train(policy, "CartPole-v1", callbacks=[plateau])
+    """
+
+
 class NonFiniteFitnessError(ValueError):
     """A member's fitness was NaN or infinite; training stopped before using it.
 
@@ -179,6 +199,8 @@ class TrainResult:
             checkpoint), or ``None``.
         log_dir: the TensorBoard directory, or ``None``.
         checkpoint_path: the checkpoint file, or ``None``.
+        stopped: ``None``, or why a callback ended the run early: the message of the :class:`StopTraining` it raised
+            (``"StopTraining"`` when it gave none).
     """
 
     params: Any
@@ -198,6 +220,7 @@ class TrainResult:
     best: BestMember | None = None
     log_dir: str | None = None
     checkpoint_path: str | None = None
+    stopped: str | None = None
 
     @property
     def final_centre_return(self) -> float:
@@ -260,6 +283,7 @@ class TrainResult:
             # 0.0: the step was not compiled here as one program (a host env's pieces, a master's workers)
             + (f" ({self.compile_time:.1f}s compile)" if self.compile_time else "")
             + (f"; best member {self.best.fitness:.1f} (generation {self.best.generation})" if self.best else "")
+            + (f"; stopped by a callback: {self.stopped}" if self.stopped is not None else "")
             + f"; logs: {self.log_dir or 'off'}; checkpoint: {self.checkpoint_path or 'off'}"
         )
 
@@ -359,7 +383,8 @@ def train(
         config: an :class:`ESConfig`; keyword ``overrides`` (e.g. ``num_members=256``) replace its fields.
         env_params: gymnax env params.
         devices: local devices to shard the population over (``None``: all local devices).
-        callbacks: functions called with each generation's metrics dict (host side); see :mod:`jes.logging`.
+        callbacks: functions called with each generation's metrics dict (host side); see :mod:`jes.logging`. One
+            that raises :class:`StopTraining` ends the run after that generation, keeping it (``result.stopped``).
         log_dir: TensorBoard directory; the default is ``runs/<env>-<policy>-<optimizer>-<time>``, or with
             ``resume`` the checkpoint's directory when it holds TensorBoard event files (the run's own log dir,
             where its curves then continue); ``None`` turns TensorBoard logging off.
@@ -474,8 +499,27 @@ def train(
             os.path.join(log_dir, "checkpoint.ckpt") if log_dir is not None else None)
     if checkpoint_path is not None and primary:
         checkpoint.warn_unresumable(trainer.policy, checkpoint_path)  # at the start, not when resume= refuses it
+    # A resume of a run with nothing left to train (its generations done, or its stop_at_return reached): its result
+    # is the checkpoint's, so the step is not compiled and no event file is started
+    nothing_left = restored is not None and _nothing_left(restored.generation, restored.history, config)
     lock = None  # this run's lock on its checkpoint, held until it ends
     server = None  # the ZeroMQ master of master=, made before the loggers
+
+    def refuse_to_write() -> None:
+        """Refuse a checkpoint that would replace another run's, or a folder that cannot be written: process 0's
+        verdict, which every process of a multi-process run raises."""
+        overwrite = _overwrite_problem(checkpoint_path, resume) if primary and checkpoint_path is not None else None
+        if jax.process_count() > 1:
+            overwrite = _from_process_0(overwrite)  # process 0 writes; every process hears its refusal
+        if overwrite is not None:
+            raise FileExistsError(overwrite)
+        # A folder that cannot be written was found at the first save, after the training it was to keep
+        unwritable = _unwritable_problem(log_dir, checkpoint_path, resume) if primary else None
+        if jax.process_count() > 1:
+            unwritable = _from_process_0(unwritable)
+        if unwritable is not None:
+            raise PermissionError(unwritable)
+
     try:  # a compile thread left running when this raises would abort the interpreter at its exit
         if jax.process_count() == 1:  # (a multi-process run takes process 0's below, once its processes agree on it)
             for attempt in range(_AUTO_DIR_ATTEMPTS):
@@ -489,8 +533,9 @@ def train(
                         raise
                     log_dir = jes_logging.unique_dir(os.path.join("runs", auto_name))
                     checkpoint_path = os.path.join(log_dir, "checkpoint.ckpt")
-        if master is None and not num_workers and not trainer.spec.host:  # a master or a host env runs no local step
-            trainer.start_compiling_step()  # overlaps building or restoring the state
+            refuse_to_write()  # before the compile: nothing has run (a multi-process run's processes agree first)
+        if master is None and not num_workers and not trainer.spec.host and not nothing_left:
+            trainer.start_compiling_step()  # overlaps building or restoring the state (a master or a host env: none)
         history = None
         if jax.process_count() > 1:
             _check_same_run(trainer, key, resume)
@@ -529,17 +574,7 @@ def train(
             log_dir = _from_process_0(log_dir)  # its auto name has process 0's clock in it
             checkpoint_path = _from_process_0(checkpoint_path)
             lock = _lock_checkpoint(checkpoint_path, resuming=resume is not None)
-        overwrite = _overwrite_problem(checkpoint_path, resume) if primary and checkpoint_path is not None else None
-        if jax.process_count() > 1:
-            overwrite = _from_process_0(overwrite)  # process 0 writes; every process hears its refusal
-        if overwrite is not None:
-            raise FileExistsError(overwrite)
-        # A folder that cannot be written was found at the first save, after the training it was to keep
-        unwritable = _unwritable_problem(log_dir, checkpoint_path, resume) if primary else None
-        if jax.process_count() > 1:
-            unwritable = _from_process_0(unwritable)
-        if unwritable is not None:
-            raise PermissionError(unwritable)
+            refuse_to_write()
         # Listening (a secret, a free port) is checked before any log file exists: a refused master leaves nothing.
         if master is not None:
             _check_workers_can_rebuild(trainer, f"master={master!r}")
@@ -549,17 +584,24 @@ def train(
         earlier = [float(x) for x in (history or {}).get("pop_max", ()) if math.isfinite(float(x))]
         loggers = [jes_logging.ProgressBar(config.num_generations, int(fetch(state.generation)),
                                            enabled=progress if primary else False, best=max(earlier, default=-math.inf))]
-        if log_dir is not None and primary and resume is None and jes_logging.has_event_files(log_dir):
+        if log_dir is not None and primary and resume is None and jes_logging.has_logged_scalars(log_dir):
             warnings.warn(f"log_dir {log_dir!r} already holds the TensorBoard event files of an earlier run; this run's "
                           f"go beside them, and TensorBoard (and jes.logging.read_scalars) will show both: pass a new "
                           f"log_dir, or resume= that run's checkpoint to continue it", stacklevel=2)
-        if log_dir is not None and primary:
+        if log_dir is not None and primary and not nothing_left:  # (nothing to log: no event file)
             hparams = dict(run_hparams(trainer, config, optimizer), strategy=trainer.strategy.describe(),
                            num_params=trainer.num_params, key=str(np.asarray(jax.random.key_data(as_key(key))).tolist()))
             centres = [float(x) for x in (history or {}).get("centre_return", ()) if math.isfinite(float(x))]
+            purge_from, again = (int(fetch(state.generation)) + 1, None) if resume is not None else (None, None)
+            if resume is not None:
+                # A session that completed at the checkpoint's generation (stopped by StopTraining, or given more
+                # generations now) wrote its final metrics there: the marker goes at that step, dropping them (a
+                # "final" curve of two points otherwise), and the generation's own scalars are written again
+                row = _last_record(history, purge_from - 1)
+                if row is not None and jes_logging.final_metrics_at(log_dir, purge_from - 1):
+                    purge_from, again = purge_from - 1, row
             loggers.append(jes_logging.TensorBoardLogger(
-                log_dir, hparams, best_centre=max(centres, default=-math.inf),
-                purge_from=int(fetch(state.generation)) + 1 if resume is not None else None))
+                log_dir, hparams, best_centre=max(centres, default=-math.inf), purge_from=purge_from, again=again))
     except BaseException:
         try:
             trainer.finish_compiling()
@@ -572,7 +614,7 @@ def train(
     ran = _Ran()
     failed = None  # the error (or interrupt) the run raises, if any
     try:
-        if num_workers:
+        if num_workers and not nothing_left:  # (nothing left: no workers to start, compile and wait for)
             _check_workers_can_rebuild(trainer, f"num_workers={num_workers}")
             local_secret = new_secret()
             try:
@@ -616,7 +658,10 @@ def train(
         try:
             # A logger that cannot close (its disk full) is warned of: the error in flight, which carries the run so far
             # and its checkpoint, goes on, and a run that finished returns its result (saved; only logs are missing)
-            jes_logging.close_all(loggers, warn=True)
+            # Completed: the run reached its end (its result returned, or a Ctrl-C or an error during its final
+            # checkpoint's save, after which a resume has nothing left to write them)
+            completed = ran.result is not None or getattr(failed, "_jes_reached_end", False)
+            jes_logging.close_all(loggers, warn=True, completed=completed)
         except KeyboardInterrupt as interrupt:  # a Ctrl-C while the logs close
             ran.interrupted(interrupt)
             _carry_run_over(failed, interrupt)
@@ -948,9 +993,11 @@ def _run(trainer: Trainer, state: TrainState, *, key: Any = 0, callbacks: Iterab
     t_start = time.perf_counter() if started is None else started
 
     state = trainer.place(state)
-    if step_fn is None and trainer.spec.host:
+    if step_fn is None and trainer.spec.host and start_gen < total:
         step_fn = HostGeneration(trainer).step  # a Python simulator: envs stepped here, the update compiled
-    if step_fn is None:
+    if step_fn is None and start_gen >= total:  # nothing left to train: nothing to compile (the step is never called)
+        step_fn, compile_time = None, 0.0
+    elif step_fn is None:
         try:
             compiled, compile_time = trainer.compiled_step(state)
         except KeyboardInterrupt as interrupt:  # while compiling: the run as it started (fresh, or the checkpoint's)
@@ -970,6 +1017,19 @@ def _run(trainer: Trainer, state: TrainState, *, key: Any = 0, callbacks: Iterab
     # step runs with the next generation's members (the centre of the state passed in), so the newest state
     # waits in `pending` until then. An interrupt saves `state`; a resumed run evaluates the rest again.
     pending = None  # (record, state after it, best-member candidate) of a generation awaiting its centre
+    stopped = None  # a callback's StopTraining: the run ends after the generation it was given
+
+    def mark_if_ended(err: BaseException) -> None:
+        """Mark an error (or interrupt) that came once the run had reached its end (during its final checkpoint's
+        save): :func:`train` closes its logs as completed, writing the final metrics, which its resume, with nothing
+        left, would never write."""
+        ended = stopped is not None or int(fetch(state.generation)) >= total or (
+            cfg.stop_at_return is not None and solved_generation is not None)
+        if ended:
+            try:
+                err._jes_reached_end = True
+            except Exception:  # noqa: BLE001  an exception that takes no attributes: closed as interrupted
+                pass
 
     def so_far(saved_in: str | None) -> TrainResult:
         """The run so far (what a checkpoint of ``state`` holds), for a notebook without one."""
@@ -982,7 +1042,7 @@ def _run(trainer: Trainer, state: TrainState, *, key: Any = 0, callbacks: Iterab
     def save_checkpoint():
         nonlocal saved_generation
         # The logs as far as the checkpoint, before it: a killed run's curves go on where its resume starts
-        jes_logging.flush_all(callbacks, int(fetch(state.generation)))
+        jes_logging.flush_all(callbacks, int(fetch(state.generation)), saving=True)
         # A Ctrl-C (or jes train's SIGTERM) during the save is raised after it, once saved_generation says so.
         with checkpoint.interrupts_deferred():
             try:
@@ -1009,7 +1069,7 @@ def _run(trainer: Trainer, state: TrainState, *, key: Any = 0, callbacks: Iterab
 
     def commit(entry: tuple, centre_return: float, centre_steps: int) -> bool:
         """Add a generation's row (its centre now known), advance ``state``; True when the run stops here."""
-        nonlocal state, best, env_steps, solved_generation
+        nonlocal state, best, env_steps, solved_generation, stopped
         record, after, candidate = entry
         generation_steps = record["env_steps"] + centre_steps
         env_steps += generation_steps
@@ -1022,16 +1082,29 @@ def _run(trainer: Trainer, state: TrainState, *, key: Any = 0, callbacks: Iterab
         # with some of its scalars never logged (a hole in the curves). The state after the history row, so an
         # interrupt never leaves history behind the state (a checkpoint drops rows past its state but cannot make up
         # a missing one).
+        stop = error = None
         for callback in callbacks:
-            callback(record)
+            try:
+                callback(record)
+            except StopTraining as err:  # after this generation, kept; the other callbacks still see it
+                stop = stop or err
+            except Exception as err:
+                if jax.process_count() == 1:
+                    raise
+                error = err  # raised once the other processes have heard of it (below)
+                break
+        if jax.process_count() > 1:  # every process runs the callbacks: they stop together, if any says so
+            stop = _stop_in_any_process(stop, error, record["generation"])
         state, best = after, candidate
         generation = record["generation"]
         if save_to is not None and checkpoint_every and generation % checkpoint_every == 0:
             save_checkpoint()
+        if stop is not None:
+            stopped = str(stop) or "StopTraining"
         if solved_generation is None and solved_return is not None and centre_return >= solved_return:
             solved_generation = generation
-            return cfg.stop_at_return is not None
-        return False
+            return cfg.stop_at_return is not None or stop is not None
+        return stop is not None
 
     try:
         for gen in range(start_gen, total + 1):
@@ -1086,12 +1159,14 @@ def _run(trainer: Trainer, state: TrainState, *, key: Any = 0, callbacks: Iterab
             pending = (record, new_state, candidate)
             if not evaluates_centre(gen + 1, total, cfg.eval_every):  # nothing to wait for
                 entry, pending = pending, None
-                commit(entry, float("nan"), 0)
+                if commit(entry, float("nan"), 0):  # (a callback's StopTraining)
+                    break
         # Inside the try: an interrupt during the final save (seconds in a multi-process run, where the best member's
         # program compiles then) is raised once it is written, and one just before it still saves.
         if save_to is not None and saved_generation != int(fetch(state.generation)):
             save_checkpoint()
     except KeyboardInterrupt as interrupt:
+        mark_if_ended(interrupt)
         try:
             # A second Ctrl-C (an impatient user, a launcher passing SIGTERM on) waits for the save, then is dropped:
             # this interrupt goes on, carrying the checkpoint and the run so far.
@@ -1114,9 +1189,11 @@ def _run(trainer: Trainer, state: TrainState, *, key: Any = 0, callbacks: Iterab
         except KeyboardInterrupt:
             pass
         raise
-    except (NonFiniteFitnessError, NonFiniteUpdateError, CheckpointSaveError):
+    except (NonFiniteFitnessError, NonFiniteUpdateError, CheckpointSaveError) as error:
+        mark_if_ended(error)
         raise  # each saved what it could and carries the run so far
     except Exception as error:
+        mark_if_ended(error)
         # A failure mid-run (a Python simulator that raised, a callback's bug, every device or worker lost): the run
         # so far is kept as an interrupt keeps it, the last good state saved and carried by the error (.result,
         # .checkpoint_path), so hours of training survive a simulator that crashes late.
@@ -1137,7 +1214,76 @@ def _run(trainer: Trainer, state: TrainState, *, key: Any = 0, callbacks: Iterab
         except Exception:  # noqa: BLE001  the run's error goes on whatever keeping its state raised
             pass
         raise
-    return _result(trainer, state, history, key, solved_generation, compile_time, t_start, best, checkpoint_path, log_dir)
+    result = _result(trainer, state, history, key, solved_generation, compile_time, t_start, best, checkpoint_path,
+                     log_dir)
+    result.stopped = stopped
+    return result
+
+
+def _nothing_left(generation: int, history: dict, config: ESConfig) -> bool:
+    """Whether a run at ``generation`` with ``history`` trains no more under ``config``: its generations are done,
+    or it reached its ``stop_at_return`` (:func:`_run` then returns at once, without stepping)."""
+    return generation >= config.num_generations or (
+        config.stop_at_return is not None and _first_solved(history, config.stop_at_return) is not None)
+
+
+class CallbackFailedInAnotherProcess(RuntimeError):
+    """A callback raised an error in another process of a ``jax.distributed`` run: every process stops at that
+    generation (process 0 saves the run as at any error midway), this one with this error, which names the failing
+    process and its error (that process raises the error itself)."""
+
+
+_STOPPED, _ERRORED = 1, 2  # a process's word in _stop_in_any_process
+_MESSAGE_BYTES = 512
+
+
+def _stop_in_any_process(stop: StopTraining | None, error: BaseException | None = None,
+                         generation: int = 0) -> StopTraining | None:
+    """A multi-process run's verdict after this generation's callbacks, the same in every process (each process
+    runs its callbacks; one that stopped alone, on a ``StopTraining`` or an error, would leave the others waiting in
+    the next step). An error in any process's callbacks stops every process here: the process that raised it raises
+    it, the others a :class:`CallbackFailedInAnotherProcess` naming it. Otherwise the :class:`StopTraining` of the
+    first process whose callbacks raised one, or ``None``."""
+    from jax.experimental import multihost_utils
+
+    mine = np.zeros(1 + _MESSAGE_BYTES, np.uint8)  # [word, utf-8 message...]
+    if error is not None:
+        raw = f"{type(error).__name__}: {error}".encode()[:_MESSAGE_BYTES]
+        mine[0], mine[1:1 + len(raw)] = _ERRORED, np.frombuffer(raw, np.uint8)
+    elif stop is not None:
+        raw = (str(stop) or "StopTraining").encode()[:_MESSAGE_BYTES]
+        mine[0], mine[1:1 + len(raw)] = _STOPPED, np.frombuffer(raw, np.uint8)
+    everyone = np.asarray(multihost_utils.process_allgather(mine)).reshape(-1, 1 + _MESSAGE_BYTES)
+
+    def message(process: int) -> str:
+        return bytes(everyone[process, 1:]).rstrip(b"\0").decode("utf-8", "replace")
+
+    if error is not None:
+        raise error  # its own, with its traceback (the others heard of it)
+    errored = np.flatnonzero(everyone[:, 0] == _ERRORED)
+    if errored.size:
+        raise CallbackFailedInAnotherProcess(
+            f"a callback of process {errored[0]} of this jax.distributed run raised {message(errored[0])} at "
+            f"generation {generation}: every process stops there, as a run stops at a callback's error (the run is "
+            f"kept at generation {generation - 1}, in process 0's checkpoint and error.result); see process "
+            f"{errored[0]}'s output for its traceback")
+    raised = np.flatnonzero(everyone[:, 0] == _STOPPED)
+    if not raised.size:
+        return None
+    return StopTraining(message(raised[0]) if raised[0] == 0 else f"{message(raised[0])} (process {raised[0]})")
+
+
+def _last_record(history: dict | None, generation: int) -> dict | None:
+    """The record (as its loggers got it) of a checkpoint's last history row, when that is ``generation``'s."""
+    if not history or generation < 1 or any(k not in history for k in HISTORY_KEYS):
+        return None
+    rows = history["generation"]
+    if not len(rows) or int(rows[-1]) != generation:
+        return None
+    record = {k: history[k][-1].item() if hasattr(history[k][-1], "item") else history[k][-1] for k in HISTORY_KEYS}
+    before = int(history["env_steps"][-2]) if len(rows) > 1 else 0
+    record["env_steps_per_second"] = (int(record["env_steps"]) - before) / max(float(record["generation_time"]), 1e-9)
+    return record
 
 
 class _Ran:

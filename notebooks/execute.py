@@ -17,7 +17,7 @@ PATH = os.path.join(HERE, "quickstart.ipynb")
 
 def main() -> int:
     nb = nbformat.read(PATH, as_version=4)
-    workdir = os.path.join(HERE, ".execute")   # result.render writes cartpole.gif in the working directory
+    workdir = os.path.join(HERE, ".execute")   # the kernel's working directory (the notebook writes nothing there)
     os.makedirs(workdir, exist_ok=True)
     nbclient.NotebookClient(nb, timeout=600, kernel_name="python3",
                             resources={"metadata": {"path": workdir}}).execute()

@@ -6,7 +6,10 @@ Trains the small run of :func:`small_run` with ``distributed=True`` and writes w
 result holds to ``OUT_DIR/result<process id>.npz``. ``JES_TEST_DIE_AT=G`` makes process 1 exit
 abruptly (status 3) after generation G, as a crashed host would; ``JES_TEST_PERTURBATION=low_rank`` trains
 with low-rank members, ``JES_TEST_SCHEDULE=1`` with a learning-rate schedule; ``JES_TEST_KEY_PER_PROCESS=1`` gives each process its own key (a mistake jes refuses),
-``JES_TEST_PROCESSES_OF_1=N`` launches process 1 as one of N processes (another host's ``jes launch --processes N``).
+``JES_TEST_PROCESSES_OF_1=N`` launches process 1 as one of N processes (another host's ``jes launch --processes N``),
+``JES_TEST_STOP_AT=G`` makes process 1's callback alone raise ``jes.StopTraining`` at generation G,
+``JES_TEST_ERROR_AT=G`` a ``RuntimeError`` (each process then writes what it raised to ``OUT_DIR/error<process id>.txt``:
+its type, message and the generations of the run it carries).
 """
 import os
 import sys
@@ -34,27 +37,51 @@ def main(out: str, generations: int, resume: str | None = None) -> None:
 
     jes.enable_compilation_cache(os.environ.get("JES_TEST_CACHE") or None)
     die_at = int(os.environ.get("JES_TEST_DIE_AT", "0"))
+    stop_at = int(os.environ.get("JES_TEST_STOP_AT", "0"))
+    error_at = int(os.environ.get("JES_TEST_ERROR_AT", "0"))
 
     def maybe_die(record):
         import jax
 
         if die_at and record["generation"] == die_at and jax.process_index() == 1:
             os._exit(3)
+        if record["generation"] == stop_at and jax.process_index() == 1:
+            raise jes.StopTraining("enough")
+        if record["generation"] == error_at and jax.process_index() == 1:
+            raise RuntimeError("a callback's bug")
 
     kwargs = small_run(generations)
     if os.environ.get("JES_TEST_PROCESSES_OF_1") and os.environ["JES_PROCESS_ID"] == "1":  # its host's other count
         os.environ["JES_NUM_PROCESSES"] = os.environ["JES_TEST_PROCESSES_OF_1"]
     if os.environ.get("JES_TEST_KEY_PER_PROCESS"):  # a per-process seed, as data-parallel scripts often have
         kwargs["key"] += int(os.environ["JES_PROCESS_ID"])
-    result = jes.train(kwargs.pop("policy"), kwargs.pop("env"), kwargs.pop("optimizer"), distributed=True,
-                       log_dir=os.path.join(out, "runs"), checkpoint_every=1, progress=False,
-                       callbacks=[maybe_die], resume=resume, **kwargs)
+    try:
+        result = jes.train(kwargs.pop("policy"), kwargs.pop("env"), kwargs.pop("optimizer"), distributed=True,
+                           log_dir=os.path.join(out, "runs"), checkpoint_every=1, progress=False,
+                           callbacks=[maybe_die], resume=resume, **kwargs)
+    except Exception as err:
+        if not error_at:
+            raise
+        import time
+
+        import jax
+
+        carried = getattr(err, "result", None)
+        generations = [int(g) for g in carried.history["generation"]] if carried is not None else None
+        with open(os.path.join(out, f"error{jax.process_index()}.txt"), "w") as f:
+            f.write(f"{type(err).__name__}: {err}\n{generations}\n")
+        if jax.process_index() == 1:  # the other process writes its file before jes launch stops it (once this
+            other = os.path.join(out, "error0.txt")  # one exits): wait for it, boundedly (the test's own timeout)
+            deadline = time.monotonic() + 240
+            while not os.path.exists(other) and time.monotonic() < deadline:
+                time.sleep(0.1)
+        raise
     import jax
 
     np.savez(os.path.join(out, f"result{jax.process_index()}.npz"), flat=result.flat_params,
              pop_mean=result.history["pop_mean"], centre=result.history["centre_return"],
              best=result.best.flat_params, processes=jax.process_count(), devices=jax.device_count(),
-             checkpoint=str(result.checkpoint_path), log_dir=str(result.log_dir))
+             checkpoint=str(result.checkpoint_path), log_dir=str(result.log_dir), stopped=str(result.stopped))
     print(f"process {jax.process_index()} of {jax.process_count()} done", flush=True)
 
 

@@ -125,6 +125,31 @@ def test_a_process_that_dies_stops_the_others_with_a_clear_error(tmp_path):
     assert 1 <= ckpt.generation <= 2
 
 
+def test_a_stop_training_raised_in_one_process_stops_every_process_at_that_generation(tmp_path):
+    """Every process runs the callbacks: one process stopping alone would leave the others waiting in the next step."""
+    status, output = launch(tmp_path / "stop", 2, 1, 6, env={"JES_TEST_STOP_AT": "3"})
+    assert status == 0, output
+    done = results(tmp_path / "stop", 2)
+    for result in done:
+        assert len(result["pop_mean"]) == 3 and str(result["stopped"]) == "enough (process 1)"
+    np.testing.assert_array_equal(done[0]["flat"], done[1]["flat"])
+    assert jes.checkpoint.read(str(tmp_path / "stop" / "runs" / "checkpoint.ckpt")).generation == 3
+
+
+def test_an_error_in_one_process_callback_stops_every_process_at_that_generation(tmp_path):
+    """The per-generation agreement carried StopTraining only: another error in one process's callback left the
+    others waiting in it (jes launch stops them once it exits; a Slurm or manual launch waited for JAX's heartbeat
+    timeout). Every process stops at that generation, process 0 keeping the run in its checkpoint."""
+    status, output = launch(tmp_path / "error", 2, 1, 6, env={"JES_TEST_ERROR_AT": "3"})
+    assert status != 0, output
+    errors = [open(tmp_path / "error" / f"error{i}.txt").read().splitlines() for i in range(2)]
+    assert errors[1] == ["RuntimeError: a callback's bug", "[1, 2]"], output
+    assert errors[0][0].startswith("CallbackFailedInAnotherProcess: a callback of process 1 of this jax.distributed "
+                                   "run raised RuntimeError: a callback's bug at generation 3"), output
+    assert errors[0][1] == "[1, 2]", output
+    assert jes.checkpoint.read(str(tmp_path / "error" / "runs" / "checkpoint.ckpt")).generation == 2
+
+
 def test_a_failed_process_gets_advice_for_a_refusal_and_for_a_run_that_had_begun():
     """No exit status tells a refusal before the first generation (status 2 from jes train, 1 from a script, a busy
     port's crash) from a failure mid-run: the advice says to fix the error first, and to resume a run that had begun."""

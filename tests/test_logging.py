@@ -241,6 +241,7 @@ def test_a_generation_interrupted_among_its_callbacks_is_logged_once(tmp_path, c
                   callbacks=[interrupt_at_generation_3], **common)
     assert list(interrupted.value.result.history["generation"]) == [1, 2]
     assert _steps(log_dir, "perf/wall_time") == [1, 2]
+    assert "hparams/generations" not in jes_logging.read_scalars(log_dir)  # "final" metrics: at the run's end only
     resumed = jes.train(jes.MLPPolicy((4,)), "CartPole-v1", "adam", resume=os.path.join(log_dir, "checkpoint.ckpt"),
                         **common)
     scalars = jes_logging.read_scalars(log_dir)
@@ -248,6 +249,9 @@ def test_a_generation_interrupted_among_its_callbacks_is_logged_once(tmp_path, c
         assert _steps(log_dir, tag) == [1, 2, 3, 4, 5], tag
     assert jes_logging.read_runs(log_dir) == [scalars]
     assert [v for _, v in scalars["perf/wall_time"]] == pytest.approx(list(resumed.history["wall_time"]))
+    # Once, at the end: the interrupted session's at generation 2 made TensorBoard draw them as two-point curves
+    assert scalars["hparams/generations"] == [(5, 5.0)]
+    assert [step for step, _ in scalars["hparams/final_pop_mean"]] == [5]
 
 
 @pytest.mark.hard_timeout(300)
@@ -515,3 +519,176 @@ def test_a_full_log_disk_names_the_event_file(tmp_path):
             call()
         assert err.value.errno == 28 and err.value.filename == events.path
     real.close()
+
+
+def test_a_logger_creates_its_event_file_at_its_first_write(tmp_path):
+    """A run stopped (Ctrl-C) or killed during its step's compile left an event file without generations, which the
+    next run into the folder took for an earlier run's."""
+    log_dir = str(tmp_path / "tb")
+    logger = jes_logging.TensorBoardLogger(log_dir, {"lr": 0.1}, purge_from=4)
+    assert not jes_logging.has_event_files(log_dir)  # nothing written yet (a kill -9 now leaves nothing)
+    logger.close(completed=False)
+    assert not jes_logging.has_event_files(log_dir)
+    logger = jes_logging.TensorBoardLogger(log_dir, {"lr": 0.1})
+    logger.flush(0)  # nothing to write (a Ctrl-C during the first generation, no checkpoint saved): no file
+    assert not jes_logging.has_event_files(log_dir)
+    jes_logging.flush_all([logger], 0, saving=True)  # before a checkpoint's save: its folder holds its event file
+    assert jes_logging.has_event_files(log_dir) and not jes_logging.has_logged_scalars(log_dir)
+    logger({"generation": 1, "pop_mean": 1.0})
+    logger.close()
+    assert jes_logging.has_logged_scalars(log_dir)
+    assert "hparams/text_summary" in jes_logging.read_summary_tags(log_dir)
+
+
+@pytest.mark.hard_timeout(300)
+def test_a_run_stopped_during_its_compile_leaves_no_event_file_and_no_false_warning(tmp_path, monkeypatch):
+    log_dir = str(tmp_path / "tb")
+    common = dict(log_dir=log_dir, progress=False, checkpoint_path=None, **SMALL)
+
+    def interrupted_compile(self, state):
+        raise KeyboardInterrupt
+
+    with monkeypatch.context() as patch:
+        patch.setattr(jes.Trainer, "compiled_step", interrupted_compile)
+        with pytest.raises(KeyboardInterrupt):
+            jes.train(jes.MLPPolicy((4,)), "CartPole-v1", "adam", key=0, **common)
+    assert not jes_logging.has_event_files(log_dir)
+    # A file an earlier jes left so (the hyperparameter table, no scalar): nothing of a run to "show both" of
+    leftover = jes_logging._EventFile(log_dir)
+    leftover.add_text("hparams", "| hyperparameter | value |", 0)
+    leftover.close()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        again = jes.train(jes.MLPPolicy((4,)), "CartPole-v1", "adam", key=0, **common)
+    assert len(jes_logging.read_runs(log_dir)) == 1 and again.log_dir == log_dir
+    with pytest.warns(UserWarning, match="already holds the TensorBoard event files of an earlier run"):
+        jes.train(jes.MLPPolicy((4,)), "CartPole-v1", "adam", key=0, **common)
+
+
+@pytest.mark.hard_timeout(300)
+def test_another_runs_checkpoint_is_refused_before_the_step_compiles(tmp_path, monkeypatch):
+    """The FileExistsError came once the background compile had finished (seconds with a default-sized policy)."""
+    log_dir = str(tmp_path / "A")
+    jes.train(jes.MLPPolicy((4,)), "CartPole-v1", "adam", key=1, log_dir=log_dir, progress=False, **SMALL)
+    compiles = []
+    monkeypatch.setattr(jes.Trainer, "start_compiling_step", lambda self: compiles.append(self))
+    with pytest.raises(FileExistsError, match="already holds a checkpoint of another run"):
+        jes.train(jes.MLPPolicy((4,)), "CartPole-v1", "adam", key=0, log_dir=log_dir, progress=False, **SMALL)
+    assert compiles == []
+
+
+@pytest.mark.hard_timeout(300)
+def test_a_ctrl_c_during_the_first_step_leaves_no_event_file_without_a_checkpoint(tmp_path, monkeypatch):
+    """The interrupt's flush created the event file (no scalar in it) even with no checkpoint to save; with one, the
+    file is made before the generation-0 checkpoint, whose resume then logs into the same folder."""
+    real = jes.Trainer.compiled_step
+
+    def interrupted_step(self, state):
+        compiled, seconds = real(self, state)
+
+        def step(*args):
+            raise KeyboardInterrupt
+
+        return step, seconds
+
+    monkeypatch.setattr(jes.Trainer, "compiled_step", interrupted_step)
+    for checkpoint_path in (None, "<log_dir>/checkpoint.ckpt"):
+        log_dir = str(tmp_path / str(checkpoint_path is not None))
+        with pytest.raises(KeyboardInterrupt):
+            jes.train(jes.MLPPolicy((4,)), "CartPole-v1", "adam", key=0, log_dir=log_dir, progress=False,
+                      checkpoint_path=checkpoint_path, **SMALL)
+        if checkpoint_path is None:
+            assert not jes_logging.has_event_files(log_dir)
+        else:
+            assert jes.checkpoint.read(os.path.join(log_dir, "checkpoint.ckpt")).generation == 0
+            assert jes_logging.has_event_files(log_dir) and not jes_logging.has_logged_scalars(log_dir)
+
+
+@pytest.mark.hard_timeout(600)
+def test_final_metrics_stay_one_point_when_a_completed_run_is_resumed(tmp_path):
+    """A run ended by StopTraining (or finished, then given more generations) wrote its final metrics at its last
+    generation, and its resume wrote them again at its new end: a two-point "final" curve. The resume's restart
+    marker goes at the checkpoint's generation (TensorBoard drops that step's points), whose scalars it writes again."""
+    common = dict(progress=False, num_members=16, chunk_size=8, eval_episodes=2, eval_every=2)
+
+    def stop_at_3(record):
+        if record["generation"] == 3:
+            raise jes.StopTraining("plateau")
+
+    log_dir = str(tmp_path / "run")
+    stopped = jes.train(jes.MLPPolicy((4,)), "CartPole-v1", "adam", key=3, log_dir=log_dir, callbacks=[stop_at_3],
+                        num_generations=5, **common)
+    assert jes_logging.read_scalars(log_dir)["hparams/generations"] == [(3, 3.0)]
+    before = jes_logging.read_scalars(log_dir)
+    resumed = jes.train(jes.MLPPolicy((4,)), "CartPole-v1", "adam", resume=stopped.checkpoint_path,
+                        num_generations=5, **common)
+    scalars = jes_logging.read_scalars(log_dir)
+    assert scalars["hparams/generations"] == [(5, 5.0)]
+    assert [step for step, _ in scalars["hparams/final_pop_mean"]] == [5]
+    for tag in ("population/mean_return", "perf/wall_time", "perf/env_steps_per_second", "es/param_norm"):
+        assert [step for step, _ in scalars[tag]] == [1, 2, 3, 4, 5], tag
+        assert scalars[tag][:3] == before[tag], tag  # generation 3, written again after the marker: the same values
+    assert _steps(log_dir, "population/mean_return") == [1, 2, 3, 3, 4, 5]
+    assert jes_logging.read_runs(log_dir) == [scalars]
+    assert [v for _, v in scalars["population/mean_return"]] == pytest.approx(list(resumed.history["pop_mean"]))
+    # A finished run given more generations
+    jes.train(jes.MLPPolicy((4,)), "CartPole-v1", "adam", resume=stopped.checkpoint_path, num_generations=6,
+              **common)
+    scalars = jes_logging.read_scalars(log_dir)
+    assert scalars["hparams/generations"] == [(6, 6.0)]
+    assert [step for step, _ in scalars["population/mean_return"]] == [1, 2, 3, 4, 5, 6]
+    try:  # TensorBoard's own reader, where installed
+        from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    except ImportError:
+        return
+    accumulator = EventAccumulator(log_dir, size_guidance={"scalars": 0})
+    accumulator.Reload()
+    assert [(e.step, e.value) for e in accumulator.Scalars("hparams/generations")] == [(6, 6.0)]
+    assert [e.step for e in accumulator.Scalars("population/mean_return")] == [1, 2, 3, 4, 5, 6]
+
+
+@pytest.mark.hard_timeout(400)
+def test_a_ctrl_c_during_the_final_save_still_writes_the_final_metrics(tmp_path, monkeypatch):
+    """The logs closed as interrupted, and the resume had nothing left to train: the final metrics were never
+    written. A run whose state reached its end closes its logs as completed."""
+    common = dict(progress=False, num_members=16, chunk_size=8, num_generations=4, eval_episodes=2, eval_every=2)
+    real, interrupted_once = jes.checkpoint.save, []
+
+    def save(path, trainer, state, *args, **kwargs):
+        real(path, trainer, state, *args, **kwargs)
+        if int(state.generation) == 4 and not interrupted_once:
+            interrupted_once.append(True)
+            raise KeyboardInterrupt  # as a Ctrl-C deferred to the end of the final save
+
+    log_dir = str(tmp_path / "run")
+    with monkeypatch.context() as patch:
+        patch.setattr(jes.checkpoint, "save", save)
+        with pytest.raises(KeyboardInterrupt) as interrupted:
+            jes.train(jes.MLPPolicy((4,)), "CartPole-v1", "adam", key=3, log_dir=log_dir, **common)
+    assert jes.checkpoint.read(interrupted.value.checkpoint_path).generation == 4
+    assert jes_logging.read_scalars(log_dir)["hparams/generations"] == [(4, 4.0)]
+    with pytest.warns(UserWarning, match="nothing left to train"):
+        jes.train(jes.MLPPolicy((4,)), "CartPole-v1", "adam", resume=interrupted.value.checkpoint_path, **common)
+    assert jes_logging.read_scalars(log_dir)["hparams/generations"] == [(4, 4.0)]
+
+
+@pytest.mark.hard_timeout(300)
+def test_resuming_a_finished_run_compiles_nothing_and_adds_no_event_file(tmp_path, monkeypatch):
+    log_dir = str(tmp_path / "run")
+    common = dict(progress=False, **SMALL)
+    first = jes.train(jes.MLPPolicy((4,)), "CartPole-v1", "adam", key=1, log_dir=log_dir, **common)
+    files = jes_logging._event_files(log_dir)
+    compiles = []
+    monkeypatch.setattr(jes.Trainer, "start_compiling_step", lambda self: compiles.append("background"))
+    monkeypatch.setattr(jes.Trainer, "compiled_step", lambda self, state: compiles.append("step"))
+    # num_workers=: no local workers started (each compiling its step) and waited for
+    monkeypatch.setattr("jes.loop.LocalWorkers", lambda *args, **kwargs: compiles.append("workers"))
+    monkeypatch.setattr("jes.loop.Master", lambda *args, **kwargs: compiles.append("master"))
+    for workers in (0, 2):
+        with pytest.warns(UserWarning, match="nothing left to train"):
+            again = jes.train(jes.MLPPolicy((4,)), "CartPole-v1", "adam", resume=first.checkpoint_path,
+                              num_workers=workers, **common)
+        np.testing.assert_array_equal(again.flat_params, first.flat_params)
+        np.testing.assert_array_equal(again.history["pop_mean"], first.history["pop_mean"])
+        assert again.compile_time == 0.0 and again.log_dir == log_dir
+    assert compiles == [] and jes_logging._event_files(log_dir) == files

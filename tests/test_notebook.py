@@ -31,7 +31,7 @@ def _texts(cells) -> list[str]:
 
 
 @pytest.mark.slow
-def test_quickstart_notebook_executes(tmp_path):
+def test_quickstart_notebook_executes(tmp_path, monkeypatch):
     nbformat = pytest.importorskip("nbformat")
     nbclient = pytest.importorskip("nbclient")
     nb = nbformat.read(os.path.join(ROOT, "notebooks", "quickstart.ipynb"), as_version=4)
@@ -40,8 +40,17 @@ def test_quickstart_notebook_executes(tmp_path):
     # session's compilation cache (tests/conftest.py), so its repeated runs of one configuration (same key
     # twice, another key, resume) load the generation program instead of compiling it again.
     nb.cells.insert(0, nbformat.v4.new_code_cell("import jes\njes.enable_compilation_cache()"))
-    client = nbclient.NotebookClient(nb, timeout=300, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}})
+    # Where the kernel works and makes its temporary folders: the notebook leaves nothing behind in either (it wrote
+    # cartpole.gif into the working directory and left two tempfile.mkdtemp() folders)
+    cwd, temp = tmp_path / "cwd", tmp_path / "temp"
+    cwd.mkdir()
+    temp.mkdir()
+    monkeypatch.setenv("TMPDIR", str(temp))  # the kernel's environment is this process's
+    client = nbclient.NotebookClient(nb, timeout=300, kernel_name="python3", resources={"metadata": {"path": str(cwd)}})
     client.execute()
+    assert list(cwd.iterdir()) == []
+    left = [p.name for p in temp.iterdir() if p.name.startswith(("tmp", "jes-quickstart-"))]  # mkdtemp's names
+    assert left == [], f"the notebook left temporary folders behind: {left}"
     outputs = "".join(o.get("text", "") for cell in nb.cells if cell.cell_type == "code" for o in cell.get("outputs", []))
     assert "CartPole-v1 with adam: 8 generations" in outputs
     assert "centre return over 32 fresh episodes" in outputs

@@ -720,3 +720,47 @@ def test_runs_started_together_on_one_auto_folder_each_get_their_own(tmp_path, m
             jes.train(jes.MLPPolicy(hidden_sizes=(4,)), "CartPole-v1", "adam", progress=False,
                       checkpoint_path=os.path.join("runs", "same-second", "checkpoint.ckpt"), log_dir=None,
                       **dict(SMALL, num_generations=1))
+
+
+@pytest.mark.hard_timeout(600)
+@pytest.mark.parametrize("stop_at", [2, 3])  # 2 evaluates its centre (eval_every=2): committed a step later
+def test_a_callback_raising_stop_training_ends_the_run_after_that_generation_keeping_it(tmp_path, stop_at):
+    """Raising from a callback used to drop the generation whose record it had just seen; jes.StopTraining keeps it
+    and ends the run as at its last generation (history, best, checkpoint, logs), and resuming goes on from there
+    bit-identical to a run never stopped."""
+    common = dict(progress=False, num_members=16, chunk_size=8, num_generations=5, eval_episodes=2, eval_every=2)
+    seen = []
+
+    def plateau(record):
+        if record["generation"] == stop_at:
+            raise jes.StopTraining("plateau")
+
+    log_dir = str(tmp_path / "run")
+    result = jes.train(jes.MLPPolicy((4,)), "CartPole-v1", "adam", key=3, log_dir=log_dir,
+                       callbacks=[plateau, lambda record: seen.append(record["generation"])], **common)
+    assert list(result.history["generation"]) == list(range(1, stop_at + 1))
+    assert seen == list(range(1, stop_at + 1))  # the callbacks after the one that raised still saw it
+    assert result.stopped == "plateau" and "stopped by a callback: plateau" in result.summary()
+    assert int(result.state.generation) == stop_at and result.best.generation <= stop_at
+    saved = jes.checkpoint.read(result.checkpoint_path)
+    assert saved.generation == stop_at and list(saved.history["generation"]) == list(range(1, stop_at + 1))
+    scalars = jes.logging.read_scalars(log_dir)
+    assert [step for step, _ in scalars["population/mean_return"]] == list(range(1, stop_at + 1))
+    assert scalars["hparams/generations"] == [(stop_at, float(stop_at))]  # closed as at a normal end
+    resumed = jes.train(jes.MLPPolicy((4,)), "CartPole-v1", "adam", resume=result.checkpoint_path, **common)
+    full = jes.train(jes.MLPPolicy((4,)), "CartPole-v1", "adam", key=3, log_dir=None, checkpoint_path=None, **common)
+    assert resumed.stopped is None and full.stopped is None
+    np.testing.assert_array_equal(resumed.flat_params, full.flat_params)
+    np.testing.assert_array_equal(resumed.history["pop_mean"], full.history["pop_mean"])
+
+
+def test_stop_training_without_a_message_and_from_jes_run(tmp_path):
+    trainer = jes.Trainer(jes.MLPPolicy((4,)), "CartPole-v1", "adam", jes.ESConfig(**SMALL))
+
+    def stop(record):
+        raise jes.StopTraining
+
+    result = run(trainer, trainer.init_state(0), callbacks=[stop], checkpoint_path=str(tmp_path / "c.ckpt"))
+    assert list(result.history["generation"]) == [1] and result.stopped == "StopTraining"
+    assert jes.checkpoint.read(str(tmp_path / "c.ckpt")).generation == 1
+    assert "StopTraining" in jes.__all__ and issubclass(jes.StopTraining, Exception)
