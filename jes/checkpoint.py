@@ -1018,6 +1018,7 @@ class Checkpoint:
             except Exception as err:  # noqa: BLE001 - key data of another shape than its implementation's
                 raise CheckpointError(f"checkpoint {self.path}: its es_key does not fit {self.meta['es_key_impl']}: "
                                       f"{err}") from err
+            trainer.note_run_key(self.key)  # jes.run records it as the result's key
             return trainer.place(restored.replace(es_key=es_key))
 
     @contextlib.contextmanager

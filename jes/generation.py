@@ -238,6 +238,7 @@ class Generation(CompiledPrograms):
         self._init_program = None
         self._shapes = None
         self._host_unravel = None
+        self.run_keys: list = []  # the latest run keys of states made or restored here (see note_run_key)
 
     def perturbation_layout(self) -> Any:
         """The structured perturbation's static layout of the parameters (``None``: only full rank applies)."""
@@ -259,6 +260,7 @@ class Generation(CompiledPrograms):
 
         One compiled program (cached like the step) rather than dozens of eager operations.
         """
+        self.note_run_key(key)
         seed = int32_seed(key)
         if seed is not None:
             # jax.random.key(int) itself runs a compiled seeding of an int32; do it in the same program.
@@ -266,6 +268,12 @@ class Generation(CompiledPrograms):
                 self._init_program = self._cached_init_program() or self._init_from_seed
             return self._init_program(seed)
         return self._init_from_key(as_key(key))
+
+    def note_run_key(self, key: Any) -> None:
+        """Remember ``key`` as the run key of a state made here (:meth:`init_state`) or restored into this trainer (a
+        checkpoint's): a state holds only ``split(run key)[1]``, from which :func:`jes.run` cannot tell the run key
+        its result records; it finds it among these (the 8 latest)."""
+        self.run_keys = [k for k in self.run_keys if k is not key][-7:] + [key]
 
     def _state_shapes(self) -> TrainState:
         """Shapes, dtypes and placement of this run's states (``ShapeDtypeStruct`` leaves, placed replicated)."""

@@ -114,6 +114,50 @@ def test_a_policy_no_program_could_rebuild_is_not_saved_to_a_file(tmp_path):
     assert not os.listdir(tmp_path)
 
 
+def test_a_trained_policy_pickles_as_its_policy_file(result, tmp_path):
+    """pickle (a worker process's return) and deepcopy: the policy file's bytes, read back as load_policy reads them
+    (the Flax module's jnp.tanh is named, not pickled); parameters and normaliser bit for bit, the same actions and
+    returns. deepcopy keeps (shares) the env it was given."""
+    import copy
+    import pickle
+
+    trained = result.trained_policy()
+    data = pickle.dumps(trained)
+    assert b"jes.trained" in data and b"_unpickled_policy" in data and b"flax" not in data  # the file, not the module
+    for back in (pickle.loads(data), copy.deepcopy(trained)):
+        assert type(back.policy) is type(trained.policy) and back.policy == trained.policy
+        assert back.flat_params.tobytes() == trained.flat_params.tobytes()
+        assert (back.obs_stats is None) == (trained.obs_stats is None)
+        for x, y in zip(back.obs_stats or (), trained.obs_stats or ()):
+            assert x.dtype == y.dtype and x.tobytes() == y.tobytes()
+        assert (back.action_map, back.env_name, back.max_steps, back.obs_shape) == (
+            trained.action_map, trained.env_name, trained.max_steps, trained.obs_shape)
+        np.testing.assert_array_equal(back.evaluate(8, 3), trained.evaluate(8, 3))
+    assert copy.deepcopy(trained)._spec is trained._spec
+
+
+def test_a_trained_policy_no_file_can_name_pickles_as_pickle_does():
+    """A policy that no policy file can name (here a field that is not plain data; a notebook's own class) pickles its
+    module as pickle does."""
+    import copy
+    import pickle
+
+    trained = jes.trained.TrainedPolicy(TaggedPolicy(), np.arange(10, dtype=np.float32), (4,),
+                                        jes.trained.ActionMap(discrete=True, num_outputs=2))
+    with pytest.raises(jes.describe.DescriptionError):
+        jes.trained.policy_bytes(trained)
+    for back in (pickle.loads(pickle.dumps(trained)), copy.deepcopy(trained)):
+        assert back.policy == trained.policy and back.flat_params.tobytes() == trained.flat_params.tobytes()
+
+
+class TaggedPolicy(nn.Module):
+    tags: frozenset = frozenset({"tag"})  # not plain data: no file describes it
+
+    @nn.compact
+    def __call__(self, obs):
+        return nn.Dense(2)(obs)
+
+
 def test_load_policy_refuses_other_files(tmp_path):
     bad = tmp_path / "not.jes"
     bad.write_bytes(b"JESCKPT1" + b"\0" * 60)
