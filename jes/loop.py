@@ -85,7 +85,8 @@ class CheckpointSaveError(OSError):
         path: the checkpoint file (the previous checkpoint there, if any, is intact).
         result: the :class:`TrainResult` up to that generation: nothing trained is lost. Save it elsewhere with
             ``jes.checkpoint.save(path, r.trainer, r.state, r.history, r.key, best=r.best)`` (``--resume``-able) or
-            ``r.save_policy(path)``.
+            ``r.save_policy(path)``; an unpickled error's ``r.trainer`` is ``None``: pass ``jes.Trainer(...)`` of
+            the run's policy, env, optimizer and config instead.
     """
 
     def __init__(self, message: str, generation: int, path: str, result: "TrainResult | None" = None,
@@ -163,7 +164,7 @@ class BestMember:
         return copied
 
     def __copy__(self) -> "BestMember":
-        copied = object.__new__(BestMember)
+        copied = object.__new__(type(self))
         copied.__dict__.update(self.__dict__)
         return copied
 
@@ -274,7 +275,7 @@ class TrainResult:
         self.policy = self._trained.policy
 
     def __copy__(self) -> "TrainResult":
-        copied = object.__new__(TrainResult)
+        copied = object.__new__(type(self))
         copied.__dict__.update(self.__dict__)
         return copied
 
@@ -987,10 +988,10 @@ def run(trainer: Trainer, state: TrainState, *, key: Any = None, callbacks: Iter
         trainer: the trainer whose compiled step runs.
         state: the state to continue from (fresh, or restored).
         key: the run key ``state`` was initialised from, which the result records (``jes.train(key=result.key)``
-            reproduces the run). ``None`` (the default): the state's own, known for a state made by ``trainer``'s
-            ``init_state`` or restored into it from a checkpoint; any other state needs it given (``key=result.key``
-            of the run it continues). A key the state was not initialised from is refused (the state holds
-            ``split(run key)[1]``, which tells).
+            reproduces the run). ``None`` (the default): the state's own, which ``trainer`` remembers for each state its
+            ``init_state`` made, a checkpoint restored into it or ``jes.run`` returned (the latest 1,024 such
+            states); any other state needs it given (``key=result.key`` of the run it continues). A key the state
+            was not initialised from is refused (the state holds ``split(run key)[1]``, which tells).
         callbacks: called with each generation's metrics record.
         history: history of earlier generations, when continuing a run. Without it, a state past generation 0
             starts a new history at its next generation (``env_steps`` counted from 0), and ``best`` is the best of
@@ -1054,24 +1055,45 @@ def _key_text(key: Any) -> str:
         return repr(key)
 
 
+def _same_key(a: Any, b: Any) -> bool:
+    """Whether two run keys are the same as given (equal int seeds, or typed keys or key data with the same data),
+    nothing derived; ``False`` may still be the same key in another form (a seed and its typed key)."""
+    seeds = [isinstance(k, (int, np.integer)) and not isinstance(k, bool) for k in (a, b)]
+    if any(seeds):
+        return all(seeds) and int(a) == int(b)
+    try:
+        dtypes = [k.dtype if hasattr(k, "dtype") else np.asarray(k).dtype for k in (a, b)]
+        typed = [jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key) for dtype in dtypes]
+        if typed[0] != typed[1] or (typed[0] and jax.random.key_impl(a) != jax.random.key_impl(b)):
+            return False
+        data = [np.asarray(jax.random.key_data(k) if t else k) for k, t in zip((a, b), typed)]
+        return data[0].dtype == data[1].dtype and data[0].shape == data[1].shape and np.array_equal(*data)
+    except Exception:  # noqa: BLE001 - not keys of one kind: told by deriving
+        return False
+
+
 def _state_run_key(trainer: Trainer, state: TrainState, key: Any) -> Any:
-    """The run key ``state`` was initialised from: ``key`` checked against it, or (``None``) found among the keys of
-    the states ``trainer`` made or restored. A state holds only ``split(run key)[1]``, which tells a key but cannot
-    give one."""
-    held = np.asarray(fetch(jax.random.key_data(state.es_key)))
-    own = next((k for k in reversed(trainer.run_keys) if np.array_equal(_es_key_data(k), held)), None)
+    """The run key ``state`` was initialised from: ``key`` checked against it, or (``None``) the one ``trainer``
+    remembered for the state's ES key (:meth:`Trainer.note_run_key`: a state it made, restored or returned). A state
+    holds only ``split(run key)[1]``, which tells a key but cannot give one: a ``key`` the trainer does not already
+    know for the state is derived, once, to check it."""
+    own = trainer.known_run_key(state)
     if key is None:
         if own is None:
-            raise ValueError("jes.run cannot tell this state's run key (it was not made by this trainer's init_state "
-                             "nor restored into it from a checkpoint), which the result records for "
-                             "jes.train(key=result.key) to reproduce the run: pass key=, the key it was initialised "
-                             "from (result.key of the run it continues, or its checkpoint's key)")
+            raise ValueError("jes.run cannot tell this state's run key (it was not made by this trainer's init_state, "
+                             "restored into it from a checkpoint, nor returned by a jes.run of it), which the result "
+                             "records for jes.train(key=result.key) to reproduce the run: pass key=, the key it was "
+                             "initialised from (result.key of the run it continues, or its checkpoint's key)")
         return own
+    if own is not None and _same_key(own, key):
+        return key
+    held = np.asarray(fetch(jax.random.key_data(state.es_key)))
     if not np.array_equal(_es_key_data(key), held):
         theirs = f"it was initialised from {_key_text(own)}" if own is not None else "its own key is not known here"
         raise ValueError(f"jes.run: key={_key_text(key)} is not the run key of this state ({theirs}): the result "
                          f"would record a key that does not reproduce the run; pass the key the state was initialised "
-                         f"from, or leave key= out for a state of this trainer's init_state or a checkpoint's")
+                         f"from, or leave key= out for a state of this trainer's init_state, a checkpoint's, or a "
+                         f"result's")
     return key
 
 
@@ -1149,8 +1171,9 @@ def _run(trainer: Trainer, state: TrainState, *, key: Any = 0, callbacks: Iterab
         error = CheckpointSaveError(
             f"could not save the checkpoint {save_to!r} ({err.strerror or err}): training stopped at generation "
             f"{done} of {total}{kept}. error.result holds the {done} generation(s) completed: save them elsewhere "
-            f"with jes.checkpoint.save(path, r.trainer, r.state, r.history, r.key, best=r.best) (then resume=path) "
-            f"or r.save_policy(path)",
+            f"with jes.checkpoint.save(path, r.trainer, r.state, r.history, r.key, best=r.best) (then resume=path; "
+            f"r.trainer is None once the error is pickled: pass jes.Trainer(policy, env, optimizer, config) of the "
+            f"run) or r.save_policy(path)",
             generation=done, path=save_to, errno=err.errno, num_generations=total, reason=err.strerror or str(err))
         try:
             error.result = so_far(save_to if earlier is not None else None)
@@ -1375,6 +1398,7 @@ def _attach_result(interrupt: BaseException, make: Callable[[], TrainResult]) ->
 def _result(trainer, state, history, key, solved_generation, compile_time, t_start, best=None,
             checkpoint_path=None, log_dir=None) -> TrainResult:
     state = localize(state)  # this process's replica: usable on its own, in every process alike
+    trainer.note_run_key(state, key)  # jes.run(trainer, result.state) finds it
     flat = np.asarray(fetch(state.params))
     return TrainResult(
         params=trainer.params_tree(flat),

@@ -339,14 +339,19 @@ class TrainedPolicy:
     def __reduce__(self) -> tuple:
         # pickle (multiprocessing, joblib) and copy: as its policy file's bytes, read back by policy_from_bytes, so
         # unpickling one builds what load_policy admits, checked alike (the Flax module's fields, jnp.tanh say, are
-        # named, which pickle cannot do). A policy no file can name (a class of a notebook's own) pickles its module
-        # as pickle does. The env an object gave is not kept: evaluate rebuilds it from env_name, as after load_policy
+        # named, which pickle cannot do). The modules of the user's own that the file names (a policy class, an
+        # activation of theirs) are allowed there: pickle itself imports a class's module by name, so this admits
+        # nothing pickle would not. A policy no file can name (a class of a notebook's own), or one whose module
+        # could not be rebuilt from its file here, pickles its module as pickle does. The env an object gave is not
+        # kept: evaluate rebuilds it from env_name, as after load_policy
         try:
-            data = policy_bytes(self)
-        except describe.DescriptionError:
+            data, description = _policy_file(self)
+            own = describe.own_modules(description)
+            build_policy(description, "<pickled TrainedPolicy>", own, checkpoint=False)  # what unpickling builds
+        except (describe.DescriptionError, ValueError):
             return (TrainedPolicy, (self.policy, self.flat_params, self.obs_shape, self.action_map, self.obs_stats,
                                     self.env_name, self.max_steps))
-        return (_unpickled_policy, (data, self.action_map.raw_unless_bounded))
+        return (_unpickled_policy, (data, self.action_map.raw_unless_bounded, own))
 
     def __deepcopy__(self, memo: dict) -> "TrainedPolicy":
         rebuild, args = self.__reduce__()
@@ -355,15 +360,24 @@ class TrainedPolicy:
         memo[id(self)] = copied
         return copied
 
+    def __copy__(self) -> "TrainedPolicy":
+        # shallow: the same module, arrays and env, nothing rebuilt (no file read back, none of its warnings)
+        copied = object.__new__(type(self))
+        copied.__dict__.update(self.__dict__)
+        copied._evaluators = dict(self._evaluators)
+        return copied
+
     def __repr__(self) -> str:
         norm = "normalised obs" if self.obs_stats is not None else "raw obs"
         return (f"TrainedPolicy({type(self.policy).__name__}, {self.flat_params.size} params, {self.env_name}, "
                 f"{'discrete' if self.action_map.discrete else 'continuous'} actions, {norm})")
 
 
-def _unpickled_policy(data: bytes, raw_unless_bounded: bool = False) -> TrainedPolicy:
-    """A pickled :class:`TrainedPolicy`: its policy file's bytes read back (and a format-1 file's action mapping)."""
-    trained = policy_from_bytes(data, "<pickled TrainedPolicy>")
+def _unpickled_policy(data: bytes, raw_unless_bounded: bool = False, allow_modules: Any = ()) -> TrainedPolicy:
+    """A pickled :class:`TrainedPolicy`: its policy file's bytes read back (and a format-1 file's action mapping), the
+    user's own modules it names allowed. Quietly: what a loaded file would warn of (parameters that are not finite)
+    was so in the policy pickled, which said nothing."""
+    trained = policy_from_bytes(data, "<pickled TrainedPolicy>", allow_modules=allow_modules, warn=False)
     if raw_unless_bounded:  # read from a format-1 file, whose mapping a file of today's format cannot say
         trained.action_map = dataclasses.replace(trained.action_map, raw_unless_bounded=True)
     return trained
@@ -459,6 +473,11 @@ def policy_bytes(trained: TrainedPolicy) -> bytes:
     Raises:
         DescriptionError: the policy cannot be rebuilt by name (see :func:`save_policy`).
     """
+    return _policy_file(trained)[0]
+
+
+def _policy_file(trained: TrainedPolicy) -> tuple[bytes, dict]:
+    """:func:`policy_bytes` and the description of the policy module they hold."""
     try:  # strict, unlike a checkpoint's description: a file whose policy no program can rebuild is of no use
         description = describe.describe_object(trained.policy, "policy")
     except describe.DescriptionError as err:
@@ -474,7 +493,7 @@ def policy_bytes(trained: TrainedPolicy) -> bytes:
     if trained.obs_stats is not None:
         content["obs_count"], content["obs_sum"], content["obs_sumsq"] = trained.obs_stats
     payload = serialization.msgpack_serialize(content)
-    return _HEADER.pack(POLICY_MAGIC, len(payload), hashlib.sha256(payload).digest()) + payload
+    return _HEADER.pack(POLICY_MAGIC, len(payload), hashlib.sha256(payload).digest()) + payload, description
 
 
 _BOUND = (None, [schema.NUMBER])
@@ -520,9 +539,9 @@ def load_policy(path: str, env: Any = None, allow_modules: Any = ()) -> TrainedP
 
 
 def policy_from_bytes(data: bytes, path: str = "<policy bytes>", env: Any = None, allow_modules: Any = (),
-                      warn_at: int = 2) -> TrainedPolicy:
+                      warn_at: int = 2, warn: bool = True) -> TrainedPolicy:
     """The :class:`TrainedPolicy` of a policy file's bytes (:func:`load_policy` of ``data``, checked alike; ``path``
-    names them in errors and warnings)."""
+    names them in errors and warnings; ``warn=False``: what is only warned of is not)."""
     if len(data) < _HEADER.size:
         raise PolicyFileError(f"{path} is truncated ({len(data)} bytes): not a complete jes policy file")
     magic, length, digest = _HEADER.unpack_from(data)
@@ -552,7 +571,7 @@ def policy_from_bytes(data: bytes, path: str = "<policy bytes>", env: Any = None
         spec = env if isinstance(env, EnvSpec) else make_env(env, max_steps=meta["max_steps"])
         notice = (brax_envs.instance_warning(meta["env_name"], spec.name, f"policy file {path}", resuming=False)
                   or brax_envs.registered_instead_warning(meta["env_name"], spec.name, f"policy file {path}"))
-        if notice is not None:   # another sys, or one that cannot be checked: said, not refused
+        if notice is not None and warn:   # another sys, or one that cannot be checked: said, not refused
             warnings.warn(notice, stacklevel=warn_at)
     obs_stats = None
     if "obs_sum" in content:
@@ -563,7 +582,7 @@ def policy_from_bytes(data: bytes, path: str = "<policy bytes>", env: Any = None
         if problem is not None:
             raise PolicyFileError(f"policy file {path} holds observation statistics no normaliser can use: {problem}")
         warning = schema.obs_sums_warning(*((name, content[name]) for name in ("obs_sum", "obs_sumsq")))
-        if warning is not None:
+        if warning is not None and warn:
             warnings.warn(f"policy file {path}: {warning}", stacklevel=warn_at)
 
     try:
@@ -577,7 +596,7 @@ def policy_from_bytes(data: bytes, path: str = "<policy bytes>", env: Any = None
     except Exception as err:  # noqa: BLE001 - fields that are well-typed but do not fit together
         raise PolicyFileError(f"policy file {path} does not describe a usable policy: {type(err).__name__}: {err}") from err
     bad = schema.non_finite(trained.flat_params)
-    if bad:  # a diverged run's parameters are still data to look at: said, not refused
+    if bad and warn:  # a diverged run's parameters are still data to look at: said, not refused
         warnings.warn(f"policy file {path}: {bad} of {trained.flat_params.size} parameters are not finite (NaN or "
                       f"infinite); its outputs, actions and returns may be NaN", stacklevel=warn_at)
     return trained

@@ -870,3 +870,64 @@ def test_run_on_a_state_past_generation_0_without_its_history_warns(small_traine
                                          r"best=result.best"):
         b = jes.run(small_trainer, a.state)
     assert list(b.history["generation"]) == [3]
+
+
+def test_a_refused_or_traced_init_state_leaves_the_trainers_keys_alone(small_trainer):
+    """A key init_state refuses is not remembered, and nothing is inside jit or vmap (no tracer kept): jes.run of
+    the trainer's own states goes on working, with or without key=."""
+    state = small_trainer.init_state(1)
+    with pytest.raises(ValueError, match="outside -2\\*\\*31"):
+        small_trainer.init_state(2**40)
+    batched = jax.vmap(small_trainer.init_state)(jax.random.split(jax.random.key(0), 3))
+    assert batched.es_key.shape == (3,)
+    jax.jit(lambda: small_trainer.init_state(9).params)()
+    for kwargs in ({"key": 1}, {}):
+        result = jes.run(small_trainer, state, num_generations=1, **kwargs)
+        np.testing.assert_array_equal(result.key, jax.random.key_data(jax.random.key(1)))
+    assert not any(isinstance(k, jax.core.Tracer) for k in small_trainer._run_keys.values())
+
+
+def test_every_state_the_trainer_made_restored_or_returned_is_known(small_trainer, tmp_path, monkeypatch):
+    """jes.run without key= finds the run key of any of the trainer's latest states (1024; insertion-ordered): ten
+    init_states then the first of them; a result's state (even one run with an explicit key on a state the trainer
+    did not make); threads making states together. A key the trainer knows for the state is taken as it is."""
+    import threading
+
+    states = [small_trainer.init_state(seed) for seed in range(10)]
+    first = jes.run(small_trainer, states[0], num_generations=1)
+    np.testing.assert_array_equal(first.key, jax.random.key_data(jax.random.key(0)))
+    other = jes.Trainer(jes.GRUPolicy(hidden=3, layers=1), "CartPole-v1", "adam", jes.ESConfig(**SMALL))
+    given = jes.run(other, first.state, key=first.key, history=first.history, best=first.best, num_generations=2)
+    on = jes.run(other, given.state, history=given.history, best=given.best)  # the state it returned: known
+    np.testing.assert_array_equal(on.key, first.key)
+
+    # nothing derived for a key the trainer knows for the state (nor for key=None); another form is checked
+    def derived(key):
+        raise AssertionError("derived a known key")
+
+    with monkeypatch.context() as m:
+        m.setattr(jes.loop, "_es_key_data", derived)
+        assert jes.run(small_trainer, states[3], key=3, num_generations=1).key.tolist() == [0, 3]
+        assert jes.run(small_trainer, states[4], num_generations=1).key.tolist() == [0, 4]
+        with pytest.raises(AssertionError, match="derived"):
+            jes.run(small_trainer, states[5], key=jax.random.key(5), num_generations=1)
+    assert jes.run(small_trainer, states[5], key=jax.random.key(5), num_generations=1).key.tolist() == [0, 5]
+
+    made = {}
+
+    def make(seeds):
+        for seed in seeds:
+            made[seed] = small_trainer.init_state(seed)
+
+    threads = [threading.Thread(target=make, args=(range(100 + 40 * i, 140 + 40 * i),)) for i in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert all(small_trainer.known_run_key(state) == seed for seed, state in made.items())
+
+    monkeypatch.setattr(jes.generation, "RUN_KEYS_KEPT", 3)  # the oldest state's key goes first
+    kept = [small_trainer.init_state(seed) for seed in (20, 21, 22, 20, 23)]
+    assert [small_trainer.known_run_key(s) for s in kept] == [20, None, 22, 20, 23]
+    with pytest.raises(ValueError, match="cannot tell this state's run key.*pass key="):
+        jes.run(small_trainer, kept[1])
