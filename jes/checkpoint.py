@@ -1044,7 +1044,9 @@ class Checkpoint:
             except Exception as err:  # noqa: BLE001 - key data of another shape than its implementation's
                 raise CheckpointError(f"checkpoint {self.path}: its es_key does not fit {self.meta['es_key_impl']}: "
                                       f"{err}") from err
-            return trainer.place(restored.replace(es_key=es_key))
+            state = trainer.place(restored.replace(es_key=es_key))
+            trainer.note_run_key(state, self.key)  # jes.run records it as the result's key
+            return state
 
     @contextlib.contextmanager
     def _allocating(self) -> Iterator[None]:

@@ -23,7 +23,9 @@ parameters are formed and applied is :mod:`jes.perturbations`.
 """
 from __future__ import annotations
 
+import collections
 import math
+import threading
 from typing import Any, Callable
 
 import flax.linen as nn
@@ -184,6 +186,25 @@ def run_learning_rate(strategy: Strategy, optimizer: Any, config: ESConfig, num_
     return learning_rate
 
 
+RUN_KEYS_KEPT = 1024  # states whose run key a trainer remembers (Generation.note_run_key); the oldest go first
+
+
+def es_key_bytes(state: Any) -> tuple | None:
+    """A state's ES key data as host bytes (with its dtype and shape), or ``None`` for a traced one (inside
+    ``jit``/``vmap``) or a state without one: what :meth:`Generation.note_run_key` remembers a run key by."""
+    es_key = getattr(state, "es_key", None)
+    if es_key is None or isinstance(es_key, jax.core.Tracer):
+        return None
+    try:
+        es_key = localize(es_key)
+        if isinstance(es_key, jax.Array) and jnp.issubdtype(es_key.dtype, jax.dtypes.prng_key):
+            es_key = jax.random.key_data(es_key)  # a concrete key's data: no program runs
+        data = np.asarray(jax.device_get(es_key))
+    except Exception:  # noqa: BLE001 - not a key, nor its data: no run key to remember by it
+        return None
+    return data.dtype.str, data.shape, data.tobytes()
+
+
 class Generation(CompiledPrograms):
     """The compiled generation of an ES run over any member evaluation (subclasses define it).
 
@@ -238,6 +259,9 @@ class Generation(CompiledPrograms):
         self._init_program = None
         self._shapes = None
         self._host_unravel = None
+        # The run keys of the states made, restored or returned here, by their ES key's data (see note_run_key)
+        self._run_keys: collections.OrderedDict = collections.OrderedDict()
+        self._run_keys_lock = threading.Lock()
 
     def perturbation_layout(self) -> Any:
         """The structured perturbation's static layout of the parameters (``None``: only full rank applies)."""
@@ -264,8 +288,38 @@ class Generation(CompiledPrograms):
             # jax.random.key(int) itself runs a compiled seeding of an int32; do it in the same program.
             if self._init_program is None:
                 self._init_program = self._cached_init_program() or self._init_from_seed
-            return self._init_program(seed)
-        return self._init_from_key(as_key(key))
+            state = self._init_program(seed)
+        else:
+            state = self._init_from_key(as_key(key))
+        self.note_run_key(state, key)  # once made: a key refused above is not remembered
+        return state
+
+    def note_run_key(self, state: TrainState, key: Any) -> None:
+        """Remember ``key`` as the run key of ``state`` (made by :meth:`init_state`, restored into this trainer from a
+        checkpoint, or returned by :func:`jes.run`), by its ES key's data: a state holds only ``split(run key)[1]``,
+        from which :func:`jes.run` cannot tell the run key its result records. Nothing is remembered inside
+        ``jit``/``vmap`` (a traced key or state); the :data:`RUN_KEYS_KEPT` latest states' keys are kept."""
+        if isinstance(key, jax.core.Tracer):
+            return
+        held = es_key_bytes(state)
+        if held is None:
+            return
+        if isinstance(key, np.ndarray):
+            key = key.copy()  # as it is now: the caller's array may change
+        with self._run_keys_lock:
+            self._run_keys.pop(held, None)
+            self._run_keys[held] = key
+            while len(self._run_keys) > RUN_KEYS_KEPT:
+                self._run_keys.popitem(last=False)
+
+    def known_run_key(self, state: TrainState) -> Any:
+        """The run key :meth:`note_run_key` remembered for ``state``'s ES key, or ``None``: one lookup of its bytes,
+        nothing derived."""
+        held = es_key_bytes(state)
+        if held is None:
+            return None
+        with self._run_keys_lock:
+            return self._run_keys.get(held)
 
     def _state_shapes(self) -> TrainState:
         """Shapes, dtypes and placement of this run's states (``ShapeDtypeStruct`` leaves, placed replicated)."""

@@ -7,9 +7,11 @@ the ZeroMQ master. Host services are imported here, never by the core.
 """
 from __future__ import annotations
 
+import copy
 import dataclasses
 import math
 import os
+import pickle
 import re
 import time
 import warnings
@@ -103,7 +105,8 @@ class CheckpointSaveError(OSError):
         path: the checkpoint file (the previous checkpoint there, if any, is intact).
         result: the :class:`TrainResult` up to that generation: nothing trained is lost. Save it elsewhere with
             ``jes.checkpoint.save(path, r.trainer, r.state, r.history, r.key, best=r.best)`` (``--resume``-able) or
-            ``r.save_policy(path)``.
+            ``r.save_policy(path)``; an unpickled error's ``r.trainer`` is ``None``: pass ``jes.Trainer(...)`` of
+            the run's policy, env, optimizer and config instead.
     """
 
     def __init__(self, message: str, generation: int, path: str, result: "TrainResult | None" = None,
@@ -128,7 +131,7 @@ class BestMember:
     """The best population member evaluated in a run (its fitness is from its own training episodes).
 
     Its parameters are regenerated from its key when first asked for (or when a checkpoint is
-    written), so a run that never looks at them compiles and runs nothing for them.
+    written, or it is pickled), so a run that never looks at them compiles and runs nothing for them.
 
     Attributes:
         fitness: its fitness (mean return over ``episodes_per_member`` episodes).
@@ -166,8 +169,60 @@ class BestMember:
         """Its Flax variables."""
         return self.policy.params
 
+    def __getstate__(self) -> dict:
+        # pickle (multiprocessing, joblib): its parameters regenerated first (the regenerator holds the trainer's
+        # compiled programs and devices, which cannot be pickled); the policy pickles as its policy file does
+        self._materialise()
+        return dict(self.__dict__)
+
+    def __deepcopy__(self, memo: dict) -> "BestMember":
+        copied = copy.copy(self)
+        memo[id(self)] = copied
+        for name, value in self.__dict__.items():
+            if name != "_regenerate":  # shared: it regenerates the same member, with the trainer's programs
+                setattr(copied, name, copy.deepcopy(value, memo))
+        return copied
+
+    def __copy__(self) -> "BestMember":
+        copied = object.__new__(type(self))
+        copied.__dict__.update(self.__dict__)
+        return copied
+
     def __repr__(self) -> str:
         return f"BestMember(fitness={self.fitness!r}, generation={self.generation}, member={self.member})"
+
+
+class NotPickled:
+    """Stands in, in an unpickled :class:`TrainResult`'s ``config``, for a value pickle cannot carry (a schedule:
+    a closure); calling it raises. ``what``: the value's field and repr."""
+
+    def __init__(self, what: str):
+        self.what = what
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        raise TypeError(f"{self.what} was not pickled (a closure cannot be); the history holds the values it gave "
+                        f"each generation, and the run's checkpoint resumes with jes.train(..., resume=path)")
+
+    def __repr__(self) -> str:
+        return f"NotPickled({self.what!r})"
+
+
+def _picklable_config(config: ESConfig) -> ESConfig:
+    """``config`` with each field that pickle cannot carry (a schedule: a closure) replaced by a :class:`NotPickled`."""
+    replaced = {}
+    for f in dataclasses.fields(config):
+        value = getattr(config, f.name)
+        if callable(value):
+            try:
+                pickle.dumps(value)
+            except Exception:  # noqa: BLE001 - whatever pickle says, the value cannot travel
+                replaced[f.name] = NotPickled(f"config.{f.name} {' '.join(repr(value).split())}")
+    if not replaced:
+        return config
+    copied = copy.copy(config)  # not dataclasses.replace: the config's checks refuse the stand-in
+    for name, value in replaced.items():
+        object.__setattr__(copied, name, value)
+    return copied
 
 
 @dataclasses.dataclass
@@ -194,7 +249,16 @@ class TrainResult:
         wall_time: seconds of the whole run: from :func:`train`'s call (the trainer's build and the step's compile
             included) or :func:`run`'s.
         state: the final :class:`TrainState` (to continue training).
-        trainer: the :class:`Trainer` that ran it.
+        trainer: the :class:`Trainer` that ran it, or ``None`` in a result that was pickled (sent back from a
+            ``multiprocessing`` / joblib worker): its compiled functions and devices cannot be pickled and are left
+            out. Everything else pickles: arrays, ``history``, ``key``, ``state`` (on the default device), ``best``
+            (its parameters regenerated first) and the policy, which pickles as its ``.policy`` file does (rebuilt
+            as :func:`jes.load_policy` rebuilds it, env by its name); :meth:`trained_policy`, :meth:`act`,
+            :meth:`evaluate`, :meth:`save_policy` and :meth:`summary` work as before, :meth:`render` says what to do.
+            A ``config`` field pickle cannot carry (a schedule: a closure) comes back as a :class:`NotPickled`.
+            To train on, resume the run's checkpoint, or ``jes.run(jes.Trainer(...), result.state,
+            key=result.key, history=result.history, best=result.best)``. ``copy.deepcopy`` copies the result and
+            shares its ``trainer``.
         best: the best member evaluated in the run (:class:`BestMember`; kept across a resume by the
             checkpoint), or ``None``.
         log_dir: the TensorBoard directory, or ``None``.
@@ -216,11 +280,41 @@ class TrainResult:
     compile_time: float
     wall_time: float
     state: TrainState
-    trainer: Trainer
+    trainer: Trainer | None
     best: BestMember | None = None
     log_dir: str | None = None
     checkpoint_path: str | None = None
     stopped: str | None = None
+
+    def __getstate__(self) -> dict:
+        # pickle (multiprocessing, joblib): without the trainer, whose compiled functions and devices cannot be
+        # pickled; what needs it later is built now (the trained policy, the summary's words). The bare Flax module
+        # is not pickled itself (pickle cannot name jnp.tanh): the trained policy carries it as its file does
+        return dict(self.__dict__, trainer=None, policy=None, config=_picklable_config(self.config),
+                    _trained=self.trained_policy(), _label=self._run_label(), _num_params=self._param_count())
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self.policy = self._trained.policy
+
+    def __copy__(self) -> "TrainResult":
+        copied = object.__new__(type(self))
+        copied.__dict__.update(self.__dict__)
+        return copied
+
+    def __deepcopy__(self, memo: dict) -> "TrainResult":
+        copied = copy.copy(self)
+        memo[id(self)] = copied
+        for name, value in self.__dict__.items():
+            if name != "trainer":  # shared: compiled functions and devices are not data to copy
+                setattr(copied, name, copy.deepcopy(value, memo))
+        return copied
+
+    def _run_label(self) -> str:
+        return self.trainer.run_label if self.trainer is not None else self.__dict__.get("_label", "?")
+
+    def _param_count(self) -> int:
+        return self.trainer.num_params if self.trainer is not None else int(self.flat_params.size)
 
     @property
     def final_centre_return(self) -> float:
@@ -232,7 +326,7 @@ class TrainResult:
     def trained_policy(self) -> TrainedPolicy:
         """The final centre as a :class:`jes.trained.TrainedPolicy` (normaliser and action mapping included)."""
         if getattr(self, "_trained", None) is None:
-            self._trained = trained_policy(self.trainer, self.state.params, self.state)
+            self._trained = trained_policy(self._needs_trainer("trained_policy()"), self.state.params, self.state)
         return self._trained
 
     def act(self, carry: Any, obs: Any) -> tuple[Any, jax.Array]:
@@ -267,7 +361,16 @@ class TrainResult:
         """
         from jes.render import render as render_episode  # matplotlib/pillow only when asked for
 
-        return render_episode(self.trainer, self.state, path, key, max_steps)
+        return render_episode(self._needs_trainer("render()"), self.state, path, key, max_steps)
+
+    def _needs_trainer(self, what: str) -> Trainer:
+        if self.trainer is None:
+            raise ValueError(f"{what} needs the run's trainer, which a pickled TrainResult leaves out (its compiled "
+                             f"functions and devices cannot be pickled): build one with jes.Trainer(policy, env, "
+                             f"optimizer, config) and pass it with result.state (jes.render.render(trainer, "
+                             f"result.state, path)), or resume the run's checkpoint "
+                             f"({self.checkpoint_path or 'none was written'})")
+        return self.trainer
 
     def __repr__(self) -> str:
         # The default dataclass repr printed every array (35 k characters in a notebook cell's output).
@@ -277,9 +380,9 @@ class TrainResult:
         """One readable line about the run."""
         solved = f"solved at generation {self.solved_generation}" if self.solved_generation else "not solved"
         return (
-            f"{self.env_name} with {self.trainer.run_label}: {len(self.history['generation'])} generations, "
+            f"{self.env_name} with {self._run_label()}: {len(self.history['generation'])} generations, "
             f"centre return {self.final_centre_return:.1f}, {solved}; "
-            f"{self.trainer.num_params} params, {self.wall_time:.1f}s wall"
+            f"{self._param_count()} params, {self.wall_time:.1f}s wall"
             # 0.0: the step was not compiled here as one program (a host env's pieces, a master's workers)
             + (f" ({self.compile_time:.1f}s compile)" if self.compile_time else "")
             + (f"; best member {self.best.fitness:.1f} (generation {self.best.generation})" if self.best else "")
@@ -922,7 +1025,7 @@ def _check_checkpoint_every(checkpoint_every: Any) -> None:
 StepFn = Callable[[TrainState, bool, bool], "tuple[TrainState, dict]"]
 
 
-def run(trainer: Trainer, state: TrainState, *, key: Any = 0, callbacks: Iterable[Callback] = (),
+def run(trainer: Trainer, state: TrainState, *, key: Any = None, callbacks: Iterable[Callback] = (),
         history: dict | None = None, num_generations: int | None = None, step_fn: StepFn | None = None,
         checkpoint_path: str | None = None, checkpoint_every: int = 0, log_dir: str | None = None,
         best: BestMember | dict | None = None, started: float | None = None) -> TrainResult:
@@ -931,9 +1034,15 @@ def run(trainer: Trainer, state: TrainState, *, key: Any = 0, callbacks: Iterabl
     Args:
         trainer: the trainer whose compiled step runs.
         state: the state to continue from (fresh, or restored).
-        key: the run key (recorded in the result).
+        key: the run key ``state`` was initialised from, which the result records (``jes.train(key=result.key)``
+            reproduces the run). ``None`` (the default): the state's own, which ``trainer`` remembers for each state its
+            ``init_state`` made, a checkpoint restored into it or ``jes.run`` returned (the latest 1,024 such
+            states); any other state needs it given (``key=result.key`` of the run it continues). A key the state
+            was not initialised from is refused (the state holds ``split(run key)[1]``, which tells).
         callbacks: called with each generation's metrics record.
-        history: history of earlier generations, when continuing a run.
+        history: history of earlier generations, when continuing a run. Without it, a state past generation 0
+            starts a new history at its next generation (``env_steps`` counted from 0), and ``best`` is the best of
+            the generations run here: a warning says so and what to pass.
         num_generations: total generations (including those already in ``state``).
         step_fn: replaces the local compiled step, ``(state, evaluate_centre, evaluate_population) -> (state,
             metrics)`` with the same metrics and the same contract (the centre evaluated is the state passed in's;
@@ -952,10 +1061,20 @@ def run(trainer: Trainer, state: TrainState, *, key: Any = 0, callbacks: Iterabl
             :func:`train` passes its own start, so the trainer's build and the step's compile, begun there, count.
 
     Raises:
+        ValueError: ``key`` is not the key ``state`` was initialised from, or is not given and ``trainer`` does not
+            know the state's (both before anything runs).
         jes.checkpoint.CheckpointInUseError: another run is writing ``checkpoint_path`` (it holds the lock beside it,
             ``<checkpoint_path>.jes-lock``, which this run holds while it runs), before anything runs.
     """
     _check_checkpoint_every(checkpoint_every)
+    key = _state_run_key(trainer, state, key)
+    generation = int(fetch(state.generation))
+    if history is None and generation > 0:
+        warnings.warn(f"jes.run: the state is at generation {generation} and no history= was given, so the result's "
+                      f"history starts at generation {generation + 1} with env_steps counted from 0, and its best "
+                      f"member is the best of the generations run here; to continue a run pass "
+                      f"history=result.history, best=result.best (a checkpoint's: history=ckpt.history, "
+                      f"best=ckpt.best)", stacklevel=2)
     if isinstance(best, dict):  # a checkpoint's own record of it
         best = _best_from_checkpoint(trainer, best)
     lock = None
@@ -967,6 +1086,62 @@ def run(trainer: Trainer, state: TrainState, *, key: Any = 0, callbacks: Iterabl
     finally:
         if lock is not None:
             lock.release()
+
+
+def _es_key_data(run_key: Any) -> np.ndarray:
+    """The key data of the ES key a state initialised from ``run_key`` holds (:meth:`Trainer.fresh_state`)."""
+    return np.asarray(jax.random.key_data(jax.random.split(as_key(run_key))[1]))
+
+
+def _key_text(key: Any) -> str:
+    if isinstance(key, (int, np.integer)) and not isinstance(key, bool):
+        return str(int(key))
+    try:
+        return f"key data {np.asarray(jax.random.key_data(as_key(key))).tolist()}"
+    except Exception:  # noqa: BLE001 - not a key at all: as_key's own error is raised where it is used
+        return repr(key)
+
+
+def _same_key(a: Any, b: Any) -> bool:
+    """Whether two run keys are the same as given (equal int seeds, or typed keys or key data with the same data),
+    nothing derived; ``False`` may still be the same key in another form (a seed and its typed key)."""
+    seeds = [isinstance(k, (int, np.integer)) and not isinstance(k, bool) for k in (a, b)]
+    if any(seeds):
+        return all(seeds) and int(a) == int(b)
+    try:
+        dtypes = [k.dtype if hasattr(k, "dtype") else np.asarray(k).dtype for k in (a, b)]
+        typed = [jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key) for dtype in dtypes]
+        if typed[0] != typed[1] or (typed[0] and jax.random.key_impl(a) != jax.random.key_impl(b)):
+            return False
+        data = [np.asarray(jax.random.key_data(k) if t else k) for k, t in zip((a, b), typed)]
+        return data[0].dtype == data[1].dtype and data[0].shape == data[1].shape and np.array_equal(*data)
+    except Exception:  # noqa: BLE001 - not keys of one kind: told by deriving
+        return False
+
+
+def _state_run_key(trainer: Trainer, state: TrainState, key: Any) -> Any:
+    """The run key ``state`` was initialised from: ``key`` checked against it, or (``None``) the one ``trainer``
+    remembered for the state's ES key (:meth:`Trainer.note_run_key`: a state it made, restored or returned). A state
+    holds only ``split(run key)[1]``, which tells a key but cannot give one: a ``key`` the trainer does not already
+    know for the state is derived, once, to check it."""
+    own = trainer.known_run_key(state)
+    if key is None:
+        if own is None:
+            raise ValueError("jes.run cannot tell this state's run key (it was not made by this trainer's init_state, "
+                             "restored into it from a checkpoint, nor returned by a jes.run of it), which the result "
+                             "records for jes.train(key=result.key) to reproduce the run: pass key=, the key it was "
+                             "initialised from (result.key of the run it continues, or its checkpoint's key)")
+        return own
+    if own is not None and _same_key(own, key):
+        return key
+    held = np.asarray(fetch(jax.random.key_data(state.es_key)))
+    if not np.array_equal(_es_key_data(key), held):
+        theirs = f"it was initialised from {_key_text(own)}" if own is not None else "its own key is not known here"
+        raise ValueError(f"jes.run: key={_key_text(key)} is not the run key of this state ({theirs}): the result "
+                         f"would record a key that does not reproduce the run; pass the key the state was initialised "
+                         f"from, or leave key= out for a state of this trainer's init_state, a checkpoint's, or a "
+                         f"result's")
+    return key
 
 
 def _run(trainer: Trainer, state: TrainState, *, key: Any = 0, callbacks: Iterable[Callback] = (),
@@ -1058,8 +1233,9 @@ def _run(trainer: Trainer, state: TrainState, *, key: Any = 0, callbacks: Iterab
         error = CheckpointSaveError(
             f"could not save the checkpoint {save_to!r} ({err.strerror or err}): training stopped at generation "
             f"{done} of {total}{kept}. error.result holds the {done} generation(s) completed: save them elsewhere "
-            f"with jes.checkpoint.save(path, r.trainer, r.state, r.history, r.key, best=r.best) (then resume=path) "
-            f"or r.save_policy(path)",
+            f"with jes.checkpoint.save(path, r.trainer, r.state, r.history, r.key, best=r.best) (then resume=path; "
+            f"r.trainer is None once the error is pickled: pass jes.Trainer(policy, env, optimizer, config) of the "
+            f"run) or r.save_policy(path)",
             generation=done, path=save_to, errno=err.errno, num_generations=total, reason=err.strerror or str(err))
         try:
             error.result = so_far(save_to if earlier is not None else None)
@@ -1370,6 +1546,7 @@ def _attach_result(interrupt: BaseException, make: Callable[[], TrainResult]) ->
 def _result(trainer, state, history, key, solved_generation, compile_time, t_start, best=None,
             checkpoint_path=None, log_dir=None) -> TrainResult:
     state = localize(state)  # this process's replica: usable on its own, in every process alike
+    trainer.note_run_key(state, key)  # jes.run(trainer, result.state) finds it
     flat = np.asarray(fetch(state.params))
     return TrainResult(
         params=trainer.params_tree(flat),

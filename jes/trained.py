@@ -17,6 +17,7 @@ action mapping; loading it needs only jes (and the policy's module, for a custom
 """
 from __future__ import annotations
 
+import copy
 import dataclasses
 import hashlib
 import json
@@ -116,6 +117,12 @@ class TrainedPolicy:
         env_name: the env's name (a gymnax id lets :meth:`evaluate` rebuild it).
         max_steps: episode length limit used for :meth:`evaluate`.
         env: an :class:`EnvSpec` to evaluate on (built from ``env_name`` when ``None``).
+
+    It pickles (a worker process's return) as its policy file's bytes, read back as :func:`load_policy` reads them:
+    parameters and normaliser bit for bit, the module rebuilt from its class and fields (a policy class of your own:
+    its module imported first, as for ``load_policy``); ``env`` is not kept, and :meth:`evaluate` rebuilds the env
+    from ``env_name`` (pass ``env=`` for one of your own). A policy that no file can name (a class a notebook
+    defined) pickles its module as pickle does. ``copy.deepcopy`` copies it and shares ``env``.
     """
 
     def __init__(self, policy: nn.Module, flat_params: Any, obs_shape: tuple[int, ...], action_map: ActionMap,
@@ -367,10 +374,51 @@ class TrainedPolicy:
         """Write this policy to ``path`` (see :func:`save_policy`)."""
         return save_policy(self, path)
 
+    def __reduce__(self) -> tuple:
+        # pickle (multiprocessing, joblib) and copy: as its policy file's bytes, read back by policy_from_bytes, so
+        # unpickling one builds what load_policy admits, checked alike (the Flax module's fields, jnp.tanh say, are
+        # named, which pickle cannot do). The modules of the user's own that the file names (a policy class, an
+        # activation of theirs) are allowed there: pickle itself imports a class's module by name, so this admits
+        # nothing pickle would not. A policy no file can name (a class of a notebook's own), or one whose module
+        # could not be rebuilt from its file here, pickles its module as pickle does. The env an object gave is not
+        # kept: evaluate rebuilds it from env_name, as after load_policy
+        try:
+            data, description = _policy_file(self)
+            own = describe.own_modules(description)
+            build_policy(description, "<pickled TrainedPolicy>", own, checkpoint=False)  # what unpickling builds
+        except (describe.DescriptionError, ValueError):
+            return (TrainedPolicy, (self.policy, self.flat_params, self.obs_shape, self.action_map, self.obs_stats,
+                                    self.env_name, self.max_steps))
+        return (_unpickled_policy, (data, self.action_map.raw_unless_bounded, own))
+
+    def __deepcopy__(self, memo: dict) -> "TrainedPolicy":
+        rebuild, args = self.__reduce__()
+        copied = rebuild(*copy.deepcopy(args, memo))
+        copied._spec = self._spec  # shared: the env (a simulator object, a brax system) is not data to copy
+        memo[id(self)] = copied
+        return copied
+
+    def __copy__(self) -> "TrainedPolicy":
+        # shallow: the same module, arrays and env, nothing rebuilt (no file read back, none of its warnings)
+        copied = object.__new__(type(self))
+        copied.__dict__.update(self.__dict__)
+        copied._evaluators = dict(self._evaluators)
+        return copied
+
     def __repr__(self) -> str:
         norm = "normalised obs" if self.obs_stats is not None else "raw obs"
         return (f"TrainedPolicy({type(self.policy).__name__}, {self.flat_params.size} params, {self.env_name}, "
                 f"{'discrete' if self.action_map.discrete else 'continuous'} actions, {norm})")
+
+
+def _unpickled_policy(data: bytes, raw_unless_bounded: bool = False, allow_modules: Any = ()) -> TrainedPolicy:
+    """A pickled :class:`TrainedPolicy`: its policy file's bytes read back (and a format-1 file's action mapping), the
+    user's own modules it names allowed. Quietly: what a loaded file would warn of (parameters that are not finite)
+    was so in the policy pickled, which said nothing."""
+    trained = policy_from_bytes(data, "<pickled TrainedPolicy>", allow_modules=allow_modules, warn=False)
+    if raw_unless_bounded:  # read from a format-1 file, whose mapping a file of today's format cannot say
+        trained.action_map = dataclasses.replace(trained.action_map, raw_unless_bounded=True)
+    return trained
 
 
 def _has_shape(obs: Any, shape: tuple[int, ...]) -> bool:
@@ -449,6 +497,25 @@ def save_policy(trained: TrainedPolicy, path: str) -> str:
             notebook, a lambda or closure in a field); nothing is written.
         OSError: ``path`` cannot be written (the message names it and why: its folder is a file, ...).
     """
+    data = policy_bytes(trained)
+
+    # A file to carry anywhere: the permissions a plain open gives (mkstemp's 0600 kept it from the folder's other
+    # readers), and an error naming path, not the temporary file beside it
+    write_atomically(path, lambda f: f.write(data))
+    return path
+
+
+def policy_bytes(trained: TrainedPolicy) -> bytes:
+    """The bytes of ``trained``'s policy file (:func:`save_policy` writes them; :func:`policy_from_bytes` reads them).
+
+    Raises:
+        DescriptionError: the policy cannot be rebuilt by name (see :func:`save_policy`).
+    """
+    return _policy_file(trained)[0]
+
+
+def _policy_file(trained: TrainedPolicy) -> tuple[bytes, dict]:
+    """:func:`policy_bytes` and the description of the policy module they hold."""
     try:  # strict, unlike a checkpoint's description: a file whose policy no program can rebuild is of no use
         description = describe.describe_object(trained.policy, "policy")
     except describe.DescriptionError as err:
@@ -464,15 +531,7 @@ def save_policy(trained: TrainedPolicy, path: str) -> str:
     if trained.obs_stats is not None:
         content["obs_count"], content["obs_sum"], content["obs_sumsq"] = trained.obs_stats
     payload = serialization.msgpack_serialize(content)
-
-    def write(f: Any) -> None:
-        f.write(_HEADER.pack(POLICY_MAGIC, len(payload), hashlib.sha256(payload).digest()))
-        f.write(payload)
-
-    # A file to carry anywhere: the permissions a plain open gives (mkstemp's 0600 kept it from the folder's other
-    # readers), and an error naming path, not the temporary file beside it
-    write_atomically(path, write)
-    return path
+    return _HEADER.pack(POLICY_MAGIC, len(payload), hashlib.sha256(payload).digest()) + payload, description
 
 
 _BOUND = (None, [schema.NUMBER])
@@ -514,6 +573,13 @@ def load_policy(path: str, env: Any = None, allow_modules: Any = ()) -> TrainedP
             an instance of it.
     """
     data = schema.read_file(path, "policy file", ".policy")
+    return policy_from_bytes(data, path, env, allow_modules, warn_at=3)
+
+
+def policy_from_bytes(data: bytes, path: str = "<policy bytes>", env: Any = None, allow_modules: Any = (),
+                      warn_at: int = 2, warn: bool = True) -> TrainedPolicy:
+    """The :class:`TrainedPolicy` of a policy file's bytes (:func:`load_policy` of ``data``, checked alike; ``path``
+    names them in errors and warnings; ``warn=False``: what is only warned of is not)."""
     if len(data) < _HEADER.size:
         raise PolicyFileError(f"{path} is truncated ({len(data)} bytes): not a complete jes policy file")
     magic, length, digest = _HEADER.unpack_from(data)
@@ -543,8 +609,8 @@ def load_policy(path: str, env: Any = None, allow_modules: Any = ()) -> TrainedP
         spec = env if isinstance(env, EnvSpec) else make_env(env, max_steps=meta["max_steps"])
         notice = (brax_envs.instance_warning(meta["env_name"], spec.name, f"policy file {path}", resuming=False)
                   or brax_envs.registered_instead_warning(meta["env_name"], spec.name, f"policy file {path}"))
-        if notice is not None:   # another sys, or one that cannot be checked: said, not refused
-            warnings.warn(notice, stacklevel=2)
+        if notice is not None and warn:   # another sys, or one that cannot be checked: said, not refused
+            warnings.warn(notice, stacklevel=warn_at)
     obs_stats = None
     if "obs_sum" in content:
         if "obs_count" not in content or "obs_sumsq" not in content:
@@ -554,8 +620,8 @@ def load_policy(path: str, env: Any = None, allow_modules: Any = ()) -> TrainedP
         if problem is not None:
             raise PolicyFileError(f"policy file {path} holds observation statistics no normaliser can use: {problem}")
         warning = schema.obs_sums_warning(*((name, content[name]) for name in ("obs_sum", "obs_sumsq")))
-        if warning is not None:
-            warnings.warn(f"policy file {path}: {warning}", stacklevel=2)
+        if warning is not None and warn:
+            warnings.warn(f"policy file {path}: {warning}", stacklevel=warn_at)
 
     try:
         action_map = ActionMap(discrete=action["discrete"], num_outputs=action["num_outputs"],
@@ -568,7 +634,7 @@ def load_policy(path: str, env: Any = None, allow_modules: Any = ()) -> TrainedP
     except Exception as err:  # noqa: BLE001 - fields that are well-typed but do not fit together
         raise PolicyFileError(f"policy file {path} does not describe a usable policy: {type(err).__name__}: {err}") from err
     bad = schema.non_finite(trained.flat_params)
-    if bad:  # a diverged run's parameters are still data to look at: said, not refused
+    if bad and warn:  # a diverged run's parameters are still data to look at: said, not refused
         warnings.warn(f"policy file {path}: {bad} of {trained.flat_params.size} parameters are not finite (NaN or "
-                      f"infinite); its outputs, actions and returns may be NaN", stacklevel=2)
+                      f"infinite); its outputs, actions and returns may be NaN", stacklevel=warn_at)
     return trained

@@ -114,6 +114,150 @@ def test_a_policy_no_program_could_rebuild_is_not_saved_to_a_file(tmp_path):
     assert not os.listdir(tmp_path)
 
 
+def test_a_trained_policy_pickles_as_its_policy_file(result, tmp_path):
+    """pickle (a worker process's return) and deepcopy: the policy file's bytes, read back as load_policy reads them
+    (the Flax module's jnp.tanh is named, not pickled); parameters and normaliser bit for bit, the same actions and
+    returns. deepcopy keeps (shares) the env it was given."""
+    import copy
+    import pickle
+
+    trained = result.trained_policy()
+    data = pickle.dumps(trained)
+    assert b"jes.trained" in data and b"_unpickled_policy" in data and b"flax" not in data  # the file, not the module
+    for back in (pickle.loads(data), copy.deepcopy(trained)):
+        assert type(back.policy) is type(trained.policy) and back.policy == trained.policy
+        assert back.flat_params.tobytes() == trained.flat_params.tobytes()
+        assert (back.obs_stats is None) == (trained.obs_stats is None)
+        for x, y in zip(back.obs_stats or (), trained.obs_stats or ()):
+            assert x.dtype == y.dtype and x.tobytes() == y.tobytes()
+        assert (back.action_map, back.env_name, back.max_steps, back.obs_shape) == (
+            trained.action_map, trained.env_name, trained.max_steps, trained.obs_shape)
+        np.testing.assert_array_equal(back.evaluate(8, 3), trained.evaluate(8, 3))
+    assert copy.deepcopy(trained)._spec is trained._spec
+
+
+def test_a_trained_policy_no_file_can_name_pickles_as_pickle_does():
+    """A policy that no policy file can name (here a field that is not plain data; a notebook's own class) pickles its
+    module as pickle does."""
+    import copy
+    import pickle
+
+    trained = jes.trained.TrainedPolicy(TaggedPolicy(), np.arange(10, dtype=np.float32), (4,),
+                                        jes.trained.ActionMap(discrete=True, num_outputs=2))
+    with pytest.raises(jes.describe.DescriptionError):
+        jes.trained.policy_bytes(trained)
+    for back in (pickle.loads(pickle.dumps(trained)), copy.deepcopy(trained)):
+        assert back.policy == trained.policy and back.flat_params.tobytes() == trained.flat_params.tobytes()
+
+
+class TaggedPolicy(nn.Module):
+    tags: frozenset = frozenset({"tag"})  # not plain data: no file describes it
+
+    @nn.compact
+    def __call__(self, obs):
+        return nn.Dense(2)(obs)
+
+
+def _policy_of(module: nn.Module, discrete: bool = True) -> "jes.trained.TrainedPolicy":
+    return jes.trained.TrainedPolicy(module, np.linspace(-1, 1, 4 * 4 + 4 + 4 * 2 + 2).astype(np.float32), (4,),
+                                     jes.trained.ActionMap(discrete=discrete, num_outputs=2), env_name="CartPole-v1")
+
+
+def test_a_trained_policy_of_a_users_own_module_unpickles():
+    """A policy class of the user's own module, with a field naming a function of that module, comes back (the
+    file's own modules allowed where it is read: pickle imports them by name all the same); one whose file names
+    what no loader builds (a builtin) pickles as pickle does rather than failing where it is unpickled."""
+    import copy
+    import pickle
+
+    import policies_for_tests as mine
+
+    for module in (mine.SwishPolicy(), mine.AbsPolicy()):
+        trained = _policy_of(module)
+        for back in (pickle.loads(pickle.dumps(trained)), copy.deepcopy(trained)):
+            assert type(back.policy) is type(module) and back.policy.act is module.act
+            assert back.flat_params.tobytes() == trained.flat_params.tobytes()
+            carry, obs = trained.initial_carry(), np.ones(4, np.float32)
+            assert int(back.act(carry, obs)[1]) == int(trained.act(carry, obs)[1])
+
+
+OWN_MODULE_POOL_SCRIPT = '''
+import multiprocessing
+import sys
+from concurrent.futures import ProcessPoolExecutor
+
+import numpy as np
+
+
+def train(seed):
+    import jes
+    import policies_for_tests
+    return jes.train(policies_for_tests.SwishPolicy(), "CartPole-v1", "adam", key=seed, num_members=8,
+                     num_generations=1, eval_episodes=2, log_dir=None, progress=False)
+
+
+def abs_policy():
+    import jes
+    import policies_for_tests
+    return jes.trained.TrainedPolicy(policies_for_tests.AbsPolicy(), np.zeros(30, np.float32), (4,),
+                                     jes.trained.ActionMap(discrete=True, num_outputs=2), env_name="CartPole-v1")
+
+
+if __name__ == "__main__":
+    import jes
+    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        futures = [pool.submit(train, 3), pool.submit(abs_policy), pool.submit(train, 4)]
+        results = [f.result(timeout=float(sys.argv[1])) for f in futures]
+    assert "policies_for_tests" in sys.modules  # imported by unpickling, as pickle imports a class's module
+    assert [type(r.policy).__name__ for r in results] == ["SwishPolicy", "AbsPolicy", "SwishPolicy"]
+    assert results[0].trainer is None and results[0].summary().startswith("CartPole-v1")
+    assert np.isfinite(results[2].evaluate(2)).all()
+    print("every result came back")
+'''
+
+
+@pytest.mark.hard_timeout(660)
+def test_results_of_a_users_own_policy_module_come_back_from_a_spawn_pool(tmp_path):
+    """A spawn ProcessPoolExecutor returns results whose policy class (and its activation) is of the user's own
+    module, one the parent never imported, and a policy whose file names a builtin: none breaks the pool."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "pool.py"
+    script.write_text(OWN_MODULE_POOL_SCRIPT)
+    tests = os.path.dirname(os.path.abspath(__file__))
+    paths = (os.path.dirname(tests), tests, os.environ.get("PYTHONPATH"))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in paths if p))
+    try:
+        done = subprocess.run([sys.executable, str(script), "300"], env=env, capture_output=True, text=True,
+                              timeout=600)
+    except subprocess.TimeoutExpired as e:
+        pytest.fail(f"the pool script ran past 600 s: {e.stdout}\n{e.stderr}")
+    assert done.returncode == 0 and "every result came back" in done.stdout, done.stdout + done.stderr
+
+
+def test_copying_a_policy_keeps_its_env_and_says_nothing_of_its_parameters(result):
+    """copy.copy shares the env it was given; a copy (shallow, deep, pickled) of a diverged policy does not warn as
+    loading its file would: the policy copied said nothing."""
+    import copy
+    import pickle
+
+    trained = result.trained_policy()
+    spec = jes.envs.make_env(trained.env_name, max_steps=trained.max_steps)
+    given = jes.trained.TrainedPolicy(trained.policy, trained.flat_params, trained.obs_shape, trained.action_map,
+                                      trained.obs_stats, trained.env_name, trained.max_steps, env=spec)
+    shallow = copy.copy(given)
+    assert shallow._spec is spec and shallow.policy is given.policy and shallow.flat_params is given.flat_params
+    np.testing.assert_array_equal(shallow.evaluate(4, 3), given.evaluate(4, 3))
+    diverged = jes.trained.TrainedPolicy(trained.policy, np.full_like(trained.flat_params, np.nan),
+                                         trained.obs_shape, trained.action_map, trained.obs_stats, trained.env_name,
+                                         trained.max_steps)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for back in (copy.copy(diverged), copy.deepcopy(diverged), pickle.loads(pickle.dumps(diverged))):
+            assert np.isnan(back.flat_params).all()
+
+
 def test_load_policy_refuses_other_files(tmp_path):
     bad = tmp_path / "not.jes"
     bad.write_bytes(b"JESCKPT1" + b"\0" * 60)

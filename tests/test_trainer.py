@@ -764,3 +764,214 @@ def test_stop_training_without_a_message_and_from_jes_run(tmp_path):
     assert list(result.history["generation"]) == [1] and result.stopped == "StopTraining"
     assert jes.checkpoint.read(str(tmp_path / "c.ckpt")).generation == 1
     assert "StopTraining" in jes.__all__ and issubclass(jes.StopTraining, Exception)
+
+
+# ------------------------------------------------------------------ pickling results; jes.run's key
+def _same_result(a, b) -> None:
+    """Every data field of two results is the same, bit for bit."""
+    for name in ("flat_params", "key"):
+        assert np.asarray(getattr(a, name)).tobytes() == np.asarray(getattr(b, name)).tobytes(), name
+    assert a.history.keys() == b.history.keys()
+    for name in a.history:
+        assert np.asarray(a.history[name]).tobytes() == np.asarray(b.history[name]).tobytes(), name
+    for x, y in zip(jax.tree.leaves(jax.tree.map(np.asarray, a.params)), jax.tree.leaves(b.params)):
+        assert np.asarray(x).tobytes() == np.asarray(y).tobytes()
+    state_a = a.state.replace(es_key=jax.random.key_data(a.state.es_key))
+    state_b = b.state.replace(es_key=jax.random.key_data(b.state.es_key))
+    assert jax.tree.structure(state_a) == jax.tree.structure(state_b)
+    for x, y in zip(jax.tree.leaves(state_a), jax.tree.leaves(state_b)):
+        assert np.asarray(x).dtype == np.asarray(y).dtype and np.asarray(x).tobytes() == np.asarray(y).tobytes()
+    for name in ("env_name", "optimizer", "strategy", "solved_generation", "compile_time", "wall_time", "log_dir",
+                 "checkpoint_path"):
+        assert getattr(a, name) == getattr(b, name), name
+    assert (a.best is None) == (b.best is None)
+    if a.best is not None:
+        assert (a.best.fitness, a.best.generation, a.best.member) == (b.best.fitness, b.best.generation, b.best.member)
+        assert a.best.flat_params.tobytes() == b.best.flat_params.tobytes()
+        assert a.best.policy.obs_stats is not None
+        for x, y in zip(a.best.policy.obs_stats, b.best.policy.obs_stats):
+            assert np.asarray(x).tobytes() == np.asarray(y).tobytes()
+    assert type(a.policy) is type(b.policy) and a.policy == b.policy
+    assert a.summary() == b.summary()
+
+
+def test_a_result_and_the_errors_that_hold_one_pickle_and_deepcopy(tmp_path):
+    """A TrainResult pickles without its trainer (compiled functions, devices): every data field comes back bit for
+    bit, the trained policy acts and evaluates as before, what needs the trainer says what to do; deepcopy shares the
+    trainer. A NonFiniteUpdateError, which holds the run so far, pickles and deep-copies too."""
+    import pickle
+
+    path = str(tmp_path / "run.ckpt")
+    r = jes.train(jes.GRUPolicy(hidden=3, layers=1), "CartPole-v1", "adam", key=7, log_dir=None, progress=False,
+                  checkpoint_path=path, **SMALL)
+    back = pickle.loads(pickle.dumps(r))
+    assert back.trainer is None and r.trainer is not None
+    _same_result(r, back)
+    assert back.config == r.config and back.checkpoint_path == path
+    np.testing.assert_array_equal(back.evaluate(4), r.evaluate(4))
+    assert back.trained_policy().flat_params.tobytes() == r.trained_policy().flat_params.tobytes()
+    carry, obs = back.initial_carry(), np.ones(4, np.float32)
+    assert int(back.act(carry, obs)[1]) == int(r.act(carry, obs)[1])
+    assert pickle.loads(pickle.dumps(back)).summary() == r.summary()  # a pickled result pickles again
+    with pytest.raises(ValueError, match=r"render\(\) needs the run's trainer.*jes.Trainer.*resume.*run.ckpt"):
+        back.render(str(tmp_path / "episode.gif"))
+    deep = copy.deepcopy(r)
+    assert deep.trainer is r.trainer and deep.history is not r.history and deep.state is not r.state
+    _same_result(r, deep)
+    assert pickle.loads(pickle.dumps(r.best)).flat_params.tobytes() == r.best.flat_params.tobytes()
+
+    with pytest.raises(jes.NonFiniteUpdateError) as caught:  # sigma scheduled to 0: a closure in the config
+        jes.train(jes.GRUPolicy(hidden=3, layers=1), "CartPole-v1", "adam", key=0, log_dir=None, progress=False,
+                  **dict(SMALL, num_generations=4, noise_std=optax.linear_schedule(0.1, 0.0, 2)))
+    for err in (pickle.loads(pickle.dumps(caught.value)), copy.deepcopy(caught.value)):
+        assert type(err) is jes.NonFiniteUpdateError and str(err) == str(caught.value)
+        assert err.generation == caught.value.generation
+        _same_result(caught.value.result, err.result)
+    schedule = pickle.loads(pickle.dumps(caught.value)).result.config.noise_std
+    assert isinstance(schedule, jes.loop.NotPickled)
+    with pytest.raises(TypeError, match="config.noise_std .*schedule.* was not pickled"):
+        schedule(0)
+
+
+WORKER_SCRIPT = '''
+import multiprocessing
+import sys
+from concurrent.futures import ProcessPoolExecutor
+
+import numpy as np
+
+
+def job(seed):
+    import jes
+    return jes.train(jes.MLPPolicy(hidden_sizes=(4,)), "CartPole-v1", "adam", key=seed, num_members=16,
+                     num_generations=2, eval_episodes=4, log_dir=None, progress=False)
+
+
+if __name__ == "__main__":
+    import jes
+    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        result = pool.submit(job, 3).result(timeout=float(sys.argv[1]))
+    assert isinstance(result, jes.TrainResult) and result.trainer is None, result
+    here = job(3)
+    assert result.flat_params.tobytes() == here.flat_params.tobytes()  # the worker's bits, unpickled
+    assert result.best.flat_params.tobytes() == here.best.flat_params.tobytes()
+    assert all(np.asarray(result.history[k]).tobytes() == np.asarray(here.history[k]).tobytes()
+               for k in here.history if k not in ("wall_time", "generation_time"))
+    np.testing.assert_array_equal(result.evaluate(4), here.evaluate(4))
+    print("the result came back")
+'''
+
+
+@pytest.mark.hard_timeout(660)
+def test_a_spawned_worker_process_returns_its_result(tmp_path):
+    """One seed per process (ProcessPoolExecutor, joblib): jes.train's result comes back through a spawn pool."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "workers.py"
+    script.write_text(WORKER_SCRIPT)
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p))
+    try:
+        done = subprocess.run([sys.executable, str(script), "300"], env=env, capture_output=True, text=True,
+                              timeout=600)
+    except subprocess.TimeoutExpired as e:
+        pytest.fail(f"the worker script ran past 600 s: {e.stdout}\n{e.stderr}")
+    assert done.returncode == 0 and "the result came back" in done.stdout, done.stdout + done.stderr
+
+
+def test_run_records_the_states_own_key_and_refuses_another(small_trainer, tmp_path):
+    """jes.run without key= records the key the state was initialised from (jes.train(key=result.key) reproduces
+    the run); a key= the state was not initialised from is refused, naming both; a state whose key this trainer
+    cannot know needs it given."""
+    import warnings
+
+    a = jes.run(small_trainer, small_trainer.init_state(7), num_generations=2)
+    np.testing.assert_array_equal(a.key, jax.random.key_data(jax.random.key(7)))
+    again = jes.train(jes.GRUPolicy(hidden=3, layers=1), "CartPole-v1", "adam", key=a.key, log_dir=None,
+                      progress=False, **dict(SMALL, num_generations=2))
+    assert again.flat_params.tobytes() == a.flat_params.tobytes()
+    with pytest.raises(ValueError, match=r"key=8 is not the run key of this state \(it was initialised from 7\)"):
+        jes.run(small_trainer, small_trainer.init_state(7), key=8, num_generations=1)
+    other = jes.Trainer(jes.GRUPolicy(hidden=3, layers=1), "CartPole-v1", "adam", jes.ESConfig(**SMALL))
+    with pytest.raises(ValueError, match="cannot tell this state's run key.*pass key="):
+        jes.run(other, a.state, history=a.history, best=a.best)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # continued with its history: nothing to warn of
+        b = jes.run(other, a.state, key=a.key, history=a.history, best=a.best)
+    np.testing.assert_array_equal(b.key, a.key)
+    # restored from a checkpoint: the checkpoint's key
+    path = str(tmp_path / "run.ckpt")
+    jes.run(small_trainer, small_trainer.init_state(5), num_generations=1, checkpoint_path=path)
+    ckpt = jes.checkpoint.read(path)
+    c = jes.run(other, ckpt.restore_state(other), history=ckpt.history, best=ckpt.best)
+    np.testing.assert_array_equal(c.key, jax.random.key_data(jax.random.key(5)))
+
+
+def test_run_on_a_state_past_generation_0_without_its_history_warns(small_trainer):
+    a = jes.run(small_trainer, small_trainer.init_state(7), num_generations=2)
+    with pytest.warns(UserWarning, match=r"generation 2 and no history= was given.*history=result.history, "
+                                         r"best=result.best"):
+        b = jes.run(small_trainer, a.state)
+    assert list(b.history["generation"]) == [3]
+
+
+def test_a_refused_or_traced_init_state_leaves_the_trainers_keys_alone(small_trainer):
+    """A key init_state refuses is not remembered, and nothing is inside jit or vmap (no tracer kept): jes.run of
+    the trainer's own states goes on working, with or without key=."""
+    state = small_trainer.init_state(1)
+    with pytest.raises(ValueError, match="outside -2\\*\\*31"):
+        small_trainer.init_state(2**40)
+    batched = jax.vmap(small_trainer.init_state)(jax.random.split(jax.random.key(0), 3))
+    assert batched.es_key.shape == (3,)
+    jax.jit(lambda: small_trainer.init_state(9).params)()
+    for kwargs in ({"key": 1}, {}):
+        result = jes.run(small_trainer, state, num_generations=1, **kwargs)
+        np.testing.assert_array_equal(result.key, jax.random.key_data(jax.random.key(1)))
+    assert not any(isinstance(k, jax.core.Tracer) for k in small_trainer._run_keys.values())
+
+
+def test_every_state_the_trainer_made_restored_or_returned_is_known(small_trainer, tmp_path, monkeypatch):
+    """jes.run without key= finds the run key of any of the trainer's latest states (1024; insertion-ordered): ten
+    init_states then the first of them; a result's state (even one run with an explicit key on a state the trainer
+    did not make); threads making states together. A key the trainer knows for the state is taken as it is."""
+    import threading
+
+    states = [small_trainer.init_state(seed) for seed in range(10)]
+    first = jes.run(small_trainer, states[0], num_generations=1)
+    np.testing.assert_array_equal(first.key, jax.random.key_data(jax.random.key(0)))
+    other = jes.Trainer(jes.GRUPolicy(hidden=3, layers=1), "CartPole-v1", "adam", jes.ESConfig(**SMALL))
+    given = jes.run(other, first.state, key=first.key, history=first.history, best=first.best, num_generations=2)
+    on = jes.run(other, given.state, history=given.history, best=given.best)  # the state it returned: known
+    np.testing.assert_array_equal(on.key, first.key)
+
+    # nothing derived for a key the trainer knows for the state (nor for key=None); another form is checked
+    def derived(key):
+        raise AssertionError("derived a known key")
+
+    with monkeypatch.context() as m:
+        m.setattr(jes.loop, "_es_key_data", derived)
+        assert jes.run(small_trainer, states[3], key=3, num_generations=1).key.tolist() == [0, 3]
+        assert jes.run(small_trainer, states[4], num_generations=1).key.tolist() == [0, 4]
+        with pytest.raises(AssertionError, match="derived"):
+            jes.run(small_trainer, states[5], key=jax.random.key(5), num_generations=1)
+    assert jes.run(small_trainer, states[5], key=jax.random.key(5), num_generations=1).key.tolist() == [0, 5]
+
+    made = {}
+
+    def make(seeds):
+        for seed in seeds:
+            made[seed] = small_trainer.init_state(seed)
+
+    threads = [threading.Thread(target=make, args=(range(100 + 40 * i, 140 + 40 * i),)) for i in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert all(small_trainer.known_run_key(state) == seed for seed, state in made.items())
+
+    monkeypatch.setattr(jes.generation, "RUN_KEYS_KEPT", 3)  # the oldest state's key goes first
+    kept = [small_trainer.init_state(seed) for seed in (20, 21, 22, 20, 23)]
+    assert [small_trainer.known_run_key(s) for s in kept] == [20, None, 22, 20, 23]
+    with pytest.raises(ValueError, match="cannot tell this state's run key.*pass key="):
+        jes.run(small_trainer, kept[1])

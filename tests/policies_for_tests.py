@@ -1,0 +1,28 @@
+"""Policy classes of a module of the user's own (importable by name, not jes's registry), for the pickling tests."""
+from typing import Callable
+
+import flax.linen as nn
+
+
+def swish(x):
+    return x * nn.sigmoid(x)
+
+
+class SwishPolicy(nn.Module):
+    """A policy whose activation is a function of this module: a pickled one names both."""
+    num_outputs: int = 2
+    act: Callable = swish
+
+    @nn.compact
+    def __call__(self, obs):
+        return nn.Dense(self.num_outputs)(self.act(nn.Dense(4)(obs)))
+
+
+class AbsPolicy(nn.Module):
+    """A policy whose activation is a builtin, which a policy file names but no loader builds (builtins is denied)."""
+    num_outputs: int = 2
+    act: Callable = abs
+
+    @nn.compact
+    def __call__(self, obs):
+        return nn.Dense(self.num_outputs)(self.act(nn.Dense(4)(obs)))
