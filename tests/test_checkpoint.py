@@ -469,7 +469,9 @@ def test_a_checkpoint_gets_the_permissions_a_plain_open_gives(trainer, saved, tm
     previous = os.umask(0o022)
     try:
         path = str(tmp_path / "run.ckpt")
-        run(trainer, checkpoint.read(saved).restore_state(trainer), key=5, num_generations=3, checkpoint_path=path)
+        ckpt = checkpoint.read(saved)
+        run(trainer, ckpt.restore_state(trainer), key=5, num_generations=3, checkpoint_path=path, history=ckpt.history,
+            best=ckpt.best)
         assert oct(os.stat(path).st_mode & 0o777) == oct(0o644)
         os.chmod(path, 0o600)
         os.umask(0o002)
