@@ -174,9 +174,12 @@ class TensorBoardLogger(Logger):
     def __call__(self, record: Mapping[str, Any]) -> None:
         # The record before this one is the run's for good (its generation's state is the run's now); this one is
         # held until the next, a flush or close: an interrupt among its generation's callbacks leaves it out of
-        # the checkpoint, and the flush before that checkpoint's save drops it.
+        # the checkpoint, and the flush before that checkpoint's save drops it. The file itself is made with the
+        # first record (its scalars wait): `jes plot` of a run in its first generation finds a run that has logged
+        # no generation yet, not a folder without event files; a run stopped before its first record leaves none.
         self._write_pending()
         self._pending = dict(record)
+        self.create_file()
 
     def _write_pending(self) -> None:
         record = self._pending

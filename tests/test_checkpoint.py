@@ -680,9 +680,6 @@ def test_an_error_while_the_step_compiles_is_not_reported_as_an_interrupt(tmp_pa
 
     from jes.compiled import CompiledPrograms
 
-    first = jes.train(jes.MLPPolicy((8,)), "CartPole-v1", "adam", num_members=8, num_generations=1, eval_episodes=2,
-                      log_dir=str(tmp_path / "run"), progress=False)
-    capsys.readouterr()
     compile_step, finish, waiting = CompiledPrograms._compile_step, CompiledPrograms.finish_compiling, threading.Event()
 
     def slow_compile(self, *args, **kwargs):  # the background compile: still running when the error comes
@@ -699,9 +696,14 @@ def test_an_error_while_the_step_compiles_is_not_reported_as_an_interrupt(tmp_pa
     monkeypatch.setattr(CompiledPrograms, "finish_compiling", finish_compiling)
     trainers, start = [], jes.Trainer.start_compiling_step
     monkeypatch.setattr(jes.Trainer, "start_compiling_step", lambda self: (start(self), trainers.append(self)))
-    with pytest.raises(FileExistsError, match="already holds a checkpoint of another run"):  # after the compile began
+
+    def full_disk(self, *args, **kwargs):  # the loggers are made after the compile began (another run's checkpoint
+        raise OSError(28, "No space left on device")  # is refused before it: test_logging.py)
+
+    monkeypatch.setattr(jes.logging.TensorBoardLogger, "__init__", full_disk)
+    with pytest.raises(OSError, match="No space left on device"):  # after the compile began
         jes.train(jes.MLPPolicy((8,)), "CartPole-v1", "adam", key=1, num_members=8, num_generations=1,
-                  eval_episodes=2, log_dir=first.log_dir, progress=False)
+                  eval_episodes=2, log_dir=str(tmp_path / "run"), progress=False)
     err = capsys.readouterr().err
     assert "jes: waiting for the generation step's compile, started in the background, to finish before reporting " \
            "the error" in err and "stopping" not in err, err

@@ -70,7 +70,8 @@ def test_every_page_has_been_found():
     blocks = [b for p in PAGES for b in python_blocks(os.path.join(DOCS, p))]
     assert len(blocks) >= 20
     skipped = [b for b in blocks if b[2]]
-    assert len(skipped) <= 4, f"skip markers are for what cannot run in a test, not {len(skipped)} blocks"
+    # (two of them: spawn pools, whose functions must live in an importable module, not an exec-ed snippet)
+    assert len(skipped) <= 5, f"skip markers are for what cannot run in a test, not {len(skipped)} blocks"
 
 
 def test_the_api_page_has_an_entry_for_every_public_name():
