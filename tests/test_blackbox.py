@@ -1,7 +1,6 @@
 """jes.optimize's stop criteria and restarts (IPOP / BIPOP), and float64 fitness (jes/blackbox.py).
 (The strategies through optimize / AskTell: tests/test_strategies.py, tests/test_cma_es.py.)"""
 import math
-import os
 import re
 import warnings
 
@@ -734,18 +733,11 @@ def test_results_and_errors_pickle_and_deepcopy():
 @pytest.mark.hard_timeout(660)
 def test_a_multiprocessing_worker_returns_a_result_and_raises_a_non_finite_value_error(tmp_path):
     """One problem per process, as COCO sweeps run: the result and the error come back through a spawn Pool."""
-    import subprocess
-    import sys
+    from subprocess_for_tests import run_script
 
     script = tmp_path / "workers.py"
     script.write_text(WORKER_SCRIPT)
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p))
-    try:
-        done = subprocess.run([sys.executable, str(script), "240"], env=env, capture_output=True, text=True,
-                              timeout=600)
-    except subprocess.TimeoutExpired as e:
-        pytest.fail(f"the multiprocessing script ran past 600 s: {e.stdout}\n{e.stderr}")
+    done = run_script(script, "240")
     assert done.returncode == 0 and "results and errors came back" in done.stdout, done.stdout + done.stderr
 
 

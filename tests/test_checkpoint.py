@@ -836,11 +836,11 @@ def test_a_checkpoint_another_run_is_writing_is_refused_naming_that_run(tmp_path
     path = str(tmp_path / "run.ckpt")
     common = dict(log_dir=None, progress=False, **SMALL_RUN)
     jes.train(jes.MLPPolicy((4,)), "CartPole-v1", "adam", key=0, checkpoint_path=path, **dict(common, num_generations=1))
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    from subprocess_for_tests import checkout_env
+
     other = subprocess.Popen([sys.executable, "-c", RUN_THAT_WAITS, path], stdin=subprocess.PIPE,
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=str(tmp_path),
-                             env=dict(os.environ, PYTHONPATH=os.pathsep.join(
-                                 p for p in (root, os.environ.get("PYTHONPATH")) if p)))
+                             env=checkout_env())
     try:
         line = other.stdout.readline()  # the other run is in its generation 2, holding the checkpoint
         assert line == "writing\n", other.communicate()[1][-3000:]

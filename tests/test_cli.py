@@ -15,6 +15,7 @@ import pytest
 
 import jes
 from jes import checkpoint, cli
+from subprocess_for_tests import checkout_env
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SMALL_FLAGS = ["--population", "16", "--chunk-size", "8", "--hidden", "3", "--layers", "1", "--eval-episodes", "4"]
@@ -22,9 +23,8 @@ SMALL_FLAGS = ["--population", "16", "--chunk-size", "8", "--hidden", "3", "--la
 
 def jes_cmd(*args, cwd=ROOT):
     # this checkout's jes, from any working directory
-    path = os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p)
     return subprocess.run([sys.executable, "-m", "jes.cli", *args], capture_output=True, text=True, cwd=cwd,
-                          timeout=300, env=dict(os.environ, PYTHONPATH=path))
+                          timeout=300, env=checkout_env())
 
 
 def test_train_help():

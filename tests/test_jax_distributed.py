@@ -19,6 +19,7 @@ from jes.distributed import jax_runtime
 from jes.distributed.launch import NOT_ELASTIC, process_env
 
 from jax_distributed_run import small_run
+from subprocess_for_tests import checkout_env
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SCRIPT = os.path.join(HERE, "jax_distributed_run.py")
@@ -34,8 +35,7 @@ def launch(out_dir, processes, devices_per_process, generations, *extra, env=Non
     cmd = [sys.executable, "-m", "jes.cli", "launch", "--processes", str(processes),
            "--devices-per-process", str(devices_per_process), "--", sys.executable, SCRIPT, str(out_dir),
            str(generations), *extra]
-    child_env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")])),
-                     **(env or {}))
+    child_env = checkout_env(**(env or {}))
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=child_env,
                             start_new_session=True)
     try:
@@ -250,7 +250,7 @@ def test_launch_environment_and_argument_errors():
 
 def run_launch(*args, timeout=LAUNCH_TIMEOUT):
     """``jes launch ARGS`` in a session of its own; (status, output). Fails the test (killing it all) past ``timeout``."""
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")])))
+    env = checkout_env()
     proc = subprocess.Popen([sys.executable, "-m", "jes.cli", "launch", *args], stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, env=env, start_new_session=True)
     try:

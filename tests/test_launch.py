@@ -13,8 +13,8 @@ import sys
 import time
 
 import pytest
+from subprocess_for_tests import checkout_env
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 START_TIMEOUT = 120  # seconds for both processes' trees to start (Python leaves on a loaded 2-core machine)
 EXIT_TIMEOUT = 120  # seconds for the launcher to exit, or for a tree to vanish, once it should
 
@@ -57,8 +57,7 @@ class Run:
         self.pids_dir = tmp_path / "pids"
         self.pids_dir.mkdir()
         self.log = open(tmp_path / "launch.log", "w+")
-        env = dict(os.environ, PIDS_DIR=str(self.pids_dir), PYTHON=sys.executable,
-                   PYTHONPATH=os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")])))
+        env = checkout_env(PIDS_DIR=str(self.pids_dir), PYTHON=sys.executable)
         self.launcher = subprocess.Popen([sys.executable, "-m", "jes.cli", "launch", "--processes", "2",
                                           "--no-pin-cores", "--", "bash", "-c", TREE], env=env,
                                          stdout=self.log, stderr=subprocess.STDOUT)
@@ -151,8 +150,7 @@ def test_sigkill_of_the_launcher_leaves_nothing_running(run):
 
 def launch(tmp_path, script, *flags):
     """``jes launch --processes 2 FLAGS -- bash -c SCRIPT``: (status, output)."""
-    env = dict(os.environ, PIDS_DIR=str(tmp_path),
-               PYTHONPATH=os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")])))
+    env = checkout_env(PIDS_DIR=str(tmp_path))
     try:
         done = subprocess.run([sys.executable, "-m", "jes.cli", "launch", "--processes", "2", *flags, "--",
                                "bash", "-c", script], env=env, capture_output=True, text=True, timeout=EXIT_TIMEOUT)
@@ -191,7 +189,7 @@ def test_what_a_command_leaves_running_is_stopped_when_it_exits(tmp_path):
 
 
 def test_a_command_that_cannot_start_is_an_error(tmp_path):
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")])))
+    env = checkout_env()
     done = subprocess.run([sys.executable, "-m", "jes.cli", "launch", "--processes", "2", "--",
                            str(tmp_path / "no-such-program")], env=env, capture_output=True, text=True,
                           timeout=EXIT_TIMEOUT)
@@ -225,8 +223,7 @@ def test_ctrl_c_or_sigterm_is_passed_on_and_a_second_one_waits_for_the_processes
     """A second Ctrl-C while the processes saved printed a traceback and left them to their watchdogs (process 0's
     checkpoint cut off); SIGTERM (timeout, docker stop) killed the launcher at once, silently, their output lost."""
     log = tmp_path / "launch.log"
-    env = dict(os.environ, PIDS_DIR=str(tmp_path),
-               PYTHONPATH=os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")])))
+    env = checkout_env(PIDS_DIR=str(tmp_path))
     with open(log, "w") as out:
         launcher = subprocess.Popen([sys.executable, "-m", "jes.cli", "launch", "--processes", "2", "--no-pin-cores",
                                      "--", "bash", "-c", SAVES_ON_CTRL_C], env=env, stdout=out,

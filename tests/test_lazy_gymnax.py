@@ -1,5 +1,4 @@
 """jes imports gymnax without running its plotting imports, and gymnax's plotting still works afterwards."""
-import os
 import subprocess
 import sys
 import textwrap
@@ -35,7 +34,8 @@ CHILD = textwrap.dedent("""
 
 
 def test_gymnax_plotting_is_lazy_and_still_works():
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]))
-    proc = subprocess.run([sys.executable, "-c", CHILD], capture_output=True, text=True, timeout=300, env=env)
+    from subprocess_for_tests import checkout_env
+
+    proc = subprocess.run([sys.executable, "-c", CHILD], capture_output=True, text=True, timeout=300,
+                          env=checkout_env())
     assert proc.returncode == 0 and "OK" in proc.stdout, proc.stdout + proc.stderr

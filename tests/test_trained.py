@@ -220,19 +220,11 @@ if __name__ == "__main__":
 def test_results_of_a_users_own_policy_module_come_back_from_a_spawn_pool(tmp_path):
     """A spawn ProcessPoolExecutor returns results whose policy class (and its activation) is of the user's own
     module, one the parent never imported, and a policy whose file names a builtin: none breaks the pool."""
-    import subprocess
-    import sys
+    from subprocess_for_tests import run_script
 
     script = tmp_path / "pool.py"
     script.write_text(OWN_MODULE_POOL_SCRIPT)
-    tests = os.path.dirname(os.path.abspath(__file__))
-    paths = (os.path.dirname(tests), tests, os.environ.get("PYTHONPATH"))
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in paths if p))
-    try:
-        done = subprocess.run([sys.executable, str(script), "300"], env=env, capture_output=True, text=True,
-                              timeout=600)
-    except subprocess.TimeoutExpired as e:
-        pytest.fail(f"the pool script ran past 600 s: {e.stdout}\n{e.stderr}")
+    done = run_script(script, "300", tests=True)
     assert done.returncode == 0 and "every result came back" in done.stdout, done.stdout + done.stderr
 
 

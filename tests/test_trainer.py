@@ -865,18 +865,11 @@ if __name__ == "__main__":
 @pytest.mark.hard_timeout(660)
 def test_a_spawned_worker_process_returns_its_result(tmp_path):
     """One seed per process (ProcessPoolExecutor, joblib): jes.train's result comes back through a spawn pool."""
-    import subprocess
-    import sys
+    from subprocess_for_tests import run_script
 
     script = tmp_path / "workers.py"
     script.write_text(WORKER_SCRIPT)
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p))
-    try:
-        done = subprocess.run([sys.executable, str(script), "300"], env=env, capture_output=True, text=True,
-                              timeout=600)
-    except subprocess.TimeoutExpired as e:
-        pytest.fail(f"the worker script ran past 600 s: {e.stdout}\n{e.stderr}")
+    done = run_script(script, "300")
     assert done.returncode == 0 and "the result came back" in done.stdout, done.stdout + done.stderr
 
 
