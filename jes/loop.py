@@ -1193,6 +1193,7 @@ def _run(trainer: Trainer, state: TrainState, *, key: Any = 0, callbacks: Iterab
     # waits in `pending` until then. An interrupt saves `state`; a resumed run evaluates the rest again.
     pending = None  # (record, state after it, best-member candidate) of a generation awaiting its centre
     stopped = None  # a callback's StopTraining: the run ends after the generation it was given
+    returned_values = set()  # the callbacks already warned of a returned value (once each per run)
 
     def mark_if_ended(err: BaseException) -> None:
         """Mark an error (or interrupt) that came once the run had reached its end (during its final checkpoint's
@@ -1261,7 +1262,7 @@ def _run(trainer: Trainer, state: TrainState, *, key: Any = 0, callbacks: Iterab
         stop = error = None
         for callback in callbacks:
             try:
-                callback(record)
+                returned = callback(record)
             except StopTraining as err:  # after this generation, kept; the other callbacks still see it
                 stop = stop or err
             except Exception as err:
@@ -1269,6 +1270,10 @@ def _run(trainer: Trainer, state: TrainState, *, key: Any = 0, callbacks: Iterab
                     raise
                 error = err  # raised once the other processes have heard of it (below)
                 break
+            else:
+                if returned is not None and id(callback) not in returned_values:
+                    returned_values.add(id(callback))
+                    _warn_returned_value(callback, returned)
         if jax.process_count() > 1:  # every process runs the callbacks: they stop together, if any says so
             stop = _stop_in_any_process(stop, error, record["generation"])
         state, best = after, candidate
@@ -1401,6 +1406,17 @@ def _nothing_left(generation: int, history: dict, config: ESConfig) -> bool:
     or it reached its ``stop_at_return`` (:func:`_run` then returns at once, without stepping)."""
     return generation >= config.num_generations or (
         config.stop_at_return is not None and _first_solved(history, config.stop_at_return) is not None)
+
+
+def _warn_returned_value(callback: Callable, returned: Any) -> None:
+    """A callback that returned a value (``False`` to stop, as Stable-Baselines3's ``_on_step``; ``True`` as
+    Keras-style "done") expected it to be read: jes reads none, so the run would go on. Warned once per callback."""
+    name = getattr(callback, "__qualname__", None) or type(callback).__qualname__
+    shown = repr(returned)
+    shown = shown if len(shown) <= 40 else shown[:37] + "..."
+    warnings.warn(f"callback {name} returned {shown}: jes ignores what callbacks return, so the run goes on; "
+                  f"raise jes.StopTraining('why') from it to end the run after this generation, or return None",
+                  UserWarning, stacklevel=2)
 
 
 class CallbackFailedInAnotherProcess(RuntimeError):

@@ -766,6 +766,35 @@ def test_stop_training_without_a_message_and_from_jes_run(tmp_path):
     assert "StopTraining" in jes.__all__ and issubclass(jes.StopTraining, Exception)
 
 
+
+def test_a_callback_that_returns_a_value_is_warned_once_that_it_is_not_read():
+    """A callback returning False to stop (Stable-Baselines3's _on_step) saw the run go on silently: warned once per
+    callback that the value is not read and StopTraining ends a run; a callback returning None is not warned of."""
+    trainer = jes.Trainer(jes.MLPPolicy((4,)), "CartPole-v1", "adam", jes.ESConfig(**SMALL))
+
+    import warnings
+
+    def sb3_style(record):
+        return False
+
+    class Done:
+        def __call__(self, record):
+            return {"done": True, "long": "x" * 100}
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        result = run(trainer, trainer.init_state(0), callbacks=[sb3_style, Done(), lambda record: None],
+                     num_generations=3)
+    assert list(result.history["generation"]) == [1, 2, 3] and result.stopped is None  # the run went on
+    said = [str(w.message) for w in caught if "callbacks return" in str(w.message)]
+    assert said == [
+        "callback test_a_callback_that_returns_a_value_is_warned_once_that_it_is_not_read.<locals>.sb3_style returned "
+        "False: jes ignores what callbacks return, so the run goes on; raise jes.StopTraining('why') from it to end "
+        "the run after this generation, or return None",
+        "callback test_a_callback_that_returns_a_value_is_warned_once_that_it_is_not_read.<locals>.Done returned "
+        "{'done': True, 'long': 'xxxxxxxxxxxxx...: jes ignores what callbacks return, so the run goes on; raise "
+        "jes.StopTraining('why') from it to end the run after this generation, or return None"]
+
 # ------------------------------------------------------------------ pickling results; jes.run's key
 def _same_result(a, b) -> None:
     """Every data field of two results is the same, bit for bit."""
