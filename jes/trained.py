@@ -323,7 +323,9 @@ class TrainedPolicy:
         Args:
             num_episodes: episodes to run.
             key: int seed or ``jax.random`` key.
-            env: an env (id, gymnax object or :class:`EnvSpec`) instead of the recorded one.
+            env: an env (id, gymnax object or :class:`EnvSpec`) instead of the recorded one. For a policy of a
+                brax env instance, an instance of other physics or the registered env of its class (brax's
+                default physics) is warned of, as :func:`load_policy` warns of it.
         """
         num_episodes = positive_count(num_episodes, "num_episodes")
         spec = self._env_for(env)
@@ -368,6 +370,12 @@ class TrainedPolicy:
         spec = self.env_spec() if env is None else (
             env if isinstance(env, EnvSpec) else make_env(env, max_steps=self.max_steps))
         self._check_env(spec)
+        if env is not None:  # a brax instance's policy on other physics: said, as load_policy(path, env=) says it
+            notice = (brax_envs.instance_warning(self.env_name, spec.name, "this policy", resuming=False)
+                      or brax_envs.registered_instead_warning(self.env_name, spec.name, "this policy",
+                                                              how="env=instance"))
+            if notice is not None:
+                warnings.warn(notice, stacklevel=3)
         return spec
 
     def save(self, path: str) -> str:

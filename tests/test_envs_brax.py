@@ -349,6 +349,16 @@ def test_a_resume_or_policy_load_on_an_instance_of_another_sys_warns(tmp_path):
     with pytest.warns(UserWarning, match=r"ran the brax env instance .* but the env given is the registered "
                                          rf"{re.escape(repr(registered))}, with brax's default physics"):
         jes.load_policy(policy_path, env=registered)
+    # The same said by evaluate(env=) / render(env=) of a policy loaded without one (the env they step, unstepped)
+    with pytest.warns(UserWarning, match=r"this policy ran the brax env instance .* but the env given is the "
+                                         rf"registered {re.escape(repr(registered))}.*\(env=instance\)"):
+        jes.load_policy(policy_path)._env_for(registered)
+    with pytest.warns(UserWarning, match="this policy ran the brax env instance .* has other physics"):
+        jes.load_policy(policy_path)._env_for(_changed_timestep(5))
+    same, loaded = _changed_timestep(2), jes.load_policy(policy_path)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        loaded._env_for(same)     # the physics it ran: nothing to say
 
     # Files written before an instance's name held its physics, or by another scheme: said, cannot check
     plain = trainer.spec.name.partition(" physics:")[0]

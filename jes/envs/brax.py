@@ -494,7 +494,8 @@ def instance_warning(recorded: str, given: str, file: str, resuming: bool) -> st
     return None
 
 
-def registered_instead_warning(recorded: str, given: str, file: str) -> str | None:
+def registered_instead_warning(recorded: str, given: str, file: str,
+                               how: str = "load_policy(path, env=instance)") -> str | None:
     """What to warn where ``file``, whose policy ran brax env instance ``recorded``, is evaluated on ``given``, the
     registered env of the instance's class and options (its default physics, not the instance's); ``None``
     otherwise (an env of another name is taken as the user's choice, as any env of fitting shapes is)."""
@@ -503,7 +504,7 @@ def registered_instead_warning(recorded: str, given: str, file: str) -> str | No
         return None
     return (f"{file} ran the brax env instance {recorded!r} (a {head!r} of its own physics or attributes), but the "
             f"env given is the registered {given!r}, with brax's default physics: its policy is evaluated on those. "
-            f"If that is not what you meant, pass the instance the file ran (load_policy(path, env=instance))")
+            f"If that is not what you meant, pass the instance the file ran ({how})")
 
 
 def _registry_name(env: Any) -> str | None:
