@@ -18,11 +18,6 @@ class SwishPolicy(nn.Module):
         return nn.Dense(self.num_outputs)(self.act(nn.Dense(4)(obs)))
 
 
-class AbsPolicy(nn.Module):
+class AbsPolicy(SwishPolicy):
     """A policy whose activation is a builtin, which a policy file names but no loader builds (builtins is denied)."""
-    num_outputs: int = 2
     act: Callable = abs
-
-    @nn.compact
-    def __call__(self, obs):
-        return nn.Dense(self.num_outputs)(self.act(nn.Dense(4)(obs)))
