@@ -35,6 +35,7 @@ from jes.generation import Trainer, TrainState, as_key, fetch, localize, run_lea
 from jes import strategies
 from jes.strategies.base import both_sigmas, given_noise_std, ignored_settings
 from jes.host_step import HostGeneration
+from jes.policies import evolved_variances
 from jes.trained import ActionMap, TrainedPolicy
 
 
@@ -1318,7 +1319,7 @@ def _run(trainer: Trainer, state: TrainState, *, key: Any = 0, callbacks: Iterab
                     raise NonFiniteFitnessError(
                         f"member {member} of generation {gen + 1} on env {trainer.spec.name!r} has non-finite fitness (NaN or inf); the update was "
                         f"not applied: an env reward or one of its policy outputs was NaN or inf (a too-large "
-                        f"noise_std or learning rate can overflow them; so can unnormalised huge observations). error.result holds the {gen} generation(s) completed.{unsaved}",
+                        f"noise_std or learning rate can overflow them; so can unnormalised huge observations).{_variance_hint(trainer)} error.result holds the {gen} generation(s) completed.{unsaved}",
                         generation=gen + 1, member=member, result=partial,
                     )
                 raise NonFiniteUpdateError(
@@ -1406,6 +1407,16 @@ def _nothing_left(generation: int, history: dict, config: ESConfig) -> bool:
     or it reached its ``stop_at_return`` (:func:`_run` then returns at once, without stepping)."""
     return generation >= config.num_generations or (
         config.stop_at_return is not None and _first_solved(history, config.stop_at_return) is not None)
+
+
+def _variance_hint(trainer: Trainer) -> str:
+    """A sentence on the policy's evolved BatchNorm variances, which go NaN below 0 (``""``: it has none)."""
+    paths = evolved_variances(jax.eval_shape(trainer.unravel, jax.ShapeDtypeStruct((trainer.num_params,), np.float32)))
+    if not paths:
+        return ""
+    return (f" The policy evolves BatchNorm running variances as parameters ({', '.join(paths[:3])}"
+            f"{', ...' if len(paths) > 3 else ''}): a member whose var + epsilon the noise takes below 0 computes "
+            f"NaN; use nn.LayerNorm instead (or normalize_observations=True for the inputs).")
 
 
 def _warn_returned_value(callback: Callable, returned: Any) -> None:

@@ -248,9 +248,18 @@ class PolicyFns:
 
     def initial_carry(self) -> Any:
         """Carry at episode start for one env (``()`` for feed-forward policies)."""
-        if self.recurrent:
+        if not self.recurrent:
+            return ()
+        try:
             return self.policy.initialize_carry(jax.random.key(0), self.obs_shape)
-        return ()
+        except AttributeError as unbound:
+            # A cell made in setup() (self.cell.initialize_carry) exists only in a bound module: bound without
+            # variables, as Flax's apply(method=) binds it (setup runs; nothing is initialised)
+            try:
+                return self.policy.apply({}, jax.random.key(0), self.obs_shape,
+                                         method=type(self.policy).initialize_carry)
+            except Exception:  # noqa: BLE001 - not that: the error of the call as given is the one to show
+                raise unbound from None
 
     def init(self, key: jax.Array) -> Any:
         """Initial Flax variables for one observation of ``obs_shape``."""
@@ -263,3 +272,11 @@ class PolicyFns:
         if self.recurrent:
             return self.policy.apply(params, carry, obs)
         return carry, self.policy.apply(params, obs)
+
+
+def evolved_variances(variables: Any) -> list[str]:
+    """The paths of ``variables``' BatchNorm running variances (``batch_stats/.../var``), which jes evolves as
+    parameters: a member whose ``var + epsilon`` the noise takes below 0 computes ``rsqrt`` of it, NaN."""
+    stats = variables.get("batch_stats", {}) if hasattr(variables, "get") else {}
+    return ["batch_stats" + jax.tree_util.keystr(path) for path, _ in jax.tree_util.tree_leaves_with_path(stats)
+            if getattr(path[-1], "key", None) == "var"]

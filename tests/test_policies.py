@@ -193,3 +193,54 @@ def test_a_policy_of_no_units_is_refused_when_made_with_its_field_named(make, er
 def test_an_mlp_without_hidden_layers_is_a_linear_policy_and_numpy_sizes_are_accepted():
     assert count(jes.MLPPolicy(hidden_sizes=(), num_outputs=2), 4) == 4 * 2 + 2
     assert count(jes.MLPPolicy(hidden_sizes=[np.int64(3)], num_outputs=2), 4) == 4 * 3 + 3 + 3 * 2 + 2
+
+
+class _RunningBatchNorm(nn.Module):
+    num_outputs: int = 2
+
+    @nn.compact
+    def __call__(self, obs):
+        return nn.Dense(self.num_outputs)(nn.relu(nn.BatchNorm(use_running_average=True)(nn.Dense(8)(obs))))
+
+
+def test_a_nan_of_an_evolved_batchnorm_variance_is_named_with_the_layer_to_use():
+    """A BatchNorm(use_running_average=True) policy's running var is evolved like a parameter: a member whose var the
+    noise takes below 0 computed NaN, and the error blamed noise_std, the learning rate or the observations only. It
+    now names the variances and LayerNorm; a policy without any says nothing of them."""
+    from jes.policies import evolved_variances
+
+    assert evolved_variances(_RunningBatchNorm().init(jax.random.key(0), jnp.ones(4))) == [
+        "batch_stats['BatchNorm_0']['var']"]
+    assert evolved_variances(jes.MLPPolicy((4,), num_outputs=2).init(jax.random.key(0), jnp.ones(4))) == []
+    small = dict(num_members=16, num_generations=3, eval_episodes=2, log_dir=None, progress=False, noise_std=2.0)
+    with pytest.raises(jes.NonFiniteFitnessError,
+                       match=r"The policy evolves BatchNorm running variances as parameters \(batch_stats\['BatchNorm_0'\]"
+                             r"\['var'\]\): a member whose var \+ epsilon the noise takes below 0 computes NaN; use "
+                             r"nn.LayerNorm instead"):
+        jes.train(_RunningBatchNorm(), "CartPole-v1", "adam", key=0, **small)
+
+
+class _SetupLSTM(nn.Module):
+    """A recurrent policy whose cell is made in setup(), and whose initialize_carry asks that cell."""
+    num_outputs: int = 2
+
+    def setup(self):
+        self.cell = nn.OptimizedLSTMCell(3)
+        self.head = nn.Dense(self.num_outputs)
+
+    def initialize_carry(self, rng, input_shape):
+        return self.cell.initialize_carry(rng, input_shape)
+
+    def __call__(self, carry, obs):
+        carry, h = self.cell(carry, obs)
+        return carry, self.head(h)
+
+
+def test_a_recurrent_policy_whose_cell_is_made_in_setup_trains():
+    """initialize_carry of a cell made in setup() failed ("LSTMPol object has no attribute cell": jes called it on the
+    unbound module, which has no submodules): it is called bound without variables when that fails, and trains."""
+    result = jes.train(_SetupLSTM(), "CartPole-v1", "adam", key=0, num_members=8, num_generations=2, eval_episodes=2,
+                       log_dir=None, progress=False)
+    assert np.isfinite(result.history["pop_mean"]).all() and result.flat_params.size == 4 * 12 + 3 * 12 + 12 + 3 * 2 + 2
+    carry = result.trained_policy().initial_carry()
+    assert [np.shape(c) for c in carry] == [(3,), (3,)]
