@@ -267,6 +267,12 @@ def _state_dict(state: TrainState) -> dict:
 
 
 def _best_dict(best: Any) -> dict:
+    if isinstance(best, dict):  # a checkpoint's own (Checkpoint.best, as jes.checkpoint.read gives it)
+        stats = best.get("obs_stats")
+        return {"fitness": np.asarray(best["fitness"], np.float64), "generation": np.asarray(best["generation"], np.int64),
+                "member": np.asarray(best["member"], np.int64),
+                "flat_params": np.asarray(best["flat_params"], np.float32),
+                **({"obs_stats": {str(i): np.asarray(stats[str(i)]) for i in range(3)}} if stats else {})}
     stats = best.policy.obs_stats if best.policy is not None else None
     return {"fitness": np.asarray(best.fitness, np.float64), "generation": np.asarray(best.generation, np.int64),
             "member": np.asarray(best.member, np.int64),
@@ -290,13 +296,29 @@ def save(path: str, trainer: Trainer, state: TrainState, history: dict | None = 
         state: the :class:`TrainState` after ``state.generation`` generations.
         history: per-generation lists or arrays (rows past ``state.generation`` are dropped).
         key: the run key (int seed, typed key or ``uint32`` key data).
-        best: the run's best member so far (:class:`jes.loop.BestMember`), kept across a resume.
+        best: the run's best member so far (:class:`jes.loop.BestMember`, or a checkpoint's own
+            :attr:`Checkpoint.best`), kept across a resume.
 
     Returns:
         ``path``. If anything fails, the previous file at ``path`` is left untouched.
     """
     with interrupts_deferred():  # a Ctrl-C mid-save would drop it (seconds, when the best member compiles)
         return _save(path, trainer, state, history, key, best)
+
+
+def _best_generation(best: Any) -> int:
+    """The generation of ``best``: a :class:`jes.loop.BestMember` or a checkpoint's best dict (checked here, before
+    anything is written)."""
+    if isinstance(best, dict):
+        missing = sorted({"fitness", "generation", "member", "flat_params"} - best.keys())
+        if missing:
+            raise TypeError(f"best must be a run's best member (result.best) or a checkpoint's (jes.checkpoint.read("
+                            f"path).best), got a dict without {', '.join(missing)}")
+        return int(best["generation"])
+    if not all(hasattr(best, a) for a in ("fitness", "generation", "member", "flat_params", "policy")):
+        raise TypeError(f"best must be a run's best member (result.best) or a checkpoint's (jes.checkpoint.read("
+                        f"path).best), got {type(best).__name__}")
+    return int(best.generation)
 
 
 def _save(path: str, trainer: Trainer, state: TrainState, history: dict | None, key: Any, best: Any) -> str:
@@ -316,7 +338,7 @@ def _save(path: str, trainer: Trainer, state: TrainState, history: dict | None, 
         "state": _state_dict(state),
         "history": history_arrays,
         "key": np.asarray(jax.random.key_data(run_key)),
-        **({"best": _best_dict(best)} if best is not None and best.generation <= generation else {}),
+        **({"best": _best_dict(best)} if best is not None and _best_generation(best) <= generation else {}),
     })
 
     directory = os.path.dirname(os.path.abspath(path))
@@ -747,6 +769,12 @@ class Checkpoint:
     history: dict
     key: np.ndarray
     best: dict | None = None
+
+    def __repr__(self) -> str:
+        # The dataclass repr printed every history array (45 k characters for 300 generations in a notebook cell)
+        return (f"Checkpoint({self.path!r}: {self.env_name}, generation {self.generation}, "
+                f"{len(self.history.get('generation', ()))} history rows, "
+                f"{'a best member' if self.best else 'no best member'})")
 
     @property
     def generation(self) -> int:

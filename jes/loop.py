@@ -247,8 +247,8 @@ class TrainResult:
             env's solved return, or ``None``.
         compile_time: seconds spent compiling the generation step; 0.0 where it is not compiled here as one
             program (a Python simulator's jitted pieces, a distributed master's workers, a given ``step_fn``).
-        wall_time: seconds of the whole run: from :func:`train`'s call (the trainer's build and the step's compile
-            included) or :func:`run`'s.
+        wall_time: seconds of this call: from :func:`train`'s call (the trainer's build and the step's compile
+            included) or :func:`run`'s; a resumed run's earlier sessions are in ``history["wall_time"]``.
         state: the final :class:`TrainState` (to continue training).
         trainer: the :class:`Trainer` that ran it, or ``None`` in a result that was pickled (sent back from a
             ``multiprocessing`` / joblib worker): its compiled functions and devices cannot be pickled and are left
@@ -383,13 +383,21 @@ class TrainResult:
         return (
             f"{self.env_name} with {self._run_label()}: {len(self.history['generation'])} generations, "
             f"centre return {self.final_centre_return:.1f}, {solved}; "
-            f"{self._param_count()} params, {self.wall_time:.1f}s wall"
+            f"{self._param_count()} params, {self.wall_time:.1f}s wall{self._sessions_note()}"
             # 0.0: the step was not compiled here as one program (a host env's pieces, a master's workers)
             + (f" ({self.compile_time:.1f}s compile)" if self.compile_time else "")
             + (f"; best member {self.best.fitness:.1f} (generation {self.best.generation})" if self.best else "")
             + (f"; stopped by a callback: {self.stopped}" if self.stopped is not None else "")
             + f"; logs: {self.log_dir or 'off'}; checkpoint: {self.checkpoint_path or 'off'}"
         )
+
+
+    def _sessions_note(self) -> str:
+        """For a resumed run (its history's training time past this call's wall time): that the wall time is this
+        call's, with the training time of all its sessions (the history's ``wall_time``, compiles excluded)."""
+        times = self.history.get("wall_time", ())
+        total = float(times[-1]) if len(times) else 0.0
+        return f" in this call ({total:.1f}s training over the run's sessions)" if total > self.wall_time else ""
 
 
 def trained_policy(trainer: Trainer, flat_params: Any, state: TrainState) -> TrainedPolicy:

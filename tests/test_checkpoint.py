@@ -76,6 +76,38 @@ def test_the_checkpoint_keeps_the_best_member_for_a_resume(saved, full_run, tmp_
     assert resumed.best.policy.obs_stats is not None  # it acts with the normaliser it was evaluated with
 
 
+
+def test_a_checkpoints_own_best_member_saves_and_its_repr_is_one_line(saved, tmp_path):
+    """jes.checkpoint.save(..., best=ckpt.best) with what checkpoint.load gives raised a raw AttributeError ('dict'
+    object has no attribute 'generation'): it writes that best member as the file kept it; another dict or object is
+    refused naming what best must be. repr(Checkpoint) printed every history array: one line."""
+    trainer, state, ckpt = checkpoint.load(saved)
+    path = checkpoint.save(str(tmp_path / "again.ckpt"), trainer, state, ckpt.history, ckpt.key, best=ckpt.best)
+    again = checkpoint.read(path)
+    assert again.best.keys() == ckpt.best.keys() and again.best["obs_stats"].keys() == ckpt.best["obs_stats"].keys()
+    for name in ("fitness", "generation", "member", "flat_params"):
+        assert np.asarray(again.best[name]).tobytes() == np.asarray(ckpt.best[name]).tobytes(), name
+    for i in "012":
+        assert np.asarray(again.best["obs_stats"][i]).tobytes() == np.asarray(ckpt.best["obs_stats"][i]).tobytes()
+    for bad, said in (({"fitness": 1.0}, "got a dict without flat_params, generation, member"), (3, "got int")):
+        with pytest.raises(TypeError, match=rf"best must be a run's best member \(result.best\) or a checkpoint's "
+                                            rf"\(jes.checkpoint.read\(path\).best\), {said}"):
+            checkpoint.save(str(tmp_path / "bad.ckpt"), trainer, state, ckpt.history, ckpt.key, best=bad)
+    assert not os.path.exists(tmp_path / "bad.ckpt")
+    assert repr(again) == (f"Checkpoint({path!r}: CartPole-v1, generation 2, 2 history rows, a best member)")
+
+
+def test_a_resumed_runs_summary_says_its_wall_time_is_this_calls(full_run):
+    """A run resumed after long sessions said "20010 generations ... 7.6s wall" (127.6 s over its sessions): the
+    summary says the wall time is this call's, beside the history's training time, where that is the longer."""
+    import dataclasses
+
+    assert " in this call" not in full_run.summary()
+    history = dict(full_run.history, wall_time=np.asarray(full_run.history["wall_time"]) + 120.0)
+    resumed = dataclasses.replace(full_run, history=history, wall_time=7.61)
+    assert (f"7.6s wall in this call ({float(history['wall_time'][-1]):.1f}s training over the run's sessions)"
+            in resumed.summary())
+
 def test_a_manual_resume_keeps_the_checkpoints_best_member(saved, full_run, tmp_path):
     """The public route (jes.checkpoint.load, then jes.run) had no way to pass the checkpoint's best member on (run()
     took a BestMember, the checkpoint holds a dict): the resumed run's best was the best of its own generations,
