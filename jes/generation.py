@@ -874,15 +874,26 @@ class Trainer(Generation):
         """Centre evaluation episodes each chunk's rollout carries in the step (``eval_episodes`` over the chunks)."""
         return -(-self.config.eval_episodes // self.num_chunks)
 
+    def _centre_in_chunks(self) -> bool:
+        """Whether the step runs the centre's episodes in its chunks' rollouts (:meth:`step_chunks`)."""
+        return (type(self).evaluate_members is Trainer.evaluate_members and self.ctx.perturbation is None
+                and type(self).evaluate_centre is Trainer.evaluate_centre)
+
     def evaluate_members(self, state, flat, members, gen_key, active):
-        return self._evaluate_slots(state, flat, members, gen_key, active)[0]
+        if not self._centre_in_chunks():
+            return self._evaluate_slots(state, flat, members, gen_key, active)[0]
+        # A chunk evaluated apart (by a worker, a master, a sweep) carries the step's centre slots, idle: XLA:CPU's
+        # code for the rollout depends on its batch size (a Pendulum member's fitness did, from 16 members a chunk)
+        size = self.centre_slots
+        episodes = members[0] // self.chunk_size * size + jnp.arange(size, dtype=jnp.int32)
+        return self._evaluate_slots(state, flat, members, gen_key, active, episodes, jnp.zeros(size, bool))[0]
 
     def _evaluate_slots(self, state, flat, members, gen_key, active, centre_episodes=None, centre_active=None):
         """The members' results, and the returns and steps of centre episodes run in the same rollout batch.
 
         Every slot runs the same code on its own parameters and key, so a member's (and a centre episode's)
-        results do not depend on what else shares the batch: workers evaluate chunks without the centre and
-        get the step's bits.
+        results do not depend on what else shares the batch, but can on the batch's size (XLA:CPU's code for it):
+        a chunk evaluated apart carries the step's centre slots, idle (:meth:`evaluate_members`).
         """
         cfg = self.config
         epm = cfg.episodes_per_member
@@ -922,8 +933,7 @@ class Trainer(Generation):
         written (members by chunk, the centre apart), as workers, a master and a sweep call them."""
         # Structured members apply a GEMM whose bits depend on the batch size, so their chunks run alone
         # (the centre apart), as every worker and device runs them.
-        if type(self).evaluate_members is not Trainer.evaluate_members or \
-                type(self).evaluate_centre is not Trainer.evaluate_centre or self.ctx.perturbation is not None:
+        if not self._centre_in_chunks():
             return super().step_chunks(state, chunk_ids, evaluate_centre, evaluate_population)
         gen_key = noise.generation_key(state.es_key, state.generation)
         size = self.centre_slots

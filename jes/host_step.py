@@ -175,6 +175,21 @@ def programs(trainer: Trainer) -> tuple[Callable[[TrainState, Any], tuple], Call
     # step's XLA options, which can change bits (XLA:CPU's fusion emitters)
     options = trainer.step_compiler_options
     chunks = UnrolledJit(lambda s, c: ChunkResults.as_tuple(trainer.evaluate_chunks(s, c)), compiler_options=options)
-    centre = UnrolledJit(lambda s: tuple(f(x) for f, x in zip((jnp.mean, jnp.sum), trainer.evaluate_centre(s))),
-                         compiler_options=options)
+    if not (isinstance(trainer, Trainer) and trainer._centre_in_chunks()):  # the step scores the centre apart (Trainer.centre_score), as here
+        centre = UnrolledJit(lambda s: tuple(f(x) for f, x in zip((jnp.mean, jnp.sum), trainer.evaluate_centre(s))),
+                             compiler_options=options)
+        return chunks, centre
+    # The step runs centre episode j in slot j % S of chunk j // S and reduces the [chunks, S] buffer of their
+    # returns (Trainer.centre_from_chunks): the same episodes here, laid out so and reduced by that code, as a
+    # program of its own on a buffer (a mean fused with the episodes' program, or with the padding, rounds otherwise)
+    episodes = UnrolledJit(trainer.evaluate_centre, compiler_options=options)
+    reduce = UnrolledJit(lambda returns, steps: trainer.centre_from_chunks((returns, steps)), compiler_options=options)
+    slots = trainer.centre_slots
+    rows = -(-trainer.config.eval_episodes // slots)
+
+    def centre(state):
+        # eager (asynchronous) ops: dispatched now, computed while the members are
+        as_slots = lambda x: jnp.zeros(rows * slots, x.dtype).at[: x.shape[0]].set(x).reshape(rows, slots)
+        return reduce(*(as_slots(x) for x in episodes(state)))
+
     return chunks, centre

@@ -793,8 +793,11 @@ def main(argv: list[str] | None = None) -> int:
                 if missing:
                     raise ValueError(f"--devices names device ids {missing}; this host has {sorted(by_id)}")
                 devices = [by_id[i] for i in ids]
-            else:
-                devices = int(args.devices)
+            else:  # accepted, it refused every run the master sent, and stayed in the fleet
+                devices, local = int(args.devices), jax.local_devices()
+                if devices > len(local):
+                    raise ValueError(f"--devices {devices}: this host has {len(local)} local device(s) "
+                                     f"({', '.join(str(d) for d in local)}); pass at most {len(local)}")
         if args.allow_module:
             describe.current_directory_importable()  # the operator's modules import from where they run jes-worker
         describe.import_modules(args.imports)
