@@ -705,7 +705,7 @@ def optimize(
             materialised matrices anyway. They are refused with an error saying so.
         bounds: box constraints ``(lower, upper)``, pycma's ``'bounds': [lower, upper]`` with its default
             ``BoundTransform``: each side a number, ``None`` (open; so are ``-inf`` / ``inf``), an array or pytree
-            shaped like ``x0`` (leaves may be ``None``), or for a vector ``x0`` a list of numbers and ``None``.
+            shaped like ``x0`` (leaves may be ``None``, or lists of numbers and ``None`` shaped like the leaf).
             The strategy searches an unbounded space and ``fitness_fn`` is called only at points mapped into the
             box (:func:`jes.bounds.to_box`: the identity inside, quadratic near each bound, reflected beyond);
             ``x``, ``best_x``, ``value`` (f at ``x``) are in the box, ``state`` is the search's (unbounded). The

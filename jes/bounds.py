@@ -6,7 +6,8 @@ reflection) beyond, as pycma's ``BoxConstraintsLinQuadTransformation`` (its defa
 ``cma.BoundTransform``). :func:`from_box` is its inverse on the box (pycma's ``inverse``), used for ``x0``.
 
 Both are elementwise, pure, jittable and vmappable over ``[..., P]`` points with ``[P]`` bounds; ``-inf`` /
-``inf`` is an open side. :func:`flat_bounds` turns the user's ``(lower, upper)`` into the flat vectors,
+``inf`` is an open side. They are not meant for ``jax.grad``: where a side is open, the branches ``jnp.where`` does
+not select are infinite there and make the gradient NaN (an evolution strategy never differentiates them). :func:`flat_bounds` turns the user's ``(lower, upper)`` into the flat vectors,
 refusing what cannot be meant.
 """
 from __future__ import annotations
@@ -87,72 +88,92 @@ def _real(value: Any) -> bool:
     return np.issubdtype(dtype, np.integer) or np.issubdtype(dtype, np.floating)
 
 
+def _is_none(value: Any) -> bool:
+    return value is None
+
+
+def _leaf_side(bound: Any, leaf: Any, name: str, fill: float, fix: str) -> np.ndarray:
+    """The bound given for one leaf of ``x0`` as float64 ``[leaf.size]``: ``None`` (open), a number, an array of the
+    leaf's shape, or (nested) lists of numbers and ``None`` (pycma's ``[0, None, 1]``) shaped like it."""
+    shape = np.shape(leaf)
+    if bound is None:
+        return np.full(int(np.prod(shape)), fill)
+    if isinstance(bound, (list, tuple)):
+        items = jax.tree.leaves(bound, is_leaf=_is_none)
+        if not all(v is None or _real(v) for v in items):
+            raise TypeError(f"bounds: {name} must hold real numbers or None, got {bound!r:.80}; {fix}")
+        try:
+            bound = np.asarray(jax.tree.map(lambda v: fill if v is None else np.asarray(v, np.float64), bound,
+                                            is_leaf=_is_none), np.float64)
+        except (ValueError, TypeError):  # ragged, or a container inside
+            raise ValueError(f"bounds: {name} is ragged, not one array: {bound!r:.80} (x0 is shaped {shape}); "
+                             f"{fix}") from None
+    elif jax.tree.structure(bound).num_nodes != 1:  # a dict or other container where x0 has an array
+        raise ValueError(f"bounds: {name} is structured as {jax.tree.structure(bound)}, but x0 as an array shaped "
+                         f"{shape}; {fix}")
+    elif not _real(bound):
+        kind = type(bound).__name__ + (f" {bound.dtype}" if hasattr(bound, "dtype") else "")
+        raise TypeError(f"bounds: {name} must hold real numbers, got {kind}; {fix}")
+    bound = np.asarray(bound, np.float64)
+    if bound.ndim == 0:
+        return np.full(int(np.prod(shape)), float(bound))
+    if bound.shape != shape:
+        raise ValueError(f"bounds: {name} is shaped {bound.shape}, but x0 {shape}; {fix}")
+    return bound.ravel()
+
+
 def _side(value: Any, x0: Any, name: str, fill: float) -> np.ndarray:
-    """One side of the bounds as float64 leaves shaped like ``x0``'s, raveled in ``x0``'s order (``fill``, the
-    open side's infinity, for ``None``)."""
+    """One side of the bounds as float64, raveled in ``x0``'s order (``fill``, the open side's infinity, for
+    ``None``): one bound for all of ``x0``, or per leaf of ``x0`` (``x0``'s structure, each leaf's bound as
+    :func:`_leaf_side` takes it; ``None`` where ``x0`` has ``None``)."""
     leaves, treedef = jax.tree.flatten(x0)
-    fix = (f"give a number (every coordinate), None (no {name} bound) or an array / pytree shaped like x0")
-    if value is None:
-        return np.full(sum(int(np.size(leaf)) for leaf in leaves), fill)
-    if not isinstance(value, (list, tuple, dict)) and np.ndim(value) == 0 and _real(value):
-        return np.full(sum(int(np.size(leaf)) for leaf in leaves), float(value))
-    vector = treedef.num_leaves == 1 and treedef.num_nodes == 1 and np.ndim(leaves[0]) == 1
-    if vector and type(value) in (list, tuple) and all(v is None or np.ndim(v) == 0 for v in value):
-        value = np.array([fill if v is None else v for v in value], dtype=object)  # pycma's [0, None, 1]
-        if not all(_real(v) for v in value):
-            raise TypeError(f"bounds: {name} must hold real numbers or None, got {value.tolist()!r}; {fix}")
-        value = value.astype(np.float64)
-    given, given_def = jax.tree.flatten(value, is_leaf=lambda v: v is None)
-    if given_def != treedef:
-        raise ValueError(f"bounds: {name} is structured as {given_def}, but x0 as {treedef}; {fix}")
-    out = []
-    for leaf, bound in zip(leaves, given):
-        if bound is None:
-            out.append(np.full(np.size(leaf), fill))
-            continue
-        if not _real(bound):
-            raise TypeError(f"bounds: {name} must hold real numbers, got {type(bound).__name__} "
-                            f"{np.asarray(bound).dtype if hasattr(bound, 'dtype') else ''}".rstrip() + f"; {fix}")
-        bound = np.asarray(bound, np.float64)
-        if bound.ndim == 0:
-            bound = np.full(np.shape(leaf), float(bound))
-        if bound.shape != np.shape(leaf):
-            raise ValueError(f"bounds: {name} is shaped {bound.shape}, but x0 {np.shape(leaf)}; {fix}")
-        out.append(bound.ravel())
-    return np.concatenate(out)
+    fix = f"give a number (every coordinate), None (no {name} bound) or an array / pytree shaped like x0"
+    if value is None or (not isinstance(value, (list, tuple, dict)) and np.ndim(value) == 0 and _real(value)):
+        return np.full(sum(int(np.size(leaf)) for leaf in leaves), fill if value is None else float(value))
+    try:
+        given = treedef.flatten_up_to(value)
+    except (ValueError, TypeError):
+        raise ValueError(f"bounds: {name} is structured as {jax.tree.structure(value, is_leaf=_is_none)}, but x0 "
+                         f"as {treedef}; {fix}") from None
+    return np.concatenate([_leaf_side(bound, leaf, name, fill, fix) for leaf, bound in zip(leaves, given)])
 
 
 def flat_bounds(bounds: Any, x0: Any, flat_x0: jax.Array) -> tuple[np.ndarray, np.ndarray] | None:
     """``bounds = (lower, upper)`` as flat ``[P]`` vectors in ``flat_x0``'s dtype, or ``None`` where no
     coordinate is bounded (``bounds=None``, ``(None, None)``, infinities): the same search as no bounds.
 
-    Each side is a number, ``None`` (open), an array shaped like ``x0`` or a pytree like it (leaves numbers,
-    ``None`` or arrays of the leaf's shape); for a vector ``x0`` also a list of numbers and ``None`` (pycma's
-    ``[0, None, 1]``). Refused, in one line naming the coordinate and the fix: NaN, ``lower >= upper``, a
-    shape or structure unlike ``x0``'s, and an ``x0`` outside the box (pycma raises there too: its inverse map,
-    which gives the search's start, is defined on the box only).
+    Each side is a number, ``None`` (open), an array shaped like ``x0`` or a pytree like it (``None`` where ``x0``
+    has ``None``; leaves numbers, ``None`` or arrays of the leaf's shape, or (nested) lists of numbers and ``None``
+    shaped like the leaf, pycma's ``[0, None, 1]``). Refused, in one line naming the coordinate and the fix: NaN,
+    ``lower >= upper`` (also where the search's dtype rounds them together), a shape or structure unlike ``x0``'s,
+    and an ``x0`` outside the box (pycma raises there too: its inverse map, which gives the search's start, is
+    defined on the box only).
     """
     if bounds is None:
         return None
-    if isinstance(bounds, (str, bytes, dict)) or not hasattr(bounds, "__len__") or len(bounds) != 2:
+    pair = isinstance(bounds, (list, tuple)) or (isinstance(bounds, (np.ndarray, jax.Array)) and bounds.ndim > 0)
+    if not pair or len(bounds) != 2:
         raise TypeError(f"bounds must be a pair (lower, upper), e.g. bounds=(0, 1) or bounds=([0, 0], [1, None]) "
                         f"(pycma's 'bounds': [lower, upper]), got {bounds!r:.80}")
     dtype = np.dtype(flat_x0.dtype)
-    sides = []
+    given = []
     for value, name, fill in ((bounds[0], "lower", -np.inf), (bounds[1], "upper", np.inf)):
         side = _side(value, x0, name, fill)
         if np.isnan(side).any():
             at = _coordinate(x0, int(np.flatnonzero(np.isnan(side))[0]))
             raise ValueError(f"bounds: {name} is NaN at {at}; give a number, or None / "
                              f"{'-inf' if fill < 0 else 'inf'} for no {name} bound")
-        sides.append(side.astype(dtype))  # the search's dtype: the checks below hold for the bounds it uses
-    lower, upper = sides
+        given.append(side)
+    with np.errstate(over="ignore"):  # beyond the dtype's range: an open side, as the search cannot go there
+        lower, upper = (side.astype(dtype) for side in given)  # the search's: the checks hold for what it uses
     crossed = np.flatnonzero(lower >= upper)
     if crossed.size:
         i = int(crossed[0])
+        rounded = (f" (they differ by less than {dtype.name} resolves there: widen the box, or search in float64 "
+                   f"with JAX's x64 mode and a float64 x0)" if given[0][i] < given[1][i] else "")
         raise ValueError(f"bounds: lower >= upper at {_coordinate(x0, i)} (lower {lower[i]:g}, upper {upper[i]:g}"
-                         f"{f', and {crossed.size - 1} more coordinates' if crossed.size > 1 else ''}); every lower "
-                         f"bound must be below its upper bound (None or -inf / inf for an open side)")
+                         f"{f', and {crossed.size - 1} more coordinates' if crossed.size > 1 else ''}){rounded}; "
+                         f"every lower bound must be below its upper bound (None or -inf / inf for an open side)")
     start = np.asarray(flat_x0)
     outside = np.flatnonzero((start < lower) | (start > upper))
     if outside.size:

@@ -177,6 +177,14 @@ X0 = np.array([0.0, 0.5, 1.0], np.float32)
     (5.0, TypeError, r"^bounds must be a pair \(lower, upper\)"),
     (("0", 1), TypeError, r"bounds: lower must hold real numbers"),
     (({"a": 0}, 1), ValueError, r"bounds: lower is structured as .*, but x0 as"),
+    ({0, 1}, TypeError, r"^bounds must be a pair \(lower, upper\)"),
+    (np.array(1.0), TypeError, r"^bounds must be a pair \(lower, upper\)"),
+    (([[0, 0, 0]], 1), ValueError, r"^bounds: lower is shaped \(1, 3\), but x0 \(3,\)"),
+    (([0, [0], 0], 1), ValueError, r"^bounds: lower is ragged, not one array"),
+    (([0, "0", 0], 1), TypeError, r"^bounds: lower must hold real numbers or None"),
+    # float32 rounds 1 + 1e-8 to 1: refused as crossed, saying why and what to do
+    (([0, 0, 1], [1, 1, 1 + 1e-8]), ValueError, r"lower >= upper at x0\[2\] \(lower 1, upper 1\) \(they differ by less "
+                                          r"than float32 resolves there: widen the box, or search in float64"),
 ])
 def test_bad_bounds_are_refused_in_one_line_naming_the_fix(bounds, error, match):
     for make in (lambda: jes.optimize(sphere_to(0.0), X0, "snes", bounds=bounds, num_generations=1),
@@ -189,6 +197,17 @@ def test_bad_bounds_are_refused_in_one_line_naming_the_fix(bounds, error, match)
 def test_a_coordinate_of_a_pytree_or_matrix_is_named_as_written():
     with pytest.raises(ValueError, match=r"lower >= upper at x0\['w'\]\[1, 0\]"):
         jes.AskTell("snes", {"w": jnp.zeros((2, 2))}, bounds=({"w": -1.0}, {"w": np.array([[1, 1], [-1, 1]])}))
+
+
+def test_sides_as_nested_lists_and_around_none_in_x0_are_read_per_leaf():
+    """Per leaf of ``x0``: nested lists (with ``None``) for a matrix, lists for a vector leaf of a pytree, ``None``
+    where ``x0`` has ``None`` (an empty node); a side out of range of the search's dtype is open."""
+    x0 = {"w": np.full((2, 2), 0.5, np.float32), "skip": None, "b": np.zeros(2, np.float32)}
+    flat = jnp.concatenate([jnp.ravel(x0["b"]), jnp.ravel(x0["w"])])  # jax's order: sorted keys
+    lower, upper = box.flat_bounds(({"w": [[0, None], [0, 0]], "skip": None, "b": [-1, None]},
+                                    {"w": 1, "skip": None, "b": [1e39, 2]}), x0, flat)
+    assert lower.tolist() == [-1, -np.inf, 0, -np.inf, 0, 0] and upper.tolist() == [np.inf, 2, 1, 1, 1, 1]
+    assert lower.dtype == upper.dtype == np.float32
 
 
 def test_no_bounds_and_open_bounds_are_the_same_run_bit_for_bit():
