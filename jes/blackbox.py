@@ -23,6 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.flatten_util import ravel_pytree
 
+from jes import bounds as box_bounds
 from jes import perturbations
 from jes.config import ESConfig
 from jes.cpu import compiler_options
@@ -130,6 +131,8 @@ class FunctionProblem(Generation):
         config: population, sigma, learning rate, shaping, chunk size (RL fields are ignored).
         optimizer: for strategies that use one.
         minimize: minimise ``fitness_fn`` instead of maximising it.
+        bounds: ``(lower, upper)`` as :func:`optimize` takes them, or ``None``: the strategy searches an unbounded
+            space whose points ``fitness_fn`` sees through :meth:`in_box` (the search starts at ``x0``'s preimage).
     """
 
     shares_draws = True
@@ -137,13 +140,19 @@ class FunctionProblem(Generation):
     threefry_unrolled = False
 
     def __init__(self, fitness_fn: Callable | None, x0: Any, strategy: Any, config: ESConfig, optimizer: Any = None,
-                 minimize: bool = False, devices: Any = None):
+                 minimize: bool = False, devices: Any = None, bounds: Any = None):
         if not isinstance(minimize, bool):
             raise TypeError(f"minimize must be True or False, got {minimize!r}")
         self.fitness_fn = fitness_fn
         self.minimize = minimize
         self.sign = -1.0 if minimize else 1.0
         self.x0, self.unravel = _flatten_x0(x0)
+        # (lower, upper) flat in the search's dtype, or None (no coordinate bounded); x0 is then the search's
+        # start's image: the search starts at its preimage (pycma's x0 = inverse(x0); the identity inside)
+        self.bounds = box_bounds.flat_bounds(bounds, _as_vector_if_numbers(x0), self.x0)
+        if self.bounds is not None:
+            self.bounds = tuple(jnp.asarray(side) for side in self.bounds)
+            self.x0 = _from_box(self.x0, *self.bounds)
         self.num_params = int(self.x0.shape[0])
         self.config = config
         strategy = get_strategy(strategy).for_functions()
@@ -195,10 +204,15 @@ class FunctionProblem(Generation):
                             f"it with jax.numpy, or pass host=True to call it as plain Python / NumPy code, one point "
                             f"at a time (JAX: {said})") from err
 
+    def in_box(self, flat: jax.Array) -> jax.Array:
+        """Points of the search (``[..., P]``) as ``fitness_fn`` sees them and results report them: mapped into the
+        bounds (:func:`jes.bounds.to_box`), or as they are without bounds."""
+        return flat if self.bounds is None else box_bounds.to_box(flat, *self.bounds)
+
     def objective(self, flat: jax.Array) -> jax.Array:
-        """The user's function at one flat parameter vector, as a float32 scalar (float64 if it returns one,
-        which it can in JAX's x64 mode)."""
-        value = _check_fitness(self.fitness_fn(self.unravel(flat)), jnp.asarray)
+        """The user's function at one flat point of the search (mapped :meth:`in_box`), as a float32 scalar (float64
+        if it returns one, which it can in JAX's x64 mode)."""
+        value = _check_fitness(self.fitness_fn(self.unravel(self.in_box(flat))), jnp.asarray)
         return value.astype(jnp.float64 if value.dtype == jnp.float64 else jnp.float32)
 
     def evaluate_members(self, state, flat, members, gen_key, active):
@@ -233,9 +247,12 @@ class FunctionProblem(Generation):
         return returns[0, 0], steps[0, 0]
 
     def params_tree(self, flat_params: jax.Array) -> Any:
-        """Flat parameters as a pytree shaped like ``x0``, in ``x0``'s float dtype (float64 in x64 mode)."""
+        """A flat point of the search as the pytree ``fitness_fn`` gets there (shaped like ``x0``, mapped
+        :meth:`in_box`), in ``x0``'s float dtype (float64 in x64 mode)."""
         if not (isinstance(flat_params, jax.Array) and flat_params.dtype == self.x0.dtype):
             flat_params = jnp.asarray(flat_params, self.x0.dtype)
+        if self.bounds is not None:
+            flat_params = _to_box(flat_params, *self.bounds)
         return self.unravel(flat_params)
 
     def generation_block(self, state: TrainState, best: tuple, evaluate_centre: jax.Array, calls: jax.Array,
@@ -355,6 +372,11 @@ class FunctionProblem(Generation):
         flat, _, _ = jax.lax.map(lambda c: self.sample_chunk(state, c), jnp.arange(self.num_chunks, dtype=jnp.int32))
         return flat.reshape(-1, self.num_params)[: self.config.num_members]
 
+
+# The box map as one program each (per shape and dtype, shared by every problem): for results and host points,
+# where eager jnp would dispatch (and first compile) each of its dozen operations
+_to_box = jax.jit(box_bounds.to_box)
+_from_box = jax.jit(box_bounds.from_box)
 
 # Block programs hash with threefry unrolled (jes.threefry; False: JAX's rolled CPU lowering, the same bits).
 # Faster at every draw size measured, rows interleaved in one process (benchmarks/README.md, "Side by side with
@@ -494,7 +516,7 @@ class OptimizeResult:
 
     Attributes:
         direction: ``"minimize"`` or ``"maximize"``: which way ``fitness_fn`` was optimised.
-        x: the final mean, shaped like ``x0``.
+        x: the final mean, shaped like ``x0`` (with ``bounds``, mapped into the box, as ``fitness_fn`` saw it).
         value: ``fitness_fn(x)``.
         best_x, best_value: the best member ever evaluated (regenerated from its key) or the
             mean, whichever was better.
@@ -608,6 +630,7 @@ def optimize(
     generations_per_call: int | None = None,
     host: bool = False,
     perturbation: Any = None,
+    bounds: Any = None,
 ) -> OptimizeResult:
     """Optimise ``fitness_fn`` with an evolution strategy, many generations per compiled call.
 
@@ -680,6 +703,14 @@ def optimize(
             Low-rank perturbations (``jes.LowRank``) factor the weight matrices of a policy's layers so that
             its forward pass never forms them; ``fitness_fn`` is opaque, so it would be handed each member's
             materialised matrices anyway. They are refused with an error saying so.
+        bounds: box constraints ``(lower, upper)``, pycma's ``'bounds': [lower, upper]`` with its default
+            ``BoundTransform``: each side a number, ``None`` (open; so are ``-inf`` / ``inf``), an array or pytree
+            shaped like ``x0`` (leaves may be ``None``, or lists of numbers and ``None`` shaped like the leaf).
+            The strategy searches an unbounded space and ``fitness_fn`` is called only at points mapped into the
+            box (:func:`jes.bounds.to_box`: the identity inside, quadratic near each bound, reflected beyond);
+            ``x``, ``best_x``, ``value`` (f at ``x``) are in the box, ``state`` is the search's (unbounded). The
+            search starts at ``x0``'s preimage (``x0`` itself away from the bounds). Refused: ``lower >= upper``,
+            NaN, a shape unlike ``x0``'s and an ``x0`` outside the box, each error naming the coordinate.
 
     Returns:
         An :class:`OptimizeResult`.
@@ -690,6 +721,7 @@ def optimize(
     strategy = get_strategy(strategy)
     noise_std = _noise_std(strategy, noise_std)
     flat, _ = _flatten_x0(x0)
+    box_bounds.flat_bounds(bounds, _as_vector_if_numbers(x0), flat)  # refused before anything is built or run
     _warn_if_float64_lost(x0)
     if num_members is None:
         num_members = _default_members(strategy, int(flat.shape[0]))
@@ -723,9 +755,10 @@ def optimize(
         config = _config(members, generations, sigma, learning_rate, fitness_shaping, weight_decay, chunk_size,
                          run_strategy)
         if host:
-            return HostFunctionProblem(fitness_fn, x0, run_strategy, config, optimizer=optimizer, minimize=minimize)
+            return HostFunctionProblem(fitness_fn, x0, run_strategy, config, optimizer=optimizer, minimize=minimize,
+                                       bounds=bounds)
         return FunctionProblem(fitness_fn, x0, run_strategy, config, optimizer=optimizer, minimize=minimize,
-                               devices=devices)
+                               devices=devices, bounds=bounds)
 
     if restarts is None:
         if num_generations is None and max_evaluations is not None:  # the budget decides (pycma's maxfevals)
@@ -1159,14 +1192,14 @@ class HostFunctionProblem(FunctionProblem):
 
     Args:
         host_fn: maps one NumPy point shaped like ``x0`` to a scalar (a Python or NumPy number).
-        x0, strategy, config, optimizer, minimize: as for :class:`FunctionProblem`.
+        x0, strategy, config, optimizer, minimize, bounds: as for :class:`FunctionProblem`.
     """
 
     def __init__(self, host_fn: Callable, x0: Any, strategy: Any, config: ESConfig, optimizer: Any = None,
-                 minimize: bool = False):
+                 minimize: bool = False, bounds: Any = None):
         if not callable(host_fn):
             raise TypeError(f"host_fn must be callable, got {type(host_fn).__name__}")
-        super().__init__(None, x0, strategy, config, optimizer=optimizer, minimize=minimize, devices=1)
+        super().__init__(None, x0, strategy, config, optimizer=optimizer, minimize=minimize, devices=1, bounds=bounds)
         self.host_fn = host_fn
         # num_generations is the host loop's, no program's: runs of any length share the programs
         self.programs = _HostPrograms(self.strategy, dataclasses.replace(config, num_generations=1), optimizer,
@@ -1190,8 +1223,12 @@ class HostFunctionProblem(FunctionProblem):
         parts = np.split(np.array(flat, copy=True), self._ends)
         return jax.tree.unflatten(self._treedef, [part.reshape(shape) for part, shape in zip(parts, self._shapes)])
 
+    def host_in_box(self, flat: np.ndarray) -> np.ndarray:
+        """Flat points of the search (``[..., P]``) mapped :meth:`in_box`, as NumPy (the same array without bounds)."""
+        return flat if self.bounds is None else np.asarray(_to_box(flat, *self.bounds))
+
     def call(self, flat: np.ndarray) -> float:
-        """The host function at one flat point, as a float."""
+        """The host function at one flat point (already :meth:`host_in_box`), as a float."""
         return float(_check_fitness(self.host_fn(self.point(flat)), np.asarray))
 
     def fitness_for_update(self, values: np.ndarray) -> tuple[np.ndarray, bool]:
@@ -1241,7 +1278,7 @@ def _run_on_host(problem: HostFunctionProblem, key: Any, num_generations: int, s
         members = np.asarray(timed(_host_ask, state))
         values = np.empty(num_members, np.float64)
         before = state
-        for i, x in enumerate(members):
+        for i, x in enumerate(problem.host_in_box(members)):  # the best is kept as a point of the search
             values[i] = problem.call(x)
             if not math.isfinite(values[i]):  # no call after it: an external counter sees error.result's count
                 _check_finite(dict(bad_member=i, bad_update=False), gen,
@@ -1251,7 +1288,7 @@ def _run_on_host(problem: HostFunctionProblem, key: Any, num_generations: int, s
         info = {k: v.item() for k, v in jax.device_get(info).items()}
         _check_finite(info, gen, lambda: result(before, "non_finite", calls=num_members))
         mean = np.asarray(state.params)
-        mean_value = problem.call(mean)
+        mean_value = problem.call(problem.host_in_box(mean))
         if not math.isfinite(mean_value):  # before the best is updated: the result is the run of gen generations
             _check_finite(dict(bad_member=-1, bad_update=False, bad_mean=True), gen,
                           lambda: result(before, "non_finite", calls=num_members + 1))
@@ -1320,18 +1357,22 @@ class AskTell:
         minimize: the fitness you pass to ``tell`` is to be minimised (default: maximised); ``tell``'s
             ``info`` stays in its own units either way.
         noise_std, optimizer, learning_rate, fitness_shaping, weight_decay, chunk_size: as in :func:`optimize`.
+        bounds: ``(lower, upper)``, as in :func:`optimize`: ``ask``'s members and ``mean`` are in the box (the
+            search's own points, in ``state``, are unbounded: ``state.params`` is not ``mean(state)``).
     """
 
     def __init__(self, strategy: Any, x0: Any, num_members: int | None = None, *, minimize: bool = False,
                  noise_std: Any = None, optimizer: Any = None, learning_rate: Any = None,
-                 fitness_shaping: str = "centered_ranks", weight_decay: float = 0.0, chunk_size: int | None = None):
+                 fitness_shaping: str = "centered_ranks", weight_decay: float = 0.0, chunk_size: int | None = None,
+                 bounds: Any = None):
         strategy = get_strategy(strategy)
         noise_std = _noise_std(strategy, noise_std)
         flat, _ = _flatten_x0(x0)
         _warn_if_float64_lost(x0)
         num_members = _default_members(strategy, int(flat.shape[0])) if num_members is None else num_members
         config = _config(num_members, 1, noise_std, learning_rate, fitness_shaping, weight_decay, chunk_size, strategy)
-        self.problem = FunctionProblem(None, x0, strategy, config, optimizer=optimizer, minimize=minimize, devices=1)
+        self.problem = FunctionProblem(None, x0, strategy, config, optimizer=optimizer, minimize=minimize, devices=1,
+                                       bounds=bounds)
         self.num_members = num_members
         self.minimize = minimize
         self.direction = "minimize" if minimize else "maximize"
@@ -1342,8 +1383,9 @@ class AskTell:
 
     @jax.jit
     def ask(self, state: TrainState) -> Any:
-        """The generation's members as a pytree shaped like ``x0`` with a leading ``[num_members]`` axis."""
-        return jax.vmap(self.problem.unravel)(self.problem.population(state))
+        """The generation's members as a pytree shaped like ``x0`` with a leading ``[num_members]`` axis (in the
+        bounds, where there are)."""
+        return jax.vmap(self.problem.unravel)(self.problem.in_box(self.problem.population(state)))
 
     def tell(self, state: TrainState, fitness: Any) -> tuple[TrainState, dict]:
         """The next state from the members' fitness ``[num_members]`` (minimised if ``minimize``); jittable.
@@ -1425,7 +1467,7 @@ class AskTell:
         return new_state, dict(info, **own)
 
     def mean(self, state: TrainState) -> Any:
-        """The current mean, shaped like ``x0``."""
+        """The current mean, shaped like ``x0`` (mapped into the bounds, where there are)."""
         return self.problem.params_tree(state.params)
 
 

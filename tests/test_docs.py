@@ -39,7 +39,7 @@ GUIDE_NAMES = ("jes.host_rollout.HostEnvError", "jes.envs.gymnasium.make", "jes.
                "jes.policies.matvec", "jes.checkpoint.CheckpointError", "jes.trained.PolicyFileError",
                "jes.distributed.DistributedSetupError", "jes.cpu.gpu_compiler_options",
                "jes.describe.registered_classes", "jes.describe.registered_callables", "jes.plot.plot_runs",
-               "jes.render.render", "jes.logging.read_scalars", "jes.sweep.SweepRun")
+               "jes.render.render", "jes.logging.read_scalars", "jes.sweep.SweepRun", "jes.bounds.to_box")
 
 
 def api_entries() -> list[str]:
