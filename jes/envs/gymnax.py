@@ -271,6 +271,19 @@ def values_fingerprint(env: Any, params: Any) -> str:
     return f"{VALUES_SCHEME}:{digest.hexdigest()[:_FINGERPRINT_HEX]}"
 
 
+def differing_attributes(env: Any, other: Any) -> list[str]:
+    """The names of the plain attributes (those :func:`values_fingerprint` takes) that env objects ``env`` and
+    ``other`` hold with other values, or one holds and the other does not, sorted."""
+    def digest(value: Any) -> bytes:
+        hashed = hashlib.sha256()
+        feed(hashed, value)
+        return hashed.digest()
+
+    mine, theirs = _plain_attributes(env), _plain_attributes(other)
+    return sorted(k for k in mine.keys() | theirs.keys()
+                  if k not in mine or k not in theirs or digest(mine[k]) != digest(theirs[k]))
+
+
 def instance_name(label: str, env: Any, params: Any) -> str:
     """The name of a gymnax(-protocol) env object that no id rebuilds: ``label`` (its ``name``, class name or id),
     :data:`INSTANCE_SUFFIX`, its class (``module.QualName``) and :func:`values_fingerprint`."""
