@@ -374,7 +374,7 @@ class _Stepping(Countdown):
 @pytest.mark.parametrize("slip,message", [
     ("reward", r"step_env returns a reward of float32\[1\]; .*reward\[0\], jnp.sum\(reward\)"),
     ("done", r"step_env returns a done of bool\[2\]; .*scalar"),
-    ("obs", r"step_env returns observations of float32\[1\], but reset_env float32\[2\]"),
+    ("obs", r"step_env returns observations of float32\[1\], but reset_env returns float32\[2\]"),
     ("state_shape", r"step_env returns a state whose .time is int32\[1\], but reset_env's is int32\[\]"),
     ("state_structure", r"step_env returns a state of another structure"),
 ])

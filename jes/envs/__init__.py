@@ -175,7 +175,7 @@ def _check_step(spec: EnvSpec) -> None:
             raise ValueError(f"env {name!r}: step_env returns a {what} of {_typed(value)}; jes's rollout takes one "
                              f"scalar {what} a step: {fix}")
     if getattr(new_obs, "shape", None) != getattr(obs, "shape", None):
-        raise ValueError(f"env {name!r}: step_env returns observations of {_typed(new_obs)}, but reset_env "
+        raise ValueError(f"env {name!r}: step_env returns observations of {_typed(new_obs)}, but reset_env returns "
                          f"{_typed(obs)}; every step's observation must have reset_env's shape")
     leaves, structure = jax.tree.flatten_with_path(state)
     new_leaves, new_structure = jax.tree.flatten_with_path(new_state)
