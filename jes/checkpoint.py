@@ -918,7 +918,8 @@ class Checkpoint:
             return True
         if self.meta.get("version", 1) >= 7:
             return False
-        plain, keep = split_option(name.removesuffix(gymnax_envs.INSTANCE_SUFFIX), KEEP_OPTION)
+        head, instance, tail = name.partition(gymnax_envs.INSTANCE_SUFFIX)  # an instance's class and fingerprint
+        plain, keep = split_option(head + (tail[tail.index("?"):] if instance and "?" in tail else ""), KEEP_OPTION)
         base, _, options = plain.partition("?")
         if base not in gymnax_envs.env_names() or any(  # only a gymnax id's params options: brax's backend and
                 item.partition("=")[0] not in gymnax_envs.params_fields(base) for item in options.split("&") if item):
@@ -949,9 +950,13 @@ class Checkpoint:
                              ("num_params", "parameter count"), ("obs_shape", "observation shape")):
             if field == "optimizer" and _same_optimizer_name(mine[field], theirs[field]):
                 continue  # "adamm" and "AMSGrad" build amsgrad
-            notice = brax_envs.instance_warning(str(theirs[field]), str(mine[field]), f"checkpoint {self.path}",
-                                                resuming=True) if field == "env_name" else None
-            if notice is not None:   # another sys, or one that cannot be checked: said, not refused
+            notice = None
+            if field == "env_name":
+                notice = (brax_envs.instance_warning(str(theirs[field]), str(mine[field]), f"checkpoint {self.path}",
+                                                     resuming=True)
+                          or gymnax_envs.instance_warning(str(theirs[field]), str(mine[field]),
+                                                          f"checkpoint {self.path}", resuming=True))
+            if notice is not None:   # another sys or params, or ones that cannot be checked: said, not refused
                 warnings.warn(notice, stacklevel=3)
                 continue
             if field == "env_name" and mine[field] != theirs[field] and mine[field] == self._brax_name_today():

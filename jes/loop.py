@@ -30,6 +30,7 @@ from jes import describe
 from jes.describe import DescriptionError
 from jes.config import ESConfig
 from jes.envs import gymnasium as gymnasium_envs
+from jes.envs import gymnax as gymnax_envs
 from jes.envs.spec import maps_box_otherwise_than_before
 from jes.generation import Trainer, TrainState, as_key, fetch, localize, run_learning_rate
 from jes import strategies
@@ -603,7 +604,9 @@ def train(
         log_dir = os.path.dirname(resume) or "."  # the checkpoint sits in its run's log dir: continue the curves there
     auto_name = None  # the auto log dir's name: a run started in the same second that took it first moves this one on
     if log_dir == "runs/<auto>":
-        auto_name = jes_logging.default_run_name(trainer.spec.name, type(trainer.policy).__name__, trainer.run_label)
+        # a JAX env object's name goes on with its class and fingerprint: its label alone names the directory
+        env_label = trainer.spec.name.partition(gymnax_envs.INSTANCE_SUFFIX)[0]
+        auto_name = jes_logging.default_run_name(env_label, type(trainer.policy).__name__, trainer.run_label)
         log_dir = jes_logging.unique_dir(os.path.join("runs", auto_name))
     auto_checkpoint = checkpoint_path == "<log_dir>/checkpoint.ckpt" and resume is None
     if checkpoint_path == "<log_dir>/checkpoint.ckpt":

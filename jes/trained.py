@@ -38,6 +38,7 @@ from jes.checkpoint import build_policy
 from jes.cpu import compiler_options
 from jes.envs import EnvSpec, make_env
 from jes.envs import brax as brax_envs
+from jes.envs import gymnax as gymnax_envs
 from jes.envs.spec import box_action
 from jes.envs.wrappers import nan_option
 from jes.generation import as_key, host_unravel, int32_seed, positive_count
@@ -372,6 +373,7 @@ class TrainedPolicy:
         self._check_env(spec)
         if env is not None:  # a brax instance's policy on other physics: said, as load_policy(path, env=) says it
             notice = (brax_envs.instance_warning(self.env_name, spec.name, "this policy", resuming=False)
+                      or gymnax_envs.instance_warning(self.env_name, spec.name, "this policy", resuming=False)
                       or brax_envs.registered_instead_warning(self.env_name, spec.name, "this policy",
                                                               how="env=instance"))
             if notice is not None:
@@ -616,6 +618,7 @@ def policy_from_bytes(data: bytes, path: str = "<policy bytes>", env: Any = None
     if env is not None:
         spec = env if isinstance(env, EnvSpec) else make_env(env, max_steps=meta["max_steps"])
         notice = (brax_envs.instance_warning(meta["env_name"], spec.name, f"policy file {path}", resuming=False)
+                  or gymnax_envs.instance_warning(meta["env_name"], spec.name, f"policy file {path}", resuming=False)
                   or brax_envs.registered_instead_warning(meta["env_name"], spec.name, f"policy file {path}"))
         if notice is not None and warn:   # another sys, or one that cannot be checked: said, not refused
             warnings.warn(notice, stacklevel=warn_at)

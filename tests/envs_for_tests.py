@@ -58,6 +58,19 @@ class Countdown(environment.Environment):
         return "Countdown"
 
 
+class ScaledCountdown(Countdown):
+    """Countdown whose rewards are multiplied by ``scale``, a constructor argument (not a dataclass field): workers,
+    which build an env object's class without arguments, would step another env for another scale."""
+
+    def __init__(self, scale=1.0):
+        super().__init__()
+        self.scale = scale
+
+    def step_env(self, key, state, action, params):
+        obs, state, reward, done, info = super().step_env(key, state, action, params)
+        return obs, state, self.scale * reward, done, info
+
+
 def make_countdown() -> Countdown:
     """A function, not a class (tests that a description naming it as a class is refused)."""
     return Countdown()

@@ -74,6 +74,20 @@ def test_run_description_rebuilds_the_same_trainer_and_refuses_what_cannot_trave
                            allow=describe.allowlist(["no.such.module"]))
 
 
+def test_a_jax_env_object_that_workers_would_build_otherwise_is_refused():
+    """Workers build an env object's class without arguments: a ScaledCountdown(scale=2.0) went to them as
+    ScaledCountdown(), whose returns mixed with the master's without a word."""
+    from envs_for_tests import ScaledCountdown
+
+    config = jes.ESConfig(num_members=4, eval_episodes=1)
+    describe = lambda env: protocol.describe_run(jes.Trainer(jes.MLPPolicy(hidden_sizes=(2,)), env, "adam", config),
+                                                 env, "adam")
+    assert describe(ScaledCountdown())["env"] == {"class": "envs_for_tests:ScaledCountdown", "fields": {}}
+    with pytest.raises(DescriptionError, match=r"this one's scale differs from ScaledCountdown\(\)'s .*run it "
+                                               r"without workers"):
+        describe(ScaledCountdown(scale=2.0))
+
+
 def test_a_run_description_carries_the_chunk_the_master_runs_whatever_the_workers_default(monkeypatch):
     from jes.perturbations import low_rank
 

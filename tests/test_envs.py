@@ -169,14 +169,15 @@ def test_env_objects_no_name_rebuilds_are_named_so_and_rebuilding_them_is_refuse
 
     assert make_env(gymnax.make("DeepSea-bsuite")[0]).name == "DeepSea-bsuite"
     other = make_env(DeepSea(action_mapping_key=jax.random.key(3)))  # its actions mapped by another key
-    assert other.name == "DeepSea-bsuite (a gymnax env instance)"
+    assert other.name.startswith("DeepSea-bsuite (a gymnax env instance) class:gymnax.environments.bsuite.deep_sea."
+                                 "DeepSea params:1:")
     with pytest.raises(ValueError, match="pass that env itself again"):
         make_env(other.name)
     # A registered env whose own `name` is not its id ("DiscountingChain-v0") is named by its id.
     assert make_env(gymnax.make("DiscountingChain-bsuite")[0]).name == "DiscountingChain-bsuite"
     acrobot, params = gymnax.make("Acrobot-v1")  # an array field no name holds
-    assert make_env((acrobot, params.replace(available_torque=jnp.array([-2.0, 0.0, 2.0])))).name == \
-        "Acrobot-v1 (a gymnax env instance)"
+    assert make_env((acrobot, params.replace(available_torque=jnp.array([-2.0, 0.0, 2.0])))).name.startswith(
+        "Acrobot-v1 (a gymnax env instance) class:")
 
 
 def test_gymnax_wrappers_and_mismatched_env_params_are_refused():
@@ -273,3 +274,124 @@ def test_a_checkpoint_from_before_params_in_names_resumes_with_a_warning(tmp_pat
                             ("gymnasium:Pendulum-v1?episode_seconds=1", "gymnasium:Pendulum-v1")):
         old.meta.update(env_name=recorded)
         assert not old.names_env(other)
+
+
+class OtherCountdown(Countdown):
+    """Another class that calls itself "Countdown" (as a class of the same name in another module would)."""
+
+    def step_env(self, key, state, action, params):
+        obs, state, reward, done, info = super().step_env(key, state, action, params)
+        return obs, state, 2.0 * reward, done, info
+
+
+def _old_name_of(env, params):
+    """The name jes gave a JAX env object of one's own before it recorded its class and params."""
+    return getattr(env, "name", None) or type(env).__name__
+
+
+def test_own_jax_env_objects_are_named_by_class_and_a_fingerprint_of_their_params():
+    """A JAX env of one's own was named by its `name` alone: other params, or another class of that name, made the
+    same name, so its files resumed and loaded on them without a word."""
+    short = Countdown().default_params.replace(episode_length=3)
+    plain, again, other_params = make_env(Countdown()), make_env(Countdown()), make_env((Countdown(), short))
+    assert plain.name == again.name and plain.name.startswith(
+        "Countdown (a gymnax env instance) class:envs_for_tests.Countdown params:1:"), plain.name
+    assert other_params.name != plain.name and other_params.name.partition(" params:")[0] == \
+        plain.name.partition(" params:")[0]
+    assert make_env((Countdown(), Countdown().default_params.replace(episode_length=5))).name == plain.name
+    assert "class:test_envs.OtherCountdown params:" in make_env(OtherCountdown()).name
+    with pytest.raises(ValueError, match="pass that env itself again"):
+        make_env(plain.name)
+    # a registered id's name is unchanged
+    assert make_env("CartPole-v1").name == "CartPole-v1"
+    assert make_env(jes.envs.gymnax.make("CartPole-v1?gravity=20.0")).name == "CartPole-v1?gravity=20.0"
+
+
+def test_resuming_or_loading_an_own_jax_env_on_other_params_or_class_is_said(tmp_path, monkeypatch):
+    short = Countdown().default_params.replace(episode_length=3)
+    settings = dict(num_members=8, eval_episodes=2, log_dir=None, progress=False, key=0)
+    policy = lambda: jes.MLPPolicy(hidden_sizes=(3,))
+    path = str(tmp_path / "run.ckpt")
+    result = jes.train(policy(), (Countdown(), short), num_generations=1, checkpoint_path=path, **settings)
+    with pytest.warns(UserWarning, match="is of that class with other params or attributes"):
+        jes.train(policy(), Countdown(), num_generations=2, resume=path, checkpoint_path=str(tmp_path / "b.ckpt"),
+                  **settings)
+    with pytest.raises(jes.checkpoint.CheckpointError, match="class:test_envs.OtherCountdown"):
+        jes.train(policy(), (OtherCountdown(), short), num_generations=2, resume=path, **settings)
+    file = result.save_policy(str(tmp_path / "short.policy"))
+    with pytest.warns(UserWarning, match="other params or attributes"):
+        loaded = jes.load_policy(file, env=Countdown())
+    assert loaded.evaluate(2, 1).tobytes() != result.evaluate(2, 1).tobytes()
+    with pytest.warns(UserWarning, match="other params or attributes"):
+        jes.load_policy(file, env=(Countdown(), short)).evaluate(2, 1, env=Countdown())
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        same = jes.load_policy(file, env=(Countdown(), short)).evaluate(2, 1)
+    assert same.tobytes() == result.evaluate(2, 1).tobytes()
+
+
+def test_files_of_an_own_jax_env_named_before_its_class_and_params_resume_and_load_with_a_warning(tmp_path,
+                                                                                                  monkeypatch):
+    settings = dict(num_members=8, eval_episodes=2, log_dir=None, progress=False, key=0)
+    path = str(tmp_path / "old.ckpt")
+    with monkeypatch.context() as patched:
+        patched.setattr(jes.envs.gymnax, "name_of", _old_name_of)
+        result = jes.train(jes.MLPPolicy(hidden_sizes=(3,)), Countdown(), num_generations=1, checkpoint_path=path,
+                           **settings)
+        file = result.save_policy(str(tmp_path / "old.policy"))
+    assert jes.checkpoint.read(path).env_name == "Countdown"
+    with pytest.warns(UserWarning, match="jes cannot check that the env given"):
+        jes.train(jes.MLPPolicy(hidden_sizes=(3,)), Countdown(), num_generations=2, resume=path,
+                  checkpoint_path=str(tmp_path / "new.ckpt"), **settings)
+    with pytest.warns(UserWarning, match="jes cannot check that the env given"):
+        loaded = jes.load_policy(file, env=Countdown())
+    assert loaded.evaluate(2, 1).tobytes() == result.evaluate(2, 1).tobytes()
+
+
+class _Stepping(Countdown):
+    """Countdown whose step_env makes one of the slips the rollout's loop cannot carry."""
+
+    def __init__(self, slip):
+        super().__init__()
+        self.slip = slip
+
+    def step_env(self, key, state, action, params):
+        obs, new_state, reward, done, info = super().step_env(key, state, action, params)
+        if self.slip == "reward":
+            reward = jnp.reshape(reward, (1,))
+        elif self.slip == "done":
+            done = jnp.stack([done, done])
+        elif self.slip == "obs":
+            obs = obs[:1]
+        elif self.slip == "state_shape":
+            new_state = new_state.replace(time=jnp.reshape(new_state.time, (1,)))
+        elif self.slip == "state_structure":
+            new_state = (new_state, 0)
+        return obs, new_state, reward, done, info
+
+
+@pytest.mark.parametrize("slip,message", [
+    ("reward", r"step_env returns a reward of float32\[1\]; .*reward\[0\], jnp.sum\(reward\)"),
+    ("done", r"step_env returns a done of bool\[2\]; .*scalar"),
+    ("obs", r"step_env returns observations of float32\[1\], but reset_env returns float32\[2\]"),
+    ("state_shape", r"step_env returns a state whose .time is int32\[1\], but reset_env's is int32\[\]"),
+    ("state_structure", r"step_env returns a state of another structure"),
+])
+def test_a_step_the_rollout_cannot_carry_is_refused_naming_the_env_and_value(slip, message):
+    """These failed deep in JAX ("while_loop body function carry input and carry output must have equal types"),
+    naming neither the env nor the value."""
+    with pytest.raises(ValueError, match=r"env 'Countdown .*" + message):
+        make_env(_Stepping(slip))
+    assert make_env(_Stepping("none")).num_outputs == 2
+
+
+def test_a_dict_observation_space_of_a_jax_env_is_refused_saying_what_works():
+    from gymnax.environments import spaces
+
+    class DictObs(Countdown):
+        def observation_space(self, params):
+            return spaces.Dict({"a": spaces.Box(0.0, 1.0, (2,))})
+
+    with pytest.raises(ValueError, match="has a Dict observation space; .*Box observation_space.*gymnasium.Env"):
+        make_env(DictObs())

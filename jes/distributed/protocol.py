@@ -49,6 +49,7 @@ Messages (master -> worker), all but ``welcome``/``rehello`` with ``sid`` and ``
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import hmac
 import math
@@ -320,11 +321,38 @@ def describe_run(trainer: Any, env: Any, optimizer: Any, env_params: Any = None,
                                        f"travel to workers: pass a brax name ('brax/<name>?backend=...&<argument>="
                                        f"...') or an env that one rebuilds, or run it without workers")
             env = trainer.spec.name
+        else:
+            _check_env_rebuilds(env)
     config = trainer.config
     if config.chunk_size is None:  # the chunk the master runs, whatever a worker's jes would take for its default
         config = config.replace(chunk_size=trainer.chunk_size)
     description = describe.describe_run(trainer.policy, config, env, optimizer, env_params, **extra)
     return {"version": PROTOCOL_VERSION, **description}
+
+
+def _check_env_rebuilds(env: Any) -> None:
+    """Raise :class:`DescriptionError` where a JAX env object, which travels to workers by its class (they build it
+    again: without arguments, or from its dataclass fields), would be built there otherwise than the master's: other
+    attribute values (constructor arguments) would make workers step another env, their returns mixed with the
+    master's without a word."""
+    from jes.envs.gymnax import differing_attributes
+
+    cls = type(env)
+    try:
+        rebuilt = dataclasses.replace(env) if dataclasses.is_dataclass(env) else cls()
+    except Exception as err:  # noqa: BLE001 - workers would fail alike, each with its own message
+        raise DescriptionError(f"env {cls.__qualname__} travels to workers by its class, which they build without "
+                               f"arguments, and {cls.__qualname__}() fails ({type(err).__name__}: {err}): give its "
+                               f"arguments defaults, make it a dataclass whose fields hold them, or run it without "
+                               f"workers") from err
+    differing = differing_attributes(env, rebuilt)
+    if differing:
+        raise DescriptionError(f"env {cls.__qualname__} travels to workers by its class, which they build without "
+                               f"arguments, and this one's {', '.join(differing)} "
+                               f"{'differs' if len(differing) == 1 else 'differ'} from "
+                               f"{cls.__qualname__}()'s (constructor arguments, or attributes set after): workers would "
+                               f"step another env; make those the defaults, make it a dataclass whose fields hold "
+                               f"them, or run it without workers")
 
 
 def build_run(description: Any, devices: Any = None, allow: describe.Allowlist | None = None) -> Any:

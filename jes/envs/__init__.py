@@ -18,6 +18,7 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 import jax
+import jax.numpy as jnp
 
 from jes.envs import brax as brax_family
 from jes.envs import gymnasium as gymnasium_family
@@ -67,12 +68,12 @@ def _resolve(env: Any, env_params: Any = None) -> tuple[Any, Any, str]:
         for suffix, kind, how in (
                 (gymnasium_family.INSTANCE_SUFFIX, "a gymnasium.Env instance", "its registered id (other arguments, "
                  "params, time limit or wrappers)"),
-                (gymnax_family.INSTANCE_SUFFIX, "a gymnax env object", "its registered id (other arguments, params, "
-                 "time limit or wrappers)"),
+                (gymnax_family.INSTANCE_SUFFIX, "a JAX env object of your own class, or a gymnax env",
+                 "its registered id (other arguments or params)"),
                 (brax_family.INSTANCE_SUFFIX, "a brax env object", "its registered name (a changed sys, attributes "
                  "set after construction, constructor arguments a name cannot hold, or a class of your own)")):
-            # a brax instance's name may go on with ?keep_obs=... (its own options come before the suffix)
-            if env.endswith(suffix) or (suffix == brax_family.INSTANCE_SUFFIX and suffix in env):
+            # a brax or gymnax instance's name goes on with its fingerprint (and may with ?keep_obs=...)
+            if env.endswith(suffix) or (suffix != gymnasium_family.INSTANCE_SUFFIX and suffix in env):
                 raise ValueError(f"env {env!r} was {kind} made otherwise than {how}, which no name rebuilds: pass "
                                  f"that env itself again, from Python (jes.load_policy(path, env=env), "
                                  f"policy.evaluate(env=env), policy.render(path, env=env), jes.train(policy, env, ..., resume=path)); the command "
@@ -122,7 +123,13 @@ def _check_observations(env: Any, params: Any, name: str) -> None:
     (policies and observation statistics are sized by the space)."""
     if isinstance(env, (brax_family.BraxEnv, MaskedObservations)):
         return
-    declared = tuple(int(d) for d in env.observation_space(params).shape)
+    space = env.observation_space(params)
+    if not hasattr(space, "shape"):
+        raise ValueError(f"env {name!r} has a {type(space).__name__} observation space; a JAX env's observations go "
+                         f"to the policy as one array: give it a Box observation_space and return one array "
+                         f"(jnp.concatenate the parts, jnp.ravel each), or pass a gymnasium.Env, whose Dict and "
+                         f"Tuple observations jes flattens")
+    declared = tuple(int(d) for d in space.shape)
     try:
         obs = jax.eval_shape(lambda k: env.reset_env(k, params)[0], jax.random.key(0))
     except Exception:  # noqa: BLE001 - an env that fails here fails with its own error when run
@@ -132,6 +139,56 @@ def _check_observations(env: Any, params: Any, name: str) -> None:
         raise ValueError(f"env {name!r} returns observations of shape {actual} from reset_env, but its "
                          f"observation_space(params).shape is {declared}; jes sizes the policy's input by the "
                          f"space, so make them agree")
+
+
+def _typed(value: Any) -> str:
+    """``"float32[1]"``: a traced value's dtype and shape, as JAX writes them."""
+    shape = getattr(value, "shape", None)
+    if shape is None:
+        return type(value).__name__
+    return f"{getattr(value, 'dtype', '?')}[{','.join(str(d) for d in shape)}]"
+
+
+def _check_step(spec: EnvSpec) -> None:
+    """Raise ``ValueError`` naming the value when one ``step_env`` (traced only, by ``jax.eval_shape``: nothing is
+    compiled or run) returns what the rollout's loop cannot carry: a reward or done that is not a scalar, an
+    observation of another shape than ``reset_env``'s, or a state of another structure or shapes (JAX would fail
+    deep in the compiled loop, naming neither the env nor the value)."""
+    env, params, name = spec.env, spec.params, spec.name
+    if isinstance(env, (brax_family.BraxEnv, MaskedObservations)) or type(env).__module__.split(".")[0] == "gymnax":
+        return   # jes's adapters and gymnax's own envs step as the rollout needs: nothing to trace
+
+    def reset_then_step(key: jax.Array) -> tuple:
+        obs, state = env.reset_env(key, params)
+        action = spec.action(jnp.zeros((spec.num_outputs,), jnp.float32))  # what the rollout's policy head gives
+        return (obs, state), env.step_env(key, state, action, params)
+
+    try:
+        (obs, state), stepped = jax.eval_shape(reset_then_step, jax.random.key(0))
+        new_obs, new_state, reward, done = stepped[:4]
+    except Exception:  # noqa: BLE001 - an env that fails here fails with its own error when run
+        return
+    for what, value, fix in (
+            ("reward", reward, "return a scalar: reward[0], jnp.sum(reward) or reward.squeeze()"),
+            ("done", done, "return a scalar bool: done[0], jnp.any(done) or done.squeeze()")):
+        if getattr(value, "shape", None) != ():
+            raise ValueError(f"env {name!r}: step_env returns a {what} of {_typed(value)}; jes's rollout takes one "
+                             f"scalar {what} a step: {fix}")
+    if getattr(new_obs, "shape", None) != getattr(obs, "shape", None):
+        raise ValueError(f"env {name!r}: step_env returns observations of {_typed(new_obs)}, but reset_env returns "
+                         f"{_typed(obs)}; every step's observation must have reset_env's shape")
+    leaves, structure = jax.tree.flatten_with_path(state)
+    new_leaves, new_structure = jax.tree.flatten_with_path(new_state)
+    if structure != new_structure:
+        raise ValueError(f"env {name!r}: step_env returns a state of another structure than reset_env's ({new_structure}"
+                         f", reset_env's {structure}); the state must keep its fields and their shapes from step to "
+                         f"step")
+    for (path, before), (_, after) in zip(leaves, new_leaves):
+        if getattr(before, "shape", None) != getattr(after, "shape", None):
+            raise ValueError(f"env {name!r}: step_env returns a state whose {jax.tree_util.keystr(path) or 'value'} "
+                             f"is {_typed(after)}, but reset_env's is {_typed(before)}; the state must keep its "
+                             f"shapes from step to step (a scalar stays a scalar: squeeze the action, e.g. "
+                             f"action[0], before adding it)")
 
 
 def make_env(env: Any, env_params: Any = None, max_steps: int | None = None) -> EnvSpec:
@@ -152,7 +209,9 @@ def make_env(env: Any, env_params: Any = None, max_steps: int | None = None) -> 
 
     Raises:
         ValueError: unknown env name (the message lists the valid ones), a name setting a parameter to NaN, an
-            unsupported action space, or observations of another shape than the env's observation space.
+            unsupported action space or observation space (a JAX env's Dict), observations of another shape than
+            the env's observation space, or (a JAX env of one's own, traced once, not compiled) a step_env whose
+            reward or done is not a scalar, or whose observation or state changes shape or structure.
         TypeError: an object that does not follow the env protocol, a gymnax or brax wrapper, or params of another
             env.
         ImportError: a brax env without brax installed (the message names the extra), or a registered Gymnasium id
@@ -167,7 +226,9 @@ def make_env(env: Any, env_params: Any = None, max_steps: int | None = None) -> 
     check_env(env)
     env_obj, params, name = _resolve(env, env_params)
     _check_observations(env_obj, params, name)
-    return spec_from_env(env_obj, params, name, max_steps, gymnax_family.solved_return)
+    spec = spec_from_env(env_obj, params, name, max_steps, gymnax_family.solved_return)
+    _check_step(spec)
+    return spec
 
 
 def mask_observations(env: Any, keep: Sequence[int], env_params: Any = None) -> MaskedObservations:

@@ -9,7 +9,12 @@ custom environment works if it offers the gymnax methods jes uses:
 * ``action_space(params)`` returning a ``gymnax.environments.spaces.Discrete`` or ``Box``,
 * ``observation_space(params)`` with a ``.shape``,
 * optionally ``is_truncated(state, params)`` (gymnax >= 1.0 keeps the time limit out of ``done``),
-* optionally ``name`` (recorded in checkpoints) and ``solved_return(max_steps)``.
+* optionally ``name`` (the label its files record) and ``solved_return(max_steps)``.
+
+An env object that no gymnax id rebuilds (a class of one's own, or a gymnax class made otherwise than its id) is
+named ``"<name> (a gymnax env instance) class:<module>.<QualName> params:<scheme>:<hex>"`` (:func:`instance_name`):
+its class, and a fingerprint of its params and plain attributes, so that a resume with another class is refused
+and one with other params (or a policy file loaded for them) is warned of.
 
 jes calls the non-resetting ``step_env`` and masks finished episodes itself;
 rewards after ``done`` never count.
@@ -17,11 +22,14 @@ rewards after ``done`` never count.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import re
 from typing import Any
 
 import jax
 import numpy as np
 
+from jes.envs.fingerprint import feed
 from jes.lazy_gymnax import import_gymnax
 
 # Scores at which tasks count as solved (Gym's thresholds; MemoryChain: always right).
@@ -39,6 +47,14 @@ PROTOCOL_METHODS = ("reset_env", "step_env", "action_space", "observation_space"
 # An env object that no name rebuilds (other constructor arguments, or params a name cannot hold) is named
 # "<its name> (a gymnax env instance)": checkpoints and policy files record that, and rebuilding it asks for the env.
 INSTANCE_SUFFIX = " (a gymnax env instance)"
+# ...followed by its class and a fingerprint of its values (params and plain attributes): "... class:mypkg.envs.Point
+# params:1:<hex>". Another class is another name (a resume refused); other values are warned of, not refused (as a brax
+# instance's other physics): the fingerprint of the same values may change with 64-bit JAX switched where a value
+# was computed, and that must not lock a run away. Files written before jes recorded these name the bare label.
+CLASS_LABEL = " class:"
+VALUES_LABEL = " params:"
+VALUES_SCHEME = 1   # how values_fingerprint computes; another number where that changes (a file's is not compared)
+_FINGERPRINT_HEX = 12
 # Ids whose construction needs more than this machine (MNISTBandit downloads MNIST): never built to find an id.
 _NOT_PROBED = ("MNISTBandit-bsuite",)
 
@@ -200,18 +216,136 @@ def name_of(env: Any, params: Any) -> str:
     """The name :func:`jes.envs.make_env` resolves back to ``(env, params)`` for a gymnax(-protocol) env object.
 
     A registered env made as its id makes is named by its id, with its params' changed fields as options
-    (``"CartPole-v1?gravity=20.0"``). Any other object keeps its own ``name`` (or its class name), marked with
-    :data:`INSTANCE_SUFFIX` when that name would otherwise rebuild a different env.
+    (``"CartPole-v1?gravity=20.0"``). Any other object (a class of one's own; a registered one made otherwise or
+    with params a name cannot hold) is named by :func:`instance_name`: its own ``name`` (or its class name, or its
+    id), :data:`INSTANCE_SUFFIX`, its class and a fingerprint of its params and attributes.
     """
-    label = getattr(env, "name", None) or type(env).__name__
     env_id = registered_id(env)
     if env_id is None:
-        base = label.partition("?")[0]
-        return label + INSTANCE_SUFFIX if base in env_names() else label
+        return instance_name(getattr(env, "name", None) or type(env).__name__, env, params)
     options = params_options(params, _fresh(env_id)[1])
     if options is None:
-        return env_id + INSTANCE_SUFFIX
+        return instance_name(env_id, env, params)
     return f"{env_id}?{options}" if options else env_id
+
+
+def _plain_attributes(env: Any) -> dict:
+    """An env object's settings: its public attributes that hold data (numbers, strings, None, arrays, key arrays
+    as their key data, and tuples, lists and dicts of them); others (submodules, functions) are left out."""
+    def data(value: Any, depth: int = 0) -> bool:
+        if depth > 8:
+            return False
+        if value is None or isinstance(value, (bool, int, float, str, np.ndarray, np.generic, jax.Array)):
+            return True
+        if isinstance(value, (tuple, list)):
+            return all(data(v, depth + 1) for v in value)
+        if isinstance(value, dict):
+            return all(isinstance(k, str) and data(v, depth + 1) for k, v in value.items())
+        return False
+
+    try:
+        attributes = vars(env)
+    except TypeError:   # a class with __slots__: nothing to take
+        return {}
+    return {k: _key_data(v) for k, v in sorted(attributes.items()) if not k.startswith("_") and data(v)}
+
+
+def _key_data(tree: Any) -> Any:
+    """``tree`` with its PRNG key arrays as their key data (a key array has no values numpy reads)."""
+    def unkey(leaf: Any) -> Any:
+        if isinstance(leaf, jax.Array) and jax.dtypes.issubdtype(leaf.dtype, jax.dtypes.prng_key):
+            return jax.random.key_data(leaf)
+        return leaf
+    try:
+        return jax.tree.map(unkey, tree)
+    except Exception:  # noqa: BLE001 - a pytree that does not map: fed as it is
+        return tree
+
+
+def values_fingerprint(env: Any, params: Any) -> str:
+    """``"<scheme>:<hex>"``: a short sha256 of an env object's ``params`` and its :func:`_plain_attributes` (the
+    constructor arguments such objects keep), by :func:`jes.envs.fingerprint.feed` (numbers and arrays by their values
+    in one canonical dtype: the same in every process, on any device, with 64-bit JAX or not)."""
+    digest = hashlib.sha256()
+    feed(digest, ("params", _key_data(params), "attributes", _plain_attributes(env)))
+    return f"{VALUES_SCHEME}:{digest.hexdigest()[:_FINGERPRINT_HEX]}"
+
+
+def differing_attributes(env: Any, other: Any) -> list[str]:
+    """The names of the plain attributes (those :func:`values_fingerprint` takes) that env objects ``env`` and
+    ``other`` hold with other values, or one holds and the other does not, sorted."""
+    def digest(value: Any) -> bytes:
+        hashed = hashlib.sha256()
+        feed(hashed, value)
+        return hashed.digest()
+
+    mine, theirs = _plain_attributes(env), _plain_attributes(other)
+    return sorted(k for k in mine.keys() | theirs.keys()
+                  if k not in mine or k not in theirs or digest(mine[k]) != digest(theirs[k]))
+
+
+def instance_name(label: str, env: Any, params: Any) -> str:
+    """The name of a gymnax(-protocol) env object that no id rebuilds: ``label`` (its ``name``, class name or id),
+    :data:`INSTANCE_SUFFIX`, its class (``module.QualName``) and :func:`values_fingerprint`."""
+    cls = type(env)
+    return (f"{label}{INSTANCE_SUFFIX}{CLASS_LABEL}{cls.__module__}.{cls.__qualname__}"
+            f"{VALUES_LABEL}{values_fingerprint(env, params)}")
+
+
+def _split_values(name: str) -> tuple[str, str | None]:
+    """``(name without its fingerprint, the fingerprint as written, or None)``."""
+    head, suffix, tail = name.partition(INSTANCE_SUFFIX)
+    found = re.search(re.escape(VALUES_LABEL) + "([0-9a-z:]+)", tail) if suffix else None
+    if found is None:
+        return name, None
+    return head + suffix + tail[:found.start()] + tail[found.end():], found.group(1)
+
+
+def _split_keep(name: str) -> tuple[str, str | None]:
+    """``(name without a trailing keep_obs option, its indices or None)``: a masked instance's name ends with one
+    (:mod:`jes.envs.wrappers` appends it; it imports this module, so it is read here by hand)."""
+    found = re.search(r"[?&]keep_obs=([^&?]*)$", name)
+    return (name, None) if found is None else (name[:found.start()], found.group(1))
+
+
+def instance_difference(recorded: str, given: str) -> str | None:
+    """How env name ``given`` (a gymnax env instance's, with its class and fingerprint) stands to ``recorded`` (a
+    file's): ``"values"`` when they name one label and class with another fingerprint of this jes's scheme,
+    ``"unchecked"`` when ``recorded`` is the name jes gave that object before it recorded class and values (its bare
+    label, or the label with :data:`INSTANCE_SUFFIX`), or holds a fingerprint of another scheme; ``None`` otherwise
+    (the same name, or names of other envs or classes, which are compared as names)."""
+    if recorded == given or INSTANCE_SUFFIX not in given or CLASS_LABEL not in given:
+        return None
+    (recorded, recorded_keep), (given, given_keep) = _split_keep(recorded), _split_keep(given)
+    if recorded_keep != given_keep:
+        return None
+    label = given.partition(INSTANCE_SUFFIX)[0]
+    if recorded == label + INSTANCE_SUFFIX or (recorded == label and label.partition("?")[0] not in env_names()):
+        return "unchecked"   # a gymnax id's object was named with the suffix then, so a bare id is the id's env
+    (recorded_plain, recorded_values), (given_plain, given_values) = _split_values(recorded), _split_values(given)
+    if recorded_plain != given_plain or given_values is None:
+        return None
+    scheme = f"{VALUES_SCHEME}:"
+    if recorded_values is None or not recorded_values.startswith(scheme) or not given_values.startswith(scheme):
+        return "unchecked"
+    return "values" if recorded_values != given_values else None
+
+
+def instance_warning(recorded: str, given: str, file: str, resuming: bool) -> str | None:
+    """What to warn where ``file`` (``"checkpoint <path>"``, ``"policy file <path>"``), which ran the gymnax env
+    instance ``recorded``, is resumed (``resuming``) or loaded with the instance ``given`` (:func:`instance_difference`);
+    ``None``: nothing to say. Other values are said, not refused, as a brax instance's other physics are."""
+    difference = instance_difference(recorded, given)
+    going_on = "resuming on it as given" if resuming else "its policy is evaluated on it as given"
+    if difference == "values":
+        return (f"{file} ran the env {recorded!r}; the env given, {given!r}, is of that class with other params or "
+                f"attributes (fingerprint {_split_values(given)[1]}, the file's {_split_values(recorded)[1]}): "
+                f"{going_on}. If that is not what you meant, pass the env and params the file ran: (env, params)")
+    if difference == "unchecked":
+        return (f"{file} names its env {recorded!r}, as jes named a JAX env object of its own before it recorded its "
+                f"class and a fingerprint of its params: jes cannot check that the env given, {given!r}, is the one "
+                f"it ran; {going_on}")
+    return None
 
 
 def check_params(env: Any, params: Any, name: str) -> None:
