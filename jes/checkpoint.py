@@ -57,6 +57,7 @@ from jes.envs import gymnasium as gymnasium_envs
 from jes.envs import gymnax as gymnax_envs
 from jes.envs.wrappers import KEEP_OPTION, nan_option, split_option, with_option
 from jes.optimizers import resolve_name as resolve_optimizer_name
+from jes.rollout import OBS_EPS
 
 MAGIC = b"JESCKPT1"
 # 2: the strategy's state under state['strategy'], policy fields in the jes.describe form (format 1 is upgraded
@@ -908,6 +909,10 @@ class Checkpoint:
         # Evaluation reads the centre (every strategy's state has its ``mean``), never the strategy
         strategy = build_strategy(self.meta.get("strategy"), self.path) if self.rebuilds_its_strategy() \
             else strategies.get("openai_es")
+        if not self.rebuilds_its_strategy() and _collected_obs_stats(self.state_dict):
+            # Whether a run normalises is its strategy's say (Strategy.uses_obs_norm, which a class of your own may
+            # override), not the config's alone: statistics only move in a run that normalised
+            fields["normalize_observations"] = True
         optimizer = "sgd" if strategy.uses_optimizer else None
         try:
             trainer = Trainer(policy, self.env_name, optimizer, ESConfig(**fields), devices=devices, strategy=strategy)
@@ -1207,6 +1212,16 @@ def _same_optimizer_name(a: Any, b: Any) -> bool:
     try:
         return resolve_optimizer_name(a) == resolve_optimizer_name(b)
     except ValueError:
+        return False
+
+
+def _collected_obs_stats(state_dict: Any) -> bool:
+    """Whether a file's observation statistics moved from their start (``OBS_EPS``): only a run that normalised
+    its observations collects them."""
+    count = state_dict.get("obs_count") if isinstance(state_dict, dict) else None
+    try:
+        return bool(np.asarray(count, np.float32) != np.float32(OBS_EPS))
+    except (TypeError, ValueError):  # not one number: the caller's read of the statistics names the problem
         return False
 
 

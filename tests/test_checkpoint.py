@@ -735,6 +735,31 @@ def test_a_checkpoint_of_your_own_strategy_evaluates_its_centre_and_says_how_to_
     assert int(centre.generation) == 1
 
 
+@dataclasses.dataclass(frozen=True)
+class AlwaysNormalises(jes.strategies.OpenAIES):
+    """A strategy of the user's own that normalises observations whatever the config asks (uses_obs_norm)."""
+
+    name = "normalising_es"
+
+    def uses_obs_norm(self, requested):
+        return True
+
+
+def test_the_stand_in_of_your_own_strategy_normalises_observations_as_the_run_did(tmp_path):
+    """Whether a run normalises is its strategy's say: the stand-in (OpenAI-ES, which follows the config) evaluated
+    a run that normalised against normalize_observations=False without the file's statistics, other returns."""
+    config = jes.ESConfig(**dict(SMALL, normalize_observations=False))
+    trainer = jes.Trainer(jes.MLPPolicy((4,)), "Pendulum-v1", "adam", config, strategy=AlwaysNormalises())
+    path = str(tmp_path / "normalising.ckpt")
+    run(trainer, trainer.init_state(3), key=3, num_generations=1, checkpoint_path=path)
+    ckpt = checkpoint.read(path)
+    stand_in, centre = ckpt.centre_for_evaluation()
+    key = jes.generation.as_key(5)
+    mine, theirs = (np.asarray(t.evaluate_centre(s, 3, key)[0])
+                    for t, s in ((stand_in, centre), (trainer, ckpt.restore_state(trainer))))
+    assert stand_in.normalize_observations and mine.tobytes() == theirs.tobytes(), (mine, theirs)
+
+
 def test_a_file_naming_a_strategy_class_never_imports_or_builds_it(saved, tmp_path):
     """A file names no code: a recorded strategy class is compared, never imported or constructed."""
     module = "jes_test_never_imported_strategies"
