@@ -57,6 +57,7 @@ from jes.envs import gymnasium as gymnasium_envs
 from jes.envs import gymnax as gymnax_envs
 from jes.envs.wrappers import KEEP_OPTION, nan_option, split_option, with_option
 from jes.optimizers import resolve_name as resolve_optimizer_name
+from jes.rollout import OBS_EPS
 
 MAGIC = b"JESCKPT1"
 # 2: the strategy's state under state['strategy'], policy fields in the jes.describe form (format 1 is upgraded
@@ -69,7 +70,10 @@ MAGIC = b"JESCKPT1"
 # named the bare id or the env's own name: Checkpoint.names_env accepts those with a warning).
 # 8: a brax env's actions are in [-1, 1], brax's action space (format <= 7 runs squashed them into the actuators'
 # ctrl_range, which humanoid, humanoidstandup, inverted_pendulum and pusher then scaled again: restore_state warns).
-FORMAT_VERSION = 8
+# 9: a strategy that is not the class registered under its name (your own, or a subclass that keeps its parent's name)
+# records its class, "module:qualname" (format <= 8 files record none: a resume of one with a class of your own warns
+# that it cannot check; a format 9 file without a class ran the registered class, and a resume with another is refused).
+FORMAT_VERSION = 9
 _HEADER = struct.Struct("<8sQ32s")
 # Config fields that do not change what the parameters become, so a resumed run may change them.
 RESUMABLE_CONFIG_CHANGES = frozenset({"num_generations", "stop_at_return", "eval_every", "eval_episodes"})
@@ -220,24 +224,73 @@ def build_policy(description: dict, path: str = "<checkpoint>", allow_modules: A
         raise CheckpointError(f"{path}: cannot rebuild the policy: {err}{tail}") from err
 
 
+def _registered_class(name: Any) -> str | None:
+    """``"module:qualname"`` of the strategy class registered as ``name`` (``None``: no registered strategy)."""
+    key = strategies.canonical_name(name) if isinstance(name, str) else None
+    return None if key is None else _class_path(strategies.REGISTRY[key])
+
+
+def _class_path(cls: type) -> str:
+    return f"{cls.__module__}:{cls.__qualname__}"
+
+
+def strategy_class(description: dict | None) -> str | None:
+    """The class a :func:`describe_strategy` description ran: its recorded ``"class"``, else (a registered strategy,
+    or a file from before classes were recorded) the class registered under its name; ``None`` where neither says."""
+    description = description or {"name": "openai_es"}
+    return description.get("class") or _registered_class(description.get("name"))
+
+
 def describe_strategy(strategy: Any) -> dict:
-    """``{"name": "pgpe", "fields": {...}}``: a registered strategy by name with its (plain) hyperparameters."""
-    return {"name": strategy.name, "fields": {f.name: getattr(strategy, f.name) for f in dataclasses.fields(strategy)}}
+    """``{"name": "pgpe", "fields": {...}}``: a registered strategy by name with its (plain) hyperparameters.
+
+    A strategy of another class (your own, or a subclass of a registered one that keeps its name) also records
+    ``"class": "module:qualname"``, so that a resume with another class is refused; it is only compared, never
+    imported (:func:`build_strategy` builds registered strategies only). Registered strategies record no class:
+    their descriptions are, byte for byte, those files recorded before format 9.
+    """
+    description = {"name": strategy.name,
+                   "fields": {f.name: getattr(strategy, f.name) for f in dataclasses.fields(strategy)}}
+    path = _class_path(type(strategy))
+    if path != _registered_class(strategy.name):
+        description["class"] = path
+    return description
 
 
-def build_strategy(description: dict | None) -> Any:
+def rebuilds_strategy(description: dict | None) -> bool:
+    """Whether :func:`build_strategy` can rebuild the strategy ``description`` names: a registered one, not a class
+    of your own (a file names no code)."""
+    if description is None:
+        return True
+    registered = _registered_class(description.get("name"))
+    return registered is not None and strategy_class(description) == registered
+
+
+def build_strategy(description: dict | None, path: str = "<checkpoint>") -> Any:
     """The strategy a :func:`describe_strategy` description names (``None``: OpenAI-ES, as in format 1).
 
-    Only registered strategies by name, with plain-number/string hyperparameters: a file names no code.
+    Only registered strategies by name, with plain-number/string hyperparameters: a file names no code. A recorded
+    class of your own is never imported or built: the error says how to restore the run into a trainer of yours.
     """
     if description is None:
         return strategies.get("openai_es")
+    if not rebuilds_strategy(description):
+        name, cls = description.get("name"), description.get("class")
+        ran = f"strategy {name!r}" + (f" of class {cls}" if cls else "")
+        why = ("a class of your own" if cls else
+               f"unknown strategy {name!r}; this jes registers {', '.join(strategies.names())}")
+        raise CheckpointError(
+            f"checkpoint {path} ran {ran} ({why}): a file names no code, so jes rebuilds only registered strategies. "
+            f"Build the Trainer with your strategy object and restore the run into it: "
+            f"jes.checkpoint.read(path).restore_state(jes.Trainer(policy, env, optimizer, config, "
+            f"strategy=YourStrategy(...))), or resume it with jes.train(..., strategy=YourStrategy(...), resume=path); "
+            f"`jes eval path` and jes.checkpoint.read(path).centre_for_evaluation() evaluate its centre without it")
     fields = description.get("fields", {})
     if not all(v is None or isinstance(v, (bool, int, float, str)) for v in fields.values()):
         raise CheckpointError(f"strategy hyperparameters must be plain values, got {fields!r}")
     try:
         return strategies.get(str(description["name"]), **fields)
-    except Exception as err:  # noqa: BLE001 - an unknown name or a hyperparameter the strategy refuses
+    except Exception as err:  # noqa: BLE001 - a hyperparameter the strategy refuses
         raise CheckpointError(f"cannot rebuild the strategy {description!r}: {err}") from err
 
 
@@ -840,7 +893,7 @@ class Checkpoint:
         config = self.config()
         if config_changes:
             config = config.replace(**config_changes)
-        policy, strategy = self.policy(allow_modules), build_strategy(self.meta.get("strategy"))
+        policy, strategy = self.policy(allow_modules), build_strategy(self.meta.get("strategy"), self.path)
         build = lambda c: Trainer(policy, self.env_name, self.optimizer, c, devices=devices, strategy=strategy)
         try:
             trainer = build(config)
@@ -864,18 +917,30 @@ class Checkpoint:
         except ValueError:
             return False
 
+    def rebuilds_its_strategy(self) -> bool:
+        """Whether :meth:`build_trainer` can rebuild the run's strategy: a registered one (a strategy class of your
+        own is recorded by name and class, which a file never imports)."""
+        return rebuilds_strategy(self.meta.get("strategy"))
+
     def centre_for_evaluation(self, devices: Any = None, allow_modules: Any = ()) -> tuple[Trainer, TrainState]:
         """A trainer and state that evaluate (and render) the run's centre as the run did, also for a run whose
-        optimizer or schedules no file can rebuild: those are stood in for (``"sgd"``, constants), which evaluation
-        never reads; the centre, the observation statistics and the generation are the file's. Not for resuming
-        (its optimizer state is not the run's)."""
-        if self.rebuilds_its_optimizer():
+        optimizer, schedules or strategy (a class of your own) no file can rebuild: those are stood in for
+        (``"sgd"``, constants, OpenAI-ES), which evaluation never reads; the centre, the observation statistics and
+        the generation are the file's. Not for resuming (its optimizer and strategy state are not the run's)."""
+        if self.rebuilds_its_optimizer() and self.rebuilds_its_strategy():
             trainer = self.build_trainer(devices=devices, allow_modules=allow_modules)
             return trainer, self.restore_state(trainer)
         fields = dict(self.meta["config"])
         for name in self.meta["config_schedules"]:
             fields[name] = ESConfig.__dataclass_fields__[name].default
-        policy, strategy = self.policy(allow_modules), build_strategy(self.meta.get("strategy"))
+        policy = self.policy(allow_modules)
+        # Evaluation reads the centre (every strategy's state has its ``mean``), never the strategy
+        strategy = build_strategy(self.meta.get("strategy"), self.path) if self.rebuilds_its_strategy() \
+            else strategies.get("openai_es")
+        if not self.rebuilds_its_strategy() and _collected_obs_stats(self.state_dict):
+            # Whether a run normalises is its strategy's say (Strategy.uses_obs_norm, which a class of your own may
+            # override), not the config's alone: statistics only move in a run that normalised
+            fields["normalize_observations"] = True
         optimizer = "sgd" if strategy.uses_optimizer else None
         try:
             trainer = Trainer(policy, self.env_name, optimizer, ESConfig(**fields), devices=devices, strategy=strategy)
@@ -944,8 +1009,23 @@ class Checkpoint:
         mine, theirs = describe_run(trainer), self.meta
         problems = []
         their_strategy = theirs.get("strategy") or describe_strategy(build_strategy(None))
-        if json.loads(json.dumps(mine["strategy"])) != their_strategy:
+        my_strategy = json.loads(json.dumps(mine["strategy"]))
+        without_class = lambda d: {k: v for k, v in d.items() if k != "class"}
+        if without_class(my_strategy) != without_class(their_strategy):
             problems.append(f"strategy: checkpoint has {their_strategy}, this run has {mine['strategy']}")
+        elif "class" not in their_strategy and theirs["version"] < 9:
+            if "class" in my_strategy:  # a subclass that kept its parent's name was recorded so: said, not refused
+                warnings.warn(f"checkpoint {self.path} was written before jes recorded a strategy's class (format "
+                              f"{theirs['version']}): it names strategy {their_strategy['name']!r}, which cannot say "
+                              f"whether it ran your {my_strategy['class']} or another class of that name; resuming "
+                              f"with {my_strategy['class']} as given", stacklevel=3)
+        elif strategy_class(their_strategy) != strategy_class(my_strategy):
+            ran, runs = (strategy_class(d) or f"an unrecorded class named {d['name']!r}"
+                         for d in (their_strategy, my_strategy))
+            problems.append(f"strategy class: checkpoint ran {ran}, this run has {runs} (both named "
+                            f"{my_strategy['name']!r}: another algorithm). Resume with the strategy object the run used "
+                            f"(its class, imported from where it was defined), or start a fresh run; a strategy class "
+                            f"that changes the algorithm should have a name of its own (name = \"my_es\")")
         for field, label in (("env_name", "env"), ("policy", "policy"), ("optimizer", "optimizer"),
                              ("num_params", "parameter count"), ("obs_shape", "observation shape")):
             if field == "optimizer" and _same_optimizer_name(mine[field], theirs[field]):
@@ -1168,6 +1248,16 @@ def _same_optimizer_name(a: Any, b: Any) -> bool:
         return False
 
 
+def _collected_obs_stats(state_dict: Any) -> bool:
+    """Whether a file's observation statistics moved from their start (``OBS_EPS``): only a run that normalised
+    its observations collects them."""
+    count = state_dict.get("obs_count") if isinstance(state_dict, dict) else None
+    try:
+        return bool(np.asarray(count, np.float32) != np.float32(OBS_EPS))
+    except (TypeError, ValueError):  # not one number: the caller's read of the statistics names the problem
+        return False
+
+
 def _migrate(state_dict: dict, meta: dict) -> dict:
     """Format 1 (before strategies) kept OpenAI-ES's params/opt_state/noise_std at the top of the state."""
     if meta.get("version", 1) >= 2 or "strategy" in state_dict:
@@ -1191,7 +1281,7 @@ CONTENT_SCHEMA = {
 _KEY_IMPL = schema.Check(str, lambda v: v in KEY_IMPLS, f"one of {list(KEY_IMPLS)}")
 META_SCHEMA = {
     "version": schema.non_negative_int(), "generation": schema.non_negative_int(), "policy": schema.OBJECT,
-    "strategy?": (None, {"name": str, "fields?": dict}), "env_name": str, "obs_shape": schema.shape(),
+    "strategy?": (None, {"name": str, "fields?": dict, "class?": str}), "env_name": str, "obs_shape": schema.shape(),
     "optimizer": (str, None), "num_params": schema.non_negative_int(), "config": dict, "config_schedules": [str],
     "key_impl": _KEY_IMPL, "es_key_impl": _KEY_IMPL,
     "chunk_size?": schema.Check(schema.INT, lambda v: 1 <= v < schema.MAX_DIM, "a positive int"),

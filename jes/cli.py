@@ -373,7 +373,7 @@ def _train(args: argparse.Namespace) -> int:
                              f"run (drop --env), or start a new run without --resume")
         policy = ckpt.policy(allow_modules=args.allow_module) if policy is None else policy
         env = ckpt.env_name if env is None else env
-        strategy = checkpoint.build_strategy(ckpt.meta.get("strategy")) if strategy is None else strategy
+        strategy = checkpoint.build_strategy(ckpt.meta.get("strategy"), args.resume) if strategy is None else strategy
         if optimizer is None and (args.strategy is None or strategies.get(strategy).uses_optimizer):
             optimizer = ckpt.optimizer  # not a strategy's given on the command line that takes none (its refusal
             # would tell the user to drop an optimizer they did not give; the resume says what differs)
@@ -522,8 +522,13 @@ def _eval(args: argparse.Namespace) -> int:
         # (the run warned when it started).
         warnings.simplefilter("ignore", LowRankWarning)
         ckpt = checkpoint.read(args.checkpoint)
-        # a run given an optax object or schedules: evaluated with stand-ins for them (evaluation never reads them)
+        # a run given an optax object, schedules or a strategy class of your own: evaluated with stand-ins for them
+        # (evaluation never reads them)
         trainer, state = ckpt.centre_for_evaluation(allow_modules=args.allow_module)
+    label = trainer.run_label
+    if not ckpt.rebuilds_its_strategy():  # the stand-in's label would name OpenAI-ES's "sgd": the file's strategy
+        ran = ckpt.meta["strategy"]
+        label = f"strategy {ran['name']}" + (f" ({ran['class']})" if ran.get("class") else "")
     if args.render is not None:  # before 100 episodes are evaluated
         from jes.render import check_render_path
 
@@ -536,7 +541,7 @@ def _eval(args: argparse.Namespace) -> int:
         returns, _ = jax.jit(trainer.evaluate_centre, static_argnums=1)(state, args.episodes, as_key(args.seed))
     returns = np.asarray(returns)
     # run_label: the optimizer ("adam"), else the strategy ("snes", "pgpe-clipup"); ckpt.optimizer is None for snes
-    print(f"{args.checkpoint}: {ckpt.env_name}, {type(trainer.policy).__name__}, {trainer.run_label}, generation "
+    print(f"{args.checkpoint}: {ckpt.env_name}, {type(trainer.policy).__name__}, {label}, generation "
           f"{ckpt.generation}: centre return {returns.mean():.2f} +/- {returns.std():.2f} over {args.episodes} episodes")
     if args.render is not None:
         from jes.render import render

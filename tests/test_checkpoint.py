@@ -1,4 +1,5 @@
 """jes.checkpoint: atomic saves, bit-identical resume, clear errors for bad files."""
+import dataclasses
 import functools
 import operator
 import os
@@ -672,6 +673,140 @@ def test_older_checkpoints_keep_their_strategys_policy_defaults(tmp_path, versio
     fields = checkpoint.read(path).meta["strategy"]["fields"]
     assert all(fields[f] is None for f in old_fields)
     assert checkpoint.read(path).build_trainer().strategy == cls()
+
+
+@dataclasses.dataclass(frozen=True)
+class Top4(jes.strategies.OpenAIES):
+    """A user's own fitness shaping that keeps OpenAI-ES's name: another algorithm under the built-in's name."""
+
+    def weights(self, ctx, state, fitness):
+        top = jax.numpy.where(jax.numpy.argsort(jax.numpy.argsort(-fitness)) < 4, 1.0, 0.0)
+        return top - top.mean()
+
+
+@dataclasses.dataclass(frozen=True)
+class TopK(jes.strategies.OpenAIES):
+    """A strategy of the user's own, under a name of its own that jes does not register."""
+
+    name = "topk_es"
+    k: int = 4
+
+    def weights(self, ctx, state, fitness):
+        top = jax.numpy.where(jax.numpy.argsort(jax.numpy.argsort(-fitness)) < self.k, 1.0, 0.0)
+        return top - top.mean()
+
+
+def _class_of(cls: type) -> str:
+    return f"{cls.__module__}:{cls.__qualname__}"
+
+
+def test_a_strategy_class_of_your_own_is_recorded_and_a_resume_with_another_class_is_refused(tmp_path):
+    """A subclass keeping its parent's name was recorded as the built-in ({'name': 'openai_es', 'fields': {}}): a
+    resume with the built-in (or the reverse) ran two algorithms in one run without a word."""
+    config, policy = jes.ESConfig(**SMALL), jes.MLPPolicy((4,))
+    own, builtin = (jes.Trainer(policy, "CartPole-v1", "adam", config, strategy=s) for s in (Top4(), "openai_es"))
+    paths = {}
+    for label, trainer in (("own", own), ("builtin", builtin)):
+        paths[label] = checkpoint.save(str(tmp_path / f"{label}.ckpt"), trainer, trainer.init_state(1))
+    assert checkpoint.read(paths["own"]).meta["strategy"] == {"name": "openai_es", "fields": {},
+                                                             "class": _class_of(Top4)}
+    # A registered strategy's description is what files recorded before classes were: no "class" key
+    for name in jes.strategies.names():
+        described = checkpoint.describe_strategy(jes.strategies.get(name))
+        assert list(described) == ["name", "fields"] and described["name"] == name
+    for file, other in (("own", builtin), ("builtin", own)):
+        with pytest.raises(checkpoint.CheckpointError, match=re.escape(_class_of(Top4))) as refused:
+            checkpoint.read(paths[file]).check_compatible(other)
+        assert "jes.strategies.openai_es:OpenAIES" in str(refused.value) and "name of its own" in str(refused.value)
+    checkpoint.read(paths["own"]).check_compatible(own)  # the same class resumes
+    # jes.train refuses it before it compiles anything (the tester's repro)
+    with pytest.raises(checkpoint.CheckpointError, match="strategy class: checkpoint ran"):
+        jes.train(policy, "CartPole-v1", "adam", resume=paths["own"], log_dir=None, progress=False, **SMALL)
+
+
+def test_a_checkpoint_from_before_strategy_classes_warns_that_it_cannot_check_a_class_of_your_own(tmp_path):
+    """A format-8 file names the strategy only: it may have run your subclass (which was recorded as its parent), so
+    resuming it with one is warned of, not refused; with the registered strategy it resumes as before, silently."""
+    config, policy = jes.ESConfig(**SMALL), jes.MLPPolicy((4,))
+    own, builtin = (jes.Trainer(policy, "CartPole-v1", "adam", config, strategy=s) for s in (Top4(), "openai_es"))
+    new = checkpoint.save(str(tmp_path / "own.ckpt"), own, own.init_state(1))
+
+    def as_format_8(meta):
+        meta["version"] = 8
+        del meta["strategy"]["class"]
+
+    old = checkpoint.read(_rewrite_meta(new, str(tmp_path / "old.ckpt"), as_format_8))
+    with pytest.warns(UserWarning, match=f"before jes recorded a strategy's class.*{re.escape(_class_of(Top4))}"):
+        old.check_compatible(own)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        old.check_compatible(builtin)
+    with pytest.raises(checkpoint.CheckpointError, match="topk_es"):  # another name is refused, as it was
+        old.check_compatible(jes.Trainer(policy, "CartPole-v1", "adam", config, strategy=TopK()))
+
+
+def test_a_checkpoint_of_your_own_strategy_evaluates_its_centre_and_says_how_to_restore_it(tmp_path):
+    """load / centre_for_evaluation failed with "unknown strategy 'topk_es'" although evaluating the centre does not
+    need the strategy; load (which restores the strategy's state) now says how to restore it into a trainer."""
+    trainer = jes.Trainer(jes.MLPPolicy((4,)), "CartPole-v1", "adam", jes.ESConfig(**SMALL), strategy=TopK())
+    path = str(tmp_path / "topk.ckpt")
+    run(trainer, trainer.init_state(2), key=2, num_generations=1, checkpoint_path=path)
+    ckpt = checkpoint.read(path)
+    assert ckpt.meta["strategy"] == {"name": "topk_es", "fields": {"k": 4}, "class": _class_of(TopK)}
+    assert not ckpt.rebuilds_its_strategy()
+    for rebuild in (checkpoint.load, lambda p: checkpoint.read(p).build_trainer()):
+        with pytest.raises(checkpoint.CheckpointError, match=r"unknown strategy|class of your own") as refused:
+            rebuild(path)
+        assert "jes.checkpoint.read(path).restore_state(" in str(refused.value), refused.value
+    stand_in, centre = ckpt.centre_for_evaluation()
+    state = ckpt.restore_state(trainer)  # the run's own state, restored into the user's trainer
+    key = jes.generation.as_key(7)
+    mine, theirs = (np.asarray(t.evaluate_centre(s, 4, key)[0]) for t, s in ((stand_in, centre), (trainer, state)))
+    assert mine.tobytes() == theirs.tobytes()
+    assert np.asarray(centre.params).tobytes() == np.asarray(state.params).tobytes()
+    assert int(centre.generation) == 1
+
+
+@dataclasses.dataclass(frozen=True)
+class AlwaysNormalises(jes.strategies.OpenAIES):
+    """A strategy of the user's own that normalises observations whatever the config asks (uses_obs_norm)."""
+
+    name = "normalising_es"
+
+    def uses_obs_norm(self, requested):
+        return True
+
+
+def test_the_stand_in_of_your_own_strategy_normalises_observations_as_the_run_did(tmp_path):
+    """Whether a run normalises is its strategy's say: the stand-in (OpenAI-ES, which follows the config) evaluated
+    a run that normalised against normalize_observations=False without the file's statistics, other returns."""
+    config = jes.ESConfig(**dict(SMALL, normalize_observations=False))
+    trainer = jes.Trainer(jes.MLPPolicy((4,)), "Pendulum-v1", "adam", config, strategy=AlwaysNormalises())
+    path = str(tmp_path / "normalising.ckpt")
+    run(trainer, trainer.init_state(3), key=3, num_generations=1, checkpoint_path=path)
+    ckpt = checkpoint.read(path)
+    stand_in, centre = ckpt.centre_for_evaluation()
+    key = jes.generation.as_key(5)
+    mine, theirs = (np.asarray(t.evaluate_centre(s, 3, key)[0])
+                    for t, s in ((stand_in, centre), (trainer, ckpt.restore_state(trainer))))
+    assert stand_in.normalize_observations and mine.tobytes() == theirs.tobytes(), (mine, theirs)
+
+
+def test_a_file_naming_a_strategy_class_never_imports_or_builds_it(saved, tmp_path):
+    """A file names no code: a recorded strategy class is compared, never imported or constructed."""
+    module = "jes_test_never_imported_strategies"
+    for label, cls in (("unimported", f"{module}:Evil"), ("imported", "subprocess:Popen")):
+        path = _rewrite_meta(saved, str(tmp_path / f"{label}.ckpt"),
+                             lambda meta: meta["strategy"].update({"class": cls}))
+        ckpt = checkpoint.read(path)  # the schema takes the key
+        with pytest.raises(checkpoint.CheckpointError, match="a class of your own"):
+            checkpoint.load(path)
+        trainer, _ = ckpt.centre_for_evaluation()  # evaluated with a stand-in strategy
+        assert type(trainer.strategy) is jes.strategies.OpenAIES
+    assert module not in sys.modules
+    bad = _rewrite_meta(saved, str(tmp_path / "bad.ckpt"), lambda meta: meta["strategy"].update({"class": 5}))
+    with pytest.raises(checkpoint.CheckpointError, match="class"):
+        checkpoint.read(bad)
 
 
 SMALL_RUN = dict(num_members=16, chunk_size=8, num_generations=3, eval_episodes=4, eval_every=2)

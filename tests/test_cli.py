@@ -151,6 +151,33 @@ def test_eval_of_a_run_given_an_optax_object_and_a_schedule(tmp_path, capsys):
     assert f"centre return {expected.mean():.2f} +/- {expected.std():.2f} over 6 episodes" in out, out
 
 
+class _TopK(jes.strategies.OpenAIES):
+    """A strategy of the user's own (own name, not registered): its module is not one a file may name."""
+
+    name = "topk_es"
+
+    def weights(self, ctx, state, fitness):
+        top = jax.numpy.where(jax.numpy.argsort(jax.numpy.argsort(-fitness)) < 4, 1.0, 0.0)
+        return top - top.mean()
+
+
+def test_eval_of_a_checkpoint_of_your_own_strategy(tmp_path, capsys):
+    """`jes eval` failed with "cannot rebuild the strategy ... unknown strategy 'topk_es'"; evaluating the centre
+    does not need the strategy: it is evaluated as the run would, and the line names the file's strategy."""
+    trainer = jes.Trainer(jes.MLPPolicy(hidden_sizes=(4,)), "CartPole-v1", "adam",
+                          jes.ESConfig(num_members=8, eval_episodes=2), strategy=_TopK())
+    path = checkpoint.save(str(tmp_path / "run.ckpt"), trainer, trainer.init_state(3))
+    state = checkpoint.read(path).restore_state(trainer)
+    expected = np.asarray(trainer.evaluate_centre(state, 6, jes.generation.as_key(12345))[0])
+    assert cli.main(["eval", path, "--episodes", "6"]) == 0
+    out = capsys.readouterr().out
+    assert f"strategy topk_es ({_TopK.__module__}:_TopK), generation 0: centre return {expected.mean():.2f} +/- " \
+           f"{expected.std():.2f} over 6 episodes" in out, out
+    # a resume needs the strategy itself: the command line says how to get at the run from Python
+    assert cli.main(["train", "--resume", path, "--log-dir", "none", "--no-progress"]) == 2
+    assert "restore_state(" in capsys.readouterr().err
+
+
 def test_eval_missing_or_bad_checkpoint(tmp_path, capsys):
     assert cli.main(["eval", str(tmp_path / "none.ckpt")]) == 2
     assert "no checkpoint" in capsys.readouterr().err
