@@ -159,7 +159,8 @@ def check_points(points: list[dict], base: ESConfig, strategy: Any, optimizer: A
     the point's strategy never reads (``learning_rate`` for ars, snes, sep_cma_es, cma_es: :func:`jes.train`
     refuses them too; in a sweep the rows would differ only in their label), ``noise_std`` (in the grid, or
     ``base``'s other than the default) beside a strategy object's own initial sigma (``SNES(sigma_init=0.3)``: the
-    strategy's would win), and ``stop_at_return`` (a sweep runs every generation).
+    strategy's would win), and ``stop_at_return`` (it would stop each run at its own target; a callback raising
+    :class:`~jes.StopTraining` stops runs early).
     """
     strategy_names = sorted({jes_strategies.get(p.get("strategy", strategy)).name for p in points})
     for point in points:
@@ -450,9 +451,11 @@ def run_batch(trainer: Trainer, states: TrainState, num_generations: int | None 
         def step(s, centre, population):
             # The fused step's contract: the centre evaluated is the state passed in's.
             centre_return, centre_steps = centre_fn(s) if centre else (None, None)
-            s, metrics = generation_fn(s) if population else (s, {})
+            new, metrics = generation_fn(s) if population else (s, {})
+            if population and not active.all():  # the batch steps every slot: an ended entry's is put back
+                new = frozen(new, s, ~active)
             metrics = dict(metrics, centre_return=centre_return, centre_steps=centre_steps) if centre else metrics
-            return s, {k: np.asarray(v) for k, v in jax.device_get(metrics).items()}
+            return new, {k: np.asarray(v) for k, v in jax.device_get(metrics).items()}
 
         def frozen(new, old, mask):
             """``new`` with the entries of ``mask`` put back to ``old``'s (the batch keeps its shape)."""
@@ -626,7 +629,8 @@ def sweep(
     none, for every point before any point runs.
 
     Each row's ``env_steps_per_seed`` is the mean over its seeds of the env steps each seed's run took (its
-    members' and centre evaluations'; seeds differ where episodes end early); ``generations`` is every seed's.
+    members' and centre evaluations'; seeds differ where episodes end early); ``generations`` is the most any of its
+    seeds completed (a failed or stopped seed completed fewer).
 
     Interrupted (Ctrl-C) or stopped by an error (a callback's, a Python simulator's, ...) after some configurations
     finished, the sweep writes their rows
@@ -809,7 +813,9 @@ def _row(point: dict, swept: list, seeds: list, history: dict, ends: Sequence[Ru
          grid: Mapping[str, Any] | None = None, optimizer: Any = None) -> dict:
     """One configuration's row from its seeds' ``history`` (as :func:`_ran` gives it) and ``ends``."""
     final_centre = _final_centre(history, ends)
-    best_centre = np.max(np.where(np.isfinite(history["centre_return"]), history["centre_return"], -np.inf), axis=0)
+    # (initial: a group whose every seed failed at its first generation has no rows)
+    best_centre = np.max(np.where(np.isfinite(history["centre_return"]), history["centre_return"], -np.inf), axis=0,
+                         initial=-np.inf)
     solved = trainer.spec.solved_return
     # Each seed's last row (-1: it failed at its first generation and has none)
     last = [int(np.sum(history["generation"][:, b] <= end.generation)) - 1 for b, end in enumerate(ends)]

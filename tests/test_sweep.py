@@ -562,3 +562,28 @@ def test_a_sequential_sweep_places_each_run_once_not_every_generation(monkeypatc
     jes_sweep.sweep(POLICY, "CartPole-v1", "adam", config=BASE.replace(num_generations=4), seeds=[0, 1],
                     grid={"learning_rate": [0.01, 0.05]}, log_dir=None)
     assert len(placed) <= 4 + 1  # each run's state once (and the compile's); was 4 runs x (4 generations + 1)
+
+
+def test_a_stopped_run_of_a_vmapped_batch_stays_where_it_stopped():
+    """The vmapped batch steps every slot: a slot that a callback stopped went on training (its state at a later
+    generation than its history), until its slot was put back each generation."""
+    def stop_seed_1(record):
+        if record["seed"] == 1 and record["generation"] == 1:
+            raise jes.StopTraining("plateau")
+
+    kwargs = dict(config=BASE, seeds=[0, 1], vmap=True, log_dir=None, grid={"learning_rate": [0.05]})
+    stopped = jes_sweep.sweep(POLICY, "CartPole-v1", "adam", callbacks=[stop_seed_1], **kwargs)
+    run = stopped.run(0, 1)
+    assert (run.status, run.history["generation"].tolist(), int(run.state.generation)) == ("stopped", [1], 1)
+    _same_bytes(stopped.run(0, 0), jes_sweep.sweep(POLICY, "CartPole-v1", "adam", **kwargs).run(0, 0))
+
+
+def test_a_group_whose_every_run_fails_at_its_first_generation_gives_failed_rows():
+    """No run of the group completed a generation: its history has no rows (the row's reductions raised on it)."""
+    zero = lambda generation: 0.0 * generation  # a noise_std schedule at 0: the first update is not finite
+    result = jes_sweep.sweep(POLICY, "CartPole-v1", "adam", config=BASE.replace(noise_std=zero), seeds=[0, 1],
+                             grid={"learning_rate": [0.05, 0.1]}, log_dir=None)
+    assert [(r["status"], r["generations"]) for r in result.rows] == [("failed", 0), ("failed", 0)]
+    assert all(r.status == "failed" and int(r.state.generation) == 0 and r.history["generation"].size == 0
+               for r in result.runs)
+    assert "a non-finite ES update at generation 1" in result.rows[0]["error"]
