@@ -58,7 +58,7 @@ def main() -> None:
         times, final = [], None
         for _ in range(args.repeats):
             t0 = time.perf_counter()
-            final, _, _ = run_batch(trainer, states, vmap=vmap, compiled=compiled)
+            final, _, _, _ = run_batch(trainer, states, vmap=vmap, compiled=compiled)
             jax.block_until_ready(final)
             times.append(time.perf_counter() - t0)
         results[mode] = (float(np.median(times)), compile_time, np.asarray(final.params), min(times), max(times))

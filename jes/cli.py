@@ -594,9 +594,17 @@ def _sweep(args: argparse.Namespace) -> int:
     for row in result.rows:
         values = ", ".join(f"{k}={row[k]}" for k in keys) or "base"
         score = row["final_centre_return_mean"]
-        print(f"{values}: final centre return {score:.1f} +/- {row['final_centre_return_std']:.1f}"
-              if math.isfinite(score) else f"{values}: no centre evaluation")
+        if row.get("status") == "failed":
+            print(f"{values}: failed ({row['error']})")
+        else:
+            print(f"{values}: final centre return {score:.1f} +/- {row['final_centre_return_std']:.1f}"
+                  if math.isfinite(score) else f"{values}: no centre evaluation")
     print(f"table: {result.csv_path} and {result.json_path}")
+    failed = [run for run in result.runs if run.status == "failed"]
+    if failed:  # the table is written; the status says not every run trained to its end
+        print(f"jes sweep: {len(failed)} of {len(result.runs)} runs failed (status failed in the table, the reason "
+              f"in its error column); exit status 1", file=sys.stderr)
+        return 1
     return 0
 
 

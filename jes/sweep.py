@@ -48,7 +48,8 @@ from jes.config import ESConfig
 from jes.logging import TensorBoardLogger, default_run_name, has_event_files, unique_dir
 from jes.policies import GRUPolicy, MLPPolicy
 from jes.generation import Trainer, TrainState, build_context, check_strategy_supports
-from jes.loop import HISTORY_KEYS, NonFiniteFitnessError, NonFiniteUpdateError, evaluates_centre, run_hparams
+from jes.loop import (HISTORY_KEYS, Callback, StopTraining, _warn_returned_value, evaluates_centre,
+                      run_hparams)
 from jes.optimizers import DEFAULT_LEARNING_RATES, resolve_name
 from jes.strategies.base import both_sigmas, given_noise_std, ignored_settings
 from jes.threefry import lower_unrolled
@@ -61,7 +62,14 @@ NOT_CONFIG = ("optimizer", "strategy")
 
 @dataclasses.dataclass
 class SweepRun:
-    """One (configuration, seed) of a sweep."""
+    """One (configuration, seed) of a sweep.
+
+    Attributes:
+        status: ``"completed"``, ``"stopped"`` (a callback raised :class:`~jes.StopTraining`: ``stopped`` holds its
+            message) or ``"failed"`` (its fitness or update went non-finite: ``error`` says which and when; its
+            ``state``, ``flat_params`` and ``history`` are the run's up to the generation before, as
+            :func:`jes.train`'s ``error.result``).
+    """
 
     config_index: int
     seed: int
@@ -70,13 +78,17 @@ class SweepRun:
     flat_params: np.ndarray
     history: dict
     state: TrainState
+    status: str = "completed"
+    error: str | None = None
+    stopped: str | None = None
 
     def __repr__(self) -> str:
         # The dataclass repr printed the parameters, the history and the state (kilobytes in a notebook's output)
         centre = self.history.get("centre_return", np.array([]))
         finite = centre[np.isfinite(centre)]
         score = f"final centre return {float(finite[-1]):.1f}" if finite.size else "no centre evaluation"
-        return (f"SweepRun(configuration {self.config_index}, seed {self.seed}, "
+        ended = "" if self.status == "completed" else f"{self.status}: {self.error or self.stopped}, "
+        return (f"SweepRun(configuration {self.config_index}, seed {self.seed}, {ended}"
                 f"{len(self.history.get('generation', ()))} generations, {score}, {np.size(self.flat_params)} params)")
 
 
@@ -85,9 +97,11 @@ class SweepResult:
     """What :func:`sweep` returns.
 
     Attributes:
-        rows: one dict per configuration: the grid values, seeds, and final/best returns
-            aggregated over seeds (``*_mean``/``*_std``), ``env_steps_per_seed`` (the mean over seeds),
-            timings.
+        rows: one dict per configuration: the grid values, seeds, ``status`` (``completed``; ``stopped`` when a
+            callback stopped a seed early; ``failed`` when a seed's fitness or update went non-finite), ``error``
+            and ``stopped`` (each seed's message, else ``None``), final/best returns aggregated over seeds
+            (``*_mean``/``*_std``; a failed seed's final values are NaN), ``env_steps_per_seed`` (the mean over
+            seeds), timings.
         runs: every (configuration, seed) with its final parameters and history.
         csv_path, json_path: where the table was written (``None`` without ``out_dir``).
     """
@@ -107,6 +121,8 @@ class SweepResult:
             score, index = max(scores)
             best = (f"; best: configuration {index}, final centre return {score:.1f} +/- "
                     f"{self.rows[index].get('final_centre_return_std', math.nan):.1f}")
+        failed = sum(r.status == "failed" for r in self.runs)
+        best += f"; {failed} run(s) failed" if failed else ""
         return (f"SweepResult({len(self.rows)} configuration(s) x {seeds} seed(s): {len(self.runs)} runs{best}; "
                 f"table: {self.csv_path or 'not written'})")
 
@@ -143,7 +159,8 @@ def check_points(points: list[dict], base: ESConfig, strategy: Any, optimizer: A
     the point's strategy never reads (``learning_rate`` for ars, snes, sep_cma_es, cma_es: :func:`jes.train`
     refuses them too; in a sweep the rows would differ only in their label), ``noise_std`` (in the grid, or
     ``base``'s other than the default) beside a strategy object's own initial sigma (``SNES(sigma_init=0.3)``: the
-    strategy's would win), and ``stop_at_return`` (a sweep runs every generation).
+    strategy's would win), and ``stop_at_return`` (it would stop each run at its own target; a callback raising
+    :class:`~jes.StopTraining` stops runs early).
     """
     strategy_names = sorted({jes_strategies.get(p.get("strategy", strategy)).name for p in points})
     for point in points:
@@ -155,7 +172,8 @@ def check_points(points: list[dict], base: ESConfig, strategy: Any, optimizer: A
             if config.stop_at_return is not None:
                 raise ValueError(f"stop_at_return={config.stop_at_return!r} does not apply in a sweep: a sweep runs "
                                  f"every generation of every configuration (so rows compare like with like); drop "
-                                 f"it, or train the configuration alone with jes.train to stop early")
+                                 f"it, or stop runs early with a callback that raises jes.StopTraining "
+                                 f"(sweep(callbacks=[...])), or train the configuration alone with jes.train")
             ignored = ignored_settings(point_strategy, config.learning_rate, config.weight_decay,
                                        config.fitness_shaping, config.antithetic)
             if ignored is not None:
@@ -377,85 +395,185 @@ def compile_batch(trainer: Trainer, states: TrainState) -> tuple[Any, Any, float
     return generation_fn, centre_fn, time.perf_counter() - t0
 
 
+@dataclasses.dataclass(frozen=True)
+class RunEnd:
+    """How one run (entry) of a batch ended.
+
+    Attributes:
+        status: ``"completed"`` (every generation), ``"stopped"`` (a callback raised :class:`~jes.StopTraining`) or
+            ``"failed"`` (non-finite fitness or update: the generation was not applied).
+        generation: the last generation the run completed (its history's last row).
+        message: ``None`` when completed; the ``StopTraining`` message; or what failed, at which generation.
+    """
+
+    status: str
+    generation: int
+    message: str | None = None
+
+
 def run_batch(trainer: Trainer, states: TrainState, num_generations: int | None = None,
-              vmap: bool = True, compiled: tuple | None = None) -> tuple[TrainState, dict, float]:
+              vmap: bool = True, compiled: tuple | None = None, *, labels: Sequence[str] | None = None,
+              callbacks: Sequence[Callback] = (), records: Sequence[Mapping[str, Any]] | None = None,
+              ) -> tuple[TrainState, dict, float, list[RunEnd]]:
     """Run a stacked batch of states (leading axis ``B``) for ``num_generations`` generations.
 
     With ``vmap`` the batch runs as one program (see :func:`compile_batch`; pass its result as
     ``compiled`` to reuse it); without, each entry runs one after another through the trainer's
-    own compiled step.
+    own compiled step, its state kept as that step returns it (no slicing, stacking or placing per generation).
+
+    An entry whose fitness or update goes non-finite ends there, at the generation before (the update is not
+    applied, as :func:`jes.train` does), as does one for which a callback raises :class:`~jes.StopTraining`, after
+    the generation it was given; the other entries go on, their bits what they would be without it (its state is
+    frozen: without ``vmap`` it is no longer stepped; with it, its slot of the batch is put back each generation).
+    Its history rows after its end are NaN (integer columns: their last value).
+
+    Args:
+        labels: how each entry is named in messages (default ``batch entry <b>``).
+        callbacks: called with each running entry's record of each generation (``jes.train``'s keys, and
+            ``records[b]``'s); other exceptions than ``StopTraining`` propagate (the batch stops).
+        records: what each entry's record carries besides its metrics (a sweep's ``config_index``, ``point``,
+            ``seed``, ``run``).
 
     Returns:
-        ``(final states [B, ...], history {name: [generations, B]}, compile seconds)``.
+        ``(final states [B, ...], history {name: [generations, B]}, compile seconds, how each entry ended)``.
     """
     cfg = trainer.config
     total = cfg.num_generations if num_generations is None else num_generations
     size = jax.tree.leaves(states)[0].shape[0]
+    start = int(np.asarray(jax.device_get(states.generation))[0])
+    labels = list(labels) if labels is not None else [f"batch entry {b}" for b in range(size)]
+    records = list(records) if records is not None else [{} for _ in range(size)]
+    active = np.ones(size, bool)  # entries still training
+    ends: list[RunEnd | None] = [None] * size
     if vmap:
         generation_fn, centre_fn, compile_time = compiled if compiled is not None else compile_batch(trainer, states)
 
         def step(s, centre, population):
             # The fused step's contract: the centre evaluated is the state passed in's.
             centre_return, centre_steps = centre_fn(s) if centre else (None, None)
-            s, metrics = generation_fn(s) if population else (s, {})
-            return s, dict(metrics, centre_return=centre_return, centre_steps=centre_steps) if centre else metrics
+            new, metrics = generation_fn(s) if population else (s, {})
+            if population and not active.all():  # the batch steps every slot: an ended entry's is put back
+                new = frozen(new, s, ~active)
+            metrics = dict(metrics, centre_return=centre_return, centre_steps=centre_steps) if centre else metrics
+            return new, {k: np.asarray(v) for k, v in jax.device_get(metrics).items()}
+
+        def frozen(new, old, mask):
+            """``new`` with the entries of ``mask`` put back to ``old``'s (the batch keeps its shape)."""
+            keep = jnp.asarray(mask)
+            return jax.tree.map(lambda n, o: jnp.where(keep.reshape(keep.shape + (1,) * (n.ndim - 1)), o, n), new, old)
+
+        states_out = lambda s: s
     else:
         t0 = time.perf_counter()
-        single, _ = trainer.compiled_step(trainer.place(jax.tree.map(lambda x: x[0], states)))
+        # Each entry's state as the compiled step takes and returns it (replicated on the trainer's devices): slicing
+        # the stacked batch and placing each slice every generation cost 3-4x the generation on 2 CPU devices.
+        states = [trainer.place(jax.tree.map(lambda x: x[b], states)) for b in range(size)]
+        single, _ = trainer.compiled_step(states[0])
         compile_time = time.perf_counter() - t0
+        flags = {flag: jax.device_put(np.bool_(flag), trainer.replicated) for flag in (False, True)}
 
         def step(s, centre, population):
-            outs = [single(trainer.place(jax.tree.map(lambda x: x[i], s)), jnp.bool_(centre), jnp.bool_(population))
-                    for i in range(size)]
-            return jax.tree.map(lambda *x: jnp.stack(x), *outs)
+            outs = {b: single(s[b], flags[bool(centre)], flags[bool(population)]) for b in np.flatnonzero(active)}
+            fetched = jax.device_get({b: out[1] for b, out in outs.items()})
+            # An entry that ended is not stepped: its metrics are NaN (or 0) here, read only for running entries.
+            template = {k: np.asarray(v) for k, v in next(iter(fetched.values())).items()}
+            filler = {k: np.array(np.nan if np.issubdtype(v.dtype, np.floating) else 0, v.dtype)
+                      for k, v in template.items()}
+            metrics = {k: np.stack([np.asarray(fetched[b][k]) if b in fetched else filler[k] for b in range(size)])
+                       for k in template}
+            return [outs[b][0] if b in outs else s[b] for b in range(size)], metrics
+
+        def frozen(new, old, mask):
+            return [old[b] if mask[b] else new[b] for b in range(size)]
+
+        states_out = lambda s: jax.tree.map(lambda *x: jnp.stack(x), *s)
 
     history = {k: [] for k in HISTORY_KEYS}
     env_steps = np.zeros(size, np.int64)
     loop_start = time.perf_counter()
     pending = None  # (record, states after it): a generation whose centre the next call evaluates (as jes.loop.run)
+    warned = set()  # callbacks warned of a returned value
 
-    def commit(record, centre_return, centre_steps):
+    def commit(record, centre_return, centre_steps, running) -> np.ndarray:
+        """Add a generation's row for the ``running`` entries; returns the entries a callback stopped after it."""
         nonlocal env_steps
-        env_steps = env_steps + record["env_steps"] + centre_steps
-        record.update(centre_return=centre_return, env_steps=env_steps)
+        centre_steps = np.where(running, centre_steps, 0)
+        generation_steps = np.where(running, record["env_steps"], 0) + centre_steps
+        env_steps = env_steps + generation_steps
+        record.update(centre_return=np.where(running, centre_return, np.nan).astype(np.float32), env_steps=env_steps)
         for k in HISTORY_KEYS:
             history[k].append(record[k])
+        stopping = np.zeros(size, bool)
+        for b in np.flatnonzero(running) if callbacks else ():
+            entry = {k: np.asarray(v)[b].item() for k, v in record.items()}
+            entry.update(centre_steps=int(centre_steps[b]),
+                         env_steps_per_second=int(generation_steps[b]) / max(entry["generation_time"], 1e-9),
+                         **records[b])
+            stop = None
+            for callback in callbacks:
+                try:
+                    returned = callback(entry)
+                except StopTraining as err:  # this entry ends after this generation, kept; the others go on
+                    stop = stop or err
+                except Exception as err:
+                    if hasattr(err, "add_note"):  # Python 3.11+
+                        err.add_note(f"raised by a sweep callback for {labels[b]} at generation {entry['generation']}")
+                    raise
+                else:
+                    if returned is not None and id(callback) not in warned:
+                        warned.add(id(callback))
+                        _warn_returned_value(callback, returned)
+            if stop is not None:
+                stopping[b] = True
+                ends[b] = RunEnd("stopped", int(entry["generation"]), str(stop) or "StopTraining")
+        active[stopping] = False
+        return stopping
 
-    for gen in range(int(states.generation[0]), total + 1):
+    for gen in range(start, total + 1):
         population = gen < total
-        if not population and pending is None:
+        if (not population and pending is None) or not active.any():
             break
         t_gen = time.perf_counter()
         newest = states if pending is None else pending[1]
+        running = active.copy()
         new_states, metrics = step(newest, pending is not None, population)
-        metrics = {k: np.asarray(v) for k, v in jax.device_get(metrics).items()}
         if pending is not None:
             (record, states), pending = pending, None
-            commit(record, metrics["centre_return"], metrics["centre_steps"])
+            stopping = commit(record, metrics["centre_return"], metrics["centre_steps"], running)
+            if stopping.any():  # they end at the generation committed, not the one just stepped
+                new_states = frozen(new_states, states, stopping)
         if not population:
             break
-        bad = np.flatnonzero(metrics["bad_member"] >= 0)
-        if bad.size:
-            raise NonFiniteFitnessError(
-                f"batch entry {bad[0]} has non-finite fitness at generation {gen + 1} (member "
-                f"{metrics['bad_member'][bad[0]]}); lower its noise_std/learning_rate or check the env's rewards",
-                generation=gen + 1, member=int(metrics["bad_member"][bad[0]]),
-            )
-        bad = np.flatnonzero(metrics["bad_update"])
-        if bad.size:
-            raise NonFiniteUpdateError(
-                f"batch entry {bad[0]} has a non-finite ES update at generation {gen + 1}; lower its "
-                f"learning_rate or keep its noise_std schedule above 0", generation=gen + 1,
-            )
+        failed = active & ((metrics["bad_member"] >= 0) | metrics["bad_update"].astype(bool))
+        for b in np.flatnonzero(failed):
+            what = (f"non-finite fitness (NaN or inf) of member {int(metrics['bad_member'][b])}"
+                    if metrics["bad_member"][b] >= 0 else "a non-finite ES update")
+            hint = ("lower its noise_std or learning_rate, or check the env's rewards" if metrics["bad_member"][b] >= 0
+                    else "lower its learning_rate, or keep its noise_std schedule above 0")
+            ends[b] = RunEnd("failed", gen, f"{what} at generation {gen + 1}, not applied (the run is kept at "
+                                            f"generation {gen}): {hint}")
+            print(f"sweep: {labels[b]} failed: {ends[b].message}; the other runs go on", file=sys.stderr)
+        if failed.any():
+            active[failed] = False
+            new_states = frozen(new_states, states, failed)
+        if not active.any():
+            break
         now = time.perf_counter()
-        record = dict(metrics, generation=np.full(size, gen + 1), wall_time=np.full(size, now - loop_start),
+        running = active.copy()
+        record = {k: (np.where(running, v, np.nan).astype(v.dtype) if np.issubdtype(v.dtype, np.floating) else v)
+                  for k, v in metrics.items()}
+        record.update(generation=np.full(size, gen + 1), wall_time=np.full(size, now - loop_start),
                       generation_time=np.full(size, now - t_gen), env_steps=metrics["env_steps"])
         if evaluates_centre(gen + 1, total, cfg.eval_every):
             pending = (record, new_states)
         else:
             states = new_states
-            commit(record, np.full(size, np.nan, np.float32), 0)
-    return states, {k: np.stack(v) if v else np.zeros((0, size)) for k, v in history.items()}, compile_time
+            commit(record, np.full(size, np.nan, np.float32), np.zeros(size, np.int64), running)
+    for b in range(size):
+        if ends[b] is None:
+            ends[b] = RunEnd("completed", int(history["generation"][-1][b]) if history["generation"] else 0)
+    history = {k: np.stack(v) if v else np.zeros((0, size)) for k, v in history.items()}
+    return states_out(states), history, compile_time, ends
 
 
 def sweep(
@@ -472,6 +590,7 @@ def sweep(
     vmap: bool = False,
     log_dir: str | None = "runs/<auto>",
     out_dir: str | None = None,
+    callbacks: Sequence[Callback] = (),
 ) -> SweepResult:
     """Run every configuration of ``grid`` for every seed.
 
@@ -492,16 +611,29 @@ def sweep(
         log_dir: parent directory of one TensorBoard run per configuration (seed means);
             default ``runs/sweep-<time>``; ``None`` turns it off.
         out_dir: where ``sweep.csv`` and ``sweep.json`` go (``None``: not written).
+        callbacks: functions called with each run's record of each generation (:func:`jes.train`'s keys, and
+            ``config_index``, ``point`` -- the grid point's values as the table shows them --, ``seed`` and ``run``,
+            e.g. ``"learning_rate=0.05, seed 1"``). One that raises :class:`~jes.StopTraining` ends that run after
+            the generation it was given (kept; its row says ``status: stopped`` and the message in ``stopped``); the
+            other runs go on, bit for bit as without it. Any other exception stops the sweep as an error does
+            (below), with a note naming the run.
 
-    Early stopping (``stop_at_return``) is refused: every run does all its generations. So are settings a
+    A run whose fitness or update goes non-finite fails alone: the generation is not applied, the run is kept at the
+    one before (its state, parameters and history), its row says ``status: failed`` and why in ``error`` (its final
+    values NaN), a line on stderr names its grid point and seed, and every other run and group goes on, bit for bit
+    as without it. ``jes sweep`` then exits with status 1 after writing the table.
+
+    ``stop_at_return`` is refused: it would stop every run at its own target. So are settings a
     point's strategy never reads (``learning_rate`` with ars, snes, sep_cma_es, cma_es), ``noise_std`` beside a
     strategy object's own initial sigma (``SNES(sigma_init=0.3)``), and an optimizer with a strategy that uses
     none, for every point before any point runs.
 
     Each row's ``env_steps_per_seed`` is the mean over its seeds of the env steps each seed's run took (its
-    members' and centre evaluations'; seeds differ where episodes end early); ``generations`` is every seed's.
+    members' and centre evaluations'; seeds differ where episodes end early); ``generations`` is the most any of its
+    seeds completed (a failed or stopped seed completed fewer).
 
-    Interrupted (Ctrl-C) or stopped by an error after some configurations finished, the sweep writes their rows
+    Interrupted (Ctrl-C) or stopped by an error (a callback's, a Python simulator's, ...) after some configurations
+    finished, the sweep writes their rows
     to ``out_dir`` (each with ``sweep_complete: false``), says so on stderr, and re-raises; a sweep does not
     resume: run it again with a new ``out_dir``.
 
@@ -562,31 +694,39 @@ def sweep(
 
     rows: list[dict] = [{} for _ in points]
     runs: list[SweepRun] = []
+    shown = [_shown_point(point, grid, base) for point in points]
     try:
         for indices, trainer in zip(groups.values(), trainers):
             members = [(i, seed) for i in indices for seed in seeds]
             states = [_with_hyperparams(trainer.init_state(seed), {k: points[i][k] for k in batched})
                       for i, seed in members]
             stacked = jax.tree.map(lambda *x: jnp.stack(x), *states)
+            labels = [run_label(shown[i], seed) for i, seed in members]
             t0 = time.perf_counter()
-            final, history, compile_time = run_batch(trainer, stacked, vmap=vmap)
+            final, history, compile_time, ends = run_batch(
+                trainer, stacked, vmap=vmap, labels=labels, callbacks=callbacks,
+                records=[dict(config_index=i, point=dict(shown[i]), seed=seed, run=label)
+                         for (i, seed), label in zip(members, labels)])
             wall = time.perf_counter() - t0 - compile_time
             final = jax.device_get(final)
             for b, (i, seed) in enumerate(members):
                 member_state = jax.tree.map(lambda x: x[b], final)
+                ran = history["generation"][:, b] <= ends[b].generation  # its rows: none after it failed or stopped
                 runs.append(SweepRun(
                     config_index=i, seed=seed, config=point_config(base, points[i]),
                     optimizer=trainer.optimizer_name, flat_params=np.asarray(member_state.params),
-                    history={k: v[:, b] for k, v in history.items()}, state=member_state,
+                    history={k: v[ran, b] for k, v in history.items()}, state=member_state,
+                    status=ends[b].status, error=ends[b].message if ends[b].status == "failed" else None,
+                    stopped=ends[b].message if ends[b].status == "stopped" else None,
                 ))
             for i in indices:
                 cols = [b for b, (j, _) in enumerate(members) if j == i]
-                rows[i] = _row(points[i], swept, seeds, {k: v[:, cols] for k, v in history.items()},
-                               compile_time, wall, len(members), trainer, base.learning_rate, grid,
-                               points[i].get("optimizer", optimizer))
+                seed_ends = [ends[b] for b in cols]
+                ran = _ran({k: v[:, cols] for k, v in history.items()}, seed_ends)
+                rows[i] = _row(points[i], swept, seeds, ran, seed_ends, compile_time, wall, len(members), trainer,
+                               base.learning_rate, grid, points[i].get("optimizer", optimizer))
                 if log_dir is not None:
-                    _log_configuration(os.path.join(log_dir, run_names[i]),
-                                       {k: v[:, cols] for k, v in history.items()}, points[i], base, trainer, seeds,
+                    _log_configuration(os.path.join(log_dir, run_names[i]), ran, points[i], base, trainer, seeds,
                                        points[i].get("optimizer", optimizer))
     except BaseException as err:  # Ctrl-C (KeyboardInterrupt), a non-finite update, ...: keep what finished
         _keep_finished(err, [row for row in rows if row], len(points), out_dir)
@@ -596,6 +736,11 @@ def sweep(
     result = SweepResult(rows=rows, runs=runs)
     if out_dir is not None:
         result.csv_path, result.json_path = write_table(rows, out_dir)
+    failed = [r for r in runs if r.status == "failed"]
+    if failed:
+        print(f"sweep: {len(failed)} of {len(runs)} runs failed ({'; '.join(run_label(shown[r.config_index], r.seed) for r in failed)}): "
+              f"their rows say status failed and why in error"
+              + (f" ({result.csv_path})" if result.csv_path else ""), file=sys.stderr)
     return result
 
 
@@ -625,52 +770,91 @@ def _keep_finished(err: BaseException, finished: list[dict], total: int, out_dir
     print(note, file=sys.stderr)
 
 
-def _final_centre(history: dict) -> np.ndarray:
+def _shown_point(point: Mapping[str, Any], grid: Mapping[str, Any] | None = None, base: ESConfig | None = None) -> dict:
+    """A grid point's values as the table shows them."""
+    lists = _grid_lists(grid or {})
+    # Other values by their names (value_name: "optax_1" is grid index 1), as their folders: a repr with memory
+    # addresses told two optax objects apart by their addresses alone, and another in every process
+    shown = {k: (v if isinstance(v, (bool, int, float, str)) or v is None else value_name(v, lists.get(k, [v])))
+             for k, v in point.items()}
+    if "perturbation" in point or "perturbation_rank" in point:
+        # By name and rank, as the config stores them (a swept jes.LowRank(2) is "low_rank" and 2, not its repr)
+        config = point_config(base or ESConfig(), point)
+        shown["perturbation"], shown["perturbation_rank"] = config.perturbation, config.perturbation_rank
+    return shown
+
+
+def run_label(shown: Mapping[str, Any], seed: int) -> str:
+    """How messages name one run of a sweep: its grid point's values (as the table shows them) and its seed."""
+    return ", ".join([*(f"{k}={v}" for k, v in shown.items()), f"seed {seed}"])
+
+
+def _ran(history: dict, ends: Sequence[RunEnd]) -> dict:
+    """``history`` ``{name: [generations, seeds]}`` as float64, NaN in each seed's rows after its end."""
+    ran = history["generation"] <= np.array([end.generation for end in ends])[None, :]
+    out = {k: np.where(ran, v.astype(np.float64), np.nan) for k, v in history.items()}
+    out["generation"] = history["generation"]
+    return out
+
+
+def _final_centre(history: dict, ends: Sequence[RunEnd]) -> np.ndarray:
+    """Each seed's last centre return; NaN for a failed seed (it has no final state) or one never evaluated."""
     centre = history["centre_return"]
     out = np.full(centre.shape[1], np.nan)
     for b in range(centre.shape[1]):
         finite = centre[:, b][np.isfinite(centre[:, b])]
-        if finite.size:
+        if finite.size and ends[b].status != "failed":
             out[b] = finite[-1]
     return out
 
 
-def _row(point: dict, swept: list, seeds: list, history: dict, compile_time: float, wall: float,
-         batch_size: int, trainer: Trainer, base_rate: Any = None, grid: Mapping[str, Any] | None = None,
-         optimizer: Any = None) -> dict:
-    final_centre = _final_centre(history)
-    best_centre = np.nanmax(np.where(np.isfinite(history["centre_return"]), history["centre_return"], -np.inf), axis=0)
+def _row(point: dict, swept: list, seeds: list, history: dict, ends: Sequence[RunEnd], compile_time: float,
+         wall: float, batch_size: int, trainer: Trainer, base_rate: Any = None,
+         grid: Mapping[str, Any] | None = None, optimizer: Any = None) -> dict:
+    """One configuration's row from its seeds' ``history`` (as :func:`_ran` gives it) and ``ends``."""
+    final_centre = _final_centre(history, ends)
+    # (initial: a group whose every seed failed at its first generation has no rows)
+    best_centre = np.max(np.where(np.isfinite(history["centre_return"]), history["centre_return"], -np.inf), axis=0,
+                         initial=-np.inf)
     solved = trainer.spec.solved_return
-    lists = _grid_lists(grid or {})
-    # Other values by their names (value_name: "optax_1" is grid index 1), as their folders: a repr with memory
-    # addresses told two optax objects apart by their addresses alone, and another in every process
-    row = {k: (v if isinstance(v, (bool, int, float, str)) or v is None else value_name(v, lists.get(k, [v])))
-           for k, v in point.items()}
+    # Each seed's last row (-1: it failed at its first generation and has none)
+    last = [int(np.sum(history["generation"][:, b] <= end.generation)) - 1 for b, end in enumerate(ends)]
+    at_end = lambda name, failed_too=False: np.array([
+        history[name][g, b] if g >= 0 and (failed_too or end.status != "failed") else math.nan
+        for b, (g, end) in enumerate(zip(last, ends))])
+    pop_max = history["pop_max"][np.isfinite(history["pop_max"])]
+    row = _shown_point(point, grid)
     if "perturbation" in point or "perturbation_rank" in point:
-        # By name and rank, as the config stores them (a swept jes.LowRank(2) is "low_rank" and 2, not its repr)
         row["perturbation"], row["perturbation_rank"] = trainer.config.perturbation, trainer.config.perturbation_rank
     if "learning_rate" not in point:
         # Say which rate each row ran with: in a multi-optimizer sweep each optimizer has its own default.
         first = history["learning_rate"][0] if len(history["learning_rate"]) else np.array([math.nan])
-        row["learning_rate"] = float(first[0]) if np.isfinite(first[0]) else None
+        first = first[np.isfinite(first)]  # (a seed that failed at its first generation has none)
+        row["learning_rate"] = float(first[0]) if first.size else None
     row["learning_rate_source"] = ("grid" if "learning_rate" in point else "config" if base_rate is not None
                                    # an optax object's rate is whatever it was built with (learning_rate is refused)
                                    else "optax object" if trainer.optimizer_name and not isinstance(optimizer, str)
                                    and optimizer is not None
                                    else "optimizer default" if trainer.optimizer_name else "strategy")
+    statuses = {end.status for end in ends}
+    messages = lambda status, text: "; ".join(text(seed, end) for seed, end in zip(seeds, ends)
+                                              if end.status == status) or None
     row.update(
         seeds=" ".join(map(str, seeds)),
-        generations=int(np.max(history["generation"][-1])) if len(history["generation"]) else 0,
+        status="failed" if "failed" in statuses else "stopped" if "stopped" in statuses else "completed",
+        generations=max(end.generation for end in ends),
         final_centre_return_mean=float(np.mean(final_centre)),
         final_centre_return_std=float(np.std(final_centre)),
         best_centre_return_mean=float(np.mean(best_centre)),
-        final_pop_mean_mean=float(np.mean(history["pop_mean"][-1])),
-        best_pop_max=float(np.max(history["pop_max"])),
+        final_pop_mean_mean=float(np.mean(at_end("pop_mean"))),
+        best_pop_max=float(np.max(pop_max)) if pop_max.size else math.nan,
         solved_fraction=float(np.mean(final_centre >= solved)) if solved is not None else math.nan,
-        env_steps_per_seed=float(np.mean(history["env_steps"][-1])) if len(history["env_steps"]) else 0.0,
+        env_steps_per_seed=float(np.mean(np.nan_to_num(at_end("env_steps", failed_too=True)))),
         compile_time=compile_time,
         group_run_time=wall,
         group_batch_size=batch_size,
+        error=messages("failed", lambda seed, end: f"seed {seed}: {end.message}"),
+        stopped=messages("stopped", lambda seed, end: f"seed {seed} after generation {end.generation}: {end.message}"),
     )
     return row
 
@@ -683,6 +867,8 @@ def _log_configuration(log_dir: str, history: dict, point: dict, base: ESConfig,
     logger = TensorBoardLogger(log_dir, hparams)
     try:
         for g in range(len(history["generation"])):
+            if not np.isfinite(history["pop_mean"][g]).any():  # every seed had ended (other configurations ran on)
+                continue
             record = {}
             for k, v in history.items():
                 row = v[g].astype(np.float64)

@@ -429,3 +429,161 @@ def test_configuration_folder_names_are_checked_before_anything_trains(monkeypat
         jes_sweep.sweep(POLICY, "CartPole-v1", "adam", config=BASE, seeds=[0], log_dir=str(tmp_path / "tb"),
                         grid={"learning_rate": [0.01, 0.01]})
     assert not trained and not (tmp_path / "tb").exists()
+
+
+def _same_bytes(swept, alone):
+    """Parameters and every history column but times, byte for byte (the history as float64, jes.train's type)."""
+    assert np.asarray(swept.flat_params).tobytes() == np.asarray(alone.flat_params).tobytes()
+    for key in HISTORY_BITS:
+        assert (np.asarray(swept.history[key], np.float64).tobytes()
+                == np.asarray(alone.history[key], np.float64).tobytes()), key
+
+
+def test_a_diverging_run_fails_alone_named_by_its_grid_point_and_the_sweep_goes_on(grid_result, tmp_path, capsys):
+    """Finding: one run whose fitness went non-finite stopped its compile group and every later group, named only as
+    "batch entry 1". Now it is a failed row naming its grid point and seed, and the others train as they would alone."""
+    result = jes_sweep.sweep(POLICY, "CartPole-v1", "adam", config=BASE, seeds=[0, 1], log_dir=str(tmp_path / "tb"),
+                             grid={"learning_rate": [0.01, 1e38], "num_members": [16, 24]},
+                             out_dir=str(tmp_path / "out"))
+    err = capsys.readouterr().err
+    assert "learning_rate=1e+38, num_members=16, seed 0 failed: non-finite" in err and "batch entry" not in err
+    assert "4 of 8 runs failed" in err
+    assert [(r["learning_rate"], r["num_members"], r["status"]) for r in result.rows] == [
+        (0.01, 16, "completed"), (0.01, 24, "completed"), (1e38, 16, "failed"), (1e38, 24, "failed")]
+    failed = result.rows[2]
+    assert failed["error"].startswith("seed 0: non-finite") and "; seed 1: " in failed["error"]
+    assert 1 <= failed["generations"] < 3 and np.isnan(failed["final_centre_return_mean"])
+    run = result.run(2, 0)
+    assert run.status == "failed" and f"at generation {run.history['generation'].size + 1}," in run.error
+    assert run.history["generation"].tolist() == list(range(1, run.history["generation"].size + 1))
+    # The healthy rows of both groups (the first shares its program with the failures) are today's runs, bit for bit
+    before = grid_result[0]  # the same configurations (num_members, learning_rate), their bits equal to jes.train's
+    for (config, seed), (config_before, _) in {(0, 0): (0, 0), (0, 1): (0, 1), (1, 1): (2, 1)}.items():
+        assert result.run(config, seed).config == before.run(config_before, seed).config
+        _same_bytes(result.run(config, seed), before.run(config_before, seed))
+        assert result.run(config, seed).status == "completed"
+    with open(tmp_path / "out" / "sweep.json") as f:
+        table = json.load(f)
+    assert [r["status"] for r in table] == ["completed", "completed", "failed", "failed"]
+    assert table[0]["error"] is None and table[2]["error"] == failed["error"]
+    assert "sweep_complete" not in table[0]
+    # The failed configuration's curves stop where its last seed did
+    scalars = jes_logging.read_scalars(str(tmp_path / "tb" / "learning_rate=1e_38,num_members=16"))
+    assert [s for s, _ in scalars["population/mean_return"]] == list(range(1, failed["generations"] + 1))
+
+
+def test_a_failed_run_leaves_the_other_runs_of_a_vmapped_batch_bit_identical():
+    """With vmap=True the failed entry stays in the batch, its state put back each generation: the others' bits are
+    those of the same batch without a failure."""
+    kwargs = dict(config=BASE.replace(num_generations=4), seeds=[0], vmap=True, log_dir=None)
+    failing = jes_sweep.sweep(POLICY, "CartPole-v1", "adam", grid={"learning_rate": [0.05, 1e38]}, **kwargs)
+    healthy = jes_sweep.sweep(POLICY, "CartPole-v1", "adam", grid={"learning_rate": [0.05, 0.2]}, **kwargs)
+    assert [r["status"] for r in failing.rows] == ["completed", "failed"]
+    assert failing.rows[0]["group_batch_size"] == healthy.rows[0]["group_batch_size"] == 2
+    _same_bytes(failing.run(0, 0), healthy.run(0, 0))
+    assert failing.run(1, 0).state.generation == failing.run(1, 0).history["generation"].size
+
+
+def test_jes_sweep_writes_the_table_and_exits_1_when_runs_failed(tmp_path, capsys):
+    from jes import cli
+
+    path = tmp_path / "sweep.toml"
+    path.write_text('env = "CartPole-v1"\noptimizer = "adam"\nseeds = [0]\nlog_dir = "none"\n'
+                    '[policy]\ntype = "mlp"\nhidden = 4\nlayers = 1\n'
+                    '[config]\nnum_members = 8\nnum_generations = 3\neval_episodes = 2\nmax_episode_steps = 20\n'
+                    'learning_rate = [0.05, 1e38]\n')
+    assert cli.main(["sweep", str(path), "--out-dir", str(tmp_path / "out")]) == 1
+    out, err = capsys.readouterr()
+    assert "learning_rate=1e+38: failed (seed 0: non-finite" in out
+    assert "jes sweep: 1 of 2 runs failed" in err
+    with open(tmp_path / "out" / "sweep.csv") as f:
+        assert [r["status"] for r in csv.DictReader(f)] == ["completed", "failed"]
+
+
+def test_a_callbacks_stop_training_ends_its_run_alone(grid_result):
+    """Finding: sweep() took no callbacks. A StopTraining raised for one run ends that run after the generation it was
+    given (as jes.train's), the others going on bit for bit; each record names its grid point and seed."""
+    records = []
+
+    def stop_one(record):
+        records.append(record)
+        if record["point"] == {"learning_rate": 0.05} and record["seed"] == 1 and record["generation"] == 1:
+            raise jes.StopTraining("plateau")
+
+    result = jes_sweep.sweep(POLICY, "CartPole-v1", "adam", config=BASE, seeds=[0, 1], log_dir=None,
+                             grid={"learning_rate": [0.01, 0.05]}, callbacks=[stop_one])
+    first = records[0]
+    assert (first["config_index"], first["point"], first["seed"], first["run"], first["generation"]) == (
+        0, {"learning_rate": 0.01}, 0, "learning_rate=0.01, seed 0", 1)
+    assert set(jes.loop.HISTORY_KEYS) <= set(first) and "env_steps_per_second" in first
+    assert [(r["run"], r["generation"]) for r in records if r["seed"] == 1 and r["config_index"] == 1] == [
+        ("learning_rate=0.05, seed 1", 1)]
+    assert len(records) == 3 * 3 + 1
+    stopped = result.run(1, 1)
+    assert (stopped.status, stopped.stopped, stopped.history["generation"].tolist()) == ("stopped", "plateau", [1])
+    assert (result.rows[1]["status"], result.rows[1]["stopped"]) == ("stopped", "seed 1 after generation 1: plateau")
+    assert result.rows[0]["status"] == "completed" and result.rows[0]["stopped"] is None
+
+    def stop_alone(record):
+        if record["generation"] == 1:
+            raise jes.StopTraining("plateau")
+
+    alone = jes.train(POLICY, "CartPole-v1", "adam", key=1, config=stopped.config, log_dir=None,
+                      checkpoint_path=None, progress=False, callbacks=[stop_alone])
+    assert alone.stopped == "plateau"
+    _same_bytes(stopped, alone)
+    before = grid_result[0]  # configurations 0 and 1 there are (16, 0.01) and (16, 0.05), equal to jes.train's bits
+    for config, seed in [(0, 0), (0, 1), (1, 0)]:
+        _same_bytes(result.run(config, seed), before.run(config, seed))
+
+
+def test_another_error_of_a_callback_stops_the_sweep_keeping_the_finished_rows(tmp_path, capsys):
+    def broken(record):
+        if record["point"]["num_members"] == 24:
+            raise RuntimeError("a bug in my callback")
+
+    with pytest.raises(RuntimeError, match="a bug in my callback") as caught:
+        jes_sweep.sweep(POLICY, "CartPole-v1", "adam", config=BASE.replace(num_generations=1), seeds=[0],
+                        log_dir=None, out_dir=str(tmp_path / "out"), grid={"num_members": [16, 24]},
+                        callbacks=[broken])
+    assert "raised by a sweep callback for num_members=24, seed 0 at generation 1" in str(caught.value.__notes__)
+    assert "sweep stopped by RuntimeError after 1 of 2 configurations finished" in capsys.readouterr().err
+    with open(tmp_path / "out" / "sweep.json") as f:
+        assert [(r["num_members"], r["sweep_complete"]) for r in json.load(f)] == [(16, False)]
+
+
+def test_a_sequential_sweep_places_each_run_once_not_every_generation(monkeypatch):
+    """Finding: on 2 CPU devices a sweep ran 3-4x slower per generation than on one: every generation sliced each run
+    out of the stacked batch, placed it on the devices and stacked the results again. Each run's state now stays as
+    the compiled step returns it."""
+    placed = []
+    real = jes.Trainer.place
+    monkeypatch.setattr(jes.Trainer, "place", lambda self, state: placed.append(1) or real(self, state))
+    jes_sweep.sweep(POLICY, "CartPole-v1", "adam", config=BASE.replace(num_generations=4), seeds=[0, 1],
+                    grid={"learning_rate": [0.01, 0.05]}, log_dir=None)
+    assert len(placed) <= 4 + 1  # each run's state once (and the compile's); was 4 runs x (4 generations + 1)
+
+
+def test_a_stopped_run_of_a_vmapped_batch_stays_where_it_stopped():
+    """The vmapped batch steps every slot: a slot that a callback stopped went on training (its state at a later
+    generation than its history), until its slot was put back each generation."""
+    def stop_seed_1(record):
+        if record["seed"] == 1 and record["generation"] == 1:
+            raise jes.StopTraining("plateau")
+
+    kwargs = dict(config=BASE, seeds=[0, 1], vmap=True, log_dir=None, grid={"learning_rate": [0.05]})
+    stopped = jes_sweep.sweep(POLICY, "CartPole-v1", "adam", callbacks=[stop_seed_1], **kwargs)
+    run = stopped.run(0, 1)
+    assert (run.status, run.history["generation"].tolist(), int(run.state.generation)) == ("stopped", [1], 1)
+    _same_bytes(stopped.run(0, 0), jes_sweep.sweep(POLICY, "CartPole-v1", "adam", **kwargs).run(0, 0))
+
+
+def test_a_group_whose_every_run_fails_at_its_first_generation_gives_failed_rows():
+    """No run of the group completed a generation: its history has no rows (the row's reductions raised on it)."""
+    zero = lambda generation: 0.0 * generation  # a noise_std schedule at 0: the first update is not finite
+    result = jes_sweep.sweep(POLICY, "CartPole-v1", "adam", config=BASE.replace(noise_std=zero), seeds=[0, 1],
+                             grid={"learning_rate": [0.05, 0.1]}, log_dir=None)
+    assert [(r["status"], r["generations"]) for r in result.rows] == [("failed", 0), ("failed", 0)]
+    assert all(r.status == "failed" and int(r.state.generation) == 0 and r.history["generation"].size == 0
+               for r in result.runs)
+    assert "a non-finite ES update at generation 1" in result.rows[0]["error"]
