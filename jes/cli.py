@@ -205,10 +205,16 @@ def _parser() -> argparse.ArgumentParser:
                "  0    every run completed (or a callback stopped it)\n"
                "  1    some runs failed: the table is written; their rows say status failed, the reason in error\n"
                "  2    an error stopped the sweep (its traceback first when unexpected); the finished configurations'\n"
-               "       rows are written, with sweep_complete false\n"
-               "  130  interrupted (Ctrl-C); 143: terminated (SIGTERM)")
+               "       rows are written, with sweep_complete false: continue it with --resume\n"
+               "  130  interrupted (Ctrl-C); 143: terminated (SIGTERM); the finished configurations' rows are\n"
+               "       written as for 2 (the table is rewritten after each compile group, so a sweep killed\n"
+               "       outright keeps every group but the running one): continue it with --resume")
     sweep.add_argument("config", help="sweep file (.json or .toml); see jes.sweep.load_sweep_file")
     sweep.add_argument("--out-dir", default=None, help="where sweep.csv/sweep.json go (overrides the file's out_dir; default: the file's, else sweep_results/)")
+    sweep.add_argument("--resume", action="store_true",
+                       help="continue the interrupted sweep whose table is in the out dir (give the same sweep file): "
+                            "the compile groups whose every configuration finished are kept, the others run whole, "
+                            "and the merged table is written; refused when that table is another sweep's")
     sweep.add_argument("--vmap", action="store_true",
                        help="run seeds and learning_rate/noise_std values as one vmapped program (faster on "
                             "accelerators; may differ from standalone runs in the last bits). Default: one after "
@@ -604,7 +610,7 @@ def _sweep(args: argparse.Namespace) -> int:
     kwargs = load_sweep_file(args.config)
     if args.out_dir is not None:
         kwargs["out_dir"] = args.out_dir
-    result = sweep(**kwargs, vmap=args.vmap and not args.no_vmap)
+    result = sweep(**kwargs, vmap=args.vmap and not args.no_vmap, resume=args.resume)
     keys = [k for k in result.rows[0] if k in kwargs["grid"]]
     for row in result.rows:
         values = ", ".join(f"{k}={row[k]}" for k in keys) or "base"
@@ -617,8 +623,9 @@ def _sweep(args: argparse.Namespace) -> int:
         print(f"{values}: final centre return {score:.1f} +/- {row['final_centre_return_std']:.1f}{over}"
               if math.isfinite(score) else f"{values}: no centre evaluation{over}")
     print(f"table: {result.csv_path} and {result.json_path}")
-    # The table is written; sweep() said which runs failed and where the reasons are
-    return 1 if any(run.status == "failed" for run in result.runs) else 0
+    # The table is written; sweep() said which runs failed and where the reasons are (the rows: a resumed sweep's
+    # result holds only the runs it ran)
+    return 1 if any(row.get("failed") for row in result.rows) else 0
 
 
 def _keys(args: argparse.Namespace) -> int:

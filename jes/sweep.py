@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import io
 import itertools
 import json
 import math
@@ -42,8 +43,9 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from jes import perturbations, strategies as jes_strategies
+from jes import interrupts, perturbations, strategies as jes_strategies
 from jes.arrays import check_seed
+from jes.atomic import write_atomically
 from jes.config import ESConfig
 from jes.logging import TensorBoardLogger, default_run_name, has_event_files, unique_dir
 from jes.policies import GRUPolicy, MLPPolicy
@@ -102,7 +104,7 @@ class SweepResult:
             returns aggregated over the seeds that did not fail (``*_mean``/``*_std``, ``best_pop_max``; NaN when
             every seed failed), ``solved_fraction`` (over every seed, a failed one unsolved),
             ``env_steps_per_seed`` (the mean over every seed of what it ran), timings.
-        runs: every (configuration, seed) with its final parameters and history.
+        runs: every (configuration, seed) with its final parameters and history (resumed: those this call ran).
         csv_path, json_path: where the table was written (``None`` without ``out_dir``).
     """
 
@@ -258,15 +260,17 @@ def _checked_seeds(seeds: Any) -> list[int]:
     return seeds
 
 
-def _check_outputs(out_dir: str | None, log_dir: str | None, run_names: list[str]) -> None:
-    """Before anything runs: refuse to replace an earlier sweep's table; warn when configurations' log folders hold
-    an earlier run's event files (TensorBoard would show both)."""
-    if out_dir is not None:
+def _check_outputs(out_dir: str | None, log_dir: str | None, run_names: list[str], resume: bool = False) -> None:
+    """Before anything runs: refuse to replace an earlier sweep's table (unless resuming it); warn when
+    configurations' log folders hold an earlier run's event files (TensorBoard would show both). ``run_names``: the
+    folders of the configurations this call runs (a resumed sweep's kept ones hold its own logs)."""
+    if out_dir is not None and not resume:
         tables = [name for name in ("sweep.csv", "sweep.json") if os.path.exists(os.path.join(out_dir, name))]
         if tables:
             raise FileExistsError(f"out_dir {out_dir!r} already holds an earlier sweep's table ({', '.join(tables)}), "
-                                  f"which this sweep would overwrite: pass another out_dir (jes sweep: --out-dir), or "
-                                  f"delete those files to start over")
+                                  f"which this sweep would overwrite: pass another out_dir (jes sweep: --out-dir), "
+                                  f"resume it with the same arguments and resume=True (jes sweep --resume) if it is "
+                                  f"this sweep's, interrupted, or delete those files to start over")
     if log_dir is not None:
         earlier = [name for name in run_names if has_event_files(os.path.join(log_dir, name))]
         if earlier:
@@ -583,6 +587,7 @@ def sweep(
     log_dir: str | None = "runs/<auto>",
     out_dir: str | None = None,
     callbacks: Sequence[Callback] = (),
+    resume: bool = False,
 ) -> SweepResult:
     """Run every configuration of ``grid`` for every seed.
 
@@ -603,13 +608,15 @@ def sweep(
         log_dir: parent directory of one TensorBoard run per configuration (the mean over its seeds that did not
             fail, or over every seed when each one failed; ``sweep/seeds``: how many seeds each generation's mean
             holds); default ``runs/sweep-<time>``; ``None`` turns it off.
-        out_dir: where ``sweep.csv`` and ``sweep.json`` go (``None``: not written).
+        out_dir: where ``sweep.csv``, ``sweep.json`` and ``sweep.resume.json`` go (``None``: not written). One that
+            holds a table already is refused unless ``resume``.
         callbacks: functions called with each run's record of each generation (:func:`jes.train`'s keys, and
             ``config_index``, ``point`` -- the grid point's values as the table shows them --, ``seed`` and ``run``,
             e.g. ``"learning_rate=0.05, seed 1"``). One that raises :class:`~jes.StopTraining` ends that run after
             the generation it was given (kept; its row says ``status: stopped`` and the message in ``stopped``); the
             other runs go on, bit for bit as without it. Any other exception stops the sweep as an error does
             (below), with a note naming the run.
+        resume: continue the interrupted sweep in ``out_dir`` (below).
 
     A run whose fitness or update goes non-finite fails alone: the generation is not applied, the run is kept at the
     one before (its state, parameters and history), its row says ``status: failed``, how many of its seeds failed in
@@ -628,10 +635,19 @@ def sweep(
     members' and centre evaluations'; seeds differ where episodes end early); ``generations`` is the most any of its
     seeds completed (a failed or stopped seed completed fewer).
 
-    Interrupted (Ctrl-C) or stopped by an error (a callback's, a Python simulator's, ...) after some configurations
-    finished, the sweep writes their rows
-    to ``out_dir`` (each with ``sweep_complete: false``), says so on stderr, and re-raises; a sweep does not
-    resume: run it again with a new ``out_dir``.
+    The table in ``out_dir`` is rewritten (atomically) after each compile group finishes: the rows so far, each with
+    ``sweep_complete: false``, until the last group's write of the whole table; beside it, ``sweep.resume.json``
+    records what the sweep is and its finished rows. Interrupted (Ctrl-C; SIGTERM too, in the main thread of a
+    program with no SIGTERM handler of its own, after which the process ends as SIGTERM ends it) or stopped by an
+    error (a callback's, a Python simulator's, ...) after some configurations finished, the sweep writes their rows,
+    says so on stderr, and re-raises; killed outright (SIGKILL), it keeps the groups it had finished.
+
+    ``resume=True`` (``jes sweep --resume``) continues the sweep whose table is in ``out_dir`` (required): called
+    with the same arguments (another sweep's table is refused, naming what differs), it keeps the compile groups
+    whose every row is there, runs the others whole, and writes the table an uninterrupted sweep writes (but for
+    its wall-clock columns). ``rows`` then holds every row, ``runs`` only the runs this call ran; the kept groups'
+    TensorBoard runs are left as they are (the default ``log_dir`` is the first call's). With no sweep in
+    ``out_dir`` yet, every group runs.
 
     Each row records the ``learning_rate`` it ran with and where it came from
     (``learning_rate_source``: ``grid``, ``config``, ``optimizer default``, ``optax object`` or ``strategy``): in a
@@ -663,23 +679,32 @@ def sweep(
             f"instead of its own default ({', '.join(f'{o} {DEFAULT_LEARNING_RATES.get(resolve_name(o))}' for o in sorted(named))}); "
             f"leave learning_rate out to compare optimizers at their defaults (the table's learning_rate column "
             f"shows the rate each row used)", stacklevel=2)
+    if resume and out_dir is None:
+        raise ValueError("resume=True needs the out_dir of the sweep to resume (jes sweep --resume: the sweep file's "
+                         "out_dir, or --out-dir)")
+    identity = _identity(policy, env, optimizer, strategy, grid, points, seeds, base, env_params, vmap)
+    kept, kept_log_dir = _resumed(out_dir, identity) if resume else ({}, None)
     if log_dir == "runs/<auto>":
-        log_dir = unique_dir(os.path.join("runs", "sweep-" + default_run_name("", "", "").strip("-")))
+        # A resumed sweep logs beside the configurations it kept, in the folder its first call picked
+        log_dir = kept_log_dir or unique_dir(os.path.join("runs", "sweep-" + default_run_name("", "", "").strip("-")))
     run_names = [_run_name({k: p[k] for k in swept}, grid) for p in points]
     if log_dir is not None:
         _check_run_names(log_dir, run_names, points)
-    _check_outputs(out_dir, log_dir, run_names)
 
     # Group grid points by everything that changes the compiled program.
     groups: dict[tuple, list[int]] = {}
     for index, point in enumerate(points):
         shape_key = tuple((k, repr(v)) for k, v in point.items() if k not in batched)
         groups.setdefault(shape_key, []).append(index)
+    # Resumed: a group whose every row is in the table is kept; any other runs whole (a vmapped group's batch size is
+    # part of its program, so a part of one would not give the bits the whole gives)
+    to_run = [indices for indices in groups.values() if not all(i in kept for i in indices)]
+    _check_outputs(out_dir, log_dir, [run_names[i] for indices in to_run for i in indices], resume)
 
     # Every group's Trainer before any group runs: what they refuse (the env, the policy's size) stops the sweep
     # before it trains or logs anything. Building one compiles nothing.
     trainers = []
-    for indices in groups.values():
+    for indices in to_run:
         first = points[indices[0]]
         try:
             trainers.append(Trainer(policy, env, first.get("optimizer", optimizer), point_config(base, first),
@@ -688,50 +713,33 @@ def sweep(
             shown = ", ".join(f"{k}={v!r}" for k, v in first.items())
             raise ValueError(f"sweep grid point ({shown or 'the base config'}): {err}") from err
 
-    rows: list[dict] = [{} for _ in points]
+    rows: list[dict] = [kept.get(i, {}) for i in range(len(points))]
     runs: list[SweepRun] = []
     shown = [_shown_point(point, grid, base) for point in points]
+    # SIGTERM (kill, timeout, a cluster scheduler) as Ctrl-C, where it would end the process unhandled: the finished
+    # rows are written, then the process ends as SIGTERM ends it (as jes.train takes it)
+    taking_sigterm = interrupts.SigtermAsInterrupt(unless_handled=True)
     try:
-        for indices, trainer in zip(groups.values(), trainers):
-            members = [(i, seed) for i in indices for seed in seeds]
-            states = [_with_hyperparams(trainer.init_state(seed), {k: points[i][k] for k in batched})
-                      for i, seed in members]
-            stacked = jax.tree.map(lambda *x: jnp.stack(x), *states)
-            labels = [run_label(shown[i], seed) for i, seed in members]
-            t0 = time.perf_counter()
-            final, history, compile_time, ends = run_batch(
-                trainer, stacked, vmap=vmap, labels=labels, callbacks=callbacks,
-                records=[dict(config_index=i, point=dict(shown[i]), seed=seed, run=label)
-                         for (i, seed), label in zip(members, labels)])
-            wall = time.perf_counter() - t0 - compile_time
-            final = jax.device_get(final)
-            for b, (i, seed) in enumerate(members):
-                member_state = jax.tree.map(lambda x: x[b], final)
-                ran = history["generation"][:, b] <= ends[b].generation  # its rows: none after it failed or stopped
-                runs.append(SweepRun(
-                    config_index=i, seed=seed, config=point_config(base, points[i]),
-                    optimizer=trainer.optimizer_name, flat_params=np.asarray(member_state.params),
-                    history={k: v[ran, b] for k, v in history.items()}, state=member_state,
-                    status=ends[b].status, error=ends[b].message if ends[b].status == "failed" else None,
-                    stopped=ends[b].message if ends[b].status == "stopped" else None,
-                ))
-            for i in indices:
-                cols = [b for b, (j, _) in enumerate(members) if j == i]
-                seed_ends = [ends[b] for b in cols]
-                ran = _ran({k: v[:, cols] for k, v in history.items()}, seed_ends)
-                rows[i] = _row(points[i], swept, seeds, ran, seed_ends, compile_time, wall, len(members), trainer,
-                               base.learning_rate, grid, points[i].get("optimizer", optimizer))
-                if log_dir is not None:
-                    _log_configuration(os.path.join(log_dir, run_names[i]), ran, points[i], base, trainer, seeds,
-                                       points[i].get("optimizer", optimizer), seed_ends)
-    except BaseException as err:  # Ctrl-C (KeyboardInterrupt), a non-finite update, ...: keep what finished
-        _keep_finished(err, [row for row in rows if row], len(points), out_dir)
-        raise
+        taking_sigterm.install()
+        try:
+            for group, (indices, trainer) in enumerate(zip(to_run, trainers)):
+                _run_group(trainer, indices, points, seeds, batched, shown, vmap, callbacks, base, swept, grid,
+                           optimizer, run_names, log_dir, rows, runs)
+                if out_dir is not None and group + 1 < len(to_run):
+                    # The finished groups' table, so that a sweep killed outright (SIGKILL, an OOM) keeps them
+                    with interrupts.interrupts_deferred():
+                        _save(out_dir, identity, rows, log_dir, complete=False)
+        except BaseException as err:  # Ctrl-C (KeyboardInterrupt), a non-finite update, ...: keep what finished
+            _keep_finished(err, [row for row in rows if row], len(points), out_dir)
+            raise
 
-    runs.sort(key=lambda r: (r.config_index, r.seed))
-    result = SweepResult(rows=rows, runs=runs)
-    if out_dir is not None:
-        result.csv_path, result.json_path = write_table(rows, out_dir)
+        runs.sort(key=lambda r: (r.config_index, r.seed))
+        result = SweepResult(rows=rows, runs=runs)
+        if out_dir is not None:
+            with interrupts.interrupts_deferred():  # (a SIGTERM now ends the sweep once its table is whole)
+                result.csv_path, result.json_path = _save(out_dir, identity, rows, log_dir, complete=True)
+    finally:
+        _end_if_terminated(taking_sigterm)
     failed = [r for r in runs if r.status == "failed"]
     if failed:  # (once: jes sweep adds no line of its own, only its exit status 1)
         where = (f"the error column of their rows in {result.csv_path} and {result.json_path}" if result.csv_path
@@ -740,6 +748,138 @@ def sweep(
               f"({'; '.join(run_label(shown[r.config_index], r.seed) for r in failed)}); the reasons are in {where}; "
               f"each row's means are over its seeds that did not fail", file=sys.stderr)
     return result
+
+
+def _run_group(trainer: Trainer, indices: list[int], points: list[dict], seeds: list[int], batched: list[str],
+               shown: list[dict], vmap: bool, callbacks: Sequence[Callback], base: ESConfig, swept: list[str],
+               grid: Mapping[str, Any], optimizer: Any, run_names: list[str], log_dir: str | None, rows: list[dict],
+               runs: list[SweepRun]) -> None:
+    """Run one compile group's configurations for every seed: its runs go into ``runs``, its rows into ``rows`` (at
+    their configuration's index), its TensorBoard runs into ``log_dir``."""
+    members = [(i, seed) for i in indices for seed in seeds]
+    states = [_with_hyperparams(trainer.init_state(seed), {k: points[i][k] for k in batched}) for i, seed in members]
+    stacked = jax.tree.map(lambda *x: jnp.stack(x), *states)
+    labels = [run_label(shown[i], seed) for i, seed in members]
+    t0 = time.perf_counter()
+    final, history, compile_time, ends = run_batch(
+        trainer, stacked, vmap=vmap, labels=labels, callbacks=callbacks,
+        records=[dict(config_index=i, point=dict(shown[i]), seed=seed, run=label)
+                 for (i, seed), label in zip(members, labels)])
+    wall = time.perf_counter() - t0 - compile_time
+    final = jax.device_get(final)
+    for b, (i, seed) in enumerate(members):
+        member_state = jax.tree.map(lambda x: x[b], final)
+        ran = history["generation"][:, b] <= ends[b].generation  # its rows: none after it failed or stopped
+        runs.append(SweepRun(
+            config_index=i, seed=seed, config=point_config(base, points[i]),
+            optimizer=trainer.optimizer_name, flat_params=np.asarray(member_state.params),
+            history={k: v[ran, b] for k, v in history.items()}, state=member_state,
+            status=ends[b].status, error=ends[b].message if ends[b].status == "failed" else None,
+            stopped=ends[b].message if ends[b].status == "stopped" else None,
+        ))
+    for i in indices:
+        cols = [b for b, (j, _) in enumerate(members) if j == i]
+        seed_ends = [ends[b] for b in cols]
+        ran = _ran({k: v[:, cols] for k, v in history.items()}, seed_ends)
+        rows[i] = _row(points[i], swept, seeds, ran, seed_ends, compile_time, wall, len(members), trainer,
+                       base.learning_rate, grid, points[i].get("optimizer", optimizer))
+        if log_dir is not None:
+            _log_configuration(os.path.join(log_dir, run_names[i]), ran, points[i], base, trainer, seeds,
+                               points[i].get("optimizer", optimizer), seed_ends)
+
+
+def _end_if_terminated(taking: interrupts.SigtermAsInterrupt) -> None:
+    """Give SIGTERM its handler back; if one came while the sweep ran (taken as Ctrl-C: the finished rows are written
+    by now, and :func:`_keep_finished` said where), end the process as SIGTERM ends it (status 143)."""
+    taking.restore()
+    if taking.terminated:
+        print("jes.sweep: terminated by SIGTERM", file=sys.stderr, flush=True)
+        interrupts.terminate_as_sigterm()
+
+
+# What a sweep writes beside its table for resume=True: what the sweep is (its identity) and its finished rows as
+# Python holds them (sweep.json turns NaN into null, which would come back as an empty CSV field, not "nan")
+RESUME_FILE = "sweep.resume.json"
+
+
+def _plain(value: Any) -> Any:
+    """``value`` as JSON data the same in every process: a plain value as it is, another by :func:`value_name`."""
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    return value_name(value, [value])
+
+
+def _identity(policy: Any, env: Any, optimizer: Any, strategy: Any, grid: Mapping[str, Any], points: list[dict],
+              seeds: list[int], base: ESConfig, env_params: Any, vmap: bool) -> dict:
+    """What makes a sweep's table the same sweep's, as JSON data: a resumed sweep must give the rows an uninterrupted
+    one gives. (Objects without a plain value -- optax objects, functions -- are known by their kind and grid index
+    alone.)"""
+    identity = {
+        "env": _plain(env),
+        "env_params": _plain(env_params),
+        "policy": _ADDRESS.sub("0x", repr(policy)),
+        "strategy": _plain(strategy),
+        "optimizer": _plain(optimizer),
+        "config": {f.name: _plain(getattr(base, f.name)) for f in dataclasses.fields(base)},
+        "grid points": [_shown_point(point, grid, base) for point in points],
+        "seeds": list(seeds),
+        "vmap": bool(vmap),
+    }
+    return json.loads(json.dumps(identity))  # as it reads back
+
+
+def _resumed(out_dir: str, identity: dict) -> tuple[dict[int, dict], str | None]:
+    """The finished rows (by configuration index) of the sweep in ``out_dir`` and the log_dir it logged to; nothing
+    when ``out_dir`` holds no sweep yet.
+
+    Raises:
+        ValueError: ``out_dir`` holds another sweep's table, or one that cannot be checked.
+    """
+    path = os.path.join(out_dir, RESUME_FILE)
+    start = f"cannot resume the sweep in out_dir {out_dir!r}"
+    if not os.path.exists(path):
+        tables = [name for name in ("sweep.csv", "sweep.json") if os.path.exists(os.path.join(out_dir, name))]
+        if tables:
+            raise ValueError(f"{start}: it holds a sweep table but no {RESUME_FILE} (which a sweep writes beside "
+                             f"its table; an older jes wrote none) to check that it is this sweep's; pass another out_dir to run this "
+                             f"sweep anew")
+        return {}, None  # nothing to resume: every group runs (a job script may pass --resume from its first start)
+    try:
+        with open(path) as f:
+            saved = json.load(f)
+        rows = {int(index): row for index, row in saved["rows"]}
+        there = saved["identity"]
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        raise ValueError(f"{start}: its {RESUME_FILE} cannot be read ({type(err).__name__}: {err}); pass another "
+                         f"out_dir to run this sweep anew") from err
+    differs = [key for key in identity if there.get(key) != identity[key]]
+    if differs:
+        key = differs[0]
+        if key == "config":
+            fields = [k for k in identity[key] if there[key].get(k) != identity[key][k]]
+            detail = "; ".join(f"{k}: {there[key].get(k)!r} there, {identity[key][k]!r} here" for k in fields)
+        elif key == "grid points":
+            detail = f"{len(there.get(key) or [])} there, {len(identity[key])} here; the first that differs: " + next(
+                f"{a} there, {b} here" for a, b in itertools.zip_longest(there.get(key) or [], identity[key])
+                if a != b)
+        else:
+            detail = f"{there.get(key)!r} there, {identity[key]!r} here"
+        also = f" (also: {', '.join(differs[1:])})" if differs[1:] else ""
+        raise ValueError(f"{start}: its table is of another sweep: its {key} "
+                         f"{'differ' if key.endswith('s') else 'differs'} ({detail}){also}; resume it with the "
+                         f"arguments (or sweep file) it was started with, or pass another out_dir to run this sweep")
+    return rows, saved.get("log_dir")
+
+
+def _save(out_dir: str, identity: dict, rows: list[dict], log_dir: str | None, complete: bool) -> tuple[str, str]:
+    """Write the table of the finished ``rows`` (empty dicts: not yet run; each marked ``sweep_complete: false``
+    unless ``complete``) and :data:`RESUME_FILE`, each atomically; returns the table's paths."""
+    finished = [row if complete else dict(row, sweep_complete=False) for row in rows if row]
+    paths = write_table(finished, out_dir)
+    state = {"identity": identity, "log_dir": log_dir, "complete": complete,
+             "rows": [[index, row] for index, row in enumerate(rows) if row]}
+    write_atomically(os.path.join(out_dir, RESUME_FILE), lambda f: json.dump(state, f, indent=1), mode="w")
+    return paths
 
 
 def _keep_finished(err: BaseException, finished: list[dict], total: int, out_dir: str | None) -> None:
@@ -759,8 +899,9 @@ def _keep_finished(err: BaseException, finished: list[dict], total: int, out_dir
                     f"be written ({type(write_err).__name__}: {write_err})")
         else:
             note = (f"sweep {what} after {len(finished)} of {total} configurations finished: their rows are in "
-                    f"{csv_path} and {json_path} (sweep_complete: false); a sweep does not resume, so run it again "
-                    f"with a new out_dir (this one keeps the partial table)")
+                    f"{csv_path} and {json_path} (sweep_complete: false); to run the rest, call the sweep again with "
+                    f"the same arguments and resume=True (jes sweep --resume): it keeps the compile groups whose "
+                    f"every configuration finished and reruns the others whole")
     try:
         err.sweep_note = note
     except AttributeError:  # an exception type that takes no attributes
@@ -900,17 +1041,19 @@ def _log_configuration(log_dir: str, history: dict, point: dict, base: ESConfig,
 
 
 def write_table(rows: list[dict], out_dir: str) -> tuple[str, str]:
-    """Write ``rows`` as ``sweep.csv`` and ``sweep.json`` in ``out_dir``; returns both paths."""
+    """Write ``rows`` as ``sweep.csv`` and ``sweep.json`` in ``out_dir``, each atomically (a file killed midway
+    leaves the one before); returns both paths."""
     os.makedirs(out_dir, exist_ok=True)
     csv_path, json_path = os.path.join(out_dir, "sweep.csv"), os.path.join(out_dir, "sweep.json")
     columns = list(dict.fromkeys(k for row in rows for k in row))
-    with open(csv_path, "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=columns)
-        writer.writeheader()
-        writer.writerows(rows)
-    with open(json_path, "w") as f:
-        json.dump([{k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in row.items()}
-                   for row in rows], f, indent=2)
+    text = io.StringIO(newline="")
+    writer = csv.DictWriter(text, fieldnames=columns)
+    writer.writeheader()
+    writer.writerows(rows)
+    write_atomically(csv_path, lambda f: f.write(text.getvalue()), mode="w")
+    write_atomically(json_path, lambda f: json.dump(
+        [{k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in row.items()} for row in rows],
+        f, indent=2), mode="w")
     return csv_path, json_path
 
 

@@ -347,7 +347,7 @@ def test_an_interrupted_sweep_keeps_the_table_of_the_configurations_that_finishe
         jes_sweep.sweep(POLICY, "CartPole-v1", "adam", config=BASE.replace(num_generations=1), seeds=[0], log_dir=None,
                         out_dir=str(tmp_path / "out"), grid={"num_members": [16, 24]})
     err = capsys.readouterr().err
-    assert "sweep interrupted after 1 of 2 configurations finished" in err and "new out_dir" in err
+    assert "sweep interrupted after 1 of 2 configurations finished" in err and "resume=True" in err
     with open(tmp_path / "out" / "sweep.json") as f:
         table = json.load(f)
     assert [(r["num_members"], r["sweep_complete"]) for r in table] == [(16, False)]
@@ -671,3 +671,224 @@ def test_jes_sweep_exits_2_on_an_unexpected_error_not_the_1_of_failed_runs(tmp_p
     assert cli.main(["sweep", str(path), "--out-dir", str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err
     assert "Traceback" in err and "jes sweep: unexpected RuntimeError: a bug" in err, err
+
+
+# ------------------------------------------------------------- incremental tables, resume, SIGTERM
+TIMES = ("compile_time", "group_run_time")  # wall-clock columns: the only ones two runs of a sweep may differ in
+
+
+def _table_without_times(out_dir) -> tuple[list, list]:
+    """``sweep.json``'s lines and ``sweep.csv``'s fields as written, less the wall-clock columns' values."""
+    with open(os.path.join(out_dir, "sweep.json")) as f:
+        json_lines = [line for line in f.read().split("\n") if line.strip().split(":")[0].strip('"') not in TIMES]
+    with open(os.path.join(out_dir, "sweep.csv"), newline="") as f:
+        table = list(csv.reader(f))
+    keep = [c for c, name in enumerate(table[0]) if name not in TIMES]
+    return json_lines, [[line[c] for c in keep] for line in table]
+
+
+def _counting_batches(monkeypatch) -> list:
+    real, batches = jes_sweep.run_batch, []
+
+    def counted(trainer, states, *args, **kwargs):
+        batches.append(kwargs["labels"])
+        return real(trainer, states, *args, **kwargs)
+
+    monkeypatch.setattr(jes_sweep, "run_batch", counted)
+    return batches
+
+
+def test_a_sweep_rewrites_its_table_after_each_compile_group(tmp_path):
+    """Finding: the table was written only at the end (or on a Python exception): a sweep killed by SIGKILL or
+    SIGTERM lost every finished run. While the second group runs, the first one's rows are on disk."""
+    out_dir = str(tmp_path / "out")
+    seen = []
+
+    def look(record):
+        if record["point"]["num_members"] == 24 and not seen:
+            with open(os.path.join(out_dir, "sweep.json")) as f:
+                seen.append(json.load(f))
+
+    result = jes_sweep.sweep(POLICY, "CartPole-v1", "adam", config=BASE.replace(num_generations=1), seeds=[0],
+                             log_dir=None, out_dir=out_dir, grid={"num_members": [16, 24]}, callbacks=[look])
+    assert [(r["num_members"], r["sweep_complete"]) for r in seen[0]] == [(16, False)]
+    with open(result.json_path) as f:
+        assert [r["num_members"] for r in json.load(f)] == [16, 24] and "sweep_complete" not in seen[0][1:]
+    assert sorted(os.listdir(out_dir)) == ["sweep.csv", "sweep.json", "sweep.resume.json"]  # no temporary file left
+
+
+def test_a_resumed_sweep_runs_only_the_unfinished_groups_and_writes_the_uninterrupted_table(
+        grid_result, tmp_path, monkeypatch, capsys):
+    """An interrupted sweep resumed (resume=True) skips the compile groups whose rows are written, reruns the
+    others whole, and writes the table an uninterrupted sweep writes (grid_result's), wall-clock columns aside."""
+    result, root = grid_result
+    grid = {"num_members": [16, 24], "learning_rate": [0.01, 0.05]}
+    out_dir, log_dir = str(tmp_path / "out"), str(tmp_path / "tb")
+
+    def interrupt(record):
+        if record["point"]["num_members"] == 24:
+            raise KeyboardInterrupt
+
+    kwargs = dict(config=BASE, seeds=[0, 1], grid=grid, log_dir=log_dir, out_dir=out_dir)
+    with pytest.raises(KeyboardInterrupt):
+        jes_sweep.sweep(POLICY, "CartPole-v1", "adam", callbacks=[interrupt], **kwargs)
+    assert "resume=True (jes sweep --resume)" in capsys.readouterr().err
+    logged = {name: sorted(os.listdir(os.path.join(log_dir, name))) for name in os.listdir(log_dir)}
+    assert sorted(logged) == ["learning_rate=0.01,num_members=16", "learning_rate=0.05,num_members=16"] or \
+        sorted(logged) == ["num_members=16,learning_rate=0.01", "num_members=16,learning_rate=0.05"]
+
+    batches = _counting_batches(monkeypatch)
+    with warnings_as_errors():  # no "log_dir already holds TensorBoard event files" for the groups kept
+        resumed = jes_sweep.sweep(POLICY, "CartPole-v1", "adam", resume=True, **kwargs)
+    assert len(batches) == 1 and all("num_members=24" in label for label in batches[0])
+    assert _table_without_times(out_dir) == _table_without_times(root / "out")
+    assert [r["num_members"] for r in resumed.rows] == [16, 16, 24, 24]
+    assert {r.config_index for r in resumed.runs} == {2, 3}  # the runs this call ran
+    # The kept groups' logs are left as they were; the rerun ones are written
+    assert all(sorted(os.listdir(os.path.join(log_dir, name))) == files for name, files in logged.items())
+    assert len(os.listdir(log_dir)) == 4
+
+
+def warnings_as_errors():
+    import warnings
+
+    class _Errors:
+        def __enter__(self):
+            self._catch = warnings.catch_warnings()
+            self._catch.__enter__()
+            warnings.simplefilter("error")
+
+        def __exit__(self, *exc):
+            return self._catch.__exit__(*exc)
+
+    return _Errors()
+
+
+def test_resuming_a_finished_sweep_runs_nothing_and_rewrites_its_table_byte_for_byte(grid_result, tmp_path,
+                                                                                      monkeypatch):
+    import shutil
+
+    result, root = grid_result
+    out_dir = str(tmp_path / "out")
+    shutil.copytree(root / "out", out_dir)
+    tables = ("sweep.csv", "sweep.json")
+    before = {name: open(os.path.join(out_dir, name), "rb").read() for name in tables}
+    trained = _no_training(monkeypatch)
+    again = jes_sweep.sweep(POLICY, "CartPole-v1", "adam", config=BASE, seeds=[0, 1], log_dir=None, resume=True,
+                            grid={"num_members": [16, 24], "learning_rate": [0.01, 0.05]}, out_dir=out_dir)
+    assert not trained and again.runs == [] and len(again.rows) == 4
+    assert {name: open(os.path.join(out_dir, name), "rb").read() for name in tables} == before
+
+
+@pytest.mark.parametrize("change, differs", [
+    (dict(seeds=[0]), r"its seeds differ \(\[0, 1\] there, \[0\] here\)"),
+    (dict(config=BASE.replace(num_generations=4)), r"its config differs \(num_generations: 3 there, 4 here\)"),
+    (dict(grid={"num_members": [16, 32], "learning_rate": [0.01, 0.05]}), r"its grid points differ"),
+    (dict(optimizer="sgd"), r"its optimizer differs \('adam' there, 'sgd' here\)"),
+    (dict(vmap=True), r"its vmap differs \(False there, True here\)"),
+])
+def test_resuming_another_sweeps_table_is_refused_naming_what_differs(grid_result, monkeypatch, change, differs):
+    result, root = grid_result
+    trained = _no_training(monkeypatch)
+    table = open(result.json_path, "rb").read()
+    kwargs = dict(dict(optimizer="adam", config=BASE, seeds=[0, 1], log_dir=None, out_dir=str(root / "out"),
+                       grid={"num_members": [16, 24], "learning_rate": [0.01, 0.05]}), **change)
+    with pytest.raises(ValueError, match=rf"cannot resume the sweep in out_dir '{root / 'out'}': its table is of "
+                                         rf"another sweep: {differs}.*pass another out_dir"):
+        jes_sweep.sweep(POLICY, "CartPole-v1", resume=True, **kwargs)
+    assert not trained and open(result.json_path, "rb").read() == table
+
+
+def test_resume_needs_an_out_dir_and_a_table_it_can_check(tmp_path, monkeypatch):
+    trained = _no_training(monkeypatch)
+    with pytest.raises(ValueError, match=r"resume=True needs the out_dir of the sweep to resume"):
+        jes_sweep.sweep(POLICY, "CartPole-v1", "adam", config=BASE, grid={}, log_dir=None, resume=True)
+    (tmp_path / "sweep.json").write_text("[]")
+    with pytest.raises(ValueError, match=r"holds a sweep table but no sweep.resume.json"):
+        jes_sweep.sweep(POLICY, "CartPole-v1", "adam", config=BASE, grid={}, log_dir=None, resume=True,
+                        out_dir=str(tmp_path))
+    assert not trained
+
+
+def test_without_resume_a_table_in_out_dir_is_still_refused_and_the_message_names_resume(grid_result, monkeypatch):
+    result, root = grid_result
+    _no_training(monkeypatch)
+    with pytest.raises(FileExistsError, match=r"which this sweep would overwrite: pass another out_dir.*resume=True "
+                                              r"\(jes sweep --resume\)"):
+        jes_sweep.sweep(POLICY, "CartPole-v1", "adam", config=BASE, seeds=[0, 1], log_dir=None,
+                        grid={"num_members": [16, 24], "learning_rate": [0.01, 0.05]}, out_dir=str(root / "out"))
+
+
+def test_jes_sweep_resume_passes_resume_and_is_in_its_help(tmp_path, monkeypatch, capsys):
+    from jes import cli
+
+    calls = []
+    monkeypatch.setattr(jes_sweep, "sweep", lambda **kwargs: calls.append(kwargs) or jes_sweep.SweepResult([], []))
+    path = tmp_path / "sweep.toml"
+    path.write_text('env = "CartPole-v1"\n[config]\nlearning_rate = [0.05, 0.1]\n')
+    cli.main(["sweep", str(path), "--out-dir", str(tmp_path / "out"), "--resume"])
+    assert calls[-1]["resume"] is True
+    cli.main(["sweep", str(path), "--out-dir", str(tmp_path / "out")])
+    assert calls[-1]["resume"] is False
+    with pytest.raises(SystemExit):
+        cli.main(["sweep", "--help"])
+    assert "--resume" in capsys.readouterr().out
+
+
+KILLED_SWEEP = r"""
+import sys, time
+import jes
+from jes import sweep
+
+out_dir, ready = sys.argv[1], sys.argv[2]
+
+
+def wait_for_the_signal(record):
+    if record["point"]["num_members"] == 24:  # the second group runs: the first one's rows are written
+        open(ready, "w").close()
+        while True:
+            time.sleep(0.05)
+
+
+sweep.sweep(jes.MLPPolicy((4,)), "CartPole-v1", "adam", seeds=[0], grid={"num_members": [16, 24]},
+            config=jes.ESConfig(num_members=16, num_generations=1, eval_episodes=2), log_dir=None, out_dir=out_dir,
+            callbacks=[wait_for_the_signal])
+print("returned")
+"""
+
+
+@pytest.mark.hard_timeout(400)
+@pytest.mark.parametrize("signum", ["SIGTERM", "SIGKILL"])
+def test_a_sweep_killed_in_its_second_group_keeps_the_first_groups_rows(tmp_path, signum):
+    """A script's sweep killed by a scheduler (SIGTERM), the OOM killer or a lost session (SIGKILL) lost every
+    finished run. SIGTERM ends it as Ctrl-C does (rows written, said on stderr), then as SIGTERM (status -15)."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from subprocess_for_tests import checkout_env
+
+    out_dir, ready, script = tmp_path / "out", tmp_path / "ready", tmp_path / "script.py"
+    script.write_text(KILLED_SWEEP)
+    child = subprocess.Popen([sys.executable, str(script), str(out_dir), str(ready)], env=checkout_env(),
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 300
+        while not ready.exists() and child.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert ready.exists(), f"the second group never ran (status {child.poll()}): {child.stderr.read()[-3000:]}"
+        child.send_signal(getattr(signal, signum))
+        out, err = child.communicate(timeout=60)
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.communicate()
+    assert child.returncode == -getattr(signal, signum), err[-3000:]
+    assert "returned" not in out and "Traceback" not in err, err[-3000:]
+    if signum == "SIGTERM":
+        assert "sweep interrupted after 1 of 2 configurations finished" in err, err[-3000:]
+        assert "jes.sweep: terminated by SIGTERM" in err, err[-3000:]
+    with open(out_dir / "sweep.json") as f:
+        assert [(r["num_members"], r["sweep_complete"]) for r in json.load(f)] == [(16, False)]
+    assert sorted(os.listdir(out_dir)) == ["sweep.csv", "sweep.json", "sweep.resume.json"]
