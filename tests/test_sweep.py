@@ -2,6 +2,7 @@
 import csv
 import json
 import os
+import warnings
 
 import numpy as np
 import pytest
@@ -738,7 +739,8 @@ def test_a_resumed_sweep_runs_only_the_unfinished_groups_and_writes_the_uninterr
         sorted(logged) == ["num_members=16,learning_rate=0.01", "num_members=16,learning_rate=0.05"]
 
     batches = _counting_batches(monkeypatch)
-    with warnings_as_errors():  # no "log_dir already holds TensorBoard event files" for the groups kept
+    with warnings.catch_warnings():  # no "log_dir already holds TensorBoard event files" for the groups kept
+        warnings.simplefilter("error")
         resumed = jes_sweep.sweep(POLICY, "CartPole-v1", "adam", resume=True, **kwargs)
     assert len(batches) == 1 and all("num_members=24" in label for label in batches[0])
     assert _table_without_times(out_dir) == _table_without_times(root / "out")
@@ -747,21 +749,6 @@ def test_a_resumed_sweep_runs_only_the_unfinished_groups_and_writes_the_uninterr
     # The kept groups' logs are left as they were; the rerun ones are written
     assert all(sorted(os.listdir(os.path.join(log_dir, name))) == files for name, files in logged.items())
     assert len(os.listdir(log_dir)) == 4
-
-
-def warnings_as_errors():
-    import warnings
-
-    class _Errors:
-        def __enter__(self):
-            self._catch = warnings.catch_warnings()
-            self._catch.__enter__()
-            warnings.simplefilter("error")
-
-        def __exit__(self, *exc):
-            return self._catch.__exit__(*exc)
-
-    return _Errors()
 
 
 def test_resuming_a_finished_sweep_runs_nothing_and_rewrites_its_table_byte_for_byte(grid_result, tmp_path,
