@@ -20,8 +20,11 @@ class SigtermAsInterrupt:
 
     Signal handlers belong to the main thread: in another thread nothing is installed. With ``unless_handled``,
     nothing is installed either when SIGTERM does not have its default action (a handler of the program's own,
-    ``SIG_IGN``, or one installed outside Python, such as JAX's preemption notifier in a ``jax.distributed`` run):
-    that handler stays in charge.
+    ``SIG_IGN``, or one installed outside Python before it started): that handler stays in charge. A handler that C
+    code installed later (JAX's preemption notifier, by ``jax.distributed.initialize``) is invisible here
+    (``signal.getsignal`` still says ``SIG_DFL``): the caller must not install then (``jes.loop._take_sigterm``).
+    :meth:`restore` puts the previous handler back only while this one is still installed (one the program
+    installed meanwhile stays).
     """
 
     def __init__(self, *, unless_handled: bool = False):
@@ -45,7 +48,10 @@ class SigtermAsInterrupt:
         """Give SIGTERM back the handler it had (again: nothing)."""
         if self._installed:
             self._installed = False
-            signal.signal(signal.SIGTERM, self._previous)
+            # Not over a handler installed meanwhile (by a callback, a library it set up); and None (a handler from
+            # outside Python) cannot be given back, as before this module
+            if signal.getsignal(signal.SIGTERM) == self._on_sigterm and self._previous is not None:
+                signal.signal(signal.SIGTERM, self._previous)
 
 
 @contextlib.contextmanager
