@@ -32,8 +32,12 @@ class SigtermAsInterrupt:
         self.terminated: list[int] = []  # SIGTERM, once one came
         self._previous: Any = None
         self._installed = False
+        self._pid = os.getpid()
 
     def _on_sigterm(self, signum: int, frame: Any) -> None:
+        if os.getpid() != self._pid:  # a child forked meanwhile (a callback's multiprocessing pool) inherited this:
+            terminate_as_sigterm()    # it ends as SIGTERM ends it, as it would have without jes
+            return
         self.terminated.append(signum)
         raise KeyboardInterrupt
 
@@ -41,7 +45,7 @@ class SigtermAsInterrupt:
         if threading.current_thread() is threading.main_thread() and not self._installed and not (
                 self.unless_handled and signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL):
             self._previous = signal.signal(signal.SIGTERM, self._on_sigterm)
-            self._installed = True
+            self._installed, self._pid = True, os.getpid()
         return self
 
     def restore(self) -> None:

@@ -1404,6 +1404,33 @@ def test_train_gives_back_neither_a_handler_installed_meanwhile_nor_a_handler_fr
         real(signal.SIGTERM, signal.SIG_DFL)
 
 
+def test_a_child_forked_while_sigterm_is_taken_dies_of_sigterm_as_without_jes():
+    """Review of 708af84: a child forked during a run (a callback's multiprocessing pool, whose terminate() sends
+    SIGTERM) inherited the run's handler and raised KeyboardInterrupt, exiting 1 with a traceback where it died of
+    SIGTERM without jes. The child now ends as SIGTERM ends it; the parent still takes SIGTERM as an interrupt."""
+    from jes import interrupts
+
+    taking = interrupts.SigtermAsInterrupt().install()
+    try:
+        ready_r, ready_w = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the child: say it runs (a signal before the fork's after-work in the child is dropped), wait
+            try:
+                os.write(ready_w, b"x")
+                time.sleep(60)
+            finally:
+                os._exit(7)  # reached only if SIGTERM raised (KeyboardInterrupt) instead of ending the process
+        os.close(ready_w)
+        assert os.read(ready_r, 1) == b"x"
+        os.close(ready_r)
+        os.kill(pid, signal.SIGTERM)
+        _, status = os.waitpid(pid, 0)
+        assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGTERM, status
+    finally:
+        taking.restore()
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+
+
 JAX_DISTRIBUTED_SCRIPT = r"""
 import os, signal, socket, time
 import jax
