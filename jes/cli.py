@@ -100,7 +100,7 @@ def _parser() -> argparse.ArgumentParser:
     train.add_argument("--noise-std", type=float, default=None, help=f"perturbation std sigma (default: {d['noise_std']})")
     train.add_argument("--episodes-per-member", type=int, default=None,
                        help=f"episodes averaged into each member's fitness (default: {d['episodes_per_member']})")
-    train.add_argument("--fitness-shaping", choices=("centered_ranks", "z_score", "raw"), default=None,
+    train.add_argument("--fitness-shaping", choices=("centered_ranks", "nes_utilities", "z_score", "raw"), default=None,
                        help=f"how fitness becomes weights (default: {d['fitness_shaping']})")
     train.add_argument("--weight-decay", type=float, default=None, help=f"L2 coefficient (default: {d['weight_decay']})")
     train.add_argument("--perturbation", choices=("full_rank", "low_rank"), default=None,

@@ -20,8 +20,11 @@ class SigtermAsInterrupt:
 
     Signal handlers belong to the main thread: in another thread nothing is installed. With ``unless_handled``,
     nothing is installed either when SIGTERM does not have its default action (a handler of the program's own,
-    ``SIG_IGN``, or one installed outside Python, such as JAX's preemption notifier in a ``jax.distributed`` run):
-    that handler stays in charge.
+    ``SIG_IGN``, or one installed outside Python before it started): that handler stays in charge. A handler that C
+    code installed later (JAX's preemption notifier, by ``jax.distributed.initialize``) is invisible here
+    (``signal.getsignal`` still says ``SIG_DFL``): the caller must not install then (``jes.loop._take_sigterm``).
+    :meth:`restore` puts the previous handler back only while this one is still installed (one the program
+    installed meanwhile stays).
     """
 
     def __init__(self, *, unless_handled: bool = False):
@@ -29,8 +32,12 @@ class SigtermAsInterrupt:
         self.terminated: list[int] = []  # SIGTERM, once one came
         self._previous: Any = None
         self._installed = False
+        self._pid = os.getpid()
 
     def _on_sigterm(self, signum: int, frame: Any) -> None:
+        if os.getpid() != self._pid:  # a child forked meanwhile (a callback's multiprocessing pool) inherited this:
+            terminate_as_sigterm()    # it ends as SIGTERM ends it, as it would have without jes
+            return
         self.terminated.append(signum)
         raise KeyboardInterrupt
 
@@ -38,14 +45,17 @@ class SigtermAsInterrupt:
         if threading.current_thread() is threading.main_thread() and not self._installed and not (
                 self.unless_handled and signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL):
             self._previous = signal.signal(signal.SIGTERM, self._on_sigterm)
-            self._installed = True
+            self._installed, self._pid = True, os.getpid()
         return self
 
     def restore(self) -> None:
         """Give SIGTERM back the handler it had (again: nothing)."""
         if self._installed:
             self._installed = False
-            signal.signal(signal.SIGTERM, self._previous)
+            # Not over a handler installed meanwhile (by a callback, a library it set up); and None (a handler from
+            # outside Python) cannot be given back, as before this module
+            if signal.getsignal(signal.SIGTERM) == self._on_sigterm and self._previous is not None:
+                signal.signal(signal.SIGTERM, self._previous)
 
 
 @contextlib.contextmanager

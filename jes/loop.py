@@ -451,6 +451,15 @@ def _check_mirrored_population(strategy: Any, overrides: dict) -> None:
                          f"definition; use an even population (e.g. {members + 1})")
 
 
+def _take_sigterm(taking: interrupts.SigtermAsInterrupt) -> None:
+    """Install ``taking`` (SIGTERM as Ctrl-C), except in a ``jax.distributed`` process: JAX's preemption notifier
+    holds SIGTERM there, installed from C where ``signal.getsignal`` still says ``SIG_DFL``, so ``unless_handled``
+    cannot see it; taking SIGTERM over would break ``reached_preemption_sync_point`` and, once restored, leave
+    SIGTERM's default action (the process then dies on the SIGTERM the notifier was there to catch)."""
+    if not jax_runtime.is_initialized():
+        taking.install()
+
+
 def _end_if_terminated(taking: interrupts.SigtermAsInterrupt, name: str, error: BaseException | None,
                        resume: str | None = None) -> None:
     """Give SIGTERM its handler back; if one came while :func:`train` or :func:`run` ran (taken as Ctrl-C: by now the
@@ -667,7 +676,7 @@ def train(
     # the run saves, then the process ends as SIGTERM ends it (_end_if_terminated)
     taking_sigterm = interrupts.SigtermAsInterrupt(unless_handled=True)
     try:  # a compile thread left running when this raises would abort the interpreter at its exit
-        taking_sigterm.install()
+        _take_sigterm(taking_sigterm)
         if jax.process_count() == 1:  # (a multi-process run takes process 0's below, once its processes agree on it)
             for attempt in range(_AUTO_DIR_ATTEMPTS):
                 try:  # before the compile: a checkpoint in use is refused at once
@@ -1130,7 +1139,7 @@ def run(trainer: Trainer, state: TrainState, *, key: Any = None, callbacks: Iter
     lock, failed = None, None
     taking_sigterm = interrupts.SigtermAsInterrupt(unless_handled=True)  # as jes.train takes it
     try:  # (the lock inside the try: an interrupt right after it was taken still releases it)
-        taking_sigterm.install()
+        _take_sigterm(taking_sigterm)
         lock = _lock_checkpoint(checkpoint_path)
         return _run(trainer, state, key=key, callbacks=callbacks, history=history, num_generations=num_generations,
                     step_fn=step_fn, checkpoint_path=checkpoint_path, checkpoint_every=checkpoint_every,

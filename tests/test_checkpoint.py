@@ -1378,6 +1378,95 @@ def _collect_errors(errors: list, function) -> None:
         errors.append(err)
 
 
+def test_train_gives_back_neither_a_handler_installed_meanwhile_nor_a_handler_from_outside_python(trainer, monkeypatch):
+    """Review of 708af84: restoring SIGTERM's handler after a run put SIG_DFL over a handler a callback (or a library it
+    set up) installed during the run, and over a handler from outside Python (``None``, which signal.signal refuses:
+    a TypeError, where the CLI's handler before that commit left it alone)."""
+    own = lambda signum, frame: None
+
+    def install_own(record):
+        signal.signal(signal.SIGTERM, own)
+
+    try:
+        run(trainer, trainer.init_state(5), key=5, num_generations=1, callbacks=[install_own])
+        assert signal.getsignal(signal.SIGTERM) is own
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+    from jes import interrupts
+
+    real = signal.signal
+    monkeypatch.setattr(signal, "signal", lambda sig, handler: (real(sig, handler), None)[1])  # "from outside Python"
+    taking = interrupts.SigtermAsInterrupt().install()
+    try:
+        taking.restore()  # raised TypeError: signal handler must be signal.SIG_IGN, signal.SIG_DFL, or a callable
+    finally:
+        real(signal.SIGTERM, signal.SIG_DFL)
+
+
+def test_a_child_forked_while_sigterm_is_taken_dies_of_sigterm_as_without_jes():
+    """Review of 708af84: a child forked during a run (a callback's multiprocessing pool, whose terminate() sends
+    SIGTERM) inherited the run's handler and raised KeyboardInterrupt, exiting 1 with a traceback where it died of
+    SIGTERM without jes. The child now ends as SIGTERM ends it; the parent still takes SIGTERM as an interrupt."""
+    from jes import interrupts
+
+    taking = interrupts.SigtermAsInterrupt().install()
+    try:
+        ready_r, ready_w = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the child: say it runs (a signal before the fork's after-work in the child is dropped), wait
+            try:
+                os.write(ready_w, b"x")
+                time.sleep(60)
+            finally:
+                os._exit(7)  # reached only if SIGTERM raised (KeyboardInterrupt) instead of ending the process
+        os.close(ready_w)
+        assert os.read(ready_r, 1) == b"x"
+        os.close(ready_r)
+        os.kill(pid, signal.SIGTERM)
+        _, status = os.waitpid(pid, 0)
+        assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGTERM, status
+    finally:
+        taking.restore()
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+
+
+JAX_DISTRIBUTED_SCRIPT = r"""
+import os, signal, socket, time
+import jax
+
+listening = socket.socket()
+listening.bind(("127.0.0.1", 0))
+port = listening.getsockname()[1]
+listening.close()
+jax.distributed.initialize(coordinator_address=f"127.0.0.1:{port}", num_processes=1, process_id=0)
+import jes
+
+seen = []
+jes.train(jes.MLPPolicy((4,)), "CartPole-v1", "adam", key=3, num_members=8, num_generations=1, eval_episodes=2,
+          log_dir=None, progress=False, callbacks=[lambda record: seen.append(signal.getsignal(signal.SIGTERM))])
+print("during", seen, flush=True)
+os.kill(os.getpid(), signal.SIGTERM)  # JAX's preemption notifier notes it; the process goes on
+time.sleep(1)
+print("survived", flush=True)
+"""
+
+
+@pytest.mark.hard_timeout(300)
+def test_train_leaves_jax_preemption_notifier_in_charge_of_sigterm(tmp_path):
+    """Review of 708af84: jax.distributed.initialize installs JAX's preemption notifier from C, where
+    signal.getsignal still says SIG_DFL: jes.train took SIGTERM over it, then restored SIG_DFL, so a later SIGTERM
+    (the preemption the notifier was there to note) killed the process."""
+    from subprocess_for_tests import checkout_env
+
+    script = tmp_path / "script.py"
+    script.write_text(JAX_DISTRIBUTED_SCRIPT)
+    done = subprocess.run([sys.executable, str(script)], env=checkout_env(), capture_output=True, text=True,
+                          timeout=240)
+    assert done.returncode == 0 and "survived" in done.stdout, (done.returncode, done.stdout, done.stderr[-3000:])
+    assert "during [<Handlers.SIG_DFL: 0>]" in done.stdout, done.stdout  # jes installed nothing
+
+
 KILLED_MID_SAVE = """
 import os, signal, sys
 import jes
