@@ -133,7 +133,10 @@ class SweepResult:
         for r in self.runs:
             if r.config_index == config_index and r.seed == seed:
                 return r
-        raise KeyError(f"no run for configuration {config_index} and seed {seed}")
+        kept = 0 <= config_index < len(self.rows) and not any(r.config_index == config_index for r in self.runs)
+        raise KeyError(f"no run for configuration {config_index} and seed {seed}" + (
+            " (its row was kept from the table of the sweep this result resumed: a resumed sweep's runs are the ones "
+            "its call ran)" if kept else ""))
 
 
 def point_config(base: ESConfig, point: Mapping[str, Any]) -> ESConfig:
@@ -645,9 +648,11 @@ def sweep(
     ``resume=True`` (``jes sweep --resume``) continues the sweep whose table is in ``out_dir`` (required): called
     with the same arguments (another sweep's table is refused, naming what differs), it keeps the compile groups
     whose every row is there, runs the others whole, and writes the table an uninterrupted sweep writes (but for
-    its wall-clock columns). ``rows`` then holds every row, ``runs`` only the runs this call ran; the kept groups'
-    TensorBoard runs are left as they are (the default ``log_dir`` is the first call's). With no sweep in
-    ``out_dir`` yet, every group runs.
+    its wall-clock columns). ``rows`` then holds every row, ``runs`` only the runs this call ran (``callbacks`` see
+    only those); a group with a failed or stopped run is kept like any other. The kept groups' TensorBoard runs are
+    left as they are (the default ``log_dir`` is the first call's). With no sweep in ``out_dir`` yet, every group
+    runs. Objects are compared by their repr less memory addresses (an optax or env object's says little: resume
+    with the same ones).
 
     Each row records the ``learning_rate`` it ran with and where it came from
     (``learning_rate_source``: ``grid``, ``config``, ``optimizer default``, ``optax object`` or ``strategy``): in a
@@ -682,7 +687,7 @@ def sweep(
     if resume and out_dir is None:
         raise ValueError("resume=True needs the out_dir of the sweep to resume (jes sweep --resume: the sweep file's "
                          "out_dir, or --out-dir)")
-    identity = _identity(policy, env, optimizer, strategy, grid, points, seeds, base, env_params, vmap)
+    identity = _identity(policy, env, optimizer, strategy, points, seeds, base, env_params, vmap)
     kept, kept_log_dir = _resumed(out_dir, identity) if resume else ({}, None)
     if log_dir == "runs/<auto>":
         # A resumed sweep logs beside the configurations it kept, in the folder its first call picked
@@ -730,7 +735,7 @@ def sweep(
                     with interrupts.interrupts_deferred():
                         _save(out_dir, identity, rows, log_dir, complete=False)
         except BaseException as err:  # Ctrl-C (KeyboardInterrupt), a non-finite update, ...: keep what finished
-            _keep_finished(err, [row for row in rows if row], len(points), out_dir)
+            _keep_finished(err, rows, out_dir, identity, log_dir)
             raise
 
         runs.sort(key=lambda r: (r.config_index, r.seed))
@@ -777,15 +782,20 @@ def _run_group(trainer: Trainer, indices: list[int], points: list[dict], seeds: 
             status=ends[b].status, error=ends[b].message if ends[b].status == "failed" else None,
             stopped=ends[b].message if ends[b].status == "stopped" else None,
         ))
+    finished = {}
     for i in indices:
         cols = [b for b, (j, _) in enumerate(members) if j == i]
         seed_ends = [ends[b] for b in cols]
         ran = _ran({k: v[:, cols] for k, v in history.items()}, seed_ends)
-        rows[i] = _row(points[i], swept, seeds, ran, seed_ends, compile_time, wall, len(members), trainer,
-                       base.learning_rate, grid, points[i].get("optimizer", optimizer))
+        finished[i] = _row(points[i], swept, seeds, ran, seed_ends, compile_time, wall, len(members), trainer,
+                           base.learning_rate, grid, points[i].get("optimizer", optimizer))
         if log_dir is not None:
             _log_configuration(os.path.join(log_dir, run_names[i]), ran, points[i], base, trainer, seeds,
                                points[i].get("optimizer", optimizer), seed_ends)
+    # The group's rows once its logs are written, all together: a group cut short in its logging (Ctrl-C) has none
+    # in the table, so a resume reruns it rather than keeping it beside a TensorBoard run half written
+    for i, row in finished.items():
+        rows[i] = row
 
 
 def _end_if_terminated(taking: interrupts.SigtermAsInterrupt) -> None:
@@ -803,25 +813,26 @@ RESUME_FILE = "sweep.resume.json"
 
 
 def _plain(value: Any) -> Any:
-    """``value`` as JSON data the same in every process: a plain value as it is, another by :func:`value_name`."""
+    """``value`` as JSON data the same in every process: a plain value as it is, another by its repr less memory
+    addresses (whole: :func:`value_name`'s ``EnvParams_0`` or ``SNES_0`` would not tell other field values apart)."""
     if value is None or isinstance(value, (bool, int, float, str)):
         return value
-    return value_name(value, [value])
+    return _ADDRESS.sub("0x", repr(value))
 
 
-def _identity(policy: Any, env: Any, optimizer: Any, strategy: Any, grid: Mapping[str, Any], points: list[dict],
-              seeds: list[int], base: ESConfig, env_params: Any, vmap: bool) -> dict:
+def _identity(policy: Any, env: Any, optimizer: Any, strategy: Any, points: list[dict], seeds: list[int],
+              base: ESConfig, env_params: Any, vmap: bool) -> dict:
     """What makes a sweep's table the same sweep's, as JSON data: a resumed sweep must give the rows an uninterrupted
-    one gives. (Objects without a plain value -- optax objects, functions -- are known by their kind and grid index
-    alone.)"""
+    one gives. (Objects are known by their repr: an env object's or an optax object's tells little, a function's its
+    name.)"""
     identity = {
         "env": _plain(env),
         "env_params": _plain(env_params),
-        "policy": _ADDRESS.sub("0x", repr(policy)),
+        "policy": _plain(policy),
         "strategy": _plain(strategy),
         "optimizer": _plain(optimizer),
         "config": {f.name: _plain(getattr(base, f.name)) for f in dataclasses.fields(base)},
-        "grid points": [_shown_point(point, grid, base) for point in points],
+        "grid points": [{k: _plain(v) for k, v in point.items()} for point in points],
         "seeds": list(seeds),
         "vmap": bool(vmap),
     }
@@ -849,6 +860,9 @@ def _resumed(out_dir: str, identity: dict) -> tuple[dict[int, dict], str | None]
             saved = json.load(f)
         rows = {int(index): row for index, row in saved["rows"]}
         there = saved["identity"]
+        if not (isinstance(there, dict) and all(isinstance(row, dict) for row in rows.values())
+                and isinstance(saved.get("log_dir"), (str, type(None)))):
+            raise TypeError("its identity, rows or log_dir are not what a sweep writes")
     except (OSError, ValueError, KeyError, TypeError) as err:
         raise ValueError(f"{start}: its {RESUME_FILE} cannot be read ({type(err).__name__}: {err}); pass another "
                          f"out_dir to run this sweep anew") from err
@@ -882,9 +896,12 @@ def _save(out_dir: str, identity: dict, rows: list[dict], log_dir: str | None, c
     return paths
 
 
-def _keep_finished(err: BaseException, finished: list[dict], total: int, out_dir: str | None) -> None:
+def _keep_finished(err: BaseException, rows: list[dict], out_dir: str | None, identity: dict,
+                   log_dir: str | None) -> None:
     """On an interrupted or failed sweep: write the finished configurations' rows (marked ``sweep_complete:
-    false``), say so on stderr, and attach what was written to ``err`` (``err.sweep_note``, for ``jes sweep``)."""
+    false``) and :data:`RESUME_FILE` with them, say so on stderr, and attach what was written to ``err``
+    (``err.sweep_note``, for ``jes sweep``)."""
+    finished, total = [row for row in rows if row], len(rows)
     what = "interrupted" if isinstance(err, KeyboardInterrupt) else f"stopped by {type(err).__name__}"
     if not finished:
         note = f"sweep {what} before any of its {total} configurations finished: no table was written"
@@ -893,7 +910,7 @@ def _keep_finished(err: BaseException, finished: list[dict], total: int, out_dir
                 f"was written")
     else:
         try:
-            csv_path, json_path = write_table([dict(row, sweep_complete=False) for row in finished], out_dir)
+            csv_path, json_path = _save(out_dir, identity, rows, log_dir, complete=False)
         except Exception as write_err:  # noqa: BLE001 - the sweep's own error is the one to raise
             note = (f"sweep {what} after {len(finished)} of {total} configurations finished; their table could not "
                     f"be written ({type(write_err).__name__}: {write_err})")

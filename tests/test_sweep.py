@@ -764,6 +764,8 @@ def test_resuming_a_finished_sweep_runs_nothing_and_rewrites_its_table_byte_for_
     again = jes_sweep.sweep(POLICY, "CartPole-v1", "adam", config=BASE, seeds=[0, 1], log_dir=None, resume=True,
                             grid={"num_members": [16, 24], "learning_rate": [0.01, 0.05]}, out_dir=out_dir)
     assert not trained and again.runs == [] and len(again.rows) == 4
+    with pytest.raises(KeyError, match=r"its row was kept from the table of the sweep this result resumed"):
+        again.run(0, 0)
     assert {name: open(os.path.join(out_dir, name), "rb").read() for name in tables} == before
 
 
@@ -879,3 +881,117 @@ def test_a_sweep_killed_in_its_second_group_keeps_the_first_groups_rows(tmp_path
     with open(out_dir / "sweep.json") as f:
         assert [(r["num_members"], r["sweep_complete"]) for r in json.load(f)] == [(16, False)]
     assert sorted(os.listdir(out_dir)) == ["sweep.csv", "sweep.json", "sweep.resume.json"]
+
+
+def _rows_without_training(monkeypatch, interrupt_after: bool = False) -> list:
+    """Replace each compile group's runs by a row naming its grid point (``interrupt_after``: then Ctrl-C, as if it
+    came after the group's rows, before the table was written); returns the groups' indices, one list a group."""
+    groups = []
+
+    def fake(trainer, indices, points, seeds, batched, shown, vmap, callbacks, base, swept, grid, optimizer,
+             run_names, log_dir, rows, runs):
+        groups.append(list(indices))
+        for i in indices:
+            rows[i] = dict(shown[i], status="completed")
+        if interrupt_after:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(jes_sweep, "_run_group", fake)
+    return groups
+
+
+def _cartpole_params(**fields):
+    import gymnax
+
+    return gymnax.make("CartPole-v1")[1].replace(**fields)
+
+
+@pytest.mark.parametrize("first, then, differs", [
+    (dict(env_params=_cartpole_params()), dict(env_params=_cartpole_params(max_steps_in_episode=100)),
+     "its env_params differ"),
+    (dict(strategy=jes.strategies.SNES(sigma_init=0.3)), dict(strategy=jes.strategies.SNES(sigma_init=0.5)),
+     "its strategy differs"),
+    (dict(grid={"strategy": [jes.strategies.SNES(sigma_init=0.3), jes.strategies.SNES(sigma_init=0.4)]}),
+     dict(grid={"strategy": [jes.strategies.SNES(sigma_init=0.3), jes.strategies.SNES(sigma_init=0.5)]}),
+     "its grid points differ"),
+    (dict(policy=jes.MLPPolicy((4,))), dict(policy=jes.MLPPolicy((8,))), "its policy differs"),
+])
+def test_resuming_with_other_env_params_or_objects_with_other_fields_is_refused(tmp_path, monkeypatch, first, then,
+                                                                                differs):
+    """Finding: env_params, a strategy object and grid objects were known by value_name (EnvParams_0, SNES_1): a
+    resume with other field values was taken as the same sweep, and its table mixed two sweeps' rows."""
+    groups = _rows_without_training(monkeypatch)
+    kwargs = dict(policy=jes.MLPPolicy((4,)), env="CartPole-v1", optimizer=None, config=BASE, seeds=[0],
+                  log_dir=None, out_dir=str(tmp_path / "out"), grid={"num_members": [16]})
+    jes_sweep.sweep(**dict(kwargs, **first))
+    jes_sweep.sweep(**dict(kwargs, **first), resume=True)  # the same objects: the same sweep, nothing runs again
+    assert len(groups) == len(dict(kwargs, **first)["grid"].get("strategy", [0]))
+    with pytest.raises(ValueError, match=rf"its table is of another sweep: {differs}"):
+        jes_sweep.sweep(**dict(kwargs, **then), resume=True)
+
+
+def test_a_sweep_interrupted_between_its_rows_and_its_table_writes_a_resume_file_too(tmp_path, monkeypatch, capsys):
+    """Finding: an interrupted sweep wrote its table but not sweep.resume.json: interrupted after its first group's
+    rows (before the table's write), it left a table that a resume refused ("no sweep.resume.json")."""
+    out_dir = str(tmp_path / "out")
+    kwargs = dict(config=BASE, seeds=[0], log_dir=None, out_dir=out_dir, grid={"num_members": [16, 24]})
+    _rows_without_training(monkeypatch, interrupt_after=True)
+    with pytest.raises(KeyboardInterrupt):
+        jes_sweep.sweep(POLICY, "CartPole-v1", "adam", **kwargs)
+    assert "after 1 of 2 configurations finished" in capsys.readouterr().err
+    groups = _rows_without_training(monkeypatch)
+    resumed = jes_sweep.sweep(POLICY, "CartPole-v1", "adam", resume=True, **kwargs)
+    assert [[r["num_members"] for r in resumed.rows]] == [[16, 24]] and len(groups) == 1  # the second group only
+
+
+@pytest.mark.hard_timeout(600)
+def test_a_group_interrupted_while_logging_keeps_no_rows_and_a_resume_reruns_it(tmp_path, monkeypatch, capsys):
+    """Finding: Ctrl-C while a group wrote its configurations' TensorBoard runs left the rows of those logged so far
+    in a table without sweep.resume.json, which a resume refused. A group's rows now count once its logs are
+    written; a resume reruns it whole."""
+    out_dir, log_dir = str(tmp_path / "out"), str(tmp_path / "tb")
+    kwargs = dict(config=BASE.replace(num_generations=1), seeds=[0], log_dir=log_dir, out_dir=out_dir,
+                  grid={"learning_rate": [0.01, 0.05]})  # one group: learning_rate is batched
+    real, logged = jes_sweep._log_configuration, []
+
+    def interrupted(*args, **kwargs):
+        if logged:
+            raise KeyboardInterrupt
+        logged.append(real(*args, **kwargs))
+
+    monkeypatch.setattr(jes_sweep, "_log_configuration", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        jes_sweep.sweep(POLICY, "CartPole-v1", "adam", **kwargs)
+    assert "before any of its 2 configurations finished" in capsys.readouterr().err
+    monkeypatch.setattr(jes_sweep, "_log_configuration", real)
+    batches = _counting_batches(monkeypatch)
+    with pytest.warns(UserWarning, match="event files"):  # the half-logged group's first folder
+        resumed = jes_sweep.sweep(POLICY, "CartPole-v1", "adam", resume=True, **kwargs)
+    assert len(batches) == 1 and [r["learning_rate"] for r in resumed.rows] == [0.01, 0.05]
+
+
+@pytest.mark.parametrize("field, value", [("rows", [[0, "a row"]]), ("log_dir", 5), ("identity", [])])
+def test_a_resume_file_with_rows_or_a_log_dir_of_another_kind_is_refused_as_unreadable(tmp_path, monkeypatch,
+                                                                                      field, value):
+    _rows_without_training(monkeypatch)
+    kwargs = dict(config=BASE, seeds=[0], log_dir=None, out_dir=str(tmp_path), grid={"num_members": [16]})
+    jes_sweep.sweep(POLICY, "CartPole-v1", "adam", **kwargs)
+    with open(tmp_path / "sweep.resume.json") as f:
+        saved = json.load(f)
+    with open(tmp_path / "sweep.resume.json", "w") as f:
+        json.dump(dict(saved, **{field: value}), f)
+    with pytest.raises(ValueError, match=r"its sweep.resume.json cannot be read \(TypeError"):
+        jes_sweep.sweep(POLICY, "CartPole-v1", "adam", resume=True, **kwargs)
+
+
+def test_jes_sweep_exits_1_for_a_failed_row_kept_from_the_table_it_resumed(tmp_path, monkeypatch, capsys):
+    """A resumed sweep's result holds only the runs its call ran: the exit status reads the rows' failed counts."""
+    from jes import cli
+
+    row = dict(learning_rate=0.05, seeds="0 1", failed=1, error="non-finite update", final_centre_return_mean=9.0,
+               final_centre_return_std=0.0)
+    monkeypatch.setattr(jes_sweep, "sweep", lambda **kwargs: jes_sweep.SweepResult([row], []))
+    path = tmp_path / "sweep.toml"
+    path.write_text('env = "CartPole-v1"\n[config]\nlearning_rate = [0.05]\n')
+    assert cli.main(["sweep", str(path), "--out-dir", str(tmp_path / "out"), "--resume"]) == 1
+    assert "over 1 of 2 seeds (1 failed: non-finite update)" in capsys.readouterr().out
