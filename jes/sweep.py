@@ -890,7 +890,8 @@ def _save(out_dir: str, identity: dict, rows: list[dict], log_dir: str | None, c
     unless ``complete``) and :data:`RESUME_FILE`, each atomically; returns the table's paths."""
     finished = [row if complete else dict(row, sweep_complete=False) for row in rows if row]
     paths = write_table(finished, out_dir)
-    state = {"identity": identity, "log_dir": log_dir, "complete": complete,
+    # Absolute: a resume from another working directory logs beside the configurations it keeps
+    state = {"identity": identity, "log_dir": None if log_dir is None else os.path.abspath(log_dir), "complete": complete,
              "rows": [[index, row] for index, row in enumerate(rows) if row]}
     write_atomically(os.path.join(out_dir, RESUME_FILE), lambda f: json.dump(state, f, indent=1), mode="w")
     return paths

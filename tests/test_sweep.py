@@ -751,6 +751,30 @@ def test_a_resumed_sweep_runs_only_the_unfinished_groups_and_writes_the_uninterr
     assert len(os.listdir(log_dir)) == 4
 
 
+def test_a_sweep_resumed_from_another_directory_logs_in_the_folder_its_first_call_picked(tmp_path, monkeypatch,
+                                                                                        capsys):
+    """Review of the resume work: the default log folder (runs/sweep-...) was recorded relative to the first call's
+    working directory, so a resume started elsewhere logged its rerun groups in a new folder there."""
+    grid = {"num_members": [16, 24]}
+    out_dir = str(tmp_path / "out")
+    first, second = tmp_path / "first", tmp_path / "second"
+    first.mkdir(), second.mkdir()
+
+    def interrupt(record):
+        if record["point"]["num_members"] == 24:
+            raise KeyboardInterrupt
+
+    monkeypatch.chdir(first)
+    with pytest.raises(KeyboardInterrupt):
+        jes_sweep.sweep(POLICY, "CartPole-v1", "adam", config=BASE, seeds=[0], grid=grid, out_dir=out_dir,
+                        callbacks=[interrupt])
+    [picked] = os.listdir(first / "runs")
+    monkeypatch.chdir(second)
+    jes_sweep.sweep(POLICY, "CartPole-v1", "adam", config=BASE, seeds=[0], grid=grid, out_dir=out_dir, resume=True)
+    assert not (second / "runs").exists()
+    assert len(os.listdir(first / "runs" / picked)) == 2, os.listdir(first / "runs" / picked)
+
+
 def test_resuming_a_finished_sweep_runs_nothing_and_rewrites_its_table_byte_for_byte(grid_result, tmp_path,
                                                                                       monkeypatch):
     import shutil
