@@ -488,7 +488,8 @@ class Generation(CompiledPrograms):
         return self.evaluate_members(state, flat, members, gen_key, active & evaluate_population)
 
     def evaluate_chunks(self, state: TrainState, chunks: jax.Array) -> ChunkResults:
-        """Evaluate several chunks one after another (``lax.map``): the unit of work of a device or worker."""
+        """Evaluate several chunks one after another (``lax.map``), with no centre evaluation (a sweep's unit of work;
+        devices, workers and masters evaluate chunks with :meth:`step_chunks`, which can run the centre's slots)."""
         return jax.lax.map(lambda c: self.evaluate_chunk(state, c), chunks)
 
     def weights(self, state: TrainState, fitness: jax.Array) -> Any:
@@ -723,7 +724,8 @@ class Trainer(Generation):
 
     Most users call :func:`jes.train`; the trainer's pieces are what distributed
     workers and sweeps reuse: :meth:`init_state`, :meth:`generation_step`
-    (compiled as :attr:`step`), :meth:`evaluate_chunks` and :meth:`apply_chunk_results`.
+    (compiled as :attr:`step`), :meth:`step_chunks` (a worker's chunks, centre slots
+    included), :meth:`evaluate_chunks`, :meth:`centre_from_chunks` and :meth:`apply_chunk_results`.
 
     Args:
         policy: a Flax module (``jes.GRUPolicy``, ``jes.MLPPolicy`` or your own).

@@ -234,7 +234,8 @@ def programs(trainer: Trainer) -> Programs:
     def centre(state):
         """The centre alone (a generation without members, outside a fleet): every chunk, members idle."""
         flags = np.bool_(True), np.bool_(False)
-        outs = [chunk_program(state, np.array([c], np.int32), *flags) for c in range(trainer.num_chunks)]
+        # chunk ids placed as a master places its own (jnp): the program a master compiled for its chunks, reused
+        outs = [chunk_program(state, jnp.array([c], jnp.int32), *flags) for c in range(trainer.num_chunks)]
         return reduce(*(np.concatenate([np.asarray(o[j]) for o in outs]) for j in (4, 5)))
 
     return Programs(chunk_program, centre, reduce, trainer.centre_slots)

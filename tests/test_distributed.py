@@ -782,6 +782,8 @@ def test_workers_run_their_chunks_centre_slots_and_the_centre_is_the_local_steps
     # a worker's first delivered range is audited against the master's own evaluation: none differed
     assert master.stats["assigned_ranges"] > 0
     assert master.stats["distrusted_workers"] == 0 and master.stats["bad_results"] == 0
+    # the master's chunks (audits, its last centre alone), centre slots live or idle: one program
+    assert master._programs.chunks._cache_size() == 1
 
 
 @pytest.mark.slow
