@@ -25,7 +25,10 @@ class ESConfig:
             named optimizer's default. Refused (ValueError) with a ``GradientTransformation`` you pass: set
             the rate inside it.
         episodes_per_member: episodes averaged into one member's fitness, each with its own key.
-        fitness_shaping: ``"centered_ranks"`` (default), ``"z_score"`` or ``"raw"``.
+        fitness_shaping: ``"centered_ranks"`` (default), ``"nes_utilities"`` (NES log-rank utilities of the top
+            half: :func:`jes.strategies.noise.nes_utilities`; most are about ``1/n`` in size, so a step that is not
+            normalised, as pgpe's or sgd's, moves less with them than with centered ranks; adam's does not),
+            ``"z_score"`` or ``"raw"``.
         antithetic: mirrored sampling, members ``2p``/``2p+1`` use ``+eps``/``-eps`` (pgpe and ars always
             mirror: they refuse ``False``).
         weight_decay: L2 coefficient; adds ``weight_decay * theta`` to the loss gradient.

@@ -48,8 +48,7 @@ from jes.config import ESConfig
 from jes.logging import TensorBoardLogger, default_run_name, has_event_files, unique_dir
 from jes.policies import GRUPolicy, MLPPolicy
 from jes.generation import Trainer, TrainState, build_context, check_strategy_supports
-from jes.loop import (HISTORY_KEYS, Callback, StopTraining, _warn_returned_value, evaluates_centre,
-                      run_hparams)
+from jes.loop import HISTORY_KEYS, Callback, call_callbacks, evaluates_centre, run_hparams
 from jes.optimizers import DEFAULT_LEARNING_RATES, resolve_name
 from jes.strategies.base import both_sigmas, given_noise_std, ignored_settings
 from jes.threefry import lower_unrolled
@@ -98,10 +97,11 @@ class SweepResult:
 
     Attributes:
         rows: one dict per configuration: the grid values, seeds, ``status`` (``completed``; ``stopped`` when a
-            callback stopped a seed early; ``failed`` when a seed's fitness or update went non-finite), ``error``
-            and ``stopped`` (each seed's message, else ``None``), final/best returns aggregated over seeds
-            (``*_mean``/``*_std``; a failed seed's final values are NaN), ``env_steps_per_seed`` (the mean over
-            seeds), timings.
+            callback stopped a seed early; ``failed`` when a seed's fitness or update went non-finite), ``failed``
+            (how many seeds failed), ``error`` and ``stopped`` (each seed's message, else ``None``), final/best
+            returns aggregated over the seeds that did not fail (``*_mean``/``*_std``, ``best_pop_max``; NaN when
+            every seed failed), ``solved_fraction`` (over every seed, a failed one unsolved),
+            ``env_steps_per_seed`` (the mean over every seed of what it ran), timings.
         runs: every (configuration, seed) with its final parameters and history.
         csv_path, json_path: where the table was written (``None`` without ``out_dir``).
     """
@@ -509,20 +509,12 @@ def run_batch(trainer: Trainer, states: TrainState, num_generations: int | None 
             entry.update(centre_steps=int(centre_steps[b]),
                          env_steps_per_second=int(generation_steps[b]) / max(entry["generation_time"], 1e-9),
                          **records[b])
-            stop = None
-            for callback in callbacks:
-                try:
-                    returned = callback(entry)
-                except StopTraining as err:  # this entry ends after this generation, kept; the others go on
-                    stop = stop or err
-                except Exception as err:
-                    if hasattr(err, "add_note"):  # Python 3.11+
-                        err.add_note(f"raised by a sweep callback for {labels[b]} at generation {entry['generation']}")
-                    raise
-                else:
-                    if returned is not None and id(callback) not in warned:
-                        warned.add(id(callback))
-                        _warn_returned_value(callback, returned)
+            # A StopTraining ends this entry after this generation, kept; the others go on
+            stop, error = call_callbacks(callbacks, entry, warned)
+            if error is not None:
+                if hasattr(error, "add_note"):  # Python 3.11+
+                    error.add_note(f"raised by a sweep callback for {labels[b]} at generation {entry['generation']}")
+                raise error
             if stop is not None:
                 stopping[b] = True
                 ends[b] = RunEnd("stopped", int(entry["generation"]), str(stop) or "StopTraining")
@@ -608,8 +600,9 @@ def sweep(
         vmap: ``False`` (default) runs seeds and ``learning_rate``/``noise_std`` values one after another
             through the trainer's compiled step: bit-identical to standalone runs. ``True`` runs them as
             one vmapped program: faster on accelerators, may differ from standalone runs in the last bits.
-        log_dir: parent directory of one TensorBoard run per configuration (seed means);
-            default ``runs/sweep-<time>``; ``None`` turns it off.
+        log_dir: parent directory of one TensorBoard run per configuration (the mean over its seeds that did not
+            fail, or over every seed when each one failed; ``sweep/seeds``: how many seeds each generation's mean
+            holds); default ``runs/sweep-<time>``; ``None`` turns it off.
         out_dir: where ``sweep.csv`` and ``sweep.json`` go (``None``: not written).
         callbacks: functions called with each run's record of each generation (:func:`jes.train`'s keys, and
             ``config_index``, ``point`` -- the grid point's values as the table shows them --, ``seed`` and ``run``,
@@ -619,9 +612,12 @@ def sweep(
             (below), with a note naming the run.
 
     A run whose fitness or update goes non-finite fails alone: the generation is not applied, the run is kept at the
-    one before (its state, parameters and history), its row says ``status: failed`` and why in ``error`` (its final
-    values NaN), a line on stderr names its grid point and seed, and every other run and group goes on, bit for bit
-    as without it. ``jes sweep`` then exits with status 1 after writing the table.
+    one before (its state, parameters and history), its row says ``status: failed``, how many of its seeds failed in
+    ``failed`` and why in ``error``, a line on stderr names its grid point and seed, and every other run and group
+    goes on, bit for bit as without it; the sweep ends with one line naming the failed runs and where their reasons
+    are. A row's aggregates are over its seeds that did not fail (a diverged seed has no final value, and its
+    returns before it diverged would skew the mean); ``solved_fraction`` is over every seed, counting a failed one
+    as not solved. ``jes sweep`` then exits with status 1 after writing the table.
 
     ``stop_at_return`` is refused: it would stop every run at its own target. So are settings a
     point's strategy never reads (``learning_rate`` with ars, snes, sep_cma_es, cma_es), ``noise_std`` beside a
@@ -727,7 +723,7 @@ def sweep(
                                base.learning_rate, grid, points[i].get("optimizer", optimizer))
                 if log_dir is not None:
                     _log_configuration(os.path.join(log_dir, run_names[i]), ran, points[i], base, trainer, seeds,
-                                       points[i].get("optimizer", optimizer))
+                                       points[i].get("optimizer", optimizer), seed_ends)
     except BaseException as err:  # Ctrl-C (KeyboardInterrupt), a non-finite update, ...: keep what finished
         _keep_finished(err, [row for row in rows if row], len(points), out_dir)
         raise
@@ -737,10 +733,12 @@ def sweep(
     if out_dir is not None:
         result.csv_path, result.json_path = write_table(rows, out_dir)
     failed = [r for r in runs if r.status == "failed"]
-    if failed:
-        print(f"sweep: {len(failed)} of {len(runs)} runs failed ({'; '.join(run_label(shown[r.config_index], r.seed) for r in failed)}): "
-              f"their rows say status failed and why in error"
-              + (f" ({result.csv_path})" if result.csv_path else ""), file=sys.stderr)
+    if failed:  # (once: jes sweep adds no line of its own, only its exit status 1)
+        where = (f"the error column of their rows in {result.csv_path} and {result.json_path}" if result.csv_path
+                 else "the error column of their rows (result.rows) and result.run(config_index, seed).error")
+        print(f"sweep: {len(failed)} of {len(runs)} runs failed "
+              f"({'; '.join(run_label(shown[r.config_index], r.seed) for r in failed)}); the reasons are in {where}; "
+              f"each row's means are over its seeds that did not fail", file=sys.stderr)
     return result
 
 
@@ -811,18 +809,27 @@ def _final_centre(history: dict, ends: Sequence[RunEnd]) -> np.ndarray:
 def _row(point: dict, swept: list, seeds: list, history: dict, ends: Sequence[RunEnd], compile_time: float,
          wall: float, batch_size: int, trainer: Trainer, base_rate: Any = None,
          grid: Mapping[str, Any] | None = None, optimizer: Any = None) -> dict:
-    """One configuration's row from its seeds' ``history`` (as :func:`_ran` gives it) and ``ends``."""
+    """One configuration's row from its seeds' ``history`` (as :func:`_ran` gives it) and ``ends``.
+
+    Its aggregates (``*_mean``, ``*_std``, ``best_pop_max``) are over the seeds that finished (completed, or stopped
+    by a callback), ``failed`` counts the others; ``solved_fraction`` is over every seed, a failed one unsolved;
+    ``env_steps_per_seed`` is over every seed (what each cost, a failed one's up to its failure). No seed finished:
+    the aggregates are NaN."""
+    finished = np.array([end.status != "failed" for end in ends])
     final_centre = _final_centre(history, ends)
     # (initial: a group whose every seed failed at its first generation has no rows)
     best_centre = np.max(np.where(np.isfinite(history["centre_return"]), history["centre_return"], -np.inf), axis=0,
                          initial=-np.inf)
+    mean = lambda values: float(np.mean(values[finished])) if finished.any() else math.nan
+    std = lambda values: float(np.std(values[finished])) if finished.any() else math.nan
     solved = trainer.spec.solved_return
     # Each seed's last row (-1: it failed at its first generation and has none)
     last = [int(np.sum(history["generation"][:, b] <= end.generation)) - 1 for b, end in enumerate(ends)]
     at_end = lambda name, failed_too=False: np.array([
         history[name][g, b] if g >= 0 and (failed_too or end.status != "failed") else math.nan
         for b, (g, end) in enumerate(zip(last, ends))])
-    pop_max = history["pop_max"][np.isfinite(history["pop_max"])]
+    pop_max = history["pop_max"][:, finished]
+    pop_max = pop_max[np.isfinite(pop_max)]
     row = _shown_point(point, grid)
     if "perturbation" in point or "perturbation_rank" in point:
         row["perturbation"], row["perturbation_rank"] = trainer.config.perturbation, trainer.config.perturbation_rank
@@ -842,12 +849,14 @@ def _row(point: dict, swept: list, seeds: list, history: dict, ends: Sequence[Ru
     row.update(
         seeds=" ".join(map(str, seeds)),
         status="failed" if "failed" in statuses else "stopped" if "stopped" in statuses else "completed",
+        failed=int(np.sum(~finished)),
         generations=max(end.generation for end in ends),
-        final_centre_return_mean=float(np.mean(final_centre)),
-        final_centre_return_std=float(np.std(final_centre)),
-        best_centre_return_mean=float(np.mean(best_centre)),
-        final_pop_mean_mean=float(np.mean(at_end("pop_mean"))),
+        final_centre_return_mean=mean(final_centre),
+        final_centre_return_std=std(final_centre),
+        best_centre_return_mean=mean(best_centre),
+        final_pop_mean_mean=mean(at_end("pop_mean")),
         best_pop_max=float(np.max(pop_max)) if pop_max.size else math.nan,
+        # Over every seed: a failed seed did not solve the env (its NaN compares False)
         solved_fraction=float(np.mean(final_centre >= solved)) if solved is not None else math.nan,
         env_steps_per_seed=float(np.mean(np.nan_to_num(at_end("env_steps", failed_too=True)))),
         compile_time=compile_time,
@@ -859,15 +868,25 @@ def _row(point: dict, swept: list, seeds: list, history: dict, ends: Sequence[Ru
     return row
 
 
+SEEDS_TAG = "sweep/seeds"  # how many seeds each point of a configuration's curves averages
+
+
 def _log_configuration(log_dir: str, history: dict, point: dict, base: ESConfig, trainer: Trainer, seeds: list,
-                       optimizer: Any = None) -> None:
-    """One TensorBoard run: each generation's metrics averaged over seeds."""
+                       optimizer: Any = None, ends: Sequence[RunEnd] | None = None) -> None:
+    """One TensorBoard run: each generation's metrics averaged over the seeds that did not fail (those the row
+    aggregates), so a seed that diverges midway never makes the curves jump; over every seed when each one failed.
+    A seed a callback stopped leaves the mean after its last generation; ``sweep/seeds`` says how many seeds each
+    generation's mean holds."""
     hparams = dict(run_hparams(trainer, point_config(base, point), optimizer), strategy=trainer.strategy.name,
                    seeds=" ".join(map(str, seeds)))
+    finished = np.array([end.status != "failed" for end in ends]) if ends is not None else None
+    if finished is not None and finished.any():
+        history = {k: v[:, finished] for k, v in history.items()}
     logger = TensorBoardLogger(log_dir, hparams)
     try:
         for g in range(len(history["generation"])):
-            if not np.isfinite(history["pop_mean"][g]).any():  # every seed had ended (other configurations ran on)
+            ran = np.isfinite(history["pop_mean"][g])  # the seeds that ran this generation (NaN after a seed's end)
+            if not ran.any():  # every seed had ended (other configurations ran on)
                 continue
             record = {}
             for k, v in history.items():
@@ -875,6 +894,7 @@ def _log_configuration(log_dir: str, history: dict, point: dict, base: ESConfig,
                 record[k] = float(np.nanmean(row)) if np.isfinite(row).any() else math.nan
             record["generation"] = int(history["generation"][g, 0])
             logger(record)
+            logger.writer.add_scalar(SEEDS_TAG, int(ran.sum()), record["generation"])
     finally:
         logger.close()
 

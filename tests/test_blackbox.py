@@ -933,6 +933,19 @@ def test_a_float32_x0_with_float64_fitness_in_x64_mode_stays_float32():
             assert r.x.dtype == jnp.float32 and r.stop_reason == "num_generations"
 
 
+@pytest.mark.parametrize("strategy, below", [("openai_es", 0.1), ("pgpe", 0.97)])
+def test_nes_utilities_shaping_descends_a_sphere_and_is_read(strategy, below):
+    """fitness_shaping="nes_utilities" (the NES log-rank utilities, EvoTorch's "nes" ranking) is taken by the
+    strategies that shape fitness: it optimises, and it is not the default's centered ranks under another name.
+    (pgpe's step is not normalised as adam's: utilities of about 1/n move it less than centered ranks do.)"""
+    sphere = lambda x: jnp.sum(x ** 2)
+    runs = {shaping: jes.optimize(sphere, jnp.ones(10), strategy, minimize=True, num_members=32, num_generations=60,
+                                  noise_std=0.1, learning_rate=0.05, fitness_shaping=shaping, key=3)
+            for shaping in ("nes_utilities", "centered_ranks")}
+    assert float(runs["nes_utilities"].value) < below * 10.0, runs["nes_utilities"].value
+    assert not np.array_equal(np.asarray(runs["nes_utilities"].x), np.asarray(runs["centered_ranks"].x))
+
+
 # ------------------------------------------------------------------ messages
 def test_messages_name_the_cause():
     """jnp.nonzero without size= was reported as turning a traced value into NumPy; a loss maximised by mistake

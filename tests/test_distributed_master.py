@@ -7,6 +7,8 @@ answering the master finishes the generation by itself.
 """
 import random
 
+import time
+
 import numpy as np
 import pytest
 
@@ -554,6 +556,24 @@ def test_a_worker_that_reports_a_diverged_state_is_distrusted_with_the_likely_ca
         assert sent[-1]["type"] == "distrusted" and "computes other bits" in sent[-1]["reason"]
         master._handle(fake.identity, request_message(fake))  # asking again: told again, no work
         assert sent[-1]["type"] == "distrusted"
+    finally:
+        master.close()
+
+
+def test_the_status_line_calls_a_worker_that_refused_the_run_refused(trainer, caplog):
+    """Defect (new-user tester): a worker that refused the run (it cannot build it: a missing simulator) showed as
+    "0" members/s in the master's status line, as if it were idle; distrusted workers already said so."""
+    master = make_master(trainer, Clock())
+    try:
+        for identity, name in ((b"one", "busy"), (b"two", "cannot")):
+            master._hello(identity, {"type": "hello", "name": name, "nonce": identity.decode().ljust(16, "n")})
+        master.workers[b"one"].interval_members = 500
+        master.workers[b"two"].refused = master._run
+        master._last_status = time.monotonic() - 10 * max(master.status_interval, 1.0)
+        with caplog.at_level("INFO", "jes.distributed.master"):
+            master._status(3)
+        line = next(r.getMessage() for r in caplog.records if "members/s" in r.getMessage())
+        assert "cannot refused" in line and "busy 0" not in line and "cannot 0" not in line, line
     finally:
         master.close()
 

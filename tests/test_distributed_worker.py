@@ -412,6 +412,26 @@ def test_an_unreachable_master_is_named_at_once(caplog, where, expected):
     assert "wrong secret" not in caplog.text
 
 
+def test_a_master_that_went_away_is_not_called_never_started(caplog):
+    """Defect (new-user tester): when the master's run ended under a connected worker, the worker logged "nothing
+    listens on that port (the master is not started yet, or a wrong host or port)", a wrong diagnosis of a port it
+    had just been connected to. It says the master that was there has gone, and that it waits for the next."""
+    master = FakeMaster()
+    link = _Link(f"tcp://127.0.0.1:{master.port}", SECRET, "unit", heartbeat_interval=0.1, master_timeout=600)
+    with caplog.at_level(logging.WARNING, logger="jes.distributed"):
+        link.start()
+        try:
+            master.receive("hello")      # connected: the master heard the worker
+            master.close()               # its run ended: nothing listens on that port any more
+            deadline = time.monotonic() + 60.0
+            while time.monotonic() < deadline and "cannot reach master" not in caplog.text:
+                time.sleep(0.05)
+        finally:
+            link.stop()
+    assert "the master that was there has gone (its run ended or it stopped)" in caplog.text, caplog.text
+    assert "not started yet" not in caplog.text
+
+
 def test_failed_handshakes_back_off_exponentially(monkeypatch):
     """Defect (new-user tester): a worker with a wrong secret reconnected about 5 times a second, for ever. It backs
     off now: 1, 2, 4 ... seconds between attempts, at most 30."""

@@ -81,7 +81,7 @@ def test_z_score_and_unknown_shaping():
 
 
 @pytest.mark.parametrize("antithetic", [True, False])
-@pytest.mark.parametrize("shaping", ["centered_ranks", "z_score", "raw"])
+@pytest.mark.parametrize("shaping", strategy.FITNESS_SHAPINGS)
 def test_gradient_estimate_points_uphill_on_quadratic(antithetic, shaping):
     target = jnp.linspace(-1.0, 1.0, D)
     theta = jnp.zeros(D)
@@ -95,6 +95,42 @@ def test_gradient_estimate_points_uphill_on_quadratic(antithetic, shaping):
     cosine = float(grad @ true_grad / (jnp.linalg.norm(grad) * jnp.linalg.norm(true_grad)))
     # Raw, non-mirrored fitness has no baseline and is the noisiest estimator; all must clearly point uphill.
     assert cosine > (0.25 if (shaping == "raw" and not antithetic) else 0.6), cosine
+
+
+def test_nes_utilities_weigh_the_top_half_by_log_rank_and_sum_to_zero():
+    from jes.strategies.snes import snes_utilities
+
+    fitness = jnp.array([3.0, -2.0, 10.0, 0.5, 7.0, 1.0], jnp.float32)
+    weights = np.asarray(jax.jit(lambda f: strategy.shape_fitness(f, "nes_utilities"))(fitness))
+    k = np.arange(1, 7, dtype=np.float64)
+    raw = np.maximum(0.0, np.log(6 / 2 + 1) - np.log(k))
+    expected_by_rank = raw / raw.sum() - 1 / 6            # best first
+    ranks = np.argsort(np.argsort(-np.asarray(fitness)))  # 0: best
+    np.testing.assert_allclose(weights, expected_by_rank[ranks], rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(weights.sum(), 0.0, atol=1e-6)
+    # The three best by log rank; the bottom half (ranks 4-6: log(6/2 + 1) - log(k) <= 0) each pays 1/6 alone.
+    assert weights[2] > weights[4] > weights[0] > weights[5]
+    np.testing.assert_allclose(weights[[5, 3, 1]], -1 / 6, rtol=1e-6)
+    # The same utilities as SNES's own (computed in the graph there), up to float32 rounding.
+    np.testing.assert_allclose(np.asarray(strategy.nes_utilities(6)), np.asarray(snes_utilities(6)), atol=1e-7)
+    assert strategy.nes_utilities(6).dtype == jnp.float32
+
+
+def test_nes_utilities_of_ties_are_shared_and_an_all_equal_population_weighs_nothing():
+    weights = np.asarray(strategy.shape_fitness(jnp.array([1.0, 5.0, 5.0, 0.0]), "nes_utilities"))
+    assert weights[1] == weights[2]
+    u = np.asarray(strategy.nes_utilities(4))
+    np.testing.assert_allclose(weights[[1, 0, 3]], [(u[0] + u[1]) / 2, u[2], u[3]], rtol=1e-6)
+    np.testing.assert_array_equal(strategy.shape_fitness(jnp.full(8, 2.5), "nes_utilities"), 0.0)
+
+
+def test_the_command_line_offers_every_fitness_shaping():
+    from jes import cli
+
+    parser = cli._parser()
+    train = next(a for a in parser._subparsers._group_actions[0].choices["train"]._actions
+                 if "--fitness-shaping" in a.option_strings)
+    assert tuple(train.choices) == strategy.FITNESS_SHAPINGS
 
 
 def test_odd_antithetic_chunk_rejected():

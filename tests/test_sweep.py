@@ -447,7 +447,7 @@ def test_a_diverging_run_fails_alone_named_by_its_grid_point_and_the_sweep_goes_
                              out_dir=str(tmp_path / "out"))
     err = capsys.readouterr().err
     assert "learning_rate=1e+38, num_members=16, seed 0 failed: non-finite" in err and "batch entry" not in err
-    assert "4 of 8 runs failed" in err
+    assert "4 of 8 runs failed (learning_rate=1e+38, num_members=16, seed 0; " in err
     assert [(r["learning_rate"], r["num_members"], r["status"]) for r in result.rows] == [
         (0.01, 16, "completed"), (0.01, 24, "completed"), (1e38, 16, "failed"), (1e38, 24, "failed")]
     failed = result.rows[2]
@@ -495,7 +495,12 @@ def test_jes_sweep_writes_the_table_and_exits_1_when_runs_failed(tmp_path, capsy
     assert cli.main(["sweep", str(path), "--out-dir", str(tmp_path / "out")]) == 1
     out, err = capsys.readouterr()
     assert "learning_rate=1e+38: failed (seed 0: non-finite" in out
-    assert "jes sweep: 1 of 2 runs failed" in err
+    # Said once (jes sweep said it again), naming the run and where its reason is
+    out_dir = tmp_path / "out"
+    assert err.count("runs failed") == 1 and (
+        f"sweep: 1 of 2 runs failed (num_members=8, num_generations=3, eval_episodes=2, max_episode_steps=20, "
+        f"learning_rate=1e+38, seed 0); the reasons are in the error column of their rows "
+        f"in {out_dir / 'sweep.csv'} and {out_dir / 'sweep.json'}") in err, err
     with open(tmp_path / "out" / "sweep.csv") as f:
         assert [r["status"] for r in csv.DictReader(f)] == ["completed", "failed"]
 
@@ -587,3 +592,82 @@ def test_a_group_whose_every_run_fails_at_its_first_generation_gives_failed_rows
     assert all(r.status == "failed" and int(r.state.generation) == 0 and r.history["generation"].size == 0
                for r in result.runs)
     assert "a non-finite ES update at generation 1" in result.rows[0]["error"]
+
+
+def _three_seeds_history():
+    """4 generations of 3 seeds: seed 0 completed, seed 1 failed after generation 2 (diverging: huge returns before),
+    seed 2 stopped by a callback after generation 3; as run_batch gives them (NaN after an end, the ints kept)."""
+    generations, seeds = 4, 3
+    history = {k: np.full((generations, seeds), np.nan) for k in jes.loop.HISTORY_KEYS}
+    history["generation"] = np.repeat(np.arange(1, generations + 1)[:, None], seeds, axis=1)
+    history["env_steps"] = np.cumsum(np.full((generations, seeds), 100, np.int64), axis=0)
+    for b, (pop, last) in enumerate([(10.0, 4), (1000.0, 2), (30.0, 3)]):
+        history["pop_mean"][:last, b] = history["pop_max"][:last, b] = pop
+        history["centre_return"][:last, b] = [100.0, 200.0, 500.0, 300.0][:last] if b != 1 else pop
+        for k in ("pop_min", "pop_std", "wall_time", "generation_time", "noise_std", "learning_rate", "grad_norm",
+                  "update_norm", "param_norm"):
+            history[k][:last, b] = 1.0
+    ends = [jes_sweep.RunEnd("completed", 4), jes_sweep.RunEnd("failed", 2, "non-finite fitness at generation 3"),
+            jes_sweep.RunEnd("stopped", 3, "enough")]
+    return history, ends
+
+
+def test_a_rows_aggregates_are_over_the_seeds_that_did_not_fail_and_it_counts_the_failed(tmp_path):
+    """Finding: one failed seed made its row's means NaN (and a diverged seed's returns counted in best_pop_max).
+    The means are over the seeds that finished; `failed` counts the others; solved_fraction is over every seed, a
+    failed one unsolved; env_steps_per_seed is what every seed cost."""
+    history, ends = _three_seeds_history()
+    trainer = jes.Trainer(POLICY, "CartPole-v1", "adam", BASE)
+    ran = jes_sweep._ran(history, ends)
+    row = jes_sweep._row({}, [], [0, 1, 2], ran, ends, 0.0, 1.0, 3, trainer)
+    assert row["status"] == "failed" and row["failed"] == 1
+    assert row["final_centre_return_mean"] == 400.0 and row["final_centre_return_std"] == 100.0  # 300 and 500
+    assert row["best_centre_return_mean"] == 500.0 and row["final_pop_mean_mean"] == 20.0
+    assert row["best_pop_max"] == 30.0  # not the failed seed's 1000
+    assert row["solved_fraction"] == pytest.approx(1 / 3)  # seed 2 (500 >= 475) of 3
+    assert row["env_steps_per_seed"] == pytest.approx((400 + 200 + 300) / 3)
+    every_seed_failed = [jes_sweep.RunEnd("failed", end.generation, "x") for end in ends]
+    row = jes_sweep._row({}, [], [0, 1, 2], jes_sweep._ran(history, every_seed_failed), every_seed_failed, 0.0, 1.0,
+                         3, trainer)
+    assert row["failed"] == 3 and np.isnan(row["final_centre_return_mean"]) and row["solved_fraction"] == 0.0
+
+
+def test_a_configurations_curves_leave_out_a_failed_seed_and_log_how_many_seeds_each_point_averages(tmp_path):
+    """Finding: the mean curves over seeds jumped where a seed failed (the mean over the seeds still running). They
+    are the mean over the seeds that did not fail, the row's seeds; sweep/seeds counts each point's."""
+    history, ends = _three_seeds_history()
+    trainer = jes.Trainer(POLICY, "CartPole-v1", "adam", BASE)
+    ran = jes_sweep._ran(history, ends)
+    jes_sweep._log_configuration(str(tmp_path / "tb"), ran, {}, BASE, trainer, [0, 1, 2], "adam", ends)
+    scalars = jes_logging.read_scalars(str(tmp_path / "tb"))
+    assert scalars["population/mean_return"] == [(1, 20.0), (2, 20.0), (3, 20.0), (4, 10.0)]
+    assert scalars[jes_sweep.SEEDS_TAG] == [(1, 2.0), (2, 2.0), (3, 2.0), (4, 1.0)]  # seed 2 stopped after 3
+
+
+def test_a_sweep_callback_that_returns_a_value_is_warned_once(recwarn):
+    """The sweep's callbacks go through jes.train's own calling (StopTraining, errors, returned values)."""
+    calls = []
+
+    def sb3_style(record):
+        calls.append(record["generation"])
+        return True
+
+    jes_sweep.sweep(POLICY, "CartPole-v1", "adam", config=BASE.replace(num_generations=2), seeds=[0],
+                    grid={"learning_rate": 0.05}, log_dir=None, callbacks=[sb3_style])
+    assert calls == [1, 2]
+    returned = [w for w in recwarn.list if "returned True: jes ignores what callbacks return" in str(w.message)]
+    assert len(returned) == 1, [str(w.message) for w in recwarn.list]
+
+
+def test_jes_sweep_exits_2_on_an_unexpected_error_not_the_1_of_failed_runs(tmp_path, monkeypatch, capsys):
+    from jes import cli
+
+    def broken(**kwargs):
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(jes_sweep, "sweep", broken)
+    path = tmp_path / "sweep.toml"
+    path.write_text('env = "CartPole-v1"\n[config]\nlearning_rate = [0.05, 0.1]\n')
+    assert cli.main(["sweep", str(path), "--out-dir", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" in err and "jes sweep: unexpected RuntimeError: a bug" in err, err

@@ -969,13 +969,21 @@ class Master:
         log.debug("worker %s: assigned chunks %d..%d of generation %d", worker.name, chunks[0], chunks[-1],
                   self._generation)
 
+    def _worker_rate(self, worker: _Worker, elapsed: float) -> str:
+        """A worker's part of the status line: ``distrusted``, ``refused`` (it cannot build this run, and said why
+        when it refused), or its members/s."""
+        if worker.distrusted:
+            return "distrusted"
+        if worker.refused == self._run and worker.run != self._run:
+            return "refused"
+        return members_per_second(worker.interval_members, elapsed)
+
     def _status(self, generation: int) -> None:
         now = time.monotonic()
         elapsed = now - self._last_status
         if elapsed < self.status_interval or elapsed <= 0:
             return
-        parts = [f"{w.name} {'distrusted' if w.distrusted else members_per_second(w.interval_members, elapsed)}"
-                 for w in self.workers.values()]
+        parts = [f"{w.name} {self._worker_rate(w, elapsed)}" for w in self.workers.values()]
         log.info("generation %d: %d worker(s) connected; members/s: %s%s", generation, len(self.workers),
                  ", ".join(parts) or "-", f", master {members_per_second(self._master_members, elapsed)}")
         for w in self.workers.values():

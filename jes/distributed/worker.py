@@ -182,6 +182,7 @@ class _Link(threading.Thread):
         self._reconnect_at: float | None = None  # a reconnect put off after a failed handshake (back-off)
         self.unreachable: str | None = None  # why the master cannot be reached (unresolvable, refused), once said
         self._last_unreachable_warning = -float("inf")
+        self._was_connected = False  # whether a master ever answered on this endpoint (what a refusal then means)
 
     def send(self, message: dict) -> None:
         """Queue ``message`` for the master (main thread)."""
@@ -366,12 +367,11 @@ class _Link(threading.Thread):
         except Exception:  # noqa: BLE001 - not a monitor event
             return
         if event == zmq.EVENT_CONNECTED:
-            self.unreachable = None
+            self.unreachable, self._was_connected = None, True
             return
         if event == zmq.EVENT_CONNECT_RETRIED:  # the TCP connection failed: refused, or a name not resolved
             if now - self._last_unreachable_warning >= self.master_timeout:  # a name lookup only when it is said
-                self._unreachable(resolve_problem(self.endpoint) or "connection refused: nothing listens on that "
-                                  "port (the master is not started yet, or a wrong host or port)", now)
+                self._unreachable(resolve_problem(self.endpoint) or refused_reason(self._was_connected), now)
             return
         kind = transport.handshake_failure(frames)
         if kind is None:
@@ -392,6 +392,15 @@ class _Link(threading.Thread):
             log.warning("the handshake with master %s failed (%d time(s) so far, it retries in %.0fs, backing off "
                         "to every %.0fs): %s", self.endpoint, failures, delay, MAX_HANDSHAKE_BACKOFF,
                         _HANDSHAKE_ADVICE.get(kind, kind))
+
+
+def refused_reason(was_connected: bool) -> str:
+    """Why a connection to the master's port was refused, for the log: a master that was there has gone (its run
+    ended, or it stopped), or none has listened there yet."""
+    if was_connected:
+        return ("connection refused: the master that was there has gone (its run ended or it stopped); waiting for "
+                "the next master on that port")
+    return "connection refused: nothing listens on that port (the master is not started yet, or a wrong host or port)"
 
 
 class Worker:

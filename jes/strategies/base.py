@@ -33,6 +33,7 @@ import jax.numpy as jnp
 import optax
 
 from jes.strategies import noise
+from jes.strategies.noise import sorted_utilities  # noqa: F401  (used by the strategies; it lives beside the fitness shapings)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,7 +45,8 @@ class Context:
         num_members: population size ``n``.
         noise_std: initial (or, for OpenAI-ES, constant or scheduled) perturbation std.
         optimizer: the optax transformation for strategies that use one, else ``None``.
-        fitness_shaping: ``"centered_ranks"``, ``"z_score"`` or ``"raw"`` (strategies that shape fitness).
+        fitness_shaping: ``"centered_ranks"``, ``"nes_utilities"``, ``"z_score"`` or ``"raw"`` (strategies that
+            shape fitness).
         weight_decay: L2 coefficient (strategies that take a gradient step).
         antithetic: whether members ``2p``/``2p+1`` are mirrored pairs.
         perturbation: the structured perturbation (``jes.perturbations.LowRank``) whose shape the
@@ -266,17 +268,6 @@ def pair_noise(gen_key: jax.Array, start: jax.Array, size: int, num_params: int)
     """The ``size // 2`` Gaussian draws of the mirrored pairs in a chunk, ``[size // 2, P]`` (member ``2p`` gets ``+eps_p``)."""
     members = jnp.asarray(start, jnp.int32) + jnp.arange(0, size, 2, dtype=jnp.int32)
     return jax.vmap(lambda m: noise.member_noise(gen_key, m, num_params, True))(members)
-
-
-def sorted_utilities(fitness: jax.Array, utilities: jax.Array) -> jax.Array:
-    """Assign ``utilities`` (best first, ``[n]``) to members by fitness rank; ties share their utility's mean.
-
-    Averaging tied utilities makes members with equal fitness weigh the same, so an
-    all-equal population moves nothing.
-    """
-    low, high = noise.tie_bounds(-fitness)
-    cumulative = jnp.concatenate([jnp.zeros(1, utilities.dtype), jnp.cumsum(utilities)])
-    return (cumulative[high] - cumulative[low]) / jnp.maximum(high - low, 1).astype(utilities.dtype)
 
 
 def check_settings_apply(strategy: Strategy, learning_rate: Any, weight_decay: float, fitness_shaping: str) -> None:

@@ -13,15 +13,18 @@ so the pair's fitness difference measures the perturbation, not the env.
 """
 from __future__ import annotations
 
+import math
+
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 # Stream tags folded into a generation key so noise, episodes and centre evaluation never share keys.
 NOISE_STREAM = 0
 EPISODE_STREAM = 1
 CENTRE_STREAM = 2
 
-FITNESS_SHAPINGS = ("centered_ranks", "z_score", "raw")
+FITNESS_SHAPINGS = ("centered_ranks", "nes_utilities", "z_score", "raw")
 
 
 def generation_key(es_key: jax.Array, generation: jax.Array | int) -> jax.Array:
@@ -140,6 +143,30 @@ def centered_ranks(fitness: jax.Array) -> jax.Array:
     return ranks / (n - 1) - 0.5
 
 
+def sorted_utilities(fitness: jax.Array, utilities: jax.Array) -> jax.Array:
+    """Assign ``utilities`` (best first, ``[n]``) to members by fitness rank; ties share their utility's mean.
+
+    Averaging tied utilities makes members with equal fitness weigh the same, so an
+    all-equal population moves nothing.
+    """
+    low, high = tie_bounds(-fitness)
+    cumulative = jnp.concatenate([jnp.zeros(1, utilities.dtype), jnp.cumsum(utilities)])
+    return (cumulative[high] - cumulative[low]) / jnp.maximum(high - low, 1).astype(utilities.dtype)
+
+
+def nes_utilities(n: int) -> jax.Array:
+    """The NES rank utilities of ``n`` members, best first: ``max(0, log(n/2 + 1) - log(k)) / sum - 1/n`` for rank
+    ``k`` (Wierstra et al. 2014; SNES's, EvoTorch's ``"nes"`` ranking): the top half weighs in by log rank, every
+    member pays ``1/n``, and they sum to 0.
+
+    Computed on the host in float64 (``n`` is static) and given to XLA as a float32 constant, so a master's update
+    and a local step use the same bits (see :func:`jes.strategies.snes.linear_utilities`).
+    """
+    k = np.arange(1, n + 1, dtype=np.float64)
+    raw = np.maximum(0.0, math.log(n / 2 + 1) - np.log(k))
+    return jnp.asarray(raw / raw.sum() - 1.0 / n, jnp.float32)
+
+
 def z_score(fitness: jax.Array, eps: float = 1e-8) -> jax.Array:
     """``(f - mean) / (std + eps)``."""
     return (fitness - fitness.mean()) / (fitness.std() + eps)
@@ -149,6 +176,8 @@ def shape_fitness(fitness: jax.Array, method: str) -> jax.Array:
     """Apply a named fitness shaping (see :data:`FITNESS_SHAPINGS`)."""
     if method == "centered_ranks":
         return centered_ranks(fitness)
+    if method == "nes_utilities":
+        return sorted_utilities(fitness, nes_utilities(fitness.shape[0]))
     if method == "z_score":
         return z_score(fitness)
     if method == "raw":
