@@ -537,6 +537,45 @@ def test_a_new_workers_first_range_is_audited_even_without_audit(trainer, caplog
         master.close()
 
 
+@pytest.mark.parametrize("lies", [False, True])
+def test_a_workers_first_centre_slots_are_audited_even_when_its_first_range_had_none(trainer, lies):
+    """Review of the fleet centre: the centre's return now comes from the workers' centre slots (and stop_at_return
+    reads it), but only a worker's first range was audited; with eval_every > 1 that range can come on a generation
+    without live slots, and a worker verified there had its centre values used unchecked ever after (audit 0). Its
+    first range with live slots is audited too, once: a liar about the centre alone is distrusted."""
+    a = FakeWorker(b"a")
+    master, sent = serve(trainer, (a,), centre=False)
+    try:
+        work = issue(master, a, sent)  # generation 0: no centre; its join probe
+        master._handle(b"a", result_message(trainer, work["aid"], work["start"], work["stop"]))
+        assert master.stats["join_audits"] == 1
+        master._audit_here(*master._audits.pop(0))
+        assert master.workers[b"a"].verified and not master.workers[b"a"].distrusted
+        slots = trainer.centre_slots
+        for generation in (1, 2):  # generations evaluating the centre
+            master._end()
+            master._begin(None, generation, "h", centre=True)
+            master._handle(b"a", dict(request_message(a), gen=generation))  # at this generation's state already
+            work = [m for m in sent if m["type"] == "work"][-1]
+            a.last_aid = work["aid"]
+            k = work["stop"] - work["start"]
+            message = result_message(trainer, work["aid"], work["start"], work["stop"], gen=generation, slots=slots)
+            if lies:  # finite, plausible and wrong: only a comparison catches it
+                message["centre_returns"] = protocol.pack_array(np.full((k, slots), 500.0, np.float32))
+            master._handle(b"a", message)
+            if generation == 1:
+                assert master.stats["join_audits"] == 2 and len(master._audits) == 1  # whatever audit (0 here)
+                master._audit_here(*master._audits.pop(0))
+                assert master.workers[b"a"].distrusted is lies
+                assert not master._results[4].any()  # the master's own slots stand
+                if lies:
+                    return
+            else:  # checked once: an honest worker's later centre slots are used as they come
+                assert master.stats["join_audits"] == 2 and not master._audits and master._have[work["start"]]
+    finally:
+        master.close()
+
+
 def test_a_worker_that_reports_a_diverged_state_is_distrusted_with_the_likely_causes(trainer, caplog):
     """Defect (new-user tester): a worker whose state after an update differed from the master's only asked for a
     snapshot (86 times in one run) while its results kept being used; now it says so and the master distrusts it."""

@@ -52,7 +52,8 @@ goes back to the queue. Reported times enter the speed estimate only clamped
 to what the master measured itself, so no deadline can be zero or unbounded.
 
 A worker is verified before it is trusted: the first range each newly connected worker delivers is audited
-(below) whatever ``audit`` (one range per join), and a worker whose state after a generation's update differs
+(below) whatever ``audit`` (one range per join; and its first range with live centre slots, which settle the
+centre's return and so ``stop_at_return``), and a worker whose state after a generation's update differs
 from the master's says so (``diverged``) and is distrusted: it computes other bits. A distrusted worker is told
 why (``distrusted``; a ``jes-worker`` then stops).
 
@@ -146,6 +147,7 @@ class _Worker:
     distrusted: bool = False    # delivered wrong, malformed or impossible results: never given work again
     verified: bool = False      # a delivery of it matched the master's own evaluation: it may audit others
     probe: bool = True          # its next delivered range is audited, whatever `audit` (it joined, or resynced)
+    centre_probe: bool = True   # likewise its first range with live centre slots (the join probe may have had none)
     aids: set = dataclasses.field(default_factory=set)  # its live assignments
     chunks_per_second: float | None = None
     members_done: int = 0
@@ -667,9 +669,13 @@ class Master:
             # A worker's first range (after it joined, or after its state diverged) is always checked: one
             # range per join, so a worker computing other bits is caught before its results settle anything
             probe, worker.probe = worker.probe and not worker.verified, False
+            # ... and so are the first centre slots it delivers: they settle the centre's return (what stop_at_return
+            # reads), and with eval_every > 1 its first range can have come on a generation without them
+            probe = probe or (self._centre_live and worker.centre_probe)
             if stored and (probe or (self.audit and self._audit_rng.random() < self.audit)):
                 self._audits.append((start, stop, worker.identity))
                 self.stats["join_audits" if probe else "sampled_audits"] += 1
+                worker.centre_probe = worker.centre_probe and not self._centre_live
             worker.members_done += stored * self.trainer.chunk_size
             worker.interval_members += stored * self.trainer.chunk_size
             self._learn_speed(worker, stop - start, seconds, elapsed)
