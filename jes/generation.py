@@ -488,7 +488,8 @@ class Generation(CompiledPrograms):
         return self.evaluate_members(state, flat, members, gen_key, active & evaluate_population)
 
     def evaluate_chunks(self, state: TrainState, chunks: jax.Array) -> ChunkResults:
-        """Evaluate several chunks one after another (``lax.map``): the unit of work of a device or worker."""
+        """Evaluate several chunks one after another (``lax.map``), with no centre evaluation (a sweep's unit of work;
+        devices, workers and masters evaluate chunks with :meth:`step_chunks`, which can run the centre's slots)."""
         return jax.lax.map(lambda c: self.evaluate_chunk(state, c), chunks)
 
     def weights(self, state: TrainState, fitness: jax.Array) -> Any:
@@ -723,7 +724,8 @@ class Trainer(Generation):
 
     Most users call :func:`jes.train`; the trainer's pieces are what distributed
     workers and sweeps reuse: :meth:`init_state`, :meth:`generation_step`
-    (compiled as :attr:`step`), :meth:`evaluate_chunks` and :meth:`apply_chunk_results`.
+    (compiled as :attr:`step`), :meth:`step_chunks` (a worker's chunks, centre slots
+    included), :meth:`evaluate_chunks`, :meth:`centre_from_chunks` and :meth:`apply_chunk_results`.
 
     Args:
         policy: a Flax module (``jes.GRUPolicy``, ``jes.MLPPolicy`` or your own).
@@ -882,8 +884,10 @@ class Trainer(Generation):
     def evaluate_members(self, state, flat, members, gen_key, active):
         if not self._centre_in_chunks():
             return self._evaluate_slots(state, flat, members, gen_key, active)[0]
-        # A chunk evaluated apart (by a worker, a master, a sweep) carries the step's centre slots, idle: XLA:CPU's
-        # code for the rollout depends on its batch size (a Pendulum member's fitness did, from 16 members a chunk)
+        # A chunk evaluated apart by itself (evaluate_chunks: a vmapped sweep) carries the step's centre slots, idle:
+        # XLA:CPU's code for the rollout depends on its batch size (a Pendulum member's fitness did, from 16 members a
+        # chunk). Workers and masters run the step's own chunks instead (jes.host_step.programs: step_chunks), whose
+        # centre slots are live on a generation that evaluates the centre, as the step's are.
         size = self.centre_slots
         episodes = members[0] // self.chunk_size * size + jnp.arange(size, dtype=jnp.int32)
         return self._evaluate_slots(state, flat, members, gen_key, active, episodes, jnp.zeros(size, bool))[0]
@@ -892,8 +896,10 @@ class Trainer(Generation):
         """The members' results, and the returns and steps of centre episodes run in the same rollout batch.
 
         Every slot runs the same code on its own parameters and key, so a member's (and a centre episode's)
-        results do not depend on what else shares the batch, but can on the batch's size (XLA:CPU's code for it):
-        a chunk evaluated apart carries the step's centre slots, idle (:meth:`evaluate_members`).
+        results do not depend on what else shares the batch, but can on the batch's size (XLA:CPU's code for it)
+        and on when it compacts (which slots still run): a chunk evaluated apart is evaluated by
+        :meth:`step_chunks` with the step's flags (:func:`jes.host_step.programs`), or carries the step's centre
+        slots idle (:meth:`evaluate_members`).
         """
         cfg = self.config
         epm = cfg.episodes_per_member
@@ -928,6 +934,10 @@ class Trainer(Generation):
     def step_chunks(self, state, chunk_ids, evaluate_centre, evaluate_population):
         """Each chunk's rollout also runs :attr:`centre_slots` of the centre's evaluation episodes: episode ``j``
         (key ``centre_episode_keys(gen_key, ...)[j]``, as :meth:`evaluate_centre`) in chunk ``j // centre_slots``.
+
+        Workers and a master evaluate their chunks with this very function (one chunk a call,
+        :func:`jes.host_step.programs`) and send the centre slots' returns and steps to the master, which reduces
+        them with :meth:`centre_from_chunks`: the same bits as here whoever evaluated which chunk.
 
         A subclass that overrides :meth:`evaluate_members` or :meth:`evaluate_centre` gets them called as
         written (members by chunk, the centre apart), as workers, a master and a sweep call them."""

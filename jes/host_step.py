@@ -11,7 +11,7 @@ for compiled envs and host rollouts for host envs.
 """
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -161,35 +161,81 @@ class HostGeneration:
         self.pool.close()
 
 
-def programs(trainer: Trainer) -> tuple[Callable[[TrainState, Any], tuple], Callable[[TrainState], tuple]]:
-    """``(chunks, centre)``: what a device, a worker or a master evaluates with, for any env.
+class Programs(NamedTuple):
+    """What a device, a worker or a master evaluates a generation's chunks and centre with (:func:`programs`).
 
-    ``chunks(state, chunk_ids [k]) -> (fitness [k, C], env_steps [k], obs_sum, obs_sumsq)`` and
-    ``centre(state) -> (mean return, env steps)`` of the centre's ``eval_episodes`` episodes: jitted programs for
-    compiled envs, one :class:`HostGeneration`'s host rollouts for host envs.
+    Attributes:
+        chunks: ``(state, chunk_ids [k], evaluate_centre, evaluate_population) -> (fitness [k, C], env_steps [k],
+            obs_sum [k, *obs], obs_sumsq [k, *obs], centre_returns [k, S], centre_steps [k, S])``, the flags numpy
+            bools (one program for both values): the chunks exactly as the local step evaluates them, each with its
+            :attr:`centre_slots` centre episodes (live with ``evaluate_centre``, idle otherwise).
+        centre: ``state -> (mean return, env steps)`` of the centre's ``eval_episodes`` episodes evaluated apart, as
+            the step does when its chunks carry no centre (:attr:`centre_slots` 0).
+        reduce: ``(centre_returns [num_chunks, S], centre_steps [num_chunks, S]) -> (mean return, env steps)``: the
+            step's own reduction of every chunk's centre slots (``None`` when :attr:`centre_slots` is 0).
+        centre_slots: ``S``, the centre episodes each chunk carries (:attr:`jes.Trainer.centre_slots`); 0 where the
+            step evaluates the centre apart (host envs, structured perturbations, a subclass's own evaluation).
     """
+
+    chunks: Callable[..., tuple]
+    centre: Callable[[TrainState], tuple]
+    reduce: Callable[[Any, Any], tuple] | None
+    centre_slots: int
+
+
+class _HostChunks:
+    """A host env's chunk program with the signature of :attr:`Programs.chunks`: its centre runs apart (no slots)."""
+
+    def __init__(self, host: HostGeneration):
+        self.host = host
+
+    def __call__(self, state: TrainState, chunk_ids: Any, evaluate_centre: Any = False,
+                 evaluate_population: Any = True) -> tuple:
+        results = self.host.evaluate_chunks(state, chunk_ids)
+        none = np.zeros((results[0].shape[0], 0))
+        return (*results, none.astype(np.float32), none.astype(np.int32))
+
+    def _cache_size(self) -> int:  # as the jitted chunk program's, for workers' compile checks
+        return self.host._cache_size()
+
+
+def programs(trainer: Trainer) -> Programs:
+    """The :class:`Programs` a device, a worker or a master evaluates with, for any env: jitted programs for
+    compiled envs, one :class:`HostGeneration`'s host rollouts for host envs."""
     if trainer.spec.host:
         host = HostGeneration(trainer)
-        return host, host.centre
-    # threefry unrolled in both (jes.threefry): the same bits as jax.jit's programs, full rank's draws faster; the
-    # step's XLA options, which can change bits (XLA:CPU's fusion emitters)
+        return Programs(_HostChunks(host), host.centre, None, 0)
+    # threefry unrolled (jes.threefry): the same bits as jax.jit's programs, full rank's draws faster; the step's
+    # XLA options, which can change bits (XLA:CPU's fusion emitters)
     options = trainer.step_compiler_options
-    chunks = UnrolledJit(lambda s, c: ChunkResults.as_tuple(trainer.evaluate_chunks(s, c)), compiler_options=options)
-    if not (isinstance(trainer, Trainer) and trainer._centre_in_chunks()):  # the step scores the centre apart (Trainer.centre_score), as here
+    if not (isinstance(trainer, Trainer) and trainer._centre_in_chunks()):
+        # The step scores the centre apart (Trainer.centre_score), as here; its members' chunks run alone.
+        def apart(s, c, evaluate_centre, evaluate_population):
+            results = ChunkResults.as_tuple(trainer.evaluate_chunks(s, c))
+            none = jnp.zeros((c.shape[0], 0), jnp.float32)
+            return (*results, none, none.astype(jnp.int32))
+
         centre = UnrolledJit(lambda s: tuple(f(x) for f, x in zip((jnp.mean, jnp.sum), trainer.evaluate_centre(s))),
                              compiler_options=options)
-        return chunks, centre
-    # The step runs centre episode j in slot j % S of chunk j // S and reduces the [chunks, S] buffer of their
-    # returns (Trainer.centre_from_chunks): the same episodes here, laid out so and reduced by that code, as a
-    # program of its own on a buffer (a mean fused with the episodes' program, or with the padding, rounds otherwise)
-    episodes = UnrolledJit(trainer.evaluate_centre, compiler_options=options)
+        return Programs(UnrolledJit(apart, compiler_options=options), centre, None, 0)
+
+    # The step runs centre episode j in slot j % S of chunk j // S, in the chunk's rollout batch, and reduces the
+    # [chunks, S] buffer of their returns (Trainer.centre_from_chunks). A chunk evaluated here is the step's own
+    # (Trainer.step_chunks, flags and all): its members' and centre slots' bits are the step's, since XLA:CPU's code
+    # for a rollout depends on its batch's size and compaction on which episodes share it. The reduction is a
+    # program of its own on the buffer (a mean fused with the episodes' program, or with padding, rounds otherwise).
+    def chunks(s, c, evaluate_centre, evaluate_population):
+        results, (returns, steps) = trainer.step_chunks(s, c, evaluate_centre, evaluate_population)
+        return (*ChunkResults.as_tuple(results), returns, steps)
+
     reduce = UnrolledJit(lambda returns, steps: trainer.centre_from_chunks((returns, steps)), compiler_options=options)
-    slots = trainer.centre_slots
-    rows = -(-trainer.config.eval_episodes // slots)
+    chunk_program = UnrolledJit(chunks, compiler_options=options)
 
     def centre(state):
-        # eager (asynchronous) ops: dispatched now, computed while the members are
-        as_slots = lambda x: jnp.zeros(rows * slots, x.dtype).at[: x.shape[0]].set(x).reshape(rows, slots)
-        return reduce(*(as_slots(x) for x in episodes(state)))
+        """The centre alone (a generation without members, outside a fleet): every chunk, members idle."""
+        flags = np.bool_(True), np.bool_(False)
+        # chunk ids placed as a master places its own (jnp): the program a master compiled for its chunks, reused
+        outs = [chunk_program(state, jnp.array([c], jnp.int32), *flags) for c in range(trainer.num_chunks)]
+        return reduce(*(np.concatenate([np.asarray(o[j]) for o in outs]) for j in (4, 5)))
 
-    return chunks, centre
+    return Programs(chunk_program, centre, reduce, trainer.centre_slots)

@@ -89,7 +89,9 @@ class LyingWorker(Worker):
                         fitness=protocol.pack_array(np.full((1, size), 500.0, np.float32)),
                         env_steps=protocol.pack_array(np.ones(1, np.int32)),
                         obs_sum=protocol.pack_array(np.zeros((1, *obs), np.float32)),
-                        obs_sumsq=protocol.pack_array(np.zeros((1, *obs), np.float32)))
+                        obs_sumsq=protocol.pack_array(np.zeros((1, *obs), np.float32)),
+                        centre_returns=protocol.pack_array(protocol.unpack_array(message["centre_returns"])[:1]),
+                        centre_steps=protocol.pack_array(protocol.unpack_array(message["centre_steps"])[:1]))
 
         others = [c for c in range(self.trainer.num_chunks) if not start <= c < stop]
         foreign = [forged(a, c) for a in (aid - 1, aid + 1, aid + 2, 10**9) for c in others]

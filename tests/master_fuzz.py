@@ -85,10 +85,13 @@ class MasterFuzzer:
                 aid, start = rng.randint(0, master._next_aid + 2), rng.randrange(trainer.num_chunks)
                 stop = rng.randint(start + 1, trainer.num_chunks)
             k, size, obs = stop - start, trainer.chunk_size, trainer.spec.obs_shape
+            slots = master._results[4].shape[1] if master._results is not None else 0
             return {"type": "result", "name": worker.name, **current, "aid": aid, "last_aid": aid, "start": start,
                     "stop": stop, "seconds": rng.choice((0.001, 0.01, 0.5)),
                     "fitness": self._array("float32", (k, size)), "env_steps": self._array("int32", (k,), 0.0),
-                    "obs_sum": self._array("float32", (k, *obs)), "obs_sumsq": self._array("float32", (k, *obs), 0.0)}
+                    "obs_sum": self._array("float32", (k, *obs)), "obs_sumsq": self._array("float32", (k, *obs), 0.0),
+                    "centre_returns": self._array("float32", (k, slots)),
+                    "centre_steps": self._array("int32", (k, slots), 0.0)}
         if kind < 0.9:
             return {"type": "heartbeat", "name": worker.name}
         if kind < 0.93:

@@ -749,6 +749,44 @@ def test_chunks_of_16_members_or_more_with_two_workers_are_bit_identical(policy,
     assert master.stats["assigned_ranges"] > 0
 
 @pytest.mark.slow
+@pytest.mark.parametrize("env, policy, size, eval_every", [
+    ("MountainCarContinuous-v0", jes.MLPPolicy(hidden_sizes=(5,)), dict(num_members=32, chunk_size=16), 1),
+    ("MountainCarContinuous-v0", jes.MLPPolicy(hidden_sizes=(5,)), dict(num_members=32, chunk_size=16), 3),
+    ("CartPole-v1", jes.MLPPolicy(hidden_sizes=(8,)), dict(num_members=256, chunk_size=128), 2),
+])
+def test_workers_run_their_chunks_centre_slots_and_the_centre_is_the_local_steps_bit_for_bit(
+        env, policy, size, eval_every, pool):
+    """A fleet tester's find: the master evaluated the centre in a program of its own, its episodes in one batch of
+    ``eval_episodes``, while the step runs each in a chunk's batch beside the members (XLA:CPU's code for a rollout
+    depends on the batch's size; compaction on which episodes share it): on MountainCarContinuous (float rewards of
+    the actions) the centre return's last bits differed. Workers and the master now run each chunk's centre slots
+    live and the master reduces them as the step does (before, both MountainCarContinuous cases differed: eval_every
+    3 at a generation with members and at the last one, the centre alone). CartPole: chunks of 128 whose episodes
+    end at different times (compaction with the centre's slots live; its integer returns hide a last-bit difference
+    unless an action flips), eval_every 2 (the idle slots' extra compaction level on other generations). Every
+    history column and the final parameters compared by bytes."""
+    config = CONFIG.replace(**size, num_generations=4, eval_episodes=8, eval_every=eval_every, max_episode_steps=60)
+    trainer = jes.Trainer(policy, env, "adam", config)
+    local = run(trainer, trainer.init_state(KEY), key=KEY)
+    pool.ensure(2)
+    with Master(trainer, f"127.0.0.1:{pool.port}", secret=SECRET, env=env, optimizer="adam",
+                **{**FAST, **(dict(curve_secret_key=CURVE[1]) if CURVE else {})}) as master:
+        state = trainer.init_state(KEY)
+        assert master.wait_for_workers(state, 2, READY_TIMEOUT) >= 2, [pool.log(n) for n in pool.live()]
+        result = run(trainer, state, key=KEY, step_fn=master.step)
+    assert result.flat_params.tobytes() == local.flat_params.tobytes()
+    for name in local.history:
+        if name not in ("wall_time", "generation_time"):
+            assert np.asarray(result.history[name]).tobytes() == np.asarray(local.history[name]).tobytes(), name
+    assert np.isfinite(local.history["centre_return"]).sum() == {1: 4, 2: 2, 3: 2}[eval_every]
+    # a worker's first delivered range is audited against the master's own evaluation: none differed
+    assert master.stats["assigned_ranges"] > 0
+    assert master.stats["distrusted_workers"] == 0 and master.stats["bad_results"] == 0
+    # the master's chunks (audits, its last centre alone), centre slots live or idle: one program
+    assert master._programs.chunks._cache_size() == 1
+
+
+@pytest.mark.slow
 def test_a_low_rank_runs_bytes_per_generation_do_not_grow_with_the_policy(pool):
     """Keys, ranges and fitness on the wire: once a worker has the run (the first generation's snapshot), a
     low-rank generation's bytes are the same for 0.6k and 67k parameters, far below one parameter vector."""

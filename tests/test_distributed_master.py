@@ -72,13 +72,17 @@ def check_invariant(master):
         assert np.isfinite(a.deadline) and aid in master.workers[a.worker].aids
 
 
-def result_message(trainer, aid, start, stop, gen=0, digest="h"):
+def result_message(trainer, aid, start, stop, gen=0, digest="h", slots=0):
+    """A well-formed result; ``slots``: each chunk's centre slots (``trainer.centre_slots`` when the work asked for
+    them live, else none)."""
     k, size, obs = stop - start, trainer.chunk_size, trainer.spec.obs_shape
     return {"type": "result", "run": "run", "gen": gen, "hash": digest, "aid": aid, "start": start, "stop": stop,
             "seconds": 0.01, "fitness": protocol.pack_array(np.zeros((k, size), np.float32)),
             "env_steps": protocol.pack_array(np.zeros(k, np.int32)),
             "obs_sum": protocol.pack_array(np.zeros((k, *obs), np.float32)),
-            "obs_sumsq": protocol.pack_array(np.zeros((k, *obs), np.float32))}
+            "obs_sumsq": protocol.pack_array(np.zeros((k, *obs), np.float32)),
+            "centre_returns": protocol.pack_array(np.zeros((k, slots), np.float32)),
+            "centre_steps": protocol.pack_array(np.zeros((k, slots), np.int32))}
 
 
 def request_message(fake, abandon=None):
@@ -307,14 +311,14 @@ def issue(master, fake, sent):
     return work
 
 
-def serve(trainer, fakes, **options):
+def serve(trainer, fakes, centre=False, **options):
     clock = Clock()
     master = make_master(trainer, clock, **options)
     sent = []
     for fake in fakes:
         connect(master, fake, clock)
     master._send = lambda worker, message: sent.append(message)
-    master._begin(None, 0, "h")
+    master._begin(None, 0, "h", centre=centre)
     return master, sent
 
 
@@ -348,6 +352,87 @@ def test_an_impossible_time_distrusts_the_worker_and_no_deadline_divides_by_it(t
         assert 0 < master.workers[b"b"].chunks_per_second <= 1e6
         issue(master, b, sent)
         check_invariant(master)
+    finally:
+        master.close()
+
+
+def test_a_centre_generations_work_asks_for_the_centre_slots_and_stores_what_comes_back(trainer):
+    """On a generation that evaluates the centre, each chunk's centre slots run where the chunk does: the work says
+    so, and a result's slots ([k, S] returns and steps) are stored for the master's reduction."""
+    slots = trainer.centre_slots
+    assert slots == 1  # eval_episodes 2 over 8 chunks
+    a = FakeWorker(b"a")
+    for centre in (False, True):
+        master, sent = serve(trainer, (a,), centre=centre)
+        try:
+            work = issue(master, a, sent)
+            assert work["centre"] is centre
+            message = result_message(trainer, work["aid"], work["start"], work["stop"], slots=slots if centre else 0)
+            if centre:
+                k = work["stop"] - work["start"]
+                message["centre_returns"] = protocol.pack_array(np.full((k, slots), -1.5, np.float32))
+                message["centre_steps"] = protocol.pack_array(np.full((k, slots), 7, np.int32))
+            master._handle(b"a", message)
+            assert master._have[work["start"]] and not master.workers[b"a"].distrusted
+            assert master._results[4].shape == master._results[5].shape == (trainer.num_chunks, slots if centre else 0)
+            if centre:
+                assert master._results[4][work["start"], 0] == -1.5 and master._results[5][work["start"], 0] == 7
+        finally:
+            master.close()
+
+
+def _wrong_centre(name, value):
+    return lambda message, k, slots: dict(message, **{name: value(k, slots)})
+
+
+@pytest.mark.parametrize("centre, change, field", [
+    (True, _wrong_centre("centre_returns", lambda k, s: protocol.pack_array(np.zeros((k, s + 1), np.float32))),
+     "centre_returns"),
+    (True, _wrong_centre("centre_returns", lambda k, s: protocol.pack_array(np.zeros((k, s), np.float64))),
+     "centre_returns"),
+    (True, _wrong_centre("centre_steps", lambda k, s: protocol.pack_array(np.zeros((k, s), np.float32))),
+     "centre_steps"),
+    (True, _wrong_centre("centre_steps", lambda k, s: protocol.pack_array(np.zeros(k * s, np.int32))),
+     "centre_steps"),
+    (True, lambda message, k, slots: {n: v for n, v in message.items() if n != "centre_returns"}, "centre_returns"),
+    (False, _wrong_centre("centre_returns", lambda k, s: protocol.pack_array(np.zeros((k, 1), np.float32))),
+     "centre_returns"),  # slots the work did not ask for
+])
+def test_a_results_centre_slots_of_another_length_or_dtype_distrust_the_worker(trainer, centre, change, field):
+    a = FakeWorker(b"a")
+    master, sent = serve(trainer, (a,), centre=centre)
+    try:
+        work = issue(master, a, sent)
+        k, slots = work["stop"] - work["start"], trainer.centre_slots if centre else 0
+        message = change(result_message(trainer, work["aid"], work["start"], work["stop"], slots=slots), k, slots)
+        master._handle(b"a", message)
+        assert master.workers[b"a"].distrusted and not master._have.any() and work["start"] in master._pending
+        told = [m for m in sent if m["type"] == "distrusted"]
+        assert told and "malformed result" in told[0]["reason"] and repr(field) in told[0]["reason"], told
+    finally:
+        master.close()
+
+
+@pytest.mark.parametrize("returns, steps", [(np.nan, 3), (0.0, -1), (0.0, 10**6)])
+def test_implausible_centre_slots_are_settled_by_the_masters_own_evaluation(trainer, returns, steps):
+    a = FakeWorker(b"a")
+    master, sent = serve(trainer, (a,), centre=True)
+    truth = []
+
+    def master_evaluates(start, stop):
+        truth.append((start, stop))
+        return tuple(np.zeros((stop - start, *x.shape[1:]), x.dtype) for x in master._results)
+
+    master._evaluate_range = master_evaluates
+    try:
+        work = issue(master, a, sent)
+        k, slots = work["stop"] - work["start"], trainer.centre_slots
+        master._handle(b"a", dict(result_message(trainer, work["aid"], work["start"], work["stop"], slots=slots),
+                                  centre_returns=protocol.pack_array(np.full((k, slots), returns, np.float32)),
+                                  centre_steps=protocol.pack_array(np.full((k, slots), steps, np.int32))))
+        assert truth == [(work["start"], work["stop"])] and master.stats["verified_here"] == 1
+        assert master._have[work["start"]] and master._results[5][work["start"], 0] == 0  # the master's own
+        assert master.workers[b"a"].distrusted
     finally:
         master.close()
 
@@ -397,7 +482,8 @@ def test_an_unverified_auditor_agreeing_with_a_liar_settles_nothing(trainer):
         assert not any(a.audit for a in master.assignments.values()) and master._should_audit_here()
         # Even an audit result of b that agrees with a (as if b had been handed it) is settled by the master.
         master._check_audit(work["start"], work["stop"],
-                            tuple(protocol.unpack_array(lie[k]) for k in ("fitness", "env_steps", "obs_sum", "obs_sumsq")),
+                            tuple(protocol.unpack_array(lie[k]) for k in ("fitness", "env_steps", "obs_sum", "obs_sumsq",
+                                                                         "centre_returns", "centre_steps")),
                             b"b")
         assert master.workers[b"a"].distrusted and master.workers[b"b"].distrusted
         assert not master._results[0].any() and master.stats["audit_mismatches"] == 0
@@ -447,6 +533,45 @@ def test_a_new_workers_first_range_is_audited_even_without_audit(trainer, caplog
             master._last_status = -1e9  # a status line now
             master._status(1)
         assert "liar distrusted, honest" in caplog.text
+    finally:
+        master.close()
+
+
+@pytest.mark.parametrize("lies", [False, True])
+def test_a_workers_first_centre_slots_are_audited_even_when_its_first_range_had_none(trainer, lies):
+    """Review of the fleet centre: the centre's return now comes from the workers' centre slots (and stop_at_return
+    reads it), but only a worker's first range was audited; with eval_every > 1 that range can come on a generation
+    without live slots, and a worker verified there had its centre values used unchecked ever after (audit 0). Its
+    first range with live slots is audited too, once: a liar about the centre alone is distrusted."""
+    a = FakeWorker(b"a")
+    master, sent = serve(trainer, (a,), centre=False)
+    try:
+        work = issue(master, a, sent)  # generation 0: no centre; its join probe
+        master._handle(b"a", result_message(trainer, work["aid"], work["start"], work["stop"]))
+        assert master.stats["join_audits"] == 1
+        master._audit_here(*master._audits.pop(0))
+        assert master.workers[b"a"].verified and not master.workers[b"a"].distrusted
+        slots = trainer.centre_slots
+        for generation in (1, 2):  # generations evaluating the centre
+            master._end()
+            master._begin(None, generation, "h", centre=True)
+            master._handle(b"a", dict(request_message(a), gen=generation))  # at this generation's state already
+            work = [m for m in sent if m["type"] == "work"][-1]
+            a.last_aid = work["aid"]
+            k = work["stop"] - work["start"]
+            message = result_message(trainer, work["aid"], work["start"], work["stop"], gen=generation, slots=slots)
+            if lies:  # finite, plausible and wrong: only a comparison catches it
+                message["centre_returns"] = protocol.pack_array(np.full((k, slots), 500.0, np.float32))
+            master._handle(b"a", message)
+            if generation == 1:
+                assert master.stats["join_audits"] == 2 and len(master._audits) == 1  # whatever audit (0 here)
+                master._audit_here(*master._audits.pop(0))
+                assert master.workers[b"a"].distrusted is lies
+                assert not master._results[4].any()  # the master's own slots stand
+                if lies:
+                    return
+            else:  # checked once: an honest worker's later centre slots are used as they come
+                assert master.stats["join_audits"] == 2 and not master._audits and master._have[work["start"]]
     finally:
         master.close()
 

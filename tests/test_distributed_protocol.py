@@ -74,6 +74,19 @@ def test_run_description_rebuilds_the_same_trainer_and_refuses_what_cannot_trave
                            allow=describe.allowlist(["no.such.module"]))
 
 
+def test_a_description_of_another_protocol_version_is_refused_naming_both_versions():
+    """Version 3 (the centre slots in work and result): a worker refuses a master's description of version 2 (or a
+    later one), saying which version came, which it speaks, and what to do."""
+    assert protocol.PROTOCOL_VERSION == 3
+    config = jes.ESConfig(num_members=8, chunk_size=4, eval_episodes=2, noise_std=0.05)
+    trainer = jes.Trainer(jes.MLPPolicy(hidden_sizes=(3,)), "CartPole-v1", "adam", config)
+    description = protocol.describe_run(trainer, "CartPole-v1", "adam")
+    for version in (2, 4):
+        with pytest.raises(DescriptionError, match=rf"protocol version {version}, but this jes speaks version 3: run "
+                                                   r"the same jes version on the master and its workers"):
+            protocol.build_run(dict(description, version=version))
+
+
 def test_a_jax_env_object_that_workers_would_build_otherwise_is_refused():
     """Workers build an env object's class without arguments: a ScaledCountdown(scale=2.0) went to them as
     ScaledCountdown(), whose returns mixed with the master's without a word."""

@@ -50,20 +50,30 @@ def test_a_fresh_worker_compiles_each_program_once(trainer, worker):
     digest = protocol.state_hash(state)
     worker._handle(wire({"type": "snapshot", "run": "r", "gen": 0, "hash": digest, "state": protocol.pack_state(state)}))
     n = trainer.num_chunks
-    worker._handle({"type": "work", "run": "r", "gen": 0, "hash": digest, "aid": 1, "start": 0, "stop": n, "update": None})
+    worker._handle({"type": "work", "run": "r", "gen": 0, "hash": digest, "aid": 1, "start": 0, "stop": n,
+                    "centre": False, "update": None})
     result = worker.sent[-1]
     assert result["type"] == "result" and (result["start"], result["stop"]) == (0, n)
+    assert protocol.unpack_array(wire(result)["centre_returns"]).shape == (n, 0)  # idle slots: none travel
     arrays = [protocol.unpack_array(wire(result)[k]) for k in ("fitness", "env_steps", "obs_sum", "obs_sumsq")]
     new_state, _ = jax.jit(trainer.apply_chunk_results)(state, jes.ChunkResults(*arrays))  # as the master does
     new_digest = protocol.state_hash(new_state)
     update = {"gen": 0, "hash": digest, **{k: protocol.pack_array(a) for k, a in
                                             zip(("fitness", "env_steps", "obs_sum", "obs_sumsq"), arrays)}}
     worker._handle(wire({"type": "work", "run": "r", "gen": 1, "hash": new_digest, "aid": 2, "start": 1, "stop": 3,
-                         "update": update}))
-    assert worker.sent[-1]["type"] == "result" and worker.state_hash == new_digest  # advanced by the update
-    # Warm-up, snapshot, first range, update and second range: one program each (issue 11: it was two); the
-    # evaluation once per device the worker runs on (a placement is part of a program: 2 when an earlier test of
-    # this process asked JAX for two CPU devices, as tests/test_cli.py's CLI runs do).
+                         "centre": True, "update": update}))
+    result = wire(worker.sent[-1])
+    assert result["type"] == "result" and worker.state_hash == new_digest  # advanced by the update
+    # a generation evaluating the centre: chunks 1 and 2 ran centre episodes S..3S-1 live, as the step's do
+    slots = trainer.centre_slots
+    returns = protocol.unpack_array(result["centre_returns"], "float32", (2, slots))
+    steps = protocol.unpack_array(result["centre_steps"], "int32", (2, slots))
+    episodes = np.arange(slots, 3 * slots).reshape(2, slots)
+    assert ((steps > 0) == (episodes < CONFIG.eval_episodes)).all() and (returns[steps == 0] == 0).all()
+    # Warm-up, snapshot, first range, update and second range (its centre slots live: the same program): one
+    # program each (issue 11: it was two); the evaluation once per device the worker runs on (a placement is part
+    # of a program: 2 when an earlier test of this process asked JAX for two CPU devices, as tests/test_cli.py's CLI
+    # runs do).
     assert worker.compile_counts() == {"evaluate": len(worker.devices), "apply": 1}
 
 
@@ -108,7 +118,7 @@ def test_a_range_the_worker_fails_on_is_handed_back_as_abandoned(trainer, worker
 
     worker.evaluate = env_raises
     worker._handle({"type": "work", "run": "r", "gen": 0, "hash": digest, "aid": 7, "start": 0, "stop": 1,
-                    "update": None})
+                    "centre": False, "update": None})
     assert worker.sent[-1]["type"] == "request" and worker.sent[-1]["abandon"] == 7, worker.sent[-1]
     worker._handle({"type": "nope"})  # a message it rejects abandons nothing
     assert worker.sent[-1]["type"] == "request" and worker.sent[-1]["abandon"] is None
@@ -170,7 +180,7 @@ def test_link_rejects_a_replayed_work_message_and_a_replayed_welcome():
         master.open_session()
         assert next_message(link)["type"] == "session"
         work = master.session.seal({"type": "work", "run": "r", "gen": 0, "hash": "h", "aid": 7, "start": 0,
-                                    "stop": 1, "update": None})
+                                    "stop": 1, "centre": False, "update": None})
         master.send(work)
         received = next_message(link)
         assert received["type"] == "work" and received["aid"] == 7

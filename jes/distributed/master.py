@@ -7,6 +7,14 @@ collects the per-chunk fitness / env steps / observation sums, and applies the
 same compiled :meth:`jes.Trainer.apply_chunk_results` the fused step uses, so
 the parameters are bit-identical whoever evaluated which chunk.
 
+The centre's evaluation rides along as the fused step runs it: on a generation that evaluates the centre,
+each chunk's rollout runs its share of the centre's episodes (chunk ``k``: episodes ``k*S .. k*S+S-1``, ``S`` =
+:attr:`jes.Trainer.centre_slots`) live beside the members, the result carries their returns and steps, and the
+master reduces the ``[num_chunks, S]`` buffer with the step's own :meth:`jes.Trainer.centre_from_chunks`. On
+other generations those slots are idle, as in the step. Runs whose step evaluates the centre apart (host envs,
+low-rank members) have the master evaluate it apart too; a generation without members (a run's last centre
+evaluation) is evaluated by the master alone.
+
 Parameters never travel per generation: a worker keeps its own copy of the
 state and advances it with the previous generation's per-chunk results, which
 ride along with its next work item; the state hash in every message catches a
@@ -28,10 +36,11 @@ Results are not trusted (a worker holds the shared secret, not the master's
 confidence). A result is used only for a live assignment of the worker that
 sends it: its own assignment id, exactly the range it was issued, the current
 run, generation and state hash, and arrays of exactly the issued shapes and
-dtypes; anything else is dropped (a late or foreign result) or, for a live
+dtypes (the centre slots' returns and steps included: ``[k, S]`` when the work asked for them, ``[k, 0]``
+otherwise); anything else is dropped (a late or foreign result) or, for a live
 assignment, makes the worker distrusted. Its values must be plausible: a
 positive, finite ``seconds`` no longer than the master has waited for it (else
-the worker is distrusted: timing cannot be checked), finite fitness and
+the worker is distrusted: timing cannot be checked), finite fitness, centre returns and
 observation sums, non-negative sums of squares, env step counts within what the
 range's episodes can take. An implausible value is not stored: the master
 evaluates the range itself and uses its own result (an honest run can produce
@@ -43,7 +52,8 @@ goes back to the queue. Reported times enter the speed estimate only clamped
 to what the master measured itself, so no deadline can be zero or unbounded.
 
 A worker is verified before it is trusted: the first range each newly connected worker delivers is audited
-(below) whatever ``audit`` (one range per join), and a worker whose state after a generation's update differs
+(below) whatever ``audit`` (one range per join; and its first range with live centre slots, which settle the
+centre's return and so ``stop_at_return``), and a worker whose state after a generation's update differs
 from the master's says so (``diverged``) and is distrusted: it computes other bits. A distrusted worker is told
 why (``distrusted``; a ``jes-worker`` then stops).
 
@@ -137,6 +147,7 @@ class _Worker:
     distrusted: bool = False    # delivered wrong, malformed or impossible results: never given work again
     verified: bool = False      # a delivery of it matched the master's own evaluation: it may audit others
     probe: bool = True          # its next delivered range is audited, whatever `audit` (it joined, or resynced)
+    centre_probe: bool = True   # likewise its first range with live centre slots (the join probe may have had none)
     aids: set = dataclasses.field(default_factory=set)  # its live assignments
     chunks_per_second: float | None = None
     members_done: int = 0
@@ -235,6 +246,7 @@ class Master:
         # The most env steps a chunk's episodes can take (each member slot's episode stops at max_steps).
         self._max_chunk_steps = (None if not isinstance(max_steps, int) else
                                  trainer.chunk_size * trainer.config.episodes_per_member * max_steps)
+        self._max_episode_steps = max_steps if isinstance(max_steps, int) else None  # of one centre slot's episode
         self.status_interval = float(status_interval)
         self.max_message_bytes = int(max_message_bytes)
         self.clock = time.monotonic  # a seam for tests of the bookkeeping
@@ -258,7 +270,9 @@ class Master:
         self._last_status = time.monotonic()
         self._master_members = 0
         # Compiled for JAX envs; a host env's (Gymnasium) chunks and centre run on the host (jes.host_rollout).
-        self._evaluate, self._centre = host_step.programs(trainer)
+        self._programs = host_step.programs(trainer)
+        self._evaluate, self._centre = self._programs.chunks, self._programs.centre
+        self._centre_live = False  # whether this generation's chunks run their centre slots (see step)
         self._apply = UnrolledJit(lambda s, *r: trainer.apply_chunk_results(s, ChunkResults(*r)),
                                   compiler_options=trainer.step_compiler_options)  # the step's: they can change bits
 
@@ -308,11 +322,14 @@ class Master:
     # ---------------------------------------------------------- generation
     def step(self, state: Any, evaluate_centre: bool, evaluate_population: bool = True) -> tuple[Any, dict]:
         """One generation, evaluated by whoever is connected; same result and metrics as the fused step
-        (:meth:`jes.generation.Generation.generation_step`): the centre evaluated is ``state``'s, here on the
-        master while the workers evaluate the members; without ``evaluate_population`` only that."""
+        (:meth:`jes.generation.Generation.generation_step`): the centre evaluated is ``state``'s. Where the step
+        runs the centre's episodes in its chunks' rollouts, so do the chunks' evaluators (workers, or the master)
+        and the master reduces their centre slots as the step does; else the master evaluates the centre apart
+        while the workers evaluate the members. Without ``evaluate_population``, only the centre, on the master."""
         trainer = self.trainer
         state = trainer.place(state)
-        if evaluate_centre:  # dispatched now, computed while the members are
+        in_chunks = bool(evaluate_centre) and self._programs.centre_slots > 0 and bool(evaluate_population)
+        if evaluate_centre and not in_chunks:  # dispatched now, computed while the members are
             centre_return, centre_steps = self._centre(state)
         else:
             centre_return, centre_steps = jnp.float32(jnp.nan), jnp.int32(0)
@@ -323,7 +340,7 @@ class Master:
         current = self._last_hash if state is self._last_state else protocol.state_hash(state)
         if current != self._last_hash:
             self._update = None  # not the state our last update produced (a resume): workers get snapshots
-        self._begin(state, generation, current)
+        self._begin(state, generation, current, centre=in_chunks)
         try:
             self._assign_idle()
             while not self._have.all() or self._auditing():
@@ -337,25 +354,31 @@ class Master:
                     self._audit_here(*self._audits.pop(0))
         finally:
             self._end()
-        fitness, env_steps, obs_sum, obs_sumsq = (jnp.asarray(r) for r in self._results)
+        fitness, env_steps, obs_sum, obs_sumsq = (jnp.asarray(r) for r in self._results[:4])
+        if in_chunks:  # every chunk's centre slots, [num_chunks, S] as the step gathers them, reduced by its code
+            centre_return, centre_steps = self._programs.reduce(*self._results[4:])
         new_state, metrics = self._apply(state, fitness, env_steps, obs_sum, obs_sumsq)
         metrics = dict(metrics, centre_return=centre_return, centre_steps=centre_steps)
         self._update = {
             "gen": generation, "hash": current,
-            **{k: protocol.pack_array(v) for k, v in zip(("fitness", "env_steps", "obs_sum", "obs_sumsq"), self._results)},
+            **{k: protocol.pack_array(v) for k, v in zip(("fitness", "env_steps", "obs_sum", "obs_sumsq"),
+                                                         self._results[:4])},
         }
         self._last_state, self._last_hash = new_state, protocol.state_hash(new_state)
         self._status(generation + 1)
         return new_state, metrics
 
-    def _begin(self, state: Any, generation: int, state_hash: str) -> None:
-        """Open a generation: every chunk queued, none stored."""
+    def _begin(self, state: Any, generation: int, state_hash: str, centre: bool = False) -> None:
+        """Open a generation: every chunk queued, none stored; with ``centre``, the chunks' centre slots are live."""
         trainer = self.trainer
         self._state, self._generation, self._hash, self._snapshot = state, generation, state_hash, None
+        self._centre_live = centre
         n, size = trainer.num_chunks, trainer.chunk_size
         obs = trainer.spec.obs_shape
+        slots = self._programs.centre_slots if centre else 0
         self._results = (np.zeros((n, size), np.float32), np.zeros((n,), np.int32),
-                         np.zeros((n, *obs), np.float32), np.zeros((n, *obs), np.float32))
+                         np.zeros((n, *obs), np.float32), np.zeros((n, *obs), np.float32),
+                         np.zeros((n, slots), np.float32), np.zeros((n, slots), np.int32))
         self._have = np.zeros(n, bool)
         self._pending = list(range(n))
         self._reissued = set()
@@ -422,19 +445,31 @@ class Master:
         return [w for w in self.workers.values()
                 if w.run == self._run and w.setup_sent and not w.distrusted and (w.idle or w.aids)]
 
+    def _evaluate_chunk(self, chunk: int) -> tuple:
+        """Chunk ``chunk`` evaluated here, as a worker would: numpy values of :meth:`_result_values`'s order."""
+        out = self._evaluate(self._state, jnp.array([chunk], jnp.int32), np.bool_(self._centre_live), np.bool_(True))
+        return self._centre_part(tuple(np.asarray(x) for x in out))
+
+    def _centre_part(self, values: tuple) -> tuple:
+        """Chunk results with their centre slots as the generation stores them (none when they are idle)."""
+        slots = self._results[4].shape[1]
+        return (*values[:4], *(np.ascontiguousarray(v[:, :slots]) for v in values[4:]))
+
     def _evaluate_here(self, chunk: int) -> None:
-        out = self._evaluate(self._state, jnp.array([chunk], jnp.int32))
-        self._store([chunk], *(np.asarray(x) for x in out))
+        self._store([chunk], *self._evaluate_chunk(chunk))
         self._master_members += self.trainer.chunk_size
         self.stats["master_chunks"] += 1
         log.debug("master: evaluated chunk %d of generation %d itself", chunk, self._generation)
 
-    def _store(self, chunks: list, fitness, env_steps, obs_sum, obs_sumsq, by: bytes | None = None) -> int:
+    def _store(self, chunks: list, *values: Any, by: bytes | None = None) -> int:
+        """Store ``values`` (each ``[len(chunks), ...]``, in :attr:`_results`'s order) of chunks not stored yet."""
+        if len(values) != len(self._results):
+            raise ValueError(f"{len(values)} per-chunk values, {len(self._results)} expected")
         stored = 0
         for i, chunk in enumerate(chunks):
             if self._have[chunk]:
                 continue
-            for target, value in zip(self._results, (fitness, env_steps, obs_sum, obs_sumsq)):
+            for target, value in zip(self._results, values):
                 target[chunk] = value[i]
             self._have[chunk] = True
             if by is not None:
@@ -630,13 +665,17 @@ class Master:
             if assignment.audit:
                 self._check_audit(start, stop, values, worker.identity)
                 return
-            stored = self._store(list(range(start, stop)), *values, worker.identity)
+            stored = self._store(list(range(start, stop)), *values, by=worker.identity)
             # A worker's first range (after it joined, or after its state diverged) is always checked: one
             # range per join, so a worker computing other bits is caught before its results settle anything
             probe, worker.probe = worker.probe and not worker.verified, False
+            # ... and so are the first centre slots it delivers: they settle the centre's return (what stop_at_return
+            # reads), and with eval_every > 1 its first range can have come on a generation without them
+            probe = probe or (self._centre_live and worker.centre_probe)
             if stored and (probe or (self.audit and self._audit_rng.random() < self.audit)):
                 self._audits.append((start, stop, worker.identity))
                 self.stats["join_audits" if probe else "sampled_audits"] += 1
+                worker.centre_probe = worker.centre_probe and not self._centre_live
             worker.members_done += stored * self.trainer.chunk_size
             worker.interval_members += stored * self.trainer.chunk_size
             self._learn_speed(worker, stop - start, seconds, elapsed)
@@ -645,8 +684,8 @@ class Master:
                 self._end_assignment(aid, "not delivered, back")
 
     def _result_values(self, message: dict, start: int, stop: int, run, generation: int, state_hash: str) -> tuple:
-        """``(seconds, (fitness, env_steps, obs_sum, obs_sumsq))`` of a result for the issued range ``[start, stop)``,
-        every field checked; raises :class:`ProtocolError` for anything else."""
+        """``(seconds, (fitness, env_steps, obs_sum, obs_sumsq, centre_returns, centre_steps))`` of a result for the
+        issued range ``[start, stop)``, every field checked; raises :class:`ProtocolError` for anything else."""
         if (field(message, "start", int), field(message, "stop", int)) != (start, stop):
             raise ProtocolError(f"result for chunks [{message['start']}, {message['stop']}), but it was issued "
                                 f"[{start}, {stop})")
@@ -654,18 +693,30 @@ class Master:
             raise ProtocolError("result of another run, generation or state than its assignment")
         seconds = float(field(message, "seconds", (float, int)))
         k, size, obs = stop - start, self.trainer.chunk_size, self.trainer.spec.obs_shape
-        return seconds, (protocol.unpack_array(message.get("fitness"), "float32", (k, size)),
-                         protocol.unpack_array(message.get("env_steps"), "int32", (k,)),
-                         protocol.unpack_array(message.get("obs_sum"), "float32", (k, *obs)),
-                         protocol.unpack_array(message.get("obs_sumsq"), "float32", (k, *obs)))
+        slots = self._results[4].shape[1]  # the chunks' centre slots: S when they were asked for live, else none
+
+        def array(name, dtype, shape):
+            try:
+                return protocol.unpack_array(message.get(name), dtype, shape)
+            except ProtocolError as err:
+                raise ProtocolError(f"field {name!r}: {err}") from None
+
+        return seconds, (array("fitness", "float32", (k, size)), array("env_steps", "int32", (k,)),
+                         array("obs_sum", "float32", (k, *obs)), array("obs_sumsq", "float32", (k, *obs)),
+                         array("centre_returns", "float32", (k, slots)), array("centre_steps", "int32", (k, slots)))
 
     def _implausible(self, values: tuple) -> str | None:
         """Why a worker's per-chunk values cannot be used as they are (``None``: they can)."""
-        fitness, env_steps, obs_sum, obs_sumsq = values
+        fitness, env_steps, obs_sum, obs_sumsq, centre_returns, centre_steps = values
         if not np.isfinite(fitness).all():
             return "non-finite fitness"
         if (env_steps < 0).any() or (self._max_chunk_steps is not None and (env_steps > self._max_chunk_steps).any()):
             return f"env step counts outside [0, {self._max_chunk_steps}]"
+        if not np.isfinite(centre_returns).all():
+            return "non-finite centre returns"
+        most = self._max_episode_steps
+        if (centre_steps < 0).any() or (most is not None and (centre_steps > most).any()):
+            return f"centre episode step counts outside [0, {most}]"
         if not (np.isfinite(obs_sum).all() and np.isfinite(obs_sumsq).all()):
             return "non-finite observation sums"
         if (obs_sumsq < 0).any():
@@ -763,9 +814,9 @@ class Master:
         return not any(w.aids for w in auditors)
 
     def _evaluate_range(self, start: int, stop: int) -> tuple:
-        outs = [self._evaluate(self._state, jnp.array([c], jnp.int32)) for c in range(start, stop)]
+        outs = [self._evaluate_chunk(c) for c in range(start, stop)]
         self.stats["master_chunks"] += stop - start
-        return tuple(np.concatenate([np.asarray(o[j]) for o in outs]) for j in range(4))
+        return tuple(np.concatenate([o[j] for o in outs]) for j in range(len(self._results)))
 
     def _audit_here(self, start: int, stop: int, first: bytes) -> None:
         self._check_audit(start, stop, self._evaluate_range(start, stop), None)
@@ -919,7 +970,8 @@ class Master:
         self.stats["assigned_ranges"] += 1
         worker.generation, worker.state_hash = self._generation, self._hash
         self._send(worker, {"type": "work", "run": self._run, "gen": self._generation, "hash": self._hash, "aid": aid,
-                            "start": chunks[0], "stop": chunks[-1] + 1, "update": update})
+                            "start": chunks[0], "stop": chunks[-1] + 1, "centre": self._centre_live,
+                            "update": update})
         log.debug("worker %s: assigned chunks %d..%d of generation %d", worker.name, chunks[0], chunks[-1],
                   self._generation)
 

@@ -27,7 +27,10 @@ Messages (worker -> master), all but ``hello`` with ``sid`` and ``seq``:
     ``hello``     {name, nonce}: open a session.
     ``request``   {name, run, gen, hash, last_aid, abandon}: idle, give me work. ``last_aid``: the
                   newest assignment id received in this session (0: none).
-    ``result``    {run, gen, hash, aid, start, stop, fitness, env_steps, obs_sum, obs_sumsq, seconds}.
+    ``result``    {run, gen, hash, aid, start, stop, fitness, env_steps, obs_sum, obs_sumsq, centre_returns,
+                  centre_steps, seconds}; ``centre_returns`` (float32) and ``centre_steps`` (int32) are
+                  ``[stop - start, S]``: each chunk's centre slots (``S`` = ``Trainer.centre_slots``) when the work
+                  asked for the centre, ``[stop - start, 0]`` otherwise.
     ``heartbeat`` {name}: still alive (sent by the worker's I/O thread while it builds or computes).
     ``refused``   {run, reason}: the run's description cannot be built here (e.g. outside the allowlist).
     ``diverged``  {run, gen, hash, mine}: my state after applying the update that leads to generation ``gen``
@@ -39,8 +42,10 @@ Messages (master -> worker), all but ``welcome``/``rehello`` with ``sid`` and ``
     ``rehello``   {sid}: I do not know session ``sid`` (I restarted); say hello again.
     ``setup``     {run, description, heartbeat_interval}: the run to build (then the worker asks for work).
     ``snapshot``  {run, gen, hash, state}: the full training state.
-    ``work``      {run, gen, hash, aid, start, stop, update}: evaluate chunks ``[start, stop)`` of the
-                  state with this generation and hash; ``update`` (or ``None``) holds the previous
+    ``work``      {run, gen, hash, aid, start, stop, centre, update}: evaluate chunks ``[start, stop)`` of the
+                  state with this generation and hash, with their centre slots live when ``centre`` (a bool: the
+                  generation evaluates the centre in its chunks, chunk ``k`` running centre episodes
+                  ``k*S .. k*S+S-1``, as the local step does), idle otherwise; ``update`` (or ``None``) holds the previous
                   generation's per-chunk results ``{gen, hash, fitness, env_steps, obs_sum, obs_sumsq}``
                   that turn the worker's previous state into this one.
     ``wait``      {}: no work right now.
@@ -62,7 +67,7 @@ import numpy as np
 
 from jes import describe
 
-PROTOCOL_VERSION = 2  # 2: sessions (hello/welcome, sid/seq), allowlisted descriptions
+PROTOCOL_VERSION = 3  # 2: sessions (hello/welcome, sid/seq), allowlisted descriptions; 3: centre slots in work/result
 MAC_BYTES = 32
 # Per-message ceilings. Master-bound messages are small (fitness and obs sums); worker-bound
 # ones may carry a full state snapshot.
@@ -368,7 +373,8 @@ def build_run(description: Any, devices: Any = None, allow: describe.Allowlist |
 
     if not isinstance(description, dict) or description.get("version") != PROTOCOL_VERSION:
         version = description.get("version") if isinstance(description, dict) else None
-        raise DescriptionError(f"run description of another protocol version ({version!r})")
+        raise DescriptionError(f"run description of protocol version {version!r}, but this jes speaks version "
+                               f"{PROTOCOL_VERSION}: run the same jes version on the master and its workers")
     parts = describe.build_run_parts(description, allow or describe.allowlist())
     policy, env, optimizer, config = (parts.pop(k) for k in ("policy", "env", "optimizer", "config"))
     try:

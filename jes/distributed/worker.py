@@ -6,7 +6,8 @@ copy of the training state (advanced each generation with the per-chunk
 results the master sends along with the next work item, checked against the
 master's state hash, replaced by a snapshot when it drifted), evaluates its
 chunk range with the same compiled chunk program the master would use, and
-sends back only fitness, env steps and observation sums.
+sends back only fitness, env steps and observation sums, and on a generation that evaluates the centre the
+returns and steps of its chunks' centre slots (the local step's layout: :mod:`jes.distributed.master`).
 
 Two threads: the main thread computes; a link thread owns the socket, sends
 heartbeats while the main thread is busy (compiling or evaluating), and
@@ -582,7 +583,8 @@ class Worker:
         devices = resolve_devices(self.devices_arg)
         trainer = protocol.build_run(description, devices=devices[:1], allow=self.allow)
         self.devices = devices
-        self.evaluate, _ = host_step.programs(trainer)  # jitted, or a host env's (Gymnasium) host rollout
+        self.programs = host_step.programs(trainer)  # jitted, or a host env's (Gymnasium) host rollouts
+        self.evaluate = self.programs.chunks
         self.apply = UnrolledJit(lambda s, *r: trainer.apply_chunk_results(s, ChunkResults(*r)),
                                  compiler_options=trainer.step_compiler_options)  # the step's: they can change bits
         # Compile now, while the link heartbeats, so no assignment waits on a compiler. The warm-up
@@ -593,7 +595,8 @@ class Worker:
         for i, device in enumerate(devices):
             try:  # a host env steps its episodes here: chunk 0 of the first generation, as a run's first assignment
                 jax.block_until_ready(self.evaluate(self.device_states[i], jax.device_put(np.zeros(1, np.int32),
-                                                                                          device)))
+                                                                                          device),
+                                                    np.bool_(False), np.bool_(True)))
             except HostEnvError as err:
                 raise EnvFailedError(f"HostEnvError: {err} (in the chunk this worker evaluates to warm up, before "
                                      f"any assignment)") from err
@@ -644,6 +647,7 @@ class Worker:
             return
         generation, expected = field(message, "gen", int), field(message, "hash", str)
         start, stop = field(message, "start", int), field(message, "stop", int)
+        centre = field(message, "centre", bool)  # the chunks' centre slots live (a generation evaluating the centre)
         if not 0 <= start < stop <= self.trainer.num_chunks:
             raise ProtocolError(f"chunk range [{start}, {stop}) outside the population")
         self.link.idle = False
@@ -680,11 +684,15 @@ class Worker:
             self._last_assign_log = now
         t0 = time.perf_counter()
         outs = []
+        flags = np.bool_(centre), np.bool_(True)
         for i, chunk in enumerate(range(start, stop)):
             device = self.devices[i % len(self.devices)]
             ids = jax.device_put(np.array([chunk], np.int32), device)
-            outs.append(self.evaluate(self.device_states[i % len(self.devices)], ids))
-        fitness, env_steps, obs_sum, obs_sumsq = (np.concatenate([np.asarray(o[j]) for o in outs]) for j in range(4))
+            outs.append(self.evaluate(self.device_states[i % len(self.devices)], ids, *flags))
+        fitness, env_steps, obs_sum, obs_sumsq, centre_returns, centre_steps = (
+            np.concatenate([np.asarray(o[j]) for o in outs]) for j in range(6))
+        if not centre:  # idle slots: none travel
+            centre_returns, centre_steps = centre_returns[:, :0], centre_steps[:, :0]
         seconds = time.perf_counter() - t0
         self.members_done += (stop - start) * self.trainer.chunk_size
         self.current_aid = None
@@ -694,6 +702,7 @@ class Worker:
             "aid": aid, "last_aid": self.last_aid, "start": start, "stop": stop, "seconds": seconds,
             "fitness": protocol.pack_array(fitness), "env_steps": protocol.pack_array(env_steps),
             "obs_sum": protocol.pack_array(obs_sum), "obs_sumsq": protocol.pack_array(obs_sumsq),
+            "centre_returns": protocol.pack_array(centre_returns), "centre_steps": protocol.pack_array(centre_steps),
         })
 
 
