@@ -617,6 +617,22 @@ def test_the_status_line_calls_a_worker_that_refused_the_run_refused(trainer, ca
         master.close()
 
 
+def test_a_worker_of_another_protocol_version_is_told_which_jes_the_master_runs(trainer, caplog):
+    """Review of the protocol bump (2 -> 3): a worker of the earlier jes refuses the run saying only the version it
+    was sent; the master's log says which jes it runs and what to install on the worker."""
+    master = make_master(trainer, Clock())
+    try:
+        master._hello(b"old", {"type": "hello", "name": "old", "nonce": "o" * 16})
+        with caplog.at_level("ERROR", "jes.distributed.master"):
+            master._handle(b"old", {"type": "refused", "run": master._run,
+                                    "reason": "run description of protocol version 3, but this jes speaks version 2"})
+        assert f"this master runs jes {jes.__version__}, protocol version {protocol.PROTOCOL_VERSION}" in caplog.text
+        assert "install that jes on the worker's host" in caplog.text
+        assert master.workers[b"old"].refused == master._run
+    finally:
+        master.close()
+
+
 def test_two_workers_of_one_name_are_told_apart_and_the_name_is_warned_about_once(trainer, caplog):
     """Defect (new-user tester): two `jes-worker --name dup` read "members/s: dup 4387, dup 2702" in the log."""
     master = make_master(trainer, Clock())

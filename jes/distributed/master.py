@@ -597,6 +597,11 @@ class Master:
             reason = protocol.loggable(str(field(message, "reason", str)), 2000)
             if run == self._run and worker.refused != run:
                 worker.refused = run
+                if "protocol version" in reason:  # a worker of another jes: say which one the master runs
+                    from jes import __version__ as jes_version
+
+                    reason += (f" (this master runs jes {jes_version}, protocol version {protocol.PROTOCOL_VERSION}: "
+                               f"install that jes on the worker's host)")
                 log.error("worker %s refused run %s: %s", worker.name, run, reason)
             self.stats["refused"] += 1
             return
