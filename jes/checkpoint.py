@@ -26,12 +26,10 @@ import hashlib
 import json
 import os
 import re
-import signal
 import socket
 import struct
 import sys
 import tempfile
-import threading
 import time
 import warnings
 import weakref
@@ -45,6 +43,7 @@ from flax import serialization
 
 from jes import describe, schema, strategies
 from jes.atomic import file_mode
+from jes.interrupts import interrupts_deferred  # noqa: F401  (jes.checkpoint.interrupts_deferred, as before)
 
 try:
     import fcntl
@@ -429,53 +428,6 @@ def _save(path: str, trainer: Trainer, state: TrainState, history: dict | None, 
     except OSError:
         pass  # some filesystems cannot fsync a directory; the file itself is synced
     return path
-
-
-@contextlib.contextmanager
-def interrupts_deferred() -> Iterator[None]:
-    """Hold SIGINT and SIGTERM back while the block runs, then deliver them: a checkpoint save is never cut off.
-
-    Only signals with a Python handler are held (SIGINT's ``KeyboardInterrupt``, ``jes train``'s SIGTERM); their
-    handlers are restored when the block ends, and the first signal that came is handed to its handler then (which
-    raises ``KeyboardInterrupt``; more Ctrl-Cs meanwhile count as that one). Signal handlers belong to the main
-    thread: in another thread the block runs unprotected. SIGKILL cannot be held: it leaves the previous checkpoint.
-    """
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    pending: list[tuple[int, Any]] = []
-    previous: dict = {}
-    holding = [True]
-
-    def hold(signum, frame):
-        if holding[0]:
-            pending.append((signum, frame))
-        else:  # left in place by an interrupt among the restores below: the signal's own handler
-            previous[signum](signum, frame)
-
-    try:
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            handler = signal.getsignal(sig)
-            if callable(handler):  # not SIG_DFL, SIG_IGN, nor a handler installed outside Python
-                previous[sig] = handler
-                signal.signal(sig, hold)
-        yield
-    finally:
-        holding[0] = False
-        # Each handler is restored even when a Ctrl-C lands among the restores (raised by a handler restored
-        # already): the other would keep ``hold`` for good otherwise (which then passes signals on).
-        _restore_handlers(list(previous.items()))
-        if pending:
-            signum, frame = pending[0]
-            previous[signum](signum, frame)
-
-
-def _restore_handlers(handlers: list) -> None:
-    if handlers:
-        try:
-            signal.signal(*handlers[0])
-        finally:
-            _restore_handlers(handlers[1:])
 
 
 # A save's temp file is named ``.<name>.<pid>@<host>.<random>.tmp``: the sweep of leftovers removes only those of

@@ -13,7 +13,7 @@ import re
 import signal
 import sys
 import tempfile
-import threading
+import traceback
 import warnings
 
 EPILOG = """examples:
@@ -27,6 +27,13 @@ EPILOG = """examples:
   jes plot runs/run-a runs/run-b -o curves.png
   jes sweep sweep.toml
   jes keys trainhost                                      # a master's own CURVE key pair
+
+exit status (train, eval, sweep, plot):
+  0    done
+  1    jes sweep: the table is written, but some runs failed (their rows say status failed, the reason in error)
+  2    an error stopped the command: a bad argument or file, a refused run, a run stopped midway (jes train
+       keeps it in its checkpoint), or an unexpected error (its traceback is printed first)
+  130  interrupted (Ctrl-C); 143: terminated (SIGTERM); jes train saves its checkpoint on both
 """
 
 # ESConfig's defaults, spelled out so that --help needs no import of jes.config (and so JAX);
@@ -191,9 +198,23 @@ def _parser() -> argparse.ArgumentParser:
     plot.add_argument("-o", "--output", default="curves.png", help="PNG file to write")
     plot.add_argument("--labels", default=None, help="comma-separated legend labels (default: directory names)")
 
-    sweep = commands.add_parser("sweep", help="grid search described by a JSON or TOML file")
+    sweep = commands.add_parser(
+        "sweep", help="grid search described by a JSON or TOML file",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="exit status:\n"
+               "  0    every run completed (or a callback stopped it)\n"
+               "  1    some runs failed: the table is written; their rows say status failed, the reason in error\n"
+               "  2    an error stopped the sweep (its traceback first when unexpected); the finished configurations'\n"
+               "       rows are written, with sweep_complete false: continue it with --resume\n"
+               "  130  interrupted (Ctrl-C); 143: terminated (SIGTERM); the finished configurations' rows are\n"
+               "       written as for 2 (the table is rewritten after each compile group, so a sweep killed\n"
+               "       outright keeps every group but the running one): continue it with --resume")
     sweep.add_argument("config", help="sweep file (.json or .toml); see jes.sweep.load_sweep_file")
     sweep.add_argument("--out-dir", default=None, help="where sweep.csv/sweep.json go (overrides the file's out_dir; default: the file's, else sweep_results/)")
+    sweep.add_argument("--resume", action="store_true",
+                       help="continue the interrupted sweep whose table is in the out dir (give the same sweep file): "
+                            "the compile groups whose every configuration finished are kept, the others run whole, "
+                            "and the merged table is written; refused when that table is another sweep's")
     sweep.add_argument("--vmap", action="store_true",
                        help="run seeds and learning_rate/noise_std values as one vmapped program (faster on "
                             "accelerators; may differ from standalone runs in the last bits). Default: one after "
@@ -589,23 +610,22 @@ def _sweep(args: argparse.Namespace) -> int:
     kwargs = load_sweep_file(args.config)
     if args.out_dir is not None:
         kwargs["out_dir"] = args.out_dir
-    result = sweep(**kwargs, vmap=args.vmap and not args.no_vmap)
+    result = sweep(**kwargs, vmap=args.vmap and not args.no_vmap, resume=args.resume)
     keys = [k for k in result.rows[0] if k in kwargs["grid"]]
     for row in result.rows:
         values = ", ".join(f"{k}={row[k]}" for k in keys) or "base"
-        score = row["final_centre_return_mean"]
-        if row.get("status") == "failed":
+        score, seeds, failed = row["final_centre_return_mean"], len(row["seeds"].split()), row.get("failed", 0)
+        if failed == seeds:
             print(f"{values}: failed ({row['error']})")
-        else:
-            print(f"{values}: final centre return {score:.1f} +/- {row['final_centre_return_std']:.1f}"
-                  if math.isfinite(score) else f"{values}: no centre evaluation")
+            continue
+        # (the aggregates are over the seeds that did not fail)
+        over = f" over {seeds - failed} of {seeds} seeds ({failed} failed: {row['error']})" if failed else ""
+        print(f"{values}: final centre return {score:.1f} +/- {row['final_centre_return_std']:.1f}{over}"
+              if math.isfinite(score) else f"{values}: no centre evaluation{over}")
     print(f"table: {result.csv_path} and {result.json_path}")
-    failed = [run for run in result.runs if run.status == "failed"]
-    if failed:  # the table is written; the status says not every run trained to its end
-        print(f"jes sweep: {len(failed)} of {len(result.runs)} runs failed (status failed in the table, the reason "
-              f"in its error column); exit status 1", file=sys.stderr)
-        return 1
-    return 0
+    # The table is written; sweep() said which runs failed and where the reasons are (the rows: a resumed sweep's
+    # result holds only the runs it ran)
+    return 1 if any(row.get("failed") for row in result.rows) else 0
 
 
 def _keys(args: argparse.Namespace) -> int:
@@ -681,18 +701,17 @@ def main(argv: list[str] | None = None) -> int:
             return 2
     from jes.host_rollout import HostEnvError
 
+    from jes.interrupts import sigterm_as_interrupt
+
     handler = {"train": _train, "eval": _eval, "sweep": _sweep, "plot": _plot}[args.command]
-    terminated = []
-
-    def on_sigterm(signum, frame):  # timeout, Slurm, docker stop: as Ctrl-C (a checkpoint, local workers stopped)
-        terminated.append(signum)
-        raise KeyboardInterrupt
-
-    previous = signal.signal(signal.SIGTERM, on_sigterm) if threading.current_thread() is threading.main_thread() else None
     formatwarning = warnings.formatwarning  # a warning as one line, not jes's source file and line that raised it
     warnings.formatwarning = lambda message, category, *_args, **_kw: f"jes {args.command}: {category.__name__}: {message}\n"
+    # timeout, Slurm, docker stop: as Ctrl-C (a checkpoint, local workers stopped), then 143 (jes.train's own taking of
+    # SIGTERM, which would end the process after its save, leaves this handler in charge)
+    terminated: list[int] = []
     try:
-        return handler(args)
+        with sigterm_as_interrupt() as terminated:
+            return handler(args)
     except KeyboardInterrupt as interrupt:
         print(f"\n{'terminated' if terminated else 'interrupted'}{_saved_note(args, interrupt)}", file=sys.stderr)
         return 128 + signal.SIGTERM if terminated else 130
@@ -707,10 +726,15 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
         _print_run_so_far(args, err)
         return 2
+    except Exception as err:  # noqa: BLE001  unexpected (a bug, an XLA runtime error): an error all the same, with its
+        # traceback; 2 as any error that stopped the command, never 1, which says jes sweep's runs failed
+        traceback.print_exc()
+        print(f"jes {args.command}: unexpected {type(err).__name__}: {err}"
+              f"{_kept_note(args, err, 'continue with --resume {path} once its cause is fixed')}", file=sys.stderr)
+        _print_run_so_far(args, err)
+        return 2
     finally:
         warnings.formatwarning = formatwarning
-        if previous is not None:
-            signal.signal(signal.SIGTERM, previous)
 
 
 def _kept_note(args: argparse.Namespace, err: BaseException, advice: str) -> str:

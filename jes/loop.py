@@ -13,6 +13,7 @@ import math
 import os
 import pickle
 import re
+import sys
 import time
 import warnings
 from typing import Any, Callable, Iterable, Sequence
@@ -21,7 +22,7 @@ import flax.linen as nn
 import jax
 import numpy as np
 
-from jes import checkpoint, logging as jes_logging
+from jes import checkpoint, interrupts, logging as jes_logging
 from jes.atomic import folder_problem
 from jes.distributed import jax_runtime
 from jes.distributed.local import LOCAL_MASTER_OPTIONS, LocalWorkers, new_secret
@@ -450,6 +451,37 @@ def _check_mirrored_population(strategy: Any, overrides: dict) -> None:
                          f"definition; use an even population (e.g. {members + 1})")
 
 
+def _take_sigterm(taking: interrupts.SigtermAsInterrupt) -> None:
+    """Install ``taking`` (SIGTERM as Ctrl-C), except in a ``jax.distributed`` process: JAX's preemption notifier
+    holds SIGTERM there, installed from C where ``signal.getsignal`` still says ``SIG_DFL``, so ``unless_handled``
+    cannot see it; taking SIGTERM over would break ``reached_preemption_sync_point`` and, once restored, leave
+    SIGTERM's default action (the process then dies on the SIGTERM the notifier was there to catch)."""
+    if not jax_runtime.is_initialized():
+        taking.install()
+
+
+def _end_if_terminated(taking: interrupts.SigtermAsInterrupt, name: str, error: BaseException | None,
+                       resume: str | None = None) -> None:
+    """Give SIGTERM its handler back; if one came while :func:`train` or :func:`run` ran (taken as Ctrl-C: by now the
+    run is saved, its local workers stopped and its logs closed), say on stderr where the run is and end the process
+    as SIGTERM ends it (status 143): what it would have done without jes, with nothing trained lost. ``error``: the
+    interrupt (or error) the run raised, which names the checkpoint it saved; ``resume``: the one it continued."""
+    taking.restore()
+    if not taking.terminated:
+        return
+    saved = getattr(error, "checkpoint_path", None) or resume
+    save_error = getattr(error, "save_error", None)
+    if saved is None or not os.path.exists(saved):
+        where = " before it saved a checkpoint (checkpoint_path=None, or before its first generation)"
+    elif save_error is not None:
+        where = (f"; saving its newest generations failed ({getattr(save_error, 'reason', None) or save_error}): "
+                 f"continue from the earlier checkpoint {saved} with resume={saved!r}")
+    else:
+        where = f"; the run so far is in checkpoint {saved}: continue it with resume={saved!r}"
+    print(f"jes.{name}: terminated by SIGTERM{where}", file=sys.stderr, flush=True)
+    interrupts.terminate_as_sigterm()
+
+
 def train(
     policy: nn.Module,
     env: Any,
@@ -503,9 +535,12 @@ def train(
             where its curves then continue); ``None`` turns TensorBoard logging off.
         progress: tqdm progress bar; ``None`` shows it only when stdout is a terminal.
         checkpoint_path: checkpoint file, written every ``checkpoint_every`` generations, at the end,
-            and on Ctrl-C. The default is ``checkpoint.ckpt`` in ``log_dir`` (the ``resume`` file when
-            resuming); ``None`` turns checkpoints off. A file already there that is not the ``resume`` file
-            (another run's checkpoint: a second run into the same ``log_dir``) is never overwritten: the run is
+            and on Ctrl-C; also on SIGTERM (``kill``, ``timeout``, a cluster scheduler) where it would end the process
+            unhandled (in the main thread, without a SIGTERM handler of the program's own): the run saves as on
+            Ctrl-C, says where on stderr, then the process ends as SIGTERM ends it (status 143). The default is
+            ``checkpoint.ckpt`` in ``log_dir`` (the ``resume`` file when resuming); ``None`` turns checkpoints off.
+            A file already there that is not the ``resume`` file (another run's checkpoint: a second run into the
+            same ``log_dir``) is never overwritten: the run is
             refused with a ``FileExistsError`` before it starts, and so is a ``log_dir`` or checkpoint folder that
             cannot be written (a ``PermissionError``). While the run writes the checkpoint it holds a lock beside
             it (``<checkpoint>.jes-lock``, removed when the run ends; the lock ends with its process and those it
@@ -635,7 +670,13 @@ def train(
         if unwritable is not None:
             raise PermissionError(unwritable)
 
+    ran = _Ran()
+    failed = None  # the error (or interrupt) the run raises, if any
+    # SIGTERM (kill, timeout, a cluster scheduler) as Ctrl-C from here on, where it would end the process unhandled:
+    # the run saves, then the process ends as SIGTERM ends it (_end_if_terminated)
+    taking_sigterm = interrupts.SigtermAsInterrupt(unless_handled=True)
     try:  # a compile thread left running when this raises would abort the interpreter at its exit
+        _take_sigterm(taking_sigterm)
         if jax.process_count() == 1:  # (a multi-process run takes process 0's below, once its processes agree on it)
             for attempt in range(_AUTO_DIR_ATTEMPTS):
                 try:  # before the compile: a checkpoint in use is refused at once
@@ -717,17 +758,18 @@ def train(
                     purge_from, again = purge_from - 1, row
             loggers.append(jes_logging.TensorBoardLogger(
                 log_dir, hparams, best_centre=max(centres, default=-math.inf), purge_from=purge_from, again=again))
-    except BaseException:
+    except BaseException as err:
         try:
             trainer.finish_compiling()
             if server is not None:
                 server.close()
         finally:  # even if those raise: a lock left held would refuse every later run on it in this process
-            if lock is not None:
-                lock.release()
+            try:
+                if lock is not None:
+                    lock.release()
+            finally:
+                _end_if_terminated(taking_sigterm, "train", err, resume)
         raise
-    ran = _Ran()
-    failed = None  # the error (or interrupt) the run raises, if any
     try:
         if num_workers and not nothing_left:  # (nothing left: no workers to start, compile and wait for)
             _check_workers_can_rebuild(trainer, f"num_workers={num_workers}")
@@ -780,6 +822,7 @@ def train(
         except KeyboardInterrupt as interrupt:  # a Ctrl-C while the logs close
             ran.interrupted(interrupt)
             _carry_run_over(failed, interrupt)
+            failed = interrupt
             raise
         except Exception as err:  # that warning raised as an error (-W error): it must not replace the run's error
             if failed is None:
@@ -787,8 +830,11 @@ def train(
             if hasattr(failed, "add_note"):
                 failed.add_note(f"(closing the logs also failed: {type(err).__name__}: {err})")
         finally:
-            if lock is not None:
-                lock.release()
+            try:
+                if lock is not None:
+                    lock.release()
+            finally:
+                _end_if_terminated(taking_sigterm, "train", failed, resume)
 
 
 def run_hparams(trainer: Trainer, config: ESConfig, optimizer: Any) -> dict:
@@ -1062,7 +1108,8 @@ def run(trainer: Trainer, state: TrainState, *, key: Any = None, callbacks: Iter
             out through it.
         checkpoint_path: where to save checkpoints (``jes.checkpoint``): every ``checkpoint_every``
             generations (0: never periodically), after the last generation, and on KeyboardInterrupt
-            (then re-raised). ``None``: no checkpoints. The run holds its lock while it runs (see :func:`train`).
+            (then re-raised) or SIGTERM (as :func:`train`). ``None``: no checkpoints. The run holds its lock while
+            it runs (see :func:`train`).
         checkpoint_every: generations between periodic checkpoints to ``checkpoint_path`` (0, the default: none;
             the other saves happen anyway). A non-negative int, checked before the first generation.
         log_dir: where the run's logs go (only recorded in the result and its summary).
@@ -1089,15 +1136,23 @@ def run(trainer: Trainer, state: TrainState, *, key: Any = None, callbacks: Iter
                       f"best=ckpt.best)", stacklevel=2)
     if isinstance(best, dict):  # a checkpoint's own record of it
         best = _best_from_checkpoint(trainer, best)
-    lock = None
+    lock, failed = None, None
+    taking_sigterm = interrupts.SigtermAsInterrupt(unless_handled=True)  # as jes.train takes it
     try:  # (the lock inside the try: an interrupt right after it was taken still releases it)
+        _take_sigterm(taking_sigterm)
         lock = _lock_checkpoint(checkpoint_path)
         return _run(trainer, state, key=key, callbacks=callbacks, history=history, num_generations=num_generations,
                     step_fn=step_fn, checkpoint_path=checkpoint_path, checkpoint_every=checkpoint_every,
                     log_dir=log_dir, best=best, started=started)
+    except BaseException as err:
+        failed = err
+        raise
     finally:
-        if lock is not None:
-            lock.release()
+        try:
+            if lock is not None:
+                lock.release()
+        finally:
+            _end_if_terminated(taking_sigterm, "run", failed)
 
 
 def _es_key_data(run_key: Any) -> np.ndarray:
@@ -1232,7 +1287,7 @@ def _run(trainer: Trainer, state: TrainState, *, key: Any = 0, callbacks: Iterab
         # The logs as far as the checkpoint, before it: a killed run's curves go on where its resume starts
         jes_logging.flush_all(callbacks, int(fetch(state.generation)), saving=True)
         # A Ctrl-C (or jes train's SIGTERM) during the save is raised after it, once saved_generation says so.
-        with checkpoint.interrupts_deferred():
+        with interrupts.interrupts_deferred():
             try:
                 checkpoint.save(save_to, trainer, localize(state), history, key, best=best)
             except OSError as err:  # a full disk, a folder made read-only: stop here, keeping what was trained
@@ -1271,22 +1326,11 @@ def _run(trainer: Trainer, state: TrainState, *, key: Any = 0, callbacks: Iterab
         # with some of its scalars never logged (a hole in the curves). The state after the history row, so an
         # interrupt never leaves history behind the state (a checkpoint drops rows past its state but cannot make up
         # a missing one).
-        stop = error = None
-        for callback in callbacks:
-            try:
-                returned = callback(record)
-            except StopTraining as err:  # after this generation, kept; the other callbacks still see it
-                stop = stop or err
-            except Exception as err:
-                if jax.process_count() == 1:
-                    raise
-                error = err  # raised once the other processes have heard of it (below)
-                break
-            else:
-                if returned is not None and id(callback) not in returned_values:
-                    returned_values.add(id(callback))
-                    _warn_returned_value(callback, returned)
-        if jax.process_count() > 1:  # every process runs the callbacks: they stop together, if any says so
+        stop, error = call_callbacks(callbacks, record, returned_values)
+        if error is not None and jax.process_count() == 1:
+            raise error
+        if jax.process_count() > 1:  # every process runs the callbacks: they stop together, if any says so (an
+            # error is raised once the other processes have heard of it)
             stop = _stop_in_any_process(stop, error, record["generation"])
         state, best = after, candidate
         generation = record["generation"]
@@ -1363,7 +1407,7 @@ def _run(trainer: Trainer, state: TrainState, *, key: Any = 0, callbacks: Iterab
         try:
             # A second Ctrl-C (an impatient user, a launcher passing SIGTERM on) waits for the save, then is dropped:
             # this interrupt goes on, carrying the checkpoint and the run so far.
-            with checkpoint.interrupts_deferred():
+            with interrupts.interrupts_deferred():
                 # The logs as far as the run so far, whether or not a save follows (the newest checkpoint may already
                 # hold it): a generation interrupted among its callbacks is left out, as the resume logs it again.
                 jes_logging.flush_all(callbacks, int(fetch(state.generation)))
@@ -1392,7 +1436,7 @@ def _run(trainer: Trainer, state: TrainState, *, key: Any = 0, callbacks: Iterab
         # .checkpoint_path), so hours of training survive a simulator that crashes late.
         saved_in = None
         try:
-            with checkpoint.interrupts_deferred():
+            with interrupts.interrupts_deferred():
                 if save_to is not None:
                     try:
                         if saved_generation != int(fetch(state.generation)):
@@ -1428,6 +1472,33 @@ def _variance_hint(trainer: Trainer) -> str:
     return (f" The policy evolves BatchNorm running variances as parameters ({', '.join(paths[:3])}"
             f"{', ...' if len(paths) > 3 else ''}): a member whose var + epsilon the noise takes below 0 computes "
             f"NaN; use nn.LayerNorm instead (or normalize_observations=True for the inputs).")
+
+
+def call_callbacks(callbacks: Iterable[Callback], record: dict, warned: set[int]) -> tuple[
+        StopTraining | None, Exception | None]:
+    """Call each callback with a generation's ``record``, as :func:`train` and :func:`jes.sweep.sweep` do.
+
+    A :class:`StopTraining` is kept (the run ends after this generation) and the other callbacks still see the
+    record; another exception stops the calls there. A callback that returns a value is warned of once
+    (:func:`_warn_returned_value`; ``warned`` holds the ids of those warned of, for the run).
+
+    Returns:
+        ``(the first StopTraining raised or None, the exception that stopped the calls or None)``: the caller raises
+        the latter (a ``jax.distributed`` run once its other processes have heard of it).
+    """
+    stop = None
+    for callback in callbacks:
+        try:
+            returned = callback(record)
+        except StopTraining as err:  # after this generation, kept; the other callbacks still see it
+            stop = stop or err
+        except Exception as err:
+            return stop, err
+        else:
+            if returned is not None and id(callback) not in warned:
+                warned.add(id(callback))
+                _warn_returned_value(callback, returned)
+    return stop, None
 
 
 def _warn_returned_value(callback: Callable, returned: Any) -> None:

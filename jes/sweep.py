@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import io
 import itertools
 import json
 import math
@@ -42,14 +43,14 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from jes import perturbations, strategies as jes_strategies
+from jes import interrupts, perturbations, strategies as jes_strategies
 from jes.arrays import check_seed
+from jes.atomic import write_atomically
 from jes.config import ESConfig
 from jes.logging import TensorBoardLogger, default_run_name, has_event_files, unique_dir
 from jes.policies import GRUPolicy, MLPPolicy
 from jes.generation import Trainer, TrainState, build_context, check_strategy_supports
-from jes.loop import (HISTORY_KEYS, Callback, StopTraining, _warn_returned_value, evaluates_centre,
-                      run_hparams)
+from jes.loop import HISTORY_KEYS, Callback, call_callbacks, evaluates_centre, run_hparams
 from jes.optimizers import DEFAULT_LEARNING_RATES, resolve_name
 from jes.strategies.base import both_sigmas, given_noise_std, ignored_settings
 from jes.threefry import lower_unrolled
@@ -98,11 +99,12 @@ class SweepResult:
 
     Attributes:
         rows: one dict per configuration: the grid values, seeds, ``status`` (``completed``; ``stopped`` when a
-            callback stopped a seed early; ``failed`` when a seed's fitness or update went non-finite), ``error``
-            and ``stopped`` (each seed's message, else ``None``), final/best returns aggregated over seeds
-            (``*_mean``/``*_std``; a failed seed's final values are NaN), ``env_steps_per_seed`` (the mean over
-            seeds), timings.
-        runs: every (configuration, seed) with its final parameters and history.
+            callback stopped a seed early; ``failed`` when a seed's fitness or update went non-finite), ``failed``
+            (how many seeds failed), ``error`` and ``stopped`` (each seed's message, else ``None``), final/best
+            returns aggregated over the seeds that did not fail (``*_mean``/``*_std``, ``best_pop_max``; NaN when
+            every seed failed), ``solved_fraction`` (over every seed, a failed one unsolved),
+            ``env_steps_per_seed`` (the mean over every seed of what it ran), timings.
+        runs: every (configuration, seed) with its final parameters and history (resumed: those this call ran).
         csv_path, json_path: where the table was written (``None`` without ``out_dir``).
     """
 
@@ -131,7 +133,10 @@ class SweepResult:
         for r in self.runs:
             if r.config_index == config_index and r.seed == seed:
                 return r
-        raise KeyError(f"no run for configuration {config_index} and seed {seed}")
+        kept = 0 <= config_index < len(self.rows) and not any(r.config_index == config_index for r in self.runs)
+        raise KeyError(f"no run for configuration {config_index} and seed {seed}" + (
+            " (its row was kept from the table of the sweep this result resumed: a resumed sweep's runs are the ones "
+            "its call ran)" if kept else ""))
 
 
 def point_config(base: ESConfig, point: Mapping[str, Any]) -> ESConfig:
@@ -258,15 +263,17 @@ def _checked_seeds(seeds: Any) -> list[int]:
     return seeds
 
 
-def _check_outputs(out_dir: str | None, log_dir: str | None, run_names: list[str]) -> None:
-    """Before anything runs: refuse to replace an earlier sweep's table; warn when configurations' log folders hold
-    an earlier run's event files (TensorBoard would show both)."""
-    if out_dir is not None:
+def _check_outputs(out_dir: str | None, log_dir: str | None, run_names: list[str], resume: bool = False) -> None:
+    """Before anything runs: refuse to replace an earlier sweep's table (unless resuming it); warn when
+    configurations' log folders hold an earlier run's event files (TensorBoard would show both). ``run_names``: the
+    folders of the configurations this call runs (a resumed sweep's kept ones hold its own logs)."""
+    if out_dir is not None and not resume:
         tables = [name for name in ("sweep.csv", "sweep.json") if os.path.exists(os.path.join(out_dir, name))]
         if tables:
             raise FileExistsError(f"out_dir {out_dir!r} already holds an earlier sweep's table ({', '.join(tables)}), "
-                                  f"which this sweep would overwrite: pass another out_dir (jes sweep: --out-dir), or "
-                                  f"delete those files to start over")
+                                  f"which this sweep would overwrite: pass another out_dir (jes sweep: --out-dir), "
+                                  f"resume it with the same arguments and resume=True (jes sweep --resume) if it is "
+                                  f"this sweep's, interrupted, or delete those files to start over")
     if log_dir is not None:
         earlier = [name for name in run_names if has_event_files(os.path.join(log_dir, name))]
         if earlier:
@@ -509,20 +516,12 @@ def run_batch(trainer: Trainer, states: TrainState, num_generations: int | None 
             entry.update(centre_steps=int(centre_steps[b]),
                          env_steps_per_second=int(generation_steps[b]) / max(entry["generation_time"], 1e-9),
                          **records[b])
-            stop = None
-            for callback in callbacks:
-                try:
-                    returned = callback(entry)
-                except StopTraining as err:  # this entry ends after this generation, kept; the others go on
-                    stop = stop or err
-                except Exception as err:
-                    if hasattr(err, "add_note"):  # Python 3.11+
-                        err.add_note(f"raised by a sweep callback for {labels[b]} at generation {entry['generation']}")
-                    raise
-                else:
-                    if returned is not None and id(callback) not in warned:
-                        warned.add(id(callback))
-                        _warn_returned_value(callback, returned)
+            # A StopTraining ends this entry after this generation, kept; the others go on
+            stop, error = call_callbacks(callbacks, entry, warned)
+            if error is not None:
+                if hasattr(error, "add_note"):  # Python 3.11+
+                    error.add_note(f"raised by a sweep callback for {labels[b]} at generation {entry['generation']}")
+                raise error
             if stop is not None:
                 stopping[b] = True
                 ends[b] = RunEnd("stopped", int(entry["generation"]), str(stop) or "StopTraining")
@@ -591,6 +590,7 @@ def sweep(
     log_dir: str | None = "runs/<auto>",
     out_dir: str | None = None,
     callbacks: Sequence[Callback] = (),
+    resume: bool = False,
 ) -> SweepResult:
     """Run every configuration of ``grid`` for every seed.
 
@@ -608,20 +608,26 @@ def sweep(
         vmap: ``False`` (default) runs seeds and ``learning_rate``/``noise_std`` values one after another
             through the trainer's compiled step: bit-identical to standalone runs. ``True`` runs them as
             one vmapped program: faster on accelerators, may differ from standalone runs in the last bits.
-        log_dir: parent directory of one TensorBoard run per configuration (seed means);
-            default ``runs/sweep-<time>``; ``None`` turns it off.
-        out_dir: where ``sweep.csv`` and ``sweep.json`` go (``None``: not written).
+        log_dir: parent directory of one TensorBoard run per configuration (the mean over its seeds that did not
+            fail, or over every seed when each one failed; ``sweep/seeds``: how many seeds each generation's mean
+            holds); default ``runs/sweep-<time>``; ``None`` turns it off.
+        out_dir: where ``sweep.csv``, ``sweep.json`` and ``sweep.resume.json`` go (``None``: not written). One that
+            holds a table already is refused unless ``resume``.
         callbacks: functions called with each run's record of each generation (:func:`jes.train`'s keys, and
             ``config_index``, ``point`` -- the grid point's values as the table shows them --, ``seed`` and ``run``,
             e.g. ``"learning_rate=0.05, seed 1"``). One that raises :class:`~jes.StopTraining` ends that run after
             the generation it was given (kept; its row says ``status: stopped`` and the message in ``stopped``); the
             other runs go on, bit for bit as without it. Any other exception stops the sweep as an error does
             (below), with a note naming the run.
+        resume: continue the interrupted sweep in ``out_dir`` (below).
 
     A run whose fitness or update goes non-finite fails alone: the generation is not applied, the run is kept at the
-    one before (its state, parameters and history), its row says ``status: failed`` and why in ``error`` (its final
-    values NaN), a line on stderr names its grid point and seed, and every other run and group goes on, bit for bit
-    as without it. ``jes sweep`` then exits with status 1 after writing the table.
+    one before (its state, parameters and history), its row says ``status: failed``, how many of its seeds failed in
+    ``failed`` and why in ``error``, a line on stderr names its grid point and seed, and every other run and group
+    goes on, bit for bit as without it; the sweep ends with one line naming the failed runs and where their reasons
+    are. A row's aggregates are over its seeds that did not fail (a diverged seed has no final value, and its
+    returns before it diverged would skew the mean); ``solved_fraction`` is over every seed, counting a failed one
+    as not solved. ``jes sweep`` then exits with status 1 after writing the table.
 
     ``stop_at_return`` is refused: it would stop every run at its own target. So are settings a
     point's strategy never reads (``learning_rate`` with ars, snes, sep_cma_es, cma_es), ``noise_std`` beside a
@@ -632,10 +638,21 @@ def sweep(
     members' and centre evaluations'; seeds differ where episodes end early); ``generations`` is the most any of its
     seeds completed (a failed or stopped seed completed fewer).
 
-    Interrupted (Ctrl-C) or stopped by an error (a callback's, a Python simulator's, ...) after some configurations
-    finished, the sweep writes their rows
-    to ``out_dir`` (each with ``sweep_complete: false``), says so on stderr, and re-raises; a sweep does not
-    resume: run it again with a new ``out_dir``.
+    The table in ``out_dir`` is rewritten (atomically) after each compile group finishes: the rows so far, each with
+    ``sweep_complete: false``, until the last group's write of the whole table; beside it, ``sweep.resume.json``
+    records what the sweep is and its finished rows. Interrupted (Ctrl-C; SIGTERM too, in the main thread of a
+    program with no SIGTERM handler of its own, after which the process ends as SIGTERM ends it) or stopped by an
+    error (a callback's, a Python simulator's, ...) after some configurations finished, the sweep writes their rows,
+    says so on stderr, and re-raises; killed outright (SIGKILL), it keeps the groups it had finished.
+
+    ``resume=True`` (``jes sweep --resume``) continues the sweep whose table is in ``out_dir`` (required): called
+    with the same arguments (another sweep's table is refused, naming what differs), it keeps the compile groups
+    whose every row is there, runs the others whole, and writes the table an uninterrupted sweep writes (but for
+    its wall-clock columns). ``rows`` then holds every row, ``runs`` only the runs this call ran (``callbacks`` see
+    only those); a group with a failed or stopped run is kept like any other. The kept groups' TensorBoard runs are
+    left as they are (the default ``log_dir`` is the first call's). With no sweep in ``out_dir`` yet, every group
+    runs. Objects are compared by their repr less memory addresses (an optax or env object's says little: resume
+    with the same ones).
 
     Each row records the ``learning_rate`` it ran with and where it came from
     (``learning_rate_source``: ``grid``, ``config``, ``optimizer default``, ``optax object`` or ``strategy``): in a
@@ -667,23 +684,32 @@ def sweep(
             f"instead of its own default ({', '.join(f'{o} {DEFAULT_LEARNING_RATES.get(resolve_name(o))}' for o in sorted(named))}); "
             f"leave learning_rate out to compare optimizers at their defaults (the table's learning_rate column "
             f"shows the rate each row used)", stacklevel=2)
+    if resume and out_dir is None:
+        raise ValueError("resume=True needs the out_dir of the sweep to resume (jes sweep --resume: the sweep file's "
+                         "out_dir, or --out-dir)")
+    identity = _identity(policy, env, optimizer, strategy, points, seeds, base, env_params, vmap)
+    kept, kept_log_dir = _resumed(out_dir, identity) if resume else ({}, None)
     if log_dir == "runs/<auto>":
-        log_dir = unique_dir(os.path.join("runs", "sweep-" + default_run_name("", "", "").strip("-")))
+        # A resumed sweep logs beside the configurations it kept, in the folder its first call picked
+        log_dir = kept_log_dir or unique_dir(os.path.join("runs", "sweep-" + default_run_name("", "", "").strip("-")))
     run_names = [_run_name({k: p[k] for k in swept}, grid) for p in points]
     if log_dir is not None:
         _check_run_names(log_dir, run_names, points)
-    _check_outputs(out_dir, log_dir, run_names)
 
     # Group grid points by everything that changes the compiled program.
     groups: dict[tuple, list[int]] = {}
     for index, point in enumerate(points):
         shape_key = tuple((k, repr(v)) for k, v in point.items() if k not in batched)
         groups.setdefault(shape_key, []).append(index)
+    # Resumed: a group whose every row is in the table is kept; any other runs whole (a vmapped group's batch size is
+    # part of its program, so a part of one would not give the bits the whole gives)
+    to_run = [indices for indices in groups.values() if not all(i in kept for i in indices)]
+    _check_outputs(out_dir, log_dir, [run_names[i] for indices in to_run for i in indices], resume)
 
     # Every group's Trainer before any group runs: what they refuse (the env, the policy's size) stops the sweep
     # before it trains or logs anything. Building one compiles nothing.
     trainers = []
-    for indices in groups.values():
+    for indices in to_run:
         first = points[indices[0]]
         try:
             trainers.append(Trainer(policy, env, first.get("optimizer", optimizer), point_config(base, first),
@@ -692,61 +718,191 @@ def sweep(
             shown = ", ".join(f"{k}={v!r}" for k, v in first.items())
             raise ValueError(f"sweep grid point ({shown or 'the base config'}): {err}") from err
 
-    rows: list[dict] = [{} for _ in points]
+    rows: list[dict] = [kept.get(i, {}) for i in range(len(points))]
     runs: list[SweepRun] = []
     shown = [_shown_point(point, grid, base) for point in points]
+    # SIGTERM (kill, timeout, a cluster scheduler) as Ctrl-C, where it would end the process unhandled: the finished
+    # rows are written, then the process ends as SIGTERM ends it (as jes.train takes it)
+    taking_sigterm = interrupts.SigtermAsInterrupt(unless_handled=True)
     try:
-        for indices, trainer in zip(groups.values(), trainers):
-            members = [(i, seed) for i in indices for seed in seeds]
-            states = [_with_hyperparams(trainer.init_state(seed), {k: points[i][k] for k in batched})
-                      for i, seed in members]
-            stacked = jax.tree.map(lambda *x: jnp.stack(x), *states)
-            labels = [run_label(shown[i], seed) for i, seed in members]
-            t0 = time.perf_counter()
-            final, history, compile_time, ends = run_batch(
-                trainer, stacked, vmap=vmap, labels=labels, callbacks=callbacks,
-                records=[dict(config_index=i, point=dict(shown[i]), seed=seed, run=label)
-                         for (i, seed), label in zip(members, labels)])
-            wall = time.perf_counter() - t0 - compile_time
-            final = jax.device_get(final)
-            for b, (i, seed) in enumerate(members):
-                member_state = jax.tree.map(lambda x: x[b], final)
-                ran = history["generation"][:, b] <= ends[b].generation  # its rows: none after it failed or stopped
-                runs.append(SweepRun(
-                    config_index=i, seed=seed, config=point_config(base, points[i]),
-                    optimizer=trainer.optimizer_name, flat_params=np.asarray(member_state.params),
-                    history={k: v[ran, b] for k, v in history.items()}, state=member_state,
-                    status=ends[b].status, error=ends[b].message if ends[b].status == "failed" else None,
-                    stopped=ends[b].message if ends[b].status == "stopped" else None,
-                ))
-            for i in indices:
-                cols = [b for b, (j, _) in enumerate(members) if j == i]
-                seed_ends = [ends[b] for b in cols]
-                ran = _ran({k: v[:, cols] for k, v in history.items()}, seed_ends)
-                rows[i] = _row(points[i], swept, seeds, ran, seed_ends, compile_time, wall, len(members), trainer,
-                               base.learning_rate, grid, points[i].get("optimizer", optimizer))
-                if log_dir is not None:
-                    _log_configuration(os.path.join(log_dir, run_names[i]), ran, points[i], base, trainer, seeds,
-                                       points[i].get("optimizer", optimizer))
-    except BaseException as err:  # Ctrl-C (KeyboardInterrupt), a non-finite update, ...: keep what finished
-        _keep_finished(err, [row for row in rows if row], len(points), out_dir)
-        raise
+        taking_sigterm.install()
+        try:
+            for group, (indices, trainer) in enumerate(zip(to_run, trainers)):
+                _run_group(trainer, indices, points, seeds, batched, shown, vmap, callbacks, base, swept, grid,
+                           optimizer, run_names, log_dir, rows, runs)
+                if out_dir is not None and group + 1 < len(to_run):
+                    # The finished groups' table, so that a sweep killed outright (SIGKILL, an OOM) keeps them
+                    with interrupts.interrupts_deferred():
+                        _save(out_dir, identity, rows, log_dir, complete=False)
+        except BaseException as err:  # Ctrl-C (KeyboardInterrupt), a non-finite update, ...: keep what finished
+            _keep_finished(err, rows, out_dir, identity, log_dir)
+            raise
 
-    runs.sort(key=lambda r: (r.config_index, r.seed))
-    result = SweepResult(rows=rows, runs=runs)
-    if out_dir is not None:
-        result.csv_path, result.json_path = write_table(rows, out_dir)
+        runs.sort(key=lambda r: (r.config_index, r.seed))
+        result = SweepResult(rows=rows, runs=runs)
+        if out_dir is not None:
+            with interrupts.interrupts_deferred():  # (a SIGTERM now ends the sweep once its table is whole)
+                result.csv_path, result.json_path = _save(out_dir, identity, rows, log_dir, complete=True)
+    finally:
+        _end_if_terminated(taking_sigterm)
     failed = [r for r in runs if r.status == "failed"]
-    if failed:
-        print(f"sweep: {len(failed)} of {len(runs)} runs failed ({'; '.join(run_label(shown[r.config_index], r.seed) for r in failed)}): "
-              f"their rows say status failed and why in error"
-              + (f" ({result.csv_path})" if result.csv_path else ""), file=sys.stderr)
+    if failed:  # (once: jes sweep adds no line of its own, only its exit status 1)
+        where = (f"the error column of their rows in {result.csv_path} and {result.json_path}" if result.csv_path
+                 else "the error column of their rows (result.rows) and result.run(config_index, seed).error")
+        print(f"sweep: {len(failed)} of {len(runs)} runs failed "
+              f"({'; '.join(run_label(shown[r.config_index], r.seed) for r in failed)}); the reasons are in {where}; "
+              f"each row's means are over its seeds that did not fail", file=sys.stderr)
     return result
 
 
-def _keep_finished(err: BaseException, finished: list[dict], total: int, out_dir: str | None) -> None:
+def _run_group(trainer: Trainer, indices: list[int], points: list[dict], seeds: list[int], batched: list[str],
+               shown: list[dict], vmap: bool, callbacks: Sequence[Callback], base: ESConfig, swept: list[str],
+               grid: Mapping[str, Any], optimizer: Any, run_names: list[str], log_dir: str | None, rows: list[dict],
+               runs: list[SweepRun]) -> None:
+    """Run one compile group's configurations for every seed: its runs go into ``runs``, its rows into ``rows`` (at
+    their configuration's index), its TensorBoard runs into ``log_dir``."""
+    members = [(i, seed) for i in indices for seed in seeds]
+    states = [_with_hyperparams(trainer.init_state(seed), {k: points[i][k] for k in batched}) for i, seed in members]
+    stacked = jax.tree.map(lambda *x: jnp.stack(x), *states)
+    labels = [run_label(shown[i], seed) for i, seed in members]
+    t0 = time.perf_counter()
+    final, history, compile_time, ends = run_batch(
+        trainer, stacked, vmap=vmap, labels=labels, callbacks=callbacks,
+        records=[dict(config_index=i, point=dict(shown[i]), seed=seed, run=label)
+                 for (i, seed), label in zip(members, labels)])
+    wall = time.perf_counter() - t0 - compile_time
+    final = jax.device_get(final)
+    for b, (i, seed) in enumerate(members):
+        member_state = jax.tree.map(lambda x: x[b], final)
+        ran = history["generation"][:, b] <= ends[b].generation  # its rows: none after it failed or stopped
+        runs.append(SweepRun(
+            config_index=i, seed=seed, config=point_config(base, points[i]),
+            optimizer=trainer.optimizer_name, flat_params=np.asarray(member_state.params),
+            history={k: v[ran, b] for k, v in history.items()}, state=member_state,
+            status=ends[b].status, error=ends[b].message if ends[b].status == "failed" else None,
+            stopped=ends[b].message if ends[b].status == "stopped" else None,
+        ))
+    finished = {}
+    for i in indices:
+        cols = [b for b, (j, _) in enumerate(members) if j == i]
+        seed_ends = [ends[b] for b in cols]
+        ran = _ran({k: v[:, cols] for k, v in history.items()}, seed_ends)
+        finished[i] = _row(points[i], swept, seeds, ran, seed_ends, compile_time, wall, len(members), trainer,
+                           base.learning_rate, grid, points[i].get("optimizer", optimizer))
+        if log_dir is not None:
+            _log_configuration(os.path.join(log_dir, run_names[i]), ran, points[i], base, trainer, seeds,
+                               points[i].get("optimizer", optimizer), seed_ends)
+    # The group's rows once its logs are written, all together: a group cut short in its logging (Ctrl-C) has none
+    # in the table, so a resume reruns it rather than keeping it beside a TensorBoard run half written
+    for i, row in finished.items():
+        rows[i] = row
+
+
+def _end_if_terminated(taking: interrupts.SigtermAsInterrupt) -> None:
+    """Give SIGTERM its handler back; if one came while the sweep ran (taken as Ctrl-C: the finished rows are written
+    by now, and :func:`_keep_finished` said where), end the process as SIGTERM ends it (status 143)."""
+    taking.restore()
+    if taking.terminated:
+        print("jes.sweep: terminated by SIGTERM", file=sys.stderr, flush=True)
+        interrupts.terminate_as_sigterm()
+
+
+# What a sweep writes beside its table for resume=True: what the sweep is (its identity) and its finished rows as
+# Python holds them (sweep.json turns NaN into null, which would come back as an empty CSV field, not "nan")
+RESUME_FILE = "sweep.resume.json"
+
+
+def _plain(value: Any) -> Any:
+    """``value`` as JSON data the same in every process: a plain value as it is, another by its repr less memory
+    addresses (whole: :func:`value_name`'s ``EnvParams_0`` or ``SNES_0`` would not tell other field values apart)."""
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    return _ADDRESS.sub("0x", repr(value))
+
+
+def _identity(policy: Any, env: Any, optimizer: Any, strategy: Any, points: list[dict], seeds: list[int],
+              base: ESConfig, env_params: Any, vmap: bool) -> dict:
+    """What makes a sweep's table the same sweep's, as JSON data: a resumed sweep must give the rows an uninterrupted
+    one gives. (Objects are known by their repr: an env object's or an optax object's tells little, a function's its
+    name.)"""
+    identity = {
+        "env": _plain(env),
+        "env_params": _plain(env_params),
+        "policy": _plain(policy),
+        "strategy": _plain(strategy),
+        "optimizer": _plain(optimizer),
+        "config": {f.name: _plain(getattr(base, f.name)) for f in dataclasses.fields(base)},
+        "grid points": [{k: _plain(v) for k, v in point.items()} for point in points],
+        "seeds": list(seeds),
+        "vmap": bool(vmap),
+    }
+    return json.loads(json.dumps(identity))  # as it reads back
+
+
+def _resumed(out_dir: str, identity: dict) -> tuple[dict[int, dict], str | None]:
+    """The finished rows (by configuration index) of the sweep in ``out_dir`` and the log_dir it logged to; nothing
+    when ``out_dir`` holds no sweep yet.
+
+    Raises:
+        ValueError: ``out_dir`` holds another sweep's table, or one that cannot be checked.
+    """
+    path = os.path.join(out_dir, RESUME_FILE)
+    start = f"cannot resume the sweep in out_dir {out_dir!r}"
+    if not os.path.exists(path):
+        tables = [name for name in ("sweep.csv", "sweep.json") if os.path.exists(os.path.join(out_dir, name))]
+        if tables:
+            raise ValueError(f"{start}: it holds a sweep table but no {RESUME_FILE} (which a sweep writes beside "
+                             f"its table; an older jes wrote none) to check that it is this sweep's; pass another out_dir to run this "
+                             f"sweep anew")
+        return {}, None  # nothing to resume: every group runs (a job script may pass --resume from its first start)
+    try:
+        with open(path) as f:
+            saved = json.load(f)
+        rows = {int(index): row for index, row in saved["rows"]}
+        there = saved["identity"]
+        if not (isinstance(there, dict) and all(isinstance(row, dict) for row in rows.values())
+                and isinstance(saved.get("log_dir"), (str, type(None)))):
+            raise TypeError("its identity, rows or log_dir are not what a sweep writes")
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        raise ValueError(f"{start}: its {RESUME_FILE} cannot be read ({type(err).__name__}: {err}); pass another "
+                         f"out_dir to run this sweep anew") from err
+    differs = [key for key in identity if there.get(key) != identity[key]]
+    if differs:
+        key = differs[0]
+        if key == "config":
+            fields = [k for k in identity[key] if there[key].get(k) != identity[key][k]]
+            detail = "; ".join(f"{k}: {there[key].get(k)!r} there, {identity[key][k]!r} here" for k in fields)
+        elif key == "grid points":
+            detail = f"{len(there.get(key) or [])} there, {len(identity[key])} here; the first that differs: " + next(
+                f"{a} there, {b} here" for a, b in itertools.zip_longest(there.get(key) or [], identity[key])
+                if a != b)
+        else:
+            detail = f"{there.get(key)!r} there, {identity[key]!r} here"
+        also = f" (also: {', '.join(differs[1:])})" if differs[1:] else ""
+        raise ValueError(f"{start}: its table is of another sweep: its {key} "
+                         f"{'differ' if key.endswith('s') else 'differs'} ({detail}){also}; resume it with the "
+                         f"arguments (or sweep file) it was started with, or pass another out_dir to run this sweep")
+    return rows, saved.get("log_dir")
+
+
+def _save(out_dir: str, identity: dict, rows: list[dict], log_dir: str | None, complete: bool) -> tuple[str, str]:
+    """Write the table of the finished ``rows`` (empty dicts: not yet run; each marked ``sweep_complete: false``
+    unless ``complete``) and :data:`RESUME_FILE`, each atomically; returns the table's paths."""
+    finished = [row if complete else dict(row, sweep_complete=False) for row in rows if row]
+    paths = write_table(finished, out_dir)
+    # Absolute: a resume from another working directory logs beside the configurations it keeps
+    state = {"identity": identity, "log_dir": None if log_dir is None else os.path.abspath(log_dir), "complete": complete,
+             "rows": [[index, row] for index, row in enumerate(rows) if row]}
+    write_atomically(os.path.join(out_dir, RESUME_FILE), lambda f: json.dump(state, f, indent=1), mode="w")
+    return paths
+
+
+def _keep_finished(err: BaseException, rows: list[dict], out_dir: str | None, identity: dict,
+                   log_dir: str | None) -> None:
     """On an interrupted or failed sweep: write the finished configurations' rows (marked ``sweep_complete:
-    false``), say so on stderr, and attach what was written to ``err`` (``err.sweep_note``, for ``jes sweep``)."""
+    false``) and :data:`RESUME_FILE` with them, say so on stderr, and attach what was written to ``err``
+    (``err.sweep_note``, for ``jes sweep``)."""
+    finished, total = [row for row in rows if row], len(rows)
     what = "interrupted" if isinstance(err, KeyboardInterrupt) else f"stopped by {type(err).__name__}"
     if not finished:
         note = f"sweep {what} before any of its {total} configurations finished: no table was written"
@@ -755,14 +911,15 @@ def _keep_finished(err: BaseException, finished: list[dict], total: int, out_dir
                 f"was written")
     else:
         try:
-            csv_path, json_path = write_table([dict(row, sweep_complete=False) for row in finished], out_dir)
+            csv_path, json_path = _save(out_dir, identity, rows, log_dir, complete=False)
         except Exception as write_err:  # noqa: BLE001 - the sweep's own error is the one to raise
             note = (f"sweep {what} after {len(finished)} of {total} configurations finished; their table could not "
                     f"be written ({type(write_err).__name__}: {write_err})")
         else:
             note = (f"sweep {what} after {len(finished)} of {total} configurations finished: their rows are in "
-                    f"{csv_path} and {json_path} (sweep_complete: false); a sweep does not resume, so run it again "
-                    f"with a new out_dir (this one keeps the partial table)")
+                    f"{csv_path} and {json_path} (sweep_complete: false); to run the rest, call the sweep again with "
+                    f"the same arguments and resume=True (jes sweep --resume): it keeps the compile groups whose "
+                    f"every configuration finished and reruns the others whole")
     try:
         err.sweep_note = note
     except AttributeError:  # an exception type that takes no attributes
@@ -811,18 +968,27 @@ def _final_centre(history: dict, ends: Sequence[RunEnd]) -> np.ndarray:
 def _row(point: dict, swept: list, seeds: list, history: dict, ends: Sequence[RunEnd], compile_time: float,
          wall: float, batch_size: int, trainer: Trainer, base_rate: Any = None,
          grid: Mapping[str, Any] | None = None, optimizer: Any = None) -> dict:
-    """One configuration's row from its seeds' ``history`` (as :func:`_ran` gives it) and ``ends``."""
+    """One configuration's row from its seeds' ``history`` (as :func:`_ran` gives it) and ``ends``.
+
+    Its aggregates (``*_mean``, ``*_std``, ``best_pop_max``) are over the seeds that finished (completed, or stopped
+    by a callback), ``failed`` counts the others; ``solved_fraction`` is over every seed, a failed one unsolved;
+    ``env_steps_per_seed`` is over every seed (what each cost, a failed one's up to its failure). No seed finished:
+    the aggregates are NaN."""
+    finished = np.array([end.status != "failed" for end in ends])
     final_centre = _final_centre(history, ends)
     # (initial: a group whose every seed failed at its first generation has no rows)
     best_centre = np.max(np.where(np.isfinite(history["centre_return"]), history["centre_return"], -np.inf), axis=0,
                          initial=-np.inf)
+    mean = lambda values: float(np.mean(values[finished])) if finished.any() else math.nan
+    std = lambda values: float(np.std(values[finished])) if finished.any() else math.nan
     solved = trainer.spec.solved_return
     # Each seed's last row (-1: it failed at its first generation and has none)
     last = [int(np.sum(history["generation"][:, b] <= end.generation)) - 1 for b, end in enumerate(ends)]
     at_end = lambda name, failed_too=False: np.array([
         history[name][g, b] if g >= 0 and (failed_too or end.status != "failed") else math.nan
         for b, (g, end) in enumerate(zip(last, ends))])
-    pop_max = history["pop_max"][np.isfinite(history["pop_max"])]
+    pop_max = history["pop_max"][:, finished]
+    pop_max = pop_max[np.isfinite(pop_max)]
     row = _shown_point(point, grid)
     if "perturbation" in point or "perturbation_rank" in point:
         row["perturbation"], row["perturbation_rank"] = trainer.config.perturbation, trainer.config.perturbation_rank
@@ -842,12 +1008,14 @@ def _row(point: dict, swept: list, seeds: list, history: dict, ends: Sequence[Ru
     row.update(
         seeds=" ".join(map(str, seeds)),
         status="failed" if "failed" in statuses else "stopped" if "stopped" in statuses else "completed",
+        failed=int(np.sum(~finished)),
         generations=max(end.generation for end in ends),
-        final_centre_return_mean=float(np.mean(final_centre)),
-        final_centre_return_std=float(np.std(final_centre)),
-        best_centre_return_mean=float(np.mean(best_centre)),
-        final_pop_mean_mean=float(np.mean(at_end("pop_mean"))),
+        final_centre_return_mean=mean(final_centre),
+        final_centre_return_std=std(final_centre),
+        best_centre_return_mean=mean(best_centre),
+        final_pop_mean_mean=mean(at_end("pop_mean")),
         best_pop_max=float(np.max(pop_max)) if pop_max.size else math.nan,
+        # Over every seed: a failed seed did not solve the env (its NaN compares False)
         solved_fraction=float(np.mean(final_centre >= solved)) if solved is not None else math.nan,
         env_steps_per_seed=float(np.mean(np.nan_to_num(at_end("env_steps", failed_too=True)))),
         compile_time=compile_time,
@@ -859,15 +1027,25 @@ def _row(point: dict, swept: list, seeds: list, history: dict, ends: Sequence[Ru
     return row
 
 
+SEEDS_TAG = "sweep/seeds"  # how many seeds each point of a configuration's curves averages
+
+
 def _log_configuration(log_dir: str, history: dict, point: dict, base: ESConfig, trainer: Trainer, seeds: list,
-                       optimizer: Any = None) -> None:
-    """One TensorBoard run: each generation's metrics averaged over seeds."""
+                       optimizer: Any = None, ends: Sequence[RunEnd] | None = None) -> None:
+    """One TensorBoard run: each generation's metrics averaged over the seeds that did not fail (those the row
+    aggregates), so a seed that diverges midway never makes the curves jump; over every seed when each one failed.
+    A seed a callback stopped leaves the mean after its last generation; ``sweep/seeds`` says how many seeds each
+    generation's mean holds."""
     hparams = dict(run_hparams(trainer, point_config(base, point), optimizer), strategy=trainer.strategy.name,
                    seeds=" ".join(map(str, seeds)))
+    finished = np.array([end.status != "failed" for end in ends]) if ends is not None else None
+    if finished is not None and finished.any():
+        history = {k: v[:, finished] for k, v in history.items()}
     logger = TensorBoardLogger(log_dir, hparams)
     try:
         for g in range(len(history["generation"])):
-            if not np.isfinite(history["pop_mean"][g]).any():  # every seed had ended (other configurations ran on)
+            ran = np.isfinite(history["pop_mean"][g])  # the seeds that ran this generation (NaN after a seed's end)
+            if not ran.any():  # every seed had ended (other configurations ran on)
                 continue
             record = {}
             for k, v in history.items():
@@ -875,22 +1053,25 @@ def _log_configuration(log_dir: str, history: dict, point: dict, base: ESConfig,
                 record[k] = float(np.nanmean(row)) if np.isfinite(row).any() else math.nan
             record["generation"] = int(history["generation"][g, 0])
             logger(record)
+            logger.writer.add_scalar(SEEDS_TAG, int(ran.sum()), record["generation"])
     finally:
         logger.close()
 
 
 def write_table(rows: list[dict], out_dir: str) -> tuple[str, str]:
-    """Write ``rows`` as ``sweep.csv`` and ``sweep.json`` in ``out_dir``; returns both paths."""
+    """Write ``rows`` as ``sweep.csv`` and ``sweep.json`` in ``out_dir``, each atomically (a file killed midway
+    leaves the one before); returns both paths."""
     os.makedirs(out_dir, exist_ok=True)
     csv_path, json_path = os.path.join(out_dir, "sweep.csv"), os.path.join(out_dir, "sweep.json")
     columns = list(dict.fromkeys(k for row in rows for k in row))
-    with open(csv_path, "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=columns)
-        writer.writeheader()
-        writer.writerows(rows)
-    with open(json_path, "w") as f:
-        json.dump([{k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in row.items()}
-                   for row in rows], f, indent=2)
+    text = io.StringIO(newline="")
+    writer = csv.DictWriter(text, fieldnames=columns)
+    writer.writeheader()
+    writer.writerows(rows)
+    write_atomically(csv_path, lambda f: f.write(text.getvalue()), mode="w")
+    write_atomically(json_path, lambda f: json.dump(
+        [{k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in row.items()} for row in rows],
+        f, indent=2), mode="w")
     return csv_path, json_path
 
 

@@ -1285,6 +1285,188 @@ def test_sigterm_during_jes_trains_final_save_keeps_it_and_says_so(tmp_path, mon
     assert signal.getsignal(signal.SIGTERM) == before  # no holding handler left behind
 
 
+TERMINATED_SCRIPT = r"""
+import sys, time
+import jes
+
+log_dir, ready = sys.argv[1], sys.argv[2]
+
+
+def wait_for_sigterm(record):
+    if record["generation"] == 4:  # after the checkpoint of generation 2: the test sends SIGTERM once it sees the file
+        open(ready, "w").close()
+        while True:
+            time.sleep(0.05)
+
+
+jes.train(jes.MLPPolicy((4,)), "CartPole-v1", "adam", key=3, num_members=8, num_generations=50, eval_episodes=2,
+          log_dir=log_dir, checkpoint_every=2, progress=False, callbacks=[wait_for_sigterm])
+print("returned")
+"""
+
+
+@pytest.mark.hard_timeout(400)
+def test_sigterm_to_a_script_calling_train_saves_the_checkpoint_then_ends_as_sigterm(tmp_path):
+    """A script calling jes.train killed by SIGTERM (a scheduler, kill, timeout) died at once: only `jes train` took
+    it as Ctrl-C, so the generations since the last periodic checkpoint were lost."""
+    from subprocess_for_tests import checkout_env
+
+    log_dir, ready = tmp_path / "run", tmp_path / "ready"
+    path = str(log_dir / "checkpoint.ckpt")
+    script = tmp_path / "script.py"
+    script.write_text(TERMINATED_SCRIPT)
+    child = subprocess.Popen([sys.executable, str(script), str(log_dir), str(ready)], env=checkout_env(),
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 300
+        while not ready.exists() and child.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert ready.exists(), f"generation 4 never came (status {child.poll()})"
+        assert checkpoint.read(path).generation == 2  # the periodic one
+        child.send_signal(signal.SIGTERM)
+        out, err = child.communicate(timeout=60)
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.communicate()
+    # It ends as SIGTERM ends a process (143 in a shell), once generation 3 (the last one whole) is saved
+    assert child.returncode == -signal.SIGTERM, err[-3000:]
+    assert "returned" not in out and "Traceback" not in err, err[-3000:]
+    assert f"jes.train: terminated by SIGTERM; the run so far is in checkpoint {path}: continue it with " \
+           f"resume={path!r}" in err, err[-3000:]
+    saved = checkpoint.read(path)
+    assert saved.generation == 3 and list(saved.history["generation"]) == [1, 2, 3]
+    assert not os.path.exists(path + ".jes-lock")
+    resumed = jes.train(jes.MLPPolicy((4,)), "CartPole-v1", "adam", num_members=8, num_generations=4,
+                        eval_episodes=2, resume=path, log_dir=None, progress=False)
+    assert list(resumed.history["generation"]) == [1, 2, 3, 4]
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # this process's own, untouched
+
+
+def test_train_takes_sigterm_only_in_the_main_thread_and_only_when_nobody_handles_it(trainer):
+    """jes.train/jes.run take SIGTERM over only where its default action would end the process, and give it back."""
+    import threading
+
+    seen = []
+    look = lambda record: seen.append(signal.getsignal(signal.SIGTERM))
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+    run(trainer, trainer.init_state(5), key=5, num_generations=1, callbacks=[look])
+    assert callable(seen[-1]) and seen[-1] is not signal.SIG_DFL  # a SIGTERM would save, then end the process
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+
+    own = lambda signum, frame: None
+    previous = signal.signal(signal.SIGTERM, own)
+    try:
+        run(trainer, trainer.init_state(5), key=5, num_generations=1, callbacks=[look])
+        assert seen[-1] is own and signal.getsignal(signal.SIGTERM) is own  # the program's own stays in charge
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+    errors = []
+    thread = threading.Thread(target=lambda: _collect_errors(errors, lambda: run(
+        trainer, trainer.init_state(5), key=5, num_generations=1, callbacks=[look])))
+    thread.start()
+    thread.join(timeout=240)
+    assert not thread.is_alive() and not errors, errors
+    assert seen[-1] is signal.SIG_DFL  # no handler from another thread (Python refuses one there)
+
+
+def _collect_errors(errors: list, function) -> None:
+    try:
+        function()
+    except Exception as err:  # noqa: BLE001  reported by the test
+        errors.append(err)
+
+
+def test_train_gives_back_neither_a_handler_installed_meanwhile_nor_a_handler_from_outside_python(trainer, monkeypatch):
+    """Review of 708af84: restoring SIGTERM's handler after a run put SIG_DFL over a handler a callback (or a library it
+    set up) installed during the run, and over a handler from outside Python (``None``, which signal.signal refuses:
+    a TypeError, where the CLI's handler before that commit left it alone)."""
+    own = lambda signum, frame: None
+
+    def install_own(record):
+        signal.signal(signal.SIGTERM, own)
+
+    try:
+        run(trainer, trainer.init_state(5), key=5, num_generations=1, callbacks=[install_own])
+        assert signal.getsignal(signal.SIGTERM) is own
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+    from jes import interrupts
+
+    real = signal.signal
+    monkeypatch.setattr(signal, "signal", lambda sig, handler: (real(sig, handler), None)[1])  # "from outside Python"
+    taking = interrupts.SigtermAsInterrupt().install()
+    try:
+        taking.restore()  # raised TypeError: signal handler must be signal.SIG_IGN, signal.SIG_DFL, or a callable
+    finally:
+        real(signal.SIGTERM, signal.SIG_DFL)
+
+
+def test_a_child_forked_while_sigterm_is_taken_dies_of_sigterm_as_without_jes():
+    """Review of 708af84: a child forked during a run (a callback's multiprocessing pool, whose terminate() sends
+    SIGTERM) inherited the run's handler and raised KeyboardInterrupt, exiting 1 with a traceback where it died of
+    SIGTERM without jes. The child now ends as SIGTERM ends it; the parent still takes SIGTERM as an interrupt."""
+    from jes import interrupts
+
+    taking = interrupts.SigtermAsInterrupt().install()
+    try:
+        ready_r, ready_w = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the child: say it runs (a signal before the fork's after-work in the child is dropped), wait
+            try:
+                os.write(ready_w, b"x")
+                time.sleep(60)
+            finally:
+                os._exit(7)  # reached only if SIGTERM raised (KeyboardInterrupt) instead of ending the process
+        os.close(ready_w)
+        assert os.read(ready_r, 1) == b"x"
+        os.close(ready_r)
+        os.kill(pid, signal.SIGTERM)
+        _, status = os.waitpid(pid, 0)
+        assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGTERM, status
+    finally:
+        taking.restore()
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+
+
+JAX_DISTRIBUTED_SCRIPT = r"""
+import os, signal, socket, time
+import jax
+
+listening = socket.socket()
+listening.bind(("127.0.0.1", 0))
+port = listening.getsockname()[1]
+listening.close()
+jax.distributed.initialize(coordinator_address=f"127.0.0.1:{port}", num_processes=1, process_id=0)
+import jes
+
+seen = []
+jes.train(jes.MLPPolicy((4,)), "CartPole-v1", "adam", key=3, num_members=8, num_generations=1, eval_episodes=2,
+          log_dir=None, progress=False, callbacks=[lambda record: seen.append(signal.getsignal(signal.SIGTERM))])
+print("during", seen, flush=True)
+os.kill(os.getpid(), signal.SIGTERM)  # JAX's preemption notifier notes it; the process goes on
+time.sleep(1)
+print("survived", flush=True)
+"""
+
+
+@pytest.mark.hard_timeout(300)
+def test_train_leaves_jax_preemption_notifier_in_charge_of_sigterm(tmp_path):
+    """Review of 708af84: jax.distributed.initialize installs JAX's preemption notifier from C, where
+    signal.getsignal still says SIG_DFL: jes.train took SIGTERM over it, then restored SIG_DFL, so a later SIGTERM
+    (the preemption the notifier was there to note) killed the process."""
+    from subprocess_for_tests import checkout_env
+
+    script = tmp_path / "script.py"
+    script.write_text(JAX_DISTRIBUTED_SCRIPT)
+    done = subprocess.run([sys.executable, str(script)], env=checkout_env(), capture_output=True, text=True,
+                          timeout=240)
+    assert done.returncode == 0 and "survived" in done.stdout, (done.returncode, done.stdout, done.stderr[-3000:])
+    assert "during [<Handlers.SIG_DFL: 0>]" in done.stdout, done.stdout  # jes installed nothing
+
+
 KILLED_MID_SAVE = """
 import os, signal, sys
 import jes

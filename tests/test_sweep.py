@@ -2,6 +2,7 @@
 import csv
 import json
 import os
+import warnings
 
 import numpy as np
 import pytest
@@ -347,7 +348,7 @@ def test_an_interrupted_sweep_keeps_the_table_of_the_configurations_that_finishe
         jes_sweep.sweep(POLICY, "CartPole-v1", "adam", config=BASE.replace(num_generations=1), seeds=[0], log_dir=None,
                         out_dir=str(tmp_path / "out"), grid={"num_members": [16, 24]})
     err = capsys.readouterr().err
-    assert "sweep interrupted after 1 of 2 configurations finished" in err and "new out_dir" in err
+    assert "sweep interrupted after 1 of 2 configurations finished" in err and "resume=True" in err
     with open(tmp_path / "out" / "sweep.json") as f:
         table = json.load(f)
     assert [(r["num_members"], r["sweep_complete"]) for r in table] == [(16, False)]
@@ -447,7 +448,7 @@ def test_a_diverging_run_fails_alone_named_by_its_grid_point_and_the_sweep_goes_
                              out_dir=str(tmp_path / "out"))
     err = capsys.readouterr().err
     assert "learning_rate=1e+38, num_members=16, seed 0 failed: non-finite" in err and "batch entry" not in err
-    assert "4 of 8 runs failed" in err
+    assert "4 of 8 runs failed (learning_rate=1e+38, num_members=16, seed 0; " in err
     assert [(r["learning_rate"], r["num_members"], r["status"]) for r in result.rows] == [
         (0.01, 16, "completed"), (0.01, 24, "completed"), (1e38, 16, "failed"), (1e38, 24, "failed")]
     failed = result.rows[2]
@@ -495,7 +496,12 @@ def test_jes_sweep_writes_the_table_and_exits_1_when_runs_failed(tmp_path, capsy
     assert cli.main(["sweep", str(path), "--out-dir", str(tmp_path / "out")]) == 1
     out, err = capsys.readouterr()
     assert "learning_rate=1e+38: failed (seed 0: non-finite" in out
-    assert "jes sweep: 1 of 2 runs failed" in err
+    # Said once (jes sweep said it again), naming the run and where its reason is
+    out_dir = tmp_path / "out"
+    assert err.count("runs failed") == 1 and (
+        f"sweep: 1 of 2 runs failed (num_members=8, num_generations=3, eval_episodes=2, max_episode_steps=20, "
+        f"learning_rate=1e+38, seed 0); the reasons are in the error column of their rows "
+        f"in {out_dir / 'sweep.csv'} and {out_dir / 'sweep.json'}") in err, err
     with open(tmp_path / "out" / "sweep.csv") as f:
         assert [r["status"] for r in csv.DictReader(f)] == ["completed", "failed"]
 
@@ -587,3 +593,429 @@ def test_a_group_whose_every_run_fails_at_its_first_generation_gives_failed_rows
     assert all(r.status == "failed" and int(r.state.generation) == 0 and r.history["generation"].size == 0
                for r in result.runs)
     assert "a non-finite ES update at generation 1" in result.rows[0]["error"]
+
+
+def _three_seeds_history():
+    """4 generations of 3 seeds: seed 0 completed, seed 1 failed after generation 2 (diverging: huge returns before),
+    seed 2 stopped by a callback after generation 3; as run_batch gives them (NaN after an end, the ints kept)."""
+    generations, seeds = 4, 3
+    history = {k: np.full((generations, seeds), np.nan) for k in jes.loop.HISTORY_KEYS}
+    history["generation"] = np.repeat(np.arange(1, generations + 1)[:, None], seeds, axis=1)
+    history["env_steps"] = np.cumsum(np.full((generations, seeds), 100, np.int64), axis=0)
+    for b, (pop, last) in enumerate([(10.0, 4), (1000.0, 2), (30.0, 3)]):
+        history["pop_mean"][:last, b] = history["pop_max"][:last, b] = pop
+        history["centre_return"][:last, b] = [100.0, 200.0, 500.0, 300.0][:last] if b != 1 else pop
+        for k in ("pop_min", "pop_std", "wall_time", "generation_time", "noise_std", "learning_rate", "grad_norm",
+                  "update_norm", "param_norm"):
+            history[k][:last, b] = 1.0
+    ends = [jes_sweep.RunEnd("completed", 4), jes_sweep.RunEnd("failed", 2, "non-finite fitness at generation 3"),
+            jes_sweep.RunEnd("stopped", 3, "enough")]
+    return history, ends
+
+
+def test_a_rows_aggregates_are_over_the_seeds_that_did_not_fail_and_it_counts_the_failed(tmp_path):
+    """Finding: one failed seed made its row's means NaN (and a diverged seed's returns counted in best_pop_max).
+    The means are over the seeds that finished; `failed` counts the others; solved_fraction is over every seed, a
+    failed one unsolved; env_steps_per_seed is what every seed cost."""
+    history, ends = _three_seeds_history()
+    trainer = jes.Trainer(POLICY, "CartPole-v1", "adam", BASE)
+    ran = jes_sweep._ran(history, ends)
+    row = jes_sweep._row({}, [], [0, 1, 2], ran, ends, 0.0, 1.0, 3, trainer)
+    assert row["status"] == "failed" and row["failed"] == 1
+    assert row["final_centre_return_mean"] == 400.0 and row["final_centre_return_std"] == 100.0  # 300 and 500
+    assert row["best_centre_return_mean"] == 500.0 and row["final_pop_mean_mean"] == 20.0
+    assert row["best_pop_max"] == 30.0  # not the failed seed's 1000
+    assert row["solved_fraction"] == pytest.approx(1 / 3)  # seed 2 (500 >= 475) of 3
+    assert row["env_steps_per_seed"] == pytest.approx((400 + 200 + 300) / 3)
+    every_seed_failed = [jes_sweep.RunEnd("failed", end.generation, "x") for end in ends]
+    row = jes_sweep._row({}, [], [0, 1, 2], jes_sweep._ran(history, every_seed_failed), every_seed_failed, 0.0, 1.0,
+                         3, trainer)
+    assert row["failed"] == 3 and np.isnan(row["final_centre_return_mean"]) and row["solved_fraction"] == 0.0
+
+
+def test_a_configurations_curves_leave_out_a_failed_seed_and_log_how_many_seeds_each_point_averages(tmp_path):
+    """Finding: the mean curves over seeds jumped where a seed failed (the mean over the seeds still running). They
+    are the mean over the seeds that did not fail, the row's seeds; sweep/seeds counts each point's."""
+    history, ends = _three_seeds_history()
+    trainer = jes.Trainer(POLICY, "CartPole-v1", "adam", BASE)
+    ran = jes_sweep._ran(history, ends)
+    jes_sweep._log_configuration(str(tmp_path / "tb"), ran, {}, BASE, trainer, [0, 1, 2], "adam", ends)
+    scalars = jes_logging.read_scalars(str(tmp_path / "tb"))
+    assert scalars["population/mean_return"] == [(1, 20.0), (2, 20.0), (3, 20.0), (4, 10.0)]
+    assert scalars[jes_sweep.SEEDS_TAG] == [(1, 2.0), (2, 2.0), (3, 2.0), (4, 1.0)]  # seed 2 stopped after 3
+
+
+def test_a_sweep_callback_that_returns_a_value_is_warned_once(recwarn):
+    """The sweep's callbacks go through jes.train's own calling (StopTraining, errors, returned values)."""
+    calls = []
+
+    def sb3_style(record):
+        calls.append(record["generation"])
+        return True
+
+    jes_sweep.sweep(POLICY, "CartPole-v1", "adam", config=BASE.replace(num_generations=2), seeds=[0],
+                    grid={"learning_rate": 0.05}, log_dir=None, callbacks=[sb3_style])
+    assert calls == [1, 2]
+    returned = [w for w in recwarn.list if "returned True: jes ignores what callbacks return" in str(w.message)]
+    assert len(returned) == 1, [str(w.message) for w in recwarn.list]
+
+
+def test_jes_sweep_exits_2_on_an_unexpected_error_not_the_1_of_failed_runs(tmp_path, monkeypatch, capsys):
+    from jes import cli
+
+    def broken(**kwargs):
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(jes_sweep, "sweep", broken)
+    path = tmp_path / "sweep.toml"
+    path.write_text('env = "CartPole-v1"\n[config]\nlearning_rate = [0.05, 0.1]\n')
+    assert cli.main(["sweep", str(path), "--out-dir", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" in err and "jes sweep: unexpected RuntimeError: a bug" in err, err
+
+
+# ------------------------------------------------------------- incremental tables, resume, SIGTERM
+TIMES = ("compile_time", "group_run_time")  # wall-clock columns: the only ones two runs of a sweep may differ in
+
+
+def _table_without_times(out_dir) -> tuple[list, list]:
+    """``sweep.json``'s lines and ``sweep.csv``'s fields as written, less the wall-clock columns' values."""
+    with open(os.path.join(out_dir, "sweep.json")) as f:
+        json_lines = [line for line in f.read().split("\n") if line.strip().split(":")[0].strip('"') not in TIMES]
+    with open(os.path.join(out_dir, "sweep.csv"), newline="") as f:
+        table = list(csv.reader(f))
+    keep = [c for c, name in enumerate(table[0]) if name not in TIMES]
+    return json_lines, [[line[c] for c in keep] for line in table]
+
+
+def _counting_batches(monkeypatch) -> list:
+    real, batches = jes_sweep.run_batch, []
+
+    def counted(trainer, states, *args, **kwargs):
+        batches.append(kwargs["labels"])
+        return real(trainer, states, *args, **kwargs)
+
+    monkeypatch.setattr(jes_sweep, "run_batch", counted)
+    return batches
+
+
+def test_a_sweep_rewrites_its_table_after_each_compile_group(tmp_path):
+    """Finding: the table was written only at the end (or on a Python exception): a sweep killed by SIGKILL or
+    SIGTERM lost every finished run. While the second group runs, the first one's rows are on disk."""
+    out_dir = str(tmp_path / "out")
+    seen = []
+
+    def look(record):
+        if record["point"]["num_members"] == 24 and not seen:
+            with open(os.path.join(out_dir, "sweep.json")) as f:
+                seen.append(json.load(f))
+
+    result = jes_sweep.sweep(POLICY, "CartPole-v1", "adam", config=BASE.replace(num_generations=1), seeds=[0],
+                             log_dir=None, out_dir=out_dir, grid={"num_members": [16, 24]}, callbacks=[look])
+    assert [(r["num_members"], r["sweep_complete"]) for r in seen[0]] == [(16, False)]
+    with open(result.json_path) as f:
+        assert [r["num_members"] for r in json.load(f)] == [16, 24] and "sweep_complete" not in seen[0][1:]
+    assert sorted(os.listdir(out_dir)) == ["sweep.csv", "sweep.json", "sweep.resume.json"]  # no temporary file left
+
+
+def test_a_resumed_sweep_runs_only_the_unfinished_groups_and_writes_the_uninterrupted_table(
+        grid_result, tmp_path, monkeypatch, capsys):
+    """An interrupted sweep resumed (resume=True) skips the compile groups whose rows are written, reruns the
+    others whole, and writes the table an uninterrupted sweep writes (grid_result's), wall-clock columns aside."""
+    result, root = grid_result
+    grid = {"num_members": [16, 24], "learning_rate": [0.01, 0.05]}
+    out_dir, log_dir = str(tmp_path / "out"), str(tmp_path / "tb")
+
+    def interrupt(record):
+        if record["point"]["num_members"] == 24:
+            raise KeyboardInterrupt
+
+    kwargs = dict(config=BASE, seeds=[0, 1], grid=grid, log_dir=log_dir, out_dir=out_dir)
+    with pytest.raises(KeyboardInterrupt):
+        jes_sweep.sweep(POLICY, "CartPole-v1", "adam", callbacks=[interrupt], **kwargs)
+    assert "resume=True (jes sweep --resume)" in capsys.readouterr().err
+    logged = {name: sorted(os.listdir(os.path.join(log_dir, name))) for name in os.listdir(log_dir)}
+    assert sorted(logged) == ["learning_rate=0.01,num_members=16", "learning_rate=0.05,num_members=16"] or \
+        sorted(logged) == ["num_members=16,learning_rate=0.01", "num_members=16,learning_rate=0.05"]
+
+    batches = _counting_batches(monkeypatch)
+    with warnings.catch_warnings():  # no "log_dir already holds TensorBoard event files" for the groups kept
+        warnings.simplefilter("error")
+        resumed = jes_sweep.sweep(POLICY, "CartPole-v1", "adam", resume=True, **kwargs)
+    assert len(batches) == 1 and all("num_members=24" in label for label in batches[0])
+    assert _table_without_times(out_dir) == _table_without_times(root / "out")
+    assert [r["num_members"] for r in resumed.rows] == [16, 16, 24, 24]
+    assert {r.config_index for r in resumed.runs} == {2, 3}  # the runs this call ran
+    # The kept groups' logs are left as they were; the rerun ones are written
+    assert all(sorted(os.listdir(os.path.join(log_dir, name))) == files for name, files in logged.items())
+    assert len(os.listdir(log_dir)) == 4
+
+
+def test_a_sweep_resumed_from_another_directory_logs_in_the_folder_its_first_call_picked(tmp_path, monkeypatch,
+                                                                                        capsys):
+    """Review of the resume work: the default log folder (runs/sweep-...) was recorded relative to the first call's
+    working directory, so a resume started elsewhere logged its rerun groups in a new folder there."""
+    grid = {"num_members": [16, 24]}
+    out_dir = str(tmp_path / "out")
+    first, second = tmp_path / "first", tmp_path / "second"
+    first.mkdir(), second.mkdir()
+
+    def interrupt(record):
+        if record["point"]["num_members"] == 24:
+            raise KeyboardInterrupt
+
+    monkeypatch.chdir(first)
+    with pytest.raises(KeyboardInterrupt):
+        jes_sweep.sweep(POLICY, "CartPole-v1", "adam", config=BASE, seeds=[0], grid=grid, out_dir=out_dir,
+                        callbacks=[interrupt])
+    [picked] = os.listdir(first / "runs")
+    monkeypatch.chdir(second)
+    jes_sweep.sweep(POLICY, "CartPole-v1", "adam", config=BASE, seeds=[0], grid=grid, out_dir=out_dir, resume=True)
+    assert not (second / "runs").exists()
+    assert len(os.listdir(first / "runs" / picked)) == 2, os.listdir(first / "runs" / picked)
+
+
+def test_resuming_a_finished_sweep_runs_nothing_and_rewrites_its_table_byte_for_byte(grid_result, tmp_path,
+                                                                                      monkeypatch):
+    import shutil
+
+    result, root = grid_result
+    out_dir = str(tmp_path / "out")
+    shutil.copytree(root / "out", out_dir)
+    tables = ("sweep.csv", "sweep.json")
+    before = {name: open(os.path.join(out_dir, name), "rb").read() for name in tables}
+    trained = _no_training(monkeypatch)
+    again = jes_sweep.sweep(POLICY, "CartPole-v1", "adam", config=BASE, seeds=[0, 1], log_dir=None, resume=True,
+                            grid={"num_members": [16, 24], "learning_rate": [0.01, 0.05]}, out_dir=out_dir)
+    assert not trained and again.runs == [] and len(again.rows) == 4
+    with pytest.raises(KeyError, match=r"its row was kept from the table of the sweep this result resumed"):
+        again.run(0, 0)
+    assert {name: open(os.path.join(out_dir, name), "rb").read() for name in tables} == before
+
+
+@pytest.mark.parametrize("change, differs", [
+    (dict(seeds=[0]), r"its seeds differ \(\[0, 1\] there, \[0\] here\)"),
+    (dict(config=BASE.replace(num_generations=4)), r"its config differs \(num_generations: 3 there, 4 here\)"),
+    (dict(grid={"num_members": [16, 32], "learning_rate": [0.01, 0.05]}), r"its grid points differ"),
+    (dict(optimizer="sgd"), r"its optimizer differs \('adam' there, 'sgd' here\)"),
+    (dict(vmap=True), r"its vmap differs \(False there, True here\)"),
+])
+def test_resuming_another_sweeps_table_is_refused_naming_what_differs(grid_result, monkeypatch, change, differs):
+    result, root = grid_result
+    trained = _no_training(monkeypatch)
+    table = open(result.json_path, "rb").read()
+    kwargs = dict(dict(optimizer="adam", config=BASE, seeds=[0, 1], log_dir=None, out_dir=str(root / "out"),
+                       grid={"num_members": [16, 24], "learning_rate": [0.01, 0.05]}), **change)
+    with pytest.raises(ValueError, match=rf"cannot resume the sweep in out_dir '{root / 'out'}': its table is of "
+                                         rf"another sweep: {differs}.*pass another out_dir"):
+        jes_sweep.sweep(POLICY, "CartPole-v1", resume=True, **kwargs)
+    assert not trained and open(result.json_path, "rb").read() == table
+
+
+def test_resume_needs_an_out_dir_and_a_table_it_can_check(tmp_path, monkeypatch):
+    trained = _no_training(monkeypatch)
+    with pytest.raises(ValueError, match=r"resume=True needs the out_dir of the sweep to resume"):
+        jes_sweep.sweep(POLICY, "CartPole-v1", "adam", config=BASE, grid={}, log_dir=None, resume=True)
+    (tmp_path / "sweep.json").write_text("[]")
+    with pytest.raises(ValueError, match=r"holds a sweep table but no sweep.resume.json"):
+        jes_sweep.sweep(POLICY, "CartPole-v1", "adam", config=BASE, grid={}, log_dir=None, resume=True,
+                        out_dir=str(tmp_path))
+    assert not trained
+
+
+def test_without_resume_a_table_in_out_dir_is_still_refused_and_the_message_names_resume(grid_result, monkeypatch):
+    result, root = grid_result
+    _no_training(monkeypatch)
+    with pytest.raises(FileExistsError, match=r"which this sweep would overwrite: pass another out_dir.*resume=True "
+                                              r"\(jes sweep --resume\)"):
+        jes_sweep.sweep(POLICY, "CartPole-v1", "adam", config=BASE, seeds=[0, 1], log_dir=None,
+                        grid={"num_members": [16, 24], "learning_rate": [0.01, 0.05]}, out_dir=str(root / "out"))
+
+
+def test_jes_sweep_resume_passes_resume_and_is_in_its_help(tmp_path, monkeypatch, capsys):
+    from jes import cli
+
+    calls = []
+    monkeypatch.setattr(jes_sweep, "sweep", lambda **kwargs: calls.append(kwargs) or jes_sweep.SweepResult([], []))
+    path = tmp_path / "sweep.toml"
+    path.write_text('env = "CartPole-v1"\n[config]\nlearning_rate = [0.05, 0.1]\n')
+    cli.main(["sweep", str(path), "--out-dir", str(tmp_path / "out"), "--resume"])
+    assert calls[-1]["resume"] is True
+    cli.main(["sweep", str(path), "--out-dir", str(tmp_path / "out")])
+    assert calls[-1]["resume"] is False
+    with pytest.raises(SystemExit):
+        cli.main(["sweep", "--help"])
+    assert "--resume" in capsys.readouterr().out
+
+
+KILLED_SWEEP = r"""
+import sys, time
+import jes
+from jes import sweep
+
+out_dir, ready = sys.argv[1], sys.argv[2]
+
+
+def wait_for_the_signal(record):
+    if record["point"]["num_members"] == 24:  # the second group runs: the first one's rows are written
+        open(ready, "w").close()
+        while True:
+            time.sleep(0.05)
+
+
+sweep.sweep(jes.MLPPolicy((4,)), "CartPole-v1", "adam", seeds=[0], grid={"num_members": [16, 24]},
+            config=jes.ESConfig(num_members=16, num_generations=1, eval_episodes=2), log_dir=None, out_dir=out_dir,
+            callbacks=[wait_for_the_signal])
+print("returned")
+"""
+
+
+@pytest.mark.hard_timeout(400)
+@pytest.mark.parametrize("signum", ["SIGTERM", "SIGKILL"])
+def test_a_sweep_killed_in_its_second_group_keeps_the_first_groups_rows(tmp_path, signum):
+    """A script's sweep killed by a scheduler (SIGTERM), the OOM killer or a lost session (SIGKILL) lost every
+    finished run. SIGTERM ends it as Ctrl-C does (rows written, said on stderr), then as SIGTERM (status -15)."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from subprocess_for_tests import checkout_env
+
+    out_dir, ready, script = tmp_path / "out", tmp_path / "ready", tmp_path / "script.py"
+    script.write_text(KILLED_SWEEP)
+    child = subprocess.Popen([sys.executable, str(script), str(out_dir), str(ready)], env=checkout_env(),
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 300
+        while not ready.exists() and child.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert ready.exists(), f"the second group never ran (status {child.poll()}): {child.stderr.read()[-3000:]}"
+        child.send_signal(getattr(signal, signum))
+        out, err = child.communicate(timeout=60)
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.communicate()
+    assert child.returncode == -getattr(signal, signum), err[-3000:]
+    assert "returned" not in out and "Traceback" not in err, err[-3000:]
+    if signum == "SIGTERM":
+        assert "sweep interrupted after 1 of 2 configurations finished" in err, err[-3000:]
+        assert "jes.sweep: terminated by SIGTERM" in err, err[-3000:]
+    with open(out_dir / "sweep.json") as f:
+        assert [(r["num_members"], r["sweep_complete"]) for r in json.load(f)] == [(16, False)]
+    assert sorted(os.listdir(out_dir)) == ["sweep.csv", "sweep.json", "sweep.resume.json"]
+
+
+def _rows_without_training(monkeypatch, interrupt_after: bool = False) -> list:
+    """Replace each compile group's runs by a row naming its grid point (``interrupt_after``: then Ctrl-C, as if it
+    came after the group's rows, before the table was written); returns the groups' indices, one list a group."""
+    groups = []
+
+    def fake(trainer, indices, points, seeds, batched, shown, vmap, callbacks, base, swept, grid, optimizer,
+             run_names, log_dir, rows, runs):
+        groups.append(list(indices))
+        for i in indices:
+            rows[i] = dict(shown[i], status="completed")
+        if interrupt_after:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(jes_sweep, "_run_group", fake)
+    return groups
+
+
+def _cartpole_params(**fields):
+    import gymnax
+
+    return gymnax.make("CartPole-v1")[1].replace(**fields)
+
+
+@pytest.mark.parametrize("first, then, differs", [
+    (dict(env_params=_cartpole_params()), dict(env_params=_cartpole_params(max_steps_in_episode=100)),
+     "its env_params differ"),
+    (dict(strategy=jes.strategies.SNES(sigma_init=0.3)), dict(strategy=jes.strategies.SNES(sigma_init=0.5)),
+     "its strategy differs"),
+    (dict(grid={"strategy": [jes.strategies.SNES(sigma_init=0.3), jes.strategies.SNES(sigma_init=0.4)]}),
+     dict(grid={"strategy": [jes.strategies.SNES(sigma_init=0.3), jes.strategies.SNES(sigma_init=0.5)]}),
+     "its grid points differ"),
+    (dict(policy=jes.MLPPolicy((4,))), dict(policy=jes.MLPPolicy((8,))), "its policy differs"),
+])
+def test_resuming_with_other_env_params_or_objects_with_other_fields_is_refused(tmp_path, monkeypatch, first, then,
+                                                                                differs):
+    """Finding: env_params, a strategy object and grid objects were known by value_name (EnvParams_0, SNES_1): a
+    resume with other field values was taken as the same sweep, and its table mixed two sweeps' rows."""
+    groups = _rows_without_training(monkeypatch)
+    kwargs = dict(policy=jes.MLPPolicy((4,)), env="CartPole-v1", optimizer=None, config=BASE, seeds=[0],
+                  log_dir=None, out_dir=str(tmp_path / "out"), grid={"num_members": [16]})
+    jes_sweep.sweep(**dict(kwargs, **first))
+    jes_sweep.sweep(**dict(kwargs, **first), resume=True)  # the same objects: the same sweep, nothing runs again
+    assert len(groups) == len(dict(kwargs, **first)["grid"].get("strategy", [0]))
+    with pytest.raises(ValueError, match=rf"its table is of another sweep: {differs}"):
+        jes_sweep.sweep(**dict(kwargs, **then), resume=True)
+
+
+def test_a_sweep_interrupted_between_its_rows_and_its_table_writes_a_resume_file_too(tmp_path, monkeypatch, capsys):
+    """Finding: an interrupted sweep wrote its table but not sweep.resume.json: interrupted after its first group's
+    rows (before the table's write), it left a table that a resume refused ("no sweep.resume.json")."""
+    out_dir = str(tmp_path / "out")
+    kwargs = dict(config=BASE, seeds=[0], log_dir=None, out_dir=out_dir, grid={"num_members": [16, 24]})
+    _rows_without_training(monkeypatch, interrupt_after=True)
+    with pytest.raises(KeyboardInterrupt):
+        jes_sweep.sweep(POLICY, "CartPole-v1", "adam", **kwargs)
+    assert "after 1 of 2 configurations finished" in capsys.readouterr().err
+    groups = _rows_without_training(monkeypatch)
+    resumed = jes_sweep.sweep(POLICY, "CartPole-v1", "adam", resume=True, **kwargs)
+    assert [[r["num_members"] for r in resumed.rows]] == [[16, 24]] and len(groups) == 1  # the second group only
+
+
+@pytest.mark.hard_timeout(600)
+def test_a_group_interrupted_while_logging_keeps_no_rows_and_a_resume_reruns_it(tmp_path, monkeypatch, capsys):
+    """Finding: Ctrl-C while a group wrote its configurations' TensorBoard runs left the rows of those logged so far
+    in a table without sweep.resume.json, which a resume refused. A group's rows now count once its logs are
+    written; a resume reruns it whole."""
+    out_dir, log_dir = str(tmp_path / "out"), str(tmp_path / "tb")
+    kwargs = dict(config=BASE.replace(num_generations=1), seeds=[0], log_dir=log_dir, out_dir=out_dir,
+                  grid={"learning_rate": [0.01, 0.05]})  # one group: learning_rate is batched
+    real, logged = jes_sweep._log_configuration, []
+
+    def interrupted(*args, **kwargs):
+        if logged:
+            raise KeyboardInterrupt
+        logged.append(real(*args, **kwargs))
+
+    monkeypatch.setattr(jes_sweep, "_log_configuration", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        jes_sweep.sweep(POLICY, "CartPole-v1", "adam", **kwargs)
+    assert "before any of its 2 configurations finished" in capsys.readouterr().err
+    monkeypatch.setattr(jes_sweep, "_log_configuration", real)
+    batches = _counting_batches(monkeypatch)
+    with pytest.warns(UserWarning, match="event files"):  # the half-logged group's first folder
+        resumed = jes_sweep.sweep(POLICY, "CartPole-v1", "adam", resume=True, **kwargs)
+    assert len(batches) == 1 and [r["learning_rate"] for r in resumed.rows] == [0.01, 0.05]
+
+
+@pytest.mark.parametrize("field, value", [("rows", [[0, "a row"]]), ("log_dir", 5), ("identity", [])])
+def test_a_resume_file_with_rows_or_a_log_dir_of_another_kind_is_refused_as_unreadable(tmp_path, monkeypatch,
+                                                                                      field, value):
+    _rows_without_training(monkeypatch)
+    kwargs = dict(config=BASE, seeds=[0], log_dir=None, out_dir=str(tmp_path), grid={"num_members": [16]})
+    jes_sweep.sweep(POLICY, "CartPole-v1", "adam", **kwargs)
+    with open(tmp_path / "sweep.resume.json") as f:
+        saved = json.load(f)
+    with open(tmp_path / "sweep.resume.json", "w") as f:
+        json.dump(dict(saved, **{field: value}), f)
+    with pytest.raises(ValueError, match=r"its sweep.resume.json cannot be read \(TypeError"):
+        jes_sweep.sweep(POLICY, "CartPole-v1", "adam", resume=True, **kwargs)
+
+
+def test_jes_sweep_exits_1_for_a_failed_row_kept_from_the_table_it_resumed(tmp_path, monkeypatch, capsys):
+    """A resumed sweep's result holds only the runs its call ran: the exit status reads the rows' failed counts."""
+    from jes import cli
+
+    row = dict(learning_rate=0.05, seeds="0 1", failed=1, error="non-finite update", final_centre_return_mean=9.0,
+               final_centre_return_std=0.0)
+    monkeypatch.setattr(jes_sweep, "sweep", lambda **kwargs: jes_sweep.SweepResult([row], []))
+    path = tmp_path / "sweep.toml"
+    path.write_text('env = "CartPole-v1"\n[config]\nlearning_rate = [0.05]\n')
+    assert cli.main(["sweep", str(path), "--out-dir", str(tmp_path / "out"), "--resume"]) == 1
+    assert "over 1 of 2 seeds (1 failed: non-finite update)" in capsys.readouterr().out

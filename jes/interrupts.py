@@ -1,0 +1,125 @@
+"""Signals as interrupts: SIGTERM taken as Ctrl-C while a run (or ``jes train``) runs, and SIGINT/SIGTERM held back
+while a checkpoint is written.
+
+Host code shared by :func:`jes.train` / :func:`jes.run`, their checkpoint saves and the ``jes`` command; standard
+library only.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import threading
+from typing import Any, Iterator
+
+
+class SigtermAsInterrupt:
+    """SIGTERM (``timeout``, ``kill``, Slurm, ``docker stop``) taken as Ctrl-C between :meth:`install` and
+    :meth:`restore`: it raises ``KeyboardInterrupt`` in the main thread, so a run saves its checkpoint on it, and
+    :attr:`terminated` records that it came.
+
+    Signal handlers belong to the main thread: in another thread nothing is installed. With ``unless_handled``,
+    nothing is installed either when SIGTERM does not have its default action (a handler of the program's own,
+    ``SIG_IGN``, or one installed outside Python before it started): that handler stays in charge. A handler that C
+    code installed later (JAX's preemption notifier, by ``jax.distributed.initialize``) is invisible here
+    (``signal.getsignal`` still says ``SIG_DFL``): the caller must not install then (``jes.loop._take_sigterm``).
+    :meth:`restore` puts the previous handler back only while this one is still installed (one the program
+    installed meanwhile stays).
+    """
+
+    def __init__(self, *, unless_handled: bool = False):
+        self.unless_handled = unless_handled
+        self.terminated: list[int] = []  # SIGTERM, once one came
+        self._previous: Any = None
+        self._installed = False
+        self._pid = os.getpid()
+
+    def _on_sigterm(self, signum: int, frame: Any) -> None:
+        if os.getpid() != self._pid:  # a child forked meanwhile (a callback's multiprocessing pool) inherited this:
+            terminate_as_sigterm()    # it ends as SIGTERM ends it, as it would have without jes
+            return
+        self.terminated.append(signum)
+        raise KeyboardInterrupt
+
+    def install(self) -> "SigtermAsInterrupt":
+        if threading.current_thread() is threading.main_thread() and not self._installed and not (
+                self.unless_handled and signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL):
+            self._previous = signal.signal(signal.SIGTERM, self._on_sigterm)
+            self._installed, self._pid = True, os.getpid()
+        return self
+
+    def restore(self) -> None:
+        """Give SIGTERM back the handler it had (again: nothing)."""
+        if self._installed:
+            self._installed = False
+            # Not over a handler installed meanwhile (by a callback, a library it set up); and None (a handler from
+            # outside Python) cannot be given back, as before this module
+            if signal.getsignal(signal.SIGTERM) == self._on_sigterm and self._previous is not None:
+                signal.signal(signal.SIGTERM, self._previous)
+
+
+@contextlib.contextmanager
+def sigterm_as_interrupt(*, unless_handled: bool = False) -> Iterator[list[int]]:
+    """:class:`SigtermAsInterrupt` while the block runs; yields its ``terminated`` list (``[SIGTERM]`` once one came)."""
+    taking = SigtermAsInterrupt(unless_handled=unless_handled)
+    try:
+        yield taking.install().terminated
+    finally:
+        taking.restore()
+
+
+def terminate_as_sigterm() -> None:
+    """End this process as SIGTERM's default action ends it (status 143 in a shell, ``-15`` to ``subprocess``), with
+    SIGTERM's default action restored first: what a ``SIGTERM`` that :func:`sigterm_as_interrupt` took as an
+    interrupt would have done, once the run is saved. Returns only where the signal is not delivered at once (it is
+    then pending: the process ends as soon as it is)."""
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    os.kill(os.getpid(), signal.SIGTERM)
+
+
+@contextlib.contextmanager
+def interrupts_deferred() -> Iterator[None]:
+    """Hold SIGINT and SIGTERM back while the block runs, then deliver them: a checkpoint save is never cut off.
+
+    Only signals with a Python handler are held (SIGINT's ``KeyboardInterrupt``, :func:`sigterm_as_interrupt`'s
+    SIGTERM); their handlers are restored when the block ends, and the first signal that came is handed to its
+    handler then (which raises ``KeyboardInterrupt``; more Ctrl-Cs meanwhile count as that one). Signal handlers
+    belong to the main thread: in another thread the block runs unprotected. SIGKILL cannot be held: it leaves the
+    previous checkpoint.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    pending: list[tuple[int, Any]] = []
+    previous: dict = {}
+    holding = [True]
+
+    def hold(signum, frame):
+        if holding[0]:
+            pending.append((signum, frame))
+        else:  # left in place by an interrupt among the restores below: the signal's own handler
+            previous[signum](signum, frame)
+
+    try:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            handler = signal.getsignal(sig)
+            if callable(handler):  # not SIG_DFL, SIG_IGN, nor a handler installed outside Python
+                previous[sig] = handler
+                signal.signal(sig, hold)
+        yield
+    finally:
+        holding[0] = False
+        # Each handler is restored even when a Ctrl-C lands among the restores (raised by a handler restored
+        # already): the other would keep ``hold`` for good otherwise (which then passes signals on).
+        _restore_handlers(list(previous.items()))
+        if pending:
+            signum, frame = pending[0]
+            previous[signum](signum, frame)
+
+
+def _restore_handlers(handlers: list) -> None:
+    if handlers:
+        try:
+            signal.signal(*handlers[0])
+        finally:
+            _restore_handlers(handlers[1:])
