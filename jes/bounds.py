@@ -77,7 +77,9 @@ def into_box(x: jax.Array, box: Box) -> jax.Array:
     # periods to within its rounding, and rounding its ratio to an integer is exact either way
     offset = x - box.far_lower
     periods = jnp.round((offset - jnp.remainder(offset, box.period)) * box.inverse_period)
-    x = jnp.where(far, x - box.period * periods, x)
+    # In a box so narrow that the count overflows (float32 (0, 1e-30) at |x| = 1e10) no shift: the mirrors and the
+    # clip below still give a point of the box, where the shift by inf periods made NaN (pycma's is outside there)
+    x = jnp.where(far & jnp.isfinite(periods), x - box.period * periods, x)
     x = jnp.where(x > box.mirror_upper, x - 2 * (x - box.mirror_upper), x)
     x = jnp.where(x < box.mirror_lower, x + 2 * (box.mirror_lower - x), x)
     x = jnp.where(x < box.zone_lower, box.lower + (x - box.mirror_lower) ** 2 * box.scale_lower, x)

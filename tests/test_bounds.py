@@ -43,6 +43,12 @@ def test_to_box_is_pycmas_bound_transform_on_a_grid_reaching_far_outside():
     unresolved = (np.abs(points) > 1e11) & (UPPER - LOWER < 1e-5)  # rounding at |x| exceeds the whole box there
     ulps = np.abs(ours - theirs) / np.spacing(np.maximum(np.abs(points), np.abs(theirs)))
     assert ulps[~unresolved].max() <= 2, ulps[~unresolved].max()
+    with jax.enable_x64(True):  # the map the problems use: the box's constants made by NumPy on the host
+        hosts = np.asarray(jax.jit(box.into_box)(jnp.asarray(points), jax.tree.map(jnp.asarray,
+                                                                                   box.box_of(LOWER, UPPER))))
+    assert ((LOWER <= hosts) & (hosts <= UPPER)).all()
+    ulps = np.abs(hosts - theirs) / np.spacing(np.maximum(np.abs(points), np.abs(theirs)))
+    assert ulps[~unresolved].max() <= 2, ulps[~unresolved].max()
     assert np.array_equal(al[:3], [0.05, 0.05, 0.05]) and au[2] == 0.55  # pycma's margin_width2
     inside = (points >= LOWER + al) & (points <= UPPER - au)
     assert np.array_equal(ours[inside], points[inside])  # the identity in the interior, bit for bit
@@ -53,6 +59,20 @@ def test_to_box_is_pycmas_bound_transform_on_a_grid_reaching_far_outside():
         again = np.asarray(jax.jit(box.to_box)(jnp.asarray(back), jnp.asarray(LOWER), jnp.asarray(UPPER)))
     assert np.allclose(back, [handler.inverse(row.copy()) for row in targets], rtol=1e-14, atol=0)
     assert np.allclose(again, targets, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("x64", [False, True])
+def test_a_point_too_many_periods_out_to_count_is_still_mapped_into_the_box(x64):
+    """In a box so narrow that |x| / period overflows the dtype (float32 (0, 1e-30) at |x| = 1e10), the map gave NaN
+    (inf periods shifted, then mirrored: inf - inf); it gives a point of the box, as pycma's repair gives a finite
+    one (outside the box, there). A non-finite x still gives NaN, for the search to stop on."""
+    with jax.enable_x64(x64):
+        dtype = np.float64 if x64 else np.float32
+        lower, upper = np.array([0.0, -1.0], dtype), np.array([1e-30 if not x64 else 1e-300, 1.0], dtype)
+        points = np.array([[1e10, 1e10], [-1e10, -1e10], [5.7e13, 3.0], [-3e30, 0.5], [0.0, 0.0]], dtype)
+        y = np.asarray(jax.jit(box.into_box)(jnp.asarray(points), jax.tree.map(jnp.asarray, box.box_of(lower, upper))))
+        assert np.isfinite(y).all() and ((lower <= y) & (y <= upper)).all(), y
+        assert np.isnan(np.asarray(box.to_box(jnp.asarray([[np.inf, np.inf]], dtype), lower, upper))).all()
 
 
 def bits(x):
