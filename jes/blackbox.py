@@ -1421,7 +1421,8 @@ class AskTell:
         instead of 0.15 ms without the wait). To avoid it, run your loop inside ``jax.jit`` / ``lax.scan``
         and check ``info`` yourself.
 
-        Float64 fitness is ranked in float64: in JAX's x64 mode as it is; without it, a float64 NumPy array
+        Float64 fitness is ranked in float64 (a list or tuple of numbers is taken as a float64 NumPy array): in JAX's
+        x64 mode as it is; without it, a float64 NumPy array
         is shifted by its median on the host before it becomes float32, which keeps its order (every
         strategy here depends on fitness only through ranks or differences), and ``info``'s ``pop_min``,
         ``pop_max``, ``pop_mean``, ``best_value`` and ``best_member`` are made on the host from the values you
@@ -1438,6 +1439,8 @@ class AskTell:
                             f"{got}; unlike pycma's es.tell(X, f) it takes no points: jes regenerates "
                             f"the members asked from the state, so pass tell(state, fitness) with fitness in ask's "
                             f"order")
+        if isinstance(fitness, (list, tuple)):  # pycma's tell(X, [f(x) for x in X]): Python floats are float64,
+            fitness = np.asarray(fitness, np.float64)  # ranked as a float64 array is (float32 tied them at 1e9)
         values = _check_fitness(fitness, jnp.asarray if isinstance(fitness, jax.Array) else np.asarray,
                                 self.num_members)
         traced = isinstance(values, jax.core.Tracer) or isinstance(state.generation, jax.core.Tracer)

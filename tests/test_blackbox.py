@@ -295,6 +295,22 @@ def test_float64_fitness_without_x64_mode_gets_its_statistics_in_float64(minimiz
     assert 0 < abs(info["best_value"] - 1e9) < 1e-3  # resolved: float32 at 1e9 is 64 apart
 
 
+def test_a_list_of_python_floats_is_ranked_as_float64_as_pycma_users_pass_it():
+    """Review of the float64 statistics: pycma's es.tell(X, [f(x) for x in X]) passes a list of Python floats; without
+    x64 mode it became float32, so with an offset of 1e9 every member tied (no update, no error). A list (or tuple) is
+    taken as the float64 array it holds: the same bits as passing np.asarray(values)."""
+    es = jes.AskTell("snes", jnp.full(4, 0.5), num_members=10, minimize=True)
+    as_list = as_array = start = es.init(1)
+    for _ in range(10):
+        xs = np.asarray(es.ask(as_list), np.float64)
+        values = [float(np.sum((x - 0.2) ** 2)) + 1e9 for x in xs]
+        as_list, info = es.tell(as_list, values)
+        as_array, _ = es.tell(as_array, np.asarray(values))
+        assert int(info["best_member"]) == int(np.argmin(values))
+    assert np.array_equal(np.asarray(as_list.params).view(np.uint32), np.asarray(as_array.params).view(np.uint32))
+    assert not np.array_equal(np.asarray(as_list.params), np.asarray(start.params))
+
+
 def test_tell_given_the_members_first_as_in_pycma_says_what_it_takes():
     """pycma's es.tell(X, f) raised AttributeError: 'ArrayImpl' object has no attribute 'generation'."""
     es = jes.AskTell("cma_es", x0=jnp.ones(4), num_members=8, minimize=True)
