@@ -150,6 +150,9 @@ class FunctionProblem(Generation):
         # (lower, upper) flat in the search's dtype, or None (no coordinate bounded); x0 is then the search's
         # start's image: the search starts at its preimage (pycma's x0 = inverse(x0); the identity inside)
         self.bounds = box_bounds.flat_bounds(bounds, _as_vector_if_numbers(x0), self.x0)
+        # and the map's constants, made once on the host: the same bits wherever a point is mapped (Box)
+        self.box = None if self.bounds is None else box_bounds.box_of(*self.bounds)
+        self._box_arguments = None if self.box is None else jax.tree.map(jnp.asarray, self.box)  # on the device once
         if self.bounds is not None:
             self.bounds = tuple(jnp.asarray(side) for side in self.bounds)
             self.x0 = _from_box(self.x0, *self.bounds)
@@ -206,8 +209,10 @@ class FunctionProblem(Generation):
 
     def in_box(self, flat: jax.Array) -> jax.Array:
         """Points of the search (``[..., P]``) as ``fitness_fn`` sees them and results report them: mapped into the
-        bounds (:func:`jes.bounds.to_box`), or as they are without bounds."""
-        return flat if self.bounds is None else box_bounds.to_box(flat, *self.bounds)
+        bounds (:func:`jes.bounds.to_box`), or as they are without bounds. The box's constants enter the programs
+        that evaluate ``fitness_fn`` as constants, and those of results and host points (:func:`_into_box`) as
+        arguments: the same bits (see :class:`jes.bounds.Box`), so ``f(result.x)`` is ``result.value``."""
+        return flat if self.box is None else box_bounds.into_box(flat, self.box)
 
     def objective(self, flat: jax.Array) -> jax.Array:
         """The user's function at one flat point of the search (mapped :meth:`in_box`), as a float32 scalar (float64
@@ -251,8 +256,8 @@ class FunctionProblem(Generation):
         :meth:`in_box`), in ``x0``'s float dtype (float64 in x64 mode)."""
         if not (isinstance(flat_params, jax.Array) and flat_params.dtype == self.x0.dtype):
             flat_params = jnp.asarray(flat_params, self.x0.dtype)
-        if self.bounds is not None:
-            flat_params = _to_box(flat_params, *self.bounds)
+        if self.box is not None:
+            flat_params = _into_box(flat_params, self._box_arguments)
         return self.unravel(flat_params)
 
     def generation_block(self, state: TrainState, best: tuple, evaluate_centre: jax.Array, calls: jax.Array,
@@ -374,8 +379,9 @@ class FunctionProblem(Generation):
 
 
 # The box map as one program each (per shape and dtype, shared by every problem): for results and host points,
-# where eager jnp would dispatch (and first compile) each of its dozen operations
-_to_box = jax.jit(box_bounds.to_box)
+# where eager jnp would dispatch (and first compile) each of its dozen operations. The box is an argument here and
+# a constant in the programs that evaluate the function: the same bits either way (jes.bounds.Box).
+_into_box = jax.jit(box_bounds.into_box)
 _from_box = jax.jit(box_bounds.from_box)
 
 # Block programs hash with threefry unrolled (jes.threefry; False: JAX's rolled CPU lowering, the same bits).
@@ -1225,7 +1231,7 @@ class HostFunctionProblem(FunctionProblem):
 
     def host_in_box(self, flat: np.ndarray) -> np.ndarray:
         """Flat points of the search (``[..., P]``) mapped :meth:`in_box`, as NumPy (the same array without bounds)."""
-        return flat if self.bounds is None else np.asarray(_to_box(flat, *self.bounds))
+        return flat if self.box is None else np.asarray(_into_box(flat, self._box_arguments))
 
     def call(self, flat: np.ndarray) -> float:
         """The host function at one flat point (already :meth:`host_in_box`), as a float."""
@@ -1415,11 +1421,26 @@ class AskTell:
         instead of 0.15 ms without the wait). To avoid it, run your loop inside ``jax.jit`` / ``lax.scan``
         and check ``info`` yourself.
 
-        Float64 fitness is ranked in float64: in JAX's x64 mode as it is; without it, a float64 NumPy array
+        Float64 fitness is ranked in float64 (a list or tuple of numbers is taken as a float64 NumPy array): in JAX's
+        x64 mode as it is; without it, a float64 NumPy array
         is shifted by its median on the host before it becomes float32, which keeps its order (every
         strategy here depends on fitness only through ranks or differences), and ``info``'s ``pop_min``,
-        ``pop_max``, ``pop_mean`` and ``best_value`` are shifted back.
+        ``pop_max``, ``pop_mean``, ``best_value`` and ``best_member`` are made on the host from the values you
+        passed, as NumPy float64 (int32) scalars: ``best_value - 1e9`` of a function offset by 1e9 keeps its
+        digits. The others (``pop_std``, ...) are the shifted float32 values'.
+
+        ``state`` comes first, from :meth:`init` or the last ``tell``: pycma's ``es.tell(X, f)`` has no equivalent,
+        as jes regenerates the members from the state's key and generation and cannot be told other points.
         """
+        if not isinstance(state, TrainState):
+            got = (f"an array shaped {tuple(state.shape)}" if hasattr(state, "shape") and hasattr(state, "dtype")
+                   else _named(state))
+            raise TypeError(f"tell(state, fitness) takes the state from init() or the last tell() first, got "
+                            f"{got}; unlike pycma's es.tell(X, f) it takes no points: jes regenerates "
+                            f"the members asked from the state, so pass tell(state, fitness) with fitness in ask's "
+                            f"order")
+        if isinstance(fitness, (list, tuple)):  # pycma's tell(X, [f(x) for x in X]): Python floats are float64,
+            fitness = np.asarray(fitness, np.float64)  # ranked as a float64 array is (float32 tied them at 1e9)
         values = _check_fitness(fitness, jnp.asarray if isinstance(fitness, jax.Array) else np.asarray,
                                 self.num_members)
         traced = isinstance(values, jax.core.Tracer) or isinstance(state.generation, jax.core.Tracer)
@@ -1452,9 +1473,14 @@ class AskTell:
                 and np.isfinite(fitness).all()):
             shift = float(np.median(fitness))
             state, info = self._tell(state, (fitness - shift).astype(np.float32))
-            # info is in the fitness's own units, here those of the shifted values: shifted back
-            moved = {k: info[k] + np.float32(shift) for k in ("pop_mean", "pop_max", "pop_min", "best_value")}
-            return state, dict(info, **moved)
+            # info's statistics were of the shifted float32 values: shifted back in float32, an offset of 1e9
+            # swallowed what the ranking resolved (best_value - 1e9 read 0.0 for 4.9e-5). Made here instead, in
+            # float64, from the values given (the best member too: float32 may have tied it with another)
+            signed = self.problem.sign * fitness
+            best_member = int(np.argmax(signed))
+            own = _own_statistics(np.float64(signed[best_member]), np.float64(signed.min()),
+                                  np.float64(signed.mean()), self.problem.sign)
+            return state, dict(info, **own, best_member=np.int32(best_member))
         return self._tell(state, fitness)
 
     @jax.jit

@@ -12,20 +12,81 @@ refusing what cannot be meant.
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 
-def margins(lower: jax.Array, upper: jax.Array) -> tuple[jax.Array, jax.Array]:
+def margins(lower: jax.Array, upper: jax.Array, xp: Any = jnp) -> tuple[jax.Array, jax.Array]:
     """The widths ``(al, au)`` of the quadratic zones below ``lower + al`` and above ``upper - au``: pycma's
-    ``min((upper - lower) / 2, max(1, |bound|) / 20)`` (its default ``margin_width2``), 1 for an open side."""
+    ``min((upper - lower) / 2, max(1, |bound|) / 20)`` (its default ``margin_width2``), 1 for an open side
+    (``xp``: ``jax.numpy``, or ``numpy`` on the host)."""
     half = (upper - lower) / 2
-    al = jnp.where(jnp.isfinite(lower), jnp.minimum(half, jnp.maximum(1, jnp.abs(lower)) / 20), 1)
-    au = jnp.where(jnp.isfinite(upper), jnp.minimum(half, jnp.maximum(1, jnp.abs(upper)) / 20), 1)
+    al = xp.where(xp.isfinite(lower), xp.minimum(half, xp.maximum(1, xp.abs(lower)) / 20), 1)
+    au = xp.where(xp.isfinite(upper), xp.minimum(half, xp.maximum(1, xp.abs(upper)) / 20), 1)
     return al.astype(lower.dtype), au.astype(upper.dtype)
+
+
+class Box(NamedTuple):
+    """:func:`to_box`'s constants for one box, ``[P]`` each, derived from ``(lower, upper)`` by :func:`box_of`.
+
+    :func:`into_box` only adds, subtracts, multiplies, compares, selects and takes remainders with them, which XLA
+    compiles to the same bits whether they are constants of the program, its arguments, or broadcast over a
+    population. A division by a bound-derived value is not like that: XLA turns ``x / c`` into ``x * (1 / c)`` where
+    ``c`` is a constant or broadcast, and not where it is an argument of the same shape (the last bit of a point in a
+    quadratic zone then depended on the program it was mapped in). Hence ``scale_lower = 1 / (4 al)`` and ``inverse_period``, made once.
+    """
+
+    lower: Any
+    upper: Any
+    mirror_lower: Any  # lower - al: points below are mirrored up at it
+    mirror_upper: Any  # upper + au
+    zone_lower: Any  # lower + al: below it, the quadratic zone onto [lower, lower + al]
+    zone_upper: Any  # upper - au
+    scale_lower: Any  # 1 / (4 al)
+    scale_upper: Any  # 1 / (4 au)
+    far_lower: Any  # lower - 2 al - (upper - lower) / 2: the period's start; points below are shifted by periods
+    far_upper: Any  # upper + 2 au + (upper - lower) / 2
+    period: Any  # 2 (upper - lower + al + au)
+    inverse_period: Any  # 1 / period
+
+
+def box_of(lower: Any, upper: Any) -> Box:
+    """The :class:`Box` of ``[lower, upper]`` (``[P]`` each, ``-inf`` / ``inf`` an open side), in their dtype: with
+    NumPy where both are concrete (computed once, on the host: jes makes its problems' boxes so), else traced."""
+    xp = jnp if isinstance(lower, jax.core.Tracer) or isinstance(upper, jax.core.Tracer) else np
+    lower, upper = xp.asarray(lower), xp.asarray(upper)
+    dtype = lower.dtype
+    with np.errstate(all="ignore"):  # open sides: inf - inf in branches to_box never selects there
+        al, au = margins(lower, upper, xp)
+        width = upper - lower
+        period = (2 * (width + al + au)).astype(dtype)
+        return Box(*(xp.asarray(v).astype(dtype) for v in (
+            lower, upper, lower - al, upper + au, lower + al, upper - au, 1 / (4 * al), 1 / (4 * au),
+            lower - 2 * al - width / 2, upper + 2 * au + width / 2, period, 1 / period)))
+
+
+def into_box(x: jax.Array, box: Box) -> jax.Array:
+    """``x`` (``[..., P]``) mapped into the box (:func:`to_box`) with the box's constants made once
+    (:func:`box_of`): the same bits in every program that maps a point, whichever way the constants enter it."""
+    far = (x < box.far_lower) | (x > box.far_upper)
+    # pycma's x - period * floor((x - start) / period), with the whole periods counted without a division (not the
+    # same bits in every program, see Box): the remainder is exact, so (x - start) - remainder is a whole number of
+    # periods to within its rounding, and rounding its ratio to an integer is exact either way
+    offset = x - box.far_lower
+    periods = jnp.round((offset - jnp.remainder(offset, box.period)) * box.inverse_period)
+    # In a box so narrow that the count overflows (float32 (0, 1e-30) at |x| = 1e10) no shift: the mirrors and the
+    # clip below still give a point of the box, where the shift by inf periods made NaN (pycma's is outside there)
+    x = jnp.where(far & jnp.isfinite(periods), x - box.period * periods, x)
+    x = jnp.where(x > box.mirror_upper, x - 2 * (x - box.mirror_upper), x)
+    x = jnp.where(x < box.mirror_lower, x + 2 * (box.mirror_lower - x), x)
+    x = jnp.where(x < box.zone_lower, box.lower + (x - box.mirror_lower) ** 2 * box.scale_lower, x)
+    x = jnp.where(x > box.zone_upper, box.upper - (x - box.mirror_upper) ** 2 * box.scale_upper, x)
+    # The shift of a point many periods out is rounded at that point's magnitude, which can exceed a narrow box's
+    # period (|x| = 1e12, a box 1e-6 wide) and leave it outside after the mirrors; pycma lets that through.
+    return jnp.clip(x, box.lower, box.upper)
 
 
 def to_box(x: jax.Array, lower: jax.Array, upper: jax.Array) -> jax.Array:
@@ -35,23 +96,15 @@ def to_box(x: jax.Array, lower: jax.Array, upper: jax.Array) -> jax.Array:
     ``[lower - 2 al - (upper - lower) / 2, ...]``, mirrored at ``upper + au`` and ``lower - al`` into
     ``[lower - al, upper + au]``, then bent quadratically onto ``[lower, lower + al]`` and
     ``[upper - au, upper]``; identity in ``[lower + al, upper - au]``. With an open side (``inf``) the branches
-    that side's arithmetic would make NaN are never selected. The same values as pycma's, except that the
-    period shift may be rounded differently (XLA may fuse its multiply and subtract: a few ulps of ``|x|``), and
-    that a point whose shift rounding left it outside the box is clipped into it.
+    that side's arithmetic would make NaN are never selected. The same values as pycma's up to rounding (a few
+    ulps of ``|x|`` for a point shifted by periods, an ulp or two of the result in a quadratic zone, as it
+    multiplies by ``1 / (4 al)`` where pycma divides), except that a point whose shift rounding left it outside
+    the box is clipped into it.
+
+    ``into_box(x, box_of(lower, upper))``: to map points with the same bits in several programs, make the
+    :class:`Box` once and use :func:`into_box` (traced bounds make the box inside each program).
     """
-    al, au = margins(lower, upper)
-    width = upper - lower
-    far = (x < lower - 2 * al - width / 2.0) | (x > upper + 2 * au + width / 2.0)
-    period = 2 * (width + al + au)
-    start = lower - 2 * al - width / 2.0
-    x = jnp.where(far, x - period * jnp.floor_divide(x - start, period), x)
-    x = jnp.where(x > upper + au, x - 2 * (x - upper - au), x)
-    x = jnp.where(x < lower - al, x + 2 * (lower - al - x), x)
-    x = jnp.where(x < lower + al, lower + (x - (lower - al)) ** 2 / 4 / al, x)
-    x = jnp.where(x > upper - au, upper - (x - (upper + au)) ** 2 / 4 / au, x)
-    # The shift of a point many periods out is rounded at that point's magnitude, which can exceed a narrow box's
-    # period (|x| = 1e12, a box 1e-6 wide) and leave it outside after the mirrors; pycma lets that through.
-    return jnp.clip(x, lower, upper)
+    return into_box(x, box_of(lower, upper))
 
 
 def from_box(y: jax.Array, lower: jax.Array, upper: jax.Array) -> jax.Array:

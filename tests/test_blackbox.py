@@ -272,6 +272,55 @@ def test_float64_fitness_from_the_host_is_ranked_in_float64_without_x64_mode():
     assert narrow > 1e-7
 
 
+@pytest.mark.parametrize("minimize", [True, False])
+def test_float64_fitness_without_x64_mode_gets_its_statistics_in_float64(minimize):
+    """info's pop_min, pop_max, pop_mean, best_value and best_member are those of the float64 values told, as NumPy
+    float64: with an offset of 1e9, best_value - 1e9 keeps the digits the ranking resolves (it read 0.0 for 4.9e-5,
+    the float32 shift back), and the search is the same bit for bit as without the offset."""
+    es = jes.AskTell("snes", jnp.full(4, 0.5), num_members=10, minimize=minimize)
+    plain = offset = es.init(1)
+    for _ in range(30):
+        xs = np.asarray(es.ask(plain), np.float64)
+        assert np.array_equal(xs, np.asarray(es.ask(offset), np.float64))
+        values = (1.0 if minimize else -1.0) * np.sum((xs - 0.2) ** 2, axis=1)
+        plain, _ = es.tell(plain, values)
+        told = values + 1e9
+        offset, info = es.tell(offset, told)
+        best = told.min() if minimize else told.max()
+        assert [float(info[k]) for k in ("pop_min", "pop_max", "pop_mean", "best_value")] == [
+            float(told.min()), float(told.max()), float(told.mean()), float(best)]
+        assert all(type(info[k]) is np.float64 for k in ("pop_min", "pop_max", "pop_mean", "best_value"))
+        assert told[int(info["best_member"])] == best
+    assert np.array_equal(np.asarray(plain.params).view(np.uint32), np.asarray(offset.params).view(np.uint32))
+    assert 0 < abs(info["best_value"] - 1e9) < 1e-3  # resolved: float32 at 1e9 is 64 apart
+
+
+def test_a_list_of_python_floats_is_ranked_as_float64_as_pycma_users_pass_it():
+    """Review of the float64 statistics: pycma's es.tell(X, [f(x) for x in X]) passes a list of Python floats; without
+    x64 mode it became float32, so with an offset of 1e9 every member tied (no update, no error). A list (or tuple) is
+    taken as the float64 array it holds: the same bits as passing np.asarray(values)."""
+    es = jes.AskTell("snes", jnp.full(4, 0.5), num_members=10, minimize=True)
+    as_list = as_array = start = es.init(1)
+    for _ in range(10):
+        xs = np.asarray(es.ask(as_list), np.float64)
+        values = [float(np.sum((x - 0.2) ** 2)) + 1e9 for x in xs]
+        as_list, info = es.tell(as_list, values)
+        as_array, _ = es.tell(as_array, np.asarray(values))
+        assert int(info["best_member"]) == int(np.argmin(values))
+    assert np.array_equal(np.asarray(as_list.params).view(np.uint32), np.asarray(as_array.params).view(np.uint32))
+    assert not np.array_equal(np.asarray(as_list.params), np.asarray(start.params))
+
+
+def test_tell_given_the_members_first_as_in_pycma_says_what_it_takes():
+    """pycma's es.tell(X, f) raised AttributeError: 'ArrayImpl' object has no attribute 'generation'."""
+    es = jes.AskTell("cma_es", x0=jnp.ones(4), num_members=8, minimize=True)
+    state = es.init(0)
+    xs = es.ask(state)
+    with pytest.raises(TypeError, match=r"^tell\(state, fitness\) takes the state from init\(\) or the last "
+                                        r"tell\(\) first, got an array shaped \(8, 4\); unlike pycma's es.tell\(X, f\)"):
+        es.tell(xs, np.sum(np.asarray(xs) ** 2, axis=1))
+
+
 # ------------------------------------------------------------------ many generations per compiled call
 def rosenbrock(x):
     return jnp.sum(100.0 * (x[1:] - x[:-1] ** 2) ** 2 + (1.0 - x[:-1]) ** 2)

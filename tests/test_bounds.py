@@ -43,6 +43,12 @@ def test_to_box_is_pycmas_bound_transform_on_a_grid_reaching_far_outside():
     unresolved = (np.abs(points) > 1e11) & (UPPER - LOWER < 1e-5)  # rounding at |x| exceeds the whole box there
     ulps = np.abs(ours - theirs) / np.spacing(np.maximum(np.abs(points), np.abs(theirs)))
     assert ulps[~unresolved].max() <= 2, ulps[~unresolved].max()
+    with jax.enable_x64(True):  # the map the problems use: the box's constants made by NumPy on the host
+        hosts = np.asarray(jax.jit(box.into_box)(jnp.asarray(points), jax.tree.map(jnp.asarray,
+                                                                                   box.box_of(LOWER, UPPER))))
+    assert ((LOWER <= hosts) & (hosts <= UPPER)).all()
+    ulps = np.abs(hosts - theirs) / np.spacing(np.maximum(np.abs(points), np.abs(theirs)))
+    assert ulps[~unresolved].max() <= 2, ulps[~unresolved].max()
     assert np.array_equal(al[:3], [0.05, 0.05, 0.05]) and au[2] == 0.55  # pycma's margin_width2
     inside = (points >= LOWER + al) & (points <= UPPER - au)
     assert np.array_equal(ours[inside], points[inside])  # the identity in the interior, bit for bit
@@ -53,6 +59,92 @@ def test_to_box_is_pycmas_bound_transform_on_a_grid_reaching_far_outside():
         again = np.asarray(jax.jit(box.to_box)(jnp.asarray(back), jnp.asarray(LOWER), jnp.asarray(UPPER)))
     assert np.allclose(back, [handler.inverse(row.copy()) for row in targets], rtol=1e-14, atol=0)
     assert np.allclose(again, targets, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("x64", [False, True])
+def test_a_point_too_many_periods_out_to_count_is_still_mapped_into_the_box(x64):
+    """In a box so narrow that |x| / period overflows the dtype (float32 (0, 1e-30) at |x| = 1e10), the map gave NaN
+    (inf periods shifted, then mirrored: inf - inf); it gives a point of the box, as pycma's repair gives a finite
+    one (outside the box, there). A non-finite x still gives NaN, for the search to stop on."""
+    with jax.enable_x64(x64):
+        dtype = np.float64 if x64 else np.float32
+        lower, upper = np.array([0.0, -1.0], dtype), np.array([1e-30 if not x64 else 1e-300, 1.0], dtype)
+        points = np.array([[1e10, 1e10], [-1e10, -1e10], [5.7e13, 3.0], [-3e30, 0.5], [0.0, 0.0]], dtype)
+        y = np.asarray(jax.jit(box.into_box)(jnp.asarray(points), jax.tree.map(jnp.asarray, box.box_of(lower, upper))))
+        assert np.isfinite(y).all() and ((lower <= y) & (y <= upper)).all(), y
+        assert np.isnan(np.asarray(box.to_box(jnp.asarray([[np.inf, np.inf]], dtype), lower, upper))).all()
+
+
+def bits(x):
+    """``x``'s bits, to compare with ``np.array_equal`` (float32 as uint32, float64 as uint64)."""
+    x = np.asarray(x)
+    return x.view(np.uint64 if x.dtype == np.float64 else np.uint32)
+
+
+@pytest.mark.parametrize("x64", [False, True])
+def test_into_box_gives_the_same_bits_in_every_program(x64):
+    """A box made once (box_of) maps a point to the same bits with its constants folded into the program or passed
+    as arguments, over a population [N, P] or one point [P], in a scan: the points the function gets
+    and those results report are the same (a division by a bound-derived value was not: XLA multiplies by the
+    reciprocal where it is a constant or broadcast)."""
+    with jax.enable_x64(x64):
+        dtype = np.float64 if x64 else np.float32
+        lower, upper = LOWER.astype(dtype), UPPER.astype(dtype)
+        rng = np.random.default_rng(0)
+        # every branch: the interior, both quadratic zones, the mirrors, points many periods out
+        points = np.concatenate([rng.uniform(-3, 13, (300, LOWER.size)), rng.normal(0, 1e4, (40, LOWER.size)),
+                                 np.broadcast_to(GRID[::50, None], (GRID[::50].size, LOWER.size))]).astype(dtype)
+        b = box.box_of(lower, upper)
+        arguments = jax.tree.map(jnp.asarray, b)
+        x = jnp.asarray(points)
+        reference = bits(jax.jit(box.into_box)(x, arguments))
+        mapped = {
+            "constants": jax.jit(lambda x: box.into_box(x, b))(x),
+            "vmapped constants": jax.jit(jax.vmap(lambda p: box.into_box(p, b)))(x),
+            "one point, arguments": np.stack([jax.jit(box.into_box)(p, arguments) for p in x[:40]]),
+            "one point, constants": np.stack([jax.jit(lambda p: box.into_box(p, b))(p) for p in x[:40]]),
+            "in a scan, times a function": jax.jit(lambda x: jax.lax.scan(
+                lambda c, p: (c, box.into_box(p, b) * 2), 0, x)[1])(x) / 2,
+        }  # not eagerly, op by op: it rounds a product before its sum, where compiled programs use one FMA
+        for name, y in mapped.items():
+            assert np.array_equal(bits(y), reference[:len(y)]), name
+        y = np.asarray(jax.jit(box.into_box)(x, arguments))
+        assert y.dtype == dtype and ((lower <= y) & (y <= upper)).all()
+
+
+FIRST = (lambda x: x[0] + 0.0 * x[1], lambda x: float(x[0]))  # the tester's: the value is coordinate 0, exactly
+LARGEST = (jnp.max, lambda x: float(np.max(x)))
+
+
+# Each case had f(x) or f(best_x) one bit off the reported value, and host=True's value off it, before the box's
+# constants were made once (keys and dimensions found by trying a few)
+@pytest.mark.parametrize("strategy, functions, dimension, keys", [
+    ("sep_cma_es", FIRST, 2, (2, 3)), ("snes", LARGEST, 3, (0, 3)), ("cma_es", LARGEST, 2, (1,)),
+    ("openai_es", FIRST, 3, (0, 3)),
+])
+def test_the_function_is_evaluated_at_the_point_reported_bit_for_bit(strategy, functions, dimension, keys):
+    """f(result.x) is result.value and f(result.best_x) result.best_value, bit for bit, for functions whose value
+    is exactly a coordinate, minimised onto a bound; host=True on the same values is the same run (the values and
+    the state), and AskTell told f at ask's points makes the same means and reports the same point as x. (The box's
+    constants were folded into the evaluating program and passed to the results' map: values one bit apart.)"""
+    fitness_fn, host_fn = functions
+    x0 = np.full(dimension, 0.5, np.float32)
+    settings = dict(minimize=True, num_generations=30, noise_std=0.3, bounds=(0.0, 1.0))
+    for key in keys:
+        r = jes.optimize(fitness_fn, jnp.asarray(x0), strategy, key=key, **settings)
+        assert np.array_equal(bits(jax.jit(fitness_fn)(r.x)), bits(np.float32(r.value))), (key, r.value)
+        assert np.array_equal(bits(jax.jit(fitness_fn)(r.best_x)), bits(np.float32(r.best_value))), key
+        h = jes.optimize(host_fn, x0, strategy, key=key, host=True, **settings)
+        assert np.array_equal(bits(h.state.params), bits(r.state.params)), key
+        assert np.array_equal(bits(np.float32(h.value)), bits(np.float32(r.value))), (key, h.value, r.value)
+        assert np.array_equal(bits(np.float32(h.best_value)), bits(np.float32(r.best_value))), key
+        assert np.array_equal(bits(h.x), bits(r.x)) and np.array_equal(bits(h.best_x), bits(r.best_x)), key
+    es = jes.AskTell(strategy, x0=jnp.asarray(x0), minimize=True, noise_std=0.3, bounds=(0.0, 1.0))
+    state = es.init(keys[-1])
+    for _ in r.history["generation"]:
+        state, _ = es.tell(state, jax.vmap(fitness_fn)(es.ask(state)))
+    assert np.array_equal(bits(state.params), bits(r.state.params))
+    assert np.array_equal(bits(es.mean(state)), bits(r.x))
 
 
 def test_the_search_starts_where_pycma_does():
