@@ -2,6 +2,7 @@
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -22,3 +23,11 @@ def run_script(script, *args: str, timeout: float = 600, tests: bool = False) ->
                               capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired as e:
         pytest.fail(f"{os.path.basename(str(script))} ran past {timeout} s:\n{e.stdout}\n{e.stderr}")
+
+
+def wait_for_file(path, child: subprocess.Popen, timeout: float = 300) -> bool:
+    """Wait until ``path`` exists, ``child`` has ended or ``timeout`` seconds passed; whether ``path`` exists."""
+    deadline = time.monotonic() + timeout
+    while not os.path.exists(path) and child.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return os.path.exists(path)

@@ -1309,7 +1309,7 @@ print("returned")
 def test_sigterm_to_a_script_calling_train_saves_the_checkpoint_then_ends_as_sigterm(tmp_path):
     """A script calling jes.train killed by SIGTERM (a scheduler, kill, timeout) died at once: only `jes train` took
     it as Ctrl-C, so the generations since the last periodic checkpoint were lost."""
-    from subprocess_for_tests import checkout_env
+    from subprocess_for_tests import checkout_env, wait_for_file
 
     log_dir, ready = tmp_path / "run", tmp_path / "ready"
     path = str(log_dir / "checkpoint.ckpt")
@@ -1318,10 +1318,7 @@ def test_sigterm_to_a_script_calling_train_saves_the_checkpoint_then_ends_as_sig
     child = subprocess.Popen([sys.executable, str(script), str(log_dir), str(ready)], env=checkout_env(),
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        deadline = time.monotonic() + 300
-        while not ready.exists() and child.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert ready.exists(), f"generation 4 never came (status {child.poll()})"
+        assert wait_for_file(ready, child), f"generation 4 never came (status {child.poll()})"
         assert checkpoint.read(path).generation == 2  # the periodic one
         child.send_signal(signal.SIGTERM)
         out, err = child.communicate(timeout=60)

@@ -691,6 +691,23 @@ def assert_two_workers_match_local(trainer, pool, env="CartPole-v1"):
     assert master.stats["assigned_ranges"] > 0
 
 
+def assert_two_workers_match_local_by_bytes(trainer, pool, env):
+    """A run through a master with two workers against the local run: the final parameters and every history column
+    (wall times aside) compared by bytes; returns the local result and the master."""
+    local = run(trainer, trainer.init_state(KEY), key=KEY)
+    pool.ensure(2)
+    with Master(trainer, f"127.0.0.1:{pool.port}", secret=SECRET, env=env, optimizer="adam",
+                **{**FAST, **(dict(curve_secret_key=CURVE[1]) if CURVE else {})}) as master:
+        state = trainer.init_state(KEY)
+        assert master.wait_for_workers(state, 2, READY_TIMEOUT) >= 2, [pool.log(n) for n in pool.live()]
+        result = run(trainer, state, key=KEY, step_fn=master.step)
+    assert result.flat_params.tobytes() == local.flat_params.tobytes()
+    for name in local.history:
+        if name not in ("wall_time", "generation_time"):
+            assert np.asarray(result.history[name]).tobytes() == np.asarray(local.history[name]).tobytes(), name
+    return local, master
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("name", jes.strategies.names())
 def test_every_strategy_with_two_workers_is_bit_identical(name, pool):
@@ -734,17 +751,7 @@ def test_chunks_of_16_members_or_more_with_two_workers_are_bit_identical(policy,
     config = CONFIG.replace(num_members=64, chunk_size=chunk_size, num_generations=3, eval_episodes=64,
                             eval_every=eval_every, max_episode_steps=100)
     trainer = jes.Trainer(policy, "Pendulum-v1", "adam", config)
-    local = run(trainer, trainer.init_state(KEY), key=KEY)
-    pool.ensure(2)
-    with Master(trainer, f"127.0.0.1:{pool.port}", secret=SECRET, env="Pendulum-v1", optimizer="adam",
-                **{**FAST, **(dict(curve_secret_key=CURVE[1]) if CURVE else {})}) as master:
-        state = trainer.init_state(KEY)
-        assert master.wait_for_workers(state, 2, READY_TIMEOUT) >= 2, [pool.log(n) for n in pool.live()]
-        result = run(trainer, state, key=KEY, step_fn=master.step)
-    assert result.flat_params.tobytes() == local.flat_params.tobytes()
-    for name in local.history:
-        if name not in ("wall_time", "generation_time"):
-            assert np.asarray(result.history[name]).tobytes() == np.asarray(local.history[name]).tobytes(), name
+    local, master = assert_two_workers_match_local_by_bytes(trainer, pool, "Pendulum-v1")
     assert np.isfinite(local.history["centre_return"]).sum() == (3 if eval_every == 1 else 2)
     assert master.stats["assigned_ranges"] > 0
 
@@ -767,17 +774,7 @@ def test_workers_run_their_chunks_centre_slots_and_the_centre_is_the_local_steps
     history column and the final parameters compared by bytes."""
     config = CONFIG.replace(**size, num_generations=4, eval_episodes=8, eval_every=eval_every, max_episode_steps=60)
     trainer = jes.Trainer(policy, env, "adam", config)
-    local = run(trainer, trainer.init_state(KEY), key=KEY)
-    pool.ensure(2)
-    with Master(trainer, f"127.0.0.1:{pool.port}", secret=SECRET, env=env, optimizer="adam",
-                **{**FAST, **(dict(curve_secret_key=CURVE[1]) if CURVE else {})}) as master:
-        state = trainer.init_state(KEY)
-        assert master.wait_for_workers(state, 2, READY_TIMEOUT) >= 2, [pool.log(n) for n in pool.live()]
-        result = run(trainer, state, key=KEY, step_fn=master.step)
-    assert result.flat_params.tobytes() == local.flat_params.tobytes()
-    for name in local.history:
-        if name not in ("wall_time", "generation_time"):
-            assert np.asarray(result.history[name]).tobytes() == np.asarray(local.history[name]).tobytes(), name
+    local, master = assert_two_workers_match_local_by_bytes(trainer, pool, env)
     assert np.isfinite(local.history["centre_return"]).sum() == {1: 4, 2: 2, 3: 2}[eval_every]
     # a worker's first delivered range is audited against the master's own evaluation: none differed
     assert master.stats["assigned_ranges"] > 0

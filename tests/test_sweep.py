@@ -878,19 +878,15 @@ def test_a_sweep_killed_in_its_second_group_keeps_the_first_groups_rows(tmp_path
     import signal
     import subprocess
     import sys
-    import time
 
-    from subprocess_for_tests import checkout_env
+    from subprocess_for_tests import checkout_env, wait_for_file
 
     out_dir, ready, script = tmp_path / "out", tmp_path / "ready", tmp_path / "script.py"
     script.write_text(KILLED_SWEEP)
     child = subprocess.Popen([sys.executable, str(script), str(out_dir), str(ready)], env=checkout_env(),
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        deadline = time.monotonic() + 300
-        while not ready.exists() and child.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert ready.exists(), f"the second group never ran (status {child.poll()}): {child.stderr.read()[-3000:]}"
+        assert wait_for_file(ready, child), f"the second group never ran (status {child.poll()}): {child.stderr.read()[-3000:]}"
         child.send_signal(getattr(signal, signum))
         out, err = child.communicate(timeout=60)
     finally:
