@@ -50,7 +50,7 @@ from jes.config import ESConfig
 from jes.logging import TensorBoardLogger, default_run_name, has_event_files, unique_dir
 from jes.policies import GRUPolicy, MLPPolicy
 from jes.generation import Trainer, TrainState, build_context, check_strategy_supports
-from jes.loop import HISTORY_KEYS, Callback, call_callbacks, evaluates_centre, run_hparams
+from jes.loop import HISTORY_KEYS, Callback, _take_sigterm, call_callbacks, evaluates_centre, run_hparams
 from jes.optimizers import DEFAULT_LEARNING_RATES, resolve_name
 from jes.strategies.base import both_sigmas, given_noise_std, ignored_settings
 from jes.threefry import lower_unrolled
@@ -725,7 +725,7 @@ def sweep(
     # rows are written, then the process ends as SIGTERM ends it (as jes.train takes it)
     taking_sigterm = interrupts.SigtermAsInterrupt(unless_handled=True)
     try:
-        taking_sigterm.install()
+        _take_sigterm(taking_sigterm)  # not over JAX's preemption notifier (jax.distributed)
         try:
             for group, (indices, trainer) in enumerate(zip(to_run, trainers)):
                 _run_group(trainer, indices, points, seeds, batched, shown, vmap, callbacks, base, swept, grid,
