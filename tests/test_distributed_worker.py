@@ -494,3 +494,61 @@ def test_a_local_worker_the_master_distrusted_is_not_replaced(monkeypatch):
         assert workers.processes[0] is None and workers.restarts == 1
     finally:
         workers.close()
+
+
+def test_give_up_after_ends_a_worker_no_master_answers_with_its_own_status(tmp_path):
+    """A batch job's worker (a Slurm array task) pointed at a master that never answers waited for ever; with
+    --give-up-after it exits with status 4 and says why (here: nothing listens on that port)."""
+    import os
+    import socket
+    import subprocess
+
+    with socket.socket() as probe:  # a port nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    try:
+        done = subprocess.run([*WORKER_PROCESS, "--master", f"127.0.0.1:{port}", "--give-up-after", "1"],
+                              env=dict(os.environ, JES_SECRET=SECRET.decode()), capture_output=True, text=True,
+                              timeout=180)
+    except subprocess.TimeoutExpired as e:
+        pytest.fail(f"jes-worker --give-up-after 1 still ran after 180 s:\n{e.stdout}\n{e.stderr}")
+    assert done.returncode == 4, (done.returncode, done.stderr)
+    assert "no master answered at tcp://127.0.0.1" in done.stderr and "nothing listens" in done.stderr, done.stderr
+
+
+def test_give_up_after_ends_a_worker_whose_master_went_and_waits_for_ever_without_it():
+    """A worker whose master answered and then went (its run ended) stops serving after give_up_after seconds of
+    silence (status 0 from jes-worker: nothing went wrong); without the option it is still waiting."""
+    import threading
+
+    from jes.distributed.worker import NO_MASTER_EXIT
+
+    served = {}
+    for give_up_after in (1.0, None):
+        master = FakeMaster()
+        worker = Worker(f"127.0.0.1:{master.port}", SECRET, name="unit", give_up_after=give_up_after)
+        thread = threading.Thread(target=worker.serve, daemon=True)
+        thread.start()
+        try:
+            master.open_session()
+            master.receive("request")  # the worker asked for work: it had a master
+            master.close()             # the run ended
+            thread.join(timeout=60 if give_up_after else 3)
+            served[give_up_after] = (thread.is_alive(), worker.gave_up, worker.link.ever_heard)
+        finally:
+            worker.interrupt()
+            thread.join(timeout=30)
+    alive, why, heard = served[1.0]
+    assert not alive and heard and "its run ended" in why, served
+    assert served[None][0] and served[None][1] is None, served
+    assert NO_MASTER_EXIT == 4
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "nan"])
+def test_give_up_after_refuses_a_time_that_is_not_positive(value, capsys):
+    from jes.distributed.worker import main
+
+    with pytest.raises(SystemExit) as exited:
+        main(["--master", "127.0.0.1:9", "--give-up-after", value])
+    assert exited.value.code == 2
+    assert "--give-up-after must be a positive number of seconds" in capsys.readouterr().err

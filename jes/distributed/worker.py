@@ -125,6 +125,9 @@ _HANDSHAKE_ADVICE = {
 # `jes-worker`'s exit status when its master distrusts it (a supervisor may keep it from restarting on this
 # status: a restarted worker with the same settings is distrusted again)
 DISTRUSTED_EXIT = 3
+# `jes-worker --give-up-after`'s exit status when no master ever answered within that time (a wrong --master,
+# secret or port, or a master that never started); a worker whose master answered and then went exits 0
+NO_MASTER_EXIT = 4
 
 
 class Distrusted(Exception):
@@ -183,6 +186,10 @@ class _Link(threading.Thread):
         self.unreachable: str | None = None  # why the master cannot be reached (unresolvable, refused), once said
         self._last_unreachable_warning = -float("inf")
         self._was_connected = False  # whether a master ever answered on this endpoint (what a refusal then means)
+        # When a master last sent an authenticated message (monotonic seconds; the link's start until one does),
+        # never reset by a reconnect: what Worker's give_up_after reads. ever_heard: whether one ever did.
+        self.last_heard_at = time.monotonic()
+        self.ever_heard = False
 
     def send(self, message: dict) -> None:
         """Queue ``message`` for the master (main thread)."""
@@ -292,7 +299,7 @@ class _Link(threading.Thread):
         poller.register(self._pipe_in, zmq.POLLIN)
         poller.register(self._socket, zmq.POLLIN)
         poller.register(self._monitor, zmq.POLLIN)
-        last_sent = last_heard = time.monotonic()
+        last_sent = last_heard = self.last_heard_at = time.monotonic()
         ever_connected = False
         while not self._stopping.is_set():
             events = dict(poller.poll(50))
@@ -314,7 +321,8 @@ class _Link(threading.Thread):
                     message = self._incoming(self._socket.recv_multipart())
                     if message is None:
                         continue
-                    last_heard = now  # authenticated and in session: the master is there
+                    last_heard = self.last_heard_at = now  # authenticated and in session: the master is there
+                    self.ever_heard = True
                     if message["type"] == "session" and not self.connected:
                         self.connected = ever_connected = True
                         self.handshake_failures.clear()  # those before this session were explained then
@@ -418,10 +426,20 @@ class Worker:
         curve_server_key: the master's own CURVE public key (Z85 text or the ``NAME.public`` file of
             ``jes keys NAME``), for a master started with its own secret key. ``None`` (default): the key the
             shared secret gives. Every connection is CURVE-encrypted either way.
+        give_up_after: stop serving (:meth:`serve` returns, :attr:`gave_up` says why) once no master has said a
+            word for this many seconds while the worker is idle: from its start if none ever answered, else from
+            the last word of the last one (a run that ended, a master that stopped). ``None`` (default): wait for
+            a master for ever (an elastic fleet whose master comes and goes). A worker that is evaluating is
+            never stopped by it (the master's answers to its heartbeats keep it fresh).
     """
 
     def __init__(self, master: str, secret: bytes | str, *, name: str | None = None, devices: Any = None,
-                 master_timeout: float = 30.0, allow_modules: Any = (), curve_server_key: Any = None):
+                 master_timeout: float = 30.0, allow_modules: Any = (), curve_server_key: Any = None,
+                 give_up_after: float | None = None):
+        if give_up_after is not None and not give_up_after > 0:  # NaN too
+            raise ValueError(f"give_up_after must be a positive number of seconds or None, got {give_up_after}")
+        self.give_up_after = give_up_after
+        self.gave_up: str | None = None  # why serve() stopped waiting for a master, once it did
         self.allow = describe.allowlist(allow_modules)
         server_key = protocol.load_curve_key(curve_server_key, "--curve-server-key")
         self.endpoint = connect_address(master)
@@ -451,8 +469,9 @@ class Worker:
 
     # ---------------------------------------------------------------- loop
     def serve(self) -> None:
-        """Run until Ctrl-C/SIGTERM (or :meth:`stop`), or until the master distrusts this worker (then
-        :attr:`distrusted` holds its reason)."""
+        """Run until Ctrl-C/SIGTERM (or :meth:`interrupt`), until the master distrusts this worker (then
+        :attr:`distrusted` holds its reason), or until no master has answered for ``give_up_after`` seconds (then
+        :attr:`gave_up` does)."""
         log.info("worker %s connecting to %s", self.name, self.endpoint)
         self.link.start()
         try:
@@ -460,6 +479,9 @@ class Worker:
             while True:
                 if self._interrupted.is_set():
                     raise KeyboardInterrupt
+                if self._give_up():
+                    self.link.send({"type": "bye", "name": self.name, "aid": None})
+                    break
                 try:
                     message = self.link.inbox.get(timeout=self.request_interval)
                 except queue.Empty:
@@ -477,6 +499,25 @@ class Worker:
         finally:
             self.link.stop()
             log.info("worker %s disconnected", self.name)
+
+    def _give_up(self) -> bool:
+        """Whether no master has answered for ``give_up_after`` seconds while this worker was idle (said once)."""
+        if self.give_up_after is None or not self.link.idle:
+            return False
+        silent = time.monotonic() - self.link.last_heard_at
+        if silent <= self.give_up_after:
+            return False
+        if self.link.ever_heard:
+            self.gave_up = (f"no word from master {self.endpoint} for {silent:.0f}s (its run ended, or it stopped); "
+                            f"giving up as --give-up-after {self.give_up_after:g} asks after {self.members_done} "
+                            f"members")
+            log.info("worker %s: %s", self.name, self.gave_up)
+        else:
+            why = f" ({self.link.unreachable})" if self.link.unreachable else ""
+            self.gave_up = (f"no master answered at {self.endpoint} within {self.give_up_after:g}s{why}; giving up "
+                            f"as --give-up-after asks (check --master, the secret and that the master runs)")
+            log.error("worker %s: %s", self.name, self.gave_up)
+        return True
 
     def interrupt(self) -> None:
         """Ask :meth:`serve` to hand its assignment back and return (thread- and signal-safe); what Ctrl-C and
@@ -765,6 +806,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cores", help="pin this process to these CPU cores, e.g. 0 or 0-3 (Linux)")
     parser.add_argument("--master-timeout", type=float, default=30.0,
                         help="reconnect after this many seconds without a word from the master (default 30)")
+    parser.add_argument("--give-up-after", type=float, default=None, metavar="SECONDS",
+                        help="exit once no master has answered for this many seconds while idle (e.g. a batch "
+                             "job's worker after its run ended): status 0 if a master had answered, "
+                             f"{NO_MASTER_EXIT} if none ever did; default: wait for a master for ever")
     parser.add_argument("--allow-module", action="append", default=[], metavar="MODULE",
                         help="also build classes and functions defined in this module of your own (e.g. "
                              "mypkg.policies; repeatable). Always allowed: jes's registry (its policies and "
@@ -786,6 +831,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if not args.master_timeout > 0:  # NaN too
         parser.error(f"--master-timeout must be a positive number of seconds, got {args.master_timeout}")
+    if args.give_up_after is not None and not args.give_up_after > 0:
+        parser.error(f"--give-up-after must be a positive number of seconds, got {args.give_up_after}")
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     try:
         if args.cores:
@@ -820,7 +867,8 @@ def main(argv: list[str] | None = None) -> int:
             describe.current_directory_importable()  # the operator's modules import from where they run jes-worker
         describe.import_modules(args.imports)
         worker = Worker(args.master, secret, name=args.name, devices=devices, master_timeout=args.master_timeout,
-                        allow_modules=args.allow_module, curve_server_key=args.curve_server_key)
+                        allow_modules=args.allow_module, curve_server_key=args.curve_server_key,
+                        give_up_after=args.give_up_after)
     except (ValueError, OSError) as err:
         print(f"jes-worker: error: {err}", file=sys.stderr)
         return 2
@@ -830,7 +878,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.exit_with is not None:
         _exit_with(args.exit_with, worker)
     worker.serve()
-    return DISTRUSTED_EXIT if worker.distrusted is not None else 0
+    if worker.distrusted is not None:
+        return DISTRUSTED_EXIT
+    return NO_MASTER_EXIT if worker.gave_up is not None and not worker.link.ever_heard else 0
 
 
 if __name__ == "__main__":
