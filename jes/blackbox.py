@@ -1330,6 +1330,10 @@ def _run_on_host(problem: HostFunctionProblem, key: Any, num_generations: int, s
     return result(state, stop_reason)
 
 
+def _ask_tell_from_arguments(arguments: dict) -> "AskTell":
+    return AskTell(**arguments)
+
+
 @jax.tree_util.register_static
 class AskTell:
     """A strategy driven by your own evaluation loop: pure, jittable ``init``, ``ask`` and ``tell``.
@@ -1371,6 +1375,11 @@ class AskTell:
                  noise_std: Any = None, optimizer: Any = None, learning_rate: Any = None,
                  fitness_shaping: str = "centered_ranks", weight_decay: float = 0.0, chunk_size: int | None = None,
                  bounds: Any = None):
+        # What pickling rebuilds it from (its compiled pieces and x0's unravel closures do not pickle).
+        self._arguments = dict(strategy=strategy, x0=x0, num_members=num_members, minimize=minimize,
+                               noise_std=noise_std, optimizer=optimizer, learning_rate=learning_rate,
+                               fitness_shaping=fitness_shaping, weight_decay=weight_decay, chunk_size=chunk_size,
+                               bounds=bounds)
         strategy = get_strategy(strategy)
         noise_std = _noise_std(strategy, noise_std)
         flat, _ = _flatten_x0(x0)
@@ -1382,6 +1391,11 @@ class AskTell:
         self.num_members = num_members
         self.minimize = minimize
         self.direction = "minimize" if minimize else "maximize"
+
+    def __reduce__(self):
+        """Pickles as its constructor's arguments (a strategy name or object, x0, ...; an optax object given as
+        ``optimizer`` does not pickle): rebuilt, it asks and tells the same bits. Its states pickle on their own."""
+        return _ask_tell_from_arguments, (self._arguments,)
 
     def init(self, key: Any) -> TrainState:
         """Initial state (holds the strategy state, the key and the generation)."""

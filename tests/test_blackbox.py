@@ -1019,3 +1019,27 @@ def test_messages_name_the_cause():
     for returned, shown in ((None, "got None"), ("1.0", "got str '1.0'"), ({"f": 1.0}, "got dict {'f': 1.0}")):
         with pytest.raises(TypeError, match=f"fitness_fn must return a real number, {re.escape(shown)}"):
             jes.optimize(lambda x, r=returned: r, np.ones(3, np.float32), "cma_es", num_generations=2, host=True)
+
+
+def test_ask_tell_and_its_state_pickle_and_continue_with_the_same_bits():
+    """pycma users pickle their CMAEvolutionStrategy to save a long ask/tell loop; AskTell raised on pickling (x0's
+    unravel closure). It pickles as its arguments, and the loop continued from the pickles asks and tells the same
+    bits as the one never pickled."""
+    import pickle
+
+    es = jes.AskTell("sep_cma_es", {"a": jnp.zeros(3), "b": jnp.ones(2)}, 8, minimize=True, bounds=(-2.0, 2.0))
+    f = lambda xs: jnp.sum(xs["a"] ** 2, axis=1) + jnp.sum((xs["b"] - 0.5) ** 2, axis=1)
+    state = es.init(jax.random.key(3))
+    state, _ = es.tell(state, f(es.ask(state)))
+    es2, state2 = pickle.loads(pickle.dumps((es, state)))
+    assert (es2.num_members, es2.direction) == (8, "minimize")
+    for _ in range(3):
+        state, _ = es.tell(state, f(es.ask(state)))
+        state2, _ = es2.tell(state2, f(es2.ask(state2)))
+
+    def raw(tree):
+        return [np.asarray(jax.random.key_data(x) if jnp.issubdtype(x.dtype, jax.dtypes.prng_key) else x).tobytes()
+                for x in jax.tree.leaves(tree)]
+
+    assert raw(state) == raw(state2)
+    assert raw(es.mean(state)) == raw(es2.mean(state2))
