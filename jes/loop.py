@@ -33,9 +33,10 @@ from jes.config import ESConfig
 from jes.envs import gymnasium as gymnasium_envs
 from jes.envs import gymnax as gymnax_envs
 from jes.envs.spec import maps_box_otherwise_than_before
-from jes.generation import Trainer, TrainState, as_key, fetch, localize, run_learning_rate
+from jes.generation import Trainer, TrainState, as_key, fetch, localize
 from jes import strategies
 from jes.strategies.base import both_sigmas, given_noise_std, ignored_settings
+from jes.strategy_context import run_learning_rate
 from jes.host_step import HostGeneration
 from jes.policies import evolved_variances
 from jes.trained import ActionMap, TrainedPolicy

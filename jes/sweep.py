@@ -49,10 +49,11 @@ from jes.atomic import write_atomically
 from jes.config import ESConfig
 from jes.logging import TensorBoardLogger, default_run_name, has_event_files, unique_dir
 from jes.policies import GRUPolicy, MLPPolicy
-from jes.generation import Trainer, TrainState, build_context, check_strategy_supports
+from jes.generation import Trainer, TrainState
 from jes.loop import HISTORY_KEYS, Callback, _take_sigterm, call_callbacks, evaluates_centre, run_hparams
 from jes.optimizers import DEFAULT_LEARNING_RATES, resolve_name
 from jes.strategies.base import both_sigmas, given_noise_std, ignored_settings
+from jes.strategy_context import build_context, check_strategy_supports
 from jes.threefry import lower_unrolled
 
 # Hyperparameters that live in the TrainState, so different values share one compiled program.

@@ -6,7 +6,7 @@ import pytest
 
 import jes
 from jes import cli
-from jes.generation import build_context
+from jes.strategy_context import build_context
 from jes.strategies import noise
 
 NAMES = jes.strategies.names()
