@@ -1330,8 +1330,8 @@ def _run_on_host(problem: HostFunctionProblem, key: Any, num_generations: int, s
     return result(state, stop_reason)
 
 
-def _ask_tell_from_arguments(arguments: dict) -> "AskTell":
-    return AskTell(**arguments)
+def _ask_tell_from_arguments(cls: type, arguments: dict) -> "AskTell":
+    return cls(**arguments)
 
 
 @jax.tree_util.register_static
@@ -1375,11 +1375,12 @@ class AskTell:
                  noise_std: Any = None, optimizer: Any = None, learning_rate: Any = None,
                  fitness_shaping: str = "centered_ranks", weight_decay: float = 0.0, chunk_size: int | None = None,
                  bounds: Any = None):
-        # What pickling rebuilds it from (its compiled pieces and x0's unravel closures do not pickle).
-        self._arguments = dict(strategy=strategy, x0=x0, num_members=num_members, minimize=minimize,
+        # What pickling rebuilds it from (its compiled pieces and x0's unravel closures do not pickle); x0's and the
+        # bounds' host arrays copied, so a caller changing theirs in place later does not change what is pickled.
+        self._arguments = dict(strategy=strategy, x0=copy.deepcopy(x0), num_members=num_members, minimize=minimize,
                                noise_std=noise_std, optimizer=optimizer, learning_rate=learning_rate,
                                fitness_shaping=fitness_shaping, weight_decay=weight_decay, chunk_size=chunk_size,
-                               bounds=bounds)
+                               bounds=copy.deepcopy(bounds))
         strategy = get_strategy(strategy)
         noise_std = _noise_std(strategy, noise_std)
         flat, _ = _flatten_x0(x0)
@@ -1394,8 +1395,9 @@ class AskTell:
 
     def __reduce__(self):
         """Pickles as its constructor's arguments (a strategy name or object, x0, ...; an optax object given as
-        ``optimizer`` does not pickle): rebuilt, it asks and tells the same bits. Its states pickle on their own."""
-        return _ask_tell_from_arguments, (self._arguments,)
+        ``optimizer`` and a schedule given as ``learning_rate`` or ``noise_std`` do not pickle: closures): rebuilt,
+        it asks and tells the same bits. Its states pickle on their own."""
+        return _ask_tell_from_arguments, (type(self), self._arguments)
 
     def init(self, key: Any) -> TrainState:
         """Initial state (holds the strategy state, the key and the generation)."""

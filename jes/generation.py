@@ -48,7 +48,7 @@ from jes.policies import PolicyFns, check_carry, fit_to_outputs, kind_of
 from jes.rollout import OBS_EPS, obs_mean_std, obs_normaliser, run_episodes, run_slots, sum_obs_stats
 from jes.strategies import noise
 from jes.strategies.base import Context, Strategy
-from jes.strategy_context import build_context
+from jes.strategy_context import build_context, check_strategy_supports, run_learning_rate  # noqa: F401 (moved there)
 
 try:  # jax >= 0.7
     from jax import shard_map as _shard_map

@@ -516,31 +516,84 @@ def test_give_up_after_ends_a_worker_no_master_answers_with_its_own_status(tmp_p
     assert "no master answered at tcp://127.0.0.1" in done.stderr and "nothing listens" in done.stderr, done.stderr
 
 
-def test_give_up_after_ends_a_worker_whose_master_went_and_waits_for_ever_without_it():
+class AnsweringMaster(FakeMaster):
+    """A FakeMaster that, in a thread, welcomes, answers each request with ``wait`` (after ``first``, if given, to the
+    first) and each heartbeat with a pong: a live master with nothing to hand out, until :meth:`close`."""
+
+    def __init__(self, first: dict | None = None):
+        import threading
+
+        super().__init__()
+        self.first, self.stopping = first, threading.Event()
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _serve(self):
+        while not self.stopping.is_set():
+            if not self.socket.poll(50):
+                continue
+            frames = self.socket.recv_multipart()
+            message = protocol.decode(frames[1:], SECRET, protocol.MAX_TO_MASTER_BYTES)
+            self.identity = frames[0]
+            if message["type"] == "hello":
+                self.session = protocol.Session(SECRET, protocol.new_nonce())
+                self.send(protocol.encode({"type": "welcome", "nonce": message["nonce"], "sid": self.session.sid},
+                                          SECRET))
+            elif message["type"] == "request":
+                answer, self.first = self.first or {"type": "wait"}, None
+                self.send(self.session.seal(answer))
+            elif message["type"] == "heartbeat":
+                self.send(self.session.seal({"type": "pong"}))
+
+    def close(self):
+        self.stopping.set()
+        self.thread.join(timeout=30)
+        super().close()
+
+
+def test_give_up_after_ends_a_worker_whose_master_went_never_one_whose_master_answers():
     """A worker whose master answered and then went (its run ended) stops serving after give_up_after seconds of
-    silence (status 0 from jes-worker: nothing went wrong); without the option it is still waiting."""
+    silence (status 0: nothing went wrong; 5 when the run was one it could not build); one whose master answers its
+    requests with 'wait' does not stop, even with give_up_after below its request interval; and without the option
+    a worker whose master went still waits."""
     import threading
 
-    from jes.distributed.worker import NO_MASTER_EXIT
+    from jes.distributed.worker import NO_MASTER_EXIT, REFUSED_EXIT
 
-    served = {}
-    for give_up_after in (1.0, None):
-        master = FakeMaster()
-        worker = Worker(f"127.0.0.1:{master.port}", SECRET, name="unit", give_up_after=give_up_after)
+    def serve(worker):
         thread = threading.Thread(target=worker.serve, daemon=True)
         thread.start()
+        return thread
+
+    outcomes = {}
+    for case, give_up_after, first in (("went", 1.0, None), ("refused", 1.0, {"type": "setup", "run": "r",
+                                       "description": "not a run", "heartbeat_interval": 1.0}),
+                                       ("stays", 0.5, None), ("no option", None, None)):
+        master = AnsweringMaster(first)
+        worker = Worker(f"127.0.0.1:{master.port}", SECRET, name="unit", give_up_after=give_up_after)
+        thread = serve(worker)
         try:
-            master.open_session()
-            master.receive("request")  # the worker asked for work: it had a master
-            master.close()             # the run ended
-            thread.join(timeout=60 if give_up_after else 3)
-            served[give_up_after] = (thread.is_alive(), worker.gave_up, worker.link.ever_heard)
+            deadline = time.monotonic() + 60
+            while not worker.link.ever_heard and time.monotonic() < deadline:
+                time.sleep(0.05)
+            if case == "stays":
+                thread.join(timeout=8)  # a live master, answering every request: it must not give up meanwhile
+            else:
+                while first is not None and worker.refused_run is None and time.monotonic() < deadline:
+                    time.sleep(0.05)
+                master.close()  # the run ended
+                thread.join(timeout=60 if give_up_after else 3)
+            outcomes[case] = (thread.is_alive(), worker.gave_up, worker.give_up_status)
         finally:
             worker.interrupt()
             thread.join(timeout=30)
-    alive, why, heard = served[1.0]
-    assert not alive and heard and "its run ended" in why, served
-    assert served[None][0] and served[None][1] is None, served
+            master.close()
+    alive, why, status = outcomes["went"]
+    assert not alive and status == 0 and "its run ended" in why, outcomes
+    alive, why, status = outcomes["refused"]
+    assert not alive and status == REFUSED_EXIT == 5 and "could not build" in why, outcomes
+    assert outcomes["stays"] == (True, None, 0), outcomes
+    assert outcomes["no option"] == (True, None, 0), outcomes
     assert NO_MASTER_EXIT == 4
 
 

@@ -128,6 +128,8 @@ DISTRUSTED_EXIT = 3
 # `jes-worker --give-up-after`'s exit status when no master ever answered within that time (a wrong --master,
 # secret or port, or a master that never started); a worker whose master answered and then went exits 0
 NO_MASTER_EXIT = 4
+# ... and when its master's run was one it could not build (it refused it; its log said why), and it did no other
+REFUSED_EXIT = 5
 
 
 class Distrusted(Exception):
@@ -436,10 +438,13 @@ class Worker:
     def __init__(self, master: str, secret: bytes | str, *, name: str | None = None, devices: Any = None,
                  master_timeout: float = 30.0, allow_modules: Any = (), curve_server_key: Any = None,
                  give_up_after: float | None = None):
-        if give_up_after is not None and not give_up_after > 0:  # NaN too
-            raise ValueError(f"give_up_after must be a positive number of seconds or None, got {give_up_after}")
+        if give_up_after is not None and (isinstance(give_up_after, bool) or not isinstance(give_up_after, (int, float))
+                                          or not 0 < give_up_after < math.inf):  # NaN too
+            raise ValueError(f"give_up_after must be a positive number of seconds or None, got {give_up_after!r}")
         self.give_up_after = give_up_after
         self.gave_up: str | None = None  # why serve() stopped waiting for a master, once it did
+        self.give_up_status = 0  # jes-worker's exit status for it (0, NO_MASTER_EXIT or REFUSED_EXIT)
+        self._idle_since = time.monotonic()  # when the worker last asked for work (its silence counts from then)
         self.allow = describe.allowlist(allow_modules)
         server_key = protocol.load_curve_key(curve_server_key, "--curve-server-key")
         self.endpoint = connect_address(master)
@@ -473,17 +478,20 @@ class Worker:
         :attr:`distrusted` holds its reason), or until no master has answered for ``give_up_after`` seconds (then
         :attr:`gave_up` does)."""
         log.info("worker %s connecting to %s", self.name, self.endpoint)
+        self.link.last_heard_at = self._idle_since = time.monotonic()  # the give-up clock starts now, not at __init__
         self.link.start()
         try:
             self._request()
             while True:
                 if self._interrupted.is_set():
                     raise KeyboardInterrupt
-                if self._give_up():
+                left = self._give_up_left()
+                if left <= 0:
+                    self._give_up()
                     self.link.send({"type": "bye", "name": self.name, "aid": None})
                     break
                 try:
-                    message = self.link.inbox.get(timeout=self.request_interval)
+                    message = self.link.inbox.get(timeout=min(self.request_interval, left))
                 except queue.Empty:
                     if self.link.idle:
                         self._request()
@@ -500,24 +508,39 @@ class Worker:
             self.link.stop()
             log.info("worker %s disconnected", self.name)
 
-    def _give_up(self) -> bool:
-        """Whether no master has answered for ``give_up_after`` seconds while this worker was idle (said once)."""
+    def _give_up_left(self) -> float:
+        """Seconds left before :meth:`serve` gives up waiting for a master (``inf``: never, or not idle).
+
+        Silence counts while the worker is idle, from the later of the master's last word and the worker's last
+        request (a build or an evaluation is not silence), and is at least two request intervals plus a second:
+        an idle worker's requests are answered once per interval, so a live master can be that quiet."""
         if self.give_up_after is None or not self.link.idle:
-            return False
-        silent = time.monotonic() - self.link.last_heard_at
-        if silent <= self.give_up_after:
-            return False
-        if self.link.ever_heard:
-            self.gave_up = (f"no word from master {self.endpoint} for {silent:.0f}s (its run ended, or it stopped); "
-                            f"giving up as --give-up-after {self.give_up_after:g} asks after {self.members_done} "
-                            f"members")
+            return math.inf
+        limit = max(self.give_up_after, 2 * self.request_interval + 1.0)
+        return limit - (time.monotonic() - max(self.link.last_heard_at, self._idle_since))
+
+    def _give_up(self) -> None:
+        """Say why the worker stops waiting for a master (once) and set :attr:`gave_up` and its exit status."""
+        silent = time.monotonic() - max(self.link.last_heard_at, self._idle_since)
+        if self.link.ever_heard and self.refused_run is not None and self.run is None:
+            self.give_up_status = REFUSED_EXIT
+            self.gave_up = (f"no word from master {self.endpoint} for {silent:.0f}s, whose run this worker could not "
+                            f"build ({self.refused_reason}); giving up as --give-up-after {self.give_up_after:g} asks")
+            log.error("worker %s: %s", self.name, self.gave_up)
+        elif self.link.ever_heard:
+            self.gave_up = (f"no word from master {self.endpoint} for {silent:.0f}s (its run ended, it stopped, or it "
+                            f"is busy for longer than that outside its generations); giving up as --give-up-after "
+                            f"{self.give_up_after:g} asks, after {self.members_done} members")
             log.info("worker %s: %s", self.name, self.gave_up)
         else:
-            why = f" ({self.link.unreachable})" if self.link.unreachable else ""
-            self.gave_up = (f"no master answered at {self.endpoint} within {self.give_up_after:g}s{why}; giving up "
+            self.give_up_status = NO_MASTER_EXIT
+            seen = self.link.unreachable or "; ".join(
+                _HANDSHAKE_ADVICE.get(kind, kind) for kind in self.link.handshake_failures) or (
+                "connected, but nothing answered: a master still starting, or not a jes master"
+                if self.link._was_connected else "no connection")
+            self.gave_up = (f"no master answered at {self.endpoint} within {self.give_up_after:g}s ({seen}); giving up "
                             f"as --give-up-after asks (check --master, the secret and that the master runs)")
             log.error("worker %s: %s", self.name, self.gave_up)
-        return True
 
     def interrupt(self) -> None:
         """Ask :meth:`serve` to hand its assignment back and return (thread- and signal-safe); what Ctrl-C and
@@ -525,6 +548,8 @@ class Worker:
         self._interrupted.set()
 
     def _request(self, abandon: int | None = None) -> None:
+        if not self.link.idle:  # back from a build or an evaluation: silence counts from now (not on every request)
+            self._idle_since = time.monotonic()
         self.link.idle = True
         self.current_aid = None
         self.link.send({"type": "request", "name": self.name, "run": self.run, "gen": self.generation,
@@ -737,6 +762,7 @@ class Worker:
         seconds = time.perf_counter() - t0
         self.members_done += (stop - start) * self.trainer.chunk_size
         self.current_aid = None
+        self._idle_since = time.monotonic()  # silence counts from the result, not from before the evaluation
         self.link.idle = True
         self.link.send({
             "type": "result", "name": self.name, "run": self.run, "gen": generation, "hash": expected,
@@ -809,7 +835,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--give-up-after", type=float, default=None, metavar="SECONDS",
                         help="exit once no master has answered for this many seconds while idle (e.g. a batch "
                              "job's worker after its run ended): status 0 if a master had answered, "
-                             f"{NO_MASTER_EXIT} if none ever did; default: wait for a master for ever")
+                             f"{NO_MASTER_EXIT} if none ever did, {REFUSED_EXIT} if its run was one this worker could "
+                             "not build; default: wait for a master for ever. Give more than the master's longest "
+                             "pause outside its generations (its first compile, a checkpoint, a slow callback)")
     parser.add_argument("--allow-module", action="append", default=[], metavar="MODULE",
                         help="also build classes and functions defined in this module of your own (e.g. "
                              "mypkg.policies; repeatable). Always allowed: jes's registry (its policies and "
@@ -878,9 +906,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.exit_with is not None:
         _exit_with(args.exit_with, worker)
     worker.serve()
-    if worker.distrusted is not None:
-        return DISTRUSTED_EXIT
-    return NO_MASTER_EXIT if worker.gave_up is not None and not worker.link.ever_heard else 0
+    return DISTRUSTED_EXIT if worker.distrusted is not None else worker.give_up_status
 
 
 if __name__ == "__main__":
