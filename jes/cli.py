@@ -130,10 +130,12 @@ def _parser() -> argparse.ArgumentParser:
                        help="checkpoint file (default: checkpoint.ckpt in the log dir, or the --resume file; none with "
                             "--log-dir none); 'none' turns it off")
     train.add_argument("--checkpoint-every", type=int, default=10, help="generations between checkpoints")
-    train.add_argument("--resume", default=None, metavar="CHECKPOINT",
+    train.add_argument("--resume", default=None, nargs="?", const=True, metavar="CHECKPOINT",
                        help="continue from this checkpoint with the policy, env, strategy, optimizer and config stored in "
                             "it; flags may change --generations, --stop-at-return, --eval-every, --eval-episodes and "
-                            "(with a warning) --learning-rate; other changes are refused")
+                            "(with a warning) --learning-rate; other changes are refused. Without a file: the run's "
+                            "own checkpoint (--checkpoint, or the one in --log-dir) if it is there, else a fresh run: "
+                            "one command line for a batch job's first start and its requeues")
     train.add_argument("--devices", type=int, default=None, help="number of local devices to use (default: all)")
     train.add_argument("--listen", default=None, metavar="HOST:PORT", help="be a distributed master listening here")
     train.add_argument("--workers", type=int, default=0, metavar="N",
@@ -384,6 +386,12 @@ def _train(args: argparse.Namespace) -> int:
                              f"{', '.join(optimizer_names())} (another optax optimizer: jes.train from Python)") from None
     policy = _build_policy(args)
     env, strategy, optimizer, config = args.env, args.strategy, args.optimizer, None
+    if args.resume is True:  # --resume without a file: the run's own checkpoint if it is there, else a fresh run
+        from jes.loop import own_checkpoint_to_resume
+
+        args.resume = own_checkpoint_to_resume(
+            True, _none(args.log_dir), "<log_dir>/checkpoint.ckpt" if args.checkpoint is None else _none(args.checkpoint),
+            command=True)
     if args.resume is not None:
         # The checkpoint stores the run: anything not given on the command line comes from it.
         from jes import checkpoint
@@ -711,7 +719,11 @@ def main(argv: list[str] | None = None) -> int:
     terminated: list[int] = []
     try:
         with sigterm_as_interrupt() as terminated:
-            return handler(args)
+            status = handler(args)
+        if terminated:  # its interrupt dropped by Python (in a gc callback) after the run's last check: it finished
+            print("\nterminated (after the command had finished its work)", file=sys.stderr)
+            return 128 + signal.SIGTERM
+        return status
     except KeyboardInterrupt as interrupt:
         print(f"\n{'terminated' if terminated else 'interrupted'}{_saved_note(args, interrupt)}", file=sys.stderr)
         return 128 + signal.SIGTERM if terminated else 130
@@ -774,7 +786,7 @@ def _saved_note(args: argparse.Namespace, interrupt: KeyboardInterrupt) -> str:
     save_error = getattr(interrupt, "save_error", None)  # the save on the interrupt failed (a full disk)
     failed = f"saving it failed ({getattr(save_error, 'reason', None) or save_error})" if save_error else None
     for path in (getattr(interrupt, "checkpoint_path", None), args.resume):
-        if path is not None and os.path.exists(path):
+        if isinstance(path, str) and os.path.exists(path):  # (args.resume is True for --resume given no file)
             if failed:
                 return f" (the newest generations are not in checkpoint {path}: {failed}; continue from it with --resume {path})"
             return f" (checkpoint {path}; continue with --resume {path})"

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import sys
 import threading
 from typing import Any, Iterator
 
@@ -39,6 +40,9 @@ class SigtermAsInterrupt:
             terminate_as_sigterm()    # it ends as SIGTERM ends it, as it would have without jes
             return
         self.terminated.append(signum)
+        # Python runs a handler between any two bytecodes: in a gc callback (JAX's), a weakref callback or a
+        # __del__ this exception is printed as "Exception ignored" and dropped. raise_if_terminated, called where a
+        # run can stop (each generation), raises it again then.
         raise KeyboardInterrupt
 
     def install(self) -> "SigtermAsInterrupt":
@@ -46,16 +50,42 @@ class SigtermAsInterrupt:
                 self.unless_handled and signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL):
             self._previous = signal.signal(signal.SIGTERM, self._on_sigterm)
             self._installed, self._pid = True, os.getpid()
+            _INSTALLED.append(self)
+            self._unraisablehook = sys.unraisablehook
+            sys.unraisablehook = self._unraisable
         return self
+
+    def _unraisable(self, unraisable: Any) -> None:
+        """The interrupt this handler raised, dropped where Python cannot raise it (a gc callback): not printed as
+        "Exception ignored", since :func:`raise_if_terminated` raises it again; anything else as before."""
+        if not (self.terminated and isinstance(unraisable.exc_value, KeyboardInterrupt)):
+            self._unraisablehook(unraisable)
 
     def restore(self) -> None:
         """Give SIGTERM back the handler it had (again: nothing)."""
         if self._installed:
             self._installed = False
+            if self in _INSTALLED:
+                _INSTALLED.remove(self)
+            if sys.unraisablehook == self._unraisable:  # not over a hook installed meanwhile
+                sys.unraisablehook = self._unraisablehook
             # Not over a handler installed meanwhile (by a callback, a library it set up); and None (a handler from
             # outside Python) cannot be given back, as before this module
             if signal.getsignal(signal.SIGTERM) == self._on_sigterm and self._previous is not None:
                 signal.signal(signal.SIGTERM, self._previous)
+
+
+# The SigtermAsInterrupt instances installed now, innermost last (jes train's, a run's inside it: one at most takes
+# SIGTERM, the others seeing a handler there already)
+_INSTALLED: list[SigtermAsInterrupt] = []
+
+
+def raise_if_terminated() -> None:
+    """Raise ``KeyboardInterrupt`` if a SIGTERM came while a :class:`SigtermAsInterrupt` is installed: the one its
+    handler raised was dropped (it landed in a gc or weakref callback, or a ``__del__``), or it would have ended the
+    run already. Called where a run can stop cleanly (before each generation), so a SIGTERM is never lost."""
+    if any(taking.terminated for taking in _INSTALLED):
+        raise KeyboardInterrupt
 
 
 @contextlib.contextmanager

@@ -452,6 +452,34 @@ def _check_mirrored_population(strategy: Any, overrides: dict) -> None:
                          f"definition; use an even population (e.g. {members + 1})")
 
 
+def own_checkpoint_to_resume(resume: Any, log_dir: str | None, checkpoint_path: str | None,
+                             command: bool = False) -> str | None:
+    """``resume`` as :func:`train` reads it: with ``True``, the run's own checkpoint if it is there (``None``: a
+    fresh run, which writes it); any other value as given. ``command``: errors in ``jes train``'s words.
+
+    Raises:
+        ValueError: ``True`` without a ``checkpoint_path`` or ``log_dir`` of the caller's own (an auto-named log dir
+            is new each run: a requeued job would never find its checkpoint), or a resume that is not a path.
+    """
+    if resume is None or isinstance(resume, (str, os.PathLike)) and not isinstance(resume, bool):
+        return None if resume is None else os.fspath(resume)
+    if resume is not True:
+        raise TypeError(f"resume must be a checkpoint path, True (the run's own checkpoint if it is there) or None, "
+                        f"got {resume!r}")
+    if checkpoint_path not in (None, "<log_dir>/checkpoint.ckpt"):
+        path = os.fspath(checkpoint_path)
+    elif checkpoint_path is not None and log_dir not in (None, "runs/<auto>"):
+        path = os.path.join(os.fspath(log_dir), "checkpoint.ckpt")
+    else:
+        raise ValueError("--resume without a file continues the run's own checkpoint if it is there: give the run a "
+                         "--log-dir DIR of its own (the auto-named one is new each run, so a rerun would never find "
+                         "it) or a --checkpoint PATH" if command else
+                         "resume=True continues the run's own checkpoint if it is there: give the run a log_dir of "
+                         "its own (the auto-named one is new each run, so a rerun would never find it) or a "
+                         "checkpoint_path")
+    return path if os.path.exists(path) else None
+
+
 def _take_sigterm(taking: interrupts.SigtermAsInterrupt) -> None:
     """Install ``taking`` (SIGTERM as Ctrl-C), except in a ``jax.distributed`` process: JAX's preemption notifier
     holds SIGTERM there, installed from C where ``signal.getsignal`` still says ``SIG_DFL``, so ``unless_handled``
@@ -462,23 +490,31 @@ def _take_sigterm(taking: interrupts.SigtermAsInterrupt) -> None:
 
 
 def _end_if_terminated(taking: interrupts.SigtermAsInterrupt, name: str, error: BaseException | None,
-                       resume: str | None = None) -> None:
+                       resume: str | None = None, finished: str | None = None) -> None:
     """Give SIGTERM its handler back; if one came while :func:`train` or :func:`run` ran (taken as Ctrl-C: by now the
     run is saved, its local workers stopped and its logs closed), say on stderr where the run is and end the process
     as SIGTERM ends it (status 143): what it would have done without jes, with nothing trained lost. ``error``: the
-    interrupt (or error) the run raised, which names the checkpoint it saved; ``resume``: the one it continued."""
+    interrupt (or error) the run raised, which names the checkpoint it saved; ``resume``: the one it continued;
+    ``finished``: the checkpoint of a run that finished (``""`` without one), where none raised."""
     taking.restore()
     if not taking.terminated:
         return
     saved = getattr(error, "checkpoint_path", None) or resume
     save_error = getattr(error, "save_error", None)
-    if saved is None or not os.path.exists(saved):
+    # jes.run has no resume=: its state, key, history and best come from the checkpoint
+    how = (f"resume={saved!r}" if name != "run" else
+           f"`trainer, state, ckpt = jes.checkpoint.load({saved!r})` and `jes.run(trainer, state, key=ckpt.key, "
+           f"history=ckpt.history, best=ckpt.best, checkpoint_path={saved!r})`")
+    if error is None and finished is not None:  # its interrupt dropped (a gc callback's) after the run's last check
+        where = (f" after the run had finished (its checkpoint: {finished})" if os.path.exists(finished) else
+                 " after the run had finished")
+    elif saved is None or not os.path.exists(saved):
         where = " before it saved a checkpoint (checkpoint_path=None, or before its first generation)"
     elif save_error is not None:
         where = (f"; saving its newest generations failed ({getattr(save_error, 'reason', None) or save_error}): "
-                 f"continue from the earlier checkpoint {saved} with resume={saved!r}")
+                 f"continue from the earlier checkpoint {saved} with {how}")
     else:
-        where = f"; the run so far is in checkpoint {saved}: continue it with resume={saved!r}"
+        where = f"; the run so far is in checkpoint {saved}: continue it with {how}"
     print(f"jes.{name}: terminated by SIGTERM{where}", file=sys.stderr, flush=True)
     interrupts.terminate_as_sigterm()
 
@@ -498,7 +534,7 @@ def train(
     progress: bool | None = None,
     checkpoint_path: str | None = "<log_dir>/checkpoint.ckpt",
     checkpoint_every: int = 10,
-    resume: str | None = None,
+    resume: str | bool | None = None,
     master: str | None = None,
     secret: bytes | str | None = None,
     master_options: dict | None = None,
@@ -558,7 +594,9 @@ def train(
             log disk) are warned of: they never replace that error, nor cost a finished run its result.
         checkpoint_every: generations between checkpoints (0: only at the end, on Ctrl-C and on an error).
         resume: a checkpoint to continue from; the run then ends bit-identical to one never
-            interrupted. The run key comes from the checkpoint (``key`` is ignored, with a warning where
+            interrupted. ``True``: the run's own checkpoint (``checkpoint_path``, else ``checkpoint.ckpt`` in
+            ``log_dir``, one of them given) if it is there, else a fresh run that writes it: one call for a batch
+            job's first start and each requeue after a preemption. The run key comes from the checkpoint (``key`` is ignored, with a warning where
             it differs); the policy, env,
             optimizer and config must match it (``num_generations`` may grow). ``learning_rate`` may change (with
             a warning when the rate the run goes on with is not the one it ran with); not given (``None``), the
@@ -608,6 +646,7 @@ def train(
     if overrides:
         _check_mirrored_population(strategy, overrides)
     config = (config or ESConfig()).replace(**overrides) if overrides else (config or ESConfig())
+    resume = own_checkpoint_to_resume(resume, log_dir, checkpoint_path)
     restored = None
     if resume is not None:
         # Before the Trainer, whose optimizer is built with the rate: a resume given none goes on at the file's
@@ -835,7 +874,8 @@ def train(
                 if lock is not None:
                     lock.release()
             finally:
-                _end_if_terminated(taking_sigterm, "train", failed, resume)
+                _end_if_terminated(taking_sigterm, "train", failed, resume,
+                                   finished=(ran.result.checkpoint_path or "") if ran.result is not None else None)
 
 
 def run_hparams(trainer: Trainer, config: ESConfig, optimizer: Any) -> dict:
@@ -1137,14 +1177,15 @@ def run(trainer: Trainer, state: TrainState, *, key: Any = None, callbacks: Iter
                       f"best=ckpt.best)", stacklevel=2)
     if isinstance(best, dict):  # a checkpoint's own record of it
         best = _best_from_checkpoint(trainer, best)
-    lock, failed = None, None
+    lock, failed, result = None, None, None
     taking_sigterm = interrupts.SigtermAsInterrupt(unless_handled=True)  # as jes.train takes it
     try:  # (the lock inside the try: an interrupt right after it was taken still releases it)
         _take_sigterm(taking_sigterm)
         lock = _lock_checkpoint(checkpoint_path)
-        return _run(trainer, state, key=key, callbacks=callbacks, history=history, num_generations=num_generations,
+        result = _run(trainer, state, key=key, callbacks=callbacks, history=history, num_generations=num_generations,
                     step_fn=step_fn, checkpoint_path=checkpoint_path, checkpoint_every=checkpoint_every,
                     log_dir=log_dir, best=best, started=started)
+        return result
     except BaseException as err:
         failed = err
         raise
@@ -1153,7 +1194,8 @@ def run(trainer: Trainer, state: TrainState, *, key: Any = None, callbacks: Iter
             if lock is not None:
                 lock.release()
         finally:
-            _end_if_terminated(taking_sigterm, "run", failed)
+            _end_if_terminated(taking_sigterm, "run", failed,
+                               finished=(result.checkpoint_path or "") if result is not None else None)
 
 
 def _es_key_data(run_key: Any) -> np.ndarray:
@@ -1346,6 +1388,7 @@ def _run(trainer: Trainer, state: TrainState, *, key: Any = 0, callbacks: Iterab
 
     try:
         for gen in range(start_gen, total + 1):
+            interrupts.raise_if_terminated()  # a SIGTERM whose interrupt Python dropped (a gc callback's) stops it here
             population = gen < total
             if not population and pending is None:
                 break

@@ -530,6 +530,7 @@ def run_batch(trainer: Trainer, states: TrainState, num_generations: int | None 
         return stopping
 
     for gen in range(start, total + 1):
+        interrupts.raise_if_terminated()  # a SIGTERM whose interrupt Python dropped (a gc callback's) stops it here
         population = gen < total
         if (not population and pending is None) or not active.any():
             break
@@ -729,6 +730,7 @@ def sweep(
         _take_sigterm(taking_sigterm)  # not over JAX's preemption notifier (jax.distributed)
         try:
             for group, (indices, trainer) in enumerate(zip(to_run, trainers)):
+                interrupts.raise_if_terminated()  # (a SIGTERM dropped while the last group finished or compiled)
                 _run_group(trainer, indices, points, seeds, batched, shown, vmap, callbacks, base, swept, grid,
                            optimizer, run_names, log_dir, rows, runs)
                 if out_dir is not None and group + 1 < len(to_run):

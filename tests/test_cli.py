@@ -997,3 +997,35 @@ def test_a_full_log_disk_prints_the_run_so_far_and_how_to_resume_it(tmp_path, mo
                 f"with --resume {ckpt} once its cause is fixed)") in err, err
         assert "CartPole-v1 with adam: 1 generations" in out and f"checkpoint: {ckpt}" in out, out
     assert checkpoint.read(ckpt).generation == 1
+
+
+def test_resume_without_a_file_starts_a_run_then_continues_it_as_a_requeued_job_would(tmp_path, capsys):
+    """Preemption tester: no `jes train` command line both started a run and resumed it after a requeue (without
+    --resume the rerun was refused as "another run"; with --resume FILE the first start found no file). `--resume`
+    without a file continues the run's own checkpoint if it is there, else starts it; the run stopped after 2
+    generations and requeued ends with the bits of one never stopped."""
+    run = ["train", "--env", "CartPole-v1", "--policy", "mlp", "--hidden", "4", "--layers", "1", "--population", "16",
+           "--eval-episodes", "2", "--seed", "5", "--checkpoint-every", "1", "--no-progress"]
+    job = [*run, "--log-dir", str(tmp_path / "job"), "--resume"]
+    assert cli.main([*job, "--generations", "2"]) == 0    # the job's first start (preempted after generation 2)
+    assert cli.main([*job, "--generations", "4"]) == 0    # its requeue, the same command line
+    assert cli.main([*run, "--generations", "4", "--log-dir", str(tmp_path / "whole")]) == 0
+    requeued = checkpoint.read(str(tmp_path / "job" / "checkpoint.ckpt"))
+    whole = checkpoint.read(str(tmp_path / "whole" / "checkpoint.ckpt"))
+    assert requeued.generation == whole.generation == 4
+    assert [np.asarray(x).tobytes() for x in jax.tree.leaves(requeued.state_dict)] == \
+        [np.asarray(x).tobytes() for x in jax.tree.leaves(whole.state_dict)]
+    for column in ("pop_mean", "pop_max", "centre_return", "grad_norm"):
+        assert np.asarray(requeued.history[column]).tobytes() == np.asarray(whole.history[column]).tobytes(), column
+    capsys.readouterr()
+    assert cli.main([*run, "--generations", "2", "--resume"]) == 2  # the auto-named log dir is new each run
+    assert "--resume without a file continues the run's own checkpoint if it is there: give the run a --log-dir" \
+        in capsys.readouterr().err
+
+
+def test_resume_true_in_python_needs_the_runs_own_folder_or_checkpoint():
+    with pytest.raises(ValueError, match="resume=True continues the run's own checkpoint"):
+        jes.train(jes.MLPPolicy((4,)), "CartPole-v1", "adam", num_generations=1, resume=True, progress=False)
+    with pytest.raises(TypeError, match="resume must be a checkpoint path, True"):
+        jes.train(jes.MLPPolicy((4,)), "CartPole-v1", "adam", num_generations=1, resume=1, log_dir=None,
+                  progress=False)
