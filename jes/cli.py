@@ -608,7 +608,8 @@ def _plot(args: argparse.Namespace) -> int:
     labels = args.labels.split(",") if args.labels else None
     if labels is not None and len(labels) != len(args.run_dirs):
         raise ValueError(f"--labels has {len(labels)} names for {len(args.run_dirs)} run directories")
-    print(f"learning curves of {len(args.run_dirs)} run(s) written to {plot_runs(args.run_dirs, args.output, labels)}")
+    written = plot_runs(args.run_dirs, args.output, labels)  # (a folder holding two runs gets a curve each, warned)
+    print(f"learning curves of {len(args.run_dirs)} run folder(s) written to {written}")
     return 0
 
 

@@ -652,8 +652,11 @@ def describe_run(policy: Any, config: Any, env: Any, optimizer: Any, env_params:
                 f"workers can rebuild the run"
             )
         fields[f.name] = describe_value(value, f"ESConfig.{f.name}")
+    if isinstance(env, tuple) and len(env) == 2 and env_params is None:
+        env, env_params = env  # gymnax's (env, params): travels as the env object and its params, as make_env reads it
     if isinstance(env, tuple):
-        raise DescriptionError("pass the env by name or as an env object with env_params=..., not as a tuple")
+        raise DescriptionError("pass the env by name or as an env object with env_params=..., or as (env, params) "
+                               "without env_params=")
     return {
         "policy": describe_object(policy, "policy"),
         "env": env if isinstance(env, str) else describe_object(env, "env"),

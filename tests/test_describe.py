@@ -350,3 +350,18 @@ def test_an_allowed_packages_dunder_module_is_refused_before_it_is_imported(tmp_
             describe.resolve(path, allow, "policy")
     assert not marker.exists()
     assert "jes_dunder_pkg.__main__" not in sys.modules
+
+
+def test_a_gymnax_env_params_tuple_travels_as_the_env_and_its_params():
+    """Fleet tester: jes.train(policy, (env, params), ..., master=...) was refused ("not as a tuple") although the
+    envs guide lists (env, env_params) as an env; it describes as the env object with env_params=."""
+    import gymnax
+
+    from jes.describe import describe_run
+
+    env, params = gymnax.make("Pendulum-v1")
+    params = params.replace(g=5.0)
+    policy, config = jes.MLPPolicy((4,)), jes.ESConfig(num_members=8)
+    assert describe_run(policy, config, (env, params), "adam") == describe_run(policy, config, env, "adam", params)
+    with pytest.raises(DescriptionError, match=r"or as \(env, params\) without env_params="):
+        describe_run(policy, config, (env, params), "adam", params)

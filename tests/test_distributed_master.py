@@ -646,3 +646,28 @@ def test_two_workers_of_one_name_are_told_apart_and_the_name_is_warned_about_onc
         assert "worker dup#2 connected" in caplog.text
     finally:
         master.close()
+
+
+@pytest.mark.parametrize("order", ["old hello first", "new hello first"])
+def test_a_worker_that_reconnected_while_the_master_was_busy_counts_once_under_its_own_name(trainer, caplog, order):
+    """Defect (fleet tester): a worker whose --master-timeout ran out while the master compiled reconnected with a new
+    identity; the master then read both connections' hellos, counted the one worker two or three times, warned that
+    its (unique) name was taken, called it solo#3 for the rest of the run and later reported the ghosts lost. A
+    hello carries the worker process's id and connection number: the newer connection replaces the older, whose
+    queued hellos are dropped."""
+    master = make_master(trainer, Clock())
+    process = "p" * 32
+    old = (b"old", {"type": "hello", "name": "solo", "nonce": "o" * 16, "process": process, "connection": 1})
+    new = (b"new", {"type": "hello", "name": "solo", "nonce": "n" * 16, "process": process, "connection": 2})
+    other = (b"other", {"type": "hello", "name": "solo", "nonce": "x" * 16, "process": "q" * 32, "connection": 1})
+    try:
+        with caplog.at_level("INFO", "jes.distributed.master"):
+            for identity, hello in ((old, new) if order == "old hello first" else (new, old)):
+                master._hello(identity, hello)
+            assert list(master.workers) == [b"new"] and master.workers[b"new"].name == "solo"
+            assert "is taken" not in caplog.text
+            master._hello(*other)  # another process with the same --name is still told apart, as before
+        assert {w.name for w in master.workers.values()} == {"solo", "solo#2"}
+        assert "worker name solo is taken" in caplog.text
+    finally:
+        master.close()

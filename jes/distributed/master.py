@@ -94,6 +94,10 @@ MIN_SECONDS = 1e-6                  # times are clamped to at least this before 
 MIN_RATE, MAX_RATE = 1e-6, 1e6      # chunks per second, the bounds of any speed estimate
 
 
+# Worker processes whose newest connection a master remembers (Master._stale_connection); the oldest go first
+MAX_REMEMBERED_PROCESSES = 4096
+
+
 def _same_bits(a: np.ndarray, b: np.ndarray) -> bool:
     """Equal dtype, shape and bytes (NaN equals the same NaN: an honest non-finite result matches itself)."""
     a, b = np.asarray(a), np.asarray(b)
@@ -251,6 +255,9 @@ class Master:
         self.max_message_bytes = int(max_message_bytes)
         self.clock = time.monotonic  # a seam for tests of the bookkeeping
         self.workers: dict[bytes, _Worker] = {}
+        # Each worker process's newest connection (its hello's process -> (connection number, identity)): what
+        # _stale_connection tells a reconnected worker's queued old hellos from a new worker's by
+        self._connections: dict[str, tuple[int, bytes]] = {}
         self.assignments: dict[int, _Assignment] = {}
         self.stats = collections.Counter()
         self._next_aid = 1
@@ -545,6 +552,8 @@ class Master:
         if worker is None or worker.nonce != nonce:
             if worker is not None:  # the same connection opens a new session: the old one is over
                 self._drop_worker(worker, "opened a new session")
+            if self._stale_connection(identity, message):
+                return
             name = self._unique_name(name)
             worker = self.workers[identity] = _Worker(identity, name, self.clock(), nonce=nonce,
                                                       session=protocol.Session(self.key, protocol.new_nonce()),
@@ -553,6 +562,28 @@ class Master:
         # A repeated hello (its first welcome was lost) gets the same session.
         self._send_frames(identity, protocol.encode({"type": "welcome", "nonce": nonce, "sid": worker.session.sid},
                                                     self.key), "welcome", name)
+
+    def _stale_connection(self, identity: bytes, message: dict) -> bool:
+        """Whether a hello comes from an earlier connection of a worker process that has since connected again
+        (queued while this master was busy: compiling, checkpointing), to be dropped; a hello from a newer one ends
+        that process's older connection here, quietly, so one worker is never counted, named (``name#2``) or
+        lost as several. Workers tell their process and connection apart by the hello's ``process`` and
+        ``connection`` fields (a worker of a jes without them is taken as it comes)."""
+        process = field(message, "process", str, optional=True)
+        connection = field(message, "connection", int, optional=True)
+        if process is None or connection is None or not 16 <= len(process) <= 64 or connection < 0:
+            return False
+        newest = self._connections.get(process)
+        if newest is not None and connection < newest[0]:
+            log.debug("dropped a hello from an earlier connection of worker process %s", process[:12])
+            return True
+        if newest is not None and newest[1] != identity and newest[1] in self.workers:
+            self._drop_worker(self.workers[newest[1]], "reconnected (its earlier connection is over)")
+        self._connections.pop(process, None)
+        self._connections[process] = (connection, identity)
+        while len(self._connections) > MAX_REMEMBERED_PROCESSES:  # the oldest first
+            self._connections.pop(next(iter(self._connections)))
+        return False
 
     def _unique_name(self, name: str) -> str:
         """``name``, or ``name#2``, ``name#3``... when a connected worker has it (two ``--name $(hostname)`` on one

@@ -143,8 +143,9 @@ def likely_cause(reason: str) -> str:
                 "32 bits.")
     if "other bits" in reason or "differ from the master's own evaluation" in reason or "differ" in reason:
         return ("This worker computes other bits than the master: check that its environment matches the master's "
-                "(XLA_FLAGS, JAX_ENABLE_X64 and other JAX settings; the jes, JAX and jaxlib versions; the kind of "
-                "CPU or accelerator).")
+                "(the env's code and version: your --allow-module / --import modules, the gymnax, brax, Gymnasium "
+                "or simulator versions; XLA_FLAGS, JAX_ENABLE_X64 and other JAX settings; the jes, JAX and jaxlib "
+                "versions; the kind of CPU or accelerator).")
     if "evaluation time" in reason:
         return "Its reported evaluation times were impossible by the master's clock."
     return "Check that this worker runs the same jes, JAX and settings as the master."
@@ -188,6 +189,10 @@ class _Link(threading.Thread):
         self.unreachable: str | None = None  # why the master cannot be reached (unresolvable, refused), once said
         self._last_unreachable_warning = -float("inf")
         self._was_connected = False  # whether a master ever answered on this endpoint (what a refusal then means)
+        # This worker process's id and its connections' count, in each hello: a master that was busy while the
+        # worker reconnected drops the older connection's queued hellos instead of counting it twice
+        self.process = uuid.uuid4().hex
+        self._connections = 0
         # When a master last sent an authenticated message (monotonic seconds; the link's start until one does),
         # never reset by a reconnect: what Worker's give_up_after reads. ever_heard: whether one ever did.
         self.last_heard_at = time.monotonic()
@@ -220,6 +225,7 @@ class _Link(threading.Thread):
         # CURVE with the client key of the shared secret (the master admits no other), to the master's own
         # server key when given, else to the one the secret gives (jes.distributed.transport).
         transport.secure_client(sock, self.key, self.curve_server_key)
+        self._connections += 1
         self._monitor = sock.get_monitor_socket(LINK_EVENTS)
         problem = resolve_problem(self.endpoint)  # ZeroMQ retries an unresolvable name in silence
         if problem is not None:
@@ -242,7 +248,8 @@ class _Link(threading.Thread):
     def _hello(self, now: float) -> None:
         # Repeated until welcomed: with IMMEDIATE, a hello sent before the TCP connection is up is dropped.
         if now - self._last_hello >= min(0.5, self.heartbeat_interval):
-            self._raw({"type": "hello", "name": self.name, "nonce": self._nonce})
+            self._raw({"type": "hello", "name": self.name, "nonce": self._nonce, "process": self.process,
+                       "connection": self._connections})
             self._last_hello = now
 
     def _raw(self, message: dict) -> None:
