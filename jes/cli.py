@@ -389,6 +389,11 @@ def _train(args: argparse.Namespace) -> int:
     if args.resume is True:  # --resume without a file: the run's own checkpoint if it is there, else a fresh run
         from jes.loop import own_checkpoint_to_resume
 
+        if args.distributed:  # every process takes process 0's answer (jes.train would start the runtime anyway)
+            from jes.distributed import jax_runtime
+
+            jax_runtime.ensure_initialized()
+
         args.resume = own_checkpoint_to_resume(
             True, _none(args.log_dir), "<log_dir>/checkpoint.ckpt" if args.checkpoint is None else _none(args.checkpoint),
             command=True)

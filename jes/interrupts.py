@@ -58,7 +58,7 @@ class SigtermAsInterrupt:
     def _unraisable(self, unraisable: Any) -> None:
         """The interrupt this handler raised, dropped where Python cannot raise it (a gc callback): not printed as
         "Exception ignored", since :func:`raise_if_terminated` raises it again; anything else as before."""
-        if not (self.terminated and isinstance(unraisable.exc_value, KeyboardInterrupt)):
+        if not (self._installed and self.terminated and isinstance(unraisable.exc_value, KeyboardInterrupt)):
             self._unraisablehook(unraisable)
 
     def restore(self) -> None:

@@ -461,14 +461,18 @@ def own_checkpoint_to_resume(resume: Any, log_dir: str | None, checkpoint_path: 
         ValueError: ``True`` without a ``checkpoint_path`` or ``log_dir`` of the caller's own (an auto-named log dir
             is new each run: a requeued job would never find its checkpoint), or a resume that is not a path.
     """
-    if resume is None or isinstance(resume, (str, os.PathLike)) and not isinstance(resume, bool):
-        return None if resume is None else os.fspath(resume)
+    if resume is None or resume is False or isinstance(resume, (str, os.PathLike)):
+        return None if resume is None or resume is False else os.fspath(resume)
     if resume is not True:
         raise TypeError(f"resume must be a checkpoint path, True (the run's own checkpoint if it is there) or None, "
                         f"got {resume!r}")
-    if checkpoint_path not in (None, "<log_dir>/checkpoint.ckpt"):
+    if checkpoint_path is None:
+        raise ValueError("--resume without a file continues the run's own checkpoint, but --checkpoint none keeps "
+                         "none" if command else "resume=True continues the run's own checkpoint, but "
+                         "checkpoint_path=None keeps none")
+    if checkpoint_path != "<log_dir>/checkpoint.ckpt":
         path = os.fspath(checkpoint_path)
-    elif checkpoint_path is not None and log_dir not in (None, "runs/<auto>"):
+    elif log_dir not in (None, "runs/<auto>"):
         path = os.path.join(os.fspath(log_dir), "checkpoint.ckpt")
     else:
         raise ValueError("--resume without a file continues the run's own checkpoint if it is there: give the run a "
@@ -477,7 +481,10 @@ def own_checkpoint_to_resume(resume: Any, log_dir: str | None, checkpoint_path: 
                          "resume=True continues the run's own checkpoint if it is there: give the run a log_dir of "
                          "its own (the auto-named one is new each run, so a rerun would never find it) or a "
                          "checkpoint_path")
-    return path if os.path.exists(path) else None
+    exists = os.path.exists(path)
+    if jax_runtime.is_initialized() and jax.process_count() > 1:  # process 0 writes it: its answer, everywhere
+        exists = _from_process_0("there" if exists else None) is not None
+    return path if exists else None
 
 
 def _take_sigterm(taking: interrupts.SigtermAsInterrupt) -> None:
@@ -646,6 +653,7 @@ def train(
     if overrides:
         _check_mirrored_population(strategy, overrides)
     config = (config or ESConfig()).replace(**overrides) if overrides else (config or ESConfig())
+    own_checkpoint = resume is True  # (a requeued job's run: what it finds in its folder is its own earlier start)
     resume = own_checkpoint_to_resume(resume, log_dir, checkpoint_path)
     restored = None
     if resume is not None:
@@ -781,9 +789,14 @@ def train(
         loggers = [jes_logging.ProgressBar(config.num_generations, int(fetch(state.generation)),
                                            enabled=progress if primary else False, best=max(earlier, default=-math.inf))]
         if log_dir is not None and primary and resume is None and jes_logging.has_logged_scalars(log_dir):
-            warnings.warn(f"log_dir {log_dir!r} already holds the TensorBoard event files of an earlier run; this run's "
-                          f"go beside them, and TensorBoard (and jes.logging.read_scalars) will show both: pass a new "
-                          f"log_dir, or resume= that run's checkpoint to continue it", stacklevel=2)
+            if own_checkpoint:  # stopped before its first checkpoint, started again: nothing to pass differently
+                warnings.warn(f"log_dir {log_dir!r} holds the TensorBoard event files of an earlier start of this run "
+                              f"that saved no checkpoint (stopped before its first); it starts again, its curves "
+                              f"beside those (jes plot draws each start apart)", stacklevel=2)
+            else:
+                warnings.warn(f"log_dir {log_dir!r} already holds the TensorBoard event files of an earlier run; this "
+                              f"run's go beside them, and TensorBoard (and jes.logging.read_scalars) will show both: "
+                              f"pass a new log_dir, or resume= that run's checkpoint to continue it", stacklevel=2)
         if log_dir is not None and primary and not nothing_left:  # (nothing to log: no event file)
             hparams = dict(run_hparams(trainer, config, optimizer), strategy=trainer.strategy.describe(),
                            num_params=trainer.num_params, key=str(np.asarray(jax.random.key_data(as_key(key))).tolist()))

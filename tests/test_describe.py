@@ -365,3 +365,15 @@ def test_a_gymnax_env_params_tuple_travels_as_the_env_and_its_params():
     assert describe_run(policy, config, (env, params), "adam") == describe_run(policy, config, env, "adam", params)
     with pytest.raises(DescriptionError, match=r"or as \(env, params\) without env_params="):
         describe_run(policy, config, (env, params), "adam", params)
+
+
+def test_an_env_object_in_a_tuple_is_checked_as_one_given_alone():
+    """Review: an (env, params) tuple skipped the check that refuses env objects whose attributes no constructor
+    call rebuilds, so workers would have stepped Catch() for the master's Catch(rows=7, columns=4)."""
+    from gymnax.environments.bsuite.catch import Catch
+
+    env = Catch(rows=7, columns=4)
+    trainer = jes.Trainer(jes.MLPPolicy(hidden_sizes=(3,)), (env, env.default_params), "adam", CONFIG)
+    for given in (dict(env=env, env_params=env.default_params), dict(env=(env, env.default_params))):
+        with pytest.raises(DescriptionError, match="Catch"):
+            protocol.describe_run(trainer, optimizer="adam", **given)

@@ -671,3 +671,19 @@ def test_a_worker_that_reconnected_while_the_master_was_busy_counts_once_under_i
         assert "worker name solo is taken" in caplog.text
     finally:
         master.close()
+
+
+def test_messages_queued_by_a_replaced_connection_are_dropped_quietly(trainer, caplog):
+    """Review: once a reconnected worker's older connection was dropped, the heartbeats it had queued were each logged
+    at WARNING as "outside any session" (up to 20 lines a reconnect)."""
+    master = make_master(trainer, Clock())
+    process = "p" * 32
+    try:
+        master._hello(b"old", {"type": "hello", "name": "solo", "nonce": "o" * 16, "process": process, "connection": 1})
+        stale = master.workers[b"old"].session.seal({"type": "heartbeat", "name": "solo"})
+        master._hello(b"new", {"type": "hello", "name": "solo", "nonce": "n" * 16, "process": process, "connection": 2})
+        with caplog.at_level("INFO", "jes.distributed.master"):
+            master._receive([b"old", *stale])
+        assert "outside any session" not in caplog.text and master.stats["dropped"] == 0, caplog.text
+    finally:
+        master.close()

@@ -78,7 +78,7 @@ import jax.numpy as jnp
 import numpy as np
 import zmq
 
-from jes import host_step
+from jes import host_step, interrupts
 from jes.distributed import protocol, transport
 from jes.distributed.protocol import ProtocolError, field
 from jes.generation import ChunkResults
@@ -258,6 +258,8 @@ class Master:
         # Each worker process's newest connection (its hello's process -> (connection number, identity)): what
         # _stale_connection tells a reconnected worker's queued old hellos from a new worker's by
         self._connections: dict[str, tuple[int, bytes]] = {}
+        self._replaced: dict[bytes, None] = {}  # identities of connections a newer one of their process replaced
+        self._stale_said: set[str] = set()  # processes whose stale hello was logged
         self.assignments: dict[int, _Assignment] = {}
         self.stats = collections.Counter()
         self._next_aid = 1
@@ -423,6 +425,7 @@ class Master:
         deadline = time.monotonic() + timeout
         while (len(self._ready_workers()) < count and time.monotonic() < deadline
                and not (only_these and len(self._ready_workers()) + self._refusing() >= count)):
+            interrupts.raise_if_terminated()  # a SIGTERM Python dropped while workers build: not after their 120 s
             self._poll(50)
             self._expire(self.clock())
         return len(self._ready_workers())
@@ -519,6 +522,9 @@ class Master:
                 self._hello(identity, message)
                 return
             worker = self.workers.get(identity)
+            if worker is None and identity in self._replaced:  # queued before its worker reconnected: nothing to say
+                log.debug("dropped a %r message of a connection its worker has replaced", message["type"])
+                return
             if worker is None or worker.session is None:
                 # Authenticated, but of a session we do not know: a worker of our previous incarnation
                 # (or a replay; answering it creates nothing).
@@ -575,9 +581,15 @@ class Master:
             return False
         newest = self._connections.get(process)
         if newest is not None and connection < newest[0]:
-            log.debug("dropped a hello from an earlier connection of worker process %s", process[:12])
+            if process not in self._stale_said:  # once a process: a worker kept out this way is not invisible
+                self._stale_said.add(process)
+                log.info("dropped a hello from an earlier connection of worker process %s (it has connected again "
+                         "since)", protocol.loggable(process, 16))
             return True
         if newest is not None and newest[1] != identity and newest[1] in self.workers:
+            self._replaced[newest[1]] = None  # its queued messages are dropped quietly (_receive)
+            while len(self._replaced) > MAX_REMEMBERED_PROCESSES:
+                self._replaced.pop(next(iter(self._replaced)))
             self._drop_worker(self.workers[newest[1]], "reconnected (its earlier connection is over)")
         self._connections.pop(process, None)
         self._connections[process] = (connection, identity)

@@ -314,6 +314,8 @@ def describe_run(trainer: Any, env: Any, optimizer: Any, env_params: Any = None,
             a schedule, a lambda, a class defined in ``__main__`` or a notebook...).
     """
     extra.setdefault("strategy", trainer.strategy)  # a frozen dataclass from jes.strategies
+    if isinstance(env, tuple) and len(env) == 2 and env_params is None:
+        env, env_params = env  # gymnax's (env, params): the env object checked below as any other, then its params
     if not isinstance(env, (str, tuple)):
         from jes.envs import resolvable_name  # JAX is loaded anyway: describe_run takes a built trainer
         from jes.envs.brax import INSTANCE_SUFFIX as BRAX_INSTANCE_SUFFIX
