@@ -1239,14 +1239,21 @@ class HostFunctionProblem(FunctionProblem):
 
     def fitness_for_update(self, values: np.ndarray) -> tuple[np.ndarray, bool]:
         """``values`` (float64) as the update takes them, and whether they were shifted: float64 in x64 mode;
-        else float32, shifted by their median first unless float32 holds them exactly (every strategy here uses
-        fitness only through ranks or differences, which the shift keeps)."""
+        else as :func:`float32_for_update` makes them."""
         if self.x0.dtype == jnp.float64:
             return values, False
-        narrow = values.astype(np.float32)
-        if np.array_equal(narrow, values):
-            return narrow, False
-        return (values - np.median(values)).astype(np.float32), True
+        return float32_for_update(values)
+
+
+def float32_for_update(values: np.ndarray) -> tuple[np.ndarray, bool]:
+    """Finite float64 ``values`` as float32 for an update, and whether they were shifted: as they are where float32
+    holds them exactly, else shifted by their median first (every strategy here uses fitness through ranks or
+    differences, which the shift keeps, and ARS its spread). :func:`optimize`'s host loop and
+    :meth:`AskTell.tell` both, so the two give the same bits for the same values."""
+    narrow = values.astype(np.float32)
+    if np.array_equal(narrow, values):
+        return narrow, False
+    return (values - np.median(values)).astype(np.float32), True
 
 
 def _run_on_host(problem: HostFunctionProblem, key: Any, num_generations: int, stop_reason: str,
@@ -1438,9 +1445,10 @@ class AskTell:
         and check ``info`` yourself.
 
         Float64 fitness is ranked in float64 (a list or tuple of numbers is taken as a float64 NumPy array): in JAX's
-        x64 mode as it is; without it, a float64 NumPy array
+        x64 mode as it is; without it, a float64 NumPy array that float32 cannot hold exactly
         is shifted by its median on the host before it becomes float32, which keeps its order (every
-        strategy here depends on fitness only through ranks or differences), and ``info``'s ``pop_min``,
+        strategy here depends on fitness through ranks or differences, ARS also its spread), as
+        :func:`optimize`'s host loop takes them (the same bits), and ``info``'s ``pop_min``,
         ``pop_max``, ``pop_mean``, ``best_value`` and ``best_member`` are made on the host from the values you
         passed, as NumPy float64 (int32) scalars: ``best_value - 1e9`` of a function offset by 1e9 keeps its
         digits. The others (``pop_std``, ...) are the shifted float32 values'.
@@ -1487,8 +1495,8 @@ class AskTell:
     def _tell_checked(self, state: TrainState, fitness: Any) -> tuple[TrainState, dict]:
         if (not jax.config.jax_enable_x64 and isinstance(fitness, np.ndarray) and fitness.dtype == np.float64
                 and np.isfinite(fitness).all()):
-            shift = float(np.median(fitness))
-            state, info = self._tell(state, (fitness - shift).astype(np.float32))
+            narrow, _ = float32_for_update(fitness)  # as jes.optimize's host loop takes them: the same bits
+            state, info = self._tell(state, narrow)
             # info's statistics were of the shifted float32 values: shifted back in float32, an offset of 1e9
             # swallowed what the ranking resolved (best_value - 1e9 read 0.0 for 4.9e-5). Made here instead, in
             # float64, from the values given (the best member too: float32 may have tied it with another)

@@ -1043,3 +1043,29 @@ def test_ask_tell_and_its_state_pickle_and_continue_with_the_same_bits():
 
     assert raw(state) == raw(state2)
     assert raw(es.mean(state)) == raw(es2.mean(state2))
+
+
+def test_ars_converges_on_a_function_with_a_large_offset():
+    """Slow-simulator tester: ARS's reward spread was E[r^2] - E[r]^2 in float32, which cancels for f = 1e5 + ...:
+    it stalled at f - 1e5 = 3.4 after 100 generations (0.0125 without the offset). Two passes keep the spread."""
+    offset = 1e5
+    run = lambda off: jes.optimize(lambda x: jnp.sum((x - 1.0) ** 2) + off, jnp.zeros(5), "ars", minimize=True,
+                                   num_generations=100, num_members=16, key=0)
+    assert float(run(offset).history["mean_value"][-1]) - offset < 0.1
+
+
+def test_ask_tell_and_optimize_on_the_host_take_float64_values_alike():
+    """Slow-simulator tester: AskTell shifted every float64 array by its median before float32, jes.optimize(host=True)
+    only values float32 could not hold exactly, so ARS (which reads the values' spread) differed between the two
+    for a simulator computing in float32; both now take them the same way: the same bits."""
+    def sim(x):
+        x = np.asarray(x, np.float32)
+        return float(np.sum((x - np.float32(0.3)) ** 2, dtype=np.float32) + np.float32(100.0))
+
+    x0 = np.zeros(5, np.float32)
+    ran = jes.optimize(sim, x0, "ars", num_generations=10, host=True, key=5, num_members=8, minimize=True)
+    es = jes.AskTell("ars", x0=x0, num_members=8, minimize=True)
+    state = es.init(5)
+    for _ in range(10):
+        state, _ = es.tell(state, np.array([sim(x) for x in np.asarray(es.ask(state))]))
+    assert np.asarray(ran.x).tobytes() == np.asarray(es.mean(state)).tobytes()

@@ -95,7 +95,10 @@ class ARS(Strategy):
         selected = jnp.zeros(plus.shape, bool).at[order[:b]].set(True)
         used = jnp.concatenate([jnp.where(selected, plus, 0.0), jnp.where(selected, minus, 0.0)])
         mean = used.sum() / (2 * b)
-        reward_std = jnp.sqrt(jnp.maximum((used * used).sum() / (2 * b) - mean * mean, 0.0))
+        # Two passes: E[r^2] - E[r]^2 cancels in float32 for returns with a large offset (a function at 1e5 +
+        # something: the std of the part that varies came out as rounding noise, and the step with it)
+        deviation = jnp.where(jnp.concatenate([selected, selected]), used - mean, 0.0)
+        reward_std = jnp.sqrt((deviation * deviation).sum() / (2 * b))
         scale = jnp.where(reward_std > 0, 1.0 / (b * jnp.where(reward_std > 0, reward_std, 1.0)), 0.0)
         pair_w = jnp.stack([jnp.where(selected, plus, 0.0), jnp.where(selected, minus, 0.0)], axis=1)
         return (pair_w * scale).reshape(-1)
