@@ -537,8 +537,10 @@ class OptimizeResult:
             cannot be pickled and are left out; every other field pickles. ``copy.deepcopy`` copies the result
             and shares its ``problem``.
         stop_reason: ``"num_generations"``, ``"max_evaluations"``, ``"target"``, the
-            :class:`StopCriteria` criterion that ended the (last) run, or ``"non_finite"`` (the result a
-            :class:`NonFiniteValueError` holds). With ``restarts``: ``"max_evaluations"`` also when the next
+            :class:`StopCriteria` criterion that ended the (last) run, ``"stopped"`` (a callback raised
+            :class:`jes.StopTraining`), ``"non_finite"`` (the result a :class:`NonFiniteValueError` holds) or
+            ``"error"`` (the run so far that an exception the function or a callback raised carries as its
+            ``result``). With ``restarts``: ``"max_evaluations"`` also when the next
             run would not fit the budget (not one generation of it), ``"max_restarts"`` when the restarts are
             used up; each run's own reason is in ``runs``.
         runs: with ``restarts``, one dict per run: ``population``, ``noise_std`` (the sigma the run started from),
@@ -671,7 +673,11 @@ def optimize(
         devices: local devices to shard the population over.
         callbacks: called with each generation's record (with ``restarts``: ``generation`` and ``evaluations``
             counted on over the runs, as in ``result.history``, ``run``, the run's index, and ``run_generation``,
-            the generation within the run).
+            the generation within the run). One that raises :class:`jes.StopTraining` ends the run after that
+            generation (a time budget of your own, say), which ``optimize`` returns with ``stop_reason="stopped"``
+            (no restart follows). Any other exception, from a callback or from ``fitness_fn`` (a simulator that
+            fails, Ctrl-C), goes on carrying the run so far as ``error.result`` (an :class:`OptimizeResult`: its
+            best point, state and history), as a non-finite value's error does.
         restarts: ``"ipop"`` (Auger & Hansen 2005: after each stop, restart from ``x0`` with twice the
             population) or ``"bipop"`` (Hansen 2009, pycma's variant: IPOP runs interleaved with runs of
             population ``n * (n_ipop / n)^(u^2)``, sigma ``sigma0 * 10^(-2 u')`` and at most
@@ -862,11 +868,17 @@ def _optimize_with_restarts(build, key, restarts, num_members, num_generations, 
             raise NonFiniteValueError(f"restart run {index} (population {members}), generation {before + err.generation}"
                                       f" of the history: {err}", before + err.generation, err.member,
                                       _combined(results, runs, used + err.result.num_evaluations, t_start)) from None
+        except BaseException as err:  # a callback's or the function's error: every run so far, this one's too
+            partial = getattr(err, "result", None)
+            if isinstance(partial, OptimizeResult) and results:
+                err.result = _combined([*results, partial], [*runs, _run_record(members, sigma, partial)],
+                                       used + partial.num_evaluations, t_start)
+            raise
         used += result.num_evaluations
         budgets[regime] += result.num_evaluations
         results.append(result)
         runs.append(_run_record(members, sigma, result))
-        if result.stop_reason in ("target", "max_evaluations"):
+        if result.stop_reason in ("target", "max_evaluations", "stopped"):  # (stopped: a callback's StopTraining)
             break
         if index + 1 - small_runs > max_restarts:  # run 0 and the large runs (pycma: irun - runs_with_small)
             ended_by = "max_restarts"
@@ -921,6 +933,46 @@ def run_optimization(problem: FunctionProblem, key: Any = 0, num_generations: in
         num_generations, stop_reason = max(0, max_evaluations // (problem.config.num_members + 1)), "max_evaluations"
     if isinstance(problem, HostFunctionProblem):
         return _run_on_host(problem, key, num_generations, stop_reason, target, callbacks, stop)
+    if not callbacks:
+        return _run_compiled(problem, key, num_generations, stop_reason, target, callbacks, stop, generations_per_call)
+    from jes.loop import StopTraining  # (lazily: the training loop's module, where callbacks first stopped runs)
+
+    t_start, seen = time.perf_counter(), [0]  # seen: the newest generation the callbacks were given
+
+    def note(record):
+        seen[0] = record["generation"]
+
+    def so_far(stop_reason: str) -> OptimizeResult:
+        """The run up to the callbacks' newest generation: rerun without them (the same programs, the same bits)."""
+        rerun = _run_compiled(problem, key, seen[0], "num_generations", None, (), None, generations_per_call)
+        return dataclasses.replace(rerun, stop_reason=stop_reason, wall_time=time.perf_counter() - t_start)
+
+    try:
+        return _run_compiled(problem, key, num_generations, stop_reason, target, (note, *callbacks), stop,
+                             generations_per_call)
+    except StopTraining:  # a callback ended the run after the generation it was given: the run up to there
+        return so_far("stopped")
+    except Exception as err:  # a callback's error: the run so far goes with it, as a non-finite value's does
+        if not hasattr(err, "result"):
+            _carry_result(err, so_far("error"), "a callback raised")
+        raise
+
+
+def _carry_result(err: BaseException, result: OptimizeResult, what: str) -> None:
+    """Attach the run so far to ``err`` (``err.result``), with a note saying so."""
+    try:
+        err.result = result
+    except AttributeError:  # an exception type that takes no attributes: its note still says what happened
+        return
+    if hasattr(err, "add_note"):  # Python 3.11+
+        err.add_note(f"({what} after generation {len(result.history['generation'])}; error.result holds the run so "
+                     f"far: its best point, state and history)")
+
+
+def _run_compiled(problem: FunctionProblem, key: Any, num_generations: int, stop_reason: str, target: float | None,
+                  callbacks: Sequence[Callable[[dict], Any]], stop: StopCriteria | None,
+                  generations_per_call: int | None) -> OptimizeResult:
+    """:func:`run_optimization` for a JAX function (``num_generations`` already cut to ``max_evaluations``)."""
 
     def check_mean(generation: int, centre: float) -> None:
         """Raise :class:`NonFiniteValueError` when f at generation ``generation``'s updated mean is not finite
@@ -1287,53 +1339,69 @@ def _run_on_host(problem: HostFunctionProblem, key: Any, num_generations: int, s
             strategy=problem.strategy.name, wall_time=time.perf_counter() - t_start, compile_time=compile_time,
             state=state, problem=problem, stop_reason=stop_reason)
 
-    while gen < num_generations:
-        members = np.asarray(timed(_host_ask, state))
-        values = np.empty(num_members, np.float64)
-        before = state
-        for i, x in enumerate(problem.host_in_box(members)):  # the best is kept as a point of the search
-            values[i] = problem.call(x)
-            if not math.isfinite(values[i]):  # no call after it: an external counter sees error.result's count
-                _check_finite(dict(bad_member=i, bad_update=False), gen,
-                              lambda: result(before, "non_finite", calls=i + 1))
-        fitness, shifted = problem.fitness_for_update(values)
-        state, info = timed(_host_tell, state, fitness)
-        info = {k: v.item() for k, v in jax.device_get(info).items()}
-        _check_finite(info, gen, lambda: result(before, "non_finite", calls=num_members))
-        mean = np.asarray(state.params)
-        mean_value = problem.call(problem.host_in_box(mean))
-        if not math.isfinite(mean_value):  # before the best is updated: the result is the run of gen generations
-            _check_finite(dict(bad_member=-1, bad_update=False, bad_mean=True), gen,
-                          lambda: result(before, "non_finite", calls=num_members + 1))
-        signed = sign * values
-        if shifted:  # the update's statistics of the shifted values: the float64 ones instead
-            info.update(pop_max=float(signed.max()), pop_min=float(signed.min()), pop_mean=float(signed.mean()))
-        if info["pop_max"] > best_value:
-            best_value, best_flat = info["pop_max"], members[int(np.argmax(signed))]
-        value = mean_value
-        evaluations += num_members + 1
-        gen += 1
-        if sign * value > best_value:
-            best_value, best_flat = sign * value, mean
-        own = _own_statistics(info["pop_max"], info["pop_min"], info["pop_mean"], sign)
-        record = dict(generation=gen, mean_value=value, best_value=own["best_value"], pop_mean=own["pop_mean"],
-                      noise_std=info["noise_std"], evaluations=evaluations)
-        for k in history:
-            history[k].append(record[k])
-        for callback in callbacks:
-            callback(record)
-        if target is not None and (value <= target if problem.minimize else value >= target):
-            stop_reason = "target"
-            break
-        if stop is not None:
-            rows.append((info["pop_max"], info["pop_min"], info["pop_mean"], info["noise_std"]))
-            condition = None
-            if "cond_max" in info:
-                condition = _condition(np.array([info["cond_max"], info["cond_min"]]), state.strategy)
-            reason = stop.check(rows, problem.num_params, num_members, condition, state.params.dtype)
-            if reason is not None:
-                stop_reason = reason
+    from jes.loop import StopTraining  # (lazily: the training loop's module, where callbacks first stopped runs)
+
+    # A callback's StopTraining ends the run there; any other exception (the function raised, a callback's error,
+    # Ctrl-C) carries the run so far (error.result): hours of a slow simulator's calls are never lost with it.
+    before, in_flight = state, 0  # the generation's state before its update, its calls not counted yet
+    try:
+        while gen < num_generations:
+            members = np.asarray(timed(_host_ask, state))
+            values = np.empty(num_members, np.float64)
+            before = state
+            for i, x in enumerate(problem.host_in_box(members)):  # the best is kept as a point of the search
+                in_flight = i + 1
+                values[i] = problem.call(x)
+                if not math.isfinite(values[i]):  # no call after it: an external counter sees error.result's count
+                    _check_finite(dict(bad_member=i, bad_update=False), gen,
+                                  lambda: result(before, "non_finite", calls=i + 1))
+            fitness, shifted = problem.fitness_for_update(values)
+            state, info = timed(_host_tell, state, fitness)
+            info = {k: v.item() for k, v in jax.device_get(info).items()}
+            _check_finite(info, gen, lambda: result(before, "non_finite", calls=num_members))
+            mean = np.asarray(state.params)
+            in_flight = num_members + 1
+            mean_value = problem.call(problem.host_in_box(mean))
+            if not math.isfinite(mean_value):  # before the best is updated: the result is the run of gen generations
+                _check_finite(dict(bad_member=-1, bad_update=False, bad_mean=True), gen,
+                              lambda: result(before, "non_finite", calls=num_members + 1))
+            signed = sign * values
+            if shifted:  # the update's statistics of the shifted values: the float64 ones instead
+                info.update(pop_max=float(signed.max()), pop_min=float(signed.min()), pop_mean=float(signed.mean()))
+            if info["pop_max"] > best_value:
+                best_value, best_flat = info["pop_max"], members[int(np.argmax(signed))]
+            value = mean_value
+            evaluations += num_members + 1
+            gen += 1
+            in_flight = 0
+            if sign * value > best_value:
+                best_value, best_flat = sign * value, mean
+            own = _own_statistics(info["pop_max"], info["pop_min"], info["pop_mean"], sign)
+            record = dict(generation=gen, mean_value=value, best_value=own["best_value"], pop_mean=own["pop_mean"],
+                          noise_std=info["noise_std"], evaluations=evaluations)
+            for k in history:
+                history[k].append(record[k])
+            for callback in callbacks:
+                callback(record)
+            if target is not None and (value <= target if problem.minimize else value >= target):
+                stop_reason = "target"
                 break
+            if stop is not None:
+                rows.append((info["pop_max"], info["pop_min"], info["pop_mean"], info["noise_std"]))
+                condition = None
+                if "cond_max" in info:
+                    condition = _condition(np.array([info["cond_max"], info["cond_min"]]), state.strategy)
+                reason = stop.check(rows, problem.num_params, num_members, condition, state.params.dtype)
+                if reason is not None:
+                    stop_reason = reason
+                    break
+    except StopTraining:
+        return result(state if in_flight == 0 else before, "stopped", calls=in_flight)
+    except BaseException as err:
+        if not hasattr(err, "result"):
+            _carry_result(err, result(state if in_flight == 0 else before, "error", calls=in_flight),
+                          "the function raised" if in_flight else "a callback raised")
+        raise
     return result(state, stop_reason)
 
 
@@ -1404,6 +1472,13 @@ class AskTell:
         """Pickles as its constructor's arguments (a strategy name or object, x0, ...; an optax object given as
         ``optimizer`` and a schedule given as ``learning_rate`` or ``noise_std`` do not pickle: closures): rebuilt,
         it asks and tells the same bits. Its states pickle on their own."""
+        closures = [name for name in ("optimizer", "learning_rate", "noise_std")
+                    if name == "optimizer" and not isinstance(self._arguments[name], (str, type(None)))
+                    or name != "optimizer" and callable(self._arguments[name])]
+        if closures:  # pickle's own "Can't pickle local object 'chain.<locals>.init_fn'" names none of them
+            raise TypeError(f"this AskTell cannot be pickled: its {' and '.join(closures)} "
+                            f"{'is' if len(closures) == 1 else 'are'} an optax object or schedule (closures); "
+                            f"make it with the optimizer's name and a number to pickle it")
         return _ask_tell_from_arguments, (type(self), self._arguments)
 
     def init(self, key: Any) -> TrainState:

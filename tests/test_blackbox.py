@@ -1043,6 +1043,10 @@ def test_ask_tell_and_its_state_pickle_and_continue_with_the_same_bits():
 
     assert raw(state) == raw(state2)
     assert raw(es.mean(state)) == raw(es2.mean(state2))
+    import optax
+
+    with pytest.raises(TypeError, match="its optimizer is an optax object or schedule"):
+        pickle.dumps(jes.AskTell("openai_es", jnp.zeros(3), 8, optimizer=optax.adam(0.1)))
 
 
 def test_ars_converges_on_a_function_with_a_large_offset():
@@ -1069,3 +1073,47 @@ def test_ask_tell_and_optimize_on_the_host_take_float64_values_alike():
     for _ in range(10):
         state, _ = es.tell(state, np.array([sim(x) for x in np.asarray(es.ask(state))]))
     assert np.asarray(ran.x).tobytes() == np.asarray(es.mean(state)).tobytes()
+
+
+@pytest.mark.parametrize("host", [False, True])
+def test_a_callbacks_stop_training_ends_optimize_with_the_run_so_far(host):
+    """Slow-simulator tester: jes.StopTraining (the experiments guide's way to a time budget of one's own) propagated
+    out of optimize and the run was lost; it ends the run after the generation the callback was given, with the
+    bits of a run of that many generations."""
+    f = (lambda x: float(np.sum(np.asarray(x) ** 2))) if host else (lambda x: jnp.sum(x ** 2))
+
+    def budget(record):
+        if record["generation"] == 4:
+            raise jes.StopTraining("out of time")
+
+    kw = dict(minimize=True, key=2, num_members=8, host=host)
+    stopped = jes.optimize(f, jnp.ones(3), "snes", num_generations=50, callbacks=[budget], **kw)
+    whole = jes.optimize(f, jnp.ones(3), "snes", num_generations=4, **kw)
+    assert stopped.stop_reason == "stopped" and list(stopped.history["generation"]) == [1, 2, 3, 4]
+    assert np.asarray(stopped.x).tobytes() == np.asarray(whole.x).tobytes()
+    assert stopped.num_evaluations == whole.num_evaluations
+
+
+@pytest.mark.parametrize("where", ["function", "callback"])
+def test_an_error_in_optimize_carries_the_run_so_far(where):
+    """Slow-simulator tester: a simulator that raised (a solver failure) or a callback's bug lost every finished
+    generation; the error carries them as error.result (as a non-finite value's error does)."""
+    calls = []
+
+    def sim(x):
+        calls.append(1)
+        if where == "function" and len(calls) == 3 * 9 + 2:  # in generation 4, after 3 whole ones (8 members + mean)
+            raise RuntimeError("solver did not converge")
+        return float(np.sum(np.asarray(x) ** 2))
+
+    def callback(record):
+        if where == "callback" and record["generation"] == 3:
+            raise ValueError("a bug in my logger")
+
+    with pytest.raises((RuntimeError, ValueError)) as raised:
+        jes.optimize(sim, jnp.ones(3), "snes", minimize=True, key=2, num_members=8, num_generations=20, host=True,
+                     callbacks=[callback])
+    result = raised.value.result
+    assert list(result.history["generation"]) == [1, 2, 3] and result.stop_reason == "error"
+    assert result.num_evaluations == (3 * 9 + 2 if where == "function" else 3 * 9)
+    assert math.isfinite(result.best_value) and "error.result holds the run so far" in str(raised.value.__notes__)
