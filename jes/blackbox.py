@@ -75,6 +75,21 @@ def _warn_if_float64_lost(x0: Any) -> None:
                       "in float32 on purpose, give x0 as float32", stacklevel=3)
 
 
+def _warn_if_integer_leaves(x0: Any) -> None:
+    """Warn (from the caller of ``optimize`` / ``AskTell``) where a pytree ``x0`` holds integer (or bool) leaves
+    beside others: every parameter is searched as a float, so the function gets e.g. ``n_cells = 4.38``."""
+    leaves = jax.tree_util.tree_leaves_with_path(_as_vector_if_numbers(x0))  # pycma's x0=[0, 0, 0]: one vector
+    if len(leaves) < 2:  # one array or vector of integers: documented as searched in the default float
+        return
+    integral = [jax.tree_util.keystr(path) for path, x in leaves
+                if jnp.issubdtype(jnp.asarray(x).dtype, jnp.integer) or jnp.asarray(x).dtype == jnp.bool_]
+    if integral:
+        warnings.warn(f"x0's {', '.join(integral)} {'is an integer' if len(integral) == 1 else 'are integers'}, but "
+                      f"jes searches every parameter as a float (it has no integer variables): your function gets "
+                      f"non-integer values there (4.38, say); round them inside it, and give x0 those leaves as "
+                      f"floats to silence this", stacklevel=3)
+
+
 def _flatten_x0(x0: Any) -> tuple[jax.Array, Callable]:
     x0 = _as_vector_if_numbers(x0)
     dtype = _x0_dtype(x0)
@@ -735,6 +750,7 @@ def optimize(
     flat, _ = _flatten_x0(x0)
     box_bounds.flat_bounds(bounds, _as_vector_if_numbers(x0), flat)  # refused before anything is built or run
     _warn_if_float64_lost(x0)
+    _warn_if_integer_leaves(x0)
     if num_members is None:
         num_members = _default_members(strategy, int(flat.shape[0]))
     if not isinstance(host, bool):
@@ -1460,6 +1476,7 @@ class AskTell:
         noise_std = _noise_std(strategy, noise_std)
         flat, _ = _flatten_x0(x0)
         _warn_if_float64_lost(x0)
+        _warn_if_integer_leaves(x0)
         num_members = _default_members(strategy, int(flat.shape[0])) if num_members is None else num_members
         config = _config(num_members, 1, noise_std, learning_rate, fitness_shaping, weight_decay, chunk_size, strategy)
         self.problem = FunctionProblem(None, x0, strategy, config, optimizer=optimizer, minimize=minimize, devices=1,

@@ -1117,3 +1117,14 @@ def test_an_error_in_optimize_carries_the_run_so_far(where):
     assert list(result.history["generation"]) == [1, 2, 3] and result.stop_reason == "error"
     assert result.num_evaluations == (3 * 9 + 2 if where == "function" else 3 * 9)
     assert math.isfinite(result.best_value) and "error.result holds the run so far" in str(raised.value.__notes__)
+
+
+def test_an_integer_leaf_beside_floats_is_warned_searched_as_a_float():
+    """Slow-simulator tester: x0 = {"gain": float32[2], "n_cells": np.int32(4)} reached the simulator as
+    n_cells = 4.38446 with no word; pycma's x0=[0, 0, 0] (one vector of ints) stays silent, as documented."""
+    with pytest.warns(UserWarning, match=r"x0's \['n_cells'\] is an integer, but jes searches every parameter as a "
+                                         r"float"):
+        jes.AskTell("snes", {"gain": np.zeros(2, np.float32), "n_cells": np.int32(4)}, 8)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        jes.AskTell("snes", [0, 0, 0], 8)
