@@ -14,6 +14,7 @@ import dataclasses
 import functools
 import itertools
 import math
+import pickle
 import time
 import warnings
 from typing import Any, Callable, Sequence
@@ -689,10 +690,11 @@ def optimize(
         callbacks: called with each generation's record (with ``restarts``: ``generation`` and ``evaluations``
             counted on over the runs, as in ``result.history``, ``run``, the run's index, and ``run_generation``,
             the generation within the run). One that raises :class:`jes.StopTraining` ends the run after that
-            generation (a time budget of your own, say), which ``optimize`` returns with ``stop_reason="stopped"``
-            (no restart follows). Any other exception, from a callback or from ``fitness_fn`` (a simulator that
-            fails, Ctrl-C), goes on carrying the run so far as ``error.result`` (an :class:`OptimizeResult`: its
-            best point, state and history), as a non-finite value's error does.
+            generation (a time budget of your own, say; the callbacks after it still see the generation), which
+            ``optimize`` returns with ``stop_reason="stopped"`` (no restart follows). Any other exception from a
+            callback, and with ``host=True`` also one from ``fitness_fn`` (a simulator that fails) or a Ctrl-C, goes
+            on carrying the run so far as ``error.result`` (an :class:`OptimizeResult`: its best point, state and
+            history; with ``restarts``, every run so far), as a non-finite value's error does.
         restarts: ``"ipop"`` (Auger & Hansen 2005: after each stop, restart from ``x0`` with twice the
             population) or ``"bipop"`` (Hansen 2009, pycma's variant: IPOP runs interleaved with runs of
             population ``n * (n_ipop / n)^(u^2)``, sigma ``sigma0 * 10^(-2 u')`` and at most
@@ -886,7 +888,7 @@ def _optimize_with_restarts(build, key, restarts, num_members, num_generations, 
                                       _combined(results, runs, used + err.result.num_evaluations, t_start)) from None
         except BaseException as err:  # a callback's or the function's error: every run so far, this one's too
             partial = getattr(err, "result", None)
-            if isinstance(partial, OptimizeResult) and results:
+            if isinstance(partial, OptimizeResult) and partial.problem is problem:
                 err.result = _combined([*results, partial], [*runs, _run_record(members, sigma, partial)],
                                        used + partial.num_evaluations, t_start)
             raise
@@ -949,40 +951,38 @@ def run_optimization(problem: FunctionProblem, key: Any = 0, num_generations: in
         num_generations, stop_reason = max(0, max_evaluations // (problem.config.num_members + 1)), "max_evaluations"
     if isinstance(problem, HostFunctionProblem):
         return _run_on_host(problem, key, num_generations, stop_reason, target, callbacks, stop)
-    if not callbacks:
-        return _run_compiled(problem, key, num_generations, stop_reason, target, callbacks, stop, generations_per_call)
-    from jes.loop import StopTraining  # (lazily: the training loop's module, where callbacks first stopped runs)
+    return _run_compiled(problem, key, num_generations, stop_reason, target, callbacks, stop, generations_per_call)
 
-    t_start, seen = time.perf_counter(), [0]  # seen: the newest generation the callbacks were given
 
-    def note(record):
-        seen[0] = record["generation"]
+def _callbacks_stop(callbacks: Sequence[Callable[[dict], Any]], record: dict, warned: set,
+                    partial: Callable[[], OptimizeResult]) -> bool:
+    """Call each callback with a generation's ``record`` as :func:`jes.train` does (:func:`jes.loop.call_callbacks`):
+    whether one raised :class:`jes.StopTraining` (the run ends after this generation, which the callbacks after
+    it still see); another exception is raised, carrying ``partial()``, the run up to this generation."""
+    from jes.loop import call_callbacks  # (lazily: the training loop's module, whose callbacks these are)
 
-    def so_far(stop_reason: str) -> OptimizeResult:
-        """The run up to the callbacks' newest generation: rerun without them (the same programs, the same bits)."""
-        rerun = _run_compiled(problem, key, seen[0], "num_generations", None, (), None, generations_per_call)
-        return dataclasses.replace(rerun, stop_reason=stop_reason, wall_time=time.perf_counter() - t_start)
+    stop, error = call_callbacks(callbacks, record, warned)
+    if error is not None:
+        _carry_result(error, partial, "a callback raised")
+        raise error
+    return stop is not None
 
+
+def _carry_result(err: BaseException, partial: Callable[[], OptimizeResult], what: str) -> None:
+    """Attach the run so far, ``partial()``, to ``err`` (``err.result``) with a note saying so, unless it carries
+    this run's already (a :class:`NonFiniteValueError`'s). Never replaces ``err``: an exception that takes no
+    attribute or note, or a result that cannot be made, leaves it as it is."""
     try:
-        return _run_compiled(problem, key, num_generations, stop_reason, target, (note, *callbacks), stop,
-                             generations_per_call)
-    except StopTraining:  # a callback ended the run after the generation it was given: the run up to there
-        return so_far("stopped")
-    except Exception as err:  # a callback's error: the run so far goes with it, as a non-finite value's does
-        if not hasattr(err, "result"):
-            _carry_result(err, so_far("error"), "a callback raised")
-        raise
-
-
-def _carry_result(err: BaseException, result: OptimizeResult, what: str) -> None:
-    """Attach the run so far to ``err`` (``err.result``), with a note saying so."""
-    try:
+        result = partial()
+        held = getattr(err, "result", None)
+        if isinstance(held, OptimizeResult) and held.problem is result.problem:
+            return
         err.result = result
-    except AttributeError:  # an exception type that takes no attributes: its note still says what happened
-        return
-    if hasattr(err, "add_note"):  # Python 3.11+
-        err.add_note(f"({what} after generation {len(result.history['generation'])}; error.result holds the run so "
-                     f"far: its best point, state and history)")
+        if hasattr(err, "add_note"):  # Python 3.11+
+            err.add_note(f"({what} after generation {len(result.history['generation'])} of the run; error.result "
+                         f"holds the run so far: its best point, state and history)")
+    except Exception:  # noqa: BLE001 - the user's error goes on as it came
+        pass
 
 
 def _run_compiled(problem: FunctionProblem, key: Any, num_generations: int, stop_reason: str, target: float | None,
@@ -1028,6 +1028,8 @@ def _run_compiled(problem: FunctionProblem, key: Any, num_generations: int, stop
     # before (a last call evaluates only that): `pending` holds the newest row until then, `head` the newest state.
     pending, head = None, state
 
+    warned: set = set()  # callbacks warned of a returned value
+
     def finish(record, after, centre) -> bool:
         nonlocal stop_reason
         nonlocal best_value, best_of
@@ -1037,8 +1039,11 @@ def _run_compiled(problem: FunctionProblem, key: Any, num_generations: int, stop
         record["mean_value"] = sign * centre
         for k in history:
             history[k].append(record[k])
-        for callback in callbacks:
-            callback(record)
+        if _callbacks_stop(callbacks, record, warned, lambda: _result(
+                problem, after, history, best_value, best_of[0], -1 if best_of[1] is None else best_of[1],
+                record["evaluations"], "error", t_start, compile_time)):
+            stop_reason = "stopped"
+            return True
         reached = target is not None and (record["mean_value"] <= target if minimize else record["mean_value"] >= target)
         if reached:
             stop_reason = "target"
@@ -1154,14 +1159,24 @@ def _run_in_blocks(problem, state, num_generations, stop_reason, target, callbac
     gen, evaluations, pending, rows = 0, 0, None, []
     size = min(capacity, 8 if problem._block_call_seconds is None else _block_size(problem._block_call_seconds))
 
-    def finish(record, centre) -> bool:
+    warned: set = set()  # callbacks warned of a returned value
+
+    def finish(record, centre, upto) -> str | None:
+        """The record's row and callbacks: ``"target"`` or ``"stopped"`` (a callback's StopTraining) to end the run
+        there, else ``None``. ``upto()``: the block's state and best up to this centre, for an error's result."""
         check_mean(record["generation"], centre)
         record["mean_value"] = sign * centre
         for k in history:
             history[k].append(record[k])
-        for callback in callbacks:
-            callback(record)
-        return target is not None and (record["mean_value"] <= target if minimize else record["mean_value"] >= target)
+
+        def partial():
+            after, (value, best_state, member) = upto()
+            return _result(problem, after, history, float(value), best_state, int(member), record["evaluations"],
+                           "error", t_start, compile_time)
+        if _callbacks_stop(callbacks, record, warned, partial):
+            return "stopped"
+        reached = target is not None and (record["mean_value"] <= target if minimize else record["mean_value"] >= target)
+        return "target" if reached else None
 
     while num_generations > gen or pending is not None:
         population_calls = min(num_generations - gen, size)
@@ -1178,11 +1193,21 @@ def _run_in_blocks(problem, state, num_generations, stop_reason, target, callbac
         centres, pop_max, pop_mean, noise_std = col["centre_return"], col["pop_max"], col["pop_mean"], col["noise_std"]
         pop_min = col["pop_min"]
         bad_member, bad_update = col["bad_member"], col["bad_update"]
+        def upto(i):
+            """The block's state and best after its call ``i``, a centre-only call (its generations up to there):
+            the block again, shorter (the same programs, the same bits for the calls it makes)."""
+            _, after, new_best, _ = compiled(*start, np.int32(i + 1), np.int32(i), threshold)
+            return after, new_best
+
         for i in range(made):
             if pending is not None:
                 record, pending = pending, None
-                if finish(record, centres[i]):
-                    stop_reason, done = "target", True
+                ended = finish(record, centres[i], lambda i=i: upto(i))
+                if ended is not None:
+                    stop_reason, done = ended, True
+                    if made != i + 1:  # a callback's stop: the block ran on past this centre
+                        made = i + 1
+                        after, new_best = upto(i)
                     break
             if i >= population_calls:  # the centre-only call
                 done = True
@@ -1355,11 +1380,11 @@ def _run_on_host(problem: HostFunctionProblem, key: Any, num_generations: int, s
             strategy=problem.strategy.name, wall_time=time.perf_counter() - t_start, compile_time=compile_time,
             state=state, problem=problem, stop_reason=stop_reason)
 
-    from jes.loop import StopTraining  # (lazily: the training loop's module, where callbacks first stopped runs)
+    from jes.loop import call_callbacks  # (lazily: the training loop's module, whose callbacks these are)
 
     # A callback's StopTraining ends the run there; any other exception (the function raised, a callback's error,
     # Ctrl-C) carries the run so far (error.result): hours of a slow simulator's calls are never lost with it.
-    before, in_flight = state, 0  # the generation's state before its update, its calls not counted yet
+    before, in_flight, warned = state, 0, set()  # the generation's state before its update, its calls not counted
     try:
         while gen < num_generations:
             members = np.asarray(timed(_host_ask, state))
@@ -1397,8 +1422,12 @@ def _run_on_host(problem: HostFunctionProblem, key: Any, num_generations: int, s
                           noise_std=info["noise_std"], evaluations=evaluations)
             for k in history:
                 history[k].append(record[k])
-            for callback in callbacks:
-                callback(record)
+            stopped, error = call_callbacks(callbacks, record, warned)
+            if error is not None:
+                raise error  # (with the run so far, below)
+            if stopped is not None:  # a callback's StopTraining: the run ends after this generation
+                stop_reason = "stopped"
+                break
             if target is not None and (value <= target if problem.minimize else value >= target):
                 stop_reason = "target"
                 break
@@ -1411,12 +1440,9 @@ def _run_on_host(problem: HostFunctionProblem, key: Any, num_generations: int, s
                 if reason is not None:
                     stop_reason = reason
                     break
-    except StopTraining:
-        return result(state if in_flight == 0 else before, "stopped", calls=in_flight)
     except BaseException as err:
-        if not hasattr(err, "result"):
-            _carry_result(err, result(state if in_flight == 0 else before, "error", calls=in_flight),
-                          "the function raised" if in_flight else "a callback raised")
+        _carry_result(err, lambda: result(state if in_flight == 0 else before, "error", calls=in_flight),
+                      "the function raised" if in_flight else "the run stopped")
         raise
     return result(state, stop_reason)
 
@@ -1489,14 +1515,26 @@ class AskTell:
         """Pickles as its constructor's arguments (a strategy name or object, x0, ...; an optax object given as
         ``optimizer`` and a schedule given as ``learning_rate`` or ``noise_std`` do not pickle: closures): rebuilt,
         it asks and tells the same bits. Its states pickle on their own."""
-        closures = [name for name in ("optimizer", "learning_rate", "noise_std")
-                    if name == "optimizer" and not isinstance(self._arguments[name], (str, type(None)))
-                    or name != "optimizer" and callable(self._arguments[name])]
-        if closures:  # pickle's own "Can't pickle local object 'chain.<locals>.init_fn'" names none of them
-            raise TypeError(f"this AskTell cannot be pickled: its {' and '.join(closures)} "
-                            f"{'is' if len(closures) == 1 else 'are'} an optax object or schedule (closures); "
-                            f"make it with the optimizer's name and a number to pickle it")
+        for name in ("optimizer", "learning_rate", "noise_std"):
+            value = self._arguments[name]
+            if value is None or isinstance(value, (str, int, float)):
+                continue
+            try:
+                pickle.dumps(value)
+            except Exception as err:  # pickle's own "Can't pickle local object 'chain.<locals>.init_fn'" names no
+                raise TypeError(f"this AskTell cannot be pickled: its {name} ({type(value).__name__}) does not pickle "
+                                f"(an optax object or schedule is a closure); make it with the optimizer's name and "
+                                f"a number to pickle it") from err  # argument
         return _ask_tell_from_arguments, (type(self), self._arguments)
+
+    def __copy__(self) -> "AskTell":
+        """A new AskTell sharing this one's parts (pickling's rebuild is not needed to copy, nor always possible)."""
+        copied = object.__new__(type(self))
+        copied.__dict__.update(self.__dict__)
+        return copied
+
+    def __deepcopy__(self, memo: dict) -> "AskTell":
+        return self.__copy__()  # nothing in it changes after construction
 
     def init(self, key: Any) -> TrainState:
         """Initial state (holds the strategy state, the key and the generation)."""
@@ -1536,8 +1574,9 @@ class AskTell:
         instead of 0.15 ms without the wait). To avoid it, run your loop inside ``jax.jit`` / ``lax.scan``
         and check ``info`` yourself.
 
-        Float64 fitness is ranked in float64 (a list or tuple of numbers is taken as a float64 NumPy array): in JAX's
-        x64 mode as it is; without it, a float64 NumPy array that float32 cannot hold exactly
+        Float64 fitness is ranked in float64 (a list or tuple of numbers is taken as a float64 NumPy array): in a
+        float64 search (JAX's x64 mode and a float64 ``x0``) as it is; in a float32 one, a float64 NumPy array that
+        float32 cannot hold exactly
         is shifted by its median on the host before it becomes float32, which keeps its order (every
         strategy here depends on fitness through ranks or differences, ARS also its spread), as
         :func:`optimize`'s host loop takes them (the same bits), and ``info``'s ``pop_min``,
@@ -1585,8 +1624,8 @@ class AskTell:
         return new_state, info
 
     def _tell_checked(self, state: TrainState, fitness: Any) -> tuple[TrainState, dict]:
-        if (not jax.config.jax_enable_x64 and isinstance(fitness, np.ndarray) and fitness.dtype == np.float64
-                and np.isfinite(fitness).all()):
+        if (self.problem.x0.dtype != jnp.float64 and isinstance(fitness, np.ndarray) and fitness.dtype == np.float64
+                and np.isfinite(fitness).all()):  # (a float32 search, x64 mode or not: as jes.optimize's host loop)
             narrow, _ = float32_for_update(fitness)  # as jes.optimize's host loop takes them: the same bits
             state, info = self._tell(state, narrow)
             # info's statistics were of the shifted float32 values: shifted back in float32, an offset of 1e9
