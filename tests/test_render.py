@@ -160,7 +160,7 @@ def test_plot_draws_several_runs_into_a_png(trained_run, tmp_path, capsys):
     assert len(second.history["generation"]) == 3
     out = tmp_path / "curves.png"
     assert cli.main(["plot", str(root / "run"), str(root / "run2"), "-o", str(out), "--labels", "a,b"]) == 0
-    assert "2 run(s)" in capsys.readouterr().out
+    assert "2 run folder(s)" in capsys.readouterr().out
     image = Image.open(out)
     assert image.format == "PNG" and image.size == (1000, 400)
     pixels = np.asarray(image.convert("RGB"))
