@@ -265,8 +265,12 @@ class PolicyFns:
         """Initial Flax variables for one observation of ``obs_shape``."""
         obs = jnp.zeros(self.obs_shape, jnp.float32)
         if self.recurrent:
-            return self.policy.init(key, self.initial_carry(), obs)
-        return self.policy.init(key, obs)
+            variables = self.policy.init(key, self.initial_carry(), obs)
+        else:
+            variables = self.policy.init(key, obs)
+        # Sharding annotations (nn.with_partitioning / nn.Partitioned boxes) name mesh axes of a model-parallel
+        # layout; jes lays out members, not parameters, across devices: the plain arrays are the parameters
+        return nn.meta.unbox(variables)
 
     def apply(self, params: Any, carry: Any, obs: jax.Array) -> tuple[Any, jax.Array]:
         if self.recurrent:

@@ -146,6 +146,22 @@ class TiedEmbedding(nn.Module):
         return nn.Dense(self.num_outputs)(embed.attend(jnp.tanh(h)))
 
 
+class TiedDirect(nn.Module):
+    """Tied weights read directly, outside their layer's call: an Embed table projected back with
+    ``h @ embedding.T`` and a Dense kernel reused as ``kernel.T`` (the member's forward kept the centre's matrix in
+    those uses, silently, until the layout traced for them)."""
+
+    num_outputs: int = 2
+
+    def setup(self):
+        self.embed, self.enc, self.head = nn.Embed(8, 5), nn.Dense(5, use_bias=False), nn.Dense(self.num_outputs)
+
+    def __call__(self, obs):
+        h = jnp.tanh(self.embed(jnp.clip(obs.astype(jnp.int32), 0, 7)).sum(0) + self.enc(obs))
+        decoded = h @ self.enc.variables["params"]["kernel"].T
+        return self.head(jnp.concatenate([jnp.tanh(h @ self.embed.embedding.T), decoded]))
+
+
 class MaskedDense(nn.Dense):
     """A Dense subclass that overrides ``__call__`` (a lower-triangular mask on its kernel): the factored correction
     of ``Dense`` would ignore the mask, so its kernel falls back to dense noise."""
@@ -248,6 +264,7 @@ POLICIES = {
     "embed + DenseGeneral": (EmbedPolicy(), (3,)),
     "bare matmul (fallback)": (RawMatmul(), (3,)),
     "tied embedding, Embed.attend (fallback)": (TiedEmbedding(), (3,)),
+    "tied weights read directly (fallback)": (TiedDirect(), (3,)),
     "Dense subclasses overriding __call__ (fallback)": (DenseSubclasses(), (4,)),
     "SimpleCell": (RecurrentPolicy(cell="simple"), (3,)),
     "a bare Conv as the whole policy": (nn.Conv(2, (3,), padding="SAME"), (5, 1)),
@@ -507,6 +524,19 @@ def test_an_embedding_also_used_by_attend_falls_back_to_dense_noise_with_a_warni
         layout = jes.LowRank(1).layout(fns, fns.init(jax.random.key(0)))
     assert {leaf.path[1:]: leaf.factored for leaf in layout.leaves if len(leaf.shape) == 2} == {
         ("Dense_0", "kernel"): True, ("Embed_0", "embedding"): False}
+
+
+def test_tied_weights_read_directly_fall_back_to_dense_noise_with_a_warning_naming_them():
+    fns = PolicyFns(TiedDirect(), (3,))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        layout = jes.LowRank(1).layout(fns, fns.init(jax.random.key(0)))
+    assert len(caught) == 1 and caught[0].category is perturbations.LowRankFallbackWarning
+    for line in ("params/embed/embedding [8, 5] of layer Embed (in TiedDirect): also read outside the layer's call",
+                 "params/enc/kernel [3, 5] of layer Dense (in TiedDirect): also read outside the layer's call"):
+        assert line in str(caught[0].message)
+    assert {leaf.path[1:]: leaf.factored for leaf in layout.leaves if len(leaf.shape) == 2} == {
+        ("embed", "embedding"): False, ("enc", "kernel"): False, ("head", "kernel"): True}
 
 
 def test_one_fallback_warning_names_every_leaf_its_layer_and_the_cell_around_it():

@@ -149,9 +149,29 @@ def test_a_complex_parameter_gets_the_float32_message_saying_complex_is_not_supp
 
 
 def test_a_boxed_variable_is_named_by_its_path_without_punctuation():
-    """A GetAttrKey was written by its str: params/w/.value."""
-    with pytest.raises(TypeError, match=r"^policy _BoxedInt's variable params/w/value is int32\[4\]: "):
+    """A GetAttrKey was written by its str: params/w/.value (the box is now unboxed: params/w)."""
+    with pytest.raises(TypeError, match=r"^policy _BoxedInt's variable params/w is int32\[4\]: "):
         jes.Trainer(_BoxedInt(), "CartPole-v1", "adam", jes.ESConfig(num_members=4))
+
+
+class _Sharded(nn.Module):
+    """Kernels annotated for a model-parallel mesh (flax's nn.with_partitioning): boxed nn.Partitioned values."""
+
+    @nn.compact
+    def __call__(self, obs):
+        h = nn.Dense(8, kernel_init=nn.with_partitioning(nn.initializers.lecun_normal(), (None, "model")))(obs)
+        return nn.Dense(2)(jnp.tanh(h))
+
+
+@pytest.mark.parametrize("perturbation", [jes.FullRank(), jes.LowRank(1)])
+def test_a_policy_with_sharding_annotations_trains_on_its_plain_arrays(perturbation, recwarn):
+    """It failed deep in lowering ("Resource axis: model of P(None, 'model') is not found in mesh"), and low rank
+    warned that the Dense kernel (keyed .../kernel/.value) was not applied by a layer it can factor."""
+    result = jes.train(_Sharded(), "CartPole-v1", "adam", perturbation=perturbation, num_members=8,
+                       num_generations=1, eval_episodes=1, log_dir=None, checkpoint_path=None, progress=False)
+    assert jax.tree_util.tree_structure(result.params) == jax.tree_util.tree_structure(
+        {"params": {"Dense_0": {"bias": 0, "kernel": 0}, "Dense_1": {"bias": 0, "kernel": 0}}})
+    assert not [w for w in recwarn if issubclass(w.category, jes.perturbations.LowRankWarning)]
 
 
 def test_flax_rnn_as_a_policy_is_refused_saying_to_pass_its_cell():

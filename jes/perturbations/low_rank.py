@@ -34,8 +34,8 @@ warning below saying why: a subclass that overrides ``__call__``, variables mapp
 
 Matrices applied any other way (``OptimizedLSTMCell``, which concatenates its per-gate kernels into one
 product; a custom ``self.param`` used with ``@``; an ``Embed`` table also used by ``Embed.attend``, as in
-tied embeddings) get dense noise, materialised for that leaf only, with one warning naming them. A matrix read
-directly from another module's variables is not seen at all: apply it through one of the layers above.
+tied embeddings; a layer's matrix also read directly, outside the layer's call: :func:`read_elsewhere`) get dense
+noise, materialised for that leaf only, with one warning naming them.
 
 The update direction of a chunk is ``sum_i w_i E_i``: per matrix one product ``A^T diag(w) B`` of
 the chunk's stacked factors, summed over chunks in chunk order like every other statistic.
@@ -474,6 +474,50 @@ def _interceptor(factors: dict, record: dict | None = None) -> Callable:
     return intercept
 
 
+def read_elsewhere(fns: Any, variables: Any, obs: Any, keys: set) -> set:
+    """Which of ``keys`` (matrix leaves a layer jes corrects applies) the policy also reads outside such a call: a
+    tied weight read directly (``h @ self.embed.embedding.T``, a Dense kernel reused as ``kernel.T``), whose member
+    would keep the centre's matrix there. Traced once (no compilation) with every corrected call's output replaced
+    by zeros: a leaf the remaining program still needs is read elsewhere."""
+    roots: list = []
+
+    def intercept(next_fun, args, kwargs, context):
+        module, method = context.module, context.method_name
+        root = _apply_root(module)
+        if root is not None and not roots:
+            roots.append(root)
+        elif root is not None and root is not roots[0]:
+            return next_fun(*args, **kwargs)  # a module applied on its own: not the policy's layer (_interceptor)
+        out = next_fun(*args, **kwargs)
+        names = factored_params(module, method) if module.scope is not None else ()
+        if not names:
+            return out
+        # The use jes corrects: its output replaced by one that depends on the call's inputs (what flows on from
+        # them is still traced) and not on the layer's matrix (matvec's weight argument is that matrix)
+        inputs = (matvec_arguments(args, kwargs)[2],) if names == ("*",) else (args, kwargs)
+        arrays = [x for x in jax.tree.leaves(inputs) if hasattr(x, "dtype") and hasattr(x, "shape")]
+        through = sum((jnp.sum(jnp.asarray(x).astype(jnp.float32)) * 0 for x in arrays), jnp.float32(0))
+        return jax.tree.map(lambda x: jnp.zeros_like(x) + through.astype(jnp.result_type(x)), out)
+
+    def probe(v, o):
+        carry = fns.initial_carry()
+        with nn.intercept_methods(intercept):
+            return fns.apply(v, carry, o)
+
+    from jax._src.interpreters import partial_eval  # dead-code elimination through scan/cond/pjit/remat bodies
+
+    closed = jax.make_jaxpr(probe)(variables, obs)
+    jaxpr = partial_eval.convert_constvars_jaxpr(closed.jaxpr)
+    _, used = partial_eval.dce_jaxpr(jaxpr, True)
+    used = used[len(closed.jaxpr.constvars):]
+    paths = [_key_path(path) for path, _ in jax.tree_util.tree_flatten_with_path(variables)[0]]
+    return {key for key, needed in zip(paths, used) if needed and key in keys}
+
+
+READ_ELSEWHERE = ("also read outside the layer's call (a tied weight read directly: `h @ self.embed.embedding.T`, a "
+                  "kernel reused as `kernel.T`), a use jes cannot correct")
+
+
 def _owner(key: tuple[str, ...], modules: dict) -> str:
     """The layer a parameter belongs to, with the layers around it: ``DenseParams (in OptimizedLSTMCell)``."""
     key = ("params",) + key[1:]  # another collection's variable (batch_stats/...) belongs to the same layer
@@ -576,19 +620,29 @@ class LowRank:
         handled, modules = record.get("handled", set()), record.get("modules", {})
         other_uses, applied = record.get("other_uses", {}), record.get("applied_shapes", {})
         reasons = record.get("reasons", {})
+
+        def factorable(key, shape):
+            stacked = key in handled and applied.get(key, shape) != shape and key not in reasons
+            return len(shape) >= 2 and key in handled and key[:-1] not in other_uses and not stacked \
+                and key not in reasons
+
+        candidates = {_key_path(path) for path, leaf in jax.tree_util.tree_flatten_with_path(variables)[0]
+                      if factorable(_key_path(path), tuple(leaf.shape))}
+        elsewhere = read_elsewhere(fns, variables, obs, candidates) if candidates else set()
         leaves, offset, fallbacks = [], 0, []
         for path, leaf in jax.tree_util.tree_flatten_with_path(variables)[0]:
             key, shape = _key_path(path), tuple(leaf.shape)
             size = math.prod(shape)
             stacked = key in handled and applied.get(key, shape) != shape and key not in reasons
-            factored = (len(shape) >= 2 and key in handled and key[:-1] not in other_uses and not stacked
-                        and key not in reasons)
+            factored = key in candidates and key not in elsewhere
             if len(shape) >= 2 and not factored and key[-1] != "bias":  # biases get dense noise, as documented
                 if key[0] != "params":  # e.g. SpectralNorm's power-iteration vector u in batch_stats
                     why = (f"a variable of the {key[0]!r} collection (jes evolves every collection), not a matrix a "
                            f"layer applies")
                 elif key in reasons:
                     why = reasons[key]
+                elif key in elsewhere:
+                    why = READ_ELSEWHERE
                 elif key[:-1] in other_uses:
                     why = f"also used by {modules.get(key[:-1], '?')}.{other_uses[key[:-1]]}, which jes cannot factor"
                 elif stacked:
