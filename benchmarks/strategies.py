@@ -41,6 +41,11 @@ ENVS = {
 }
 
 
+def median_text(values) -> str:
+    """A median as printed: 6.5 stays 6.5 (``:.0f`` printed it as 6, rounding half to even), 50 prints 50."""
+    return f"{float(np.median(values)):.1f}".removesuffix(".0")
+
+
 def rl(strategies, envs, seeds, generations_override):
     rows = []
     for env in envs:
@@ -66,8 +71,8 @@ def rl(strategies, envs, seeds, generations_override):
                       f"{result.final_centre_return:.1f}", flush=True)
             ok = [g for g in solved if g is not None]
             rows.append(dict(env=env, strategy=name, solved=f"{len(ok)}/{len(seeds)}",
-                             gens=f"{np.median(ok):.0f} ({min(ok)}-{max(ok)})" if ok else "-",
-                             evals=f"{np.median([e for e, g in zip(evals, solved) if g is not None]):.0f}" if ok else "-",
+                             gens=f"{median_text(ok)} ({min(ok)}-{max(ok)})" if ok else "-",
+                             evals=median_text([e for e, g in zip(evals, solved) if g is not None]) if ok else "-",
                              final=f"{np.mean(finals):.1f} +- {np.std(finals):.1f}",
                              s_per_gen=(f"{np.median(gen_times):.3f} [{min(seed_gen_s):.3f}, {max(seed_gen_s):.3f}]"
                                         if gen_times else "-"),
@@ -126,7 +131,7 @@ def functions(strategies, dims, seeds, budget, names=tuple(FUNCTIONS)):
                     finals.append(r.value)
                     if target is not None and r.value < target:
                         reached.append(int(r.history["evaluations"][-1]))
-                ev = f"{np.median(reached):.0f} ({len(reached)}/{len(seeds)})" if reached else f"- (0/{len(seeds)})"
+                ev = f"{median_text(reached)} ({len(reached)}/{len(seeds)})" if reached else f"- (0/{len(seeds)})"
                 if target is None:
                     ev = "n/a"
                 print(f"| {fname} | {d} | {name} | {pop} | {ev} | {np.median(finals):.3g} "
