@@ -627,7 +627,7 @@ def check_parameter_dtypes(name: str, variables: Any) -> None:
         dtype = jnp.dtype(leaf.dtype)
         if dtype == jnp.float32:
             continue
-        # DictKey .key, SequenceKey .idx, GetAttrKey .name (a boxed leaf, nn.with_partitioning: params/w/value)
+        # DictKey .key, SequenceKey .idx, GetAttrKey .name (a box's .value, where one is left: PolicyFns.init unboxes)
         where = "/".join(str(getattr(k, "key", getattr(k, "idx", getattr(k, "name", k)))) for k in path)
         if jnp.issubdtype(dtype, jnp.inexact):  # bf16, f16, f64, complex
             unsupported = " (complex parameters are not supported)" if jnp.issubdtype(dtype, jnp.complexfloating) else ""

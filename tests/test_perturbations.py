@@ -162,6 +162,46 @@ class TiedDirect(nn.Module):
         return self.head(jnp.concatenate([jnp.tanh(h @ self.embed.embedding.T), decoded]))
 
 
+class MatvecOfAnotherLeaf(nn.Module):
+    """A factored matvec matrix ``w`` also handed, transposed, as another parameter's weight: that use is a direct read
+    (the first tied-weight check cut every matvec call's output off and missed it; review)."""
+
+    matvec = jes.policies.matvec
+
+    @nn.compact
+    def __call__(self, obs):
+        w = self.param("w", nn.initializers.lecun_normal(), (3, 3))
+        v = self.param("v", nn.initializers.lecun_normal(), (3, 3))
+        h = jnp.tanh(self.matvec("w", w, obs))
+        return nn.Dense(2)(jnp.tanh(self.matvec("v", w.T, h)) + self.matvec("v", v, h))
+
+
+class LiftedLayers(nn.Module):
+    """Dense layers applied inside nn.while_loop, nn.custom_vjp, nn.scan (parameters broadcast), nn.cond and nn.remat:
+    factored, none of them a direct read (a first version of the tied-weight check flagged the while loop's and the
+    custom_vjp's; review). ``direct`` adds a read of a kernel inside the scan's body, which is flagged."""
+
+    direct: bool = False
+
+    def setup(self):
+        self.loop, self.vjp, self.scanned, self.branch, self.head = (nn.Dense(4) for _ in range(5))
+
+    def __call__(self, obs):
+        h = jnp.tanh(self.loop(obs))
+        _, h = nn.while_loop(lambda m, c: c[0] < 2, lambda m, c: (c[0] + 1, jnp.tanh(m.loop(c[1]))), self, (0, h))
+        f = lambda m, x: m.vjp(x)  # noqa: E731
+        h = jnp.tanh(nn.custom_vjp(f, forward_fn=lambda m, x: nn.vjp(f, m, x),
+                                   backward_fn=lambda v, g: v(g))(self, h))
+
+        def step(m, c, _):
+            c = jnp.tanh(m.scanned(c))
+            return (c + c @ m.scanned.variables["params"]["kernel"] if self.direct else c), None
+
+        h, _ = nn.scan(step, variable_broadcast="params", split_rngs={"params": False}, length=2)(self, h, None)
+        h = nn.cond(h[0] > 0, lambda m, x: m.branch(x), lambda m, x: -m.branch(x), self, h)
+        return nn.remat(lambda m, x: m.head(jnp.tanh(x)))(self, h)
+
+
 class MaskedDense(nn.Dense):
     """A Dense subclass that overrides ``__call__`` (a lower-triangular mask on its kernel): the factored correction
     of ``Dense`` would ignore the mask, so its kernel falls back to dense noise."""
@@ -265,6 +305,9 @@ POLICIES = {
     "bare matmul (fallback)": (RawMatmul(), (3,)),
     "tied embedding, Embed.attend (fallback)": (TiedEmbedding(), (3,)),
     "tied weights read directly (fallback)": (TiedDirect(), (3,)),
+    "a matvec matrix handed as another parameter's weight (fallback)": (MatvecOfAnotherLeaf(), (3,)),
+    "layers inside while_loop, custom_vjp, scan, cond, remat": (LiftedLayers(), (4,)),
+    "a kernel read directly inside nn.scan (fallback)": (LiftedLayers(direct=True), (4,)),
     "Dense subclasses overriding __call__ (fallback)": (DenseSubclasses(), (4,)),
     "SimpleCell": (RecurrentPolicy(cell="simple"), (3,)),
     "a bare Conv as the whole policy": (nn.Conv(2, (3,), padding="SAME"), (5, 1)),

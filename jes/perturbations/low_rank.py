@@ -474,6 +474,62 @@ def _interceptor(factors: dict, record: dict | None = None) -> Callable:
     return intercept
 
 
+def _live_inputs(jaxpr: Any, used_outputs: list) -> list:
+    """Which of ``jaxpr``'s inputs its used outputs (and its effects) read: liveness through the bodies of jit, remat,
+    cond, scan, while and custom_jvp/vjp (their forward function only: jes never differentiates), conservative (every
+    input) for any other primitive."""
+    live = {v for v, u in zip(jaxpr.outvars, used_outputs) if u and not _literal(v)}
+    for eqn in reversed(jaxpr.eqns):
+        outs = [v in live for v in eqn.outvars]
+        if eqn.effects:
+            outs = [True] * len(outs)
+        if not any(outs):
+            continue
+        ins = _live_eqn_inputs(eqn, outs)
+        live.update(v for v, u in zip(eqn.invars, ins) if u and not _literal(v))
+    return [v in live for v in jaxpr.invars]
+
+
+def _literal(v: Any) -> bool:
+    return hasattr(v, "val")  # a jaxpr's Literal (a constant) holds its value; a Var does not
+
+
+def _live_eqn_inputs(eqn: Any, outs: list) -> list:
+    name, params, n = eqn.primitive.name, eqn.params, len(eqn.invars)
+
+    def body(j):
+        return getattr(j, "jaxpr", j)  # a ClosedJaxpr's jaxpr, or an open Jaxpr
+
+    if name in ("pjit", "jit", "closed_call", "core_call", "remat", "remat2", "checkpoint", "custom_jvp_call",
+                "custom_vjp_call"):
+        sub = params.get("jaxpr", params.get("call_jaxpr"))
+        if sub is not None and len(body(sub).invars) == n:
+            return _live_inputs(body(sub), outs)
+    if name == "cond":
+        branches = [_live_inputs(body(b), outs) for b in params["branches"]]
+        return [True] + [any(b[i] for b in branches) for i in range(n - 1)]
+    if name == "scan":
+        consts, carries, j = params["num_consts"], params["num_carry"], body(params["jaxpr"])
+        carry = list(outs[:carries])
+        while True:
+            ins = _live_inputs(j, carry + list(outs[carries:]))
+            grown = [a or b for a, b in zip(carry, ins[consts:consts + carries])]
+            if grown == carry:
+                return ins[:consts] + carry + ins[consts + carries:]
+            carry = grown
+    if name == "while":
+        cn, bn = params["cond_nconsts"], params["body_nconsts"]
+        cond_ins = _live_inputs(body(params["cond_jaxpr"]), [True])
+        carry = [a or b for a, b in zip(outs, cond_ins[cn:])]
+        while True:
+            ins = _live_inputs(body(params["body_jaxpr"]), carry)
+            grown = [a or b for a, b in zip(carry, ins[bn:])]
+            if grown == carry:
+                return cond_ins[:cn] + ins[:bn] + carry
+            carry = grown
+    return [True] * n
+
+
 def read_elsewhere(fns: Any, variables: Any, obs: Any, keys: set) -> set:
     """Which of ``keys`` (matrix leaves a layer jes corrects applies) the policy also reads outside such a call: a
     tied weight read directly (``h @ self.embed.embedding.T``, a Dense kernel reused as ``kernel.T``), whose member
@@ -494,9 +550,15 @@ def read_elsewhere(fns: Any, variables: Any, obs: Any, keys: set) -> set:
             return out
         # The use jes corrects: its output replaced by one that depends on the call's inputs (what flows on from
         # them is still traced) and not on the layer's matrix (matvec's weight argument is that matrix)
-        inputs = (matvec_arguments(args, kwargs)[2],) if names == ("*",) else (args, kwargs)
+        if names == ("*",):
+            name, weight, x = matvec_arguments(args, kwargs)
+            if weight is not module.scope.get_variable("params", name):
+                return out  # not the parameter itself (another leaf, a function of one): a use jes does not correct
+            inputs = (x,)
+        else:
+            inputs = (args, kwargs)
         arrays = [x for x in jax.tree.leaves(inputs) if hasattr(x, "dtype") and hasattr(x, "shape")]
-        through = sum((jnp.sum(jnp.asarray(x).astype(jnp.float32)) * 0 for x in arrays), jnp.float32(0))
+        through = sum((jnp.sum(jnp.real(jnp.asarray(x)).astype(jnp.float32)) * 0 for x in arrays), jnp.float32(0))
         return jax.tree.map(lambda x: jnp.zeros_like(x) + through.astype(jnp.result_type(x)), out)
 
     def probe(v, o):
@@ -504,12 +566,8 @@ def read_elsewhere(fns: Any, variables: Any, obs: Any, keys: set) -> set:
         with nn.intercept_methods(intercept):
             return fns.apply(v, carry, o)
 
-    from jax._src.interpreters import partial_eval  # dead-code elimination through scan/cond/pjit/remat bodies
-
     closed = jax.make_jaxpr(probe)(variables, obs)
-    jaxpr = partial_eval.convert_constvars_jaxpr(closed.jaxpr)
-    _, used = partial_eval.dce_jaxpr(jaxpr, True)
-    used = used[len(closed.jaxpr.constvars):]
+    used = _live_inputs(closed.jaxpr, [True] * len(closed.jaxpr.outvars))
     paths = [_key_path(path) for path, _ in jax.tree_util.tree_flatten_with_path(variables)[0]]
     return {key for key, needed in zip(paths, used) if needed and key in keys}
 
