@@ -420,21 +420,35 @@ def _apply_root(module: nn.Module) -> Any:
     return root if not root.path and not getattr(root, "debug_path", ()) else None
 
 
+def _applied_on_its_own(module: nn.Module, roots: list) -> bool:
+    """Whether ``module`` runs in an ``.apply`` of its own inside the policy (``nn.Dense(4).apply({"params": {"kernel":
+    w * mask}}, x)``): its variables are whatever that apply was given, not the policy's leaves at the same path.
+    ``roots`` holds the policy's apply's root scope, the first one seen (recorded here)."""
+    root = _apply_root(module)
+    if root is not None and not roots:
+        roots.append(root)
+    return root is not None and root is not roots[0]
+
+
+def _probe(fns: Any, intercept: Callable) -> Callable:
+    """``(variables, obs) -> fns.apply(...)`` with ``intercept`` around the policy's methods (the initial carry made
+    outside: the interceptor takes the first apply it sees for the policy's)."""
+
+    def probe(v, o):
+        carry = fns.initial_carry()
+        with nn.intercept_methods(intercept):
+            return fns.apply(v, carry, o)
+
+    return probe
+
+
 def _interceptor(factors: dict, record: dict | None = None) -> Callable:
     inner: list = []  # non-empty while a correction runs a module of its own
-
-    roots: list = []  # the policy's apply's root scope, the first one seen
+    roots: list = []
 
     def intercept(next_fun, args, kwargs, context):
         module, method = context.module, context.method_name
-        if inner:
-            return next_fun(*args, **kwargs)
-        root = _apply_root(module)
-        if root is not None and not roots:
-            roots.append(root)
-        elif root is not None and root is not roots[0]:
-            # A module applied on its own inside the policy (nn.Dense(4).apply({"params": {"kernel": w * mask}}, x)):
-            # its variables are whatever that apply was given, not the policy's leaves at the same path
+        if inner or _applied_on_its_own(module, roots):
             return next_fun(*args, **kwargs)
         names = factored_params(module, method)
         if record is not None and module.scope is not None and method == "__call__" and _layer_of(module) \
@@ -539,11 +553,8 @@ def read_elsewhere(fns: Any, variables: Any, obs: Any, keys: set) -> set:
 
     def intercept(next_fun, args, kwargs, context):
         module, method = context.module, context.method_name
-        root = _apply_root(module)
-        if root is not None and not roots:
-            roots.append(root)
-        elif root is not None and root is not roots[0]:
-            return next_fun(*args, **kwargs)  # a module applied on its own: not the policy's layer (_interceptor)
+        if _applied_on_its_own(module, roots):
+            return next_fun(*args, **kwargs)
         out = next_fun(*args, **kwargs)
         names = factored_params(module, method) if module.scope is not None else ()
         if not names:
@@ -561,12 +572,7 @@ def read_elsewhere(fns: Any, variables: Any, obs: Any, keys: set) -> set:
         through = sum((jnp.sum(jnp.real(jnp.asarray(x)).astype(jnp.float32)) * 0 for x in arrays), jnp.float32(0))
         return jax.tree.map(lambda x: jnp.zeros_like(x) + through.astype(jnp.result_type(x)), out)
 
-    def probe(v, o):
-        carry = fns.initial_carry()
-        with nn.intercept_methods(intercept):
-            return fns.apply(v, carry, o)
-
-    closed = jax.make_jaxpr(probe)(variables, obs)
+    closed = jax.make_jaxpr(_probe(fns, intercept))(variables, obs)
     used = _live_inputs(closed.jaxpr, [True] * len(closed.jaxpr.outvars))
     paths = [_key_path(path) for path, _ in jax.tree_util.tree_flatten_with_path(variables)[0]]
     return {key for key, needed in zip(paths, used) if needed and key in keys}
@@ -669,29 +675,21 @@ class LowRank:
         record: dict = {}
         obs = jax.ShapeDtypeStruct(fns.obs_shape, jnp.float32)
 
-        def probe(v, o):
-            carry = fns.initial_carry()  # outside: the interceptor takes the first apply it sees for the policy's
-            with nn.intercept_methods(_interceptor({}, record)):
-                return fns.apply(v, carry, o)
-
-        jax.eval_shape(probe, variables, obs)
+        jax.eval_shape(_probe(fns, _interceptor({}, record)), variables, obs)
         handled, modules = record.get("handled", set()), record.get("modules", {})
         other_uses, applied = record.get("other_uses", {}), record.get("applied_shapes", {})
         reasons = record.get("reasons", {})
 
-        def factorable(key, shape):
-            stacked = key in handled and applied.get(key, shape) != shape and key not in reasons
-            return len(shape) >= 2 and key in handled and key[:-1] not in other_uses and not stacked \
-                and key not in reasons
-
-        candidates = {_key_path(path) for path, leaf in jax.tree_util.tree_flatten_with_path(variables)[0]
-                      if factorable(_key_path(path), tuple(leaf.shape))}
+        flat = [(_key_path(path), tuple(leaf.shape))
+                for path, leaf in jax.tree_util.tree_flatten_with_path(variables)[0]]
+        stacked = {key for key, shape in flat if key in handled and applied.get(key, shape) != shape
+                   and key not in reasons}
+        candidates = {key for key, shape in flat if len(shape) >= 2 and key in handled and key[:-1] not in other_uses
+                      and key not in stacked and key not in reasons}
         elsewhere = read_elsewhere(fns, variables, obs, candidates) if candidates else set()
         leaves, offset, fallbacks = [], 0, []
-        for path, leaf in jax.tree_util.tree_flatten_with_path(variables)[0]:
-            key, shape = _key_path(path), tuple(leaf.shape)
+        for key, shape in flat:
             size = math.prod(shape)
-            stacked = key in handled and applied.get(key, shape) != shape and key not in reasons
             factored = key in candidates and key not in elsewhere
             if len(shape) >= 2 and not factored and key[-1] != "bias":  # biases get dense noise, as documented
                 if key[0] != "params":  # e.g. SpectralNorm's power-iteration vector u in batch_stats
@@ -703,7 +701,7 @@ class LowRank:
                     why = READ_ELSEWHERE
                 elif key[:-1] in other_uses:
                     why = f"also used by {modules.get(key[:-1], '?')}.{other_uses[key[:-1]]}, which jes cannot factor"
-                elif stacked:
+                elif key in stacked:
                     why = (f"applied in slices of shape {list(applied[key])} (stacked by a lifted transform such as "
                            f"nn.scan or nn.vmap), which jes cannot factor")
                 else:
