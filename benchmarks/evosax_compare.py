@@ -53,7 +53,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 from strategies import ENVS, FUNCTIONS  # noqa: E402  (same functions, start points and sigmas; same envs,
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from provenance import print_load, print_provenance  # noqa: E402
+from provenance import median_text, print_load, print_provenance  # noqa: E402
 #                                                 policies, thresholds, populations and generation budgets)
 
 PAIRS = {"sep_cma_es": "Sep_CMA_ES", "snes": "SNES"}
@@ -269,8 +269,8 @@ def _row(env, strategy, library, solved, finals, gen_times, gen_steps, compile_t
     ok = [g for g in solved if g is not None]
     evals = [g * (members + eval_episodes) for g in ok]
     return dict(env=env, strategy=strategy, library=library, solved=f"{len(ok)}/{len(solved)}",
-                gens=f"{np.median(ok):.0f} ({min(ok)}-{max(ok)})" if ok else "-",
-                evals=f"{np.median(evals):.0f}" if ok else "-",
+                gens=f"{median_text(ok)} ({min(ok)}-{max(ok)})" if ok else "-",
+                evals=median_text(evals) if ok else "-",
                 final=f"{np.mean(finals):.1f} +- {np.std(finals):.1f}",
                 per_seed=" ".join(f"{f:.0f}" for f in finals),
                 s_per_gen=f"{np.median(gen_times):.3f}" if gen_times else "-", compile=f"{compile_time:.1f}",
@@ -377,7 +377,7 @@ def functions(args, algorithms):
                 for library, rows in results.items():
                     got = [e for e, _, _, _ in rows if e is not None]
                     ev = "n/a" if target is None else (
-                        f"{np.median(got):.0f} ({len(got)}/{len(rows)})" if got else f"- (0/{len(rows)})")
+                        f"{median_text(got)} ({len(got)}/{len(rows)})" if got else f"- (0/{len(rows)})")
                     seconds = np.median([r[2] for r in rows])
                     print(f"| {fname} | {d} | {name} | {library} | {population} | {ev} | "
                           f"{np.median([r[1] for r in rows]):.3g} | {seconds:.4f} | {seconds / evosax_seconds:.2f} | "

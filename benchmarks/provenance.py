@@ -31,6 +31,13 @@ def seeds_text(seeds) -> str:
     return ",".join(str(s) for s in seeds)
 
 
+def median_text(values) -> str:
+    """A median as a table prints it: 6.5 stays 6.5 (``:.0f`` printed it as 6, rounding half to even), 50 prints 50."""
+    import numpy as np
+
+    return f"{float(np.median(values)):.1f}".removesuffix(".0")
+
+
 def seeds_or_count(text: str) -> list[int]:
     """``--seeds`` of the scripts whose ``--seeds`` was a count (memory, cartpole/acrobot, startup, sweep), as an
     argparse ``type``: a comma list of seeds as the other scripts take (``0,1,2``; here ranges too: ``0-9``, ``5-5``

@@ -13,13 +13,12 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import sys
 
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from provenance import print_load, print_provenance  # noqa: E402
+from provenance import median_text, print_load, print_provenance  # noqa: E402
 
 FUNCTIONS = {
     # name: (numpy f, x0 value)
@@ -92,7 +91,7 @@ def median(values):
     done = [v for v in values if v is not None]
     if not done:
         return "-"
-    return f"{statistics.median(done):.0f} ({min(done)}-{max(done)})"
+    return f"{median_text(done)} ({min(done)}-{max(done)})"
 
 
 def main(argv=None):

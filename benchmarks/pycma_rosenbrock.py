@@ -18,7 +18,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from provenance import print_load, print_provenance  # noqa: E402
+from provenance import median_text, print_load, print_provenance  # noqa: E402
 
 LEVELS = (1e-1, 1e-2, 1e-4, 1e-6)
 
@@ -33,7 +33,7 @@ def summary(label, hits, seeds):
     cells = []
     for t in LEVELS:
         reached = [h[t] for h in hits if h.get(t) is not None]
-        cells.append(f"{np.median(reached):.0f} ({min(reached)}-{max(reached)}), {len(reached)}/{len(hits)}"
+        cells.append(f"{median_text(reached)} ({min(reached)}-{max(reached)}), {len(reached)}/{len(hits)}"
                      if reached else f"never (0/{len(hits)})")
     print(f"| {label} | seeds {','.join(map(str, seeds))} | " + " | ".join(cells) + " |", flush=True)
 

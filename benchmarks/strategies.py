@@ -31,7 +31,7 @@ from jes import blackbox  # noqa: E402
 from jes.loop import run  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from provenance import print_load, print_provenance  # noqa: E402
+from provenance import median_text, print_load, print_provenance  # noqa: E402
 
 ENVS = {
     # env: (policy, threshold, generations, members)
@@ -39,11 +39,6 @@ ENVS = {
     "Acrobot-v1": (lambda: jes.GRUPolicy(hidden=5, layers=3), -100.0, 50, 512),
     "Pendulum-v1": (lambda: jes.MLPPolicy(hidden_sizes=(32, 32)), -200.0, 100, 512),
 }
-
-
-def median_text(values) -> str:
-    """A median as printed: 6.5 stays 6.5 (``:.0f`` printed it as 6, rounding half to even), 50 prints 50."""
-    return f"{float(np.median(values)):.1f}".removesuffix(".0")
 
 
 def rl(strategies, envs, seeds, generations_override):
