@@ -114,10 +114,11 @@ SAME_RUN_ON_CORES = """
     os.sched_setaffinity(0, set(json.loads(sys.argv[1])))
     import numpy as np, jes, flax.linen as nn
 
-    class ConvNet(nn.Module):  # a factored Conv layer: low rank compiles it with the older emitters
+    class ConvNet(nn.Module):  # factored Conv layers: low rank compiles them with the older emitters
         @nn.compact
         def __call__(self, obs):
-            x = nn.relu(nn.Conv(8, (3,), padding="SAME")(obs[:, None]))
+            x = nn.relu(nn.Conv(8, (3,), padding="SAME")(obs[:, None]))  # 1 channel in: the windows' reduction
+            x = nn.relu(nn.Conv(4, (3,), padding="SAME")(x))  # 8 in: each offset's product (a batched dot)
             return nn.Dense(1)(nn.relu(nn.Dense(256)(x.reshape(-1))))
 
     config = jes.ESConfig(num_members=32, num_generations=4, chunk_size=16, max_episode_steps=20, eval_episodes=1)

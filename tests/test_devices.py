@@ -60,7 +60,7 @@ SCRIPT = textwrap.dedent("""
     # Low-rank (EGGROLL) members: every device rebuilds the whole update from the fitness alone.
     import flax.linen as nn
 
-    class SmallCNN(nn.Module):  # a Conv correction (shifted windows) and a Dense one on MinAtar frames
+    class SmallCNN(nn.Module):  # a Conv correction (each offset's product; r = 4: the patches) and Dense ones
         num_outputs: int = 3
 
         @nn.compact

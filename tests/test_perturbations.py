@@ -324,23 +324,35 @@ POLICIES = {
 }
 
 
-@pytest.mark.parametrize("cin", [2, 8])  # x A as a reduction (18 rows), as a product (72 rows)
-def test_conv_correction_from_shifted_windows_equals_the_identity_kernel_patches(cin):
-    """The Conv correction from the padded input's shifted windows equals patches(x) A B^T with the patches
-    from a conv with an identity kernel, for SAME, strided VALID and circular padding; input dilation is left to
-    the identity-kernel patches (None)."""
-    from jes.perturbations.low_rank import CONV_UNROLLED_ROWS, _conv_correction, low_rank_product
+@pytest.mark.parametrize("rank", [1, 2, 3])
+def test_conv_correction_from_the_padded_input_equals_the_identity_kernel_patches(rank):
+    """The Conv correction from the padded input (each kernel offset's product at every padded position, the
+    shifted windows stacked, or their patches times A) equals patches(x) A B^T with the patches from a conv with
+    an identity kernel: SAME, strided VALID, dilated, circular and causal padding, 1-D, 2-D and 3-D kernels, with
+    a batch axis of the policy's own, each form seen at ranks 1 and 2 (from PRODUCT_RANK on, the patches' product
+    only); input dilation is left to the identity-kernel patches (None)."""
+    from jes.perturbations.low_rank import _conv_correction, _conv_correction_form, _conv_geometry, low_rank_product
 
-    assert (9 * cin > CONV_UNROLLED_ROWS) == (cin == 8)
-    x = jax.random.normal(jax.random.key(0), (7, 7, cin))
-    a_t, b_t = jax.random.normal(jax.random.key(1), (2, 9 * cin)), jax.random.normal(jax.random.key(2), (2, 3))
-    for conv in (nn.Conv(3, (3, 3), padding="SAME"), nn.Conv(3, (3, 3), strides=2, padding="VALID"),
-                 nn.Conv(3, (3, 3), padding="CIRCULAR")):
-        identity = jnp.eye(9 * cin).reshape(3, 3, cin, 9 * cin)
-        patches = conv.clone(features=9 * cin, use_bias=False).apply({"params": {"kernel": identity}}, x)
-        np.testing.assert_allclose(np.asarray(_conv_correction(conv, x, a_t, b_t)),
-                                   np.asarray(low_rank_product(patches, a_t, b_t)), rtol=1e-5, atol=1e-5)
-    assert _conv_correction(nn.Conv(3, (3, 3), input_dilation=2, padding=1), x, a_t, b_t) is None
+    forms = set()
+    convs = [nn.Conv(3, (3, 3), padding="SAME"), nn.Conv(3, (3, 3), strides=2, padding="VALID"),
+             nn.Conv(3, (3, 3), strides=3, padding="VALID"), nn.Conv(3, (3, 3), padding="CIRCULAR"),
+             nn.Conv(3, (2, 3), strides=(1, 2), kernel_dilation=(2, 1), padding="SAME"),
+             nn.Conv(3, (3,), kernel_dilation=2, padding="CAUSAL"), nn.Conv(3, (2, 2, 2), padding="SAME")]
+    for cin in (1, 2, 8):
+        for conv in convs:
+            nd = len(conv.kernel_size)
+            x = jax.random.normal(jax.random.key(0), (2,) + (7,) * nd + (cin,))  # a batch of 2 inside a member
+            rows = math.prod(conv.kernel_size) * cin
+            a_t = jax.random.normal(jax.random.key(1), (rank, rows))
+            b_t = jax.random.normal(jax.random.key(2), (rank, 3))
+            forms.add(_conv_correction_form(*_conv_geometry(conv, x), rank))
+            identity = jnp.eye(rows).reshape(tuple(conv.kernel_size) + (cin, rows))
+            patches = conv.clone(features=rows, use_bias=False).apply({"params": {"kernel": identity}}, x)
+            np.testing.assert_allclose(np.asarray(_conv_correction(conv, x, a_t, b_t)),
+                                       np.asarray(low_rank_product(patches, a_t, b_t)), rtol=1e-5, atol=1e-5)
+        dilated_input = nn.Conv(3, (3, 3), input_dilation=2, padding=1)
+        assert _conv_correction(dilated_input, jnp.ones((7, 7, cin)), jnp.ones((rank, 9 * cin)), b_t) is None
+    assert forms == ({"patches"} if rank >= low_rank.PRODUCT_RANK else {"offsets", "windows", "patches"})
 
 
 class Ctx:

@@ -301,11 +301,10 @@ def _kernel_sizes(module: nn.Conv) -> tuple[int, ...]:
     return (module.kernel_size,) if isinstance(module.kernel_size, int) else tuple(module.kernel_size)
 
 
-def _conv_windows(module: nn.Conv, x: jax.Array) -> list[jax.Array] | None:
-    """The padded input's shifted (strided, dilated) windows of a Conv layer, one ``[..., *out_spatial, cin]``
-    per kernel offset in the kernel's row-major order, so that their concatenation is the layer's patches
-    (``conv(x, K) = patches @ K.reshape(-1, cout)``). ``None`` for what this does not cover (input dilation,
-    negative explicit padding)."""
+def _conv_geometry(module: nn.Conv, x: jax.Array) -> tuple[jax.Array, list[tuple[int, int, int, int]]] | None:
+    """A Conv layer's padded input ``[..., *padded_spatial, cin]`` and, per spatial axis, ``(kernel size, dilation,
+    stride, output size)``: output position ``o`` at kernel offset ``k`` reads padded position ``o * stride + k *
+    dilation``. ``None`` for what this does not cover (input dilation, negative explicit padding)."""
     from flax.linen.linear import canonicalize_padding
 
     sizes = _kernel_sizes(module)
@@ -332,27 +331,81 @@ def _conv_windows(module: nn.Conv, x: jax.Array) -> list[jax.Array] | None:
         return None
     padded = jnp.pad(x, [(0, 0)] * (x.ndim - nd - 1) + [tuple(p) for p in pads] + [(0, 0)], mode=mode)
     out = [(padded.shape[x.ndim - nd - 1 + d] - dilated[d]) // strides[d] + 1 for d in range(nd)]
-    return [padded[(Ellipsis,) + tuple(slice(o * d, o * d + (n - 1) * s + 1, s) for o, d, n, s in
-                                       zip(offset, dilation, out, strides)) + (slice(None),)]
-            for offset in itertools.product(*(range(k) for k in sizes))]
+    return padded, list(zip(sizes, dilation, strides, out))
+
+
+def _conv_windows(padded: jax.Array, geometry: list[tuple[int, int, int, int]]) -> list[jax.Array]:
+    """The padded input's shifted (strided, dilated) windows, one ``[..., *out_spatial, cin]`` per kernel offset in
+    the kernel's row-major order: concatenated along the channels, the layer's patches (``conv(x, K) = patches @
+    K.reshape(-1, cout)``)."""
+    return [padded[(Ellipsis,) + tuple(slice(o * d, o * d + (n - 1) * s + 1, s)
+                                       for o, (_, d, s, n) in zip(offset, geometry)) + (slice(None),)]
+            for offset in itertools.product(*(range(k) for k, _, _, _ in geometry))]
+
+
+def _conv_correction_form(padded: jax.Array, geometry: list[tuple[int, int, int, int]], rank: int) -> str:
+    """How :func:`_conv_correction` computes ``x A``: ``"offsets"`` where each offset's product at every padded
+    position takes fewer floats than the windows (``r * padded positions < cin * output positions``: stride 1
+    and ``cin > r``), else ``"windows"`` (stacked and reduced, up to ``CONV_UNROLLED_ROWS`` rows) or ``"patches"``
+    (their concatenation times ``A``, a product)."""
+    nd, cin = len(geometry), padded.shape[-1]
+    if rank >= PRODUCT_RANK or math.prod(k for k, _, _, _ in geometry) * cin > CONV_UNROLLED_ROWS:
+        return "patches"
+    if rank * math.prod(padded.shape[-nd - 1:-1]) < cin * math.prod(n for _, _, _, n in geometry):
+        return "offsets"
+    return "windows"
+
+
+def _conv_offsets_xa(padded: jax.Array, geometry: list[tuple[int, int, int, int]], a_t: jax.Array) -> jax.Array:
+    """``x A`` of a Conv layer, ``[..., *out_spatial, r]``, from each kernel offset's product taken at every padded
+    position (one product over the channels, ``[..., r, k_1, p_1, ..., k_n, p_n]``); output position ``o`` sums,
+    over the offsets, the product at ``o * stride + k * dilation``. Per spatial axis that read is one reshape: the
+    ``(k, p)`` axes flattened and padded by ``k_size * dilation`` at the end, then viewed as ``(k, p + dilation)``,
+    put ``k * (p + dilation) + o * stride`` at ``[k, o * stride]``; the offsets' sum is then a reduction over the
+    ``k`` axes, which XLA computes once."""
+    nd, cin, rank = len(geometry), padded.shape[-1], a_t.shape[0]
+    batch = padded.ndim - nd - 1
+    letters = "abcdefghijklmnopqrstuvwxyz"
+    lead, space, kern = letters[:batch], letters[batch:batch + nd], letters[batch + nd:batch + 2 * nd]
+    a = a_t.reshape((rank,) + tuple(k for k, _, _, _ in geometry) + (cin,))
+    products = jnp.einsum(f"{lead}{space}Y,Z{kern}Y->{lead}Z" + "".join(k + p for k, p in zip(kern, space)),
+                          padded, a)
+    for d, (size, dilation, stride, out) in enumerate(geometry):  # axis pair (k_d, p_d) at batch + 1 + 2d
+        axis = batch + 1 + 2 * d
+        shape = products.shape
+        flat = products.reshape(shape[:axis] + (size * shape[axis + 1],) + shape[axis + 2:])
+        flat = jnp.pad(flat, [(0, 0)] * axis + [(0, size * dilation)] + [(0, 0)] * (flat.ndim - axis - 1))
+        skewed = flat.reshape(shape[:axis] + (size, shape[axis + 1] + dilation) + shape[axis + 2:])
+        products = jax.lax.slice_in_dim(skewed, 0, (out - 1) * stride + 1, stride, axis=axis + 1)
+    xa = jnp.sum(products, axis=tuple(batch + 1 + 2 * d for d in range(nd)))  # [..., r, *out_spatial]
+    return jnp.moveaxis(xa, batch, -1)
 
 
 def _conv_correction(module: nn.Conv, x: jax.Array, a_t: jax.Array, b_t: jax.Array) -> jax.Array | None:
-    """``patches(x) A B^T`` of a Conv layer from its input's shifted windows (``None``: see :func:`_conv_windows`).
+    """``patches(x) A B^T`` of a Conv layer from its padded input (``None``: see :func:`_conv_geometry`); no
+    convolution with an identity kernel, whose patches cost ``rows^2`` multiply-adds per position.
 
-    Up to ``CONV_UNROLLED_ROWS`` rows, ``x A`` is one reduction of the windows stacked (which XLA:CPU writes once)
-    times ``A``, per rank: a reduction is a value XLA computes once, where the same terms summed as
-    elementwise adds were copied into every fusion that read the layer's output, once per output channel (MinAtar
-    CNN 16c3x3 + 256, r = 1, 512 members, in one process against batch inference, seeds 0-2, 2026-12-03: the
-    policy's forward pass alone 0.25x as adds, 0.62x as a reduction; the whole generation 0.24x -> 0.58x; with 64 /
-    1,024 hidden units 0.14x -> 0.40x / 0.40x -> 0.70x). Above, the patches are multiplied by ``A`` as a product.
-    Either way no convolution: the patches as a conv with an identity kernel cost ``rows^2`` multiply-adds per
-    position.
+    Three forms (:func:`_conv_correction_form`), each computing ``x A`` as a value XLA computes once (a product or a
+    reduction), where the same terms summed as elementwise adds were copied into every fusion that read the layer's
+    output, once per output channel (MinAtar CNN 16c3x3 + 256, r = 1, 512 members, in one process against batch
+    inference, seeds 0-2, 2026-12-03: the policy's forward pass alone 0.25x as adds, 0.62x as a reduction):
+
+    * ``"offsets"`` (:func:`_conv_offsets_xa`): one product per member over the channels at every padded position,
+      then a reduction over the offsets (MinAtar CNN 16c3x3 (cin 4) + 64 / 256 / 1,024, r = 1, 512 members, the
+      forward pass alone against batch inference, one process, 2026-12-06: 0.67x / 0.73x / 0.85x with the
+      windows, 0.78x / 0.78x / 0.87x with the offsets, 0.79x / 0.85x / 0.93x with no Conv correction at all);
+    * ``"windows"``: the windows stacked (which XLA:CPU writes once) and reduced against ``A``;
+    * ``"patches"``: the windows concatenated (the patches) times ``A``.
     """
-    windows = _conv_windows(module, x)
-    if windows is None:
+    geometry = _conv_geometry(module, x)
+    if geometry is None:
         return None
-    if a_t.shape[1] > CONV_UNROLLED_ROWS:
+    padded, geometry = geometry
+    form = _conv_correction_form(padded, geometry, a_t.shape[0])
+    if form == "offsets":
+        return _with_rank_factors(_conv_offsets_xa(padded, geometry, a_t), b_t)
+    windows = _conv_windows(padded, geometry)
+    if form == "patches":
         return low_rank_product(jnp.concatenate(windows, axis=-1), a_t, b_t)  # the patches [..., *out_spatial, rows]
     # The windows stacked before the last spatial axis, [..., K, out_last, cin]: the copy writes rows of out_last * cin
     # floats, where the patches' concatenation along the channels wrote cin at a time (MinAtar CNN 16c3x3 + 256,
