@@ -19,8 +19,8 @@ member's correction ``sigma / sqrt(r) (x A_i) B_i^T``. Factored layers:
   here only if it keeps the layer's ``__call__`` (one that overrides it may apply its matrix otherwise);
 * ``flax.linen.Conv`` without feature groups or a mask: kernel ``(kh, kw, cin, cout)`` as ``(kh*kw*cin) x cout``,
   the correction the layer's patches times ``A`` and ``B^T``, the patches never formed by a convolution: ``x A``
-  summed over the padded input's shifted windows (or the windows concatenated, for many rows; with input
-  dilation, the layer's own conv with a constant identity kernel);
+  as each kernel offset's product with the padded input summed over the offsets, or from the input's shifted
+  windows (:func:`_conv_correction`; with input dilation, the layer's own conv with a constant identity kernel);
 * ``flax.linen.Embed``: the table ``(num, features)``, the correction ``A_i[ids] B_i^T``;
 * :func:`jes.policies.matvec` as a layer's ``matvec`` method (``weight @ x``), given the parameter ``name`` itself
   (a matrix ``[m, n]``) and a vector ``x [n]`` (jes's PyTorch-layout ``TorchLinear`` and ``TorchGRUCell``; your own
@@ -391,11 +391,14 @@ def _conv_correction(module: nn.Conv, x: jax.Array, a_t: jax.Array, b_t: jax.Arr
     inference, seeds 0-2, 2026-12-03: the policy's forward pass alone 0.25x as adds, 0.62x as a reduction):
 
     * ``"offsets"`` (:func:`_conv_offsets_xa`): one product per member over the channels at every padded position,
-      then a reduction over the offsets (MinAtar CNN 16c3x3 (cin 4) + 64 / 256 / 1,024, r = 1, 512 members, the
-      forward pass alone against batch inference, one process, 2026-12-06: 0.67x / 0.73x / 0.85x with the
-      windows, 0.78x / 0.78x / 0.87x with the offsets, 0.79x / 0.85x / 0.93x with no Conv correction at all);
+      then a reduction over the offsets (against the windows: MinAtar CNN 16c3x3 (cin 4) + 64 / 256 / 1,024, r = 1,
+      512 members, one device, whole generations against batch inference, seeds 0-4: 0.53x / 0.67x / 0.75x ->
+      0.61x / 0.76x / 0.75x; the CNN + 256's forward pass alone 0.67x -> 0.76x; README's tables, 2026-12-04 and
+      2026-12-06);
     * ``"windows"``: the windows stacked (which XLA:CPU writes once) and reduced against ``A``;
-    * ``"patches"``: the windows concatenated (the patches) times ``A``.
+    * ``"patches"``: the windows concatenated (the patches) times ``A``: from rank ``PRODUCT_RANK``, whose programs
+      XLA's newer emitters compile, and which ran the windows' per-rank reductions slower (r = 4, 512 members, one
+      device: 0.24x / 0.36x / 0.47x with the windows, 0.31x / 0.40x / 0.45x with the patches).
     """
     geometry = _conv_geometry(module, x)
     if geometry is None:
