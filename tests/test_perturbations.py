@@ -355,6 +355,26 @@ def test_conv_correction_from_the_padded_input_equals_the_identity_kernel_patche
     assert forms == ({"patches"} if rank >= low_rank.PRODUCT_RANK else {"offsets", "windows", "patches"})
 
 
+def test_conv_correction_edges():
+    """Many leading axes: the offsets' einsum takes at most 26 subscripts, beyond them the windows (both equal the
+    patches' product); an input smaller than the dilated kernel (an empty output) is left to the identity-kernel
+    conv (None)."""
+    from jes.perturbations.low_rank import _conv_correction, _conv_correction_form, _conv_geometry, low_rank_product
+
+    conv = nn.Conv(3, (3,), padding="SAME")
+    a_t, b_t = jax.random.normal(jax.random.key(1), (1, 12)), jax.random.normal(jax.random.key(2), (1, 3))
+    for leading, form in ((24, "offsets"), (25, "windows")):
+        x = jax.random.normal(jax.random.key(0), (1,) * leading + (5, 4))
+        assert _conv_correction_form(*_conv_geometry(conv, x), 1) == form
+        patches = conv.clone(features=12, use_bias=False).apply(
+            {"params": {"kernel": jnp.eye(12).reshape(3, 4, 12)}}, x)
+        np.testing.assert_allclose(np.asarray(_conv_correction(conv, x, a_t, b_t)),
+                                   np.asarray(low_rank_product(patches, a_t, b_t)), rtol=1e-5, atol=1e-5)
+    dilated = nn.Conv(3, (4,), kernel_dilation=3, padding="VALID")
+    assert _conv_geometry(dilated, jnp.ones((6, 2))) is None
+    assert _conv_correction(dilated, jnp.ones((6, 2)), jnp.ones((1, 8)), b_t) is None
+
+
 class Ctx:
     """The two Context fields a perturbation reads."""
 

@@ -304,7 +304,8 @@ def _kernel_sizes(module: nn.Conv) -> tuple[int, ...]:
 def _conv_geometry(module: nn.Conv, x: jax.Array) -> tuple[jax.Array, list[tuple[int, int, int, int]]] | None:
     """A Conv layer's padded input ``[..., *padded_spatial, cin]`` and, per spatial axis, ``(kernel size, dilation,
     stride, output size)``: output position ``o`` at kernel offset ``k`` reads padded position ``o * stride + k *
-    dilation``. ``None`` for what this does not cover (input dilation, negative explicit padding)."""
+    dilation``. ``None`` for what this does not cover (input dilation, negative explicit padding, an input smaller than the
+    dilated kernel)."""
     from flax.linen.linear import canonicalize_padding
 
     sizes = _kernel_sizes(module)
@@ -331,6 +332,8 @@ def _conv_geometry(module: nn.Conv, x: jax.Array) -> tuple[jax.Array, list[tuple
         return None
     padded = jnp.pad(x, [(0, 0)] * (x.ndim - nd - 1) + [tuple(p) for p in pads] + [(0, 0)], mode=mode)
     out = [(padded.shape[x.ndim - nd - 1 + d] - dilated[d]) // strides[d] + 1 for d in range(nd)]
+    if min(out) < 1:  # an input smaller than the dilated kernel: an empty output, left to the identity-kernel conv
+        return None
     return padded, list(zip(sizes, dilation, strides, out))
 
 
@@ -344,16 +347,22 @@ def _conv_windows(padded: jax.Array, geometry: list[tuple[int, int, int, int]]) 
 
 
 def _conv_correction_form(padded: jax.Array, geometry: list[tuple[int, int, int, int]], rank: int) -> str:
-    """How :func:`_conv_correction` computes ``x A``: ``"offsets"`` where each offset's product at every padded
-    position takes fewer floats than the windows (``r * padded positions < cin * output positions``: stride 1
-    and ``cin > r``), else ``"windows"`` (stacked and reduced, up to ``CONV_UNROLLED_ROWS`` rows) or ``"patches"``
-    (their concatenation times ``A``, a product)."""
+    """How :func:`_conv_correction` computes ``x A``, from shapes only (never the number of members or slots):
+    ``"patches"`` (the windows' concatenation times ``A``, a product) from rank ``PRODUCT_RANK`` or above
+    ``CONV_UNROLLED_ROWS`` rows; else ``"offsets"`` where each offset's product at every padded position takes fewer
+    floats than the windows (``r * padded positions < cin * output positions``, e.g. stride 1 and ``cin`` well
+    above ``r``) and the einsum's subscripts suffice (leading axes + 2 per spatial axis up to 26), else
+    ``"windows"`` (stacked and reduced)."""
     nd, cin = len(geometry), padded.shape[-1]
     if rank >= PRODUCT_RANK or math.prod(k for k, _, _, _ in geometry) * cin > CONV_UNROLLED_ROWS:
         return "patches"
-    if rank * math.prod(padded.shape[-nd - 1:-1]) < cin * math.prod(n for _, _, _, n in geometry):
+    if (rank * math.prod(padded.shape[-nd - 1:-1]) < cin * math.prod(n for _, _, _, n in geometry)
+            and padded.ndim - 1 + nd <= len(_SUBSCRIPTS)):
         return "offsets"
     return "windows"
+
+
+_SUBSCRIPTS = "abcdefghijklmnopqrstuvwxyz"  # _conv_offsets_xa's einsum: leading axes, spatial axes, kernel offsets
 
 
 def _conv_offsets_xa(padded: jax.Array, geometry: list[tuple[int, int, int, int]], a_t: jax.Array) -> jax.Array:
@@ -361,12 +370,12 @@ def _conv_offsets_xa(padded: jax.Array, geometry: list[tuple[int, int, int, int]
     position (one product over the channels, ``[..., r, k_1, p_1, ..., k_n, p_n]``); output position ``o`` sums,
     over the offsets, the product at ``o * stride + k * dilation``. Per spatial axis that read is one reshape: the
     ``(k, p)`` axes flattened and padded by ``k_size * dilation`` at the end, then viewed as ``(k, p + dilation)``,
-    put ``k * (p + dilation) + o * stride`` at ``[k, o * stride]``; the offsets' sum is then a reduction over the
-    ``k`` axes, which XLA computes once."""
+    put ``k * (p + dilation) + o * stride = k * p + (o * stride + k * dilation)`` at ``[k, o * stride]``, and
+    ``o * stride + k * dilation <= p - 1`` for every output position, so no read leaves its offset's row; the
+    offsets' sum is then a reduction over the ``k`` axes, which XLA computes once."""
     nd, cin, rank = len(geometry), padded.shape[-1], a_t.shape[0]
     batch = padded.ndim - nd - 1
-    letters = "abcdefghijklmnopqrstuvwxyz"
-    lead, space, kern = letters[:batch], letters[batch:batch + nd], letters[batch + nd:batch + 2 * nd]
+    lead, space, kern = _SUBSCRIPTS[:batch], _SUBSCRIPTS[batch:batch + nd], _SUBSCRIPTS[batch + nd:batch + 2 * nd]
     a = a_t.reshape((rank,) + tuple(k for k, _, _, _ in geometry) + (cin,))
     products = jnp.einsum(f"{lead}{space}Y,Z{kern}Y->{lead}Z" + "".join(k + p for k, p in zip(kern, space)),
                           padded, a)
