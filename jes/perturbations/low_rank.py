@@ -304,8 +304,8 @@ def _kernel_sizes(module: nn.Conv) -> tuple[int, ...]:
 def _conv_geometry(module: nn.Conv, x: jax.Array) -> tuple[jax.Array, list[tuple[int, int, int, int]]] | None:
     """A Conv layer's padded input ``[..., *padded_spatial, cin]`` and, per spatial axis, ``(kernel size, dilation,
     stride, output size)``: output position ``o`` at kernel offset ``k`` reads padded position ``o * stride + k *
-    dilation``. ``None`` for what this does not cover (input dilation, negative explicit padding, an input smaller than the
-    dilated kernel)."""
+    dilation``. ``None`` for what this does not cover (input dilation, negative explicit padding, an input smaller
+    than the dilated kernel)."""
     from flax.linen.linear import canonicalize_padding
 
     sizes = _kernel_sizes(module)
