@@ -84,8 +84,8 @@ def run_task(label: str, env: str, policy: jes.MLPPolicy, config: dict, optimize
         print(f"#   {label} seed {seed}: solved at {result.solved_generation}, final centre {result.final_centre_return:.1f}",
               flush=True)
     ok = [g for g in solved if g is not None]
-    median = f"{float(np.median(ok)):.1f}".removesuffix(".0") if ok else ""  # 6.5 stays 6.5 (provenance.median_text)
-    gens = f"{median} ({min(ok)}-{max(ok)})" if ok else "-"
+    # the median as provenance.median_text prints it (6.5 stays 6.5); this script keeps its directory off sys.path
+    gens = f"{float(np.median(ok)):.1f}".removesuffix(".0") + f" ({min(ok)}-{max(ok)})" if ok else "-"
     print(f"| {label} | `{env}` | {trainer.num_params} | {config['num_members']} | {config['num_generations']} | "
           f"{len(ok)}/{len(seeds)} | {gens} | {np.mean(finals):.1f} +- {np.std(finals):.1f} | {np.median(rates):,.0f} | "
           f"{compile_time:.0f} s | {np.median(walls):.0f} s |", flush=True)
