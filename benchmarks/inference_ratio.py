@@ -35,12 +35,20 @@ a way to train) the named layers' low-rank corrections are left out of every jes
 vector leaves' noise and apply the shared matrices alone, so the parts show what the generation would cost were
 those corrections free.
 
+With ``--fixed-length`` every episode runs ``--max-steps`` steps, the env's own termination left out (the game
+steps on from a terminal state): jes and batch inference then do the same work per episode, so the ratio is what
+a step costs each, apart from how long the members' episodes are against the centre's. (MinAtar Breakout's
+episodes are 6-28 steps at a new policy's play, and the members' longest outlast the centre's: a generation is
+then some 20 steps deep, and its draw and update, which batch inference has not, weigh more than a forward pass's
+correction. Pendulum's episodes are all 200 steps anyway.)
+
 With ``--compare-forms`` it times instead, per cell and rank, low rank with every slot in its own form against
 the compact form (a mirrored pair's slots sharing one draw in the rollout's first batch; jes picks it for
 large rank-1 members, ``jes.perturbations.low_rank.COMPACT_MIN_DRAW``), and prints compact / per-slot.
 
     python benchmarks/inference_ratio.py                           # Pendulum MLP H x H, H in 64, 256, 1024
     python benchmarks/inference_ratio.py --envs minatar --hidden 64 --members 512
+    python benchmarks/inference_ratio.py --envs minatar --fixed-length --hidden 256 --members 512
     python benchmarks/inference_ratio.py --limit 1e10 --chunk-size all             # on a GPU: one chunk
     python benchmarks/inference_ratio.py --compare-forms --members 512 --ranks 1
     python benchmarks/inference_ratio.py --breakdown --envs minatar --hidden 256 --members 512 --ranks 1
@@ -410,6 +418,8 @@ def cells(args):
         for hidden in (int(h) for h in args.hidden.split(",")):
             for members in (int(m) for m in args.members.split(",")):
                 policy, env, label = workload(env_name, hidden)
+                if args.fixed_length:
+                    env, label = fixed_length(env), f"{label}, fixed length"
                 chunk = members if args.chunk_size == "all" else (int(args.chunk_size) if args.chunk_size else None)
                 yield policy, env, label, members, dict(num_members=members, eval_episodes=2, chunk_size=chunk,
                                                         max_episode_steps=args.max_steps, normalize_observations=False)
@@ -424,6 +434,34 @@ def workload(env: str, hidden: int):
 
 
 WORKLOADS = ("pendulum", "minatar")
+
+
+class FixedLength:
+    """A gymnax env whose episodes only its time limit ends (``--fixed-length``): its termination is left out, and
+    the game steps on from a terminal state (its rewards there count too). Every episode then runs ``--max-steps``
+    steps whatever the policy, so jes and batch inference do the same work per episode: what differs is only what
+    a step of each costs, not how long the members' episodes are against the centre's."""
+
+    def __init__(self, env):
+        self._env = env
+
+    def __getattr__(self, name):
+        return getattr(self._env, name)
+
+    def step_env(self, key, state, action, params):
+        obs, state, reward, done, info = self._env.step_env(key, state, action, params)
+        return obs, state, reward, jnp.zeros_like(done), info
+
+    def is_terminated(self, state, params):
+        return False
+
+
+def fixed_length(env_id: str):
+    """``(env, params)`` of the gymnax env ``env_id`` with its termination left out (:class:`FixedLength`)."""
+    import gymnax
+
+    env, params = gymnax.make(env_id)
+    return FixedLength(env), params
 
 
 def env_names_arg(value: str) -> str:
@@ -450,6 +488,8 @@ def main() -> None:
     parser.add_argument("--seeds", default="0,1,2,3,4", help="runs (keys) per cell; rows take turns on each")
     parser.add_argument("--repeats", type=int, default=2, help="timed generations per seed and row")
     parser.add_argument("--max-steps", type=int, default=200)
+    parser.add_argument("--fixed-length", action="store_true",
+                        help="every episode runs --max-steps steps: the env's termination left out (see above)")
     parser.add_argument("--full-rank-limit", type=float, default=1.5e8,
                         help="skip full rank above this many member parameter floats (members x P)")
     parser.add_argument("--limit", type=float, default=5e8,

@@ -985,6 +985,25 @@ def test_the_benchmarks_skip_corrections_diagnostic_leaves_out_the_named_layers_
         bench.env_names_arg("pendulum,atari")
 
 
+def test_the_benchmarks_fixed_length_envs_run_every_episode_to_its_time_limit(monkeypatch):
+    import importlib.util
+    import os
+    path = os.path.join(os.path.dirname(__file__), "..", "benchmarks", "inference_ratio.py")
+    spec = importlib.util.spec_from_file_location("inference_ratio_under_test", path)
+    bench = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(__import__("sys").modules, spec.name, bench)
+    spec.loader.exec_module(bench)
+    steps = {}
+    for name, env in (("own", "Breakout-MinAtar"), ("fixed", bench.fixed_length("Breakout-MinAtar"))):
+        config = jes.ESConfig(num_members=8, eval_episodes=2, max_episode_steps=40, normalize_observations=False,
+                              perturbation=jes.LowRank(1))
+        trainer = jes.Trainer(jes.MLPPolicy((4,)), env, "adam", config)
+        _, metrics = trainer.step(trainer.init_state(0), jnp.bool_(False), jnp.bool_(True))
+        steps[name] = (int(metrics["env_steps"]), trainer.spec.fixed_length)
+    # A new policy loses Breakout's ball within some 6-28 steps; with the termination left out, all 40 are played
+    assert steps["fixed"] == (8 * 40, True) and steps["own"][0] < 8 * 40 and not steps["own"][1]
+
+
 def test_the_parity_benchmarks_stats_compare_each_perturbation_with_full_rank_seed_by_seed(tmp_path, monkeypatch, capsys):
     import importlib.util
     import os
