@@ -950,7 +950,8 @@ class _ConvThenDense(nn.Module):
         return nn.Dense(2, use_bias=False)(x.reshape(-1))
 
 
-def test_the_benchmarks_skip_corrections_diagnostic_leaves_out_the_named_layers_corrections_only(monkeypatch):
+def _inference_ratio_module(monkeypatch):
+    """benchmarks/inference_ratio.py, imported for a test (removed from sys.modules after it)."""
     import importlib.util
     import os
     path = os.path.join(os.path.dirname(__file__), "..", "benchmarks", "inference_ratio.py")
@@ -958,6 +959,11 @@ def test_the_benchmarks_skip_corrections_diagnostic_leaves_out_the_named_layers_
     bench = importlib.util.module_from_spec(spec)
     monkeypatch.setitem(__import__("sys").modules, spec.name, bench)  # its dataclasses look their module up
     spec.loader.exec_module(bench)
+    return bench
+
+
+def test_the_benchmarks_skip_corrections_diagnostic_leaves_out_the_named_layers_corrections_only(monkeypatch):
+    bench = _inference_ratio_module(monkeypatch)
     monkeypatch.setattr(low_rank, "_correction", low_rank._correction)  # restored after the test
     fns, flat, unravel, lowrank, layout = setup(_ConvThenDense(), (6, 6, 3), 1)
     ctx, sigma, gen_key = Ctx(layout), jnp.float32(0.3), jax.random.key(7)
@@ -986,13 +992,7 @@ def test_the_benchmarks_skip_corrections_diagnostic_leaves_out_the_named_layers_
 
 
 def test_the_benchmarks_fixed_length_envs_run_every_episode_to_its_time_limit(monkeypatch):
-    import importlib.util
-    import os
-    path = os.path.join(os.path.dirname(__file__), "..", "benchmarks", "inference_ratio.py")
-    spec = importlib.util.spec_from_file_location("inference_ratio_under_test", path)
-    bench = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(__import__("sys").modules, spec.name, bench)
-    spec.loader.exec_module(bench)
+    bench = _inference_ratio_module(monkeypatch)
     steps = {}
     for name, env in (("own", "Breakout-MinAtar"), ("fixed", bench.fixed_length("Breakout-MinAtar"))):
         config = jes.ESConfig(num_members=8, eval_episodes=2, max_episode_steps=40, normalize_observations=False,
