@@ -39,8 +39,8 @@ With ``--fixed-length`` every episode runs ``--max-steps`` steps, the env's own 
 steps on from a terminal state): jes and batch inference then do the same work per episode, so the ratio is what
 a step costs each, apart from how long the members' episodes are against the centre's. (MinAtar Breakout's
 episodes are 6-28 steps at a new policy's play, and the members' longest outlast the centre's: a generation is
-then some 20 steps deep, and its draw and update, which batch inference has not, weigh more than a forward pass's
-correction. Pendulum's episodes are all 200 steps anyway.)
+then some 20 steps deep, and its draw and update (batch inference has neither) and the members' longer episodes
+weigh beside the forward pass's corrections. Pendulum's episodes are all 200 steps anyway.)
 
 With ``--compare-forms`` it times instead, per cell and rank, low rank with every slot in its own form against
 the compact form (a mirrored pair's slots sharing one draw in the rollout's first batch; jes picks it for
