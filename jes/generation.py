@@ -156,6 +156,8 @@ class Generation(CompiledPrograms):
         self.antithetic = self.ctx.antithetic
         self.devices = resolve_devices(devices)
         self.mesh = Mesh(np.array(self.devices), (AXIS,))
+        # Whether every device of the run is this process's (a jax.distributed run's are not): see generation_step
+        self.one_process = all(d.process_index == jax.process_index() for d in self.devices)
         if config.chunk_size is not None:
             self.chunk_size = config.chunk_size
         else:
@@ -584,12 +586,14 @@ class Generation(CompiledPrograms):
             fitness_all = results.fitness.reshape(-1)[: self.config.num_members]
             weights = self.weights(state, fitness_all)
             index = jax.lax.axis_index(AXIS)
-            if self.ctx.perturbation is None:
+            if self.ctx.perturbation is None or self.one_process:
+                # Each device its own chunks' statistics, gathered: in one process a copy between its devices (a
+                # low-rank run's update split over them instead of each device computing all of it)
                 local = jax.tree.map(lambda w: jax.lax.dynamic_slice_in_dim(w, index * per_device, per_device), weights)
                 stats = gather(self.chunk_stats(state, chunk_ids, local, draws))
             else:
-                # Every device rebuilds the whole update from the fitness alone (factors come from keys): no
-                # P-sized statistics cross devices or processes, and the per-chunk sums are the same bits.
+                # Across processes, every device rebuilds the whole update from the fitness alone (factors come
+                # from keys): no P-sized statistics cross processes, and the per-chunk sums are the same bits.
                 every = jnp.arange(real, dtype=jnp.int32)
                 stats = self.chunk_stats(state, every, jax.tree.map(lambda w: w[:real], weights))
             # Per-chunk values gathered in chunk order, then reduced sequentially: device count cannot change the sums.

@@ -57,7 +57,8 @@ SCRIPT = textwrap.dedent("""
                 "state": [np.asarray(x).tolist() for x in jax.tree.leaves(r.state.strategy)],
                 "chunks": [r.trainer.padded_chunks, len(r.trainer.devices)]}
             for d, r in runs.items()}
-    # Low-rank (EGGROLL) members: every device rebuilds the whole update from the fitness alone.
+    # Low-rank (EGGROLL) members: one process's devices each compute their own chunks' update products and
+    # gather them; across processes every device rebuilds the whole update from the fitness alone.
     import flax.linen as nn
 
     class SmallCNN(nn.Module):  # a Conv correction (each offset's product; r = 4: the patches) and Dense ones
@@ -75,8 +76,11 @@ SCRIPT = textwrap.dedent("""
                                     ("low_rank/gru-flax", jes.GRUPolicy(hidden=4, layers=1, torch_layout=False),
                                      "CartPole-v1", 2),
                                     ("low_rank/cnn", SmallCNN(), "Breakout-MinAtar", 2),
-                                    ("low_rank/cnn-r4", SmallCNN(), "Breakout-MinAtar", 4)):
-        runs = {d: jes.train(policy, env, "adam", key=11, devices=d, log_dir=None, num_members=24, chunk_size=8,
+                                    ("low_rank/cnn-r4", SmallCNN(), "Breakout-MinAtar", 4),
+                                    # 2 chunks: one device's loop over both against one chunk on each device
+                                    ("low_rank/one-chunk-each", SmallCNN(), "Breakout-MinAtar", 1)):
+        members = 16 if name.endswith("each") else 24
+        runs = {d: jes.train(policy, env, "adam", key=11, devices=d, log_dir=None, num_members=members, chunk_size=8,
                              num_generations=3, eval_episodes=4, perturbation="low_rank", perturbation_rank=rank)
                 for d in (1, 2)}
         out[name] = {d: {"params": r.flat_params.tolist(), "pop_mean": r.history["pop_mean"].tolist(),
@@ -95,6 +99,21 @@ SCRIPT = textwrap.dedent("""
                                    "centre": r.history["centre_return"].tolist(),
                                    "steps": r.history["env_steps"].tolist(), "chunks": r.trainer.padded_chunks}
                                for d, r in runs.items()}
+    # What the low-rank step's devices gather: the shapes of its all-gathers' results, in this process's step
+    # and in the step a multi-process run compiles (one_process off: the devices are not all this process's)
+    import re
+    import jax.numpy as jnp
+
+    def gathered_shapes(one_process):
+        trainer = jes.Trainer(jes.MLPPolicy(hidden_sizes=(16, 16)), "Pendulum-v1", "adam",
+                              jes.ESConfig(num_members=24, chunk_size=8, perturbation="low_rank", perturbation_rank=2))
+        trainer.one_process = one_process
+        text = trainer.step.lower(trainer.init_state(0), jnp.bool_(False), jnp.bool_(True)).as_text()
+        shapes = [re.findall(r"tensor<([0-9x]+)x[a-z]+[0-9]*>", line.split("->")[-1])
+                  for line in text.splitlines() if "all_gather" in line]
+        return {"num_params": trainer.num_params, "shapes": [[int(n) for n in s.split("x")] for ss in shapes for s in ss]}
+
+    out["gathers"] = {"one_process": gathered_shapes(True), "processes": gathered_shapes(False)}
     # A default chunk that leaves a device without members is warned about, with the chunk that fills both.
     import warnings
 
@@ -124,7 +143,7 @@ def two_device_runs():
 
 @pytest.mark.parametrize("case", ["12/4", "10/2", "8/8", "pendulum", "sep_cma_es", "ars/centered_ranks", "openai_es/z_score",
                                   "low_rank/mlp", "low_rank/mlp-r4", "low_rank/gru", "low_rank/gru-flax",
-                                  "low_rank/cnn", "low_rank/cnn-r4", "low_rank/compact"])
+                                  "low_rank/cnn", "low_rank/cnn-r4", "low_rank/one-chunk-each", "low_rank/compact"])
 def test_two_devices_equal_one_device_bit_for_bit(two_device_runs, case):
     one, two = two_device_runs[case]["1"], two_device_runs[case]["2"]
     assert one["params"] == two["params"]          # exact float equality, element by element
@@ -137,6 +156,17 @@ def test_two_devices_equal_one_device_bit_for_bit(two_device_runs, case):
         assert one["chunks"] == [2, 1] and two["chunks"] == [2, 2]
     else:
         assert two["chunks"] % 2 == 0 and two["chunks"] >= one["chunks"]
+
+
+def test_low_rank_devices_gather_parameter_sized_products_only_within_one_process(two_device_runs):
+    # Within a process each device computes its own chunks' A^T diag(w) B products and they are gathered (a copy);
+    # a multi-process run's devices gather only per-member values (fitness, counters) and rebuild the update
+    # themselves, so the bytes crossing processes do not grow with the policy.
+    gathers = two_device_runs["gathers"]
+    num_params = gathers["one_process"]["num_params"]
+    assert [4, num_params] in gathers["one_process"]["shapes"], gathers   # 3 chunks padded to 2 per device
+    assert gathers["processes"]["shapes"], gathers
+    assert all(num_params not in shape for shape in gathers["processes"]["shapes"]), gathers
 
 
 def test_a_default_chunk_that_leaves_a_device_idle_is_warned_about_with_the_chunk_that_spreads_it(two_device_runs):
