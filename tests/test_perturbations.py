@@ -73,13 +73,14 @@ class LSTMPolicy(nn.Module):
 
 
 class RecurrentPolicy(nn.Module):
-    """A flax.linen recurrent cell (``SimpleCell``, or ``OptimizedLSTMCell``: not factorable) and a Dense head."""
+    """A flax.linen recurrent cell (``SimpleCell``, ``MGUCell``, or ``OptimizedLSTMCell``: not factorable) and a Dense
+    head."""
 
     cell: str = "simple"
     num_outputs: int = 2
 
     def make(self, **kw):
-        return (nn.SimpleCell if self.cell == "simple" else nn.OptimizedLSTMCell)(6, **kw)
+        return {"simple": nn.SimpleCell, "mgu": nn.MGUCell, "optimized_lstm": nn.OptimizedLSTMCell}[self.cell](6, **kw)
 
     @nn.nowrap
     def initialize_carry(self, rng, input_shape):
@@ -89,6 +90,21 @@ class RecurrentPolicy(nn.Module):
     def __call__(self, carry, obs):
         carry, h = self.make()(carry, obs)
         return carry, nn.Dense(self.num_outputs)(h)
+
+
+class ConvLSTMPolicy(nn.Module):
+    """A ``ConvLSTMCell`` (built from ``Conv``) over a 5x5x2 observation and a Dense head."""
+
+    num_outputs: int = 2
+
+    @nn.nowrap
+    def initialize_carry(self, rng, input_shape):
+        return nn.ConvLSTMCell(3, (3, 3), parent=None).initialize_carry(rng, (5, 5, 2))
+
+    @nn.compact
+    def __call__(self, carry, obs):
+        carry, h = nn.ConvLSTMCell(3, (3, 3))(carry, obs)
+        return carry, nn.Dense(self.num_outputs)(h.reshape(-1))
 
 
 class RawMatmul(nn.Module):
@@ -310,6 +326,8 @@ POLICIES = {
     "a kernel read directly inside nn.scan (fallback)": (LiftedLayers(direct=True), (4,)),
     "Dense subclasses overriding __call__ (fallback)": (DenseSubclasses(), (4,)),
     "SimpleCell": (RecurrentPolicy(cell="simple"), (3,)),
+    "MGUCell": (RecurrentPolicy(cell="mgu"), (3,)),
+    "ConvLSTMCell (Conv)": (ConvLSTMPolicy(), (5, 5, 2)),
     "a bare Conv as the whole policy": (nn.Conv(2, (3,), padding="SAME"), (5, 1)),
     "conv variants (dilation, circular, reflect, explicit, input dilation)": (ConvVariants(), (7, 7, 2)),
     "causal 1-D conv": (nn.Conv(2, (3,), padding="CAUSAL"), (6, 1)),
@@ -615,7 +633,7 @@ def test_tied_weights_read_directly_fall_back_to_dense_noise_with_a_warning_nami
 
 
 def test_one_fallback_warning_names_every_leaf_its_layer_and_the_cell_around_it():
-    fns = PolicyFns(RecurrentPolicy(cell="optimized lstm"), (3,))
+    fns = PolicyFns(RecurrentPolicy(cell="optimized_lstm"), (3,))
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         layout = jes.LowRank(1).layout(fns, fns.init(jax.random.key(0)))
@@ -631,14 +649,14 @@ def test_a_rank_no_smaller_than_every_factored_matrix_warns_that_full_rank_would
     variables = fns.init(jax.random.key(0))
     with pytest.warns(perturbations.LowRankWarning, match=r"LowRank\(rank=3\): a member's factors of every matrix it "
                       r"factors \(params/Dense_0/kernel 4x8, params/head/kernel 8x2\) are no smaller than the matrix.*"
-                      r"use jes.FullRank\(\), or a rank below 3$"):  # r = 3: 36 and 30 floats
+                      r"use jes.FullRank\(\) \(jes train: --perturbation full_rank\), or a rank below 3 \(--rank 2\)$"):  # r = 3: 36 and 30 floats
         jes.LowRank(3).layout(fns, variables)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert len(jes.LowRank(2).layout(fns, variables).factored) == 2  # r = 2: 24 floats of the 4x8: no warning
     assert issubclass(perturbations.LowRankFallbackWarning, perturbations.LowRankWarning)
     linear = PolicyFns(jes.MLPPolicy((), num_outputs=1), (4,))  # one 4x1 kernel: no rank gains on it
-    with pytest.warns(perturbations.LowRankWarning, match=r"params/head/kernel 4x1\).*use jes.FullRank\(\)$"):
+    with pytest.warns(perturbations.LowRankWarning, match=r"params/head/kernel 4x1\).*use jes.FullRank\(\) \(jes train: --perturbation full_rank\)$"):
         jes.LowRank(1).layout(linear, linear.init(jax.random.key(0)))
 
 

@@ -15,7 +15,8 @@ The forward pass never forms ``W + sigma E_i``: inside the rollout's vmap over m
 member's correction ``sigma / sqrt(r) (x A_i) B_i^T``. Factored layers:
 
 * ``flax.linen.Dense`` (and ``DenseGeneral`` over the last input axis, ``axis=-1``, with one output axis),
-  ``GRUCell``, ``LSTMCell`` and ``SimpleCell`` (built from ``Dense``): kernel ``(in, out)``; a subclass of a layer
+  ``GRUCell``, ``LSTMCell``, ``MGUCell`` and ``SimpleCell`` (built from ``Dense``): kernel ``(in, out)``
+  (``ConvLSTMCell``, built from ``Conv``: as ``Conv`` below); a subclass of a layer
   here only if it keeps the layer's ``__call__`` (one that overrides it may apply its matrix otherwise);
 * ``flax.linen.Conv`` without feature groups or a mask: kernel ``(kh, kw, cin, cout)`` as ``(kh*kw*cin) x cout``,
   the correction the layer's patches times ``A`` and ``B^T``, the patches never formed by a convolution: ``x A``
@@ -158,7 +159,8 @@ class Layout:
 # ------------------------------------------------------------------ layers it can factor
 NOT_FACTORABLE = "not applied by a layer jes can factor"
 FACTORABLE = ("Layers jes can factor: Dense; DenseGeneral over the last input axis with one output axis; Conv without "
-              "feature groups or a mask; Embed; GRUCell, LSTMCell and SimpleCell; `matvec = jes.policies.matvec` as a layer's method; "
+              "feature groups or a mask; Embed; GRUCell, LSTMCell, MGUCell and SimpleCell (built from Dense) and "
+              "ConvLSTMCell (built from Conv); `matvec = jes.policies.matvec` as a layer's method; "
               "subclasses of these only if they keep their __call__ (see jes.perturbations.low_rank).")
 
 
@@ -793,8 +795,8 @@ class LowRank:
             warnings.warn(
                 f"LowRank(rank={self.rank}): a member's factors of every matrix it factors "
                 f"({sides}{', ...' if len(factored) > 4 else ''}) are no smaller than the matrix (r * (m + n) >= "
-                f"m * n floats), and no cheaper to apply: use jes.FullRank()"
-                + (f", or a rank below {below}" if below > 1 else ""),
+                f"m * n floats), and no cheaper to apply: use jes.FullRank() (jes train: --perturbation full_rank)"
+                + (f", or a rank below {below} (--rank {below - 1})" if below > 1 else ""),
                 LowRankWarning, stacklevel=_caller_outside_jes(),
             )
         return Layout(tuple(leaves), self.rank)
