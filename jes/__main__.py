@@ -1,7 +1,8 @@
 """``python -m jes``: train the reference GRU on CartPole-v1 until solved and print the result.
 
 Exit status 0 when the centre policy solved CartPole (a centre return >= 475), 1 when it did not within
-``--generations``, 2 for a bad argument."""
+``--generations``, 2 for a bad argument. ``python -m jes train ...`` (or eval, sweep, plot, keys, launch) runs that
+command of the ``jes`` command line instead, as ``jes train ...`` does."""
 from __future__ import annotations
 
 import argparse
@@ -9,6 +10,13 @@ import sys
 
 
 def main(argv: list[str] | None = None) -> int:
+    from jes.cli import COMMANDS
+
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv and argv[0] in COMMANDS:  # the jes command line, where no console script is on PATH
+        from jes.cli import main as jes_main
+
+        return jes_main(argv)
     parser = argparse.ArgumentParser(prog="python -m jes", description=__doc__)
     parser.add_argument("--optimizer", default="adam",
                         help="adam, adabelief, amsgrad, clipup, novograd, radam or sgd (jes train has more options)")

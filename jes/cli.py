@@ -61,10 +61,14 @@ class _HelpFormatter(argparse.RawDescriptionHelpFormatter):
         return f"{text} (default: %(default)s)"
 
 
+# The subcommands, in the order --help lists them (``python -m jes COMMAND ...`` runs them too: jes/__main__.py)
+COMMANDS = ("train", "eval", "sweep", "plot", "keys", "launch")
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="jes", description="JAX-accelerated Evolution Strategies.",
                                      formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EPILOG)
-    commands = parser.add_subparsers(dest="command", required=True, metavar="{train,eval,sweep,plot,keys,launch}")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="{" + ",".join(COMMANDS) + "}")
 
     d = CONFIG_DEFAULTS
     train = commands.add_parser("train", help="train a policy with an evolution strategy", epilog=EPILOG,

@@ -40,6 +40,18 @@ def test_quickstart_module_help():
     assert out.returncode == 0 and "--optimizer" in out.stdout
 
 
+def test_python_m_jes_runs_the_jes_commands_where_no_console_script_is_on_path():
+    # a new user tried `python -m jes train --perturbation low_rank`: "unrecognized arguments"
+    out = subprocess.run([sys.executable, "-m", "jes", "train", "--help"], capture_output=True, text=True, cwd=ROOT,
+                         timeout=120)
+    assert out.returncode == 0 and "--perturbation" in out.stdout and "--rank" in out.stdout, out.stderr
+    out = subprocess.run([sys.executable, "-m", "jes", "eval"], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert out.returncode == 2 and "jes eval: error: the following arguments are required: FILE" in out.stderr, \
+        out.stderr
+    out = subprocess.run([sys.executable, "-m", "jes", "--help"], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert "python -m jes train" in out.stdout
+
+
 def test_quickstart_module_bad_values_are_one_line_errors(tmp_path):
     for flags, message in ((["--generations", "0"], "python -m jes: --generations must be a positive integer, got 0"),
                            (["--optimizer", "bogus"], "python -m jes: --optimizer bogus: unknown optimizer")):
