@@ -69,8 +69,11 @@ class SweepRun:
     Attributes:
         status: ``"completed"``, ``"stopped"`` (a callback raised :class:`~jes.StopTraining`: ``stopped`` holds its
             message) or ``"failed"`` (its fitness or update went non-finite: ``error`` says which and when; its
-            ``state``, ``flat_params`` and ``history`` are the run's up to the generation before, as
+            ``state``, ``params`` and ``history`` are the run's up to the generation before, as
             :func:`jes.train`'s ``error.result``).
+        params: the final centre as Flax variables (as :class:`~jes.TrainResult`'s), usable with the sweep's policy's
+            ``apply`` once its output size is set (``GRUPolicy(..., num_outputs=2)``; ``jes.train`` fills it in).
+        flat_params: the same as one numpy vector.
     """
 
     config_index: int
@@ -80,6 +83,7 @@ class SweepRun:
     flat_params: np.ndarray
     history: dict
     state: TrainState
+    params: Any = None
     status: str = "completed"
     error: str | None = None
     stopped: str | None = None
@@ -781,6 +785,7 @@ def _run_group(trainer: Trainer, indices: list[int], points: list[dict], seeds: 
         runs.append(SweepRun(
             config_index=i, seed=seed, config=point_config(base, points[i]),
             optimizer=trainer.optimizer_name, flat_params=np.asarray(member_state.params),
+            params=trainer.params_tree(np.asarray(member_state.params)),
             history={k: v[ran, b] for k, v in history.items()}, state=member_state,
             status=ends[b].status, error=ends[b].message if ends[b].status == "failed" else None,
             stopped=ends[b].message if ends[b].status == "stopped" else None,

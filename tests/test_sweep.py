@@ -60,6 +60,24 @@ def test_a_sweep_result_prints_short(grid_result):
     assert str(result) == text
 
 
+def test_a_sweep_run_holds_its_centre_as_flax_variables(grid_result):
+    """As jes.train's result: ``run.params`` (the flat vector as the policy's variables, bit for bit) applies with the
+    policy; a trial found only ``flat_params`` there. The result still pickles (a Flax module would not: jnp.tanh)."""
+    import pickle
+
+    import jax.numpy as jnp
+    from jax.flatten_util import ravel_pytree
+
+    result, _ = grid_result
+    for run in (result.run(0, 0), result.run(3, 1)):
+        assert np.asarray(ravel_pytree(run.params)[0]).tobytes() == run.flat_params.tobytes()
+        carry, logits = jes.GRUPolicy(hidden=3, layers=1, num_outputs=2).apply(run.params, jnp.zeros((1, 3)), jnp.zeros(4))
+        assert logits.shape == (2,) and carry.shape == (1, 3)
+    assert result.run(0, 0).flat_params.tobytes() != result.run(3, 1).flat_params.tobytes()
+    again = pickle.loads(pickle.dumps(result)).run(3, 1)
+    assert np.asarray(ravel_pytree(again.params)[0]).tobytes() == again.flat_params.tobytes()
+
+
 def test_a_sweeps_tensorboard_runs_record_the_hyperparameters_they_ran_with(grid_result):
     """As jes.train's: the policy with its fields and the episode length, not ``GRUPolicy`` and ``None``."""
     _, root = grid_result
