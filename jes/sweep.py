@@ -178,7 +178,11 @@ def check_points(points: list[dict], base: ESConfig, strategy: Any, optimizer: A
             config = point_config(base, point)
             point_strategy = jes_strategies.get(point.get("strategy", strategy))
             perturbation = perturbations.get(config.perturbation, config.perturbation_rank)
-            check_strategy_supports(point_strategy, perturbation)
+            try:
+                check_strategy_supports(point_strategy, perturbation)
+            except ValueError as err:
+                raise ValueError(f"{err}; a sweep runs every point of its grid: sweep the strategies that refuse "
+                                 f"{perturbation.name} perturbations in a sweep of their own") from None
             if config.stop_at_return is not None:
                 raise ValueError(f"stop_at_return={config.stop_at_return!r} does not apply in a sweep: a sweep runs "
                                  f"every generation of every configuration (so rows compare like with like); drop "
@@ -220,8 +224,9 @@ def _without_full_rank_duplicates(points: list[dict], base: ESConfig) -> list[di
     ranks = sorted({p["perturbation_rank"] for p in points if "perturbation_rank" in p})
     if len(ranks) > 1 and all(_perturbation_name(base, p) == "full_rank" for p in points):
         raise ValueError(f"the grid sweeps perturbation_rank={ranks}, but every point is full rank, where the rank "
-                         f"means nothing: set config=ESConfig(perturbation='low_rank'), or sweep "
-                         f"'perturbation': ['full_rank', 'low_rank'] beside the ranks")
+                         f"means nothing: set config=ESConfig(perturbation='low_rank') (a sweep file: perturbation = "
+                         f"\"low_rank\" under [config]), or sweep 'perturbation': ['full_rank', 'low_rank'] beside the "
+                         f"ranks")
     kept, seen = [], set()
     for point in points:
         if _perturbation_name(base, point) == "full_rank" and "perturbation_rank" in point:

@@ -660,6 +660,41 @@ def test_a_rank_no_smaller_than_every_factored_matrix_warns_that_full_rank_would
         jes.LowRank(1).layout(linear, linear.init(jax.random.key(0)))
 
 
+def test_a_rank_above_both_sides_of_every_factored_matrix_is_refused_before_anything_compiles():
+    """A new user's ``--rank 100000`` on a 353-parameter MLP was only warned about, then compiled for 12 minutes: a
+    rank larger than every matrix on both sides is refused, naming the largest and what to use; up to it, warned."""
+    fns = PolicyFns(jes.MLPPolicy((16, 16), num_outputs=1), (3,))  # kernels 3x16, 16x16, 16x1
+    variables = fns.init(jax.random.key(0))
+    for rank in (17, 100000):
+        with pytest.raises(ValueError, match=rf"LowRank\(rank={rank}\) is larger than both sides of every matrix this "
+                           r"policy's perturbation factors \(the largest: params/Dense_1/kernel 16x16, whose products "
+                           r"have rank 16 at most\).*Use jes.FullRank\(\) \(jes train: --perturbation full_rank\), or a "
+                           r"rank below 8, where the factors are smaller than a matrix \(--rank 7\)$"):
+            jes.LowRank(rank).layout(fns, variables)
+    with pytest.warns(perturbations.LowRankWarning, match=r"LowRank\(rank=16\): a member's factors"):
+        assert len(jes.LowRank(16).layout(fns, variables).factored) == 3
+    with pytest.raises(ValueError, match=r"LowRank\(rank=5\) is larger .* 3x4, whose products have rank 3"):
+        jes.Trainer(jes.MLPPolicy((4,)), "Pendulum-v1", "adam", jes.ESConfig(num_members=8, perturbation=jes.LowRank(5)))
+    linear = PolicyFns(jes.MLPPolicy((), num_outputs=1), (4,))  # one 4x1 kernel: no rank is cheaper than it
+    with pytest.raises(ValueError, match=r"rank 1 at most\).*Use jes.FullRank\(\) \(jes train: --perturbation full_rank\)$"):
+        jes.LowRank(5).layout(linear, linear.init(jax.random.key(0)))
+
+
+def test_a_policy_with_no_factorable_matrix_is_told_that_full_rank_is_what_it_gets():
+    class AllRaw(nn.Module):
+        num_outputs: int = 1
+
+        @nn.compact
+        def __call__(self, x):
+            return x @ self.param("w", nn.initializers.normal(), (x.shape[-1], self.num_outputs))
+
+    fns = PolicyFns(AllRaw(), (3,))
+    with pytest.warns(perturbations.LowRankFallbackWarning, match=r"(?s)params/w \[3, 1\] of layer AllRaw.*\nNo matrix "
+                      r"of this policy is factored: every member is materialised, as with full rank; use "
+                      r"jes.FullRank\(\) \(jes train: --perturbation full_rank\), or layers jes can factor.$"):
+        jes.LowRank(1).layout(fns, fns.init(jax.random.key(0)))
+
+
 class _ScannedBlock(nn.Module):
     @nn.compact
     def __call__(self, x, _):

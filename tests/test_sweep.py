@@ -264,7 +264,7 @@ def test_a_sweep_over_perturbations_and_ranks_equals_standalone_runs_bit_for_bit
 
 
 def test_a_sweep_over_ranks_with_no_low_rank_point_is_refused_before_it_runs():
-    with pytest.raises(ValueError, match=r"perturbation_rank=\[1, 2\].*every point is full rank.*perturbation='low_rank'"):
+    with pytest.raises(ValueError, match=r"perturbation_rank=\[1, 2\].*every point is full rank.*perturbation='low_rank'\) \(a sweep file: perturbation = \"low_rank\" under \[config\]\)"):
         jes_sweep.sweep(jes.MLPPolicy((8,)), "CartPole-v1", "adam", config=BASE, seeds=[0], log_dir=None,
                         grid={"perturbation_rank": [1, 2]})
 
@@ -283,9 +283,15 @@ def test_a_grid_point_a_strategy_or_perturbation_refuses_stops_the_sweep_before_
     trained = []
     monkeypatch.setattr(jes_sweep, "run_batch", lambda *a, **k: trained.append(1) or (_ for _ in ()).throw(AssertionError))
     low_rank = BASE.replace(perturbation="low_rank")
-    with pytest.raises(ValueError, match=r"grid point \(strategy='pgpe'\).*pgpe keeps a sigma per parameter"):
+    with pytest.raises(ValueError, match=r"grid point \(strategy='pgpe'\).*pgpe keeps a sigma per parameter.*; a sweep "
+                       r"runs every point of its grid: sweep the strategies that refuse low_rank perturbations in a "
+                       r"sweep of their own$"):
         jes_sweep.sweep(jes.MLPPolicy((8,)), "CartPole-v1", None, config=low_rank, seeds=[0], log_dir=None,
                         grid={"strategy": ["openai_es", "ars", "pgpe"]})
+    # a rank above both sides of the policy's matrices (4x8, 8x2), refused as each group's Trainer is built
+    with pytest.raises(ValueError, match=r"grid point \(perturbation_rank=9\): LowRank\(rank=9\) is larger than both"):
+        jes_sweep.sweep(jes.MLPPolicy((8,)), "CartPole-v1", "adam", config=low_rank, seeds=[0], log_dir=None,
+                        grid={"perturbation_rank": [1, 9]})
     assert not trained
 
 

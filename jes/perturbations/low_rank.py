@@ -780,6 +780,9 @@ class LowRank:
         if fallbacks:  # one warning for the policy, however many leaves (an OptimizedLSTMCell has 8)
             others, many = sum(leaf.factored for leaf in leaves), len(fallbacks) > 1
             help_line = f"\n{FACTORABLE}" if any(line.endswith(NOT_FACTORABLE) for line in fallbacks) else ""
+            if not others:  # (a run labelled low rank whose every matrix gets dense noise)
+                help_line += ("\nNo matrix of this policy is factored: every member is materialised, as with full "
+                              "rank; use jes.FullRank() (jes train: --perturbation full_rank), or layers jes can factor.")
             warnings.warn(
                 f"LowRank: {len(fallbacks)} matrix parameter{'s' if many else ''} of this policy "
                 f"get{'' if many else 's'} full-rank noise, materialised per member for "
@@ -788,10 +791,23 @@ class LowRank:
                 LowRankFallbackWarning, stacklevel=_caller_outside_jes(),
             )
         factored = [leaf for leaf in leaves if leaf.factored]
+        # the smallest rank whose factors are no smaller than every matrix: any rank below gains on one
+        below = max((-(-leaf.rows * leaf.cols // (leaf.rows + leaf.cols)) for leaf in factored), default=1)
+        largest = max(factored, key=lambda leaf: (max(leaf.rows, leaf.cols), min(leaf.rows, leaf.cols)), default=None)
+        if largest is not None and self.rank > max(largest.rows, largest.cols):
+            # Refused, not only warned: a rank above both sides of every matrix buys nothing (a product A B^T has the
+            # matrix's rank at most), and the factors and the step's compile grow with it (a new user's --rank 100000
+            # on a 353-parameter MLP compiled for 12 minutes). Ranks up to it stay allowed (warned below).
+            m, n = largest.rows, largest.cols
+            raise ValueError(
+                f"LowRank(rank={self.rank}) is larger than both sides of every matrix this policy's perturbation "
+                f"factors (the largest: {'/'.join(largest.path)} {m}x{n}, whose products have rank {min(m, n)} at "
+                f"most): each member would draw {self.rank * (m + n):,} floats for its {m * n:,}, and the step's "
+                f"compile grows with the rank. Use jes.FullRank() (jes train: --perturbation full_rank)"
+                + (f", or a rank below {below}, where the factors are smaller than a matrix (--rank {below - 1})"
+                   if below > 1 else ""))
         if factored and all(self.rank * (leaf.rows + leaf.cols) >= leaf.rows * leaf.cols for leaf in factored):
             sides = ", ".join(f"{'/'.join(leaf.path)} {leaf.rows}x{leaf.cols}" for leaf in factored[:4])
-            # the smallest rank whose factors are no smaller than every matrix: any rank below gains on one
-            below = max(-(-leaf.rows * leaf.cols // (leaf.rows + leaf.cols)) for leaf in factored)
             warnings.warn(
                 f"LowRank(rank={self.rank}): a member's factors of every matrix it factors "
                 f"({sides}{', ...' if len(factored) > 4 else ''}) are no smaller than the matrix (r * (m + n) >= "
