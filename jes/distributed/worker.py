@@ -207,6 +207,14 @@ class _Link(threading.Thread):
         self._stopping.set()
         self.join(timeout=flush_seconds + 2)
         self._pipe_out.close(0)
+        if not self.is_alive():
+            # What the closed socket still queues (the goodbye) leaves when its context terminates, within the
+            # socket's linger. Nothing else terminated it: a worker leaving during a build ends with os._exit, and
+            # its goodbye was lost where ZMQ's I/O thread had not sent it yet (a loaded machine: the master then
+            # reported the worker lost, not left). Bounded: a socket still open would hold term() forever.
+            ender = threading.Thread(target=self.context.term, name="jes-worker-link-term", daemon=True)
+            ender.start()
+            ender.join(timeout=flush_seconds + 1)
 
     def _connect(self) -> None:
         if self._socket is not None:
