@@ -1199,3 +1199,15 @@ def load_sweep_file(path: str) -> dict:
             raise ValueError(f"sweep file {path}: log_dir must be a directory or \"none\", got {log_dir!r}")
         kwargs["log_dir"] = None if log_dir is None or log_dir.lower() == "none" else log_dir
     return kwargs
+
+
+class _CallableModule(type(sys)):
+    """``jes.sweep`` is this module and, called, its :func:`sweep`: ``jes.sweep(policy, env, optimizer, grid=...)``
+    is ``jes.sweep.sweep(...)``, as ``jes.train(...)`` and ``jes.optimize(...)`` are calls (without it, Python's
+    "'module' object is not callable")."""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> SweepResult:
+        return sweep(*args, **kwargs)
+
+
+sys.modules[__name__].__class__ = _CallableModule

@@ -115,10 +115,10 @@ def test_swept_seeds_and_rates_equal_standalone_runs_bit_for_bit(grid_result):
 
 
 def test_a_sweep_without_a_grid_equals_the_standalone_run_bit_for_bit():
-    """The case of issue 26: GRU 5x2, CartPole, adam, key 22, no grid (it differed in 113 of 367 parameters)."""
+    """The case of issue 26: GRU 5x2, CartPole, adam, key 22, no grid (it differed in 113 of 367 parameters).
+    Called as jes.sweep(...), as jes.train(...) is: the module, called, is its sweep function."""
     config = jes.ESConfig(num_generations=5, num_members=64, eval_episodes=8)
-    result = jes_sweep.sweep(jes.GRUPolicy(5, 2), "CartPole-v1", "adam", grid={}, seeds=[22], config=config,
-                             log_dir=None)
+    result = jes.sweep(jes.GRUPolicy(5, 2), "CartPole-v1", "adam", grid={}, seeds=[22], config=config, log_dir=None)
     alone = jes.train(jes.GRUPolicy(5, 2), "CartPole-v1", "adam", key=22, config=config, log_dir=None,
                       checkpoint_path=None, progress=False)
     assert_same_bits(result.run(0, 22), alone)
@@ -238,7 +238,8 @@ def test_sweep_is_reachable_after_import_jes():
     import subprocess
     import sys
 
-    code = "import jes; assert callable(jes.sweep.sweep) and callable(jes.sweep.load_sweep_file)"
+    code = ("import jes; assert callable(jes.sweep.sweep) and callable(jes.sweep.load_sweep_file); "
+            "assert callable(jes.sweep)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
 
