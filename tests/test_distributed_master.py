@@ -687,3 +687,29 @@ def test_messages_queued_by_a_replaced_connection_are_dropped_quietly(trainer, c
         assert "outside any session" not in caplog.text and master.stats["dropped"] == 0, caplog.text
     finally:
         master.close()
+
+
+def test_a_worker_of_an_earlier_master_is_asked_to_say_hello_again_without_warnings(trainer, caplog):
+    """A new user's trial: long-lived jes-workers, still in a session of the master before (a run resumed on the
+    same port), had each queued heartbeat and request logged at WARNING as "dropped a message ... outside any
+    session" by the new master, for what is the expected path: it answers rehello and they open a new session."""
+    master = make_master(trainer, Clock())
+    sent = []
+    master._send_frames = lambda identity, frames, kind, name: sent.append((identity, kind))
+    earlier = protocol.Session(master.key, "s" * 32)  # a session the master before this one opened
+    try:
+        with caplog.at_level("INFO", "jes.distributed.master"):
+            for message in ({"type": "heartbeat", "name": "fleet0"},
+                            {"type": "request", "name": "fleet0", "run": "r", "gen": 3, "hash": "h", "last_aid": 7},
+                            {"type": "heartbeat", "name": "fleet0"}):
+                master._receive([b"fleet0", *earlier.seal(message)])
+        assert sent == [(b"fleet0", "rehello")] * 3 and not master.workers
+        assert [r.levelname for r in caplog.records] == ["INFO"], caplog.text
+        assert "asked peer 666c65657430 to say hello again: its 'heartbeat' belongs to no session open here" \
+            in caplog.text
+        assert master.stats["rehello"] == 3 and master.stats["dropped"] == 3
+        with caplog.at_level("INFO", "jes.distributed.master"):  # once per connection
+            master._receive([b"fleet1", *earlier.seal({"type": "heartbeat", "name": "fleet1"})])
+        assert [r.levelname for r in caplog.records] == ["INFO", "INFO"], caplog.text
+    finally:
+        master.close()

@@ -260,6 +260,7 @@ class Master:
         self._connections: dict[str, tuple[int, bytes]] = {}
         self._replaced: dict[bytes, None] = {}  # identities of connections a newer one of their process replaced
         self._stale_said: set[str] = set()  # processes whose stale hello was logged
+        self._rehello_said: dict[bytes, None] = {}  # connections told to say hello again, logged once each
         self.assignments: dict[int, _Assignment] = {}
         self.stats = collections.Counter()
         self._next_aid = 1
@@ -532,6 +533,8 @@ class Master:
                 if isinstance(sid, str) and message["type"] != "bye":
                     self._send_frames(identity, protocol.encode({"type": "rehello", "sid": sid[:64]}, self.key),
                                       "rehello", identity.hex()[:12])
+                    self._told_to_rehello(identity, message["type"])
+                    return
                 raise ProtocolError(f"{message['type']!r} message outside any session")
             try:
                 worker.session.accept(message)
@@ -548,6 +551,20 @@ class Master:
             self.stats["dropped"] += 1
             self.stats["handler_errors"] += 1  # a validation gap: every malformed input should be a ProtocolError
             log.exception("error handling a message from peer %s; dropped", identity.hex()[:12])
+
+    def _told_to_rehello(self, identity: bytes, kind: str) -> None:
+        """A worker in a session not open here was told to say hello again: one of an earlier master on this address
+        (a long-lived jes-worker when a run resumes or a new one starts) or one this master dropped (silent too
+        long). Expected, so said once per connection at INFO, not warned of as other dropped messages are (each of
+        its queued heartbeats and requests was a WARNING line)."""
+        self.stats["dropped"] += 1
+        self.stats["rehello"] += 1
+        if identity not in self._rehello_said:
+            self._rehello_said[identity] = None
+            while len(self._rehello_said) > MAX_REMEMBERED_PROCESSES:
+                self._rehello_said.pop(next(iter(self._rehello_said)))
+            log.info("asked peer %s to say hello again: its %r belongs to no session open here (a worker of an "
+                     "earlier master on this address, or one this master dropped)", identity.hex()[:12], kind)
 
     def _hello(self, identity: bytes, message: dict) -> None:
         nonce = field(message, "nonce", str)
