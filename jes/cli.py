@@ -134,6 +134,9 @@ def _parser() -> argparse.ArgumentParser:
                        help="checkpoint file (default: checkpoint.ckpt in the log dir, or the --resume file; none with "
                             "--log-dir none); 'none' turns it off")
     train.add_argument("--checkpoint-every", type=int, default=10, help="generations between checkpoints")
+    train.add_argument("--save-policy", default=None, metavar="PATH",
+                       help="when the run ends, also write its final centre to PATH as a policy file (for jes eval PATH "
+                            "and jes.load_policy: loading one runs no code of the file's)")
     train.add_argument("--resume", default=None, nargs="?", const=True, metavar="CHECKPOINT",
                        help="continue from this checkpoint with the policy, env, strategy, optimizer and config stored in "
                             "it; flags may change --generations, --stop-at-return, --eval-every, --eval-episodes and "
@@ -191,6 +194,9 @@ def _parser() -> argparse.ArgumentParser:
                                "for gymnax CartPole/Pendulum and Gymnasium envs (their rgb_array frames), a .html for "
                                "brax envs")
     evaluate.add_argument("--render-steps", type=int, default=None, help="steps to draw at most (default: the episode limit)")
+    evaluate.add_argument("--save-policy", default=None, metavar="PATH",
+                          help="also write the checkpoint's centre to PATH as a policy file (for jes eval PATH and "
+                               "jes.load_policy: loading one runs no code of the file's)")
     evaluate.add_argument("--import", dest="imports", action="append", default=[], metavar="MODULE",
                           help="import this module of your own first (repeatable), e.g. one that registers the "
                                "Gymnasium env id the run used")
@@ -473,6 +479,8 @@ def _train(args: argparse.Namespace) -> int:
                   "(jes launch --devices-per-process K chooses them)", file=sys.stderr)
             return 2
         kwargs["distributed"] = True
+    if args.save_policy is not None:
+        _check_policy_path(args.save_policy, (args.checkpoint, args.resume))
     try:
         result = jes.train(policy, env or "CartPole-v1", optimizer, strategy=strategy or "openai_es", **kwargs)
     except jes.CheckpointSaveError as err:
@@ -482,6 +490,8 @@ def _train(args: argparse.Namespace) -> int:
     try:
         if jax.process_index() == 0:  # every process of a --distributed run has the same result
             print(result.summary())
+            if args.save_policy is not None:
+                _save_policy(result.trained_policy(), args.save_policy, result.checkpoint_path)
     except KeyboardInterrupt as interrupt:  # the run is done and saved: name its checkpoint
         interrupt.checkpoint_path = result.checkpoint_path
         raise
@@ -539,10 +549,15 @@ def _eval(args: argparse.Namespace) -> int:
     if args.render_steps is not None and args.render is None:
         raise ValueError(f"--render-steps {args.render_steps} is the length of the --render episode: add --render "
                          f"PATH, or drop --render-steps")
+    if args.save_policy is not None:
+        _check_policy_path(args.save_policy, (args.checkpoint,))
     # A policy file by its first bytes, or by its name when they are neither kind's (a damaged .policy file is then
     # called a policy file, not a checkpoint)
     if _starts_with(args.checkpoint, trained.POLICY_MAGIC) or (
             args.checkpoint.endswith(".policy") and not _starts_with(args.checkpoint, checkpoint.MAGIC)):
+        if args.save_policy is not None:
+            raise ValueError(f"--save-policy: {args.checkpoint} is a policy file already (copy it to "
+                             f"{args.save_policy}); --save-policy writes a checkpoint's centre")
         policy = trained.load_policy(args.checkpoint, allow_modules=args.allow_module)
         if args.render is not None:  # before the episodes are evaluated, as a checkpoint's
             from jes.render import check_render_path
@@ -571,6 +586,10 @@ def _eval(args: argparse.Namespace) -> int:
         from jes.render import check_render_path
 
         check_render_path(trainer.spec, args.render)
+    if args.save_policy is not None:  # before the episodes, as --render's path is checked
+        from jes.loop import trained_policy
+
+        _save_policy(trained_policy(trainer, state.params, state), args.save_policy)
     if trainer.spec.host:  # a Python simulator (Gymnasium): episodes stepped here, the policy compiled
         from jes.host_step import HostGeneration
 
@@ -587,6 +606,32 @@ def _eval(args: argparse.Namespace) -> int:
         render(trainer, state, args.render, as_key(args.seed), args.render_steps)
         print(f"rendered one episode to {args.render}")
     return 0
+
+
+def _check_policy_path(path: str, others: tuple) -> None:
+    """Refuse a --save-policy path that would replace the run's own checkpoint, or whose folder is not there, before
+    anything runs."""
+    target = os.path.realpath(path)
+    for other in others:
+        if isinstance(other, str) and os.path.realpath(other) == target:
+            raise ValueError(f"--save-policy {path} is the run's checkpoint: a policy file would replace it; give the "
+                             f"policy file a path of its own (x.policy)")
+    if os.path.isdir(path):
+        raise ValueError(f"--save-policy {path} is a folder: give a file's path (x.policy)")
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        raise ValueError(f"--save-policy {path}: its folder {folder} does not exist (create it, or give another path)")
+
+
+def _save_policy(policy, path: str, checkpoint_path: str | None = None) -> None:
+    """Write ``policy`` to ``path`` and say so; a failure is said with what still holds the centre."""
+    try:
+        policy.save(path)
+    except (OSError, ValueError) as err:
+        kept = f"; the run's checkpoint {checkpoint_path} holds it (jes eval {checkpoint_path} --save-policy PATH)" \
+            if checkpoint_path else ""
+        raise ValueError(f"--save-policy: could not write {path}: {err}{kept}") from err
+    print(f"saved the centre policy to {path} (jes eval {path}; jes.load_policy)")
 
 
 def _log_distributed() -> None:

@@ -78,7 +78,7 @@ def test_quickstart_module_prints_each_generation_once_when_its_output_is_not_a_
 def trained(tmp_path_factory):
     root = tmp_path_factory.mktemp("cli")
     out = jes_cmd("train", *SMALL_FLAGS, "--generations", "2", "--optimizer", "novograd", "--seed", "4",
-                  "--log-dir", str(root / "run"), cwd=str(root))
+                  "--log-dir", str(root / "run"), "--save-policy", str(root / "final.policy"), cwd=str(root))
     assert out.returncode == 0, out.stderr
     return root, out
 
@@ -88,6 +88,7 @@ def test_short_train_run_writes_logs_and_checkpoint(trained):
     assert "CartPole-v1 with novograd: 2 generations" in out.stdout
     assert f"logs: {root / 'run'}; checkpoint: {root / 'run' / 'checkpoint.ckpt'}" in out.stdout
     assert "generation 1/2: mean" in out.stdout  # not a terminal: a line per generation
+    assert f"saved the centre policy to {root / 'final.policy'}" in out.stdout
     ckpt = checkpoint.read(str(root / "run" / "checkpoint.ckpt"))
     assert ckpt.generation == 2 and ckpt.optimizer == "novograd" and ckpt.meta["config"]["num_members"] == 16
     assert any(name.startswith("events.out.tfevents") for name in os.listdir(root / "run"))
@@ -141,6 +142,29 @@ def test_eval_of_a_saved_policy_file_gives_its_checkpoints_returns(trained, tmp_
     assert cli.main(["eval", path, "--episodes", "6"]) == 0
     out = capsys.readouterr().out
     assert "saved policy" in out and returns(out) == from_checkpoint  # the same episodes, the same bits
+    # The command line writes the same file: jes train --save-policy (the fixture's run), jes eval --save-policy
+    assert cli.main(["eval", ckpt, "--episodes", "6", "--save-policy", str(tmp_path / "from_eval.policy")]) == 0
+    assert returns(capsys.readouterr().out) == from_checkpoint
+    written = [jes.load_policy(str(p)) for p in (path, root / "final.policy", tmp_path / "from_eval.policy")]
+    assert all(p.flat_params.tobytes() == written[0].flat_params.tobytes() and p.env_name == "CartPole-v1"
+               for p in written)
+
+
+def test_save_policy_paths_are_refused_before_anything_runs(trained, tmp_path, capsys):
+    """--save-policy over the run's own checkpoint, into a folder that is not there, of a policy file."""
+    root, _ = trained
+    ckpt = str(tmp_path / "c.ckpt")
+    shutil.copy(root / "run" / "checkpoint.ckpt", ckpt)
+    for argv, message in (
+            (["eval", ckpt, "--save-policy", ckpt], f"--save-policy {ckpt} is the run's checkpoint"),
+            (["eval", ckpt, "--save-policy", str(tmp_path / "no" / "x.policy")], "its folder"),
+            (["eval", str(root / "final.policy"), "--save-policy", str(tmp_path / "x.policy")],
+             "is a policy file already"),
+            (["train", "--resume", ckpt, "--generations", "3", "--save-policy", ckpt], "is the run's checkpoint"),
+            (["train", "--generations", "1", "--log-dir", "none", "--save-policy", str(tmp_path)], "is a folder")):
+        assert cli.main(argv) == 2, argv
+        assert message in capsys.readouterr().err, argv
+    assert checkpoint.read(ckpt).generation == 2 and not os.path.exists(tmp_path / "x.policy")
 
 
 @pytest.mark.hard_timeout(300)
