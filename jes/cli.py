@@ -674,7 +674,9 @@ def _sweep(args: argparse.Namespace) -> int:
     if args.out_dir is not None:
         kwargs["out_dir"] = args.out_dir
     result = sweep(**kwargs, vmap=args.vmap and not args.no_vmap, resume=args.resume)
-    keys = [k for k in result.rows[0] if k in kwargs["grid"]]
+    # the swept keys (a file's fixed [config] values are in the grid too, the same in every row)
+    swept = [k for k, v in kwargs["grid"].items() if isinstance(v, (list, tuple)) and len(v) > 1]
+    keys = [k for k in result.rows[0] if k in swept]
     for row in result.rows:
         values = ", ".join(f"{k}={row[k]}" for k in keys) or "base"
         score, seeds, failed = row["final_centre_return_mean"], len(row["seeds"].split()), row.get("failed", 0)

@@ -732,6 +732,9 @@ def sweep(
     rows: list[dict] = [kept.get(i, {}) for i in range(len(points))]
     runs: list[SweepRun] = []
     shown = [_shown_point(point, grid, base) for point in points]
+    # Runs are named in progress and failure lines by their swept values (a fixed value in the grid, such as a sweep
+    # file's [config] scalar, would repeat in every label), as their folders are
+    named = [{k: v for k, v in s.items() if k in swept} for s in shown]
     # SIGTERM (kill, timeout, a cluster scheduler) as Ctrl-C, where it would end the process unhandled: the finished
     # rows are written, then the process ends as SIGTERM ends it (as jes.train takes it)
     taking_sigterm = interrupts.SigtermAsInterrupt(unless_handled=True)
@@ -740,8 +743,8 @@ def sweep(
         try:
             for group, (indices, trainer) in enumerate(zip(to_run, trainers)):
                 interrupts.raise_if_terminated()  # (a SIGTERM dropped while the last group finished or compiled)
-                _run_group(trainer, indices, points, seeds, batched, shown, vmap, callbacks, base, swept, grid,
-                           optimizer, run_names, log_dir, rows, runs)
+                _run_group(trainer, indices, points, seeds, batched, shown, named, vmap, callbacks, base, swept,
+                           grid, optimizer, run_names, log_dir, rows, runs)
                 if out_dir is not None and group + 1 < len(to_run):
                     # The finished groups' table, so that a sweep killed outright (SIGKILL, an OOM) keeps them
                     with interrupts.interrupts_deferred():
@@ -762,21 +765,21 @@ def sweep(
         where = (f"the error column of their rows in {result.csv_path} and {result.json_path}" if result.csv_path
                  else "the error column of their rows (result.rows) and result.run(config_index, seed).error")
         print(f"sweep: {len(failed)} of {len(runs)} runs failed "
-              f"({'; '.join(run_label(shown[r.config_index], r.seed) for r in failed)}); the reasons are in {where}; "
+              f"({'; '.join(run_label(named[r.config_index], r.seed) for r in failed)}); the reasons are in {where}; "
               f"each row's means are over its seeds that did not fail", file=sys.stderr)
     return result
 
 
 def _run_group(trainer: Trainer, indices: list[int], points: list[dict], seeds: list[int], batched: list[str],
-               shown: list[dict], vmap: bool, callbacks: Sequence[Callback], base: ESConfig, swept: list[str],
-               grid: Mapping[str, Any], optimizer: Any, run_names: list[str], log_dir: str | None, rows: list[dict],
-               runs: list[SweepRun]) -> None:
+               shown: list[dict], named: list[dict], vmap: bool, callbacks: Sequence[Callback], base: ESConfig,
+               swept: list[str], grid: Mapping[str, Any], optimizer: Any, run_names: list[str], log_dir: str | None,
+               rows: list[dict], runs: list[SweepRun]) -> None:
     """Run one compile group's configurations for every seed: its runs go into ``runs``, its rows into ``rows`` (at
     their configuration's index), its TensorBoard runs into ``log_dir``."""
     members = [(i, seed) for i in indices for seed in seeds]
     states = [_with_hyperparams(trainer.init_state(seed), {k: points[i][k] for k in batched}) for i, seed in members]
     stacked = jax.tree.map(lambda *x: jnp.stack(x), *states)
-    labels = [run_label(shown[i], seed) for i, seed in members]
+    labels = [run_label(named[i], seed) for i, seed in members]
     t0 = time.perf_counter()
     final, history, compile_time, ends = run_batch(
         trainer, stacked, vmap=vmap, labels=labels, callbacks=callbacks,

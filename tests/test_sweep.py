@@ -520,13 +520,14 @@ def test_jes_sweep_writes_the_table_and_exits_1_when_runs_failed(tmp_path, capsy
                     'learning_rate = [0.05, 1e38]\n')
     assert cli.main(["sweep", str(path), "--out-dir", str(tmp_path / "out")]) == 1
     out, err = capsys.readouterr()
-    assert "learning_rate=1e+38: failed (seed 0: non-finite" in out
-    # Said once (jes sweep said it again), naming the run and where its reason is
+    assert "\nlearning_rate=1e+38: failed (seed 0: non-finite" in "\n" + out, out
+    # Said once (jes sweep said it again), naming the run by its swept values (not the file's fixed [config] values,
+    # which a trial found repeated in every label) and where its reason is
     out_dir = tmp_path / "out"
     assert err.count("runs failed") == 1 and (
-        f"sweep: 1 of 2 runs failed (num_members=8, num_generations=3, eval_episodes=2, max_episode_steps=20, "
-        f"learning_rate=1e+38, seed 0); the reasons are in the error column of their rows "
+        f"sweep: 1 of 2 runs failed (learning_rate=1e+38, seed 0); the reasons are in the error column of their rows "
         f"in {out_dir / 'sweep.csv'} and {out_dir / 'sweep.json'}") in err, err
+    assert "sweep: learning_rate=1e+38, seed 0 failed: non-finite" in err, err
     with open(tmp_path / "out" / "sweep.csv") as f:
         assert [r["status"] for r in csv.DictReader(f)] == ["completed", "failed"]
 
@@ -933,7 +934,7 @@ def _rows_without_training(monkeypatch, interrupt_after: bool = False) -> list:
     came after the group's rows, before the table was written); returns the groups' indices, one list a group."""
     groups = []
 
-    def fake(trainer, indices, points, seeds, batched, shown, vmap, callbacks, base, swept, grid, optimizer,
+    def fake(trainer, indices, points, seeds, batched, shown, named, vmap, callbacks, base, swept, grid, optimizer,
              run_names, log_dir, rows, runs):
         groups.append(list(indices))
         for i in indices:
