@@ -480,11 +480,20 @@ def _train(args: argparse.Namespace) -> int:
             return 2
         kwargs["distributed"] = True
     if args.save_policy is not None:
-        _check_policy_path(args.save_policy, (args.checkpoint, args.resume))
+        log_dir = _none(args.log_dir)
+        own = os.path.join(log_dir, "checkpoint.ckpt") if args.checkpoint is None and log_dir and \
+            log_dir != "runs/<auto>" else None
+        _check_policy_path(args.save_policy, (args.checkpoint, args.resume, own))
     try:
         result = jes.train(policy, env or "CartPole-v1", optimizer, strategy=strategy or "openai_es", **kwargs)
-    except jes.CheckpointSaveError as err:
-        return _save_failed(err)
+    except BaseException as err:
+        stopped = (KeyboardInterrupt, jes.CheckpointSaveError, jes.NonFiniteFitnessError, jes.NonFiniteUpdateError)
+        if args.save_policy is not None and isinstance(err, stopped):  # (Ctrl-C, SIGTERM, a failed save, diverged)
+            print(f"jes train: --save-policy {args.save_policy} was not written (the run did not finish); jes eval "
+                  f"CHECKPOINT --save-policy {args.save_policy} writes a checkpoint's centre", file=sys.stderr)
+        if isinstance(err, jes.CheckpointSaveError):
+            return _save_failed(err)
+        raise
     import jax
 
     try:
@@ -609,23 +618,35 @@ def _eval(args: argparse.Namespace) -> int:
 
 
 def _check_policy_path(path: str, others: tuple) -> None:
-    """Refuse a --save-policy path that would replace the run's own checkpoint, or whose folder is not there, before
-    anything runs."""
+    """Refuse, before anything runs, a --save-policy path that would replace the run's own checkpoint, is a folder, or
+    lies where no file can be made (its nearest existing folder is a file, or not writable); missing folders are made
+    when it is written (as the log dir's are)."""
+    _refuse_the_checkpoint(path, others)
+    if os.path.isdir(path):
+        raise ValueError(f"--save-policy {path} is a folder: give a file's path (x.policy)")
+    folder = os.path.dirname(os.path.abspath(path))
+    while not os.path.exists(folder) and os.path.dirname(folder) != folder:
+        folder = os.path.dirname(folder)
+    if not os.path.isdir(folder):
+        raise ValueError(f"--save-policy {path}: {folder} is a file, not a folder: give another path")
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise ValueError(f"--save-policy {path}: the folder {folder} is not writable here: give another path")
+
+
+def _refuse_the_checkpoint(path: str, others: tuple) -> None:
     target = os.path.realpath(path)
     for other in others:
         if isinstance(other, str) and os.path.realpath(other) == target:
             raise ValueError(f"--save-policy {path} is the run's checkpoint: a policy file would replace it; give the "
                              f"policy file a path of its own (x.policy)")
-    if os.path.isdir(path):
-        raise ValueError(f"--save-policy {path} is a folder: give a file's path (x.policy)")
-    folder = os.path.dirname(os.path.abspath(path))
-    if not os.path.isdir(folder):
-        raise ValueError(f"--save-policy {path}: its folder {folder} does not exist (create it, or give another path)")
 
 
 def _save_policy(policy, path: str, checkpoint_path: str | None = None) -> None:
-    """Write ``policy`` to ``path`` and say so; a failure is said with what still holds the centre."""
+    """Write ``policy`` to ``path`` (making its folders) and say so; a failure is said with what still holds the
+    centre."""
+    _refuse_the_checkpoint(path, (checkpoint_path,))  # (an automatic log dir's checkpoint is known only now)
     try:
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
         policy.save(path)
     except (OSError, ValueError) as err:
         kept = f"; the run's checkpoint {checkpoint_path} holds it (jes eval {checkpoint_path} --save-policy PATH)" \
@@ -674,9 +695,8 @@ def _sweep(args: argparse.Namespace) -> int:
     if args.out_dir is not None:
         kwargs["out_dir"] = args.out_dir
     result = sweep(**kwargs, vmap=args.vmap and not args.no_vmap, resume=args.resume)
-    # the swept keys (a file's fixed [config] values are in the grid too, the same in every row)
-    swept = [k for k, v in kwargs["grid"].items() if isinstance(v, (list, tuple)) and len(v) > 1]
-    keys = [k for k in result.rows[0] if k in swept]
+    # the grid's values that differ between rows (a file's fixed [config] values are in the grid too)
+    keys = [k for k in result.rows[0] if k in kwargs["grid"] and len({repr(r.get(k)) for r in result.rows}) > 1]
     for row in result.rows:
         values = ", ".join(f"{k}={row[k]}" for k in keys) or "base"
         score, seeds, failed = row["final_centre_return_mean"], len(row["seeds"].split()), row.get("failed", 0)

@@ -732,9 +732,11 @@ def sweep(
     rows: list[dict] = [kept.get(i, {}) for i in range(len(points))]
     runs: list[SweepRun] = []
     shown = [_shown_point(point, grid, base) for point in points]
-    # Runs are named in progress and failure lines by their swept values (a fixed value in the grid, such as a sweep
-    # file's [config] scalar, would repeat in every label), as their folders are
-    named = [{k: v for k, v in s.items() if k in swept} for s in shown]
+    # Runs are named in progress and failure lines by the values that tell their points apart (a fixed value in the
+    # grid, such as a sweep file's [config] scalar, would repeat in every label; a swept jes.LowRank(2) and
+    # jes.LowRank(4) differ in perturbation_rank, which the grid does not name)
+    differing = {k for k in shown[0] if len({repr(s.get(k)) for s in shown}) > 1} if shown else set()
+    named = [{k: v for k, v in s.items() if k in differing} for s in shown]
     # SIGTERM (kill, timeout, a cluster scheduler) as Ctrl-C, where it would end the process unhandled: the finished
     # rows are written, then the process ends as SIGTERM ends it (as jes.train takes it)
     taking_sigterm = interrupts.SigtermAsInterrupt(unless_handled=True)

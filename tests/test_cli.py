@@ -143,9 +143,9 @@ def test_eval_of_a_saved_policy_file_gives_its_checkpoints_returns(trained, tmp_
     out = capsys.readouterr().out
     assert "saved policy" in out and returns(out) == from_checkpoint  # the same episodes, the same bits
     # The command line writes the same file: jes train --save-policy (the fixture's run), jes eval --save-policy
-    assert cli.main(["eval", ckpt, "--episodes", "6", "--save-policy", str(tmp_path / "from_eval.policy")]) == 0
+    assert cli.main(["eval", ckpt, "--episodes", "6", "--save-policy", str(tmp_path / "new" / "from_eval.policy")]) == 0
     assert returns(capsys.readouterr().out) == from_checkpoint
-    written = [jes.load_policy(str(p)) for p in (path, root / "final.policy", tmp_path / "from_eval.policy")]
+    written = [jes.load_policy(str(p)) for p in (path, root / "final.policy", tmp_path / "new" / "from_eval.policy")]
     assert all(p.flat_params.tobytes() == written[0].flat_params.tobytes() and p.env_name == "CartPole-v1"
                for p in written)
 
@@ -155,9 +155,12 @@ def test_save_policy_paths_are_refused_before_anything_runs(trained, tmp_path, c
     root, _ = trained
     ckpt = str(tmp_path / "c.ckpt")
     shutil.copy(root / "run" / "checkpoint.ckpt", ckpt)
+    (tmp_path / "afile").write_text("")
     for argv, message in (
             (["eval", ckpt, "--save-policy", ckpt], f"--save-policy {ckpt} is the run's checkpoint"),
-            (["eval", ckpt, "--save-policy", str(tmp_path / "no" / "x.policy")], "its folder"),
+            (["eval", ckpt, "--save-policy", str(tmp_path / "afile" / "x.policy")], "afile is a file, not a folder"),
+            (["train", "--generations", "1", "--log-dir", str(tmp_path / "run"), "--save-policy",
+              str(tmp_path / "run" / "checkpoint.ckpt")], "is the run's checkpoint"),  # the log dir's, by default
             (["eval", str(root / "final.policy"), "--save-policy", str(tmp_path / "x.policy")],
              "is a policy file already"),
             (["train", "--resume", ckpt, "--generations", "3", "--save-policy", ckpt], "is the run's checkpoint"),
@@ -165,6 +168,20 @@ def test_save_policy_paths_are_refused_before_anything_runs(trained, tmp_path, c
         assert cli.main(argv) == 2, argv
         assert message in capsys.readouterr().err, argv
     assert checkpoint.read(ckpt).generation == 2 and not os.path.exists(tmp_path / "x.policy")
+    assert not os.path.exists(tmp_path / "run")  # refused before anything ran
+
+
+def test_a_save_policy_the_run_never_reached_is_said(monkeypatch, tmp_path, capsys):
+    """A run that does not finish (Ctrl-C, SIGTERM, a diverged update) writes no policy file: said, with how to write
+    it from the checkpoint."""
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(jes, "train", interrupted)
+    path = str(tmp_path / "new" / "x.policy")  # a folder to be made when it is written
+    assert cli.main(["train", "--generations", "1", "--log-dir", "none", "--save-policy", path]) == 130
+    assert (f"--save-policy {path} was not written (the run did not finish); jes eval CHECKPOINT --save-policy {path}"
+            in capsys.readouterr().err)
 
 
 @pytest.mark.hard_timeout(300)

@@ -711,5 +711,12 @@ def test_a_worker_of_an_earlier_master_is_asked_to_say_hello_again_without_warni
         with caplog.at_level("INFO", "jes.distributed.master"):  # once per connection
             master._receive([b"fleet1", *earlier.seal({"type": "heartbeat", "name": "fleet1"})])
         assert [r.levelname for r in caplog.records] == ["INFO", "INFO"], caplog.text
+        # A large fleet's rehellos spend none of the 20 warnings of messages dropped for other reasons
+        for _ in range(30):
+            master._receive([b"fleet1", *earlier.seal({"type": "heartbeat", "name": "fleet1"})])
+        caplog.clear()
+        with caplog.at_level("INFO", "jes.distributed.master"):
+            master._receive([b"odd", *protocol.encode({"type": "heartbeat", "name": "odd"}, master.key)])  # no sid
+        assert [r.levelname for r in caplog.records] == ["WARNING"] and "(1 dropped so far)" in caplog.text
     finally:
         master.close()

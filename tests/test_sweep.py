@@ -280,6 +280,17 @@ def test_swept_perturbation_objects_are_rows_of_a_name_and_a_rank(tmp_path):
     assert [(r["perturbation"], r["perturbation_rank"]) for r in table] == [("full_rank", "1"), ("low_rank", "2")]
 
 
+def test_runs_are_labelled_by_the_values_that_tell_their_points_apart():
+    """Labels list the values that differ between points: not a fixed value in the grid (a sweep file's [config]
+    scalar), and the rank of swept jes.LowRank objects, which the grid names only as perturbation (a review found
+    LowRank(2) and LowRank(4) both labelled "perturbation=low_rank, seed 0")."""
+    runs = []
+    jes_sweep.sweep(jes.MLPPolicy((8,)), "CartPole-v1", "adam", config=BASE.replace(num_generations=1), seeds=[0],
+                    log_dir=None, grid={"perturbation": [jes.LowRank(1), jes.LowRank(2)], "eval_episodes": 2},
+                    callbacks=[lambda record: runs.append(record["run"])])
+    assert runs == ["perturbation_rank=1, seed 0", "perturbation_rank=2, seed 0"]
+
+
 def test_a_grid_point_a_strategy_or_perturbation_refuses_stops_the_sweep_before_any_point_trains(monkeypatch):
     trained = []
     monkeypatch.setattr(jes_sweep, "run_batch", lambda *a, **k: trained.append(1) or (_ for _ in ()).throw(AssertionError))

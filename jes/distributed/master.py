@@ -544,9 +544,10 @@ class Master:
             self._handle(identity, message)
         except ProtocolError as err:
             self.stats["dropped"] += 1
-            if self.stats["dropped"] <= 20 or self.stats["dropped"] % 1000 == 0:
+            unexpected = self.stats["dropped"] - self.stats["rehello"]  # (a fleet's rehellos spend none of the 20)
+            if unexpected <= 20 or unexpected % 1000 == 0:
                 log.warning("dropped a message from peer %s: %s (%d dropped so far)", identity.hex()[:12], err,
-                            self.stats["dropped"])
+                            unexpected)
         except Exception:  # an authenticated peer sent something we failed on: never take the master down
             self.stats["dropped"] += 1
             self.stats["handler_errors"] += 1  # a validation gap: every malformed input should be a ProtocolError
