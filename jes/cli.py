@@ -487,10 +487,14 @@ def _train(args: argparse.Namespace) -> int:
     try:
         result = jes.train(policy, env or "CartPole-v1", optimizer, strategy=strategy or "openai_es", **kwargs)
     except BaseException as err:
-        stopped = (KeyboardInterrupt, jes.CheckpointSaveError, jes.NonFiniteFitnessError, jes.NonFiniteUpdateError)
-        if args.save_policy is not None and isinstance(err, stopped):  # (Ctrl-C, SIGTERM, a failed save, diverged)
+        # (Ctrl-C and SIGTERM: said with the checkpoint they leave, by _saved_note)
+        if args.save_policy is not None and isinstance(err, (jes.CheckpointSaveError, jes.NonFiniteFitnessError,
+                                                             jes.NonFiniteUpdateError)):
+            kept = getattr(getattr(err, "result", None), "checkpoint_path", None)
+            kept = kept if isinstance(err, jes.NonFiniteFitnessError | jes.NonFiniteUpdateError) and kept and \
+                os.path.exists(kept) else "CHECKPOINT"
             print(f"jes train: --save-policy {args.save_policy} was not written (the run did not finish); jes eval "
-                  f"CHECKPOINT --save-policy {args.save_policy} writes a checkpoint's centre", file=sys.stderr)
+                  f"{kept} --save-policy {args.save_policy} writes a checkpoint's centre", file=sys.stderr)
         if isinstance(err, jes.CheckpointSaveError):
             return _save_failed(err)
         raise
@@ -501,6 +505,7 @@ def _train(args: argparse.Namespace) -> int:
             print(result.summary())
             if args.save_policy is not None:
                 _save_policy(result.trained_policy(), args.save_policy, result.checkpoint_path)
+                args.policy_written = True  # (an interrupt after it: _saved_note says nothing of it)
     except KeyboardInterrupt as interrupt:  # the run is done and saved: name its checkpoint
         interrupt.checkpoint_path = result.checkpoint_path
         raise
@@ -558,15 +563,16 @@ def _eval(args: argparse.Namespace) -> int:
     if args.render_steps is not None and args.render is None:
         raise ValueError(f"--render-steps {args.render_steps} is the length of the --render episode: add --render "
                          f"PATH, or drop --render-steps")
+    is_policy = _starts_with(args.checkpoint, trained.POLICY_MAGIC) or (
+        args.checkpoint.endswith(".policy") and not _starts_with(args.checkpoint, checkpoint.MAGIC))
+    if args.save_policy is not None and is_policy:
+        raise ValueError(f"--save-policy: {args.checkpoint} is a policy file already (copy it to "
+                         f"{args.save_policy}); --save-policy writes a checkpoint's centre")
     if args.save_policy is not None:
         _check_policy_path(args.save_policy, (args.checkpoint,))
     # A policy file by its first bytes, or by its name when they are neither kind's (a damaged .policy file is then
     # called a policy file, not a checkpoint)
-    if _starts_with(args.checkpoint, trained.POLICY_MAGIC) or (
-            args.checkpoint.endswith(".policy") and not _starts_with(args.checkpoint, checkpoint.MAGIC)):
-        if args.save_policy is not None:
-            raise ValueError(f"--save-policy: {args.checkpoint} is a policy file already (copy it to "
-                             f"{args.save_policy}); --save-policy writes a checkpoint's centre")
+    if is_policy:
         policy = trained.load_policy(args.checkpoint, allow_modules=args.allow_module)
         if args.render is not None:  # before the episodes are evaluated, as a checkpoint's
             from jes.render import check_render_path
@@ -624,6 +630,11 @@ def _check_policy_path(path: str, others: tuple) -> None:
     _refuse_the_checkpoint(path, others)
     if os.path.isdir(path):
         raise ValueError(f"--save-policy {path} is a folder: give a file's path (x.policy)")
+    from jes import trained
+
+    if os.path.exists(path) and not _starts_with(path, trained.POLICY_MAGIC):  # another run's checkpoint, say
+        raise ValueError(f"--save-policy {path} exists and is not a policy file (a checkpoint, or another file): it "
+                         f"would be replaced; give a path of its own, or delete it first")
     folder = os.path.dirname(os.path.abspath(path))
     while not os.path.exists(folder) and os.path.dirname(folder) != folder:
         folder = os.path.dirname(folder)
@@ -862,11 +873,14 @@ def _saved_note(args: argparse.Namespace, interrupt: KeyboardInterrupt) -> str:
             return f" (process {jax.process_index()}; process 0 writes the run's checkpoint and names it)"
     save_error = getattr(interrupt, "save_error", None)  # the save on the interrupt failed (a full disk)
     failed = f"saving it failed ({getattr(save_error, 'reason', None) or save_error})" if save_error else None
+    policy = getattr(args, "save_policy", None) if not getattr(args, "policy_written", False) else None
     for path in (getattr(interrupt, "checkpoint_path", None), args.resume):
         if isinstance(path, str) and os.path.exists(path):  # (args.resume is True for --resume given no file)
+            unwritten = f"; --save-policy {policy} was not written: jes eval {path} --save-policy {policy} writes " \
+                "its centre" if policy else ""
             if failed:
-                return f" (the newest generations are not in checkpoint {path}: {failed}; continue from it with --resume {path})"
-            return f" (checkpoint {path}; continue with --resume {path})"
+                return f" (the newest generations are not in checkpoint {path}: {failed}; continue from it with --resume {path}{unwritten})"
+            return f" (checkpoint {path}; continue with --resume {path}{unwritten})"
     if failed:
         why = failed
     elif args.checkpoint is not None and _none(args.checkpoint) is None:
@@ -876,7 +890,8 @@ def _saved_note(args: argparse.Namespace, interrupt: KeyboardInterrupt) -> str:
                "keep one")
     else:  # an interrupt once the generations run saves the run (a second Ctrl-C waits for the save): none came before
         why = "interrupted before the first generation ran"
-    return f" (no checkpoint was saved: {why}; there is nothing to --resume)"
+    unwritten = f"; nor --save-policy {policy}: the run ended before it" if policy else ""
+    return f" (no checkpoint was saved: {why}; there is nothing to --resume{unwritten})"
 
 
 def _for_command(message: str, command: str) -> str:

@@ -168,3 +168,15 @@ class ESConfig:
             value = getattr(self, f.name)
             out[f.name] = repr(value) if callable(value) else value
         return out
+
+
+def checked_config(config: object) -> "ESConfig":
+    """``config`` (``None``: the defaults) as an :class:`ESConfig`, or a ``TypeError`` saying what to pass: a dict of
+    fields failed later as "'dict' object has no attribute 'replace'"."""
+    if config is None:
+        return ESConfig()
+    if not isinstance(config, ESConfig):
+        hint = (f"jes.ESConfig(**{{...}}) of your dict, or its fields as keywords ({next(iter(config))}=...)"
+                if isinstance(config, dict) and config else "jes.ESConfig(num_members=256, ...)")
+        raise TypeError(f"config must be a jes.ESConfig, got {type(config).__name__}: pass {hint}")
+    return config

@@ -29,7 +29,7 @@ from jes.distributed.local import LOCAL_MASTER_OPTIONS, LocalWorkers, new_secret
 from jes.distributed.master import Master
 from jes import describe
 from jes.describe import DescriptionError
-from jes.config import ESConfig
+from jes.config import ESConfig, checked_config
 from jes.envs import gymnasium as gymnasium_envs
 from jes.envs import gymnax as gymnax_envs
 from jes.envs.spec import maps_box_otherwise_than_before
@@ -652,7 +652,8 @@ def train(
     primary = jax.process_index() == 0
     if overrides:
         _check_mirrored_population(strategy, overrides)
-    config = (config or ESConfig()).replace(**overrides) if overrides else (config or ESConfig())
+    config = checked_config(config)
+    config = config.replace(**overrides) if overrides else config
     own_checkpoint = resume is True  # (a requeued job's run: what it finds in its folder is its own earlier start)
     resume = own_checkpoint_to_resume(resume, log_dir, checkpoint_path)
     restored = None

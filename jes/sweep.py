@@ -46,7 +46,7 @@ import optax
 from jes import interrupts, perturbations, strategies as jes_strategies
 from jes.arrays import check_seed
 from jes.atomic import write_atomically
-from jes.config import ESConfig
+from jes.config import ESConfig, checked_config
 from jes.logging import TensorBoardLogger, default_run_name, has_event_files, unique_dir
 from jes.policies import GRUPolicy, MLPPolicy
 from jes.generation import Trainer, TrainState
@@ -675,7 +675,7 @@ def sweep(
     ``grid["optimizer"][1]``). Every folder name is checked before anything trains (one the file system refuses,
     or two configurations in one folder, raise ``ValueError``).
     """
-    base = config or ESConfig()
+    base = checked_config(config)
     seeds = _checked_seeds(seeds)
     points = _without_full_rank_duplicates(expand_grid(dict(grid)), base)
     check_points(points, base, strategy, optimizer)
@@ -1211,8 +1211,7 @@ class _CallableModule(type(sys)):
     is ``jes.sweep.sweep(...)``, as ``jes.train(...)`` and ``jes.optimize(...)`` are calls (without it, Python's
     "'module' object is not callable")."""
 
-    def __call__(self, *args: Any, **kwargs: Any) -> SweepResult:
-        return sweep(*args, **kwargs)
+    __call__ = staticmethod(sweep)  # the function itself: no frame of its own between a warning and the caller
 
 
 sys.modules[__name__].__class__ = _CallableModule

@@ -164,14 +164,18 @@ def test_save_policy_paths_are_refused_before_anything_runs(trained, tmp_path, c
             (["eval", str(root / "final.policy"), "--save-policy", str(tmp_path / "x.policy")],
              "is a policy file already"),
             (["train", "--resume", ckpt, "--generations", "3", "--save-policy", ckpt], "is the run's checkpoint"),
-            (["train", "--generations", "1", "--log-dir", "none", "--save-policy", str(tmp_path)], "is a folder")):
+            (["train", "--generations", "1", "--log-dir", "none", "--save-policy", str(tmp_path)], "is a folder"),
+            (["train", "--generations", "1", "--log-dir", "none", "--save-policy", ckpt],  # another run's checkpoint
+             f"--save-policy {ckpt} exists and is not a policy file"),
+            (["eval", str(root / "final.policy"), "--save-policy", str(root / "final.policy")],  # the file it reads
+             "is a policy file already")):
         assert cli.main(argv) == 2, argv
         assert message in capsys.readouterr().err, argv
     assert checkpoint.read(ckpt).generation == 2 and not os.path.exists(tmp_path / "x.policy")
     assert not os.path.exists(tmp_path / "run")  # refused before anything ran
 
 
-def test_a_save_policy_the_run_never_reached_is_said(monkeypatch, tmp_path, capsys):
+def test_a_save_policy_the_run_never_reached_is_said(trained, monkeypatch, tmp_path, capsys):
     """A run that does not finish (Ctrl-C, SIGTERM, a diverged update) writes no policy file: said, with how to write
     it from the checkpoint."""
     def interrupted(*args, **kwargs):
@@ -180,8 +184,13 @@ def test_a_save_policy_the_run_never_reached_is_said(monkeypatch, tmp_path, caps
     monkeypatch.setattr(jes, "train", interrupted)
     path = str(tmp_path / "new" / "x.policy")  # a folder to be made when it is written
     assert cli.main(["train", "--generations", "1", "--log-dir", "none", "--save-policy", path]) == 130
-    assert (f"--save-policy {path} was not written (the run did not finish); jes eval CHECKPOINT --save-policy {path}"
+    assert (f"there is nothing to --resume; nor --save-policy {path}: the run ended before it)"
             in capsys.readouterr().err)
+    ckpt = tmp_path / "run.ckpt"  # the interrupted run's checkpoint: named with how to write its centre
+    shutil.copy(trained[0] / "run" / "checkpoint.ckpt", ckpt)
+    assert cli.main(["train", "--resume", str(ckpt), "--save-policy", path]) == 130
+    assert (f"continue with --resume {ckpt}; --save-policy {path} was not written: jes eval {ckpt} --save-policy "
+            f"{path} writes its centre)" in capsys.readouterr().err)
 
 
 @pytest.mark.hard_timeout(300)

@@ -280,6 +280,16 @@ def test_swept_perturbation_objects_are_rows_of_a_name_and_a_rank(tmp_path):
     assert [(r["perturbation"], r["perturbation_rank"]) for r in table] == [("full_rank", "1"), ("low_rank", "2")]
 
 
+def test_a_config_that_is_not_an_esconfig_is_refused_saying_what_to_pass():
+    """A trial's jes.sweep(..., config={"num_members": 16}) failed as "'dict' object has no attribute 'perturbation'"
+    (and jes.train's as "... no attribute 'replace'")."""
+    for call in (lambda: jes.sweep(POLICY, "CartPole-v1", "adam", config={"num_members": 16}, grid={}, log_dir=None),
+                 lambda: jes.train(POLICY, "CartPole-v1", "adam", config={"num_members": 16}, log_dir=None)):
+        with pytest.raises(TypeError, match=r"config must be a jes.ESConfig, got dict: pass jes.ESConfig\(\*\*\{\.\.\.\}\) "
+                                            r"of your dict, or its fields as keywords \(num_members=\.\.\.\)"):
+            call()
+
+
 def test_runs_are_labelled_by_the_values_that_tell_their_points_apart():
     """Labels list the values that differ between points: not a fixed value in the grid (a sweep file's [config]
     scalar), and the rank of swept jes.LowRank objects, which the grid names only as perturbation (a review found
