@@ -697,6 +697,7 @@ def test_a_worker_of_an_earlier_master_is_asked_to_say_hello_again_without_warni
     sent = []
     master._send_frames = lambda identity, frames, kind, name: sent.append((identity, kind))
     earlier = protocol.Session(master.key, "s" * 32)  # a session the master before this one opened
+    caplog.clear()  # (its "master listening" line, where an earlier test left jes.distributed's level at INFO)
     try:
         with caplog.at_level("INFO", "jes.distributed.master"):
             for message in ({"type": "heartbeat", "name": "fleet0"},
