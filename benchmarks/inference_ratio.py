@@ -26,7 +26,11 @@ the rollout of the draw's members (``rollout``, the draw included), the update f
 (``update``), the whole step; and the policy's forward pass alone, ``--forward-steps`` env steps of the
 population's first observations fed back into the policy (no env, no compaction; ``forward / inf``), so that
 what the generation loses to batch inference can be told apart: the forward's correction, or the rest
-(episodes the members' policies play longer than the shared one's, the draw and the update). With ``--profile DIR``
+(episodes the members' policies play longer than the shared one's, the draw and the update). ``env steps, jes / inf``
+is the env steps the members' episodes took against the centre's on the same keys (not a timing: where it is below 1
+the members' episodes hold fewer steps, and a rollout as long as inference's counts fewer steps/s), and ``longest
+episode, jes / inf`` the range over seeds of each rollout's longest episode: the rollout steps its last slots
+(compacted to ``rollout_min_batch``) until that one ends. With ``--profile DIR``
 it then traces the step, the update, batch inference and both forward loops with JAX's profiler (on a GPU its
 kernels, on the CPU XLA's thunks) and prints each part's top events per call; the traces are taken one part after another, not in
 turns as the timings are, so a change of the machine's load between them shows as a difference between parts
@@ -251,7 +255,7 @@ def breakdown_timers(trainer, seeds, forward_steps):
         keys = keys_of(state)
         out = run_slots(params_view, trainer.spec, slot_params, keys, jnp.zeros(keys.shape[0], bool),
                         obs_scale=trainer.obs_scale(state), min_slots=trainer.rollout_min_batch)
-        return out["returns"], out["steps"].sum()
+        return out["returns"], out["steps"].sum(), out["steps"].max()
 
     # jes's parts compiled with the step's XLA options (as jes.train compiles them); batch inference with its own
     as_jes = lambda fn: UnrolledJit(fn, compiler_options=trainer.step_compiler_options)
@@ -294,11 +298,16 @@ def breakdown_timers(trainer, seeds, forward_steps):
                                                            in_axes=(None, 0, 0))(p, c, o), inference_options())
     slot_params = {seed: as_jes(lambda st: view_of(st).slot_params(sample(st)))(st) for seed, st in states.items()}
 
-    def timed(fn, steps_of=None):
+    longest = {"rollout": {}, "inf": {}}  # each seed's longest episode (env steps) in the two rollouts
+
+    def timed(fn, steps_of=None, longest_of=None):
         def time_one(seed):
             start = time.perf_counter()
             out = jax.block_until_ready(fn(seed))
-            return time.perf_counter() - start, int(steps_of(out)) if steps_of else 0
+            seconds = time.perf_counter() - start
+            if longest_of is not None:
+                longest_of[seed] = int(out[2])
+            return seconds, int(steps_of(out)) if steps_of else 0
         for seed in seeds:
             time_one(seed)  # compile (first seed) + warm-up
         return time_one
@@ -306,18 +315,18 @@ def breakdown_timers(trainer, seeds, forward_steps):
     return {
         "step": timed(lambda s: step(states[s], jnp.bool_(False), jnp.bool_(True)), lambda out: out[1]["env_steps"]),
         "sample": timed(lambda s: sample(states[s])),
-        "rollout": timed(lambda s: rollout(states[s]), lambda out: out[1]),
+        "rollout": timed(lambda s: rollout(states[s]), lambda out: out[1], longest["rollout"]),
         "update": timed(lambda s: update(states[s], fitness)),
-        "inf": timed(lambda s: inference(states[s]), lambda out: out[1]),
+        "inf": timed(lambda s: inference(states[s]), lambda out: out[1], longest["inf"]),
         "forward": timed(lambda s: low_rank_forward((slot_params[s], states[s]), first_obs[s], carry)),
         "forward inf": timed(lambda s: shared_forward(states[s].params, first_obs[s], carry)),
-    }
+    }, longest
 
 
 def breakdown(args, ranks, seeds) -> None:
     print("| env / policy | members | r | step ms | sample ms | rollout ms | update ms | inference rollout ms | "
-          "rollout / inf | step / inf | forward / inf |")
-    print("|" + "---|" * 11)
+          "env steps, jes / inf | longest episode, jes / inf | rollout / inf | step / inf | forward / inf |")
+    print("|" + "---|" * 13)
     for policy, env, label, members, base in cells(args):
         for r in ranks:
             trainer = jes.Trainer(policy, env, "adam", jes.ESConfig(**base, perturbation=jes.LowRank(r)))
@@ -325,7 +334,7 @@ def breakdown(args, ranks, seeds) -> None:
                 print(f"| {label} | {members} | {r} | skipped: members x P above --limit, or more than one chunk |")
                 continue
             LEFT_OUT.clear()
-            timers = breakdown_timers(trainer, seeds, args.forward_steps)  # traces (and compiles) every part
+            timers, longest = breakdown_timers(trainer, seeds, args.forward_steps)  # traces (and compiles) every part
             raw = measure(timers, seeds, args.repeats, per_second=False)
             ms = lambda name: statistics.median(statistics.median(t for t, _ in x) for x in raw[name]) * 1e3
 
@@ -336,8 +345,13 @@ def breakdown(args, ranks, seeds) -> None:
                         for a, b in zip(raw[mine], raw[inf])]
                 return f"{statistics.median(each):.2f} [{min(each):.2f}, {max(each):.2f}]"
 
+            span = lambda by_seed: f"{min(by_seed.values())}-{max(by_seed.values())}"
+            # the members' episodes against the centre's (the same keys): steps each rollout counted, per seed
+            work = [x[0][1] / y[0][1] for x, y in zip(raw["rollout"], raw["inf"])]
             print(f"| {label} | {members} | {r} | {ms('step'):.1f} | {ms('sample'):.1f} | {ms('rollout'):.1f} | "
-                  f"{ms('update'):.1f} | {ms('inf'):.1f} | {ratio('rollout', 'inf', True)} | "
+                  f"{ms('update'):.1f} | {ms('inf'):.1f} | {statistics.median(work):.2f} [{min(work):.2f}, "
+                  f"{max(work):.2f}] | {span(longest['rollout'])} / {span(longest['inf'])} | "
+                  f"{ratio('rollout', 'inf', True)} | "
                   f"{ratio('step', 'inf', True)} | {ratio('forward', 'forward inf', False)} |", flush=True)
             missing = [name for name in args.skip_corrections or () if name not in LEFT_OUT]
             if missing:
