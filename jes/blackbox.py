@@ -597,8 +597,9 @@ class OptimizeResult:
         return copied
 
     def summary(self) -> str:
+        generations = len(self.history['generation'])
         return (f"{self.strategy} {self.direction}d f: f(mean) = {self.value:.6g}, best f = {self.best_value:.6g} "
-                f"after {len(self.history['generation'])} generations, {self.num_evaluations} evaluations "
+                f"after {generations} generation{'' if generations == 1 else 's'}, {self.num_evaluations} evaluations "
                 f"({self.wall_time:.1f}s, {self.compile_time:.1f}s compile)")
 
 

@@ -384,7 +384,7 @@ class TrainResult:
         """One readable line about the run."""
         solved = f"solved at generation {self.solved_generation}" if self.solved_generation else "not solved"
         return (
-            f"{self.env_name} with {self._run_label()}: {len(self.history['generation'])} generations, "
+            f"{self.env_name} with {self._run_label()}: {_count(len(self.history['generation']), 'generation')}, "
             f"centre return {self.final_centre_return:.1f}, {solved}; "
             f"{self._param_count()} params, {self.wall_time:.1f}s wall{self._sessions_note()}"
             # 0.0: the step was not compiled here as one program (a host env's pieces, a master's workers)
@@ -1683,6 +1683,11 @@ def _lock_checkpoint(path: str | None, resuming: bool = False) -> checkpoint.Wri
     if refusal is not None:
         raise checkpoint.CheckpointInUseError(refusal, path)
     return lock
+
+
+def _count(n: int, noun: str) -> str:
+    """``"1 generation"``, ``"3 generations"``."""
+    return f"{n} {noun}" + ("" if n == 1 else "s")
 
 
 def evaluates_centre(generation: int, total: int, eval_every: int) -> bool:

@@ -50,7 +50,7 @@ from jes.config import ESConfig, checked_config
 from jes.logging import TensorBoardLogger, default_run_name, has_event_files, unique_dir
 from jes.policies import GRUPolicy, MLPPolicy
 from jes.generation import Trainer, TrainState
-from jes.loop import HISTORY_KEYS, Callback, _take_sigterm, call_callbacks, evaluates_centre, run_hparams
+from jes.loop import HISTORY_KEYS, Callback, _count, _take_sigterm, call_callbacks, evaluates_centre, run_hparams
 from jes.optimizers import DEFAULT_LEARNING_RATES, resolve_name
 from jes.strategies.base import both_sigmas, given_noise_std, ignored_settings
 from jes.strategy_context import build_context, check_strategy_supports
@@ -95,7 +95,7 @@ class SweepRun:
         score = f"final centre return {float(finite[-1]):.1f}" if finite.size else "no centre evaluation"
         ended = "" if self.status == "completed" else f"{self.status}: {self.error or self.stopped}, "
         return (f"SweepRun(configuration {self.config_index}, seed {self.seed}, {ended}"
-                f"{len(self.history.get('generation', ()))} generations, {score}, {np.size(self.flat_params)} params)")
+                f"{_count(len(self.history.get('generation', ())), 'generation')}, {score}, {np.size(self.flat_params)} params)")
 
 
 @dataclasses.dataclass

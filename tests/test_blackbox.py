@@ -48,6 +48,7 @@ def test_a_budget_below_one_generation_is_refused(host):
     result = jes.optimize(fn, jnp.ones(3), "cma_es", minimize=True, num_members=8, max_evaluations=9.0, host=host)
     assert result.num_evaluations == 9 and result.stop_reason == "max_evaluations"
     assert np.isfinite(result.best_value)
+    assert " after 1 generation, 9 evaluations " in result.summary(), result.summary()  # it said "1 generations"
 
 
 def test_a_low_rank_perturbation_is_refused_with_its_reason():

@@ -1057,7 +1057,7 @@ def test_a_full_log_disk_prints_the_run_so_far_and_how_to_resume_it(tmp_path, mo
         assert code == 2, err
         assert (f"jes train: [Errno 28] No space left on device (the run so far is in checkpoint {ckpt}: continue "
                 f"with --resume {ckpt} once its cause is fixed)") in err, err
-        assert "CartPole-v1 with adam: 1 generations" in out and f"checkpoint: {ckpt}" in out, out
+        assert "CartPole-v1 with adam: 1 generation," in out and f"checkpoint: {ckpt}" in out, out
     assert checkpoint.read(ckpt).generation == 1
 
 

@@ -147,7 +147,7 @@ def test_user_env_subclass_trains_and_improves():
 def test_the_summary_of_a_host_env_run_claims_no_compile_time_it_did_not_measure():
     result = small_train(num_generations=1)
     assert result.compile_time == 0.0 and "compile" not in result.summary()
-    assert "1 generations" in result.summary() and "wall" in result.summary()
+    assert "1 generation," in result.summary() and "wall" in result.summary()
 
 
 def test_reset_seed_from_episode_keys_same_fitness_in_any_batch():

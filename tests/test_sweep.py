@@ -1,5 +1,6 @@
 """jes.sweep: grid expansion, vmapped seeds and hyperparameters equal sequential runs, result tables."""
 import csv
+import dataclasses
 import json
 import os
 import warnings
@@ -58,6 +59,8 @@ def test_a_sweep_result_prints_short(grid_result):
     assert repr(run) == (f"SweepRun(configuration 1, seed 0, 3 generations, final centre return "
                          f"{run.history['centre_return'][-1]:.1f}, {run.flat_params.size} params)")
     assert str(result) == text
+    one = dataclasses.replace(run, history={key: value[:1] for key, value in run.history.items()})
+    assert ", 1 generation, final centre return " in repr(one), repr(one)  # it said "1 generations"
 
 
 def test_a_sweep_run_holds_its_centre_as_flax_variables(grid_result):
