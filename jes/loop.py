@@ -229,9 +229,43 @@ def _picklable_config(config: ESConfig) -> ESConfig:
     return copied
 
 
+class CentrePolicy:
+    """What a finished run's final centre does as a policy, through the run's :meth:`trained_policy` (a
+    :class:`jes.trained.TrainedPolicy`): :class:`TrainResult` and :class:`jes.sweep.SweepRun` have these."""
+
+    def trained_policy(self) -> TrainedPolicy:
+        raise NotImplementedError
+
+    def act(self, carry: Any, obs: Any) -> tuple[Any, jax.Array]:
+        """``(carry, action)`` of the trained centre for one raw observation, normalised as in training.
+
+        Start each episode with :meth:`initial_carry`; ``action`` goes straight into ``env.step``.
+        """
+        return self.trained_policy().act(carry, obs)
+
+    def initial_carry(self) -> Any:
+        """The policy's carry at an episode's start (``()`` for feed-forward policies)."""
+        return self.trained_policy().initial_carry()
+
+    def policy_fn(self) -> Callable[[Any, jax.Array], tuple[Any, jax.Array]]:
+        """A self-contained, jittable ``fn(carry, obs) -> (carry, action)`` with the params, normaliser and
+        action mapping baked in."""
+        return self.trained_policy().policy_fn()
+
+    def evaluate(self, num_episodes: int = 64, key: Any = 12345) -> np.ndarray:
+        """Returns of the final centre on ``num_episodes`` fresh episodes drawn from ``key``, through :meth:`act`'s
+        function (the same returns as training's centre evaluation with that key)."""
+        return self.trained_policy().evaluate(num_episodes, key)
+
+    def save_policy(self, path: str) -> str:
+        """Write the trained centre to ``path`` for :func:`jes.load_policy` (msgpack; needs only jes to use)."""
+        return self.trained_policy().save(path)
+
+
 @dataclasses.dataclass
-class TrainResult:
-    """What :func:`train` returns.
+class TrainResult(CentrePolicy):
+    """What :func:`train` returns. Its final centre is a policy (:class:`CentrePolicy`): :meth:`save_policy`,
+    :meth:`evaluate`, :meth:`act`, :meth:`initial_carry`, :meth:`policy_fn`, :meth:`trained_policy`.
 
     Attributes:
         params: final centre as Flax variables, usable with ``result.policy.apply``.
@@ -332,31 +366,6 @@ class TrainResult:
         if getattr(self, "_trained", None) is None:
             self._trained = trained_policy(self._needs_trainer("trained_policy()"), self.state.params, self.state)
         return self._trained
-
-    def act(self, carry: Any, obs: Any) -> tuple[Any, jax.Array]:
-        """``(carry, action)`` of the trained centre for one raw observation, normalised as in training.
-
-        Start each episode with :meth:`initial_carry`; ``action`` goes straight into ``env.step``.
-        """
-        return self.trained_policy().act(carry, obs)
-
-    def initial_carry(self) -> Any:
-        """The policy's carry at an episode's start (``()`` for feed-forward policies)."""
-        return self.trained_policy().initial_carry()
-
-    def policy_fn(self) -> Callable[[Any, jax.Array], tuple[Any, jax.Array]]:
-        """A self-contained, jittable ``fn(carry, obs) -> (carry, action)`` with the params, normaliser and
-        action mapping baked in."""
-        return self.trained_policy().policy_fn()
-
-    def evaluate(self, num_episodes: int = 64, key: Any = 12345) -> np.ndarray:
-        """Returns of the final centre on ``num_episodes`` fresh episodes drawn from ``key``, through :meth:`act`'s
-        function (the same returns as training's centre evaluation with that key)."""
-        return self.trained_policy().evaluate(num_episodes, key)
-
-    def save_policy(self, path: str) -> str:
-        """Write the trained centre to ``path`` for :func:`jes.load_policy` (msgpack; needs only jes to use)."""
-        return self.trained_policy().save(path)
 
     def render(self, path: str, key: Any = 0, max_steps: int | None = None) -> str:
         """Draw one centre episode to ``path`` (``.gif`` for gymnax CartPole/Pendulum and Gymnasium envs, ``.html`` for brax).

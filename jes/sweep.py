@@ -50,10 +50,12 @@ from jes.config import ESConfig, checked_config
 from jes.logging import TensorBoardLogger, default_run_name, has_event_files, unique_dir
 from jes.policies import GRUPolicy, MLPPolicy
 from jes.generation import Trainer, TrainState
-from jes.loop import HISTORY_KEYS, Callback, _count, _take_sigterm, call_callbacks, evaluates_centre, run_hparams
+from jes.loop import (HISTORY_KEYS, Callback, CentrePolicy, _count, _take_sigterm, call_callbacks, evaluates_centre,
+                      run_hparams, trained_policy)
 from jes.optimizers import DEFAULT_LEARNING_RATES, resolve_name
 from jes.strategies.base import both_sigmas, given_noise_std, ignored_settings
 from jes.strategy_context import build_context, check_strategy_supports
+from jes.trained import TrainedPolicy
 from jes.threefry import lower_unrolled
 
 # Hyperparameters that live in the TrainState, so different values share one compiled program.
@@ -63,8 +65,10 @@ NOT_CONFIG = ("optimizer", "strategy")
 
 
 @dataclasses.dataclass
-class SweepRun:
-    """One (configuration, seed) of a sweep.
+class SweepRun(CentrePolicy):
+    """One (configuration, seed) of a sweep. Its final centre is a policy, as a :class:`~jes.TrainResult`'s is
+    (:class:`~jes.loop.CentrePolicy`): ``run.save_policy(path)``, ``run.evaluate()``, ``run.act(carry, obs)``,
+    ``run.trained_policy()``.
 
     Attributes:
         status: ``"completed"``, ``"stopped"`` (a callback raised :class:`~jes.StopTraining`: ``stopped`` holds its
@@ -87,6 +91,15 @@ class SweepRun:
     status: str = "completed"
     error: str | None = None
     stopped: str | None = None
+    trained: TrainedPolicy | None = dataclasses.field(default=None, repr=False, compare=False)
+
+    def trained_policy(self) -> TrainedPolicy:
+        """The final centre as a :class:`jes.trained.TrainedPolicy` (the configuration's policy and action mapping,
+        the run's observation normaliser): what :meth:`save_policy` writes and :meth:`evaluate` plays."""
+        if self.trained is None:
+            raise ValueError("this SweepRun holds no trained policy (it was made by hand, not by jes.sweep): apply "
+                             "run.params with the sweep's policy, or re-run its configuration with jes.train")
+        return self.trained
 
     def __repr__(self) -> str:
         # The dataclass repr printed the parameters, the history and the state (kilobytes in a notebook's output)
@@ -799,6 +812,7 @@ def _run_group(trainer: Trainer, indices: list[int], points: list[dict], seeds: 
             history={k: v[ran, b] for k, v in history.items()}, state=member_state,
             status=ends[b].status, error=ends[b].message if ends[b].status == "failed" else None,
             stopped=ends[b].message if ends[b].status == "stopped" else None,
+            trained=trained_policy(trainer, member_state.params, member_state),
         ))
     finished = {}
     for i in indices:

@@ -61,6 +61,8 @@ def test_a_sweep_result_prints_short(grid_result):
     assert str(result) == text
     one = dataclasses.replace(run, history={key: value[:1] for key, value in run.history.items()})
     assert ", 1 generation, final centre return " in repr(one), repr(one)  # it said "1 generations"
+    with pytest.raises(ValueError, match="holds no trained policy .* re-run its configuration with jes.train"):
+        dataclasses.replace(run, trained=None).save_policy("never.policy")
 
 
 def test_a_sweep_run_holds_its_centre_as_flax_variables(grid_result):
@@ -79,6 +81,8 @@ def test_a_sweep_run_holds_its_centre_as_flax_variables(grid_result):
     assert result.run(0, 0).flat_params.tobytes() != result.run(3, 1).flat_params.tobytes()
     again = pickle.loads(pickle.dumps(result)).run(3, 1)
     assert np.asarray(ravel_pytree(again.params)[0]).tobytes() == again.flat_params.tobytes()
+    from jes.trained import policy_bytes
+    assert policy_bytes(again.trained_policy()) == policy_bytes(result.run(3, 1).trained_policy())
 
 
 def test_a_sweeps_tensorboard_runs_record_the_hyperparameters_they_ran_with(grid_result):
@@ -248,9 +252,10 @@ def test_sweep_is_reachable_after_import_jes():
 
 
 @pytest.mark.hard_timeout(300)
-def test_a_sweep_over_perturbations_and_ranks_equals_standalone_runs_bit_for_bit():
+def test_a_sweep_over_perturbations_and_ranks_equals_standalone_runs_bit_for_bit(tmp_path):
     """Full rank beside low rank r = 1 and 2 in one grid: full rank runs once (the rank means nothing there),
-    its row under rank 1, not once per swept rank under that rank's label."""
+    its row under rank 1, not once per swept rank under that rank's label. A run's policy file is the standalone
+    run's, byte for byte (a sweep run had no save_policy: a new user's trial)."""
     config = BASE.replace(num_generations=2)
     result = jes_sweep.sweep(jes.MLPPolicy((8,)), "CartPole-v1", "adam", config=config, seeds=[5], log_dir=None,
                              grid={"perturbation": ["full_rank", "low_rank"], "perturbation_rank": [2, 1]})
@@ -260,6 +265,12 @@ def test_a_sweep_over_perturbations_and_ranks_equals_standalone_runs_bit_for_bit
         alone = jes.train(jes.MLPPolicy((8,)), "CartPole-v1", "adam", key=5, log_dir=None, checkpoint_path=None,
                           progress=False, config=config.replace(perturbation="low_rank", perturbation_rank=rank))
         assert_same_bits(result.run(i, 5), alone)
+        swept = result.run(i, 5)
+        with open(swept.save_policy(str(tmp_path / f"swept{i}.policy")), "rb") as a, \
+                open(alone.save_policy(str(tmp_path / f"alone{i}.policy")), "rb") as b:
+            assert a.read() == b.read()
+        np.testing.assert_array_equal(swept.evaluate(8, key=3), alone.evaluate(8, key=3))
+        assert swept.act(swept.initial_carry(), np.zeros(4, np.float32))[1] in (0, 1)
     full = jes.train(jes.MLPPolicy((8,)), "CartPole-v1", "adam", key=5, log_dir=None, checkpoint_path=None,
                      progress=False, config=config)
     assert result.run(0, 5).config.perturbation_rank == 1
