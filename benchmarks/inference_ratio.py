@@ -345,7 +345,8 @@ def breakdown(args, ranks, seeds) -> None:
                         for a, b in zip(raw[mine], raw[inf])]
                 return f"{statistics.median(each):.2f} [{min(each):.2f}, {max(each):.2f}]"
 
-            span = lambda by_seed: f"{min(by_seed.values())}-{max(by_seed.values())}"
+            span = lambda by_seed: (f"{min(by_seed.values())}" if min(by_seed.values()) == max(by_seed.values())
+                                    else f"{min(by_seed.values())}-{max(by_seed.values())}")
             # the members' episodes against the centre's (the same keys): steps each rollout counted, per seed
             work = [x[0][1] / y[0][1] for x, y in zip(raw["rollout"], raw["inf"])]
             print(f"| {label} | {members} | {r} | {ms('step'):.1f} | {ms('sample'):.1f} | {ms('rollout'):.1f} | "
@@ -548,7 +549,8 @@ def main() -> None:
     if args.breakdown:
         print(f"jax {jax.__version__}, {jax.devices()[0].device_kind}, {os.cpu_count()} CPUs; ms: median over seeds "
               f"{args.seeds} of each seed's median of {args.repeats} calls (the parts take turns); ratios: per seed and "
-              f"call, median [min, max] over seeds (rollout and step: env steps/s; forward: time per step)"
+              f"call, median [min, max] over seeds (rollout and step: env steps/s; forward: time per step); env steps: the "
+              f"members' episodes' against the centre's, per seed; longest episode: its range over the seeds"
               + (f"; DIAGNOSTIC: the low-rank corrections of {', '.join(args.skip_corrections)} layers left out"
                  if args.skip_corrections else ""))
         if args.skip_corrections:

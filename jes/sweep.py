@@ -31,6 +31,7 @@ import itertools
 import json
 import math
 import os
+import pickle
 import re
 import sys
 import time
@@ -78,6 +79,10 @@ class SweepRun(CentrePolicy):
         params: the final centre as Flax variables (as :class:`~jes.TrainResult`'s), usable with the sweep's policy's
             ``apply`` once its output size is set (``GRUPolicy(..., num_outputs=2)``; ``jes.train`` fills it in).
         flat_params: the same as one numpy vector.
+        trained: the final centre as a :class:`jes.trained.TrainedPolicy`, built by :func:`sweep` from ``flat_params``
+            and ``state``'s normaliser (``None`` in a copy made with ``dataclasses.replace``, which would otherwise
+            keep the old parameters' policy, and after a pickle round trip where the policy's module cannot be
+            pickled: a lambda activation, say).
     """
 
     config_index: int
@@ -91,15 +96,29 @@ class SweepRun(CentrePolicy):
     status: str = "completed"
     error: str | None = None
     stopped: str | None = None
-    trained: TrainedPolicy | None = dataclasses.field(default=None, repr=False, compare=False)
+    trained: TrainedPolicy | None = dataclasses.field(default=None, init=False, repr=False, compare=False)
 
     def trained_policy(self) -> TrainedPolicy:
         """The final centre as a :class:`jes.trained.TrainedPolicy` (the configuration's policy and action mapping,
         the run's observation normaliser): what :meth:`save_policy` writes and :meth:`evaluate` plays."""
         if self.trained is None:
-            raise ValueError("this SweepRun holds no trained policy (it was made by hand, not by jes.sweep): apply "
-                             "run.params with the sweep's policy, or re-run its configuration with jes.train")
+            why = self.__dict__.get("_not_pickled") or ("it was not made by jes.sweep (by hand, or a copy made with "
+                                                        "dataclasses.replace, or pickled by an older jes)")
+            raise ValueError(f"this SweepRun holds no trained policy: {why}; apply run.params with the sweep's policy, "
+                             f"or re-run its configuration with jes.train")
         return self.trained
+
+    def __getstate__(self) -> dict:
+        # The trained policy pickles as its policy file does, or as pickle pickles its module where no file can name
+        # it; a module pickle cannot take either (a lambda activation) is left out, and the rest of the run pickles
+        state = dict(self.__dict__)
+        if self.trained is not None:
+            try:
+                pickle.dumps(self.trained)
+            except (pickle.PicklingError, AttributeError, TypeError) as err:
+                state["trained"] = None
+                state["_not_pickled"] = f"its policy could not be pickled with it ({type(err).__name__}: {err})"
+        return state
 
     def __repr__(self) -> str:
         # The dataclass repr printed the parameters, the history and the state (kilobytes in a notebook's output)
@@ -812,8 +831,8 @@ def _run_group(trainer: Trainer, indices: list[int], points: list[dict], seeds: 
             history={k: v[ran, b] for k, v in history.items()}, state=member_state,
             status=ends[b].status, error=ends[b].message if ends[b].status == "failed" else None,
             stopped=ends[b].message if ends[b].status == "stopped" else None,
-            trained=trained_policy(trainer, member_state.params, member_state),
         ))
+        runs[-1].trained = trained_policy(trainer, member_state.params, member_state)
     finished = {}
     for i in indices:
         cols = [b for b, (j, _) in enumerate(members) if j == i]

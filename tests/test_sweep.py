@@ -61,8 +61,10 @@ def test_a_sweep_result_prints_short(grid_result):
     assert str(result) == text
     one = dataclasses.replace(run, history={key: value[:1] for key, value in run.history.items()})
     assert ", 1 generation, final centre return " in repr(one), repr(one)  # it said "1 generations"
-    with pytest.raises(ValueError, match="holds no trained policy .* re-run its configuration with jes.train"):
-        dataclasses.replace(run, trained=None).save_policy("never.policy")
+    # a copy with other parameters would have kept the old ones' policy: it holds none, and says so
+    with pytest.raises(ValueError, match="holds no trained policy: it was not made by jes.sweep .*dataclasses.replace"
+                                         ".* re-run its configuration with jes.train"):
+        dataclasses.replace(run, flat_params=run.flat_params * 0).save_policy("never.policy")
 
 
 def test_a_sweep_run_holds_its_centre_as_flax_variables(grid_result):
@@ -140,6 +142,11 @@ def test_the_vmapped_sweep_stays_close_to_standalone_runs(tmp_path):
     np.testing.assert_allclose(result.run(1, 3).flat_params, alone.flat_params, rtol=1e-5, atol=1e-6)
     assert result.rows[0]["group_batch_size"] == 4
     assert result.csv_path is None
+    swept = result.run(1, 3)  # its policy is its own parameters and normaliser, not the standalone run's
+    loaded = jes.load_policy(swept.save_policy(str(tmp_path / "vmapped.policy")))
+    assert loaded.flat_params.tobytes() == swept.flat_params.tobytes()
+    np.testing.assert_array_equal(loaded.obs_stats[1], swept.state.obs_sum)
+    np.testing.assert_array_equal(swept.evaluate(4, key=1), loaded.evaluate(4, key=1))
 
 
 def test_expand_grid():
@@ -542,7 +549,25 @@ def test_a_failed_run_leaves_the_other_runs_of_a_vmapped_batch_bit_identical():
     assert [r["status"] for r in failing.rows] == ["completed", "failed"]
     assert failing.rows[0]["group_batch_size"] == healthy.rows[0]["group_batch_size"] == 2
     _same_bytes(failing.run(0, 0), healthy.run(0, 0))
-    assert failing.run(1, 0).state.generation == failing.run(1, 0).history["generation"].size
+    failed = failing.run(1, 0)
+    assert failed.state.generation == failed.history["generation"].size
+    assert failed.trained_policy().flat_params.tobytes() == failed.flat_params.tobytes()  # the run before it failed
+
+
+def test_a_sweep_whose_policy_pickle_cannot_take_still_pickles_and_says_why_its_runs_have_no_policy():
+    """A run's trained policy holds the policy's module; one with a lambda activation cannot be pickled, and a sweep
+    result without the policy methods pickled whole: it still does, its runs saying what became of their policy."""
+    import pickle
+
+    policy = jes.MLPPolicy((4,), activation=lambda x: x)
+    result = jes_sweep.sweep(policy, "CartPole-v1", "adam", config=BASE.replace(num_generations=1), seeds=[0],
+                             log_dir=None, grid={"learning_rate": [0.05]})
+    assert np.isfinite(result.run(0, 0).evaluate(2, key=0)).all()  # here it has one
+    again = pickle.loads(pickle.dumps(result)).run(0, 0)
+    assert again.flat_params.tobytes() == result.run(0, 0).flat_params.tobytes()
+    with pytest.raises(ValueError, match=r"holds no trained policy: its policy could not be pickled with it "
+                                         r"\(.*lambda.*\); apply run.params"):
+        again.save_policy("never.policy")
 
 
 def test_jes_sweep_writes_the_table_and_exits_1_when_runs_failed(tmp_path, capsys):
