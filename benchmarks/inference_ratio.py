@@ -345,8 +345,7 @@ def breakdown(args, ranks, seeds) -> None:
                         for a, b in zip(raw[mine], raw[inf])]
                 return f"{statistics.median(each):.2f} [{min(each):.2f}, {max(each):.2f}]"
 
-            span = lambda by_seed: (f"{min(by_seed.values())}" if min(by_seed.values()) == max(by_seed.values())
-                                    else f"{min(by_seed.values())}-{max(by_seed.values())}")
+            span = lambda by_seed: "-".join(dict.fromkeys(str(f(by_seed.values())) for f in (min, max)))  # "16", "26-28"
             # the members' episodes against the centre's (the same keys): steps each rollout counted, per seed
             work = [x[0][1] / y[0][1] for x, y in zip(raw["rollout"], raw["inf"])]
             print(f"| {label} | {members} | {r} | {ms('step'):.1f} | {ms('sample'):.1f} | {ms('rollout'):.1f} | "

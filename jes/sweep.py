@@ -111,14 +111,20 @@ class SweepRun(CentrePolicy):
     def __getstate__(self) -> dict:
         # The trained policy pickles as its policy file does, or as pickle pickles its module where no file can name
         # it; a module pickle cannot take either (a lambda activation) is left out, and the rest of the run pickles
-        state = dict(self.__dict__)
+        # (pickled here once, as bytes, and read back by __setstate__)
+        state = dict(self.__dict__, trained=None)
         if self.trained is not None:
             try:
-                pickle.dumps(self.trained)
+                state["_trained_pickle"] = pickle.dumps(self.trained)
             except (pickle.PicklingError, AttributeError, TypeError) as err:
-                state["trained"] = None
                 state["_not_pickled"] = f"its policy could not be pickled with it ({type(err).__name__}: {err})"
         return state
+
+    def __setstate__(self, state: dict) -> None:
+        blob = state.pop("_trained_pickle", None)
+        self.__dict__.update(state)
+        if blob is not None:
+            self.trained = pickle.loads(blob)
 
     def __repr__(self) -> str:
         # The dataclass repr printed the parameters, the history and the state (kilobytes in a notebook's output)
