@@ -1,5 +1,5 @@
-"""Signals as interrupts: SIGTERM taken as Ctrl-C while a run (or ``jes train``) runs, and SIGINT/SIGTERM held back
-while a checkpoint is written.
+"""Signals as interrupts: SIGTERM taken as Ctrl-C while a run (or ``jes train``) runs, a Ctrl-C that Python dropped
+(in a gc callback) raised again, and SIGINT/SIGTERM held back while a checkpoint is written.
 
 Host code shared by :func:`jes.train` / :func:`jes.run`, their checkpoint saves and the ``jes`` command; standard
 library only.
@@ -19,9 +19,12 @@ class SigtermAsInterrupt:
     :meth:`restore`: it raises ``KeyboardInterrupt`` in the main thread, so a run saves its checkpoint on it, and
     :attr:`terminated` records that it came.
 
+    While installed it also catches the ``KeyboardInterrupt`` Python drops where it cannot raise one (a Ctrl-C
+    landing in JAX's gc callback): :attr:`dropped` keeps it for :func:`raise_if_terminated` to raise again.
+
     Signal handlers belong to the main thread: in another thread nothing is installed. With ``unless_handled``,
-    nothing is installed either when SIGTERM does not have its default action (a handler of the program's own,
-    ``SIG_IGN``, or one installed outside Python before it started): that handler stays in charge. A handler that C
+    SIGTERM is not taken when it does not have its default action (a handler of the program's own, ``SIG_IGN``, or
+    one installed outside Python before it started): that handler stays in charge. A handler that C
     code installed later (JAX's preemption notifier, by ``jax.distributed.initialize``) is invisible here
     (``signal.getsignal`` still says ``SIG_DFL``): the caller must not install then (``jes.loop._take_sigterm``).
     :meth:`restore` puts the previous handler back only while this one is still installed (one the program
@@ -31,6 +34,7 @@ class SigtermAsInterrupt:
     def __init__(self, *, unless_handled: bool = False):
         self.unless_handled = unless_handled
         self.terminated: list[int] = []  # SIGTERM, once one came
+        self.dropped: list[BaseException] = []  # Ctrl-Cs Python dropped (in a gc callback), not raised again yet
         self._previous: Any = None
         self._installed = False
         self._pid = os.getpid()
@@ -46,9 +50,11 @@ class SigtermAsInterrupt:
         raise KeyboardInterrupt
 
     def install(self) -> "SigtermAsInterrupt":
-        if threading.current_thread() is threading.main_thread() and not self._installed and not (
-                self.unless_handled and signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL):
-            self._previous = signal.signal(signal.SIGTERM, self._on_sigterm)
+        """Take SIGTERM (where it has its default action, with ``unless_handled``), and in any case catch the
+        interrupts Python drops (a Ctrl-C's too) so that :func:`raise_if_terminated` raises them again."""
+        if threading.current_thread() is threading.main_thread() and not self._installed:
+            if not (self.unless_handled and signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL):
+                self._previous = signal.signal(signal.SIGTERM, self._on_sigterm)
             self._installed, self._pid = True, os.getpid()
             _INSTALLED.append(self)
             self._unraisablehook = sys.unraisablehook
@@ -56,10 +62,13 @@ class SigtermAsInterrupt:
         return self
 
     def _unraisable(self, unraisable: Any) -> None:
-        """The interrupt this handler raised, dropped where Python cannot raise it (a gc callback): not printed as
-        "Exception ignored", since :func:`raise_if_terminated` raises it again; anything else as before."""
-        if not (self._installed and self.terminated and isinstance(unraisable.exc_value, KeyboardInterrupt)):
+        """An interrupt dropped where Python cannot raise it (a gc callback, a weakref callback, a ``__del__``): not
+        printed as "Exception ignored", since :func:`raise_if_terminated` raises it again (a SIGTERM's, or a
+        Ctrl-C's, which the run would otherwise never see: it trained on to its end); anything else as before."""
+        if not (self._installed and isinstance(unraisable.exc_value, KeyboardInterrupt)):
             self._unraisablehook(unraisable)
+        elif not any(taking.terminated for taking in _INSTALLED):  # a Ctrl-C's (a SIGTERM's is raised again anyway)
+            self.dropped.append(unraisable.exc_value)
 
     def restore(self) -> None:
         """Give SIGTERM back the handler it had (again: nothing)."""
@@ -69,6 +78,10 @@ class SigtermAsInterrupt:
                 _INSTALLED.remove(self)
             if sys.unraisablehook == self._unraisable:  # not over a hook installed meanwhile
                 sys.unraisablehook = self._unraisablehook
+            if self.dropped:  # after the run's last check: it finished all the same, and says so
+                self.dropped.clear()
+                print("jes: a Ctrl-C came as the run finished (Python dropped it in a gc callback): it finished",
+                      file=sys.stderr, flush=True)
             # Not over a handler installed meanwhile (by a callback, a library it set up); and None (a handler from
             # outside Python) cannot be given back, as before this module
             if signal.getsignal(signal.SIGTERM) == self._on_sigterm and self._previous is not None:
@@ -81,11 +94,17 @@ _INSTALLED: list[SigtermAsInterrupt] = []
 
 
 def raise_if_terminated() -> None:
-    """Raise ``KeyboardInterrupt`` if a SIGTERM came while a :class:`SigtermAsInterrupt` is installed: the one its
-    handler raised was dropped (it landed in a gc or weakref callback, or a ``__del__``), or it would have ended the
-    run already. Called where a run can stop cleanly (before each generation), so a SIGTERM is never lost."""
+    """Raise ``KeyboardInterrupt`` if a SIGTERM came while a :class:`SigtermAsInterrupt` is installed (the one its
+    handler raised was dropped: it landed in a gc or weakref callback, or a ``__del__``, or it would have ended the
+    run already), or if Python dropped a Ctrl-C's there (raised again once). Called where a run can stop cleanly
+    (before each generation), so neither a SIGTERM nor a Ctrl-C is lost."""
     if any(taking.terminated for taking in _INSTALLED):
         raise KeyboardInterrupt
+    for taking in _INSTALLED:
+        if taking.dropped:
+            for each in _INSTALLED:
+                each.dropped.clear()
+            raise KeyboardInterrupt
 
 
 @contextlib.contextmanager

@@ -10,6 +10,7 @@ import socket
 import subprocess
 import sys
 import time
+import types
 import warnings
 
 import jax
@@ -1380,6 +1381,77 @@ def test_a_sigterm_whose_interrupt_python_dropped_still_stops_the_run_at_the_nex
     assert done.returncode == -signal.SIGTERM and "returned" not in done.stdout, done.stderr[-3000:]
     assert f"jes.train: terminated by SIGTERM; the run so far is in checkpoint {path}" in done.stderr
     assert checkpoint.read(path).generation == 2  # stopped before generation 3, not at 40
+
+
+DROPPED_SIGINT_SCRIPT = """
+import gc, os, signal, sys
+import jes
+
+def callback(record):
+    if record["generation"] == 2:  # Ctrl-C lands in a gc callback (as in JAX's _xla_gc_callback while it traces)
+        def in_gc(phase, info):
+            if phase == "start":
+                gc.callbacks.remove(in_gc)
+                os.kill(os.getpid(), signal.SIGINT)
+                sum(range(10))  # the handler runs here: Python prints its KeyboardInterrupt and drops it
+        gc.callbacks.append(in_gc)
+        gc.collect()
+
+try:
+    jes.train(jes.MLPPolicy((4,)), "CartPole-v1", "adam", key=3, num_members=8, num_generations=40,
+              eval_episodes=2, log_dir=sys.argv[1], checkpoint_every=0, progress=False, callbacks=[callback])
+    print("returned")
+except KeyboardInterrupt as interrupt:
+    print("interrupted", interrupt.checkpoint_path, len(interrupt.result.history["generation"]))
+"""
+
+
+@pytest.mark.hard_timeout(400)
+def test_a_ctrl_c_whose_interrupt_python_dropped_still_stops_the_run_at_the_next_generation(tmp_path):
+    """Trial: a Ctrl-C landing in JAX's gc callback had its KeyboardInterrupt printed as "Exception ignored" and
+    dropped; the run trained on as if no key had been pressed. It now stops at the next generation, saved, as a
+    Ctrl-C stops it, and a later one is not stopped by it again."""
+    from subprocess_for_tests import checkout_env
+
+    log_dir = tmp_path / "run"
+    path = str(log_dir / "checkpoint.ckpt")
+    script = tmp_path / "script.py"
+    script.write_text(DROPPED_SIGINT_SCRIPT)
+    try:
+        done = subprocess.run([sys.executable, str(script), str(log_dir)], env=checkout_env(), capture_output=True,
+                              text=True, timeout=300)
+    except subprocess.TimeoutExpired as e:
+        pytest.fail(f"the script ran past 300 s:\n{e.stderr}")
+    assert "Exception ignored" not in done.stderr, done.stderr[-3000:]  # dropped, and raised again: not printed
+    assert done.returncode == 0 and f"interrupted {path} 2" in done.stdout, (done.stdout, done.stderr[-3000:])
+    assert checkpoint.read(path).generation == 2  # stopped before generation 3, not at 40
+
+
+def test_a_dropped_ctrl_c_is_raised_once_and_only_while_a_run_is_on():
+    """The interrupt Python dropped is raised again at the run's next check, once; outside a run (or after it
+    ended) nothing is kept, and other unraisable errors still reach the hook that was there."""
+    from jes import interrupts
+
+    seen = []
+    previous, sys.unraisablehook = sys.unraisablehook, lambda u: seen.append(type(u.exc_value))
+    try:
+        taking = interrupts.SigtermAsInterrupt(unless_handled=True).install()
+        try:
+            sys.unraisablehook(types.SimpleNamespace(exc_value=KeyboardInterrupt()))
+            sys.unraisablehook(types.SimpleNamespace(exc_value=ValueError()))
+            assert seen == [ValueError]  # the interrupt kept, not printed
+            with pytest.raises(KeyboardInterrupt):
+                interrupts.raise_if_terminated()
+            interrupts.raise_if_terminated()  # once
+            sys.unraisablehook(types.SimpleNamespace(exc_value=KeyboardInterrupt()))
+        finally:
+            taking.restore()
+        interrupts.raise_if_terminated()  # nothing installed: nothing kept
+        assert taking.dropped == [] and seen == [ValueError]
+        sys.unraisablehook(types.SimpleNamespace(exc_value=KeyboardInterrupt()))
+        assert seen == [ValueError, KeyboardInterrupt]  # the hook given back
+    finally:
+        sys.unraisablehook = previous
 
 
 def test_train_takes_sigterm_only_in_the_main_thread_and_only_when_nobody_handles_it(trainer):
