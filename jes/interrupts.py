@@ -78,10 +78,10 @@ class SigtermAsInterrupt:
                 _INSTALLED.remove(self)
             if sys.unraisablehook == self._unraisable:  # not over a hook installed meanwhile
                 sys.unraisablehook = self._unraisablehook
-            if self.dropped:  # after the run's last check: it finished all the same, and says so
+            if self.dropped:  # after the run's last check for one: said, as it interrupted nothing
                 self.dropped.clear()
-                print("jes: a Ctrl-C came as the run finished (Python dropped it in a gc callback): it finished",
-                      file=sys.stderr, flush=True)
+                print("jes: a Ctrl-C came after the run's last check for one (Python dropped its KeyboardInterrupt "
+                      "in a gc callback): it interrupted nothing", file=sys.stderr, flush=True)
             # Not over a handler installed meanwhile (by a callback, a library it set up); and None (a handler from
             # outside Python) cannot be given back, as before this module
             if signal.getsignal(signal.SIGTERM) == self._on_sigterm and self._previous is not None:
