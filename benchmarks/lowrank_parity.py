@@ -10,7 +10,9 @@ One trainer per (cell, perturbation); seeds share its compiled step.
     python benchmarks/lowrank_parity.py --stats full.txt low.txt   # low rank against full rank, from saved output
 
 ``--stats`` reads this script's printed output (one line per seed; any number of files, e.g. full rank and the low
-ranks run as two processes) and compares each perturbation with full rank, cell by cell, over the seeds both ran:
+ranks run as two processes, or seeds split over several), prints each perturbation's table row over all the seeds
+it read (as one run over them would, the final centre returns from the lines' one-decimal values), and compares
+each perturbation with full rank, cell by cell, over the seeds both ran:
 solve counts (Fisher's exact test, two-sided, and McNemar's exact test, which pairs the seeds: a binomial test on
 the seeds only one of the two solved), the ratio of the medians of generations to solve with a bootstrap
 interval (seeds resampled together, 5,000 draws, numpy's generator seeded 0, so the interval reproduces), and the
@@ -90,11 +92,13 @@ def breakout_baselines(seeds: list[int], episodes: int = 64, steps: int = 1000) 
         print(f"{name}: mean return over {episodes} episodes, seeds {seeds}: " + ", ".join(f"{m:.2f}" for m in means))
 
 
-SEED_LINE = re.compile(r"^\s*(?P<cell>\S+) (?P<label>.+) seed (?P<seed>\d+): solved at (?P<gen>\d+|None), centre")
+SEED_LINE = re.compile(r"^\s*(?P<cell>\S+) (?P<label>.+) seed (?P<seed>\d+): solved at (?P<gen>\d+|None), "
+                       r"centre (?P<centre>[^\s,]+)")
 
 
-def read_seed_lines(paths: list[str]) -> dict:
-    """``{(cell, perturbation): {seed: generations to solve or None}}`` from this script's printed output."""
+def read_seed_lines(paths: list[str], centres: dict | None = None) -> dict:
+    """``{(cell, perturbation): {seed: generations to solve or None}}`` from this script's printed output; with
+    ``centres``, also each seed's final centre return as printed (one decimal) into it, keyed alike."""
     runs: dict = {}
     for path in paths:
         with open(path) as f:
@@ -108,6 +112,8 @@ def read_seed_lines(paths: list[str]) -> dict:
                                          f"other results ({seeds[int(m['seed'])]} and {gen}; last in {path}): runs "
                                          f"of other settings or code? Give --stats one run per seed")
                     seeds[int(m["seed"])] = gen
+                    if centres is not None:
+                        centres.setdefault((m["cell"], m["label"]), {})[int(m["seed"])] = float(m["centre"])
     if not runs:
         raise SystemExit(f"--stats: no per-seed lines ('<cell> <perturbation> seed N: solved at ...') in {paths}")
     return runs
@@ -123,7 +129,22 @@ def stats(paths: list[str], draws: int = 5000, level: float = 0.90) -> None:
     """Each perturbation against full rank per cell, over the seeds both ran (see the module docstring)."""
     from scipy.stats import binomtest, fisher_exact
 
-    runs = read_seed_lines(paths)
+    centres: dict = {}
+    runs = read_seed_lines(paths, centres)
+    # Each perturbation over all its seeds, as a run prints it (several files: one table for their seeds together)
+    print("each perturbation over the seeds read (final centre return: mean +- std of the seed lines' one-decimal "
+          "values)")
+    print("| cell | perturbation | seeds | solved | generations to solve, median (range) | final centre return |")
+    print("|---|---|---|---|---|---|")
+    for (cell, label), seeds in runs.items():
+        ok = [g for g in seeds.values() if g is not None]
+        finals = list(centres[cell, label].values())
+        order = sorted(seeds)
+        span = f"{order[0]}-{order[-1]}" if order == list(range(order[0], order[-1] + 1)) else f"{len(order)} seeds"
+        print(f"| {cell} | {label} | {span} | {len(ok)}/{len(seeds)} | "
+              f"{f'{np.median(ok):g} ({min(ok)}-{max(ok)})' if ok else '-'} | "
+              f"{np.mean(finals):.1f} +- {np.std(finals):.1f} |")
+    print()
     print(f"low rank against full rank over the seeds both ran; bootstrap: {draws} draws of the seeds, "
           f"{level:.0%} interval, numpy default_rng(0)")
     print("| cell | perturbation | seeds | solved (full rank) | Fisher p | only this / only full rank solved: McNemar p | median gens (full rank) | ratio of medians "

@@ -1075,7 +1075,10 @@ def test_the_parity_benchmarks_stats_compare_each_perturbation_with_full_rank_se
                    + "  other r=1 seed 0: solved at 5, centre 1.0\n  other full rank seed 9: solved at 5, centre 1.0\n")
     bench.stats([str(full), str(low)], draws=200)
     out = capsys.readouterr().out.splitlines()
-    row = [line for line in out if line.startswith("| mycell |")]
+    # Each perturbation's row over every seed its lines gave, whichever files they came from
+    assert "| mycell | full rank | 0-5 | 5/6 | 20 (7-40) | 1.0 +- 0.0 |" in out
+    assert "| mycell | r=1 | 0-4 | 2/5 | 35 (30-40) | 1.0 +- 0.0 |" in out and "| other | r=1 | 0-0 | 1/1 | 5 (5-5) | 1.0 +- 0.0 |" in out
+    row = [line for line in out if line.startswith("| mycell | r=1 | 0-4 | 2/5 (")]
     # seeds 0-4: r = 1 solved 2 (30, 40: median 35), full rank 4 (median 25): 1.40; per seed 3.0 and 1.0;
     # Fisher's exact test on [[2, 3], [4, 1]]: p = 0.52; paired, only full rank solved seeds 1 and 2, r = 1 none
     # alone: McNemar's exact p = 2 * 0.5 ** 2 = 0.50. Resamples where r = 1 solved none are counted, not hidden.
