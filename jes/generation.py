@@ -703,7 +703,9 @@ class Trainer(Generation):
         check_parameter_dtypes(type(self.policy).__name__, abstract[0])
         self.num_params = int(flat.shape[0])
         self._setup(strategy, optimizer, devices)
-        self.normalize_observations = self.strategy.uses_obs_norm(config.normalize_observations)
+        # (never a Discrete observation's integer id: normalised, it would be another id)
+        self.normalize_observations = (self.strategy.uses_obs_norm(config.normalize_observations)
+                                       and not self.spec.categorical_obs)
 
     def program_parts(self) -> dict | None:
         if type(self) is not Trainer or not (self._optimizer_arg is None or isinstance(self._optimizer_arg, str)):

@@ -2,6 +2,7 @@
 from typing import Callable
 
 import flax.linen as nn
+import jax.numpy as jnp
 
 
 def swish(x):
@@ -21,3 +22,13 @@ class SwishPolicy(nn.Module):
 class AbsPolicy(SwishPolicy):
     """A policy whose activation is a builtin, which a policy file names but no loader builds (builtins is denied)."""
     act: Callable = abs
+
+
+class EmbedPolicy(nn.Module):
+    """A table of ``num`` rows looked up by an integer observation (a Discrete observation space's id)."""
+    num: int = 16
+    num_outputs: int = 4
+
+    @nn.compact
+    def __call__(self, obs):  # (Flax initialises it on float32 zeros: cast)
+        return nn.Dense(self.num_outputs)(nn.Embed(self.num, 8)(obs.astype(jnp.int32)))

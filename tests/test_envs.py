@@ -395,3 +395,23 @@ def test_a_dict_observation_space_of_a_jax_env_is_refused_saying_what_works():
 
     with pytest.raises(ValueError, match="has a Dict observation space; .*Box observation_space.*gymnasium.Env"):
         make_env(DictObs())
+
+
+@pytest.mark.parametrize("perturbation", ["full_rank", "low_rank"])
+def test_a_discrete_observation_reaches_the_policy_as_its_id_never_normalised(tmp_path, perturbation):
+    """Trial: FrozenLake-misc's observation is a Discrete(16) state id; normalised by default, an nn.Embed policy
+    was handed z-scored floats (ids 0, 0, 0, 2 for states 0, 1, 6, ...) and trained on without a word. The id now
+    reaches it as it is: the default run is the run without normalisation, bit for bit."""
+    from policies_for_tests import EmbedPolicy
+
+    assert make_env("FrozenLake-misc").categorical_obs and not make_env("FourRooms-misc").categorical_obs
+    runs = [jes.train(EmbedPolicy(), "FrozenLake-misc", "adam", key=2, num_members=8, num_generations=3,
+                      eval_episodes=2, max_episode_steps=20, perturbation=perturbation, log_dir=None, progress=False,
+                      **extra) for extra in ({}, {"normalize_observations": False})]
+    assert np.array_equal(runs[0].flat_params, runs[1].flat_params)
+    assert np.array_equal(runs[0].history["centre_return"], runs[1].history["centre_return"])
+    path = str(tmp_path / "lake.policy")
+    runs[0].save_policy(path)
+    loaded = jes.load_policy(path)
+    assert loaded.obs_stats is None
+    assert np.array_equal(loaded.evaluate(4, key=1), runs[0].evaluate(4, key=1))

@@ -66,6 +66,9 @@ class EnvSpec:
         fixed_length: whether the env never ends an episode itself (only its time limit does), so every
             episode runs ``max_steps`` steps: the rollout then compiles no compaction levels, which could
             never be entered (a speed and compile-time hint; results never depend on compaction).
+        categorical_obs: whether an observation is a ``Discrete`` space's integer id (gymnax's FrozenLake-misc): a
+            category, not a quantity, so it reaches the policy as it is (an ``nn.Embed`` takes it), never
+            normalised (a z-scored id is another id, or none).
     """
 
     env: Any
@@ -80,6 +83,7 @@ class EnvSpec:
     max_steps: int
     solved_return: float | None
     fixed_length: bool = False
+    categorical_obs: bool = False
 
     @property
     def host(self) -> bool:
@@ -135,7 +139,8 @@ def spec_from_env(env: Any, params: Any, name: str, max_steps: int | None,
     spaces = import_gymnax().environments.spaces
 
     space = env.action_space(params)
-    obs_shape = tuple(int(d) for d in env.observation_space(params).shape)
+    obs_space = env.observation_space(params)
+    obs_shape = tuple(int(d) for d in obs_space.shape)
     if isinstance(space, spaces.Discrete):
         num_outputs = int(space.n)
         discrete, action_shape, low, high = True, (), None, None
@@ -180,4 +185,5 @@ def spec_from_env(env: Any, params: Any, name: str, max_steps: int | None,
         max_steps=int(max_steps),
         solved_return=solved,
         fixed_length=never_terminates(env, params),
+        categorical_obs=isinstance(obs_space, spaces.Discrete),
     )
