@@ -640,8 +640,29 @@ def test_one_fallback_warning_names_every_leaf_its_layer_and_the_cell_around_it(
     assert len(caught) == 1 and caught[0].category is perturbations.LowRankFallbackWarning  # one, for all 8 leaves
     message = str(caught[0].message)
     assert message.startswith("LowRank: 8 matrix parameters of this policy get full-rank noise")
-    assert message.count("of layer DenseParams (in OptimizedLSTMCell): not applied by a layer jes can factor") == 8
+    # (a trial: the reason was the generic "not applied by a layer jes can factor"; now why, and what to use)
+    assert message.count("of layer DenseParams (in OptimizedLSTMCell): a DenseParams kernel, which the module around "
+                         "it applies itself\n") == 8  # the help follows the last
+    assert message.endswith("\nOptimizedLSTMCell "
+                            "(DenseParams' user in flax) concatenates its gates' kernels into one product; nn.LSTMCell "
+                            "is the same cell with each gate a Dense, which jes factors.")
     assert [leaf.path[-1] for leaf in layout.factored] == ["kernel"]  # the head; the cell's 8 gate kernels fall back
+
+
+class BiasOnly(nn.Module):
+    @nn.compact
+    def __call__(self, obs):
+        return self.param("bias", nn.initializers.zeros, (2,)) + 0 * obs[:2]
+
+
+def test_low_rank_on_a_policy_without_matrices_warns_that_it_is_full_rank():
+    """Trial: a policy whose every parameter is a vector trained under LowRank without a word (the guide promises
+    that a policy with no matrix jes can factor is told so)."""
+    fns = PolicyFns(BiasOnly(), (4,))
+    with pytest.warns(perturbations.LowRankWarning, match=r"LowRank\(rank=1\): this policy has no matrix parameter "
+                      r"\(its only leaf is a vector or scalar: biases, scales\).*use jes.FullRank\(\)"):
+        layout = jes.LowRank(1).layout(fns, fns.init(jax.random.key(0)))
+    assert not layout.factored
 
 
 def test_a_rank_no_smaller_than_every_factored_matrix_warns_that_full_rank_would_do():

@@ -158,6 +158,9 @@ class Layout:
 
 # ------------------------------------------------------------------ layers it can factor
 NOT_FACTORABLE = "not applied by a layer jes can factor"
+DENSE_PARAMS = "a DenseParams kernel, which the module around it applies itself"
+DENSE_PARAMS_HELP = ("OptimizedLSTMCell (DenseParams' user in flax) concatenates its gates' kernels into one product; "
+                     "nn.LSTMCell is the same cell with each gate a Dense, which jes factors.")
 FACTORABLE = ("Layers jes can factor: Dense; DenseGeneral over the last input axis with one output axis; Conv without "
               "feature groups or a mask; Embed; GRUCell, LSTMCell, MGUCell and SimpleCell (built from Dense) and "
               "ConvLSTMCell (built from Conv); `matvec = jes.policies.matvec` as a layer's method; "
@@ -771,6 +774,8 @@ class LowRank:
                 elif key in stacked:
                     why = (f"applied in slices of shape {list(applied[key])} (stacked by a lifted transform such as "
                            f"nn.scan or nn.vmap), which jes cannot factor")
+                elif _owner(key, modules).startswith("DenseParams"):  # a kernel the module around it applies
+                    why = DENSE_PARAMS
                 else:
                     why = NOT_FACTORABLE
                 fallbacks.append(f"  {'/'.join(key)} {list(shape)} of layer {_owner(key, modules)}: {why}")
@@ -780,6 +785,7 @@ class LowRank:
         if fallbacks:  # one warning for the policy, however many leaves (an OptimizedLSTMCell has 8)
             others, many = sum(leaf.factored for leaf in leaves), len(fallbacks) > 1
             help_line = f"\n{FACTORABLE}" if any(line.endswith(NOT_FACTORABLE) for line in fallbacks) else ""
+            help_line += f"\n{DENSE_PARAMS_HELP}" if any(line.endswith(DENSE_PARAMS) for line in fallbacks) else ""
             if not others:  # (a run labelled low rank whose every matrix gets dense noise)
                 help_line += ("\nNo matrix of this policy is factored: every member is materialised, as with full "
                               "rank; use jes.FullRank() (jes train: --perturbation full_rank), or layers jes can factor.")
@@ -789,6 +795,14 @@ class LowRank:
                 f"{'these leaves' if many else 'this leaf'} only ({others} other{'s are' if others != 1 else ' is'} "
                 f"factored):\n" + "\n".join(fallbacks) + help_line,
                 LowRankFallbackWarning, stacklevel=_caller_outside_jes(),
+            )
+        if not any(len(shape) >= 2 for _, shape in flat):  # nothing to factor, nor to warn of above
+            warnings.warn(
+                f"LowRank(rank={self.rank}): this policy has no matrix parameter ("
+                f"{'its only leaf is a vector or scalar' if len(flat) == 1 else f'its {len(flat)} leaves are vectors or scalars'}: "
+                f"biases, scales), so every member draws full-rank noise for all of it, as with "
+                f"full rank, under a run labelled low rank: use jes.FullRank() (jes train: --perturbation full_rank)",
+                LowRankWarning, stacklevel=_caller_outside_jes(),
             )
         factored = [leaf for leaf in leaves if leaf.factored]
         # the smallest rank whose factors are no smaller than every matrix: any rank below gains on one
