@@ -1072,6 +1072,11 @@ class Checkpoint:
                           f"[-1, 1], as brax's own trainers do (CHANGELOG.md), so its parameters act otherwise here: "
                           f"a resumed run is not the run it continues, and returns differ from those it logged",
                           stacklevel=2)
+        if getattr(trainer.spec, "categorical_obs", False) and _collected_obs_stats(self.state_dict):
+            warnings.warn(f"{self.path} was written by a jes that normalised env {trainer.spec.name}'s Discrete "
+                          f"observations (integer ids, z-scored); this jes hands the policy the ids as they are "
+                          f"(CHANGELOG.md), so its parameters see other inputs here: a resumed run is not the run it "
+                          f"continues, and returns differ from those it logged", stacklevel=2)
         # Shapes only: a file describes its run in a few bytes, so nothing of that run is allocated before the
         # file's own arrays are seen to be that run's (then what is allocated is what the file stores).
         template = _abstract_raw_state(trainer)

@@ -1,4 +1,5 @@
 import re
+import warnings
 
 import jax
 import jax.numpy as jnp
@@ -415,3 +416,28 @@ def test_a_discrete_observation_reaches_the_policy_as_its_id_never_normalised(tm
     loaded = jes.load_policy(path)
     assert loaded.obs_stats is None
     assert np.array_equal(loaded.evaluate(4, key=1), runs[0].evaluate(4, key=1))
+
+
+def test_resuming_a_run_that_normalised_discrete_ids_says_that_it_now_sees_the_ids(tmp_path):
+    """A checkpoint of a FrozenLake-misc run from before (its ids z-scored) resumes with a warning: the same
+    parameters now see the ids, so the resumed run is not the run it continues."""
+    from policies_for_tests import EmbedPolicy
+
+    config = jes.ESConfig(num_members=8, num_generations=2, eval_episodes=2, max_episode_steps=20)
+    trainer = jes.Trainer(EmbedPolicy(), "FrozenLake-misc", "adam", config)
+    assert not trainer.normalize_observations
+    trainer.normalize_observations = True  # as jes did before: the ids normalised, their statistics collected
+    path = str(tmp_path / "lake.ckpt")
+    jes.run(trainer, trainer.init_state(2), key=2, num_generations=2, checkpoint_path=path)
+    with pytest.warns(UserWarning, match="written by a jes that normalised env FrozenLake-misc's Discrete "
+                                         "observations"):
+        resumed = jes.train(EmbedPolicy(), "FrozenLake-misc", "adam", config=config.replace(num_generations=3),
+                            resume=path, log_dir=None, progress=False)
+    assert list(resumed.history["generation"]) == [1, 2, 3]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a run of today's resumes without it
+        fresh = str(tmp_path / "today.ckpt")
+        jes.train(EmbedPolicy(), "FrozenLake-misc", "adam", config=config, checkpoint_path=fresh, log_dir=None,
+                  progress=False)
+        jes.train(EmbedPolicy(), "FrozenLake-misc", "adam", config=config.replace(num_generations=3), resume=fresh,
+                  log_dir=None, progress=False)
