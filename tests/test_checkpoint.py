@@ -1341,58 +1341,16 @@ def test_sigterm_to_a_script_calling_train_saves_the_checkpoint_then_ends_as_sig
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # this process's own, untouched
 
 
-DROPPED_SIGTERM_SCRIPT = """
+DROPPED_INTERRUPT_SCRIPT = """
 import gc, os, signal, sys
 import jes
 
 def callback(record):
-    if record["generation"] == 2:  # SIGTERM lands in a gc callback (as in JAX's _xla_gc_callback while it traces)
+    if record["generation"] == 2:  # the signal lands in a gc callback (as in JAX's _xla_gc_callback while it traces)
         def in_gc(phase, info):
             if phase == "start":
                 gc.callbacks.remove(in_gc)
-                os.kill(os.getpid(), signal.SIGTERM)
-                sum(range(10))  # the handler runs here: Python prints its KeyboardInterrupt and drops it
-        gc.callbacks.append(in_gc)
-        gc.collect()
-
-jes.train(jes.MLPPolicy((4,)), "CartPole-v1", "adam", key=3, num_members=8, num_generations=40, eval_episodes=2,
-          log_dir=sys.argv[1], checkpoint_every=0, progress=False, callbacks=[callback])
-print("returned")
-"""
-
-
-@pytest.mark.hard_timeout(400)
-def test_a_sigterm_whose_interrupt_python_dropped_still_stops_the_run_at_the_next_generation(tmp_path):
-    """Preemption tester: a SIGTERM landing in JAX's gc callback (jes train's start-up, tracing) had its
-    KeyboardInterrupt printed as "Exception ignored" and dropped; the run trained on to its end and `jes train`
-    exited 0, ignoring the scheduler's preemption until SIGKILL. The run now stops at the next generation, saved."""
-    from subprocess_for_tests import checkout_env
-
-    log_dir = tmp_path / "run"
-    path = str(log_dir / "checkpoint.ckpt")
-    script = tmp_path / "script.py"
-    script.write_text(DROPPED_SIGTERM_SCRIPT)
-    try:
-        done = subprocess.run([sys.executable, str(script), str(log_dir)], env=checkout_env(), capture_output=True,
-                              text=True, timeout=300)
-    except subprocess.TimeoutExpired as e:
-        pytest.fail(f"the script ran past 300 s:\n{e.stderr}")
-    assert "Exception ignored" not in done.stderr, done.stderr[-3000:]  # dropped, and raised again: not printed
-    assert done.returncode == -signal.SIGTERM and "returned" not in done.stdout, done.stderr[-3000:]
-    assert f"jes.train: terminated by SIGTERM; the run so far is in checkpoint {path}" in done.stderr
-    assert checkpoint.read(path).generation == 2  # stopped before generation 3, not at 40
-
-
-DROPPED_SIGINT_SCRIPT = """
-import gc, os, signal, sys
-import jes
-
-def callback(record):
-    if record["generation"] == 2:  # Ctrl-C lands in a gc callback (as in JAX's _xla_gc_callback while it traces)
-        def in_gc(phase, info):
-            if phase == "start":
-                gc.callbacks.remove(in_gc)
-                os.kill(os.getpid(), signal.SIGINT)
+                os.kill(os.getpid(), getattr(signal, sys.argv[2]))
                 sum(range(10))  # the handler runs here: Python prints its KeyboardInterrupt and drops it
         gc.callbacks.append(in_gc)
         gc.collect()
@@ -1401,29 +1359,36 @@ try:
     jes.train(jes.MLPPolicy((4,)), "CartPole-v1", "adam", key=3, num_members=8, num_generations=40,
               eval_episodes=2, log_dir=sys.argv[1], checkpoint_every=0, progress=False, callbacks=[callback])
     print("returned")
-except KeyboardInterrupt as interrupt:
+except KeyboardInterrupt as interrupt:  # (SIGTERM's ends the process first, as SIGTERM would)
     print("interrupted", interrupt.checkpoint_path, len(interrupt.result.history["generation"]))
 """
 
 
 @pytest.mark.hard_timeout(400)
-def test_a_ctrl_c_whose_interrupt_python_dropped_still_stops_the_run_at_the_next_generation(tmp_path):
-    """Trial: a Ctrl-C landing in JAX's gc callback had its KeyboardInterrupt printed as "Exception ignored" and
-    dropped; the run trained on as if no key had been pressed. It now stops at the next generation, saved, as a
-    Ctrl-C stops it, and a later one is not stopped by it again."""
+@pytest.mark.parametrize("sig", ["SIGTERM", "SIGINT"])
+def test_an_interrupt_python_dropped_still_stops_the_run_at_the_next_generation(tmp_path, sig):
+    """Preemption tester: a SIGTERM landing in JAX's gc callback (jes train's start-up, tracing) had its
+    KeyboardInterrupt printed as "Exception ignored" and dropped; the run trained on to its end and `jes train`
+    exited 0, ignoring the scheduler's preemption until SIGKILL. A trial: a Ctrl-C's alike, the run training on as if
+    no key had been pressed. The run now stops at the next generation, saved, as either stops it."""
     from subprocess_for_tests import checkout_env
 
     log_dir = tmp_path / "run"
     path = str(log_dir / "checkpoint.ckpt")
     script = tmp_path / "script.py"
-    script.write_text(DROPPED_SIGINT_SCRIPT)
+    script.write_text(DROPPED_INTERRUPT_SCRIPT)
     try:
-        done = subprocess.run([sys.executable, str(script), str(log_dir)], env=checkout_env(), capture_output=True,
-                              text=True, timeout=300)
+        done = subprocess.run([sys.executable, str(script), str(log_dir), sig], env=checkout_env(),
+                              capture_output=True, text=True, timeout=300)
     except subprocess.TimeoutExpired as e:
         pytest.fail(f"the script ran past 300 s:\n{e.stderr}")
     assert "Exception ignored" not in done.stderr, done.stderr[-3000:]  # dropped, and raised again: not printed
-    assert done.returncode == 0 and f"interrupted {path} 2" in done.stdout, (done.stdout, done.stderr[-3000:])
+    assert "returned" not in done.stdout, done.stderr[-3000:]
+    if sig == "SIGTERM":
+        assert done.returncode == -signal.SIGTERM, done.stderr[-3000:]
+        assert f"jes.train: terminated by SIGTERM; the run so far is in checkpoint {path}" in done.stderr
+    else:
+        assert done.returncode == 0 and f"interrupted {path} 2" in done.stdout, (done.stdout, done.stderr[-3000:])
     assert checkpoint.read(path).generation == 2  # stopped before generation 3, not at 40
 
 
