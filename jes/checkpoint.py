@@ -898,6 +898,7 @@ class Checkpoint:
             trainer = Trainer(policy, self.env_name, optimizer, ESConfig(**fields), devices=devices, strategy=strategy)
         except Exception as err:  # noqa: BLE001 - an env or policy this jes cannot build
             raise CheckpointError(f"checkpoint {self.path}: cannot rebuild its run: {type(err).__name__}: {err}") from err
+        self._warn_if_ids_were_normalised(trainer)
         saved = self.state_dict
         try:
             mean = np.asarray(saved["strategy"]["mean"], np.float32)
@@ -1061,6 +1062,14 @@ class Checkpoint:
                 + ", ".join(sorted(RESUMABLE_CONFIG_CHANGES | RESUMABLE_WITH_WARNING)) + "), or start a fresh run."
             )
 
+    def _warn_if_ids_were_normalised(self, trainer: Trainer) -> None:
+        """Warn where this file's run normalised a Discrete observation's ids, which this jes hands on as they are."""
+        if getattr(trainer.spec, "categorical_obs", False) and _collected_obs_stats(self.state_dict):
+            warnings.warn(f"{self.path} was written by a jes that normalised env {trainer.spec.name}'s Discrete "
+                          f"observations (integer ids, z-scored); this jes hands the policy the ids as they are "
+                          f"(CHANGELOG.md), so its parameters see other inputs here: a resumed run is not the run it "
+                          f"continues, and returns (resumed or evaluated) differ from those it logged", stacklevel=3)
+
     def restore_state(self, trainer: Trainer, checked: bool = False) -> TrainState:
         """The :class:`TrainState`, checked against ``trainer`` (``checked``: the caller ran :meth:`check_compatible`
         already) and placed on its devices."""
@@ -1072,11 +1081,7 @@ class Checkpoint:
                           f"[-1, 1], as brax's own trainers do (CHANGELOG.md), so its parameters act otherwise here: "
                           f"a resumed run is not the run it continues, and returns differ from those it logged",
                           stacklevel=2)
-        if getattr(trainer.spec, "categorical_obs", False) and _collected_obs_stats(self.state_dict):
-            warnings.warn(f"{self.path} was written by a jes that normalised env {trainer.spec.name}'s Discrete "
-                          f"observations (integer ids, z-scored); this jes hands the policy the ids as they are "
-                          f"(CHANGELOG.md), so its parameters see other inputs here: a resumed run is not the run it "
-                          f"continues, and returns differ from those it logged", stacklevel=2)
+        self._warn_if_ids_were_normalised(trainer)
         # Shapes only: a file describes its run in a few bytes, so nothing of that run is allocated before the
         # file's own arrays are seen to be that run's (then what is allocated is what the file stores).
         template = _abstract_raw_state(trainer)

@@ -51,7 +51,8 @@ class SigtermAsInterrupt:
 
     def install(self) -> "SigtermAsInterrupt":
         """Take SIGTERM (where it has its default action, with ``unless_handled``), and in any case catch the
-        interrupts Python drops (a Ctrl-C's too) so that :func:`raise_if_terminated` raises them again."""
+        interrupts Python drops (a Ctrl-C's too) so that :func:`raise_if_terminated` raises them again. (A
+        ``jax.distributed`` process installs none: ``jes.loop._take_sigterm``.)"""
         if threading.current_thread() is threading.main_thread() and not self._installed:
             if not (self.unless_handled and signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL):
                 self._previous = signal.signal(signal.SIGTERM, self._on_sigterm)
@@ -65,23 +66,26 @@ class SigtermAsInterrupt:
         """An interrupt dropped where Python cannot raise it (a gc callback, a weakref callback, a ``__del__``): not
         printed as "Exception ignored", since :func:`raise_if_terminated` raises it again (a SIGTERM's, or a
         Ctrl-C's, which the run would otherwise never see: it trained on to its end); anything else as before."""
-        if not (self._installed and isinstance(unraisable.exc_value, KeyboardInterrupt)):
-            self._unraisablehook(unraisable)
+        if not (self._installed and isinstance(unraisable.exc_value, KeyboardInterrupt)) or os.getpid() != self._pid:
+            self._unraisablehook(unraisable)  # (in a child forked meanwhile, which never checks: as without jes)
         elif not any(taking.terminated for taking in _INSTALLED):  # a Ctrl-C's (a SIGTERM's is raised again anyway)
             self.dropped.append(unraisable.exc_value)
 
-    def restore(self) -> None:
-        """Give SIGTERM back the handler it had (again: nothing)."""
+    def restore(self, ended_by: BaseException | None = None) -> None:
+        """Give SIGTERM back the handler it had (again: nothing). ``ended_by``: what ended the block, if anything
+        did (an interrupt, an error); where nothing did, a Ctrl-C Python dropped and no check raised again is said
+        on stderr."""
         if self._installed:
             self._installed = False
             if self in _INSTALLED:
                 _INSTALLED.remove(self)
             if sys.unraisablehook == self._unraisable:  # not over a hook installed meanwhile
                 sys.unraisablehook = self._unraisablehook
-            if self.dropped:  # after the run's last check for one: said, as it interrupted nothing
-                self.dropped.clear()
-                print("jes: a Ctrl-C came after the run's last check for one (Python dropped its KeyboardInterrupt "
-                      "in a gc callback): it interrupted nothing", file=sys.stderr, flush=True)
+            if self.dropped and ended_by is None and os.getpid() == self._pid:  # came too late to stop anything
+                print("jes: a Ctrl-C that Python dropped (its KeyboardInterrupt landed in a gc callback) came after "
+                      "the last point where jes could raise it again: it interrupted nothing", file=sys.stderr,
+                      flush=True)
+            self.dropped.clear()
             # Not over a handler installed meanwhile (by a callback, a library it set up); and None (a handler from
             # outside Python) cannot be given back, as before this module
             if signal.getsignal(signal.SIGTERM) == self._on_sigterm and self._previous is not None:
@@ -98,13 +102,10 @@ def raise_if_terminated() -> None:
     handler raised was dropped: it landed in a gc or weakref callback, or a ``__del__``, or it would have ended the
     run already), or if Python dropped a Ctrl-C's there (raised again once). Called where a run can stop cleanly
     (before each generation), so neither a SIGTERM nor a Ctrl-C is lost."""
-    if any(taking.terminated for taking in _INSTALLED):
+    if any(taking.terminated or taking.dropped for taking in _INSTALLED):
+        for taking in _INSTALLED:
+            taking.dropped.clear()  # raised now, once
         raise KeyboardInterrupt
-    for taking in _INSTALLED:
-        if taking.dropped:
-            for each in _INSTALLED:
-                each.dropped.clear()
-            raise KeyboardInterrupt
 
 
 @contextlib.contextmanager
@@ -113,8 +114,11 @@ def sigterm_as_interrupt(*, unless_handled: bool = False) -> Iterator[list[int]]
     taking = SigtermAsInterrupt(unless_handled=unless_handled)
     try:
         yield taking.install().terminated
+    except BaseException as err:
+        taking.restore(err)
+        raise
     finally:
-        taking.restore()
+        taking.restore()  # (nothing, once restored above)
 
 
 def terminate_as_sigterm() -> None:

@@ -512,7 +512,7 @@ def _end_if_terminated(taking: interrupts.SigtermAsInterrupt, name: str, error: 
     as SIGTERM ends it (status 143): what it would have done without jes, with nothing trained lost. ``error``: the
     interrupt (or error) the run raised, which names the checkpoint it saved; ``resume``: the one it continued;
     ``finished``: the checkpoint of a run that finished (``""`` without one), where none raised."""
-    taking.restore()
+    taking.restore(error)
     if not taking.terminated:
         return
     saved = getattr(error, "checkpoint_path", None) or resume

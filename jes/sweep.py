@@ -777,7 +777,7 @@ def sweep(
     named = [{k: v for k, v in s.items() if k in differing} for s in shown]
     # SIGTERM (kill, timeout, a cluster scheduler) as Ctrl-C, where it would end the process unhandled: the finished
     # rows are written, then the process ends as SIGTERM ends it (as jes.train takes it)
-    taking_sigterm = interrupts.SigtermAsInterrupt(unless_handled=True)
+    taking_sigterm, ended_by = interrupts.SigtermAsInterrupt(unless_handled=True), None
     try:
         _take_sigterm(taking_sigterm)  # not over JAX's preemption notifier (jax.distributed)
         try:
@@ -798,8 +798,11 @@ def sweep(
         if out_dir is not None:
             with interrupts.interrupts_deferred():  # (a SIGTERM now ends the sweep once its table is whole)
                 result.csv_path, result.json_path = _save(out_dir, identity, rows, log_dir, complete=True)
+    except BaseException as err:
+        ended_by = err
+        raise
     finally:
-        _end_if_terminated(taking_sigterm)
+        _end_if_terminated(taking_sigterm, ended_by)
     failed = [r for r in runs if r.status == "failed"]
     if failed:  # (once: jes sweep adds no line of its own, only its exit status 1)
         where = (f"the error column of their rows in {result.csv_path} and {result.json_path}" if result.csv_path
@@ -855,10 +858,11 @@ def _run_group(trainer: Trainer, indices: list[int], points: list[dict], seeds: 
         rows[i] = row
 
 
-def _end_if_terminated(taking: interrupts.SigtermAsInterrupt) -> None:
+def _end_if_terminated(taking: interrupts.SigtermAsInterrupt, ended_by: BaseException | None = None) -> None:
     """Give SIGTERM its handler back; if one came while the sweep ran (taken as Ctrl-C: the finished rows are written
-    by now, and :func:`_keep_finished` said where), end the process as SIGTERM ends it (status 143)."""
-    taking.restore()
+    by now, and :func:`_keep_finished` said where), end the process as SIGTERM ends it (status 143). ``ended_by``:
+    the interrupt or error that ended the sweep, if any."""
+    taking.restore(ended_by)
     if taking.terminated:
         print("jes.sweep: terminated by SIGTERM", file=sys.stderr, flush=True)
         interrupts.terminate_as_sigterm()

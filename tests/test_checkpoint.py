@@ -1345,6 +1345,8 @@ DROPPED_INTERRUPT_SCRIPT = """
 import gc, os, signal, sys
 import jes
 
+signal.signal(signal.SIGINT, signal.default_int_handler)  # a background job (CI's) inherits SIGINT ignored
+
 def callback(record):
     if record["generation"] == 2:  # the signal lands in a gc callback (as in JAX's _xla_gc_callback while it traces)
         def in_gc(phase, info):
@@ -1392,29 +1394,47 @@ def test_an_interrupt_python_dropped_still_stops_the_run_at_the_next_generation(
     assert checkpoint.read(path).generation == 2  # stopped before generation 3, not at 40
 
 
-def test_a_dropped_ctrl_c_is_raised_once_and_only_while_a_run_is_on():
+def test_a_dropped_ctrl_c_is_raised_once_and_only_while_a_run_is_on(capsys):
     """The interrupt Python dropped is raised again at the run's next check, once; outside a run (or after it
-    ended) nothing is kept, and other unraisable errors still reach the hook that was there."""
+    ended) nothing is kept, and other unraisable errors still reach the hook that was there. One no check raised
+    again is said as the block ends, unless an interrupt or error ended it; a forked child's passes on, as
+    without jes (the child never checks)."""
     from jes import interrupts
 
     seen = []
+    dropped = lambda: sys.unraisablehook(types.SimpleNamespace(exc_value=KeyboardInterrupt()))
+    late = "a Ctrl-C that Python dropped (its KeyboardInterrupt landed in a gc callback) came after the last point"
     previous, sys.unraisablehook = sys.unraisablehook, lambda u: seen.append(type(u.exc_value))
     try:
         taking = interrupts.SigtermAsInterrupt(unless_handled=True).install()
         try:
-            sys.unraisablehook(types.SimpleNamespace(exc_value=KeyboardInterrupt()))
+            dropped()
             sys.unraisablehook(types.SimpleNamespace(exc_value=ValueError()))
             assert seen == [ValueError]  # the interrupt kept, not printed
             with pytest.raises(KeyboardInterrupt):
                 interrupts.raise_if_terminated()
             interrupts.raise_if_terminated()  # once
-            sys.unraisablehook(types.SimpleNamespace(exc_value=KeyboardInterrupt()))
+            dropped()
         finally:
             taking.restore()
+        assert late in capsys.readouterr().err  # the block ended without it: said
         interrupts.raise_if_terminated()  # nothing installed: nothing kept
         assert taking.dropped == [] and seen == [ValueError]
-        sys.unraisablehook(types.SimpleNamespace(exc_value=KeyboardInterrupt()))
+        dropped()
         assert seen == [ValueError, KeyboardInterrupt]  # the hook given back
+
+        taking = interrupts.SigtermAsInterrupt(unless_handled=True).install()
+        dropped()
+        taking.restore(KeyboardInterrupt())  # a second Ctrl-C ended the run: nothing more to say
+        assert late not in capsys.readouterr().err and taking.dropped == []
+
+        taking = interrupts.SigtermAsInterrupt(unless_handled=True).install()
+        try:
+            taking._pid = -1  # as in a child forked meanwhile
+            dropped()
+            assert taking.dropped == [] and seen == [ValueError, KeyboardInterrupt, KeyboardInterrupt]
+        finally:
+            taking.restore()
     finally:
         sys.unraisablehook = previous
 

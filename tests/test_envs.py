@@ -434,10 +434,13 @@ def test_resuming_a_run_that_normalised_discrete_ids_says_that_it_now_sees_the_i
         resumed = jes.train(EmbedPolicy(), "FrozenLake-misc", "adam", config=config.replace(num_generations=3),
                             resume=path, log_dir=None, progress=False)
     assert list(resumed.history["generation"]) == [1, 2, 3]
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")  # a run of today's resumes without it
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")  # a run of today's resumes without it
         fresh = str(tmp_path / "today.ckpt")
         jes.train(EmbedPolicy(), "FrozenLake-misc", "adam", config=config, checkpoint_path=fresh, log_dir=None,
                   progress=False)
         jes.train(EmbedPolicy(), "FrozenLake-misc", "adam", config=config.replace(num_generations=3), resume=fresh,
                   log_dir=None, progress=False)
+    assert not [w for w in caught if "normalised env" in str(w.message)]
+    with pytest.warns(UserWarning, match="normalised env FrozenLake-misc's Discrete observations"):
+        jes.checkpoint.load(path)  # evaluated, too

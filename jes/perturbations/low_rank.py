@@ -774,7 +774,7 @@ class LowRank:
                 elif key in stacked:
                     why = (f"applied in slices of shape {list(applied[key])} (stacked by a lifted transform such as "
                            f"nn.scan or nn.vmap), which jes cannot factor")
-                elif _owner(key, modules).startswith("DenseParams"):  # a kernel the module around it applies
+                elif _owner(key, modules).split(" ")[0] == "DenseParams":  # a kernel the module around it applies
                     why = DENSE_PARAMS
                 else:
                     why = NOT_FACTORABLE
@@ -799,7 +799,7 @@ class LowRank:
         if not any(len(shape) >= 2 for _, shape in flat):  # nothing to factor, nor to warn of above
             warnings.warn(
                 f"LowRank(rank={self.rank}): this policy has no matrix parameter ("
-                f"{'its only leaf is a vector or scalar' if len(flat) == 1 else f'its {len(flat)} leaves are vectors or scalars'}: "
+                f"{'none at all' if not flat else 'its only leaf is a vector or scalar' if len(flat) == 1 else f'its {len(flat)} leaves are vectors or scalars'}: "
                 f"biases, scales), so every member draws full-rank noise for all of it, as with "
                 f"full rank, under a run labelled low rank: use jes.FullRank() (jes train: --perturbation full_rank)",
                 LowRankWarning, stacklevel=_caller_outside_jes(),
