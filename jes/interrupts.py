@@ -111,14 +111,14 @@ def raise_if_terminated() -> None:
 @contextlib.contextmanager
 def sigterm_as_interrupt(*, unless_handled: bool = False) -> Iterator[list[int]]:
     """:class:`SigtermAsInterrupt` while the block runs; yields its ``terminated`` list (``[SIGTERM]`` once one came)."""
-    taking = SigtermAsInterrupt(unless_handled=unless_handled)
+    taking, ended_by = SigtermAsInterrupt(unless_handled=unless_handled), None
     try:
         yield taking.install().terminated
     except BaseException as err:
-        taking.restore(err)
+        ended_by = err
         raise
     finally:
-        taking.restore()  # (nothing, once restored above)
+        taking.restore(ended_by)
 
 
 def terminate_as_sigterm() -> None:
