@@ -201,7 +201,7 @@ def build_policy(description: dict, path: str = "<checkpoint>", allow_modules: A
     ``checkpoint``: the description is a checkpoint's (a failure then suggests restoring its state into a trainer
     built by hand), not a ``.policy`` file's.
     """
-    allow = checkpoint_allowlist(description.get("class") if isinstance(description, dict) else None, allow_modules)
+    allow = checkpoint_allowlist(describe.policy_class_of(description), allow_modules)
     try:
         return describe.build_object(description, allow, "policy", role="policy")
     except describe.DescriptionError as err:

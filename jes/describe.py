@@ -398,6 +398,8 @@ def describe_object(obj: Any, what: str, *, lenient: bool = False) -> dict:
         DescriptionError: its class is not importable by name (defined in ``__main__``, a notebook, a function).
     """
     cls = type(obj)
+    if _path_of(cls) == TO_LINEN:
+        return _describe_to_linen(obj, what, lenient)
     path = _importable(cls)
     if (path is None or cls.__module__ == "__main__") and lenient:  # a checkpoint of a notebook's own class
         path = _path_of(cls) or f"{cls.__module__}:{cls.__qualname__}"  # recorded; building it will fail
@@ -416,6 +418,62 @@ def describe_object(obj: Any, what: str, *, lenient: bool = False) -> dict:
                 continue  # a default initializer (a closure): the rebuilt object has it too
             fields[f.name] = describe_value(getattr(obj, f.name), f"{what}.{f.name}", lenient=lenient)
     return {"class": path, "fields": fields}
+
+
+# flax.nnx's bridge into linen: an nnx module class (and its constructor's arguments) as a linen module. Resolved
+# without an opt-in, imported only when a description names it (`import flax.nnx` costs ~0.2 s).
+TO_LINEN = "flax.nnx.bridge.wrappers:ToLinen"
+
+
+def _to_linen_class() -> type:
+    from flax.nnx.bridge import wrappers
+
+    return wrappers.ToLinen
+
+
+def _describe_to_linen(obj: Any, what: str, lenient: bool) -> dict:
+    """``nnx.bridge.ToLinen(MyModule, args=..., kwargs=...)``: the nnx class by name (it must be importable, as a
+    linen policy's class must) and its constructor's arguments as plain data; ``metadata_fn`` only where it is
+    not flax's default."""
+    nnx_class = obj.nnx_class
+    path = _importable(nnx_class) if isinstance(nnx_class, type) else None
+    if path is None or nnx_class.__module__ == "__main__":
+        shown = (f"{nnx_class.__module__}:{nnx_class.__qualname__}" if isinstance(nnx_class, type)
+                 else repr(nnx_class))
+        if not lenient:
+            raise DescriptionError(
+                f"{what}.nnx_class is {shown}, which cannot be imported by name; define the nnx module at module "
+                f"level in an importable module (not __main__ or a notebook)")
+        described_class: Any = {"__unimportable__": shown}
+    else:
+        described_class = {"__nnx_class__": path}
+    kwargs = dict(obj.kwargs)
+    if not all(isinstance(k, str) for k in kwargs):
+        raise DescriptionError(f"{what}.kwargs has keys that are not strings: {sorted(map(repr, kwargs))}")
+    fields = {
+        "nnx_class": described_class,
+        "args": describe_value(tuple(obj.args), f"{what}.args", lenient=lenient),
+        "kwargs": {"__mapping__": {k: describe_value(v, f"{what}.kwargs[{k!r}]", lenient=lenient)
+                                   for k, v in kwargs.items()}},
+        "skip_rng": describe_value(obj.skip_rng, f"{what}.skip_rng", lenient=lenient),
+    }
+    default = {f.name: f.default for f in dataclasses.fields(obj)}["metadata_fn"]
+    if obj.metadata_fn is not default:
+        fields["metadata_fn"] = describe_value(obj.metadata_fn, f"{what}.metadata_fn", lenient=lenient)
+    return {"class": TO_LINEN, "fields": fields}
+
+
+def policy_class_of(description: Any) -> str | None:
+    """The ``"module:QualName"`` of the user's class a policy description stands for: its class, or a ``ToLinen``'s
+    nnx module class (what an imported module admits, :func:`jes.checkpoint.checkpoint_allowlist`)."""
+    if not isinstance(description, dict):
+        return None
+    path = description.get("class")
+    if path == TO_LINEN:
+        fields = description.get("fields")
+        described = fields.get("nnx_class") if isinstance(fields, dict) else None
+        path = described.get("__nnx_class__") if isinstance(described, dict) else None
+    return path if isinstance(path, str) else None
 
 
 def current_directory_importable() -> None:
@@ -452,7 +510,7 @@ def own_modules(description: Any) -> tuple[str, ...]:
 
     def walk(value: Any) -> None:
         if isinstance(value, dict):
-            for key in ("class", "__callable__", "callable"):
+            for key in ("class", "__callable__", "callable", "__nnx_class__"):
                 path = value.get(key)
                 if isinstance(path, str) and ":" in path:
                     module = path.partition(":")[0]
@@ -485,6 +543,8 @@ def resolve(path: Any, allow: Allowlist, what: str, kind: str = "class") -> Any:
     registry = registered_classes() if kind == "class" else registered_callables()
     if path in registry:
         return registry[path]
+    if kind == "class" and path == TO_LINEN:
+        return _to_linen_class()
     module_name, qualname = path.split(":")
     parts = qualname.split(".")
     if not all(p.isidentifier() and not p.startswith("__") for p in parts):
@@ -564,6 +624,23 @@ def _walk(value: Any, allow: Allowlist, what: str, build: bool, role: str = "val
             raise DescriptionError(f"{what}: malformed sequence")
         items = [_walk(v, allow, f"{what}[{i}]", build, depth=depth + 1) for i, v in enumerate(seq)]
         return (tuple(items) if value.get("tuple") else items) if build else None
+    if "__mapping__" in value:  # a ToLinen's kwargs: string keys, an immutable mapping as the field was
+        items = value["__mapping__"]
+        if not isinstance(items, dict) or not all(isinstance(k, str) for k in items):
+            raise DescriptionError(f"{what}: malformed mapping")
+        built = {k: _walk(v, allow, f"{what}[{k!r}]", build, depth=depth + 1) for k, v in items.items()}
+        if not build:
+            return None
+        from flax.core import FrozenDict
+
+        return FrozenDict(built)
+    if "__nnx_class__" in value:  # a ToLinen's module class: a flax.nnx.Module subclass from an allowed module
+        cls = resolve(value["__nnx_class__"], allow, what)
+        from flax import nnx
+
+        if not (isinstance(cls, type) and issubclass(cls, nnx.Module)):
+            raise RefusedError(f"{what}: {value['__nnx_class__']!r} is not a flax.nnx.Module subclass")
+        return cls
     if "__callable__" in value or "callable" in value:  # "callable": checkpoints of format 1
         obj = resolve(value.get("__callable__", value.get("callable")), allow, what, kind="callable")
         registered = any(obj is fn for fn in registered_callables().values())  # dtypes are classes

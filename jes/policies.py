@@ -13,6 +13,7 @@ episodes. Two call conventions are supported:
 from __future__ import annotations
 
 import math
+import sys
 from typing import Any, Callable, Sequence
 
 import flax.linen as nn
@@ -206,6 +207,15 @@ def is_recurrent(policy: nn.Module) -> bool:
 def fit_to_outputs(policy: nn.Module, num_outputs: int) -> nn.Module:
     """Return ``policy`` with ``num_outputs`` filled in when it has such a field left as ``None``."""
     if not isinstance(policy, nn.Module):
+        nnx = sys.modules.get("flax.nnx")  # an nnx module's user has imported flax.nnx
+        if nnx is not None and isinstance(policy, nnx.Module):
+            name = type(policy).__name__
+            raise TypeError(
+                f"policy is a flax.nnx module ({name}); jes trains flax.linen modules, made from a class and its "
+                f"fields so that every member, worker and saved file can rebuild it. Give the class and its "
+                f"constructor's arguments (without rngs) through Flax's bridge instead of an instance: "
+                f"flax.nnx.bridge.ToLinen({name}, args=(...), kwargs={{...}}); jes initialises it from the run's key. "
+                f"See the policies guide (flax.nnx)")
         raise TypeError(
             f"policy must be a flax.linen.Module (e.g. jes.GRUPolicy(), jes.MLPPolicy()), got {type(policy).__name__}"
         )

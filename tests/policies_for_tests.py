@@ -2,6 +2,7 @@
 from typing import Callable
 
 import flax.linen as nn
+from flax import nnx
 import jax.numpy as jnp
 
 
@@ -32,3 +33,15 @@ class EmbedPolicy(nn.Module):
     @nn.compact
     def __call__(self, obs):  # (Flax initialises it on float32 zeros: cast)
         return nn.Dense(self.num_outputs)(nn.Embed(self.num, 8)(obs.astype(jnp.int32)))
+
+
+class NnxMLP(nnx.Module):
+    """A flax.nnx policy (trained through ``nnx.bridge.ToLinen``): one hidden layer of ``features``, ``num_outputs``
+    outputs."""
+
+    def __init__(self, num_outputs: int, *, features: int = 8, rngs: nnx.Rngs):
+        self.hidden = nnx.Linear(4, features, rngs=rngs)
+        self.head = nnx.Linear(features, num_outputs, rngs=rngs)
+
+    def __call__(self, obs):
+        return self.head(jnp.tanh(self.hidden(obs)))

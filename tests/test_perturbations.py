@@ -649,6 +649,24 @@ def test_one_fallback_warning_names_every_leaf_its_layer_and_the_cell_around_it(
     assert [leaf.path[-1] for leaf in layout.factored] == ["kernel"]  # the head; the cell's 8 gate kernels fall back
 
 
+def test_a_flax_nnx_policys_layers_fall_back_naming_nnx_and_what_low_rank_needs():
+    """An nnx module (through nnx.bridge.ToLinen) calls its layers itself: its matrices fall back, said as nnx's,
+    not with the generic reason and the list of linen layers it does not use."""
+    from flax import nnx
+
+    import policies_for_tests as mine
+
+    fns = PolicyFns(nnx.bridge.ToLinen(mine.NnxMLP, args=(2,)), (4,))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        layout = jes.LowRank(1).layout(fns, fns.init(jax.random.key(0)))
+    message = str(caught[0].message)
+    assert len(caught) == 1 and caught[0].category is perturbations.LowRankFallbackWarning
+    assert message.count("of layer ToLinen: a flax.nnx layer (inside nnx.bridge.ToLinen), which jes cannot factor\n") == 2
+    assert "Write the policy's matrices as flax.linen layers" in message and "Layers jes can factor" not in message
+    assert not layout.factored
+
+
 class BiasOnly(nn.Module):
     @nn.compact
     def __call__(self, obs):

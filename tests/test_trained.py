@@ -486,3 +486,83 @@ def test_a_policy_file_with_non_finite_parameters_loads_with_a_warning(policy_fi
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         jes.load_policy(rewritten(policy_file, tmp_path / "fine.policy"))
+
+
+NNX_LOAD_SCRIPT = '''
+import sys
+
+import numpy as np
+
+import jes
+import policies_for_tests  # the nnx class's module, imported by the program that loads the file
+
+trained = jes.load_policy(sys.argv[1])
+print("params", trained.flat_params.tobytes().hex())
+print("returns", np.asarray(trained.evaluate(4), np.float32).tobytes().hex())
+'''
+
+
+@pytest.mark.hard_timeout(900)
+def test_a_flax_nnx_policy_trains_resumes_and_is_saved_loaded_and_evaluated_elsewhere(tmp_path):
+    """A flax.nnx module through Flax's bridge (``nnx.bridge.ToLinen``): its run writes a checkpoint that resumes
+    and that ``jes eval`` rebuilds, and its policy file loads in another process (its module imported there) with
+    the same parameters and the same returns, bit for bit; a file naming a linen class as the nnx class is refused.
+    Before, the checkpoint could not be evaluated by another program and save_policy raised on ToLinen's fields."""
+    from flax import nnx
+
+    import policies_for_tests as mine
+    from subprocess_for_tests import checkout_env, run_script
+
+    policy = nnx.bridge.ToLinen(mine.NnxMLP, args=(2,), kwargs={"features": 6})
+    run = tmp_path / "run"
+    result = jes.train(policy, "CartPole-v1", "adam", key=3, **dict(SMALL, log_dir=str(run)))
+    resumed = jes.train(policy, "CartPole-v1", "adam", key=3, resume=True,
+                        **dict(SMALL, num_generations=3, log_dir=str(run)))
+    assert list(resumed.history["generation"]) == [1, 2, 3] and result.flat_params.size == 4 * 6 + 6 + 6 * 2 + 2
+    path = tmp_path / "nnx.policy"
+    resumed.save_policy(str(path))
+    script = tmp_path / "load.py"
+    script.write_text(NNX_LOAD_SCRIPT)
+    done = run_script(script, str(path), timeout=600, tests=True)
+    assert done.returncode == 0, done.stdout + done.stderr
+    lines = dict(line.split(" ", 1) for line in done.stdout.splitlines() if line.startswith(("params", "returns")))
+    assert lines["params"] == np.asarray(resumed.flat_params, np.float32).tobytes().hex()
+    assert lines["returns"] == np.asarray(resumed.evaluate(4), np.float32).tobytes().hex()
+    import subprocess
+    import sys
+
+    evaluated = subprocess.run([sys.executable, "-m", "jes", "eval", str(run / "checkpoint.ckpt"), "--import",
+                                "policies_for_tests", "--episodes", "4"], env=checkout_env(tests=True),
+                               capture_output=True, text=True, timeout=600)
+    assert evaluated.returncode == 0 and "ToLinen" in evaluated.stdout, evaluated.stdout + evaluated.stderr
+
+    def linen_class(meta):
+        meta["policy"]["fields"]["nnx_class"] = {"__nnx_class__": "policies_for_tests:SwishPolicy"}
+
+    with pytest.raises(jes.trained.PolicyFileError, match=r"SwishPolicy' is not a flax.nnx.Module subclass"):
+        jes.load_policy(rewritten(path.read_bytes(), tmp_path / "linen.policy", linen_class))
+
+
+def test_a_flax_nnx_module_instance_is_refused_naming_flaxs_bridge():
+    from flax import nnx
+
+    import policies_for_tests as mine
+
+    with pytest.raises(TypeError, match=r"flax.nnx module \(NnxMLP\).*nnx.bridge.ToLinen\(NnxMLP, args="):
+        jes.train(mine.NnxMLP(2, rngs=nnx.Rngs(0)), "CartPole-v1", "adam", **SMALL)
+
+
+def test_a_flax_nnx_class_no_program_can_import_is_not_saved_to_a_policy_file(tmp_path):
+    from flax import nnx
+
+    class Local(nnx.Module):  # a class no other program can import
+        def __init__(self, rngs):
+            self.head = nnx.Linear(4, 2, rngs=rngs)
+
+        def __call__(self, obs):
+            return self.head(obs)
+
+    trained = jes.trained.TrainedPolicy(nnx.bridge.ToLinen(Local), np.zeros(10, np.float32), (4,),
+                                        jes.trained.ActionMap(discrete=True, num_outputs=2), env_name="CartPole-v1")
+    with pytest.raises(jes.describe.DescriptionError, match=r"nnx_class is test_trained:.*<locals>.Local, which cannot be imported by name"):
+        trained.save(str(tmp_path / "local.policy"))

@@ -161,6 +161,9 @@ NOT_FACTORABLE = "not applied by a layer jes can factor"
 DENSE_PARAMS = "a DenseParams kernel, which the module around it applies itself"
 DENSE_PARAMS_HELP = ("OptimizedLSTMCell (DenseParams' user in flax) concatenates its gates' kernels into one product; "
                      "nn.LSTMCell is the same cell with each gate a Dense, which jes factors.")
+NNX_LAYER = "a flax.nnx layer (inside nnx.bridge.ToLinen), which jes cannot factor"
+NNX_HELP = ("jes factors flax.linen layers, whose calls it intercepts; an nnx module's layers are called by the module "
+            "itself. Write the policy's matrices as flax.linen layers (nn.Dense, nn.Conv, ...) for low rank.")
 FACTORABLE = ("Layers jes can factor: Dense; DenseGeneral over the last input axis with one output axis; Conv without "
               "feature groups or a mask; Embed; GRUCell, LSTMCell, MGUCell and SimpleCell (built from Dense) and "
               "ConvLSTMCell (built from Conv); `matvec = jes.policies.matvec` as a layer's method; "
@@ -776,6 +779,8 @@ class LowRank:
                            f"nn.scan or nn.vmap), which jes cannot factor")
                 elif _owner(key, modules).split(" ")[0] == "DenseParams":  # a kernel the module around it applies
                     why = DENSE_PARAMS
+                elif _owner(key, modules).split(" ")[0] == "ToLinen":  # flax.nnx layers: no linen method to intercept
+                    why = NNX_LAYER
                 else:
                     why = NOT_FACTORABLE
                 fallbacks.append(f"  {'/'.join(key)} {list(shape)} of layer {_owner(key, modules)}: {why}")
@@ -786,6 +791,7 @@ class LowRank:
             others, many = sum(leaf.factored for leaf in leaves), len(fallbacks) > 1
             help_line = f"\n{FACTORABLE}" if any(line.endswith(NOT_FACTORABLE) for line in fallbacks) else ""
             help_line += f"\n{DENSE_PARAMS_HELP}" if any(line.endswith(DENSE_PARAMS) for line in fallbacks) else ""
+            help_line += f"\n{NNX_HELP}" if any(line.endswith(NNX_LAYER) for line in fallbacks) else ""
             if not others:  # (a run labelled low rank whose every matrix gets dense noise)
                 help_line += ("\nNo matrix of this policy is factored: every member is materialised, as with full "
                               "rank; use jes.FullRank() (jes train: --perturbation full_rank), or layers jes can factor.")
