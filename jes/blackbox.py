@@ -470,12 +470,27 @@ class StopCriteria:
     - ``max_condition``: the covariance's condition number exceeds it (cma_es: ``max(D)^2 / min(D)^2``;
       sep_cma_es: ``max(diag_c) / min(diag_c)``). ``None``: 1e14 for float64 states, 1e7 for float32 ones,
       where the eigendecomposition stops resolving the small axes.
+    - ``flat_fitness``: every member of the generation had the same value, in more than ``flat_fitness``
+      generations in a row (as pycma's ``tolflatfitness``, whose default is 1; ``None``, jes's default, turns it
+      off). A flat generation carries no ranking: the strategies' step-size rules then shrink the search on no
+      evidence, which is how a run whose members all land where ``fitness_fn`` returns one penalty value (an
+      infeasible region) collapses; ``flat_fitness=1`` stops it at the second such generation, and with
+      ``restarts`` the next run starts at once. It also stops a float32 run whose members' values have become
+      equal in float32 (numerical convergence, which ``tolfun`` would stop some generations later); plateaus such
+      as bbob's step ellipsoid (f7) trigger it too.
     """
 
     tolfun: float = 1e-11
     tolx: float = 1e-11
     stagnation: bool = True
     max_condition: float | None = None
+    flat_fitness: int | None = None
+
+    def __post_init__(self):
+        value = self.flat_fitness
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0):
+            raise ValueError(f"StopCriteria.flat_fitness must be a number of generations >= 0 or None (off), "
+                             f"got {value!r}")
 
     def check(self, rows: list, num_params: int, num_members: int, condition: float | None, dtype) -> str | None:
         """The name of the criterion that fires after the newest of ``rows`` (per generation: best value,
@@ -494,6 +509,9 @@ class StopCriteria:
             limit = 1e14 if np.dtype(dtype) == np.float64 else 1e7
         if condition is not None and not condition <= limit:
             return "max_condition"
+        if self.flat_fitness is not None and g > self.flat_fitness:
+            if all(r[0] == r[1] for r in rows[-(self.flat_fitness + 1):]):
+                return "flat_fitness"
         if self.stagnation:
             span = int(120 + 30 * num_params / num_members)
             if g >= span:

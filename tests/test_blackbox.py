@@ -155,6 +155,33 @@ def test_max_evaluations_and_tolfun():
     assert flat.stop_reason == "tolfun" and len(flat.history["generation"]) == 10 + -(-30 * 4 // 8)
 
 
+@pytest.mark.parametrize("strategy", ["cma_es", "sep_cma_es"])
+def test_generations_whose_members_all_get_one_penalty_stop_the_run_as_pycmas_flat_fitness(strategy):
+    """Every member in an infeasible region (one penalty value): no ranking, and the step-size rule shrank sigma on
+    no evidence (0.3 to ~0.01 before tolfun fired, 20-odd generations on). Now the second flat generation in a row
+    stops the run (pycma's tolflatfitness; opt-in in jes), the same generation with host=True, and a restart follows
+    at once."""
+    penalised = lambda x: jnp.where(x[0] < 5.0, 1e6, jnp.sum(x ** 2))  # noqa: E731
+    run = dict(strategy=strategy, minimize=True, key=0, noise_std=0.3)
+    off = jes.optimize(penalised, np.zeros(4, np.float32), num_generations=30, stop=StopCriteria(), **run)
+    assert off.stop_reason == "tolfun" and off.history["noise_std"][-1] < 0.1 * off.history["noise_std"][0]
+    for host in (False, True):
+        fn = (lambda x: float(penalised(x))) if host else penalised
+        on = jes.optimize(fn, np.zeros(4, np.float32), num_generations=30, stop=StopCriteria(flat_fitness=1),
+                          host=host, **run)
+        assert on.stop_reason == "flat_fitness" and list(on.history["generation"]) == [1, 2]
+    once = jes.optimize(penalised, np.zeros(4, np.float32), num_generations=30, stop=StopCriteria(flat_fitness=0),
+                        **run)
+    assert once.stop_reason == "flat_fitness" and list(once.history["generation"]) == [1]
+    restarted = jes.optimize(penalised, np.zeros(4, np.float32), restarts="ipop", max_restarts=1,
+                             stop=StopCriteria(flat_fitness=1), **run)
+    assert [r["stop_reason"] for r in restarted.runs] == ["flat_fitness", "flat_fitness"]
+    assert restarted.stop_reason == "max_restarts"
+    for bad in (-1, 1.5, True, "1"):
+        with pytest.raises(ValueError, match=r"StopCriteria.flat_fitness must be a number of generations >= 0"):
+            StopCriteria(flat_fitness=bad)
+
+
 def test_ipop_doubles_the_population_and_derives_each_runs_key_from_the_run_key():
     r = jes.optimize(rastrigin, 3 * jnp.ones(3), "cma_es", minimize=True, noise_std=0.1, key=5, restarts="ipop",
                      max_restarts=2)
