@@ -1466,7 +1466,19 @@ def _run_on_host(problem: HostFunctionProblem, key: Any, num_generations: int, s
     return result(state, stop_reason)
 
 
-def _ask_tell_from_arguments(cls: type, arguments: dict) -> "AskTell":
+def _ask_tell_from_arguments(cls: type, arguments: dict, dtype: str | None = None) -> "AskTell":
+    """Unpickle an :class:`AskTell` to search in the float dtype it searched in (``dtype``; ``None``: pickled before
+    jes recorded it): a float32 search of a float64 ``x0`` (x64 mode off where it was pickled) stays float32 in x64
+    mode; a float64 search is refused where x64 mode is off, since it would go on in float32 (its pickled states'
+    float64 arrays are cut to float32 as they load), not as it was."""
+    if dtype == "float32" and jax.config.jax_enable_x64:
+        narrow = lambda x: x.astype(np.float32) if isinstance(x, (np.ndarray, np.floating)) and x.dtype == np.float64 else x  # noqa: E731
+        arguments = dict(arguments, x0=jax.tree.map(narrow, arguments["x0"]))
+    if dtype == "float64" and not jax.config.jax_enable_x64:
+        raise RuntimeError(
+            "this AskTell searched in float64 (JAX's x64 mode was on where it was pickled), but x64 mode is off here: "
+            "it would go on in float32, and its states' float64 arrays would load as float32. Call "
+            "jax.config.update('jax_enable_x64', True) (or set JAX_ENABLE_X64=1) before unpickling it and its states")
     return cls(**arguments)
 
 
@@ -1544,7 +1556,7 @@ class AskTell:
                 raise TypeError(f"this AskTell cannot be pickled: its {name} ({type(value).__name__}) does not pickle "
                                 f"(an optax object or schedule is a closure); make it with the optimizer's name and "
                                 f"a number to pickle it") from err  # argument
-        return _ask_tell_from_arguments, (type(self), self._arguments)
+        return _ask_tell_from_arguments, (type(self), self._arguments, str(self.problem.x0.dtype))
 
     def __copy__(self) -> "AskTell":
         """A new AskTell sharing this one's parts (pickling's rebuild is not needed to copy, nor always possible)."""

@@ -1172,3 +1172,59 @@ def test_an_integer_leaf_beside_floats_is_warned_searched_as_a_float():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         jes.AskTell("snes", [0, 0, 0], 8)
+
+
+ASK_TELL_PICKLE_SCRIPT = '''
+import pickle
+import sys
+import warnings
+
+import numpy as np
+
+import jes
+
+warnings.simplefilter("ignore")  # a float64 x0 without x64 mode warns that the search is float32: that is the case
+if sys.argv[1] == "write":
+    es = jes.AskTell("sep_cma_es", x0=np.full(4, 100.0), num_members=8, minimize=True)
+    state = es.init(0)
+    for _ in range(2):
+        x = np.asarray(es.ask(state))
+        state, _ = es.tell(state, (x ** 2).sum(1))
+    with open(sys.argv[2], "wb") as f:
+        pickle.dump((es, state), f)
+else:
+    with open(sys.argv[2], "rb") as f:
+        es, state = pickle.load(f)
+x = np.asarray(es.ask(state))
+print("members", x.dtype, x.tobytes().hex())
+'''
+
+
+@pytest.mark.hard_timeout(600)
+def test_a_pickled_ask_tell_goes_on_in_the_float_dtype_it_searched_in_or_is_refused(tmp_path):
+    """An AskTell that searched in float64 (x64 mode) unpickled without x64 went on in float32 (its states' arrays
+    cut to float32 as they load) with only the float64-x0 warning: now refused, saying to turn x64 on. One that
+    searched in float32 from a float64 x0 (x64 off) went on in float64 where x64 is on: now float32, the same
+    members bit for bit."""
+    import subprocess
+
+    from subprocess_for_tests import checkout_env
+
+    script = tmp_path / "asktell.py"
+    script.write_text(ASK_TELL_PICKLE_SCRIPT)
+
+    def run(step, path, x64):
+        done = subprocess.run([sys.executable, str(script), step, str(path)], capture_output=True, text=True,
+                              timeout=300, env=checkout_env(tests=True, JAX_ENABLE_X64="1" if x64 else "0"))
+        return done.returncode, done.stdout + done.stderr
+
+    code, out = run("write", tmp_path / "f32.pkl", x64=False)
+    assert code == 0, out
+    written = [line for line in out.splitlines() if line.startswith("members")]
+    code, out = run("read", tmp_path / "f32.pkl", x64=True)
+    assert code == 0 and [line for line in out.splitlines() if line.startswith("members")] == written, out
+    assert written[0].startswith("members float32")
+    code, out = run("write", tmp_path / "f64.pkl", x64=True)
+    assert code == 0 and "members float64" in out, out
+    code, out = run("read", tmp_path / "f64.pkl", x64=False)
+    assert code != 0 and "this AskTell searched in float64" in out and "jax_enable_x64" in out, out
