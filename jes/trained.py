@@ -50,7 +50,10 @@ from jes.strategies import noise
 POLICY_MAGIC = b"JESPOLI1"
 # 2: a Box with some bounds infinite maps each dimension by its own bounds (format 1 files keep the raw outputs they
 # were trained with: ActionMap.raw_unless_bounded).
-POLICY_FORMAT_VERSION = 2
+# 3: an action's "start" (a Gymnasium Discrete space's) and "integer" (an integer Box's): act / policy_fn return the
+# env's own action. Written only by files that have them (the others stay 2, which older jes reads alike).
+POLICY_FORMAT_VERSION = 3
+ENV_ACTION_FORMAT_VERSION = 3
 _HEADER = struct.Struct("<8sQ32s")
 # How to evaluate a policy whose env its name does not rebuild (`jes eval`, which takes no env object, says otherwise)
 ENV_HINT = "pass env=... (jes.make_env(your_env)) to evaluate or render"
@@ -79,14 +82,32 @@ class ActionMap:
     # A policy file of format 1 with some bounds infinite: the raw output in every dimension, as it was trained (not
     # written to files; see jes.envs.spec.box_action)
     raw_unless_bounded: bool = False
+    # What a Gymnasium env's own action adds (jes.envs.gymnasium.GymnasiumEnv.env_action), applied by act and
+    # policy_fn, not by training's mapping (__call__): a Discrete space's start; an integer Box (rounded, clipped).
+    start: int = 0
+    integer: bool = False
 
     @classmethod
     def from_spec(cls, spec: EnvSpec) -> "ActionMap":
         def flat(x):
             return None if x is None else tuple(float(v) for v in np.asarray(x, np.float32).ravel())
 
+        finish = getattr(spec.env, "action_finish", None)
+        start, integer = finish() if callable(finish) else (0, False)
         return cls(discrete=spec.discrete, num_outputs=spec.num_outputs, action_shape=tuple(spec.action_shape),
-                   low=flat(spec.action_low), high=flat(spec.action_high))
+                   low=flat(spec.action_low), high=flat(spec.action_high), start=int(start), integer=bool(integer))
+
+    def env_action(self, action: jax.Array) -> jax.Array:
+        """An action of :meth:`__call__` as the env takes it (what the host rollout hands a Gymnasium env): a
+        Discrete space's ``start`` added (int32); an integer Box's action rounded to the nearest integer within its
+        bounds (int32); any other as it is."""
+        if self.discrete:
+            return action + jnp.int32(self.start) if self.start else action
+        if not self.integer:
+            return action
+        low = np.asarray(self.low, np.float32).reshape(self.action_shape)
+        high = np.asarray(self.high, np.float32).reshape(self.action_shape)
+        return jnp.clip(jnp.rint(action), low, high).astype(jnp.int32)
 
     def __call__(self, out: jax.Array) -> jax.Array:
         # Must stay op-for-op the same as EnvSpec.action: tests compare the two bit for bit.
@@ -157,7 +178,7 @@ class TrainedPolicy:
             obs_stats = (np.asarray(count, np.float32).reshape(()), np.asarray(total, np.float32).reshape(self.obs_shape),
                          np.asarray(sumsq, np.float32).reshape(self.obs_shape))
         self.obs_stats = obs_stats
-        self._act = jax.jit(self.apply)
+        self._act = jax.jit(self._env_apply)
         self._evaluators: dict = {}  # EnvSpec -> jitted evaluation
 
     def _check_action_map(self, flat: Any) -> None:
@@ -226,8 +247,16 @@ class TrainedPolicy:
         return tuple(np.asarray(x) for x in obs_mean_std(*(jnp.asarray(x) for x in self.obs_stats)))
 
     def apply(self, variables: dict, carry: Any, obs: jax.Array) -> tuple[Any, jax.Array]:
-        """``(carry, action)`` for one observation, given :attr:`variables` (pure; vmap/jit it freely)."""
+        """``(carry, action)`` for one observation, given :attr:`variables` (pure; vmap/jit it freely): training's
+        action, before what a Gymnasium env adds to it (a ``Discrete`` space's ``start``, an integer ``Box``'s
+        rounding), which :meth:`act` and :meth:`policy_fn` apply."""
         return self._apply_normed(variables["params"], _obs_scale(variables["obs_stats"]), carry, obs)
+
+    def _env_apply(self, variables: dict, carry: Any, obs: jax.Array) -> tuple[Any, jax.Array]:
+        """:meth:`apply` with the action as the env takes it (:meth:`ActionMap.env_action`): what act and policy_fn
+        return."""
+        carry, action = self.apply(variables, carry, obs)
+        return carry, self.action_map.env_action(action)
 
     def _apply_normed(self, params: Any, obs_scale: Any, carry: Any, obs: jax.Array) -> tuple[Any, jax.Array]:
         # The same operations as the rollout's (jes.rollout.run_episodes): tests compare them bit for bit.
@@ -248,8 +277,9 @@ class TrainedPolicy:
         ``jes.load_policy(path, env=...)``); where it cannot be, ``act`` says to pass the flattened observation.
 
         Returns:
-            ``(carry, action)``: an int32 scalar for discrete envs, else an ``action_shape`` float32 array
-            in the env's bounds.
+            ``(carry, action)``, the action as the env takes it (what training handed the env): an int32 scalar for
+            discrete envs (a Gymnasium ``Discrete`` space's ``start`` added), else an ``action_shape`` float32 array
+            in the env's bounds (an integer ``Box``'s: the nearest integers within them, int32).
         """
         obs = jnp.asarray(self._flat_observation(obs), jnp.float32)
         if tuple(obs.shape) != tuple(self.obs_shape):
@@ -292,9 +322,10 @@ class TrainedPolicy:
 
     def policy_fn(self) -> Callable[[Any, jax.Array], tuple[Any, jax.Array]]:
         """A self-contained ``fn(carry, obs) -> (carry, action)`` with params, normaliser and action mapping
-        baked in; jit or vmap it as you like (``jax.vmap(fn)`` over a batch of envs)."""
+        baked in, the action as :meth:`act` returns it; jit or vmap it as you like (``jax.vmap(fn)`` over a batch of
+        envs)."""
         variables = self.variables
-        apply = self.apply
+        apply = self._env_apply
 
         def fn(carry, obs):
             return apply(variables, carry, obs)
@@ -532,11 +563,14 @@ def _policy_file(trained: TrainedPolicy) -> tuple[bytes, dict]:
         raise describe.DescriptionError(f"cannot save this policy to a file: {err} (a .policy file names its class and "
                                         f"fields for the program that loads it)") from err
     meta = {
-        "format": "jes-policy", "version": POLICY_FORMAT_VERSION,
+        "format": "jes-policy", "version": 2,
         "policy": description, "env_name": trained.env_name,
         "obs_shape": list(trained.obs_shape), "max_steps": trained.max_steps,
-        "action": {k: v for k, v in dataclasses.asdict(trained.action_map).items() if k != "raw_unless_bounded"},
+        "action": {k: v for k, v in dataclasses.asdict(trained.action_map).items()
+                   if k != "raw_unless_bounded" and (k not in ("start", "integer") or v)},
     }
+    if trained.action_map.start or trained.action_map.integer:  # read right only by a jes that applies them
+        meta["version"] = ENV_ACTION_FORMAT_VERSION
     content = {"meta": json.dumps(meta), "params": trained.flat_params}
     if trained.obs_stats is not None:
         content["obs_count"], content["obs_sum"], content["obs_sumsq"] = trained.obs_stats
@@ -551,7 +585,7 @@ POLICY_META_SCHEMA = {
     "version": schema.non_negative_int(), "policy": schema.OBJECT, "env_name": str, "obs_shape": schema.shape(),
     "max_steps": (None, schema.Check(schema.INT, lambda v: 0 < v < schema.MAX_DIM, "a positive int")),
     "action": {"discrete": bool, "num_outputs": schema.Check(schema.INT, lambda v: 0 < v < schema.MAX_DIM, "a positive int"),
-               "action_shape": schema.shape(), "low": _BOUND, "high": _BOUND},
+               "action_shape": schema.shape(), "low": _BOUND, "high": _BOUND, "start?": schema.INT, "integer?": bool},
 }
 
 
@@ -639,7 +673,8 @@ def policy_from_bytes(data: bytes, path: str = "<policy bytes>", env: Any = None
                                action_shape=tuple(action["action_shape"]),
                                low=None if action["low"] is None else tuple(float(v) for v in action["low"]),
                                high=None if action["high"] is None else tuple(float(v) for v in action["high"]),
-                               raw_unless_bounded=meta["version"] < 2)
+                               raw_unless_bounded=meta["version"] < 2, start=int(action.get("start", 0)),
+                               integer=bool(action.get("integer", False)))
         trained = TrainedPolicy(policy, content["params"], tuple(meta["obs_shape"]), action_map, obs_stats=obs_stats,
                                 env_name=meta["env_name"], max_steps=meta["max_steps"], env=spec)
     except Exception as err:  # noqa: BLE001 - fields that are well-typed but do not fit together

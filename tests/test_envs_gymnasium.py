@@ -934,3 +934,64 @@ def test_an_import_error_of_the_envs_own_is_not_called_a_missing_package():
     with pytest.raises(ImportError, match="cannot import name 'no_such_name'") as err:
         small_train(ImportsWrongly, max_episode_steps=10, num_generations=1)
     assert "not installed" not in str(err.value)
+
+
+class ShiftedActions(Target):
+    """Discrete(3, start=-1) actions (a step of -1, 0 or +1 towards the target's first coordinate); an action outside
+    the space is an error, as a strict simulator's."""
+
+    def __init__(self):
+        super().__init__()
+        self.action_space = gymnasium.spaces.Discrete(3, start=-1)
+
+    def step(self, action):
+        if not self.action_space.contains(action):
+            raise ValueError(f"action {action!r} is not in {self.action_space}")
+        self.t += 1
+        return self.target, -abs(float(self.target[0]) - 0.5 * int(action)), False, self.t >= 10, {}
+
+
+class IntegerActions(Target):
+    """Box(0, 4, (2,), int64) actions; one outside the space is an error."""
+
+    def __init__(self):
+        super().__init__()
+        self.action_space = gymnasium.spaces.Box(0, 4, (2,), np.int64)
+
+    def step(self, action):
+        if not self.action_space.contains(np.asarray(action)):
+            raise ValueError(f"action {action!r} is not in {self.action_space}")
+        self.t += 1
+        return self.target, -float(np.abs(np.asarray(action) / 4.0 - self.target).sum()), False, self.t >= 10, {}
+
+
+@pytest.mark.parametrize("env_class", [ShiftedActions, IntegerActions], ids=["discrete-start", "integer-box"])
+def test_act_and_policy_fn_return_the_action_the_env_takes(env_class, tmp_path):
+    """A trial: training handed the env its own action (a Discrete start added, an integer Box rounded), but
+    result.act / policy_fn / a loaded policy's act returned the policy's index (2 for Discrete(3, start=-1), which
+    the env refuses) or a float (2.25 for an int64 Box). Now every step of a hand-written loop is in the space, and a
+    policy file keeps it (format 3; other files stay 2)."""
+    result = jes.train(jes.MLPPolicy((4,)), env_class, "adam", log_dir=None, progress=False,
+                       **dict(SMALL, max_episode_steps=10))
+    env = env_class()
+    fn = jax.jit(result.policy_fn())
+    path = result.save_policy(str(tmp_path / "p.policy"))
+    loaded = jes.load_policy(path)  # no env: the file itself says what the env adds
+    carries = [result.initial_carry()] * 3
+    obs, _ = env.reset(seed=0)
+    for _ in range(10):
+        steps = [result.act(carries[0], obs), fn(carries[1], obs), loaded.act(carries[2], obs)]
+        actions = [np.asarray(action) for _, action in steps]
+        assert all(a.tobytes() == actions[0].tobytes() for a in actions), actions
+        assert env.action_space.contains(actions[0] if actions[0].ndim else int(actions[0])), actions[0]
+        carries = [carry for carry, _ in steps]
+        obs, _, _, truncated, _ = env.step(actions[0] if actions[0].ndim else int(actions[0]))
+        if truncated:
+            break
+    from flax import serialization
+
+    def version(file):
+        with open(file, "rb") as f:
+            return json.loads(serialization.msgpack_restore(f.read()[jes.trained._HEADER.size:])["meta"])["version"]
+
+    assert version(path) == 3 and version(small_train().save_policy(str(tmp_path / "cartpole.policy"))) == 2

@@ -162,6 +162,13 @@ class GymnasiumEnv:
                              f"a gymnasium.ObservationWrapper, or end the episode before it overflows")
         return out
 
+    def action_finish(self) -> tuple[int, bool]:
+        """What :meth:`env_action` adds to the policy's action: ``(start, integer)``, a Discrete space's ``start``
+        (else 0) and whether a Box is of integers (rounded to the nearest within its bounds)."""
+        if self.discrete:
+            return self._start, False
+        return 0, np.dtype(self._dtype).kind in "iub"
+
     def env_action(self, action: np.ndarray) -> Any:
         """One policy action (numpy) as the env takes it."""
         if self.discrete:
