@@ -316,9 +316,29 @@ def _import_policy_class(spec: str):
     except (ImportError, AttributeError) as err:
         raise ValueError(f"--policy {spec}: cannot import it ({err}); give module.path:ClassName importable from "
                          f"the current directory or PYTHONPATH") from err
+    nnx = sys.modules.get("flax.nnx")  # a module of nnx classes imported it
+    if nnx is not None and inspect.isclass(obj) and issubclass(obj, nnx.Module):
+        return obj  # trained through Flax's bridge (_build_policy)
     if not (inspect.isclass(obj) and issubclass(obj, nn.Module)):
-        raise ValueError(f"--policy {spec} is {type(obj).__name__}, not a flax.linen.Module class")
+        raise ValueError(f"--policy {spec} is {type(obj).__name__}, not a flax.linen.Module class (nor a flax.nnx one)")
     return obj
+
+
+def _nnx_policy(kind: str, cls: type, extra: dict):
+    """``nnx.bridge.ToLinen(cls, kwargs=extra)``: a flax.nnx class with its constructor's keyword arguments
+    (``--policy-arg``); a ``num_outputs`` argument not given is filled in from the env."""
+    from flax import nnx
+
+    parameters = inspect.signature(cls.__init__).parameters
+    named = [p for p in parameters if p not in ("self", "rngs")]
+    takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())
+    unknown = sorted(set(extra) - set(named))
+    if unknown and not takes_any:
+        raise ValueError(f"--policy-arg {', '.join(unknown)}: {cls.__name__}.__init__ has no such argument; its "
+                         f"arguments are {', '.join(named)}")
+    if "num_outputs" in named and "num_outputs" not in extra:
+        extra = dict(extra, num_outputs=None)  # jes sets it from the env's action space
+    return nnx.bridge.ToLinen(cls, kwargs=extra)
 
 
 def _build_policy(args: argparse.Namespace):
@@ -357,6 +377,9 @@ def _build_policy(args: argparse.Namespace):
         cls, policy = _import_policy_class(kind), None
     else:
         raise ValueError(f"--policy {kind!r}: use gru, mlp, or your own module as module.path:ClassName")
+    nnx = sys.modules.get("flax.nnx")
+    if nnx is not None and issubclass(cls, nnx.Module):  # an nnx class: its constructor's keyword arguments
+        return _nnx_policy(kind, cls, extra)
     fields = [f.name for f in dataclasses.fields(cls) if f.init and f.name not in ("parent", "name")]
     unknown = sorted(set(extra) - set(fields))
     if unknown:

@@ -6,15 +6,19 @@ the wire protocol (:mod:`jes.distributed.protocol`). A description is JSON/msgpa
 * scalars (``None``, bool, int, float, str) stand for themselves;
 * ``{"__seq__": [...], "tuple": bool}`` is a list or tuple;
 * ``{"__callable__": "module:qualname"}`` is a registered function (an activation, a dtype);
-* ``{"class": "module:QualName", "fields": {...}}`` is an instance of a registered class.
+* ``{"class": "module:QualName", "fields": {...}}`` is an instance of a registered class;
+* ``{"__mapping__": {...}}`` is an immutable mapping with string keys (a ``ToLinen``'s ``kwargs``), and
+  ``{"__nnx_class__": "module:QualName"}`` a ``ToLinen``'s ``flax.nnx.Module`` class.
 
 Building is the dangerous direction: a description names code, and files and fleets are shared.
 A description is therefore *data, not code*: it may only name
 
 1. **registered classes** (:func:`registered_classes`): jes's policies and strategies, and the
    ``flax.linen`` layer classes a policy may contain (Dense, DenseGeneral, Conv, Embed, GRUCell,
-   LSTMCell, norms, ...). Wrappers that call what they are given (``ToLinen``, ``partial``,
-   ``nn.Module`` subclasses outside the registry) are not in it;
+   LSTMCell, norms, ...). Wrappers that call what they are given (``partial``, ``nn.Module`` subclasses outside
+   the registry) are not in it. Flax's ``nnx.bridge.ToLinen`` is built only as the policy itself and only around
+   a ``flax.nnx.Module`` subclass *of the user's own* (item 4, or the policy class of an imported module), never
+   a library's class or a function;
 2. **registered functions** (:func:`registered_callables`): activations and dtypes, pure functions
    of their array argument;
 3. **env families**: gymnax environment classes (subclasses of gymnax's ``Environment`` defined in
@@ -398,9 +402,9 @@ def describe_object(obj: Any, what: str, *, lenient: bool = False) -> dict:
         DescriptionError: its class is not importable by name (defined in ``__main__``, a notebook, a function).
     """
     cls = type(obj)
-    if _path_of(cls) == TO_LINEN:
-        return _describe_to_linen(obj, what, lenient)
     path = _importable(cls)
+    if _path_of(cls) == TO_LINEN or (_is_to_linen(cls) and path is not None and cls.__module__ != "__main__"):
+        return _describe_to_linen(obj, what, lenient, path or TO_LINEN)
     if (path is None or cls.__module__ == "__main__") and lenient:  # a checkpoint of a notebook's own class
         path = _path_of(cls) or f"{cls.__module__}:{cls.__qualname__}"  # recorded; building it will fail
     elif path is None or cls.__module__ == "__main__":
@@ -431,10 +435,17 @@ def _to_linen_class() -> type:
     return wrappers.ToLinen
 
 
-def _describe_to_linen(obj: Any, what: str, lenient: bool) -> dict:
+def _is_to_linen(cls: type) -> bool:
+    """Whether ``cls`` is ToLinen or a subclass (false where flax.nnx's bridge was never imported)."""
+    wrappers = sys.modules.get("flax.nnx.bridge.wrappers")
+    return wrappers is not None and isinstance(cls, type) and issubclass(cls, wrappers.ToLinen)
+
+
+def _describe_to_linen(obj: Any, what: str, lenient: bool, path: str = TO_LINEN) -> dict:
     """``nnx.bridge.ToLinen(MyModule, args=..., kwargs=...)``: the nnx class by name (it must be importable, as a
     linen policy's class must) and its constructor's arguments as plain data; ``metadata_fn`` only where it is
     not flax's default."""
+    class_path = path
     nnx_class = obj.nnx_class
     path = _importable(nnx_class) if isinstance(nnx_class, type) else None
     if path is None or nnx_class.__module__ == "__main__":
@@ -443,8 +454,14 @@ def _describe_to_linen(obj: Any, what: str, lenient: bool) -> dict:
         if not lenient:
             raise DescriptionError(
                 f"{what}.nnx_class is {shown}, which cannot be imported by name; define the nnx module at module "
-                f"level in an importable module (not __main__ or a notebook)")
+                f"level in an importable module (not __main__ or a notebook)" if isinstance(nnx_class, type) else
+                f"{what}.nnx_class is {shown}, not a class: give ToLinen the nnx module's class and its constructor's "
+                f"arguments as args=(...), kwargs={{...}}")
         described_class: Any = {"__unimportable__": shown}
+    elif _root(nnx_class.__module__) in LIBRARY_PACKAGES:
+        if not lenient:
+            raise DescriptionError(_library_nnx_class(f"{what}.nnx_class", path))
+        described_class = {"__unimportable__": path}
     else:
         described_class = {"__nnx_class__": path}
     kwargs = dict(obj.kwargs)
@@ -457,10 +474,33 @@ def _describe_to_linen(obj: Any, what: str, lenient: bool) -> dict:
                                    for k, v in kwargs.items()}},
         "skip_rng": describe_value(obj.skip_rng, f"{what}.skip_rng", lenient=lenient),
     }
-    default = {f.name: f.default for f in dataclasses.fields(obj)}["metadata_fn"]
-    if obj.metadata_fn is not default:
+    default = {f.name: f.default for f in dataclasses.fields(obj)}.get("metadata_fn")
+    if getattr(obj, "metadata_fn", default) is not default:
         fields["metadata_fn"] = describe_value(obj.metadata_fn, f"{what}.metadata_fn", lenient=lenient)
-    return {"class": TO_LINEN, "fields": fields}
+    return {"class": class_path, "fields": fields}
+
+
+def _library_nnx_class(what: str, path: str) -> str:
+    return (f"{what} is {path}, a class of {_root(path.partition(':')[0])}'s own: a file names as a ToLinen's nnx class "
+            f"only a class of your own module (a library's cannot be allowed); define an nnx module of your own that "
+            f"holds it (self.layer = nnx.Linear(...) in its __init__) and give that class to ToLinen")
+
+
+def _check_to_linen(value: dict, role: str, what: str) -> None:
+    """A ToLinen calls the class it is given: built only as the policy itself, its ``nnx_class`` only in the
+    ``{"__nnx_class__": "module:Class"}`` form (a flax.nnx.Module subclass, checked where it resolves), its kwargs a
+    mapping."""
+    if role != "policy":
+        raise RefusedError(f"{what}: ToLinen is built only as the policy itself (a flax.nnx module of your own through "
+                           f"Flax's bridge), not inside another object")
+    fields = value.get("fields", {})
+    described = fields.get("nnx_class") if isinstance(fields, dict) else None
+    if not (isinstance(described, dict) and set(described) == {"__nnx_class__"}):
+        raise RefusedError(f"{what}.nnx_class: a ToLinen's nnx_class must name a flax.nnx.Module subclass, as "
+                           f"{{'__nnx_class__': 'module:Class'}}")
+    kwargs = fields.get("kwargs", {"__mapping__": {}})
+    if not (isinstance(kwargs, dict) and set(kwargs) == {"__mapping__"}):
+        raise RefusedError(f"{what}.kwargs: a ToLinen's kwargs must be a mapping, as {{'__mapping__': {{...}}}}")
 
 
 def policy_class_of(description: Any) -> str | None:
@@ -469,10 +509,11 @@ def policy_class_of(description: Any) -> str | None:
     if not isinstance(description, dict):
         return None
     path = description.get("class")
-    if path == TO_LINEN:
+    if path == TO_LINEN:  # only the form _check_to_linen builds: anything else admits nothing
         fields = description.get("fields")
         described = fields.get("nnx_class") if isinstance(fields, dict) else None
-        path = described.get("__nnx_class__") if isinstance(described, dict) else None
+        exact = isinstance(described, dict) and set(described) == {"__nnx_class__"}
+        path = described["__nnx_class__"] if exact else None
     return path if isinstance(path, str) else None
 
 
@@ -603,6 +644,9 @@ def _check_role(cls: type, role: str, what: str) -> None:
         raise RefusedError(f"{what}: {cls.__module__}:{cls.__qualname__} is not {need}")
 
 
+# The keys that say which form a described value takes (one per value).
+_FORM_KEYS = ("__seq__", "__mapping__", "__nnx_class__", "__callable__", "callable", "class", "__unimportable__",
+              "__repr__")
 # How deeply a description may nest (jes's own policies: a few levels); deeper is malformed, not a RecursionError.
 MAX_DEPTH = 64
 
@@ -618,6 +662,11 @@ def _walk(value: Any, allow: Allowlist, what: str, build: bool, role: str = "val
         return tuple(items) if build else None
     if not isinstance(value, dict):
         raise DescriptionError(f"{what}: {type(value).__name__} is not a description")
+    forms = [k for k in _FORM_KEYS if k in value]
+    if len(forms) > 1:  # one value, one form: a reader must never see another one than the check did
+        raise DescriptionError(f"{what}: malformed value: both {forms[0]!r} and {forms[1]!r}")
+    if forms and forms[0] in ("__mapping__", "__nnx_class__") and len(value) != 1:
+        raise DescriptionError(f"{what}: malformed {forms[0]}: other keys {sorted(k for k in value if k != forms[0])}")
     if "__seq__" in value:
         seq = value["__seq__"]
         if not isinstance(seq, list):
@@ -635,7 +684,12 @@ def _walk(value: Any, allow: Allowlist, what: str, build: bool, role: str = "val
 
         return FrozenDict(built)
     if "__nnx_class__" in value:  # a ToLinen's module class: a flax.nnx.Module subclass from an allowed module
-        cls = resolve(value["__nnx_class__"], allow, what)
+        path = value["__nnx_class__"]
+        if role != "nnx_class":
+            raise RefusedError(f"{what}: an nnx module class stands only as a ToLinen's nnx_class")
+        if isinstance(path, str) and _root(path.partition(":")[0]) in LIBRARY_PACKAGES:
+            raise RefusedError(_library_nnx_class(what, path))
+        cls = resolve(path, allow, what)
         from flax import nnx
 
         if not (isinstance(cls, type) and issubclass(cls, nnx.Module)):
@@ -652,6 +706,8 @@ def _walk(value: Any, allow: Allowlist, what: str, build: bool, role: str = "val
         if not isinstance(cls, type):
             raise RefusedError(f"{what}: {value['class']!r} is not a class")
         _check_role(cls, role, what)
+        if value["class"] == TO_LINEN or _is_to_linen(cls):
+            _check_to_linen(value, role, what)
         fields = value.get("fields", {})
         if not isinstance(fields, dict) or not all(isinstance(k, str) for k in fields):
             raise DescriptionError(f"{what}: malformed fields")
@@ -662,7 +718,9 @@ def _walk(value: Any, allow: Allowlist, what: str, build: bool, role: str = "val
             unknown = sorted(fields)
         if unknown:
             raise DescriptionError(f"{what}: {cls.__qualname__} has no field(s) {unknown}")
-        kwargs = {k: _walk(v, allow, f"{what}.{k}", build, depth=depth + 1) for k, v in fields.items()}
+        to_linen = value["class"] == TO_LINEN or _is_to_linen(cls)
+        kwargs = {k: _walk(v, allow, f"{what}.{k}", build, role="nnx_class" if to_linen and k == "nnx_class" else "value",
+                           depth=depth + 1) for k, v in fields.items()}
         if not build:
             return None
         try:

@@ -44,7 +44,7 @@ from jes.compiled import CompiledPrograms
 from jes.config import ESConfig
 from jes.cpu import compiler_options
 from jes.envs import EnvSpec, make_env
-from jes.policies import PolicyFns, check_carry, fit_to_outputs, kind_of
+from jes.policies import PolicyFns, check_carry, fit_to_outputs, kind_of, nnx_refusal
 from jes.rollout import OBS_EPS, obs_mean_std, obs_normaliser, run_episodes, run_slots, sum_obs_stats
 from jes.strategies import noise
 from jes.strategies.base import Context, Strategy
@@ -731,6 +731,7 @@ class Trainer(Generation):
             try:
                 initial = jax.eval_shape(self.fns.initial_carry)
             except Exception as err:  # noqa: BLE001 - the user's initialize_carry, whatever it raised
+                nnx_refusal(self.policy, err, recurrent=True)
                 raise ValueError(f"policy {name}'s initialize_carry(rng, input_shape) failed ({type(err).__name__}: "
                                  f"{err}); jes calls it as Flax's recurrent cells take it, with a key and the "
                                  f"observation shape {self.spec.obs_shape}") from err
@@ -756,7 +757,10 @@ class Trainer(Generation):
                 f"policy {name} cannot be applied as a pure function of its parameters ({err}); jes evaluates "
                 f"members with no mutable collections or RNGs: use nn.BatchNorm(use_running_average=True), "
                 f"nn.Dropout(deterministic=True)") from err
-        except (TypeError, ValueError, IndexError) as err:
+        except (TypeError, ValueError, IndexError, KeyError) as err:
+            nnx_refusal(self.policy, err)  # (a KeyError: nnx.Dropout's missing RNG stream; otherwise as any error)
+            if isinstance(err, KeyError):
+                raise
             raise ValueError(
                 f"policy {name} cannot be applied to one observation of env "
                 f"{self.spec.name!r} (shape {self.spec.obs_shape}): {err}"

@@ -219,9 +219,34 @@ def fit_to_outputs(policy: nn.Module, num_outputs: int) -> nn.Module:
         raise TypeError(
             f"policy must be a flax.linen.Module (e.g. jes.GRUPolicy(), jes.MLPPolicy()), got {type(policy).__name__}"
         )
+    wrappers = sys.modules.get("flax.nnx.bridge.wrappers")
+    if wrappers is not None and isinstance(policy, wrappers.ToLinen):  # an nnx class's num_outputs=None argument
+        if policy.kwargs.get("num_outputs", 0) is None:
+            from flax.core import FrozenDict
+
+            return policy.clone(kwargs=FrozenDict({**policy.kwargs, "num_outputs": num_outputs}))
+        return policy
     if getattr(policy, "num_outputs", 0) is None:
         return policy.clone(num_outputs=num_outputs)
     return policy
+
+
+def nnx_refusal(policy: nn.Module, err: BaseException, recurrent: bool = False) -> None:
+    """Raise what an nnx module behind Flax's bridge (``nnx.bridge.ToLinen``) cannot do, where ``err`` came from
+    building or calling it: be recurrent (the bridge cannot run its ``initialize_carry`` outside a call) or draw
+    random numbers (``nnx.Dropout``'s missing RNG stream); return for any other policy or error."""
+    wrappers = sys.modules.get("flax.nnx.bridge.wrappers")
+    if wrappers is None or not isinstance(policy, wrappers.ToLinen):
+        return
+    name = f"policy ToLinen ({getattr(policy.nnx_class, '__qualname__', policy.nnx_class)})"
+    if recurrent:
+        raise ValueError(f"{name} is recurrent, and Flax's bridge cannot run an nnx module's initialize_carry outside "
+                         f"a call ({type(err).__name__}); jes trains recurrent policies written with flax.linen "
+                         f"(nn.GRUCell, nn.LSTMCell, jes.GRUPolicy)") from err
+    if isinstance(err, KeyError):
+        raise ValueError(f"{name} cannot be built as a pure function of its parameters (KeyError: {err}); jes gives an "
+                         f"nnx module only its parameters' RNG stream and keeps no state it updates: leave nnx.Dropout "
+                         f"out of the policy, and give nnx.BatchNorm use_running_average=True") from err
 
 
 def kind_of(value: Any) -> str:

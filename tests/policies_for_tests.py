@@ -45,3 +45,29 @@ class NnxMLP(nnx.Module):
 
     def __call__(self, obs):
         return self.head(jnp.tanh(self.hidden(obs)))
+
+
+class NnxRecurrent(nnx.Module):
+    """A recurrent nnx module (initialize_carry, (carry, output)), which Flax's bridge cannot run for jes."""
+
+    def __init__(self, num_outputs: int = 2, *, rngs: nnx.Rngs):
+        self.cell = nnx.GRUCell(4, 3, rngs=rngs)
+        self.head = nnx.Linear(3, num_outputs, rngs=rngs)
+
+    def initialize_carry(self, rng, input_shape):
+        return jnp.zeros(3)
+
+    def __call__(self, carry, obs):
+        carry, hidden = self.cell(carry, obs)
+        return carry, self.head(hidden)
+
+
+class NnxDropout(NnxMLP):
+    """An NnxMLP with nnx.Dropout, whose RNG stream jes does not give."""
+
+    def __init__(self, num_outputs: int, *, rngs: nnx.Rngs):
+        super().__init__(num_outputs, rngs=rngs)
+        self.dropout = nnx.Dropout(0.5, deterministic=True, rngs=rngs)
+
+    def __call__(self, obs):
+        return self.dropout(super().__call__(obs))

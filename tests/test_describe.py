@@ -122,6 +122,50 @@ def test_library_gadgets_are_not_in_the_registry_and_create_nothing(name, tmp_pa
     assert not target.exists()
 
 
+def nnx_gadgets(target) -> dict:
+    """What a crafted file could try with the ToLinen that nnx policies bring (a review's routes): each must build
+    nothing. ``policies_for_tests`` is imported (its nnx class and its linen classes are the user's own)."""
+    nnx_class = {"__nnx_class__": "policies_for_tests:NnxMLP"}
+    save = {"__callable__": "brax.io.model:save_params"}
+    to_linen = lambda **fields: {"class": "flax.nnx.bridge.wrappers:ToLinen", "fields": fields}  # noqa: E731
+    written = {"__seq__": [str(target), {"__seq__": [], "tuple": False}], "tuple": True}
+    return {
+        # a mixed value: the allowlist read the nnx class, the builder a sequence; the admitted class then built
+        # elsewhere with the file's fields
+        "mixed nnx_class": to_linen(nnx_class={"__seq__": [], "__nnx_class__": "policies_for_tests:SwishPolicy"},
+                                    args={"__seq__": [{"class": "policies_for_tests:SwishPolicy", "fields": {}}],
+                                          "tuple": True}),
+        "a function as nnx_class": to_linen(nnx_class=save, args=written),
+        "a registered function as nnx_class": to_linen(nnx_class={"__callable__": "jax.nn:relu"}),
+        "a linen class as nnx_class": to_linen(nnx_class={"__nnx_class__": "policies_for_tests:SwishPolicy"}),
+        "a library's nnx class": to_linen(nnx_class={"__nnx_class__": "flax.nnx.nn.linear:Linear"}, args=written),
+        "extra keys beside the class": to_linen(nnx_class=dict(nnx_class, tuple=True)),
+        "kwargs not a mapping": to_linen(nnx_class=nnx_class, kwargs={"__seq__": [], "tuple": True}),
+        "a mapping with another form": to_linen(nnx_class=nnx_class, kwargs={"__mapping__": {}, "class": "x:y"}),
+        "ToLinen inside a policy": {"class": "jes.policies:MLPPolicy", "fields": {
+            "activation": to_linen(nnx_class=nnx_class, args={"__seq__": [2], "tuple": True})}},
+        "an nnx class outside ToLinen": {"class": "jes.policies:MLPPolicy", "fields": {"activation": nnx_class}},
+    }
+
+
+@pytest.mark.parametrize("name", list(nnx_gadgets("x")))
+def test_a_toLinen_is_built_only_around_an_nnx_class_of_the_users_own_named_as_one(name, tmp_path):
+    import policies_for_tests  # noqa: F401 - imported, as a program that trained with it has
+
+    target = tmp_path / "written"
+    description = nnx_gadgets(target)[name]
+    with pytest.raises(jes.checkpoint.CheckpointError, match="cannot rebuild the policy"):
+        jes.checkpoint.build_policy(description, "crafted.policy", checkpoint=False)
+    with pytest.raises(describe.DescriptionError):
+        describe.build_value(description, describe.allowlist(["policies_for_tests"]), role="policy")
+    assert not target.exists()
+    good = {"class": "flax.nnx.bridge.wrappers:ToLinen", "fields": {
+        "nnx_class": {"__nnx_class__": "policies_for_tests:NnxMLP"}, "args": {"__seq__": [2], "tuple": True},
+        "kwargs": {"__mapping__": {"features": 3}}}}
+    built = jes.checkpoint.build_policy(good, "good.policy", checkpoint=False)
+    assert built.nnx_class is policies_for_tests.NnxMLP and built.kwargs == {"features": 3}
+
+
 def test_registered_objects_are_the_policy_layers_strategies_and_activations():
     classes, functions = describe.registered_classes(), describe.registered_callables()
     for cls in (jes.GRUPolicy, jes.MLPPolicy, nn.Dense, nn.Conv, nn.GRUCell, nn.LSTMCell, nn.Embed, nn.Sequential):

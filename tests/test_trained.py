@@ -566,3 +566,45 @@ def test_a_flax_nnx_class_no_program_can_import_is_not_saved_to_a_policy_file(tm
                                         jes.trained.ActionMap(discrete=True, num_outputs=2), env_name="CartPole-v1")
     with pytest.raises(jes.describe.DescriptionError, match=r"nnx_class is test_trained:.*<locals>.Local, which cannot be imported by name"):
         trained.save(str(tmp_path / "local.policy"))
+
+
+@pytest.mark.parametrize("name, message", [
+    ("NnxRecurrent", r"policy ToLinen \(NnxRecurrent\) is recurrent, and Flax's bridge cannot run an nnx module's "
+                     r"initialize_carry outside a call .*written with flax.linen"),
+    ("NnxDropout", r"policy ToLinen \(NnxDropout\) cannot be built as a pure function of its parameters \(KeyError: "
+                   r".*leave nnx.Dropout out of the policy"),
+])
+def test_what_flaxs_bridge_cannot_run_for_jes_is_said(name, message):
+    """A review: a recurrent nnx module failed with Flax's CallCompactUnboundModuleError, and nnx.Dropout with a raw
+    KeyError of its RNG stream, neither saying what jes cannot do with them."""
+    from flax import nnx
+
+    import policies_for_tests as mine
+
+    with pytest.raises(ValueError, match=message):
+        jes.train(nnx.bridge.ToLinen(getattr(mine, name), args=(2,)), "CartPole-v1", "adam", **SMALL)
+
+
+def test_the_command_line_trains_an_nnx_class_with_its_arguments_and_the_envs_output_size(tmp_path):
+    """``jes train --policy module:NnxClass --policy-arg k=v`` trains it through Flax's bridge (it said the class
+    was not a flax.linen.Module class), its num_outputs filled in from the env as for jes's own policies."""
+    import subprocess
+    import sys
+
+    from subprocess_for_tests import checkout_env
+
+    def jes_train(*args):
+        return subprocess.run([sys.executable, "-m", "jes", "train", "--env", "CartPole-v1", "--policy",
+                               "policies_for_tests:NnxMLP", "--population", "8", "--generations", "1", *args],
+                              env=checkout_env(tests=True), cwd=tmp_path, capture_output=True, text=True, timeout=600)
+
+    done = jes_train("--policy-arg", "features=3", "--log-dir", str(tmp_path / "run"), "--save-policy",
+                     str(tmp_path / "cli.policy"))
+    assert done.returncode == 0, done.stdout + done.stderr
+    import policies_for_tests  # noqa: F401 - the file's nnx class's module
+
+    loaded = jes.load_policy(str(tmp_path / "cli.policy"))
+    assert loaded.policy.kwargs == {"features": 3, "num_outputs": 2} and loaded.flat_params.size == 4 * 3 + 3 + 3 * 2 + 2
+    refused = jes_train("--policy-arg", "width=3")
+    assert refused.returncode != 0 and "--policy-arg width: NnxMLP.__init__ has no such argument; its arguments are " \
+        "num_outputs, features" in refused.stderr, refused.stderr
