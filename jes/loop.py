@@ -39,6 +39,7 @@ from jes.strategies.base import both_sigmas, given_noise_std, ignored_settings
 from jes.strategy_context import run_learning_rate
 from jes.host_step import HostGeneration
 from jes.policies import evolved_variances
+from jes.rollout import offset_warning
 from jes.trained import ActionMap, TrainedPolicy
 
 
@@ -1409,6 +1410,7 @@ def _run(trainer: Trainer, state: TrainState, *, key: Any = 0, callbacks: Iterab
             return cfg.stop_at_return is not None or stop is not None
         return stop is not None
 
+    offsets_unchecked = True
     try:
         for gen in range(start_gen, total + 1):
             interrupts.raise_if_terminated()  # a SIGTERM whose interrupt Python dropped (a gc callback's) stops it here
@@ -1420,6 +1422,12 @@ def _run(trainer: Trainer, state: TrainState, *, key: Any = 0, callbacks: Iterab
             new_state, metrics = step_fn(newest, pending is not None, population)
             metrics = {k: v.item() for k, v in fetch(metrics).items()}
             now = time.perf_counter()
+            if offsets_unchecked and population and trainer.normalize_observations:  # once a session, on the host
+                offsets_unchecked = False
+                notice = offset_warning(*(fetch(x) for x in (new_state.obs_count, new_state.obs_sum,
+                                                             new_state.obs_sumsq)))
+                if notice is not None:
+                    warnings.warn(f"env {trainer.spec.name!r}: {notice}", stacklevel=3)
             if pending is not None:
                 entry, pending = pending, None
                 if commit(entry, metrics["centre_return"], int(metrics["centre_steps"])):

@@ -16,6 +16,7 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from jes.envs import EnvSpec
 from jes.policies import PolicyFns
@@ -62,6 +63,38 @@ def obs_normaliser(count: jax.Array, total: jax.Array, sumsq: jax.Array) -> tupl
     """
     mean, var = _mean_var(count, total, sumsq)
     return mean, jax.lax.rsqrt(var)
+
+
+# A dimension whose mean is this many times its std is past what float32 running sums resolve for long:
+# sumsq / count - mean^2 cancels 4 of float32's ~7 digits, and the sums' rounding grows with every addition (an
+# offset of 1e5 over a spread of 1 came out with std 55 to 400; the error can make the std look larger, so the
+# ratio is of the estimate, which hides nothing at this ratio). Dimensions where 64 float32 ulps of the mean square
+# stay below the variance floor (OBS_EPS) are left out: a constant feature is normalised to ~0 whatever its estimate.
+OFFSET_RATIO = 100.0
+
+
+def offset_warning(count: Any, total: Any, sumsq: Any) -> str | None:
+    """Say which observation dimensions sit so far from 0 against their spread that the normaliser's float32 running
+    sums cannot resolve the spread (an altitude, a price, a timestamp: ``1e5 + N(0, 1)`` came out with std 55), and
+    what to do; ``None`` where none does."""
+    count = float(np.asarray(count))
+    if not count > 0:
+        return None
+    total, sumsq = (np.asarray(x, np.float64).ravel() for x in (total, sumsq))
+    mean = total / count
+    square = sumsq / count
+    var = np.maximum(square - mean * mean, OBS_EPS)
+    resolved = 64 * np.finfo(np.float32).eps * square <= OBS_EPS
+    bad = np.flatnonzero((np.abs(mean) > OFFSET_RATIO * np.sqrt(var)) & ~resolved)
+    if bad.size == 0:
+        return None
+    shown = ", ".join(f"[{i}] mean {mean[i]:.6g}, estimated std {np.sqrt(var[i]):.3g}" for i in bad[:5])
+    more = f" and {bad.size - 5} more" if bad.size > 5 else ""
+    return (f"observation dimension{'s' if bad.size > 1 else ''} {shown}{more}: so far from 0 against {'their' if bad.size > 1 else 'its'} "
+            f"spread that the observation normaliser's float32 running sums cannot resolve it (their mean square "
+            f"cancels most of its digits), so the policy sees {'these dimensions' if bad.size > 1 else 'this dimension'} "
+            f"scaled by a wrong std. Subtract the offset in the env (a wrapper that centres the observation near 0), "
+            f"or train with normalize_observations=False")
 
 
 def obs_mean_std(count: jax.Array, total: jax.Array, sumsq: jax.Array) -> tuple[jax.Array, jax.Array]:

@@ -995,3 +995,40 @@ def test_act_and_policy_fn_return_the_action_the_env_takes(env_class, tmp_path):
             return json.loads(serialization.msgpack_restore(f.read()[jes.trained._HEADER.size:])["meta"])["version"]
 
     assert version(path) == 3 and version(small_train().save_policy(str(tmp_path / "cartpole.policy"))) == 2
+
+
+class Offset(Target):
+    """Observes ``offset + N(0, 1)`` (an altitude, a price) beside ``N(0, 1)``."""
+
+    offset = 1e5
+
+    def __init__(self):
+        super().__init__()
+        self.observation_space = gymnasium.spaces.Box(-np.inf, np.inf, (2,), np.float32)
+
+    def reset(self, *, seed=None, options=None):
+        _, info = super().reset(seed=seed)
+        return self._obs(), info
+
+    def _obs(self):
+        return np.array([self.offset + self.np_random.normal(), self.np_random.normal()], np.float32)
+
+    def step(self, action):
+        _, *rest = super().step(action)
+        return self._obs(), *rest
+
+
+class SmallOffset(Offset):
+    offset = 50.0
+
+
+def test_an_observation_offset_float32_sums_cannot_resolve_is_warned_of():
+    """A trial: 1e5 + N(0, 1) was normalised with std 55-400 (float32 sums cancel), silently. The run now says which
+    dimension, and what to do; an offset the sums resolve (50 against 1) says nothing."""
+    with pytest.warns(UserWarning, match=r"observation dimension \[0\] mean 9999\d\.\d, estimated std .*float32 running "
+                                         r"sums cannot resolve it.*Subtract the offset in the env"):
+        jes.train(jes.MLPPolicy((4,)), Offset, "adam", log_dir=None, progress=False, **SMALL)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        result = jes.train(jes.MLPPolicy((4,)), SmallOffset, "adam", log_dir=None, progress=False, **SMALL)
+    assert abs(float(result.trainer.obs_norm(result.state)[1][0]) - 1.0) < 0.1  # resolved: std near 1
