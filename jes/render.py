@@ -19,6 +19,7 @@ episode key gives in training (:func:`jes.host_rollout.episode_seeds`).
 """
 from __future__ import annotations
 
+import inspect
 import os
 from typing import Any, Callable
 
@@ -108,12 +109,15 @@ def record_host_episode(spec: EnvSpec, fns: PolicyFns, params: Any, obs_scale: t
             raise ValueError(f"env {spec.name!r} cannot be made with render_mode='rgb_array' (its constructor takes "
                              f"no render_mode); {advice}: give your env a render_mode argument and an rgb_array "
                              f"render()") from err
+    elif isinstance(host_env.factory, type) and "render_mode" in _parameters(host_env.factory):
+        instance = host_env.factory(render_mode="rgb_array")  # an env class of the Gymnasium convention
     else:
         instance = host_env.make()
     if getattr(instance, "render_mode", None) != "rgb_array":
         instance.close()
         raise ValueError(f"env {spec.name!r} renders with render_mode={getattr(instance, 'render_mode', None)!r}; "
-                         f"{advice}: make your env with it")
+                         f"{advice}: make your env with it and draw with it, e.g. result.trained_policy().render(path, "
+                         f"env=YourEnv(render_mode='rgb_array')) (a loaded policy: policy.render(path, env=...))")
     params = jax.tree.map(lambda x: x[None], params)
     step = jax.jit(lambda c, o: host_rollout.policy_step(fns.apply, spec, params, c, o, obs_scale, action_fn))
     seed = host_rollout.seed_of(np.asarray(host_rollout.episode_seeds(key[None]))[0])
@@ -135,6 +139,14 @@ def record_host_episode(spec: EnvSpec, fns: PolicyFns, params: Any, obs_scale: t
     finally:
         instance.close()
     return frames, fps
+
+
+def _parameters(cls: type) -> Any:
+    """The parameters ``cls(...)`` takes (none known where Python cannot say)."""
+    try:
+        return inspect.signature(cls).parameters
+    except (TypeError, ValueError):
+        return {}
 
 
 def _unwrap(env: Any) -> Any:

@@ -599,6 +599,33 @@ def test_a_worker_that_reports_a_diverged_state_is_distrusted_with_the_likely_ca
         master.close()
 
 
+def test_results_that_differ_on_a_python_env_name_an_env_not_seeded_by_reset_as_the_likely_cause(trainer, caplog):
+    """A trial: an env drawing from the global np.random had every local worker distrusted with "check XLA_FLAGS,
+    JAX_ENABLE_X64, versions", which local workers cannot differ in; the env's seeding was never named."""
+    import types
+
+    from jes.distributed.worker import likely_cause
+
+    fake = FakeWorker(b"fast")
+    master, _ = serve(trainer, (fake,))
+    master._send = lambda worker, message: None
+    try:
+        host = types.SimpleNamespace(spec=types.SimpleNamespace(host=True), chunk_size=trainer.chunk_size)
+        for run_trainer, named in ((trainer, False), (host, True)):
+            caplog.clear()
+            master.trainer, master._distrusted = run_trainer, {}
+            with caplog.at_level("INFO", "jes.distributed.master"):
+                master._distrust(fake.identity)
+            text = " ".join(r.getMessage() for r in caplog.records)
+            assert "distrusted for the rest of the run" in text
+            assert ("not a function of reset(seed=...)" in text) is named, text
+    finally:
+        master.trainer = trainer
+        master.close()
+    assert "episodes that are not a function of reset(seed=...)" in likely_cause(
+        "returned results that differ from the master's own evaluation")
+
+
 def test_the_status_line_calls_a_worker_that_refused_the_run_refused(trainer, caplog):
     """Defect (new-user tester): a worker that refused the run (it cannot build it: a missing simulator) showed as
     "0" members/s in the master's status line, as if it were idle; distrusted workers already said so."""

@@ -1032,3 +1032,25 @@ def test_an_observation_offset_float32_sums_cannot_resolve_is_warned_of():
         warnings.simplefilter("error")
         result = jes.train(jes.MLPPolicy((4,)), SmallOffset, "adam", log_dir=None, progress=False, **SMALL)
     assert abs(float(result.trainer.obs_norm(result.state)[1][0]) - 1.0) < 0.1  # resolved: std near 1
+
+
+class DrawnOnRequest(Drawn):
+    """:class:`Drawn` as Gymnasium's own envs are: it draws only when made with ``render_mode="rgb_array"``."""
+
+    def __init__(self, render_mode=None):
+        super().__init__()
+        self.render_mode = render_mode
+
+
+def test_render_makes_an_env_class_of_the_gymnasium_convention_with_render_mode(tmp_path):
+    """A trial: result.render() of a run on an env class taking render_mode said "make your env with it", with no way
+    to give one to result.render; the class is now made with render_mode="rgb_array" (and the refusal of a class
+    without one names the way that works: a policy's render(path, env=instance))."""
+    PIL = pytest.importorskip("PIL.Image")
+    result = small_train(DrawnOnRequest, max_episode_steps=10, num_generations=1)
+    with PIL.open(result.render(str(tmp_path / "drawn.gif"))) as gif:
+        assert gif.n_frames == 11
+    plain = small_train(Target, max_episode_steps=10, num_generations=1)
+    with pytest.raises(ValueError, match=r"render_mode=None.*result.trained_policy\(\).render\(path, "
+                                         r"env=YourEnv\(render_mode='rgb_array'\)\)"):
+        plain.render(str(tmp_path / "plain.gif"))

@@ -956,8 +956,13 @@ class Master:
         if already:
             return
         self.stats["distrusted_workers"] += 1
+        spec = getattr(self.trainer, "spec", None)
+        seeded = (" If every worker is distrusted so, the likely cause is the env: a Python env whose episodes are "
+                  "not a function of reset(seed=...) (one drawing from the global np.random or random, or the clock, "
+                  "instead of self.np_random) gives other results at every evaluation"
+                  if getattr(spec, "host", False) and "differ" in why else "")
         log.log(level, "worker %s %s: distrusted for the rest of the run, its results are no longer used; its %d "
-                "chunk(s) of generation %d go back to the queue", name, why, len(dropped), self._generation)
+                "chunk(s) of generation %d go back to the queue.%s", name, why, len(dropped), self._generation, seeded)
         if worker is not None:
             self._send(worker, {"type": "distrusted", "run": self._run, "reason": why})
 

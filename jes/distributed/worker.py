@@ -145,7 +145,8 @@ def likely_cause(reason: str) -> str:
         return ("This worker computes other bits than the master: check that its environment matches the master's "
                 "(the env's code and version: your --allow-module / --import modules, the gymnax, brax, Gymnasium "
                 "or simulator versions; XLA_FLAGS, JAX_ENABLE_X64 and other JAX settings; the jes, JAX and jaxlib "
-                "versions; the kind of CPU or accelerator).")
+                "versions; the kind of CPU or accelerator); or, for a Python env, episodes that are not a function of "
+                "reset(seed=...) (the global np.random or random, the clock), which differ at every evaluation.")
     if "evaluation time" in reason:
         return "Its reported evaluation times were impossible by the master's clock."
     return "Check that this worker runs the same jes, JAX and settings as the master."
