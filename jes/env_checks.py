@@ -7,6 +7,7 @@ Gym/Gymnasium env (Python, stateful, stepped one call at a time).
 """
 from __future__ import annotations
 
+import functools
 import inspect
 from typing import Any
 
@@ -29,7 +30,8 @@ def check_env(env: Any) -> None:
         raise TypeError(f"env is the class {target.__module__}.{target.__qualname__}, which is neither a JAX env "
                         f"(reset_env/step_env/action_space/observation_space) nor a gymnasium.Env subclass. jes "
                         f"accepts {SUPPORTED}.")
-    if callable(target) and not hasattr(target, "reset_env") and inspect.isfunction(target):
+    if callable(target) and not hasattr(target, "reset_env") and (inspect.isfunction(target)
+                                                                  or isinstance(target, functools.partial)):
         raise TypeError(f"env is the function {getattr(target, '__qualname__', target)!r}: a factory of a Python env "
                         f"goes in as jes.envs.gymnasium.make(factory) (a zero-argument function returning a "
                         f"gymnasium.Env). jes accepts {SUPPORTED}.")

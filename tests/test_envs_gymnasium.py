@@ -1054,3 +1054,20 @@ def test_render_makes_an_env_class_of_the_gymnasium_convention_with_render_mode(
     with pytest.raises(ValueError, match=r"render_mode=None.*result.trained_policy\(\).render\(path, "
                                          r"env=YourEnv\(render_mode='rgb_array'\)\)"):
         plain.render(str(tmp_path / "plain.gif"))
+
+
+def test_env_mistakes_of_a_gymnasium_user_are_told_what_works(monkeypatch):
+    """A trial: a functools.partial factory got the generic "not an env" error (a function got the bridge's advice),
+    env kwargs in an id got only "take only ?episode_seconds", and a Gymnasium-registered id given without its
+    'gymnasium:' prefix listed gymnax's names."""
+    import functools
+
+    with pytest.raises(TypeError, match=r"a factory of a Python env goes in as jes.envs.gymnasium.make\(factory\)"):
+        make_env(functools.partial(Target))
+    with pytest.raises(ValueError, match=r"gymnasium.make\(id, key=value\).*gymnasium.register\(id=..., entry_point"):
+        make_env("gymnasium:CartPole-v1?gravity=20.0")
+    spec = gymnasium.envs.registration.EnvSpec("JesTarget-v0", entry_point=Target, max_episode_steps=10)
+    monkeypatch.setitem(gymnasium.registry, spec.id, spec)
+    with pytest.raises(ValueError, match=r"Gymnasium has it registered: a Python simulator goes in as "
+                                         r"'gymnasium:JesTarget-v0'"):
+        make_env("JesTarget-v0")

@@ -209,7 +209,10 @@ def _from_id(name: str, max_steps: int | None, render_mode: str | None = None) -
     if "?" in base:
         if split_option(base, "keep_obs")[1] is not None:
             raise ValueError(f"env {name!r}: keep_obs {NOT_MASKED}")
-        raise ValueError(f"unknown option in env name {name!r}; gymnasium envs take only ?{TIME_OPTION}=60")
+        raise ValueError(f"unknown option in env name {name!r}; gymnasium envs take only ?{TIME_OPTION}=60. To give "
+                         f"an env constructor arguments, make it yourself in this process (gymnasium.make(id, key=value) "
+                         f"as the env), or register an id that holds them (gymnasium.register(id=..., entry_point=..., "
+                         f"kwargs={{...}}) in a module of yours) for workers and the command line (--import MODULE)")
     env_id = base[len(PREFIX):]
     if not env_id or ":" in env_id:
         raise ValueError(f"env name {name!r}: write a registered Gymnasium id, e.g. 'gymnasium:CartPole-v1'. Ids "

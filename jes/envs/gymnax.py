@@ -24,6 +24,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import re
+import sys
 from typing import Any
 
 import jax
@@ -74,6 +75,10 @@ def make(name: str) -> tuple[Any, Any]:
     base, _, query = name.partition("?")
     names = env_names()
     if base not in names:
+        registry = getattr(sys.modules.get("gymnasium"), "registry", {})  # an id a program registered (--import)
+        if base in registry:
+            raise ValueError(f"unknown gymnax env {base!r}, but Gymnasium has it registered: a Python simulator goes "
+                             f"in as 'gymnasium:{base}'")
         raise ValueError(f"unknown env {base!r}; valid gymnax env names are: {', '.join(names)} "
                          f"(and brax envs as 'brax/<name>', e.g. 'brax/inverted_pendulum'; Gymnasium envs as "
                          f"'gymnasium:<id>', e.g. 'gymnasium:CartPole-v1')")
