@@ -1068,6 +1068,6 @@ def test_env_mistakes_of_a_gymnasium_user_are_told_what_works(monkeypatch):
         make_env("gymnasium:CartPole-v1?gravity=20.0")
     spec = gymnasium.envs.registration.EnvSpec("JesTarget-v0", entry_point=Target, max_episode_steps=10)
     monkeypatch.setitem(gymnasium.registry, spec.id, spec)
-    with pytest.raises(ValueError, match=r"Gymnasium has it registered: a Python simulator goes in as "
-                                         r"'gymnasium:JesTarget-v0'"):
+    with pytest.raises(ValueError, match=r"unknown env 'JesTarget-v0'; Gymnasium has 'JesTarget-v0' registered: a "
+                                         r"Python simulator goes in as 'gymnasium:JesTarget-v0'. valid gymnax env"):
         make_env("JesTarget-v0")

@@ -76,10 +76,9 @@ def make(name: str) -> tuple[Any, Any]:
     names = env_names()
     if base not in names:
         registry = getattr(sys.modules.get("gymnasium"), "registry", {})  # an id a program registered (--import)
-        if base in registry:
-            raise ValueError(f"unknown gymnax env {base!r}, but Gymnasium has it registered: a Python simulator goes "
-                             f"in as 'gymnasium:{base}'")
-        raise ValueError(f"unknown env {base!r}; valid gymnax env names are: {', '.join(names)} "
+        hint = (f" Gymnasium has {base!r} registered: a Python simulator goes in as 'gymnasium:{base}'."
+                if base in registry else "")
+        raise ValueError(f"unknown env {base!r};{hint} valid gymnax env names are: {', '.join(names)} "
                          f"(and brax envs as 'brax/<name>', e.g. 'brax/inverted_pendulum'; Gymnasium envs as "
                          f"'gymnasium:<id>', e.g. 'gymnasium:CartPole-v1')")
     gymnax = import_gymnax()
