@@ -329,6 +329,10 @@ def _nnx_policy(kind: str, cls: type, extra: dict):
     (``--policy-arg``); a ``num_outputs`` argument not given is filled in from the env."""
     from flax import nnx
 
+    from jes.describe import LIBRARY_PACKAGES, library_nnx_class
+
+    if cls.__module__.split(".", 1)[0] in LIBRARY_PACKAGES:  # its run could be trained, but never evaluated or saved
+        raise ValueError(library_nnx_class(f"--policy {kind}", f"{cls.__module__}:{cls.__qualname__}"))
     parameters = inspect.signature(cls.__init__).parameters
     named = [p for p in parameters if p not in ("self", "rngs")]
     takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())

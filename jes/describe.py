@@ -403,8 +403,11 @@ def describe_object(obj: Any, what: str, *, lenient: bool = False) -> dict:
     """
     cls = type(obj)
     path = _importable(cls)
-    if _path_of(cls) == TO_LINEN or (_is_to_linen(cls) and path is not None and cls.__module__ != "__main__"):
-        return _describe_to_linen(obj, what, lenient, path or TO_LINEN)
+    if _path_of(cls) == TO_LINEN:
+        return _describe_to_linen(obj, what, lenient)
+    if _is_to_linen(cls) and not lenient:  # its own fields would not travel; a file builds only ToLinen itself
+        raise DescriptionError(f"{what} is {cls.__module__}:{cls.__qualname__}, a subclass of Flax's ToLinen, which a "
+                               f"file cannot name; give your nnx module to flax.nnx.bridge.ToLinen itself")
     if (path is None or cls.__module__ == "__main__") and lenient:  # a checkpoint of a notebook's own class
         path = _path_of(cls) or f"{cls.__module__}:{cls.__qualname__}"  # recorded; building it will fail
     elif path is None or cls.__module__ == "__main__":
@@ -441,11 +444,10 @@ def _is_to_linen(cls: type) -> bool:
     return wrappers is not None and isinstance(cls, type) and issubclass(cls, wrappers.ToLinen)
 
 
-def _describe_to_linen(obj: Any, what: str, lenient: bool, path: str = TO_LINEN) -> dict:
+def _describe_to_linen(obj: Any, what: str, lenient: bool) -> dict:
     """``nnx.bridge.ToLinen(MyModule, args=..., kwargs=...)``: the nnx class by name (it must be importable, as a
     linen policy's class must) and its constructor's arguments as plain data; ``metadata_fn`` only where it is
     not flax's default."""
-    class_path = path
     nnx_class = obj.nnx_class
     path = _importable(nnx_class) if isinstance(nnx_class, type) else None
     if path is None or nnx_class.__module__ == "__main__":
@@ -460,7 +462,7 @@ def _describe_to_linen(obj: Any, what: str, lenient: bool, path: str = TO_LINEN)
         described_class: Any = {"__unimportable__": shown}
     elif _root(nnx_class.__module__) in LIBRARY_PACKAGES:
         if not lenient:
-            raise DescriptionError(_library_nnx_class(f"{what}.nnx_class", path))
+            raise DescriptionError(library_nnx_class(f"{what}.nnx_class", path))
         described_class = {"__unimportable__": path}
     else:
         described_class = {"__nnx_class__": path}
@@ -477,10 +479,10 @@ def _describe_to_linen(obj: Any, what: str, lenient: bool, path: str = TO_LINEN)
     default = {f.name: f.default for f in dataclasses.fields(obj)}.get("metadata_fn")
     if getattr(obj, "metadata_fn", default) is not default:
         fields["metadata_fn"] = describe_value(obj.metadata_fn, f"{what}.metadata_fn", lenient=lenient)
-    return {"class": class_path, "fields": fields}
+    return {"class": TO_LINEN, "fields": fields}
 
 
-def _library_nnx_class(what: str, path: str) -> str:
+def library_nnx_class(what: str, path: str) -> str:
     return (f"{what} is {path}, a class of {_root(path.partition(':')[0])}'s own: a file names as a ToLinen's nnx class "
             f"only a class of your own module (a library's cannot be allowed); define an nnx module of your own that "
             f"holds it (self.layer = nnx.Linear(...) in its __init__) and give that class to ToLinen")
@@ -495,6 +497,10 @@ def _check_to_linen(value: dict, role: str, what: str) -> None:
                            f"Flax's bridge), not inside another object")
     fields = value.get("fields", {})
     described = fields.get("nnx_class") if isinstance(fields, dict) else None
+    if isinstance(described, dict) and set(described) == {"__unimportable__"}:  # a checkpoint's record of one
+        raise DescriptionError(f"{what}.nnx_class: {described['__unimportable__']} was recorded but cannot be rebuilt "
+                               f"from a description (a class of __main__ or a notebook, or of a library); resume the "
+                               f"run where that class is, with jes.train(ToLinen(...), ..., resume=path)")
     if not (isinstance(described, dict) and set(described) == {"__nnx_class__"}):
         raise RefusedError(f"{what}.nnx_class: a ToLinen's nnx_class must name a flax.nnx.Module subclass, as "
                            f"{{'__nnx_class__': 'module:Class'}}")
@@ -688,7 +694,7 @@ def _walk(value: Any, allow: Allowlist, what: str, build: bool, role: str = "val
         if role != "nnx_class":
             raise RefusedError(f"{what}: an nnx module class stands only as a ToLinen's nnx_class")
         if isinstance(path, str) and _root(path.partition(":")[0]) in LIBRARY_PACKAGES:
-            raise RefusedError(_library_nnx_class(what, path))
+            raise RefusedError(library_nnx_class(what, path))
         cls = resolve(path, allow, what)
         from flax import nnx
 

@@ -243,7 +243,14 @@ def run_host_slots(spec: EnvSpec, pool: HostEnvPool, groups: Sequence[tuple[Call
             if collect_obs_stats:
                 live_obs = np.where(live.reshape((-1,) + (1,) * len(spec.obs_shape)), obs, np.float32(0))
                 obs_sum += live_obs
-                obs_sumsq += live_obs * live_obs
+                with np.errstate(over="ignore"):
+                    square = live_obs * live_obs
+                if not np.isfinite(square).all():  # a finite float32 observation past ~1.8e19: its square overflows
+                    current[:] = [int(np.argwhere(~np.isfinite(square))[0][0]), "the observation normaliser's sums"]
+                    big = float(np.max(np.abs(live_obs[int(current[0])])))
+                    raise OverflowError(f"an observation value of {big:.3g} squares past float32's range; scale the "
+                                        f"observation in the env, or train with normalize_observations=False")
+                obs_sumsq += square
             for slot in np.flatnonzero(live):
                 new_obs, reward, terminated, truncated, _ = returned("step(action)", call(
                     slot, "step", lambda: instances[slot].step(env.env_action(actions[slot]))), 5,
@@ -255,6 +262,7 @@ def run_host_slots(spec: EnvSpec, pool: HostEnvPool, groups: Sequence[tuple[Call
                 steps[slot] += 1
                 current[1] = "step's observation (against the env's observation_space)"
                 obs[slot] = env.observation(new_obs)
+                current[1] = "step's terminated and truncated (one bool each)"
                 if terminated or truncated:
                     live[slot] = False
     except _Timeout as err:

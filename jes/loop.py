@@ -254,8 +254,8 @@ class CentrePolicy:
         return self.trained_policy().policy_fn()
 
     def evaluate(self, num_episodes: int = 64, key: Any = 12345) -> np.ndarray:
-        """Returns of the final centre on ``num_episodes`` fresh episodes drawn from ``key``, through :meth:`act`'s
-        function (the same returns as training's centre evaluation with that key)."""
+        """Returns of the final centre on ``num_episodes`` fresh episodes drawn from ``key``, stepped as training
+        steps them (the same returns as training's centre evaluation with that key)."""
         return self.trained_policy().evaluate(num_episodes, key)
 
     def save_policy(self, path: str) -> str:

@@ -243,7 +243,7 @@ def nnx_refusal(policy: nn.Module, err: BaseException, recurrent: bool = False) 
         raise ValueError(f"{name} is recurrent, and Flax's bridge cannot run an nnx module's initialize_carry outside "
                          f"a call ({type(err).__name__}); jes trains recurrent policies written with flax.linen "
                          f"(nn.GRUCell, nn.LSTMCell, jes.GRUPolicy)") from err
-    if isinstance(err, KeyError):
+    if isinstance(err, KeyError) and "Rng" in str(err):  # nnx's "No RngStream named 'dropout' found in Rngs"
         raise ValueError(f"{name} cannot be built as a pure function of its parameters (KeyError: {err}); jes gives an "
                          f"nnx module only its parameters' RNG stream and keeps no state it updates: leave nnx.Dropout "
                          f"out of the policy, and give nnx.BatchNorm use_running_average=True") from err

@@ -90,8 +90,8 @@ def record_host_episode(spec: EnvSpec, fns: PolicyFns, params: Any, obs_scale: t
                         action_fn: Callable | None = None) -> tuple[list, float]:
     """One episode of a Gymnasium env, drawn by the env itself: ``(frames, fps)``, frames ``[H, W, 3]`` uint8.
 
-    The env is rebuilt from its id with ``render_mode="rgb_array"``; a user's own env (a factory or class) must
-    already render that way. Reset with the seed of episode key ``key`` (as training seeds its episodes). The
+    The env is rebuilt from its id with ``render_mode="rgb_array"``, a class of the user's that takes
+    ``render_mode`` is made with it, and a factory's env must already render that way. Reset with the seed of episode key ``key`` (as training seeds its episodes). The
     arguments are :func:`record_episode`'s.
 
     Raises:

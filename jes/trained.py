@@ -85,7 +85,7 @@ class ActionMap:
     # What a Gymnasium env's own action adds (jes.envs.gymnasium.GymnasiumEnv.env_action), applied by act and
     # policy_fn, not by training's mapping (__call__): a Discrete space's start; an integer Box (rounded, clipped).
     start: int = 0
-    integer: bool = False
+    integer: str = ""  # an integer Box's dtype name ("" for any other action)
 
     @classmethod
     def from_spec(cls, spec: EnvSpec) -> "ActionMap":
@@ -93,21 +93,28 @@ class ActionMap:
             return None if x is None else tuple(float(v) for v in np.asarray(x, np.float32).ravel())
 
         finish = getattr(spec.env, "action_finish", None)
-        start, integer = finish() if callable(finish) else (0, False)
+        start, integer = finish() if callable(finish) else (0, "")
         return cls(discrete=spec.discrete, num_outputs=spec.num_outputs, action_shape=tuple(spec.action_shape),
-                   low=flat(spec.action_low), high=flat(spec.action_high), start=int(start), integer=bool(integer))
+                   low=flat(spec.action_low), high=flat(spec.action_high), start=int(start), integer=str(integer))
 
     def env_action(self, action: jax.Array) -> jax.Array:
         """An action of :meth:`__call__` as the env takes it (what the host rollout hands a Gymnasium env): a
         Discrete space's ``start`` added (int32); an integer Box's action rounded to the nearest integer within its
-        bounds (int32); any other as it is."""
+        bounds (which a Gymnasium env keeps within +-2**24), in the Box's dtype (a 64-bit one as its 32-bit kin
+        unless JAX's x64 mode is on: :meth:`TrainedPolicy.act` casts it on the host); any other as it is."""
         if self.discrete:
             return action + jnp.int32(self.start) if self.start else action
         if not self.integer:
             return action
         low = np.asarray(self.low, np.float32).reshape(self.action_shape)
         high = np.asarray(self.high, np.float32).reshape(self.action_shape)
-        return jnp.clip(jnp.rint(action), low, high).astype(jnp.int32)
+        return jnp.clip(jnp.rint(action), low, high).astype(self._jax_integer())
+
+    def _jax_integer(self) -> np.dtype:
+        dtype = np.dtype(self.integer)
+        if dtype.itemsize == 8 and not jax.config.jax_enable_x64:
+            return np.dtype(np.int32 if dtype.kind == "i" else np.uint32)
+        return dtype
 
     def __call__(self, out: jax.Array) -> jax.Array:
         # Must stay op-for-op the same as EnvSpec.action: tests compare the two bit for bit.
@@ -285,7 +292,10 @@ class TrainedPolicy:
         if tuple(obs.shape) != tuple(self.obs_shape):
             raise ValueError(f"act takes one observation of shape {tuple(self.obs_shape)}, got shape {tuple(obs.shape)}; "
                              f"for a batch of envs use jax.vmap(policy.policy_fn())(carries, observations)")
-        return self._act(self.variables, carry, obs)
+        carry, action = self._act(self.variables, carry, obs)
+        if self.action_map.integer and np.dtype(self.action_map.integer) != action.dtype:  # int64 without x64
+            action = np.asarray(action).astype(self.action_map.integer)  # exact: within +-2**24
+        return carry, action
 
     def _flat_observation(self, obs: Any) -> Any:
         """``obs`` as training gave it to the policy: a raw observation of a space Gymnasium flattens, flattened by its
@@ -579,13 +589,15 @@ def _policy_file(trained: TrainedPolicy) -> tuple[bytes, dict]:
 
 
 _BOUND = (None, [schema.NUMBER])
+_INTEGER_DTYPES = ("bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64")
 POLICY_CONTENT_SCHEMA = {"meta": str, "params": schema.Array("f", 1), "obs_count?": schema.Array("fiu", 0),
                          "obs_sum?": schema.Array("f"), "obs_sumsq?": schema.Array("f")}
 POLICY_META_SCHEMA = {
     "version": schema.non_negative_int(), "policy": schema.OBJECT, "env_name": str, "obs_shape": schema.shape(),
     "max_steps": (None, schema.Check(schema.INT, lambda v: 0 < v < schema.MAX_DIM, "a positive int")),
     "action": {"discrete": bool, "num_outputs": schema.Check(schema.INT, lambda v: 0 < v < schema.MAX_DIM, "a positive int"),
-               "action_shape": schema.shape(), "low": _BOUND, "high": _BOUND, "start?": schema.INT, "integer?": bool},
+               "action_shape": schema.shape(), "low": _BOUND, "high": _BOUND, "start?": schema.INT,
+               "integer?": schema.Check(str, lambda v: v in _INTEGER_DTYPES, "an integer dtype name")},
 }
 
 
@@ -674,7 +686,7 @@ def policy_from_bytes(data: bytes, path: str = "<policy bytes>", env: Any = None
                                low=None if action["low"] is None else tuple(float(v) for v in action["low"]),
                                high=None if action["high"] is None else tuple(float(v) for v in action["high"]),
                                raw_unless_bounded=meta["version"] < 2, start=int(action.get("start", 0)),
-                               integer=bool(action.get("integer", False)))
+                               integer=action.get("integer", ""))
         trained = TrainedPolicy(policy, content["params"], tuple(meta["obs_shape"]), action_map, obs_stats=obs_stats,
                                 env_name=meta["env_name"], max_steps=meta["max_steps"], env=spec)
     except Exception as err:  # noqa: BLE001 - fields that are well-typed but do not fit together

@@ -954,9 +954,15 @@ class ShiftedActions(Target):
 class IntegerActions(Target):
     """Box(0, 4, (2,), int64) actions; one outside the space is an error."""
 
+    dtype = np.int64
+
     def __init__(self):
         super().__init__()
-        self.action_space = gymnasium.spaces.Box(0, 4, (2,), np.int64)
+        self.action_space = gymnasium.spaces.Box(0, 4, (2,), self.dtype)
+
+
+class SmallIntegerActions(IntegerActions):
+    dtype = np.uint8
 
     def step(self, action):
         if not self.action_space.contains(np.asarray(action)):
@@ -965,7 +971,8 @@ class IntegerActions(Target):
         return self.target, -float(np.abs(np.asarray(action) / 4.0 - self.target).sum()), False, self.t >= 10, {}
 
 
-@pytest.mark.parametrize("env_class", [ShiftedActions, IntegerActions], ids=["discrete-start", "integer-box"])
+@pytest.mark.parametrize("env_class", [ShiftedActions, IntegerActions, SmallIntegerActions],
+                         ids=["discrete-start", "int64-box", "uint8-box"])
 def test_act_and_policy_fn_return_the_action_the_env_takes(env_class, tmp_path):
     """A trial: training handed the env its own action (a Discrete start added, an integer Box rounded), but
     result.act / policy_fn / a loaded policy's act returned the policy's index (2 for Discrete(3, start=-1), which
@@ -982,7 +989,9 @@ def test_act_and_policy_fn_return_the_action_the_env_takes(env_class, tmp_path):
     for _ in range(10):
         steps = [result.act(carries[0], obs), fn(carries[1], obs), loaded.act(carries[2], obs)]
         actions = [np.asarray(action) for _, action in steps]
-        assert all(a.tobytes() == actions[0].tobytes() for a in actions), actions
+        # (policy_fn, a JAX function, gives a 64-bit Box's action in its 32-bit kin without x64; act the Box's dtype)
+        assert all(np.array_equal(a, actions[0]) for a in actions), actions
+        assert actions[0].dtype == actions[2].dtype == env.action_space.dtype if actions[0].ndim else True
         assert env.action_space.contains(actions[0] if actions[0].ndim else int(actions[0])), actions[0]
         carries = [carry for carry, _ in steps]
         obs, _, _, truncated, _ = env.step(actions[0] if actions[0].ndim else int(actions[0]))
@@ -1071,3 +1080,42 @@ def test_env_mistakes_of_a_gymnasium_user_are_told_what_works(monkeypatch):
     with pytest.raises(ValueError, match=r"unknown env 'JesTarget-v0'; Gymnasium has 'JesTarget-v0' registered: a "
                                          r"Python simulator goes in as 'gymnasium:JesTarget-v0'. valid gymnax env"):
         make_env("JesTarget-v0")
+
+
+class SquareOverflows(Target):
+    """Observes 1e20 on its second step: finite in float32, its square is not."""
+
+    def step(self, action):
+        obs, *rest = super().step(action)
+        return (np.full(2, 1e20, np.float32) if self.t == 2 else obs), *rest
+
+
+class ArrayDone(Target):
+    def step(self, action):
+        obs, reward, terminated, truncated, info = super().step(action)
+        return obs, reward, np.array([terminated, terminated]), truncated, info
+
+
+def test_an_observation_whose_square_overflows_and_an_array_done_flag_are_named():
+    """A trial: 1e20 overflowed the normaliser's sum of squares with only NumPy's RuntimeWarning, then a non-finite
+    fitness error; an array `terminated` was reported as a bad observation ("truth value ... ambiguous")."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        with pytest.raises(HostEnvError, match=r"the observation normaliser's sums does not fit: OverflowError: an "
+                                               r"observation value of 1e\+20 squares past float32's range"):
+            small_train(SquareOverflows, normalize_observations=True, num_generations=1)
+    with pytest.raises(HostEnvError, match=r"step's terminated and truncated \(one bool each\) does not fit"):
+        small_train(ArrayDone, num_generations=1)
+
+
+class UnboundedIntegerActions(IntegerActions):
+    def __init__(self):
+        super().__init__()
+        self.action_space = gymnasium.spaces.Box(-np.inf, np.inf, (2,), np.int64)  # its bounds: int64's extremes
+
+
+def test_an_integer_box_float32_actions_cannot_hold_is_refused():
+    """A review: an unbounded int64 Box (bounds +-9.2e18) trained with actions squashed into that range, and the
+    top bound wrapped to the bottom one when rounded (2**63 as a float64 overflows int64)."""
+    with pytest.raises(ValueError, match=r"integer Box action space .* bounds are beyond \+-2\*\*24"):
+        make_env(UnboundedIntegerActions)

@@ -608,3 +608,29 @@ def test_the_command_line_trains_an_nnx_class_with_its_arguments_and_the_envs_ou
     refused = jes_train("--policy-arg", "width=3")
     assert refused.returncode != 0 and "--policy-arg width: NnxMLP.__init__ has no such argument; its arguments are " \
         "num_outputs, features" in refused.stderr, refused.stderr
+
+
+def test_a_toLinen_subclass_and_a_librarys_nnx_class_are_refused_where_they_would_not_come_back(tmp_path):
+    """A review: a ToLinen subclass's own fields were left out of its file (rebuilt with their defaults, silently),
+    and `jes train --policy flax.nnx:Linear` trained a run that nothing could evaluate or save afterwards."""
+    import dataclasses
+    import subprocess
+    import sys
+
+    from flax import nnx
+
+    import policies_for_tests as mine
+    from subprocess_for_tests import checkout_env
+
+    sub = dataclasses.dataclass(type("SubToLinen", (nnx.bridge.ToLinen,), {"__annotations__": {"extra": float},
+                                                                           "extra": 1.0, "__module__": __name__}))
+    trained = jes.trained.TrainedPolicy(sub(mine.NnxMLP, args=(2,), extra=5.0), np.zeros(4 * 8 + 8 + 8 * 2 + 2,
+                                        np.float32), (4,), jes.trained.ActionMap(discrete=True, num_outputs=2),
+                                        env_name="CartPole-v1")
+    with pytest.raises(jes.describe.DescriptionError, match=r"a subclass of Flax's ToLinen, which a file cannot name"):
+        trained.save(str(tmp_path / "sub.policy"))
+    done = subprocess.run([sys.executable, "-m", "jes", "train", "--env", "CartPole-v1", "--policy", "flax.nnx:Linear",
+                           "--policy-arg", "in_features=4", "--policy-arg", "out_features=2"], cwd=tmp_path,
+                          env=checkout_env(), capture_output=True, text=True, timeout=300)
+    assert done.returncode != 0 and "a class of flax's own" in done.stderr, done.stderr
+    assert not list(tmp_path.glob("runs/*"))  # refused before the run started

@@ -132,6 +132,11 @@ class GymnasiumEnv:
             self.discrete, self.action_shape = False, tuple(int(d) for d in action.shape)
             self.num_outputs = int(np.prod(self.action_shape)) if self.action_shape else 1
             self._dtype = action.dtype
+            if np.dtype(action.dtype).kind in "iub" and not (np.all(np.abs(action.low.astype(np.float64)) <= 2 ** 24)
+                                                            and np.all(np.abs(action.high.astype(np.float64)) <= 2 ** 24)):
+                raise ValueError(f"env {name!r} has an integer Box action space {action} whose bounds are beyond "
+                                 f"+-2**24 (16,777,216), which jes's float32 actions cannot hold exactly (an unbounded "
+                                 f"integer Box is one of its dtype's extreme values); give it finite bounds that fit")
         else:
             raise ValueError(f"env {name!r} has action space {type(action).__name__}; jes supports Discrete and Box "
                              f"action spaces")
@@ -162,12 +167,12 @@ class GymnasiumEnv:
                              f"a gymnasium.ObservationWrapper, or end the episode before it overflows")
         return out
 
-    def action_finish(self) -> tuple[int, bool]:
+    def action_finish(self) -> tuple[int, str]:
         """What :meth:`env_action` adds to the policy's action: ``(start, integer)``, a Discrete space's ``start``
-        (else 0) and whether a Box is of integers (rounded to the nearest within its bounds)."""
+        (else 0) and an integer Box's dtype name (rounded to the nearest within its bounds; else ``""``)."""
         if self.discrete:
-            return self._start, False
-        return 0, np.dtype(self._dtype).kind in "iub"
+            return self._start, ""
+        return 0, np.dtype(self._dtype).name if np.dtype(self._dtype).kind in "iub" else ""
 
     def env_action(self, action: np.ndarray) -> Any:
         """One policy action (numpy) as the env takes it."""
