@@ -219,8 +219,7 @@ def fit_to_outputs(policy: nn.Module, num_outputs: int) -> nn.Module:
         raise TypeError(
             f"policy must be a flax.linen.Module (e.g. jes.GRUPolicy(), jes.MLPPolicy()), got {type(policy).__name__}"
         )
-    wrappers = sys.modules.get("flax.nnx.bridge.wrappers")
-    if wrappers is not None and isinstance(policy, wrappers.ToLinen):  # an nnx class's num_outputs=None argument
+    if is_to_linen(policy):  # an nnx class's num_outputs=None argument
         if policy.kwargs.get("num_outputs", 0) is None:
             from flax.core import FrozenDict
 
@@ -231,12 +230,18 @@ def fit_to_outputs(policy: nn.Module, num_outputs: int) -> nn.Module:
     return policy
 
 
+def is_to_linen(policy: Any) -> bool:
+    """Whether ``policy`` is a flax.nnx module behind Flax's bridge (``nnx.bridge.ToLinen``; false where the bridge
+    was never imported, so flax.nnx is not imported for the question)."""
+    wrappers = sys.modules.get("flax.nnx.bridge.wrappers")
+    return wrappers is not None and isinstance(policy, wrappers.ToLinen)
+
+
 def nnx_refusal(policy: nn.Module, err: BaseException, recurrent: bool = False) -> None:
     """Raise what an nnx module behind Flax's bridge (``nnx.bridge.ToLinen``) cannot do, where ``err`` came from
     building or calling it: be recurrent (the bridge cannot run its ``initialize_carry`` outside a call) or draw
     random numbers (``nnx.Dropout``'s missing RNG stream); return for any other policy or error."""
-    wrappers = sys.modules.get("flax.nnx.bridge.wrappers")
-    if wrappers is None or not isinstance(policy, wrappers.ToLinen):
+    if not is_to_linen(policy):
         return
     name = f"policy ToLinen ({getattr(policy.nnx_class, '__qualname__', policy.nnx_class)})"
     if recurrent:

@@ -286,7 +286,7 @@ class TrainedPolicy:
         Returns:
             ``(carry, action)``, the action as the env takes it (what training handed the env): an int32 scalar for
             discrete envs (a Gymnasium ``Discrete`` space's ``start`` added), else an ``action_shape`` float32 array
-            in the env's bounds (an integer ``Box``'s: the nearest integers within them, int32).
+            in the env's bounds (an integer ``Box``'s: the nearest integers within them, in the Box's dtype).
         """
         obs = jnp.asarray(self._flat_observation(obs), jnp.float32)
         if tuple(obs.shape) != tuple(self.obs_shape):
