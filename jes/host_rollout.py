@@ -137,6 +137,10 @@ def evaluate_centre(spec: EnvSpec, pool: HostEnvPool, step: Callable, initial_ca
     return out["returns"], out["steps"]
 
 
+def _steps(count: int) -> str:
+    return "1 step" if count == 1 else f"{count} steps"
+
+
 def run_host_slots(spec: EnvSpec, pool: HostEnvPool, groups: Sequence[tuple[Callable, int]], initial_carry: Any,
                    seeds: np.ndarray, done: np.ndarray, collect_obs_stats: bool, label: Callable[[int], str]) -> dict:
     """Run ``S`` host episodes side by side, one per slot.
@@ -178,14 +182,14 @@ def run_host_slots(spec: EnvSpec, pool: HostEnvPool, groups: Sequence[tuple[Call
     def fail(slot: int, what: str, err: BaseException | None) -> HostEnvError:
         if err is None or isinstance(err, _Timeout):
             message = (f"env {spec.name!r}: {label(slot)} ran past its time limit of {limit:g} s per episode "
-                       f"(in {what}, after {steps[slot]} steps); raise or drop ?episode_seconds=")
+                       f"(in {what}, after {_steps(steps[slot])}); raise or drop ?episode_seconds=")
         elif what in ("reset", "step"):
             text = str(err) or ("not implemented by the env" if isinstance(err, NotImplementedError) else "")
             message = (f"env {spec.name!r}: {what} raised {type(err).__name__}: {text} in {label(slot)} after "
-                       f"{steps[slot]} steps")
+                       f"{_steps(steps[slot])}")
         else:  # what jes reads from a call's return: the env's, not jes's, error
             message = (f"env {spec.name!r}: {what} does not fit: {type(err).__name__}: {err} in {label(slot)} after "
-                       f"{steps[slot]} steps")
+                       f"{_steps(steps[slot])}")
         return HostEnvError(message, spec.name, label(slot))
 
     def returned(what: str, result: Any, size: int, form: str) -> tuple:
@@ -255,11 +259,11 @@ def run_host_slots(spec: EnvSpec, pool: HostEnvPool, groups: Sequence[tuple[Call
                 new_obs, reward, terminated, truncated, _ = returned("step(action)", call(
                     slot, "step", lambda: instances[slot].step(env.env_action(actions[slot]))), 5,
                     "(obs, reward, terminated, truncated, info)")
+                steps[slot] += 1  # counted from its return on: a bad reward or observation names the same step
                 current[1] = "step's reward"
                 if reward is None or isinstance(reward, (str, bytes)):
                     raise TypeError(f"the reward is {reward!r}, not a number")
                 returns[slot] += np.float32(reward)
-                steps[slot] += 1
                 current[1] = "step's observation (against the env's observation_space)"
                 obs[slot] = env.observation(new_obs)
                 current[1] = "step's terminated and truncated (one bool each)"

@@ -85,19 +85,10 @@ def record_episode(spec: EnvSpec, fns: PolicyFns, params: Any, obs_scale: tuple[
     return jax.device_get(states), np.asarray(rewards), int(length)
 
 
-def record_host_episode(spec: EnvSpec, fns: PolicyFns, params: Any, obs_scale: tuple[jax.Array, jax.Array] | None,
-                        key: jax.Array, max_steps: int | None = None,
-                        action_fn: Callable | None = None) -> tuple[list, float]:
-    """One episode of a Gymnasium env, drawn by the env itself: ``(frames, fps)``, frames ``[H, W, 3]`` uint8.
-
-    The env is rebuilt from its id with ``render_mode="rgb_array"``, a class of the user's that takes
-    ``render_mode`` is made with it, and a factory's env must already render that way. Reset with the seed of episode key ``key`` (as training seeds its episodes). The
-    arguments are :func:`record_episode`'s.
-
-    Raises:
-        ValueError: the env does not render to ``rgb_array`` (or cannot be made with that ``render_mode``).
-        ImportError: the env's drawing needs a package that is not installed (the message names it).
-    """
+def _rgb_array_env(spec: EnvSpec) -> Any:
+    """A new instance of the Gymnasium env of ``spec`` that renders ``rgb_array`` frames: rebuilt from its id with
+    that ``render_mode``, a class of the user's that takes ``render_mode`` made with it, a factory's env as it
+    comes. Raises ``ValueError`` (the instance closed) where it does not render that way."""
     host_env = spec.env
     advice = "jes draws a Gymnasium env from its render_mode='rgb_array' frames"
     if host_env.env_id is not None:
@@ -118,6 +109,24 @@ def record_host_episode(spec: EnvSpec, fns: PolicyFns, params: Any, obs_scale: t
         raise ValueError(f"env {spec.name!r} renders with render_mode={getattr(instance, 'render_mode', None)!r}; "
                          f"{advice}: make your env with it and draw with it, e.g. result.trained_policy().render(path, "
                          f"env=YourEnv(render_mode='rgb_array')) (a loaded policy: policy.render(path, env=...))")
+    return instance
+
+
+def record_host_episode(spec: EnvSpec, fns: PolicyFns, params: Any, obs_scale: tuple[jax.Array, jax.Array] | None,
+                        key: jax.Array, max_steps: int | None = None,
+                        action_fn: Callable | None = None) -> tuple[list, float]:
+    """One episode of a Gymnasium env, drawn by the env itself: ``(frames, fps)``, frames ``[H, W, 3]`` uint8.
+
+    The env is rebuilt from its id with ``render_mode="rgb_array"``, a class of the user's that takes
+    ``render_mode`` is made with it, and a factory's env must already render that way. Reset with the seed of episode key ``key`` (as training seeds its episodes). The
+    arguments are :func:`record_episode`'s.
+
+    Raises:
+        ValueError: the env does not render to ``rgb_array`` (or cannot be made with that ``render_mode``).
+        ImportError: the env's drawing needs a package that is not installed (the message names it).
+    """
+    instance = _rgb_array_env(spec)
+    host_env = spec.env
     params = jax.tree.map(lambda x: x[None], params)
     step = jax.jit(lambda c, o: host_rollout.policy_step(fns.apply, spec, params, c, o, obs_scale, action_fn))
     seed = host_rollout.seed_of(np.asarray(host_rollout.episode_seeds(key[None]))[0])
@@ -240,6 +249,8 @@ def check_render_path(spec: Any, path: str) -> None:
     """Raise ``ValueError`` when the env of ``spec`` cannot be rendered to ``path`` (a format it has no drawing in,
     or no drawing at all), and ``OSError`` when ``path`` cannot be written, before anything runs."""
     _check_render_format(spec, path)
+    if spec.host:  # an env that cannot draw itself is refused now, not after jes eval's episodes
+        _rgb_array_env(spec).close()
     check_writable(path)  # jes eval --render: before its episodes, not after (and render(): before the episode)
 
 

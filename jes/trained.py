@@ -680,13 +680,16 @@ def policy_from_bytes(data: bytes, path: str = "<policy bytes>", env: Any = None
         if warning is not None and warn:
             warnings.warn(f"policy file {path}: {warning}", stacklevel=warn_at)
 
+    start, integer = int(action.get("start", 0)), action.get("integer", "")
+    finish = getattr(getattr(spec, "env", None), "action_finish", None)
+    if meta["version"] < ENV_ACTION_FORMAT_VERSION and callable(finish) and spec.discrete == action["discrete"]:
+        start, integer = finish()  # a file from before jes recorded them: what the given env adds, as training did
     try:
         action_map = ActionMap(discrete=action["discrete"], num_outputs=action["num_outputs"],
                                action_shape=tuple(action["action_shape"]),
                                low=None if action["low"] is None else tuple(float(v) for v in action["low"]),
                                high=None if action["high"] is None else tuple(float(v) for v in action["high"]),
-                               raw_unless_bounded=meta["version"] < 2, start=int(action.get("start", 0)),
-                               integer=action.get("integer", ""))
+                               raw_unless_bounded=meta["version"] < 2, start=int(start), integer=str(integer))
         trained = TrainedPolicy(policy, content["params"], tuple(meta["obs_shape"]), action_map, obs_stats=obs_stats,
                                 env_name=meta["env_name"], max_steps=meta["max_steps"], env=spec)
     except Exception as err:  # noqa: BLE001 - fields that are well-typed but do not fit together

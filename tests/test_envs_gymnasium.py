@@ -678,11 +678,12 @@ class Misbehaving(Target):
 @pytest.mark.parametrize("how,message", [
     ("four", r"step\(action\) must return \(obs, reward, terminated, truncated, info\) \(Gymnasium's API\); it "
              r"returned a tuple of 4"),
-    ("none", r"step's reward does not fit: TypeError: the reward is None, not a number"),  # was NaN fitness
-    ("shape", r"step's observation \(against the env's observation_space\) does not fit: ValueError"),
+    ("none", r"step's reward does not fit: TypeError: the reward is None, not a number in .* after 1 step$"),
+    ("shape", r"step's observation \(against the env's observation_space\) does not fit: ValueError.* after 1 step$"),
 ])
 def test_an_env_breaking_gymnasiums_api_is_named_as_the_envs_fault(how, message, monkeypatch):
-    """Conversions of what the env returned failed as "step raised ...", blaming the call."""
+    """Conversions of what the env returned failed as "step raised ...", blaming the call. The first step's bad reward
+    said "after 0 steps" and its bad observation "after 1 steps" (a trial): the step is counted from its return on."""
     monkeypatch.setattr(Misbehaving, "how", how)
     with pytest.raises(HostEnvError, match=message):
         small_train(GymnasiumEnv(Misbehaving, "Misbehaving"), max_episode_steps=10, eval_episodes=2)
@@ -1004,6 +1005,25 @@ def test_act_and_policy_fn_return_the_action_the_env_takes(env_class, tmp_path):
             return json.loads(serialization.msgpack_restore(f.read()[jes.trained._HEADER.size:])["meta"])["version"]
 
     assert version(path) == 3 and version(small_train().save_policy(str(tmp_path / "cartpole.policy"))) == 2
+    # A file of format 2 (a jes before format 3 wrote the same file without the action's start and integer): act gives
+    # the policy's own action, unless the env is given to load_policy, whose action space says what it adds (the
+    # env's action before, a review: the index even with env= given).
+    with open(path, "rb") as f:
+        content = serialization.msgpack_restore(f.read()[jes.trained._HEADER.size:])
+    meta = json.loads(content["meta"])
+    meta["version"] = 2
+    meta["action"] = {k: v for k, v in meta["action"].items() if k not in ("start", "integer")}
+    payload = serialization.msgpack_serialize(dict(content, meta=json.dumps(meta)))
+    old = tmp_path / "old.policy"
+    old.write_bytes(jes.trained._HEADER.pack(jes.trained.POLICY_MAGIC, len(payload), hashlib.sha256(payload).digest())
+                    + payload)
+    obs, _ = env.reset(seed=0)
+    carry = result.initial_carry()
+    expected = np.asarray(result.act(carry, obs)[1])
+    given = np.asarray(jes.load_policy(str(old), env=env_class).act(carry, obs)[1])
+    assert np.array_equal(given, expected) and given.dtype == expected.dtype, (given, expected)
+    raw = np.asarray(jes.load_policy(str(old)).act(carry, obs)[1])  # no env: the file cannot say
+    assert (int(raw) == int(expected) + 1) if env_class is ShiftedActions else raw.dtype == np.float32, raw
 
 
 class Offset(Target):
@@ -1119,3 +1139,41 @@ def test_an_integer_box_float32_actions_cannot_hold_is_refused():
     top bound wrapped to the bottom one when rounded (2**63 as a float64 overflows int64)."""
     with pytest.raises(ValueError, match=r"integer Box action space .* bounds are beyond \+-2\*\*24"):
         make_env(UnboundedIntegerActions)
+
+
+class PhaseOverflows(DictObs):
+    """Observes phase 3 of a Discrete(3) on its second step (gymnasium's flatten took -1 as the last cell)."""
+
+    def step(self, action):
+        obs, *rest = super().step(action)
+        return ({**obs, "phase": 3} if self.t == 2 else obs), *rest
+
+
+def test_an_index_outside_a_discrete_observation_space_is_named_not_wrapped(tmp_path):
+    """A trial: act(-1) on a Discrete(25) observation one-hot encoded the last cell (gymnasium's flatten indexes
+    onehot[x - start]), act(25) raised an IndexError, and a MultiDiscrete's overflow would set the next component's
+    cell; training on an env returning such an index went on with the wrong observation."""
+    with pytest.raises(HostEnvError, match=r"step's observation .* does not fit: ValueError: observation\['phase'\] 3 "
+                                           r"is outside Discrete\(3\) \(indices 0..2\) in .* after 2 steps"):
+        small_train(GymnasiumEnv(PhaseOverflows, "PhaseOverflows"), max_episode_steps=10, eval_episodes=2)
+    policy = small_train(GymnasiumEnv(DictObs, "DictObs"), max_episode_steps=10, eval_episodes=2,
+                         num_generations=1).trained_policy()
+    carry = policy.initial_carry()
+    policy.act(carry, {"target": np.zeros(2, np.float32), "phase": 2})
+    for phase in (-1, 3):
+        with pytest.raises(ValueError, match=rf"observation\['phase'\] {phase} is outside Discrete\(3\)"):
+            policy.act(carry, {"target": np.zeros(2, np.float32), "phase": phase})
+    env = GymnasiumEnv(lambda: gymnasium.make("FrozenLake-v1"), "lake")
+    assert env.observation(15).tolist() == [0.0] * 15 + [1.0]
+    with pytest.raises(ValueError, match=r"observation -1 is outside Discrete\(16\)"):
+        env.observation(-1)
+    multi = GymnasiumEnv(lambda: MultiObs(), "multi")
+    assert multi.observation(np.array([2, 0])).tolist() == [0, 0, 1, 1, 0, 0]
+    with pytest.raises(ValueError, match=r"observation \[3, 0\] is outside MultiDiscrete"):
+        multi.observation(np.array([3, 0]))  # flatten set the second component's first cell
+
+
+class MultiObs(Target):
+    def __init__(self):
+        super().__init__()
+        self.observation_space = gymnasium.spaces.MultiDiscrete([3, 3])

@@ -67,6 +67,55 @@ def is_gymnasium_env(env: Any) -> bool:
     return isinstance(env, gymnasium.Env)
 
 
+def _index_check(space: Any, where: str = "") -> Callable[[Any], Any] | None:
+    """``obs -> obs`` raising ``ValueError`` where a Discrete or MultiDiscrete part of ``space`` holds an index outside
+    its range (``gymnasium.spaces.flatten`` one-hot encodes ``start - 1`` as the last cell and a MultiDiscrete's
+    overflow as the next component's cell, silently); ``None`` for a space without such parts."""
+    spaces = import_gymnasium().spaces
+    if isinstance(space, spaces.Discrete):
+        low, high = int(space.start), int(space.start) + int(space.n)
+
+        def discrete(obs):
+            if not low <= int(np.asarray(obs).reshape(())) < high:
+                raise ValueError(f"observation{where} {obs!r} is outside {space} (indices {low}..{high - 1})")
+            return obs
+        return discrete
+    if isinstance(space, spaces.MultiDiscrete):
+        low = np.asarray(getattr(space, "start", 0))
+        high = low + np.asarray(space.nvec)
+
+        def multi(obs):
+            x = np.asarray(obs)
+            if x.shape != tuple(space.shape) or not np.all((low <= x) & (x < high)):
+                raise ValueError(f"observation{where} {x.tolist()} is outside {space} (each index from its start "
+                                 f"below its nvec)")
+            return obs
+        return multi
+    if isinstance(space, spaces.Dict):
+        parts = {k: _index_check(s, f"{where}[{k!r}]") for k, s in space.spaces.items()}
+        parts = {k: f for k, f in parts.items() if f is not None}
+        if not parts:
+            return None
+
+        def mapping(obs):
+            for k, f in parts.items():
+                f(obs[k])
+            return obs
+        return mapping
+    if isinstance(space, spaces.Tuple):
+        parts = [(i, _index_check(s, f"{where}[{i}]")) for i, s in enumerate(space.spaces)]
+        parts = [(i, f) for i, f in parts if f is not None]
+        if not parts:
+            return None
+
+        def sequence(obs):
+            for i, f in parts:
+                f(obs[i])
+            return obs
+        return sequence
+    return None
+
+
 class GymnasiumEnv:
     """A host env: builds one ``gymnasium.Env`` per episode slot and converts observations and actions.
 
@@ -120,7 +169,9 @@ class GymnasiumEnv:
                 raise ValueError(f"env {name!r} has observation space {space}, which does not flatten to a fixed size "
                                  f"({err}); jes takes Box, Discrete, MultiDiscrete, MultiBinary and Dict/Tuple of "
                                  f"those") from err
-            self._flatten = lambda obs: spaces.flatten(space, obs)
+            indices = _index_check(space)  # flatten's one-hot takes -1 as the last cell, silently
+            self._flatten = ((lambda obs: spaces.flatten(space, obs)) if indices is None else
+                             (lambda obs: spaces.flatten(space, indices(obs))))
         else:
             raise ValueError(f"env {name!r} has observation space {type(space).__name__}; jes takes Box, Discrete, "
                              f"MultiDiscrete, MultiBinary and Dict/Tuple of those (flattened)")
