@@ -87,6 +87,20 @@ def default_run_name(env_name: str, policy_name: str, optimizer_name: str) -> st
     return f"{safe(env_name)}-{safe(policy_name)}-{safe(optimizer_name)}-{stamp}"
 
 
+def claim_dir(path: str) -> str:
+    """Make and return the folder ``path``, or ``path_1``, ``path_2``... where it exists: made at once, so that a
+    process starting in the same second (two sweeps of an array job) takes the next name, not the same folder."""
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    candidate, n = path, 0
+    while True:
+        try:
+            os.mkdir(candidate)
+            return candidate
+        except FileExistsError:
+            n += 1
+            candidate = f"{path}_{n}"
+
+
 def unique_dir(path: str) -> str:
     """``path``, or ``path_1``, ``path_2``... if it already exists (two runs started in the same second)."""
     candidate, n = path, 0
@@ -432,7 +446,7 @@ def flush_all(loggers: Iterable[Any], generation: int | None = None, saving: boo
                               f"scalars may be missing if the run is killed", stacklevel=2)
 
 
-def _event_files(log_dir: str) -> list[str]:
+def event_files(log_dir: str) -> list[str]:
     """``log_dir``'s event files, oldest first: by the second in their names, then by the nanoseconds jes's own add
     (two writers in one second: the resumed run after the run it continues)."""
     def started(path: str) -> tuple:
@@ -455,14 +469,14 @@ def check_callbacks(callbacks: Any) -> None:
 
 def has_event_files(log_dir: str) -> bool:
     """Whether ``log_dir`` (not its subdirectories) already holds TensorBoard event files."""
-    return bool(_event_files(log_dir))
+    return bool(event_files(log_dir))
 
 
 def has_logged_scalars(log_dir: str) -> bool:
     """Whether ``log_dir``'s event files (not its subdirectories') hold a scalar: an earlier run's curves, which a
     run logged beside them would be shown with. A file without any (a run stopped during its step's compile by a
     jes that made the file at its start) shows nothing. Each file is read only as far as its first scalar."""
-    return any(_holds_scalar(path) for path in _event_files(log_dir))
+    return any(_holds_scalar(path) for path in event_files(log_dir))
 
 
 def _holds_scalar(path: str) -> bool:
@@ -496,7 +510,7 @@ def final_metrics_at(log_dir: str, generation: int) -> bool:
     a session that completed there wrote them (:meth:`TensorBoardLogger.close`), and its resume's restart marker
     goes at that step to drop them. Only files that name the tag at all are read through."""
     tag = "hparams/generations"
-    for path in _event_files(log_dir):
+    for path in event_files(log_dir):
         try:
             with open(path, "rb") as f:
                 if tag.encode() not in f.read():
@@ -527,7 +541,7 @@ def iter_events(log_dir: str):
 
 
 def _files_to_read(log_dir: str) -> list[str]:
-    files = _event_files(log_dir)
+    files = event_files(log_dir)
     if files:
         return files
     if not os.path.exists(log_dir):
@@ -535,7 +549,7 @@ def _files_to_read(log_dir: str) -> list[str]:
     if not os.path.isdir(log_dir):
         raise FileNotFoundError(f"{log_dir!r} is a file, not a run directory (the folder that holds a run's "
                                 f"events.out.tfevents.* files)")
-    runs = sorted(name for name in os.listdir(log_dir) if _event_files(os.path.join(log_dir, name)))
+    runs = sorted(name for name in os.listdir(log_dir) if event_files(os.path.join(log_dir, name)))
     inside = (f"; its subfolders {', '.join(runs[:4])}{', ...' if len(runs) > 4 else ''} hold runs (a sweep's "
               f"configurations): name those" if runs else "")
     raise FileNotFoundError(f"no TensorBoard event files in {log_dir!r}{inside}")

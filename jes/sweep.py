@@ -46,9 +46,10 @@ import optax
 
 from jes import interrupts, perturbations, strategies as jes_strategies
 from jes.arrays import check_seed
-from jes.atomic import write_atomically
+from jes.atomic import folder_problem, write_atomically
+from jes.checkpoint import CheckpointInUseError, WriterLock
 from jes.config import ESConfig, checked_config
-from jes.logging import TensorBoardLogger, default_run_name, has_event_files, unique_dir
+from jes.logging import TensorBoardLogger, claim_dir, default_run_name, event_files, has_event_files
 from jes.policies import GRUPolicy, MLPPolicy
 from jes.generation import Trainer, TrainState
 from jes.loop import (HISTORY_KEYS, Callback, CentrePolicy, _count, _take_sigterm, call_callbacks, evaluates_centre,
@@ -316,7 +317,8 @@ def _check_outputs(out_dir: str | None, log_dir: str | None, run_names: list[str
     configurations' log folders hold an earlier run's event files (TensorBoard would show both). ``run_names``: the
     folders of the configurations this call runs (a resumed sweep's kept ones hold its own logs)."""
     if out_dir is not None and not resume:
-        tables = [name for name in ("sweep.csv", "sweep.json") if os.path.exists(os.path.join(out_dir, name))]
+        tables = [name for name in ("sweep.csv", "sweep.json", RESUME_FILE)
+                  if os.path.exists(os.path.join(out_dir, name))]
         if tables:
             raise FileExistsError(f"out_dir {out_dir!r} already holds an earlier sweep's table ({', '.join(tables)}), "
                                   f"which this sweep would overwrite: pass another out_dir (jes sweep: --out-dir), "
@@ -324,7 +326,13 @@ def _check_outputs(out_dir: str | None, log_dir: str | None, run_names: list[str
                                   f"this sweep's, interrupted, or delete those files to start over")
     if log_dir is not None:
         earlier = [name for name in run_names if has_event_files(os.path.join(log_dir, name))]
-        if earlier:
+        if earlier and resume:  # the folders of the groups it reruns, in the log_dir it kept
+            warnings.warn(f"log_dir {log_dir!r} already holds TensorBoard event files in {len(earlier)} of the "
+                          f"{len(run_names)} configuration folders this resumed sweep reruns (e.g. {earlier[0]!r}): "
+                          f"this sweep's own, of a group killed while it logged, or another sweep's; the rerun's go "
+                          f"beside them and TensorBoard will show both: delete those folders' event files first for "
+                          f"one curve each", stacklevel=3)
+        elif earlier:
             warnings.warn(f"log_dir {log_dir!r} already holds TensorBoard event files of an earlier sweep in "
                           f"{len(earlier)} of this sweep's {len(run_names)} configuration folders (e.g. "
                           f"{earlier[0]!r}); this sweep's go beside them and TensorBoard will show both: pass a new "
@@ -661,7 +669,9 @@ def sweep(
             fail, or over every seed when each one failed; ``sweep/seeds``: how many seeds each generation's mean
             holds); default ``runs/sweep-<time>``; ``None`` turns it off.
         out_dir: where ``sweep.csv``, ``sweep.json`` and ``sweep.resume.json`` go (``None``: not written). One that
-            holds a table already is refused unless ``resume``.
+            holds a table already is refused unless ``resume``; one another sweep is running in (it holds
+            ``out_dir/sweep.jes-lock``) is refused (``CheckpointInUseError``), and one that cannot be written too
+            (``PermissionError``, as a ``log_dir`` that cannot be), before anything trains.
         callbacks: functions called with each run's record of each generation (:func:`jes.train`'s keys, and
             ``config_index``, ``point`` -- the grid point's values as the table shows them --, ``seed`` and ``run``,
             e.g. ``"learning_rate=0.05, seed 1"``). One that raises :class:`~jes.StopTraining` ends that run after
@@ -692,7 +702,8 @@ def sweep(
     records what the sweep is and its finished rows. Interrupted (Ctrl-C; SIGTERM too, in the main thread of a
     program with no SIGTERM handler of its own, after which the process ends as SIGTERM ends it) or stopped by an
     error (a callback's, a Python simulator's, ...) after some configurations finished, the sweep writes their rows,
-    says so on stderr, and re-raises; killed outright (SIGKILL), it keeps the groups it had finished.
+    says so on stderr, and re-raises (the error's ``sweep_note`` says what was written, its ``sweep_result`` holds
+    the finished rows and the runs this call ran); killed outright (SIGKILL), it keeps the groups it had finished.
 
     ``resume=True`` (``jes sweep --resume``) continues the sweep whose table is in ``out_dir`` (required): called
     with the same arguments (another sweep's table is refused, naming what differs), it keeps the compile groups
@@ -737,80 +748,159 @@ def sweep(
         raise ValueError("resume=True needs the out_dir of the sweep to resume (jes sweep --resume: the sweep file's "
                          "out_dir, or --out-dir)")
     identity = _identity(policy, env, optimizer, strategy, points, seeds, base, env_params, vmap)
-    kept, kept_log_dir = _resumed(out_dir, identity) if resume else ({}, None)
-    if log_dir == "runs/<auto>":
-        # A resumed sweep logs beside the configurations it kept, in the folder its first call picked
-        log_dir = kept_log_dir or unique_dir(os.path.join("runs", "sweep-" + default_run_name("", "", "").strip("-")))
-    run_names = [_run_name({k: p[k] for k in swept}, grid) for p in points]
-    if log_dir is not None:
-        _check_run_names(log_dir, run_names, points)
-
-    # Group grid points by everything that changes the compiled program.
-    groups: dict[tuple, list[int]] = {}
-    for index, point in enumerate(points):
-        shape_key = tuple((k, repr(v)) for k, v in point.items() if k not in batched)
-        groups.setdefault(shape_key, []).append(index)
-    # Resumed: a group whose every row is in the table is kept; any other runs whole (a vmapped group's batch size is
-    # part of its program, so a part of one would not give the bits the whole gives)
-    to_run = [indices for indices in groups.values() if not all(i in kept for i in indices)]
-    _check_outputs(out_dir, log_dir, [run_names[i] for indices in to_run for i in indices], resume)
-
-    # Every group's Trainer before any group runs: what they refuse (the env, the policy's size) stops the sweep
-    # before it trains or logs anything. Building one compiles nothing.
-    trainers = []
-    for indices in to_run:
-        first = points[indices[0]]
-        try:
-            trainers.append(Trainer(policy, env, first.get("optimizer", optimizer), point_config(base, first),
-                                    env_params=env_params, devices=devices, strategy=first.get("strategy", strategy)))
-        except ValueError as err:
-            shown = ", ".join(f"{k}={v!r}" for k, v in first.items())
-            raise ValueError(f"sweep grid point ({shown or 'the base config'}): {err}") from err
-
-    rows: list[dict] = [kept.get(i, {}) for i in range(len(points))]
-    runs: list[SweepRun] = []
-    shown = [_shown_point(point, grid, base) for point in points]
-    # Runs are named in progress and failure lines by the values that tell their points apart (a fixed value in the
-    # grid, such as a sweep file's [config] scalar, would repeat in every label; a swept jes.LowRank(2) and
-    # jes.LowRank(4) differ in perturbation_rank, which the grid does not name)
-    differing = {k for k in shown[0] if len({repr(s.get(k)) for s in shown}) > 1} if shown else set()
-    named = [{k: v for k, v in s.items() if k in differing} for s in shown]
-    # SIGTERM (kill, timeout, a cluster scheduler) as Ctrl-C, where it would end the process unhandled: the finished
-    # rows are written, then the process ends as SIGTERM ends it (as jes.train takes it)
-    taking_sigterm, ended_by = interrupts.SigtermAsInterrupt(unless_handled=True), None
+    lock, made = _lock_out_dir(out_dir), []  # (made: the default log folder, removed if the sweep leaves it empty)
     try:
-        _take_sigterm(taking_sigterm)  # not over JAX's preemption notifier (jax.distributed)
-        try:
-            for group, (indices, trainer) in enumerate(zip(to_run, trainers)):
-                interrupts.raise_if_terminated()  # (a SIGTERM dropped while the last group finished or compiled)
-                _run_group(trainer, indices, points, seeds, batched, shown, named, vmap, callbacks, base, swept,
-                           grid, optimizer, run_names, log_dir, rows, runs)
-                if out_dir is not None and group + 1 < len(to_run):
-                    # The finished groups' table, so that a sweep killed outright (SIGKILL, an OOM) keeps them
-                    with interrupts.interrupts_deferred():
-                        _save(out_dir, identity, rows, log_dir, complete=False)
-        except BaseException as err:  # Ctrl-C (KeyboardInterrupt), a non-finite update, ...: keep what finished
-            _keep_finished(err, rows, out_dir, identity, log_dir)
-            raise
+        kept, kept_log_dir = _resumed(out_dir, identity) if resume else ({}, None)
+        if kept:
+            _warn_unchecked_on_resume(out_dir, optimizer, strategy, base, points)
+        if log_dir == "runs/<auto>" and kept_log_dir:  # a resumed sweep logs beside the configurations it kept
+            log_dir = kept_log_dir
+        elif log_dir == "runs/<auto>":  # made now: a sweep started in the same second takes the next name
+            log_dir = claim_dir(os.path.join("runs", "sweep-" + default_run_name("", "", "").strip("-")))
+            made.append(log_dir)
+        if log_dir is not None:
+            _check_writable(log_dir, "log_dir", "pass a log_dir in a folder you can write (jes sweep: --log-dir DIR), or "
+                                                "log_dir=None (--log-dir none) to log nothing")
+        run_names = [_run_name({k: p[k] for k in swept}, grid) for p in points]
+        if log_dir is not None:
+            _check_run_names(log_dir, run_names, points)
 
-        runs.sort(key=lambda r: (r.config_index, r.seed))
-        result = SweepResult(rows=rows, runs=runs)
-        if out_dir is not None:
-            with interrupts.interrupts_deferred():  # (a SIGTERM now ends the sweep once its table is whole)
-                result.csv_path, result.json_path = _save(out_dir, identity, rows, log_dir, complete=True)
-    except BaseException as err:
-        ended_by = err
-        raise
+        # Group grid points by everything that changes the compiled program.
+        groups: dict[tuple, list[int]] = {}
+        for index, point in enumerate(points):
+            shape_key = tuple((k, repr(v)) for k, v in point.items() if k not in batched)
+            groups.setdefault(shape_key, []).append(index)
+        # Resumed: a group whose every row is in the table is kept; any other runs whole (a vmapped group's batch size is
+        # part of its program, so a part of one would not give the bits the whole gives)
+        to_run = [indices for indices in groups.values() if not all(i in kept for i in indices)]
+        _check_outputs(out_dir, log_dir, [run_names[i] for indices in to_run for i in indices], resume)
+
+        # Every group's Trainer before any group runs: what they refuse (the env, the policy's size) stops the sweep
+        # before it trains or logs anything. Building one compiles nothing.
+        trainers = []
+        for indices in to_run:
+            first = points[indices[0]]
+            try:
+                trainers.append(Trainer(policy, env, first.get("optimizer", optimizer), point_config(base, first),
+                                        env_params=env_params, devices=devices, strategy=first.get("strategy", strategy)))
+            except ValueError as err:
+                shown = ", ".join(f"{k}={v!r}" for k, v in first.items())
+                raise ValueError(f"sweep grid point ({shown or 'the base config'}): {err}") from err
+
+        rows: list[dict] = [kept.get(i, {}) for i in range(len(points))]
+        runs: list[SweepRun] = []
+        shown = [_shown_point(point, grid, base) for point in points]
+        # Runs are named in progress and failure lines by the values that tell their points apart (a fixed value in the
+        # grid, such as a sweep file's [config] scalar, would repeat in every label; a swept jes.LowRank(2) and
+        # jes.LowRank(4) differ in perturbation_rank, which the grid does not name)
+        differing = {k for k in shown[0] if len({repr(s.get(k)) for s in shown}) > 1} if shown else set()
+        named = [{k: v for k, v in s.items() if k in differing} for s in shown]
+        # SIGTERM (kill, timeout, a cluster scheduler) as Ctrl-C, where it would end the process unhandled: the finished
+        # rows are written, then the process ends as SIGTERM ends it (as jes.train takes it)
+        taking_sigterm, ended_by = interrupts.SigtermAsInterrupt(unless_handled=True), None
+        try:
+            _take_sigterm(taking_sigterm)  # not over JAX's preemption notifier (jax.distributed)
+            try:
+                for group, (indices, trainer) in enumerate(zip(to_run, trainers)):
+                    interrupts.raise_if_terminated()  # (a SIGTERM dropped while the last group finished or compiled)
+                    _run_group(trainer, indices, points, seeds, batched, shown, named, vmap, callbacks, base, swept,
+                               grid, optimizer, run_names, log_dir, rows, runs)
+                    if out_dir is not None and group + 1 < len(to_run):
+                        # The finished groups' table, so that a sweep killed outright (SIGKILL, an OOM) keeps them
+                        with interrupts.interrupts_deferred():
+                            _save(out_dir, identity, rows, log_dir, complete=False)
+                runs.sort(key=lambda r: (r.config_index, r.seed))
+                result = SweepResult(rows=rows, runs=runs)
+                if out_dir is not None:
+                    with interrupts.interrupts_deferred():  # (a SIGTERM now ends the sweep once its table is whole)
+                        result.csv_path, result.json_path = _save(out_dir, identity, rows, log_dir, complete=True)
+            except BaseException as err:  # Ctrl-C (KeyboardInterrupt), a non-finite update, a full disk...: keep what finished
+                _keep_finished(err, rows, out_dir, identity, log_dir, runs)
+                raise
+        except BaseException as err:
+            ended_by = err
+            raise
+        finally:
+            _let_go(lock, made)  # before a SIGTERM taken as Ctrl-C ends the process (as SIGTERM would have)
+            _end_if_terminated(taking_sigterm, ended_by)
+        failed = [r for r in runs if r.status == "failed"]
+        if failed:  # (once: jes sweep adds no line of its own, only its exit status 1)
+            where = (f"the error column of their rows in {result.csv_path} and {result.json_path}" if result.csv_path
+                     else "the error column of their rows (result.rows) and result.run(config_index, seed).error")
+            print(f"sweep: {len(failed)} of {len(runs)} runs failed "
+                  f"({'; '.join(run_label(named[r.config_index], r.seed) for r in failed)}); the reasons are in {where}; "
+                  f"each row's means are over its seeds that did not fail", file=sys.stderr)
+        return result
     finally:
-        _end_if_terminated(taking_sigterm, ended_by)
-    failed = [r for r in runs if r.status == "failed"]
-    if failed:  # (once: jes sweep adds no line of its own, only its exit status 1)
-        where = (f"the error column of their rows in {result.csv_path} and {result.json_path}" if result.csv_path
-                 else "the error column of their rows (result.rows) and result.run(config_index, seed).error")
-        print(f"sweep: {len(failed)} of {len(runs)} runs failed "
-              f"({'; '.join(run_label(named[r.config_index], r.seed) for r in failed)}); the reasons are in {where}; "
-              f"each row's means are over its seeds that did not fail", file=sys.stderr)
-    return result
+        _let_go(lock, made)
+
+# The lock a sweep holds on its out_dir while it runs: out_dir/sweep.jes-lock (jes.checkpoint.WriterLock's file)
+LOCK_NAME = "sweep"
+
+
+def _lock_out_dir(out_dir: str | None) -> WriterLock | None:
+    """Hold ``out_dir`` for this sweep (``None`` without one): a second sweep (or a second ``--resume`` of this one)
+    writing the same table would replace this one's rows with its own, and each would report the other's table.
+
+    Raises:
+        PermissionError (or the folder's own OSError): ``out_dir`` cannot be written, before anything trains.
+        CheckpointInUseError: another sweep holds it; the message names it.
+    """
+    if out_dir is None:
+        return None
+    _check_writable(out_dir, "out_dir", "pass an out_dir in a folder you can write (jes sweep: --out-dir DIR), or "
+                                        "out_dir=None to write no table")
+    lock = WriterLock(os.path.join(out_dir, LOCK_NAME))
+    try:
+        return lock.acquire()
+    except CheckpointInUseError as err:
+        who = err.holder or "its holder has not named itself yet"
+        raise CheckpointInUseError(
+            f"out_dir {out_dir!r} is in use: another sweep is running there ({who}). Two sweeps writing one out_dir "
+            f"replace each other's tables (a second --resume of one sweep too). Let that sweep end (or stop it) first, "
+            f"or give this sweep another out_dir (jes sweep: --out-dir). (A sweep holds {lock.path!r} while it runs; "
+            f"the lock ends with its process, however it ends.)",
+            path=out_dir, holder=err.holder) from None
+
+
+def _check_writable(folder: str, what: str, remedy: str) -> None:
+    """Refuse, before anything trains, a ``folder`` in which files cannot be created (its results would be lost
+    after the training: a table, or TensorBoard runs, written only once their group finished)."""
+    problem = folder_problem(folder)
+    if problem is not None:
+        raise PermissionError(f"{what} {folder!r} cannot be written: {problem[2]}; {remedy}; nothing has trained yet")
+
+
+def _let_go(lock: WriterLock | None, made: list[str]) -> None:
+    """Release the sweep's lock and remove the default log folder it made if it is still empty (a sweep that ended
+    before it logged anything); again, nothing."""
+    for folder in made:
+        try:
+            os.rmdir(folder)  # only an empty folder
+        except OSError:
+            pass
+    if lock is not None:
+        lock.release()
+
+
+def _warn_unchecked_on_resume(out_dir: str, optimizer: Any, strategy: Any, base: ESConfig, points: list[dict]) -> None:
+    """A resumed sweep given values its identity knows only by name (an optax object, a schedule or another function,
+    a strategy object): warn that the kept rows may not be of the same values (the sweep checks what it can by repr,
+    with memory addresses left out: two ``optax.adam`` of other rates, or two lambdas, read the same)."""
+    values = [("optimizer", optimizer), ("strategy", strategy)]
+    values += [(f.name, getattr(base, f.name)) for f in dataclasses.fields(base)]
+    values += [(k, v) for point in points for k, v in point.items()]
+    unchecked = []
+    for name, value in values:
+        if value is None or isinstance(value, (bool, int, float, str)) or dataclasses.is_dataclass(value):
+            continue  # (a dataclass's repr holds its fields: jes.LowRank, a strategy's config, a flax module)
+        if (callable(value) or isinstance(value, optax.GradientTransformation)) and name not in unchecked:
+            unchecked.append(name)
+    if unchecked:
+        warnings.warn(f"resuming the sweep in {out_dir!r} with {', '.join(unchecked)} given as an optax object or a "
+                      f"function: jes knows {'it' if len(unchecked) == 1 else 'them'} by name only and cannot check "
+                      f"that the kept rows ran with the same (another optax.adam rate, or a changed lambda, reads the "
+                      f"same); the table mixes both if not", stacklevel=3)
 
 
 def _run_group(trainer: Trainer, indices: list[int], points: list[dict], seeds: list[int], batched: list[str],
@@ -842,7 +932,7 @@ def _run_group(trainer: Trainer, indices: list[int], points: list[dict], seeds: 
             stopped=ends[b].message if ends[b].status == "stopped" else None,
         ))
         runs[-1].trained = trained_policy(trainer, member_state.params, member_state)
-    finished = {}
+    finished, logged = {}, []  # (logged: each configuration's folder and the event files it held before)
     for i in indices:
         cols = [b for b, (j, _) in enumerate(members) if j == i]
         seed_ends = [ends[b] for b in cols]
@@ -850,8 +940,21 @@ def _run_group(trainer: Trainer, indices: list[int], points: list[dict], seeds: 
         finished[i] = _row(points[i], swept, seeds, ran, seed_ends, compile_time, wall, len(members), trainer,
                            base.learning_rate, grid, points[i].get("optimizer", optimizer))
         if log_dir is not None:
-            _log_configuration(os.path.join(log_dir, run_names[i]), ran, points[i], base, trainer, seeds,
-                               points[i].get("optimizer", optimizer), seed_ends)
+            folder = os.path.join(log_dir, run_names[i])
+            logged.append((folder, set(event_files(folder))))
+            try:
+                _log_configuration(folder, ran, points[i], base, trainer, seeds, points[i].get("optimizer", optimizer),
+                                   seed_ends)
+            except BaseException:
+                # Cut short (Ctrl-C): the group's event files written so far go, as its rows stay out of the table,
+                # so that its rerun on resume logs each configuration once (TensorBoard showed both before)
+                for where, before in logged:
+                    for path in set(event_files(where)) - before:
+                        try:
+                            os.unlink(path)
+                        except OSError:
+                            pass
+                raise
     # The group's rows once its logs are written, all together: a group cut short in its logging (Ctrl-C) has none
     # in the table, so a resume reruns it rather than keeping it beside a TensorBoard run half written
     for i, row in finished.items():
@@ -943,26 +1046,45 @@ def _resumed(out_dir: str, identity: dict) -> tuple[dict[int, dict], str | None]
         raise ValueError(f"{start}: its table is of another sweep: its {key} "
                          f"{'differ' if key.endswith('s') else 'differs'} ({detail}){also}; resume it with the "
                          f"arguments (or sweep file) it was started with, or pass another out_dir to run this sweep")
+    versions = saved.get("versions")  # (a jes before 0.2.0's sweeps recorded none)
+    if isinstance(versions, dict) and versions != _versions():
+        changed = ", ".join(f"{k} {versions.get(k)} there, {v} here" for k, v in _versions().items()
+                            if versions.get(k) != v)
+        warnings.warn(f"resuming the sweep in out_dir {out_dir!r} with other versions than its kept rows ran with "
+                      f"({changed}): the groups run now may differ from what the uninterrupted sweep would have "
+                      f"given (default chunk sizes and compiled programs can change between versions); rerun it "
+                      f"whole (another out_dir) for one table of one version", stacklevel=3)
     return rows, saved.get("log_dir")
+
+
+def _versions() -> dict:
+    """The versions a sweep's rows ran with (recorded beside them for a resume to compare)."""
+    import flax  # noqa: PLC0415
+    import jaxlib  # noqa: PLC0415
+
+    from jes import __version__  # noqa: PLC0415
+
+    return {"jes": __version__, "jax": jax.__version__, "jaxlib": jaxlib.__version__, "flax": flax.__version__}
 
 
 def _save(out_dir: str, identity: dict, rows: list[dict], log_dir: str | None, complete: bool) -> tuple[str, str]:
     """Write the table of the finished ``rows`` (empty dicts: not yet run; each marked ``sweep_complete: false``
     unless ``complete``) and :data:`RESUME_FILE`, each atomically; returns the table's paths."""
     finished = [row if complete else dict(row, sweep_complete=False) for row in rows if row]
-    paths = write_table(finished, out_dir)
     # Absolute: a resume from another working directory logs beside the configurations it keeps
     state = {"identity": identity, "log_dir": None if log_dir is None else os.path.abspath(log_dir), "complete": complete,
-             "rows": [[index, row] for index, row in enumerate(rows) if row]}
+             "versions": _versions(), "rows": [[index, row] for index, row in enumerate(rows) if row]}
+    # The resume file first: what a resume trusts (a table without it could be neither resumed nor run anew)
     write_atomically(os.path.join(out_dir, RESUME_FILE), lambda f: json.dump(state, f, indent=1), mode="w")
-    return paths
+    return write_table(finished, out_dir)
 
 
 def _keep_finished(err: BaseException, rows: list[dict], out_dir: str | None, identity: dict,
-                   log_dir: str | None) -> None:
+                   log_dir: str | None, runs: list[SweepRun]) -> None:
     """On an interrupted or failed sweep: write the finished configurations' rows (marked ``sweep_complete:
     false``) and :data:`RESUME_FILE` with them, say so on stderr, and attach what was written to ``err``
-    (``err.sweep_note``, for ``jes sweep``)."""
+    (``err.sweep_note``, for ``jes sweep``) and what finished (``err.sweep_result``: a :class:`SweepResult` of the
+    finished rows and the runs this call ran, for a caller whose table could not be written)."""
     finished, total = [row for row in rows if row], len(rows)
     what = "interrupted" if isinstance(err, KeyboardInterrupt) else f"stopped by {type(err).__name__}"
     if not finished:
@@ -983,6 +1105,8 @@ def _keep_finished(err: BaseException, rows: list[dict], out_dir: str | None, id
                     f"every configuration finished and reruns the others whole")
     try:
         err.sweep_note = note
+        err.sweep_result = SweepResult(rows=[row for row in rows if row],
+                                       runs=sorted(runs, key=lambda r: (r.config_index, r.seed)))
     except AttributeError:  # an exception type that takes no attributes
         pass
     print(note, file=sys.stderr)
@@ -1226,6 +1350,10 @@ def load_sweep_file(path: str) -> dict:
     except ValueError as err:
         raise ValueError(f"sweep file {path}: {err}") from None
     grid = dict(spec.get("config", {}))
+    both = [key for key in ("optimizer", "strategy") if key in spec and key in grid]
+    if both:
+        raise ValueError(f"sweep file {path}: {both[0]} is given both at the top level and in [config]; give it once "
+                         f"(a name or a list of names at the top level)")
     optimizer = spec.get("optimizer")
     if isinstance(optimizer, list):
         grid["optimizer"] = optimizer

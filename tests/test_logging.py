@@ -108,7 +108,7 @@ def test_two_writers_in_one_log_dir_within_a_second_keep_both_their_events(tmp_p
         logger = jes_logging.TensorBoardLogger(str(tmp_path))
         logger({"generation": generation, "pop_mean": float(generation), "pop_max": 1.0, "pop_min": 0.0})
         logger.close()
-    assert len(jes_logging._event_files(str(tmp_path))) == 2
+    assert len(jes_logging.event_files(str(tmp_path))) == 2
     assert jes_logging.read_scalars(str(tmp_path))["population/mean_return"] == [(1, 1.0), (2, 2.0)]
 
 
@@ -402,7 +402,7 @@ def test_a_non_finite_hyperparameter_is_recorded_as_text_without_tensorboardxs_s
 
 
 def _event_file(log_dir) -> str:
-    (path,) = jes_logging._event_files(str(log_dir))
+    (path,) = jes_logging.event_files(str(log_dir))
     return path
 
 
@@ -677,7 +677,7 @@ def test_resuming_a_finished_run_compiles_nothing_and_adds_no_event_file(tmp_pat
     log_dir = str(tmp_path / "run")
     common = dict(progress=False, **SMALL)
     first = jes.train(jes.MLPPolicy((4,)), "CartPole-v1", "adam", key=1, log_dir=log_dir, **common)
-    files = jes_logging._event_files(log_dir)
+    files = jes_logging.event_files(log_dir)
     compiles = []
     monkeypatch.setattr(jes.Trainer, "start_compiling_step", lambda self: compiles.append("background"))
     monkeypatch.setattr(jes.Trainer, "compiled_step", lambda self, state: compiles.append("step"))
@@ -691,4 +691,4 @@ def test_resuming_a_finished_run_compiles_nothing_and_adds_no_event_file(tmp_pat
         np.testing.assert_array_equal(again.flat_params, first.flat_params)
         np.testing.assert_array_equal(again.history["pop_mean"], first.history["pop_mean"])
         assert again.compile_time == 0.0 and again.log_dir == log_dir
-    assert compiles == [] and jes_logging._event_files(log_dir) == files
+    assert compiles == [] and jes_logging.event_files(log_dir) == files

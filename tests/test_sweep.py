@@ -189,6 +189,13 @@ def test_bad_sweep_file(tmp_path):
     path.write_text('env = "CartPole-v1"\nlog_dir = 3\n')
     with pytest.raises(ValueError, match='log_dir must be a directory or "none", got 3'):
         jes_sweep.load_sweep_file(str(path))
+    # A review: an optimizer (or strategy) at the top level and in [config] was resolved silently, one way for a
+    # list (the [config] one dropped) and the other for a name (the sweep ran [config]'s, its identity said the other)
+    for key, top, inner in (("optimizer", '["adam", "novograd"]', '["sgd"]'), ("optimizer", '"adam"', '"sgd"'),
+                            ("strategy", '"openai_es"', '"pgpe"')):
+        path.write_text(f'env = "CartPole-v1"\n{key} = {top}\n[config]\n{key} = {inner}\n')
+        with pytest.raises(ValueError, match=rf"{key} is given both at the top level and in \[config\]; give it once"):
+            jes_sweep.load_sweep_file(str(path))
 
 
 def test_bad_seeds_are_named_before_anything_runs(tmp_path):
@@ -213,7 +220,7 @@ def test_a_second_sweep_never_replaces_the_first_ones_table_and_warns_of_its_cur
     table = open(result.csv_path).read()
     grid = {"num_members": [16, 24], "learning_rate": [0.01, 0.05]}
     with pytest.raises(FileExistsError, match=rf"out_dir '{root / 'out'}' already holds an earlier sweep's table "
-                                              rf"\(sweep.csv, sweep.json\), which this sweep would overwrite: pass "
+                                              rf"\(sweep.csv, sweep.json, sweep.resume.json\), which this sweep would overwrite: pass "
                                               rf"another out_dir"):
         jes_sweep.sweep(POLICY, "CartPole-v1", "adam", config=BASE, seeds=[0], grid=grid, log_dir=None,
                         out_dir=str(root / "out"))
@@ -986,7 +993,9 @@ def test_a_sweep_killed_in_its_second_group_keeps_the_first_groups_rows(tmp_path
         assert "jes.sweep: terminated by SIGTERM" in err, err[-3000:]
     with open(out_dir / "sweep.json") as f:
         assert [(r["num_members"], r["sweep_complete"]) for r in json.load(f)] == [(16, False)]
-    assert sorted(os.listdir(out_dir)) == ["sweep.csv", "sweep.json", "sweep.resume.json"]
+    # (SIGKILL leaves the lock's file, not its lock: the next sweep takes the file over)
+    assert sorted(os.listdir(out_dir)) == ["sweep.csv"] + ["sweep.jes-lock"] * (signum == "SIGKILL") + [
+        "sweep.json", "sweep.resume.json"]
 
 
 def _rows_without_training(monkeypatch, interrupt_after: bool = False) -> list:
@@ -1069,11 +1078,17 @@ def test_a_group_interrupted_while_logging_keeps_no_rows_and_a_resume_reruns_it(
     with pytest.raises(KeyboardInterrupt):
         jes_sweep.sweep(POLICY, "CartPole-v1", "adam", **kwargs)
     assert "before any of its 2 configurations finished" in capsys.readouterr().err
+    # (and the event files the group had written went with it: its rerun logged beside them, each configuration's
+    # curve twice in TensorBoard, and the warning advised another log_dir, a review)
+    assert len(logged) == 1 and not any(jes_logging.has_event_files(os.path.join(log_dir, name))
+                                        for name in os.listdir(log_dir))
     monkeypatch.setattr(jes_sweep, "_log_configuration", real)
     batches = _counting_batches(monkeypatch)
-    with pytest.warns(UserWarning, match="event files"):  # the half-logged group's first folder
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no "already holds TensorBoard event files"
         resumed = jes_sweep.sweep(POLICY, "CartPole-v1", "adam", resume=True, **kwargs)
     assert len(batches) == 1 and [r["learning_rate"] for r in resumed.rows] == [0.01, 0.05]
+    assert [len(jes_logging.event_files(os.path.join(log_dir, name))) for name in sorted(os.listdir(log_dir))] == [1, 1]
 
 
 @pytest.mark.parametrize("field, value", [("rows", [[0, "a row"]]), ("log_dir", 5), ("identity", [])])
@@ -1101,3 +1116,105 @@ def test_jes_sweep_exits_1_for_a_failed_row_kept_from_the_table_it_resumed(tmp_p
     path.write_text('env = "CartPole-v1"\n[config]\nlearning_rate = [0.05]\n')
     assert cli.main(["sweep", str(path), "--out-dir", str(tmp_path / "out"), "--resume"]) == 1
     assert "over 1 of 2 seeds (1 failed: non-finite update)" in capsys.readouterr().out
+
+
+def test_a_second_sweep_on_the_same_out_dir_is_refused_while_the_first_runs(tmp_path, monkeypatch):
+    """A review: two sweeps started on one out_dir both ran (the only guard was a table already there, checked at the
+    start), and the last to write replaced the other's table: each reported a table of the other's rows. The sweep
+    now holds out_dir/sweep.jes-lock while it runs (a second --resume of one sweep is refused alike)."""
+    out_dir = tmp_path / "out"
+    holder = jes.checkpoint.WriterLock(str(out_dir / "sweep")).acquire()  # another sweep, running
+    _rows_without_training(monkeypatch)
+    try:
+        for resume in (False, True):
+            with pytest.raises(jes.checkpoint.CheckpointInUseError,
+                               match=rf"out_dir '{out_dir}' is in use: another sweep is running there \(pid "
+                                     rf"{os.getpid()} on host .*give this sweep another out_dir"):
+                jes_sweep.sweep(POLICY, "CartPole-v1", "adam", config=BASE, seeds=[0], log_dir=None,
+                                out_dir=str(out_dir), grid={"num_members": [16, 24]}, resume=resume)
+    finally:
+        holder.release()
+    result = jes_sweep.sweep(POLICY, "CartPole-v1", "adam", config=BASE, seeds=[0], log_dir=None,
+                             out_dir=str(out_dir), grid={"num_members": [16, 24]})
+    assert len(result.rows) == 2 and not (out_dir / "sweep.jes-lock").exists()  # released at its end
+    assert jes.logging.claim_dir(str(tmp_path / "runs" / "s")) != jes.logging.claim_dir(str(tmp_path / "runs" / "s"))
+
+
+def test_an_out_dir_or_log_dir_that_cannot_be_written_is_refused_before_anything_trains(tmp_path, monkeypatch):
+    """A review: an out_dir under a file (or read-only, or on a full disk) was found after every group trained (the
+    results lost, no note), and a log_dir so was reported as "stopped before any configuration finished"."""
+    (tmp_path / "afile").write_text("")
+    groups = _rows_without_training(monkeypatch)
+    for where in ("out_dir", "log_dir"):
+        kwargs = {"out_dir": str(tmp_path / "out"), "log_dir": None, where: str(tmp_path / "afile" / "x")}
+        with pytest.raises(PermissionError, match=rf"{where} '.*afile/x' cannot be written: .* is a file, not a "
+                                                  rf"folder; .*nothing has trained yet"):
+            jes_sweep.sweep(POLICY, "CartPole-v1", "adam", config=BASE, seeds=[0], grid={"num_members": [16, 24]},
+                            **kwargs)
+    assert groups == [] and not (tmp_path / "out").exists()
+
+
+def test_a_table_that_cannot_be_written_at_the_end_keeps_the_runs_on_the_error(tmp_path, monkeypatch, capsys):
+    """A review: the last table write (a full disk) was outside the handler that keeps what finished: the error
+    carried no note and no result, and every run was lost to the caller."""
+    _rows_without_training(monkeypatch)
+    real = jes_sweep.write_table
+
+    def full(rows, out_dir):
+        if all(row.get("sweep_complete", True) for row in rows):  # the last, complete table
+            raise OSError(28, "No space left on device")
+        return real(rows, out_dir)
+
+    monkeypatch.setattr(jes_sweep, "write_table", full)
+    with pytest.raises(OSError, match="No space left") as raised:
+        jes_sweep.sweep(POLICY, "CartPole-v1", "adam", config=BASE, seeds=[0], log_dir=None,
+                        out_dir=str(tmp_path / "out"), grid={"num_members": [16, 24]})
+    assert [row["num_members"] for row in raised.value.sweep_result.rows] == [16, 24]
+    assert "after 2 of 2 configurations finished: their rows are in" in raised.value.sweep_note
+    assert "after 2 of 2 configurations finished" in capsys.readouterr().err
+
+
+def test_a_sweep_killed_between_its_resume_file_and_its_table_can_be_resumed(tmp_path, monkeypatch):
+    """A review: the table was written before sweep.resume.json, so a kill between the two left a table that a
+    resume refused ("no sweep.resume.json") and a new sweep refused too ("already holds a table"). The resume file
+    goes first now; a resume file alone is refused by a sweep that does not resume."""
+    out_dir = str(tmp_path / "out")
+    kwargs = dict(config=BASE, seeds=[0], log_dir=None, out_dir=out_dir, grid={"num_members": [16, 24]})
+    _rows_without_training(monkeypatch)
+
+    def killed(rows, out_dir):
+        raise SystemExit("killed")  # as the process would be, after the resume file
+
+    monkeypatch.setattr(jes_sweep, "write_table", killed)
+    with pytest.raises(SystemExit):
+        jes_sweep.sweep(POLICY, "CartPole-v1", "adam", **kwargs)
+    assert os.listdir(out_dir) == [jes_sweep.RESUME_FILE]
+    monkeypatch.undo()
+    with pytest.raises(FileExistsError, match=r"already holds an earlier sweep's table \(sweep.resume.json\)"):
+        jes_sweep.sweep(POLICY, "CartPole-v1", "adam", **kwargs)
+    groups = _rows_without_training(monkeypatch)
+    resumed = jes_sweep.sweep(POLICY, "CartPole-v1", "adam", resume=True, **kwargs)
+    assert groups == [[1]] and [r["num_members"] for r in resumed.rows] == [16, 24]  # the first group kept
+
+
+def test_a_resume_with_objects_known_by_name_or_other_versions_is_warned(tmp_path, monkeypatch):
+    """A review: a sweep resumed with an edited lambda schedule (or another optax.adam rate) kept the rows of the
+    first beside rows of the second with no word (they read the same once memory addresses are left out), and one
+    resumed after a jes or jax upgrade was not told that its rerun groups may differ."""
+    out_dir = str(tmp_path / "out")
+    kwargs = dict(seeds=[0], log_dir=None, out_dir=out_dir, grid={"num_members": [16, 24]})
+    _rows_without_training(monkeypatch, interrupt_after=True)
+    with pytest.raises(KeyboardInterrupt):
+        jes_sweep.sweep(POLICY, "CartPole-v1", "adam", config=BASE.replace(learning_rate=lambda step: 0.01), **kwargs)
+    _rows_without_training(monkeypatch)
+    with pytest.warns(UserWarning, match=r"resuming the sweep in .* with learning_rate given as an optax object or a "
+                                         r"function: jes knows it by name only"):
+        jes_sweep.sweep(POLICY, "CartPole-v1", "adam", config=BASE.replace(learning_rate=lambda step: 0.5),
+                        resume=True, **kwargs)
+    state = json.load(open(os.path.join(out_dir, jes_sweep.RESUME_FILE)))
+    state["versions"]["jax"] = "0.0.1"
+    with open(os.path.join(out_dir, jes_sweep.RESUME_FILE), "w") as f:
+        json.dump(state, f)
+    with pytest.warns(UserWarning, match=r"other versions than its kept rows ran with \(jax 0.0.1 there, "):
+        jes_sweep.sweep(POLICY, "CartPole-v1", "adam", config=BASE.replace(learning_rate=lambda step: 0.5),
+                        resume=True, **kwargs)
