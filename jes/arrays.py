@@ -6,6 +6,7 @@ multi-process runs alike; ``host_unravel`` splits a flat parameter vector on the
 """
 from __future__ import annotations
 
+import math
 from typing import Any, Callable
 
 import jax
@@ -21,10 +22,15 @@ def as_key(key: Any) -> jax.Array:
         arr = jnp.asarray(key)
     except (TypeError, ValueError):  # a string, None, an object: not an array at all
         raise TypeError(f"key must be an int seed or a jax.random key, got {type(key).__name__} {key!r:.40}") from None
-    if jnp.issubdtype(arr.dtype, jax.dtypes.prng_key):
+    if jnp.issubdtype(arr.dtype, jax.dtypes.prng_key) and arr.shape == ():
         return arr
     if arr.dtype == jnp.uint32 and arr.shape == (2,):
         return jax.random.wrap_key_data(arr)
+    batch = arr.shape if jnp.issubdtype(arr.dtype, jax.dtypes.prng_key) else (
+        arr.shape[:-1] if arr.dtype == jnp.uint32 and arr.ndim > 1 and arr.shape[-1] == 2 else None)
+    if batch:  # jax.random.split(key, n): JAX's own "split accepts a single key" came from deep inside
+        raise TypeError(f"key must be one jax.random key, got a batch of {math.prod(batch)} keys (shape "
+                        f"{tuple(batch)}, e.g. from jax.random.split(key, n)): pass one of them (keys[0])")
     raise TypeError(f"key must be an int seed or a jax.random key, got {type(key).__name__} {getattr(arr, 'shape', '')}")
 
 

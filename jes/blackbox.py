@@ -93,6 +93,9 @@ def _warn_if_integer_leaves(x0: Any) -> None:
 
 def _flatten_x0(x0: Any) -> tuple[jax.Array, Callable]:
     x0 = _as_vector_if_numbers(x0)
+    if any(jnp.iscomplexobj(leaf) for leaf in jax.tree.leaves(x0)):  # (its imaginary part was dropped, with a
+        raise TypeError("x0 holds complex values; jes searches real numbers: give the real and imaginary parts as "
+                        "two real leaves (a pytree such as {'re': x.real, 'im': x.imag})")  # NumPy warning alone)
     dtype = _x0_dtype(x0)
     flat, unravel = ravel_pytree(jax.tree.map(lambda x: jnp.asarray(x, dtype), x0))
     if flat.ndim != 1 or flat.shape[0] == 0:
@@ -464,6 +467,7 @@ class StopCriteria:
     - ``tolfun``: the best values of the last ``10 + ceil(30 d / n)`` generations and the current
       generation's values all lie within ``tolfun`` of each other.
     - ``tolx``: the search distribution's mean standard deviation (``history["noise_std"]``) is below ``tolx``.
+      (``tolfun=0`` and ``tolx=0`` turn those two off; ``max_condition=float("inf")`` the condition's.)
     - ``stagnation``: over the last ``120 + 30 d / n`` generations (at least), the median of the newest 30 %
       of the generations' best and median values is no better than that of the oldest 30 %
       (``stagnation=False`` turns it off).
@@ -491,6 +495,16 @@ class StopCriteria:
         if value is not None and (isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0):
             raise ValueError(f"StopCriteria.flat_fitness must be a number of generations >= 0 or None (off), "
                              f"got {value!r}")
+        for name in ("tolfun", "tolx", "max_condition"):  # (a None or a string failed in the first check, mid-run)
+            value = getattr(self, name)
+            if name == "max_condition" and value is None:
+                continue
+            if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)) or not (
+                    value >= 0):
+                off = "0 turns it off" if name != "max_condition" else "None: by the state's dtype; inf turns it off"
+                raise ValueError(f"StopCriteria.{name} must be a number >= 0 ({off}), got {value!r}")
+        if not isinstance(self.stagnation, (bool, np.bool_)):
+            raise ValueError(f"StopCriteria.stagnation must be True or False, got {self.stagnation!r}")
 
     def check(self, rows: list, num_params: int, num_members: int, condition: float | None, dtype) -> str | None:
         """The name of the criterion that fires after the newest of ``rows`` (per generation: best value,
@@ -600,8 +614,21 @@ class OptimizeResult:
 
     def __getstate__(self) -> dict:
         # pickle (multiprocessing, joblib): without the problem, which holds the user's function (often a lambda or
-        # a closure), compiled programs and devices; a result that comes back from a worker needs none of them
-        return dict(self.__dict__, problem=None)
+        # a closure), compiled programs and devices; a result that comes back from a worker needs none of them.
+        # 64-bit JAX arrays as NumPy's: a jax.Array unpickles through jnp, which cuts them to 32 bits where JAX's
+        # x64 mode is off (a float64 result of a worker with x64 came back float32 to a parent without it)
+        return dict(jax.tree.map(_wide_as_numpy, self.__dict__), problem=None)
+
+    def __setstate__(self, state: dict) -> None:
+        wide = [leaf for leaf in jax.tree.leaves(state) if isinstance(leaf, _WideArray)]
+        if wide and not jax.config.jax_enable_x64:
+            warnings.warn("this OptimizeResult holds float64 arrays (JAX's x64 mode was on where it was made), and x64 "
+                          "mode is off here: its arrays (x, best_x, the state's) come back as NumPy float64 arrays, "
+                          "not JAX arrays, which would be float32 here. Call jax.config.update('jax_enable_x64', "
+                          "True) before unpickling it to have them as JAX arrays", stacklevel=2)
+        if wide:  # as it was where x64 mode is on: JAX arrays again
+            state = jax.tree.map(lambda x: x.restored() if isinstance(x, _WideArray) else x, state)
+        self.__dict__.update(state)
 
     def __copy__(self) -> "OptimizeResult":
         return dataclasses.replace(self)
@@ -619,6 +646,25 @@ class OptimizeResult:
         return (f"{self.strategy} {self.direction}d f: f(mean) = {self.value:.6g}, best f = {self.best_value:.6g} "
                 f"after {generations} generation{'' if generations == 1 else 's'}, {self.num_evaluations} evaluations "
                 f"({self.wall_time:.1f}s, {self.compile_time:.1f}s compile)")
+
+
+class _WideArray:
+    """A pickled result's 64-bit JAX array, as the NumPy array it holds (unpickled as it is, x64 mode or not)."""
+
+    def __init__(self, array: np.ndarray):
+        self.array = array
+
+    def restored(self) -> Any:
+        """A JAX array again where x64 mode is on, else the NumPy array (JAX would cut it to 32 bits)."""
+        return jnp.asarray(self.array) if jax.config.jax_enable_x64 else self.array
+
+
+def _wide_as_numpy(leaf: Any) -> Any:
+    """A 64-bit JAX array as a :class:`_WideArray`; the rest as is."""
+    if (isinstance(leaf, jax.Array) and isinstance(leaf.dtype, np.dtype) and leaf.dtype.itemsize == 8
+            and leaf.dtype.kind in "fiu"):  # (not a typed key array: its dtype is JAX's own)
+        return _WideArray(np.asarray(leaf))
+    return leaf
 
 
 def _check_run_arguments(target: Any, callbacks: Any, stop: Any) -> None:
@@ -810,6 +856,9 @@ def optimize(
                                devices=devices, bounds=bounds)
 
     if restarts is None:
+        if max_restarts != 9:  # (its default) given without restarts: it would be ignored
+            raise ValueError(f"max_restarts={max_restarts!r} without restarts: it counts IPOP/BIPOP restarts; pass "
+                             f"restarts='ipop' (or 'bipop') with it, or leave it out")
         if num_generations is None and max_evaluations is not None:  # the budget decides (pycma's maxfevals)
             budget_generations = max_evaluations // (num_members + 1)
             return run_optimization(build(num_members, budget_generations), key, 10 ** 9, target=target,
@@ -938,11 +987,12 @@ def _combined(results: list, runs: list, used: int, t_start: float) -> OptimizeR
     final = max(results, key=lambda r: sign * r.value)
     best = max(results, key=lambda r: sign * r.best_value)
     history, offset, generation = {k: [] for k in results[0].history}, 0, 0
-    history["run"] = []
+    history["run"], history["run_generation"] = [], []
     for index, r in enumerate(results):
         for k, v in r.history.items():
             history[k].append(v + (offset if k == "evaluations" else generation if k == "generation" else 0))
         history["run"].append(np.full(len(r.history["generation"]), index))
+        history["run_generation"].append(np.asarray(r.history["generation"]))  # as the callbacks' records have it
         offset, generation = offset + r.num_evaluations, generation + len(r.history["generation"])
     return dataclasses.replace(
         final, best_x=best.best_x, best_value=best.best_value,
@@ -1362,10 +1412,20 @@ def float32_for_update(values: np.ndarray) -> tuple[np.ndarray, bool]:
     holds them exactly, else shifted by their median first (every strategy here uses fitness through ranks or
     differences, which the shift keeps, and ARS its spread). :func:`optimize`'s host loop and
     :meth:`AskTell.tell` both, so the two give the same bits for the same values."""
-    narrow = values.astype(np.float32)
+    with np.errstate(over="ignore"):  # (a value beyond float32 is not equal to its cast: shifted below)
+        narrow = values.astype(np.float32)
     if np.array_equal(narrow, values):
         return narrow, False
-    return (values - np.median(values)).astype(np.float32), True
+    shifted = values - np.median(values)
+    top = float(np.finfo(np.float32).max)
+    if np.any(np.abs(shifted) > top):  # a large finite penalty (1e100): beyond float32 even after the shift
+        warnings.warn(f"fitness values beyond float32's range ({top:.3g}) after the shift by their median (e.g. "
+                      f"{float(values[np.argmax(np.abs(shifted))]):.3g}) are taken as +-{top:.3g}: members beyond "
+                      f"it rank as equals; turn on JAX's x64 mode (jax.config.update('jax_enable_x64', True)) and give "
+                      f"a float64 x0 to keep float64 values, or return penalties within float32's range",
+                      stacklevel=3)
+        shifted = np.clip(shifted, -top, top)
+    return shifted.astype(np.float32), True
 
 
 def _run_on_host(problem: HostFunctionProblem, key: Any, num_generations: int, stop_reason: str,
@@ -1571,11 +1631,44 @@ class AskTell:
         """Initial state (holds the strategy state, the key and the generation)."""
         return self.problem.init_state(key)
 
-    @jax.jit
     def ask(self, state: TrainState) -> Any:
         """The generation's members as a pytree shaped like ``x0`` with a leading ``[num_members]`` axis (in the
         bounds, where there are)."""
+        self._check_state(state, "ask(state)")
+        return self._ask(state)
+
+    @jax.jit
+    def _ask(self, state: TrainState) -> Any:
         return jax.vmap(self.problem.unravel)(self.problem.in_box(self.problem.population(state)))
+
+    def _check_state(self, state: Any, call: str) -> None:
+        """Refuse what is not a state of this AskTell (another's: another strategy, dimension or dtype), naming the
+        difference, where it failed deep inside (a broadcast of shapes, a missing attribute of a strategy state)."""
+        if not isinstance(state, TrainState):
+            got = (f"an array shaped {tuple(state.shape)}" if hasattr(state, "shape") and hasattr(state, "dtype")
+                   else _named(state))
+            raise TypeError(f"{call} takes the state from init() or the last tell(), got {got}")
+        expected = self.__dict__.get("_state_shapes")
+        if expected is None:  # (once: the shapes of a state of init)
+            expected = self.__dict__["_state_shapes"] = jax.eval_shape(lambda: self.init(0))
+        mine, theirs = jax.tree.structure(expected), jax.tree.structure(state)
+        what = None
+        if mine != theirs:
+            kinds = [type(s.strategy).__name__ for s in (state, expected)]
+            what = (f"its strategy state is a {kinds[0]}, this AskTell's a {kinds[1]}" if len(kinds) == 2
+                    and kinds[0] != kinds[1] else "its fields differ from this AskTell's states'")
+        else:
+            for path, want, have in zip(jax.tree_util.tree_leaves_with_path(expected), jax.tree.leaves(expected),
+                                        jax.tree.leaves(state)):
+                shape, dtype = tuple(getattr(have, "shape", ())), getattr(have, "dtype", None)
+                if shape != tuple(want.shape) or (dtype is not None and dtype != want.dtype):
+                    what = (f"its {jax.tree_util.keystr(path[0])} is {dtype}{list(shape)}, this AskTell's "
+                            f"{want.dtype}{list(want.shape)}")
+                    break
+        if what is not None:
+            raise ValueError(f"{call}: this state is not one of this AskTell's ({self.problem.strategy.name}, "
+                             f"{self.problem.num_params} parameters): {what}. A state continues only in an AskTell "
+                             f"made as the one whose init() or tell() gave it (the same strategy, x0 and options)")
 
     def tell(self, state: TrainState, fitness: Any) -> tuple[TrainState, dict]:
         """The next state from the members' fitness ``[num_members]`` (minimised if ``minimize``); jittable.
@@ -1625,6 +1718,7 @@ class AskTell:
                             f"{got}; unlike pycma's es.tell(X, f) it takes no points: jes regenerates "
                             f"the members asked from the state, so pass tell(state, fitness) with fitness in ask's "
                             f"order")
+        self._check_state(state, "tell(state, fitness)")
         if isinstance(fitness, (list, tuple)):  # pycma's tell(X, [f(x) for x in X]): Python floats are float64,
             fitness = np.asarray(fitness, np.float64)  # ranked as a float64 array is (float32 tied them at 1e9)
         values = _check_fitness(fitness, jnp.asarray if isinstance(fitness, jax.Array) else np.asarray,

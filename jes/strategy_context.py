@@ -61,8 +61,10 @@ def build_context(strategy: Strategy, optimizer: Any, config: ESConfig, num_para
                   antithetic=antithetic, perturbation=perturbation if perturbation.structured else None,
                   layout=layout if perturbation.structured else None)
     if callable(config.noise_std) and strategy.name != "openai_es":
-        raise ValueError(f"a noise_std schedule is an openai_es feature; {strategy.name} adapts its own sigma "
-                         f"(give a number: its initial sigma)")
+        own = ("keeps noise_std fixed (give a number: its sigma)" if strategy.name == "ars" else
+               "adapts its own sigma (give a number: its initial sigma)")
+        raise ValueError(f"a noise_std schedule is an openai_es feature, which only openai_es takes; {strategy.name} "
+                         f"{own}")
     if antithetic and config.num_members % 2:
         raise ValueError(f"num_members={config.num_members} is odd, but {strategy.name} evaluates mirrored pairs; "
                          f"use an even population")

@@ -648,6 +648,7 @@ def sweep(
     out_dir: str | None = None,
     callbacks: Sequence[Callback] = (),
     resume: bool = False,
+    **overrides: Any,
 ) -> SweepResult:
     """Run every configuration of ``grid`` for every seed.
 
@@ -679,6 +680,8 @@ def sweep(
             other runs go on, bit for bit as without it. Any other exception stops the sweep as an error does
             (below), with a note naming the run.
         resume: continue the interrupted sweep in ``out_dir`` (below).
+        overrides: :class:`ESConfig` fields replacing ``config``'s, as :func:`jes.train`'s keywords do
+            (``perturbation=jes.LowRank(2)``, ``num_generations=50``); the grid's values replace them in turn.
 
     A run whose fitness or update goes non-finite fails alone: the generation is not applied, the run is kept at the
     one before (its state, parameters and history), its row says ``status: failed``, how many of its seeds failed in
@@ -725,6 +728,8 @@ def sweep(
     or two configurations in one folder, raise ``ValueError``).
     """
     base = checked_config(config)
+    if overrides:  # (as jes.train: sweep(..., perturbation=jes.LowRank(2)) was a TypeError)
+        base = base.replace(**overrides)
     seeds = _checked_seeds(seeds)
     points = _without_full_rank_duplicates(expand_grid(dict(grid)), base)
     check_points(points, base, strategy, optimizer)

@@ -7,6 +7,7 @@ import warnings
 
 import jax
 import jax.numpy as jnp
+import optax
 
 import numpy as np
 import pytest
@@ -180,6 +181,15 @@ def test_generations_whose_members_all_get_one_penalty_stop_the_run_as_pycmas_fl
     for bad in (-1, 1.5, True, "1"):
         with pytest.raises(ValueError, match=r"StopCriteria.flat_fitness must be a number of generations >= 0"):
             StopCriteria(flat_fitness=bad)
+    # A trial: tolx=None (read as "off"), tolfun="1e-3" compiled and started, then failed at the first check with
+    # TypeError: '<' not supported between instances of 'float' and 'NoneType'
+    for name, bad in (("tolx", None), ("tolfun", "1e-3"), ("tolfun", -1.0), ("tolx", float("nan")),
+                      ("max_condition", "1e7")):
+        with pytest.raises(ValueError, match=rf"StopCriteria.{name} must be a number >= 0 \((0 turns it off|None: )"):
+            StopCriteria(**{name: bad})
+    with pytest.raises(ValueError, match="StopCriteria.stagnation must be True or False"):
+        StopCriteria(stagnation=None)
+    StopCriteria(tolfun=0, tolx=0.0, max_condition=np.inf, stagnation=np.True_)  # every one off: fine
 
 
 def test_ipop_doubles_the_population_and_derives_each_runs_key_from_the_run_key():
@@ -299,6 +309,29 @@ def test_float64_fitness_from_the_host_is_ranked_in_float64_without_x64_mode():
     assert wide < 1e-8 and float(info["pop_mean"]) == pytest.approx(OFFSET)  # the loss's own units
     narrow, _ = run(np.float32)
     assert narrow > 1e-7
+
+
+def test_a_penalty_beyond_float32_is_ranked_last_not_refused_without_x64_mode():
+    """A trial: a host function returning 1e100 where it is infeasible (the guide's advice: a large finite penalty)
+    stopped a float32 search at its first generation as "not finite" (1e39 did, 1e38 did not), pycma solving it.
+    Beyond float32 after the median shift, values are taken as float32's extremes (ranked last), warned of once."""
+    def f(x):
+        return 1e100 if x[0] < 0.8 else float(np.sum((np.asarray(x, np.float64) - 1) ** 2))
+
+    with pytest.warns(UserWarning, match=r"fitness values beyond float32's range .* \(e.g. 1e\+100\) are taken as"), \
+            warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)  # (NumPy's overflow in the cast, before)
+        result = jes.optimize(f, np.ones(3, np.float32), "cma_es", minimize=True, host=True, num_generations=100,
+                              key=0)
+    assert result.value < 1e-8 and result.x.dtype == np.float32, result.value
+    es = jes.AskTell("cma_es", np.ones(3, np.float32), minimize=True)
+    state = es.init(0)
+    for _ in range(100):
+        xs = np.asarray(es.ask(state), np.float64)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            state, _ = es.tell(state, np.array([f(x) for x in xs]))
+    assert np.array_equal(np.asarray(state.params), np.asarray(result.state.params))  # the same bits
 
 
 @pytest.mark.parametrize("minimize", [True, False])
@@ -1228,3 +1261,109 @@ def test_a_pickled_ask_tell_goes_on_in_the_float_dtype_it_searched_in_or_is_refu
     assert code == 0 and "members float64" in out, out
     code, out = run("read", tmp_path / "f64.pkl", x64=False)
     assert code != 0 and "this AskTell searched in float64" in out and "jax_enable_x64" in out, out
+
+
+RESULT_PICKLE_SCRIPT = '''
+import pickle
+import sys
+
+import numpy as np
+
+if sys.argv[1] == "write":
+    import jax
+    jax.config.update("jax_enable_x64", True)
+    import jax.numpy as jnp
+    import jes
+    r = jes.optimize(lambda x: jnp.sum((x - 1 / 3) ** 2) + 79.48, np.zeros(3), "cma_es", minimize=True, key=0,
+                     num_generations=50)
+    with open(sys.argv[2], "wb") as f:
+        pickle.dump(r, f)
+    print("x", np.asarray(r.x).dtype, np.asarray(r.x).tobytes().hex())
+else:
+    import warnings
+    import jax
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with open(sys.argv[2], "rb") as f:
+            r = pickle.load(f)
+    print("warned", [str(w.message)[:60] for w in caught])
+    print("x", np.asarray(r.x).dtype, np.asarray(r.x).tobytes().hex())
+    print("types", type(r.x).__name__, type(r.state.params).__name__, np.asarray(r.best_x).dtype,
+          np.asarray(r.state.params).dtype)
+'''
+
+
+@pytest.mark.hard_timeout(600)
+def test_a_float64_result_unpickled_without_x64_keeps_its_float64_arrays(tmp_path):
+    """A trial: a worker's float64 OptimizeResult (x64 on there) came back to a parent without x64 as float32 (x,
+    best_x, the state's arrays: a jax.Array unpickles through jnp), silently; the guide says every field comes back
+    as it was. Its 64-bit arrays now travel as NumPy's: float64 there, with a warning that they are not JAX arrays."""
+    import subprocess
+
+    from subprocess_for_tests import checkout_env
+
+    script = tmp_path / "result.py"
+    script.write_text(RESULT_PICKLE_SCRIPT)
+
+    def run(step, x64):
+        done = subprocess.run([sys.executable, str(script), step, str(tmp_path / "r.pkl")], capture_output=True,
+                              text=True, timeout=300, env=checkout_env(tests=True, JAX_ENABLE_X64="1" if x64 else "0"))
+        assert done.returncode == 0, done.stdout + done.stderr
+        return {line.split()[0]: line for line in done.stdout.splitlines()}
+
+    written = run("write", x64=True)
+    assert written["x"].startswith("x float64")
+    narrow = run("read", x64=False)
+    assert narrow["x"] == written["x"] and "holds float64 arrays" in narrow["warned"], narrow
+    assert narrow["types"] == "types ndarray ndarray float64 float64", narrow
+    wide = run("read", x64=True)
+    assert wide["x"] == written["x"] and wide["warned"] == "warned []", wide
+    assert wide["types"] == "types ArrayImpl ArrayImpl float64 float64", wide
+
+
+def test_a_state_of_another_ask_tell_and_a_non_state_are_named():
+    """A trial: a 4-d AskTell's state told to a 5-d one raised "mul got incompatible shapes", a cma_es state given to
+    a sep_cma_es AskTell "'CMAState' object has no attribute 'diag_c'", ask(None) "'NoneType' object has no
+    attribute 'es_key'"; and a noise_std schedule with ars said ars "adapts its own sigma" (it keeps it fixed)."""
+    four = jes.AskTell("cma_es", np.zeros(4, np.float32), num_members=8, minimize=True)
+    five = jes.AskTell("cma_es", np.zeros(5, np.float32), num_members=8, minimize=True)
+    sep = jes.AskTell("sep_cma_es", np.zeros(4, np.float32), num_members=8, minimize=True)
+    state = four.init(0)
+    with pytest.raises(ValueError, match=r"tell\(state, fitness\): this state is not one of this AskTell's \(cma_es, 5 "
+                                         r"parameters\): its .* is float32\[4\], this AskTell's float32\[5\]"):
+        five.tell(state, np.zeros(8))
+    with pytest.raises(ValueError, match=r"ask\(state\): this state is not one of this AskTell's \(sep_cma_es, 4 "
+                                         r"parameters\): its strategy state is a CMAState, this AskTell's a "):
+        sep.ask(state)
+    for bad in (None, 0):
+        with pytest.raises(TypeError, match=r"ask\(state\) takes the state from init\(\) or the last tell\(\), got"):
+            four.ask(bad)
+    assert np.asarray(jax.jit(four.ask)(state)).shape == (8, 4)  # traced states pass the check
+    new, _ = jax.jit(four.tell)(state, jnp.arange(8.0))
+    assert int(new.generation) == 1
+    schedule = optax.exponential_decay(0.2, 50, 0.5)
+    with pytest.raises(ValueError, match=r"only openai_es takes; ars keeps noise_std fixed"):
+        jes.optimize(lambda x: jnp.sum(x ** 2), jnp.ones(3), "ars", minimize=True, noise_std=schedule,
+                     num_generations=2)
+    with pytest.raises(ValueError, match=r"only openai_es takes; snes adapts its own sigma"):
+        jes.optimize(lambda x: jnp.sum(x ** 2), jnp.ones(3), "snes", minimize=True, noise_std=schedule,
+                     num_generations=2)
+
+
+def test_arguments_a_trial_found_taken_silently_or_refused_from_deep_inside():
+    """A trial: a complex x0 was searched with its imaginary part dropped (NumPy's cast warning alone); a batch of
+    keys got JAX's "split accepts a single key"; max_restarts without restarts was ignored; and the guide says
+    result.history has run_generation with restarts, which it lacked (the callbacks' records had it)."""
+    sphere = lambda x: jnp.sum(x ** 2)  # noqa: E731
+    with pytest.raises(TypeError, match=r"x0 holds complex values; jes searches real numbers"):
+        jes.optimize(sphere, np.array([1 + 1j]), "snes", minimize=True, num_generations=2)
+    for keys in (jax.random.split(jax.random.key(0), 2), jax.random.split(jax.random.PRNGKey(0), 2)):
+        with pytest.raises(TypeError, match=r"key must be one jax.random key, got a batch of 2 keys .* pass one of them"):
+            jes.optimize(sphere, jnp.ones(2), "snes", minimize=True, num_generations=2, key=keys)
+    with pytest.raises(ValueError, match=r"max_restarts=3 without restarts: .* pass restarts='ipop'"):
+        jes.optimize(sphere, jnp.ones(2), "cma_es", minimize=True, num_generations=2, max_restarts=3)
+    records = []
+    r = jes.optimize(rastrigin, 3 * jnp.ones(2), "cma_es", minimize=True, key=1, restarts="ipop", max_restarts=1,
+                     num_generations=15, callbacks=[records.append])
+    assert [int(g) for g in r.history["run_generation"]] == [rec["run_generation"] for rec in records]
+    assert set(r.history["run"].tolist()) == {0, 1} and r.history["run_generation"][0] == 1

@@ -1218,3 +1218,24 @@ def test_a_resume_with_objects_known_by_name_or_other_versions_is_warned(tmp_pat
     with pytest.warns(UserWarning, match=r"other versions than its kept rows ran with \(jax 0.0.1 there, "):
         jes_sweep.sweep(POLICY, "CartPole-v1", "adam", config=BASE.replace(learning_rate=lambda step: 0.5),
                         resume=True, **kwargs)
+
+
+def test_a_sweep_takes_config_fields_as_keywords_as_train_does(monkeypatch):
+    """A trial: jes.train(..., perturbation=jes.LowRank(2)) works, jes.sweep(..., perturbation=...) was a TypeError
+    ("unexpected keyword argument 'perturbation'"); config fields as keywords now replace config's, as train's do."""
+    bases = []
+
+    def fake(trainer, indices, points, seeds, batched, shown, named, vmap, callbacks, base, *rest):
+        bases.append((base, trainer.config))
+        for i in indices:
+            rest[-2][i] = dict(shown[i], status="completed")
+
+    monkeypatch.setattr(jes_sweep, "_run_group", fake)
+    result = jes_sweep.sweep(POLICY, "CartPole-v1", "adam", config=BASE, seeds=[0], log_dir=None,
+                             grid={"num_members": [16, 24]}, perturbation=jes.LowRank(2), num_generations=2)
+    assert [row["num_members"] for row in result.rows] == [16, 24] and len(bases) == 2
+    for base, config in bases:
+        assert (base.perturbation_rank, base.num_generations, config.perturbation_rank) == (2, 2, 2), (base, config)
+    with pytest.raises(TypeError, match="unknown ESConfig field"):
+        jes_sweep.sweep(POLICY, "CartPole-v1", "adam", config=BASE, seeds=[0], log_dir=None,
+                        grid={"num_members": [16]}, num_member=8)
