@@ -160,7 +160,7 @@ def _parser() -> argparse.ArgumentParser:
     progress.add_argument("--no-progress", dest="progress", action="store_false", help="print no progress at all")
 
     timing = train.add_argument_group(
-        "distributed master options (with --listen; passed to jes.train(master_options=...) and "
+        "distributed master options (with --listen or --workers; passed to jes.train(master_options=...) and "
         "jes.distributed.master.Master)")
     timing.add_argument("--heartbeat-interval", type=float, default=None, metavar="S",
                         help="seconds between worker heartbeats (Master default 1)")
@@ -487,8 +487,9 @@ def _train(args: argparse.Namespace) -> int:
         ("curve_secret_key", args.curve_secret_key), ("audit", args.audit),
     ) if value is not None}
     if master_options:
-        if args.listen is None:
-            print("jes train: the distributed timing flags are for a master; add --listen HOST:PORT", file=sys.stderr)
+        if args.listen is None and not args.workers:  # (local workers have a master too: jes.train merges these)
+            print("jes train: the distributed timing flags are for a master; add --listen HOST:PORT (workers on other "
+                  "hosts) or --workers N (local ones)", file=sys.stderr)
             return 2
         if "master_options" not in inspect.signature(jes.train).parameters:
             print("jes train: this jes.train takes no master_options; run without the distributed timing flags",

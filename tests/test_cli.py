@@ -893,6 +893,25 @@ def test_device_worker_and_shaping_errors_name_the_flags(flags, message, capsys)
         jes.arrays.resolve_devices(0)
 
 
+def test_master_options_reach_a_run_with_local_workers(monkeypatch, capsys):
+    """A review: `jes train --workers 1 --audit 0.5` was refused ("add --listen HOST:PORT"), and with --listen added
+    refused again (num_workers cannot be combined with master=), though jes.train(num_workers=..., master_options=...)
+    takes both: the flags could not be used with local workers at all."""
+    seen = {}
+
+    def fake_train(*args, master_options=None, **kwargs):
+        seen.update(master_options=master_options, num_workers=kwargs.get("num_workers"), master=kwargs.get("master"))
+        raise ValueError("stop here")
+
+    monkeypatch.setattr(jes, "train", fake_train)
+    assert cli.main(["train", "--workers", "1", "--audit", "0.5", "--worker-timeout", "20", "--generations", "1",
+                     "--log-dir", "none"]) == 2
+    assert seen == {"master_options": {"audit": 0.5, "worker_timeout": 20.0}, "num_workers": 1, "master": None}, seen
+    assert "stop here" in capsys.readouterr().err
+    assert cli.main(["train", "--audit", "0.5", "--generations", "1", "--log-dir", "none"]) == 2
+    assert "add --listen HOST:PORT (workers on other hosts) or --workers N" in capsys.readouterr().err
+
+
 # A user's module registering Gymnasium envs (as `jes train --import MODULE` imports one): a counter whose constructor
 # takes no render_mode, and one whose step raises on its third step.
 HOST_ENVS = '''

@@ -890,3 +890,29 @@ def test_workers_computing_other_bits_are_distrusted_told_why_and_the_run_stays_
         assert "XLA_FLAGS" in workers.log("fast") and "Is JAX_ENABLE_X64" in workers.log("x64")
     finally:
         workers.close()
+
+
+def test_a_master_and_a_worker_on_ipv6_loopback_are_bit_identical(trainer, reference, tmp_path):
+    """A review: --listen "[::1]:0" failed ("No such device") and jes-worker --master [::1]:PORT said "connection
+    refused" (neither socket took IPv6). Both do now, and the run is the in-process run's bit for bit."""
+    try:
+        with socket.socket(socket.AF_INET6) as s:
+            s.bind(("::1", 0))
+            port = s.getsockname()[1]
+    except OSError as err:
+        pytest.skip(f"no IPv6 loopback on this machine ({err})")
+    curve = ("--curve-server-key", CURVE[0]) if CURVE else ()
+    with open(tmp_path / "v6.log", "wb") as log:
+        worker = subprocess.Popen([*WORKER, "--master", f"[::1]:{port}", "--name", "v6", *curve],
+                                  env=dict(os.environ, JES_SECRET=SECRET.decode()), stdout=log, stderr=subprocess.STDOUT)
+    try:
+        with Master(trainer, f"[::1]:{port}", secret=SECRET, env="CartPole-v1", optimizer="adam",
+                    **{**FAST, **(dict(curve_secret_key=CURVE[1]) if CURVE else {})}) as master:
+            state = trainer.init_state(KEY)
+            assert master.wait_for_workers(state, 1, READY_TIMEOUT) >= 1, (tmp_path / "v6.log").read_text()
+            result = run(trainer, state, key=KEY, step_fn=master.step)
+        np.testing.assert_array_equal(result.flat_params, reference)
+        assert master.stats["assigned_ranges"] > 0
+    finally:
+        worker.kill()
+        worker.wait(timeout=20)

@@ -220,6 +220,59 @@ def test_a_range_past_its_deadline_is_requeued_once_even_when_its_worker_is_lost
         master.close()
 
 
+def test_a_worker_that_slowed_down_gets_ranges_it_can_finish_after_one_missed_deadline(trainer):
+    """A review: a worker's speed was learnt from accepted results only, so one that became 20x slower (a loaded host,
+    longer episodes) kept getting ranges sized and timed for its old speed, missed every deadline, and every late
+    result was dropped: the master evaluated everything itself, waiting for each deadline first. A range that
+    overran its deadline now bounds the worker's speed by what it could have done in that time."""
+    clock = Clock()
+    master = make_master(trainer, clock)
+    try:
+        slow = FakeWorker(b"slow")
+        connect(master, slow, clock)
+        sent = []
+        master._send = lambda worker, message: sent.append(message)
+        master._begin(None, 0, "h")
+        master.workers[b"slow"].chunks_per_second = 20.0  # as measured before it slowed down
+        master._handle(b"slow", request_message(slow))
+        first = [m for m in sent if m["type"] == "work"][-1]
+        (aid,) = master.workers[b"slow"].aids
+        issued = master.assignments[aid].issued
+        clock.now = master.assignments[aid].deadline + 0.5
+        master.workers[b"slow"].last_seen = clock.now
+        master._expire(clock.now)
+        chunks = first["stop"] - first["start"]
+        assert master.workers[b"slow"].chunks_per_second == pytest.approx(chunks / (clock.now - issued))
+        master._handle(b"slow", request_message(slow, abandon=aid))
+        second = [m for m in sent if m["type"] == "work"][-1]
+        assert second["stop"] - second["start"] < chunks, (first, second)
+    finally:
+        master.close()
+
+
+def test_a_state_too_large_for_a_workers_message_is_said_once_and_never_sent(trainer, monkeypatch, caplog):
+    """A review: a snapshot over the workers' message limit (protocol.MAX_TO_WORKER_BYTES) was sent all the same:
+    the worker's socket dropped it with the connection, it reconnected every master_timeout, and both logs blamed
+    silence. It is now never sent, the worker waits, and the master says once why it evaluates alone."""
+    clock = Clock()
+    master = make_master(trainer, clock)
+    try:
+        fake = FakeWorker(b"w")
+        connect(master, fake, clock)
+        sent = []
+        master._send = lambda worker, message: sent.append(message)
+        master._begin(trainer.init_state(0), 1, "h1")  # the worker holds generation 0: it needs a snapshot
+        monkeypatch.setattr(protocol, "MAX_TO_WORKER_BYTES", 4096 + len(protocol.pack_state(master._state)) - 1)
+        with caplog.at_level("ERROR", logger="jes.distributed.master"):
+            for _ in range(3):
+                master._handle(b"w", request_message(fake))
+        assert [m["type"] for m in sent] == ["wait"] * 3 and master.stats["snapshots"] == 0
+        errors = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+        assert len(errors) == 1 and "more than a worker takes in one message" in errors[0], errors
+    finally:
+        master.close()
+
+
 def test_a_benched_worker_does_not_stop_the_master_from_evaluating(trainer):
     """A worker that keeps failing to sync sits the generation out; the master must not wait for it."""
     clock = Clock()

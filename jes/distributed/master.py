@@ -269,6 +269,7 @@ class Master:
         self._generation = -1
         self._hash = ""
         self._snapshot = None
+        self._snapshot_too_large = False  # said once (see _assign)
         self._update: dict | None = None       # previous generation's results, for workers one generation behind
         self._last_state = None
         self._last_hash = ""
@@ -292,6 +293,7 @@ class Master:
         self.context = zmq.Context()
         self.socket = self.context.socket(zmq.ROUTER)
         self.socket.setsockopt(zmq.LINGER, 0)
+        self.socket.setsockopt(zmq.IPV6, 1)  # [::1] / an IPv6 host (ZeroMQ's sockets take IPv4 only without it)
         self.socket.setsockopt(zmq.MAXMSGSIZE, self.max_message_bytes + 4096)
         self.socket.setsockopt(zmq.SNDHWM, 1000)
         self.socket.setsockopt(zmq.RCVHWM, 10000)
@@ -854,7 +856,14 @@ class Master:
             for aid in sorted(worker.aids):
                 assignment = self.assignments[aid]
                 if now > assignment.deadline:
-                    # Nobody waits for it any more; a late result is not a live assignment's and is dropped.
+                    # Nobody waits for it any more; a late result is not a live assignment's and is dropped. What the
+                    # worker did is a measurement too: at most its chunks in the time it had (its estimate, learnt
+                    # from results only, stayed at its old speed: a worker 4x slower than it was missed every
+                    # deadline after, its ranges sized and timed for the old speed, a review)
+                    if not assignment.audit and now > assignment.issued:
+                        bound = max(len(assignment.chunks) / (now - assignment.issued), MIN_RATE)
+                        if worker.chunks_per_second is None or worker.chunks_per_second > bound:
+                            worker.chunks_per_second = bound
                     self._end_assignment(aid, "overran their deadline, back", logging.WARNING)
 
     def _assign_idle(self) -> None:
@@ -1015,6 +1024,17 @@ class Master:
         else:
             if self._snapshot is None:
                 self._snapshot = protocol.pack_state(self._state)
+            if len(self._snapshot) > protocol.MAX_TO_WORKER_BYTES - 4096:  # (its message's other fields: < 4 KiB)
+                # A worker's socket drops a larger message, and with it the connection: it reconnected every
+                # master_timeout, both logs blaming silence (a review). Said once; the master evaluates alone.
+                if not self._snapshot_too_large:
+                    self._snapshot_too_large = True
+                    log.error("the run's state is %d bytes packed, more than a worker takes in one message (%d): "
+                              "no worker can receive it, so the master evaluates every chunk itself; train this "
+                              "policy without workers, or make its state smaller (a smaller policy, or an optimizer "
+                              "with less state, e.g. sgd)", len(self._snapshot), protocol.MAX_TO_WORKER_BYTES - 4096)
+                self._send(worker, {"type": "wait"})
+                return
             self._send(worker, {"type": "snapshot", "run": self._run, "gen": self._generation, "hash": self._hash,
                                 "state": self._snapshot})
             self.stats["snapshots"] += 1

@@ -181,5 +181,7 @@ class Gatekeeper(threading.Thread):
             return [b"1.0", request_id, b"200", b"OK", b"jes-worker", b""]
         self.refused += 1
         self._unlogged += 1
-        self._log_refused(address.decode("ascii", "backslashreplace")[:64])
+        shown = address.decode("ascii", "backslashreplace")[:64]
+        # (an IPv4 peer of a socket that takes IPv6 too comes as ::ffff:a.b.c.d: shown as the IPv4 address it is)
+        self._log_refused(shown[len("::ffff:"):] if shown.startswith("::ffff:") and "." in shown else shown)
         return [b"1.0", request_id, b"400", b"not a worker of this run", b"", b""]

@@ -225,6 +225,7 @@ class _Link(threading.Thread):
         sock = self.context.socket(zmq.DEALER)
         sock.setsockopt(zmq.IDENTITY, f"{self.name}-{uuid.uuid4().hex[:8]}".encode()[:255])
         sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.IPV6, 1)  # a master at [::1] or an IPv6 host (IPv4 only without it)
         sock.setsockopt(zmq.IMMEDIATE, 1)            # never queue messages for a master that is not there
         sock.setsockopt(zmq.MAXMSGSIZE, protocol.MAX_TO_WORKER_BYTES + 4096)
         sock.setsockopt(zmq.RECONNECT_IVL, 200)
