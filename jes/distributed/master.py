@@ -293,7 +293,8 @@ class Master:
         self.context = zmq.Context()
         self.socket = self.context.socket(zmq.ROUTER)
         self.socket.setsockopt(zmq.LINGER, 0)
-        self.socket.setsockopt(zmq.IPV6, 1)  # [::1] / an IPv6 host (ZeroMQ's sockets take IPv4 only without it)
+        if "[" in endpoint or "://*:" in endpoint:  # an IPv6 address, or every interface's (IPv4 and IPv6); a
+            self.socket.setsockopt(zmq.IPV6, 1)  # host name binds its IPv4 address as before (not its IPv6 one)
         self.socket.setsockopt(zmq.MAXMSGSIZE, self.max_message_bytes + 4096)
         self.socket.setsockopt(zmq.SNDHWM, 1000)
         self.socket.setsockopt(zmq.RCVHWM, 10000)

@@ -225,7 +225,8 @@ class _Link(threading.Thread):
         sock = self.context.socket(zmq.DEALER)
         sock.setsockopt(zmq.IDENTITY, f"{self.name}-{uuid.uuid4().hex[:8]}".encode()[:255])
         sock.setsockopt(zmq.LINGER, 0)
-        sock.setsockopt(zmq.IPV6, 1)  # a master at [::1] or an IPv6 host (IPv4 only without it)
+        if "[" in self.endpoint:  # an IPv6 address ([::1]:5555); a host name resolves to IPv4 as before (with
+            sock.setsockopt(zmq.IPV6, 1)  # IPv6 on, "localhost" could resolve to ::1, where a master on 0.0.0.0 is not)
         sock.setsockopt(zmq.IMMEDIATE, 1)            # never queue messages for a master that is not there
         sock.setsockopt(zmq.MAXMSGSIZE, protocol.MAX_TO_WORKER_BYTES + 4096)
         sock.setsockopt(zmq.RECONNECT_IVL, 200)
