@@ -1054,7 +1054,19 @@ class Checkpoint:
             if mine["config"].get(name) != value:
                 problems.append(f"config.{name}: checkpoint has {value!r}, this run has {mine['config'].get(name)!r}")
         if set(theirs["config_schedules"]) != set(mine["config_schedules"]):
-            problems.append(f"schedules: checkpoint has {theirs['config_schedules']}, this run has {mine['config_schedules']}")
+            # (it said "schedules: checkpoint has ['learning_rate'], this run has []" beside "a resumed run may change
+            # learning_rate": a trial)
+            for name in sorted(set(theirs["config_schedules"]) ^ set(mine["config_schedules"])):
+                if name in theirs["config_schedules"]:
+                    problems.append(f"config.{name}: the checkpoint's run had a schedule, this run "
+                                    f"{mine['config'].get(name)!r}: a run with a schedule resumes with a schedule "
+                                    f"(its step goes on from the checkpoint's generation): pass it again, "
+                                    f"jes.train(..., {name}=your_schedule, resume=path) (a command line cannot give "
+                                    f"one: resume from Python)")
+                else:
+                    problems.append(f"config.{name}: the checkpoint's run had {theirs['config'].get(name)!r}, this "
+                                    f"run a schedule: a run resumes with the kind of {name} it had (a number may "
+                                    f"change to another number; a schedule starts a fresh run)")
         if problems:
             raise CheckpointError(
                 f"checkpoint {self.path} does not match this run:\n  " + "\n  ".join(problems)

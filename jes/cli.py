@@ -15,6 +15,7 @@ import sys
 import tempfile
 import traceback
 import warnings
+from typing import Any
 
 EPILOG = """examples:
   jes train --env CartPole-v1 --policy gru --hidden 5 --layers 2 --optimizer novograd --population 256
@@ -68,6 +69,9 @@ COMMANDS = ("train", "eval", "sweep", "plot", "keys", "launch")
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="jes", description="JAX-accelerated Evolution Strategies.",
                                      formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EPILOG)
+    from jes import __version__  # (jes.__version__ as a flag too, as pip's and pytest's: a trial)
+
+    parser.add_argument("--version", action="version", version=f"jes {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="{" + ",".join(COMMANDS) + "}")
 
     d = CONFIG_DEFAULTS
@@ -356,6 +360,11 @@ def _build_policy(args: argparse.Namespace):
     if kind.lower() in ("gru", "mlp"):
         from jes.sweep import build_policy
 
+        sized = {"mlp": ("hidden_sizes",), "gru": ("hidden", "layers")}[kind.lower()]
+        twice = [f for f in sized if f in extra]
+        if twice and (args.hidden is not None or args.layers is not None):  # (--policy-arg won, silently: a trial)
+            raise ValueError(f"--policy-arg {twice[0]}=... and --hidden/--layers both size the policy; give one")
+
         # None is "not given"; a 0 was replaced by the default (--hidden 0 trained 5 units silently)
         hidden, layers = (5 if args.hidden is None else args.hidden), (2 if args.layers is None else args.layers)
         if hidden < 1:
@@ -393,6 +402,28 @@ def _build_policy(args: argparse.Namespace):
         return policy.clone(**extra) if policy is not None else cls(**extra)
     except (TypeError, ValueError) as err:  # a field's own refusal (GRUPolicy(hidden=0)), one line
         raise ValueError(f"--policy {kind} with {extra}: {err}") from err
+
+
+def _with_checkpoint_flags(args: argparse.Namespace, saved: Any, policy: Any) -> Any:
+    """The policy of ``--resume`` given some of ``--policy gru/mlp``, ``--hidden``, ``--layers``: the flags left out
+    taken from the checkpoint's policy (a GRUPolicy's or an MLPPolicy of equal widths), not from the defaults (a
+    trial: ``--resume CKPT --policy mlp`` of an MLP 16 x 1 run was refused as "hidden_sizes [5, 5]", and ``--hidden 16
+    --layers 1`` as a GRUPolicy); a flag given that differs is then refused by the resume, naming it."""
+    from jes.policies import GRUPolicy, MLPPolicy
+
+    if type(saved) is GRUPolicy:
+        kind, hidden, layers = "gru", saved.hidden, saved.layers
+    elif type(saved) is MLPPolicy and len(set(saved.hidden_sizes)) <= 1:
+        kind, hidden, layers = "mlp", (saved.hidden_sizes[0] if saved.hidden_sizes else None), len(saved.hidden_sizes)
+    else:
+        return policy
+    if (args.policy or kind).lower() != kind:
+        return policy
+    filled = argparse.Namespace(**vars(args))
+    filled.policy = kind
+    filled.hidden = args.hidden if args.hidden is not None else hidden
+    filled.layers = args.layers if args.layers is not None else layers
+    return _build_policy(filled)
 
 
 def _train(args: argparse.Namespace) -> int:
@@ -442,7 +473,10 @@ def _train(args: argparse.Namespace) -> int:
         if env is not None and not ckpt.names_env(env) and not ckpt.names_env(jes.make_env(env).name):
             raise ValueError(f"--env {env}: the checkpoint's run is on {ckpt.env_name!r}; a resume continues that "
                              f"run (drop --env), or start a new run without --resume")
-        policy = ckpt.policy(allow_modules=args.allow_module) if policy is None else policy
+        if policy is None:
+            policy = ckpt.policy(allow_modules=args.allow_module)
+        elif (args.policy or "gru").lower() in ("gru", "mlp"):
+            policy = _with_checkpoint_flags(args, ckpt.policy(allow_modules=args.allow_module), policy)
         env = ckpt.env_name if env is None else env
         strategy = checkpoint.build_strategy(ckpt.meta.get("strategy"), args.resume) if strategy is None else strategy
         if optimizer is None and (args.strategy is None or strategies.get(strategy).uses_optimizer):
@@ -581,7 +615,7 @@ def _eval(args: argparse.Namespace) -> int:
     import numpy as np
 
     from jes import checkpoint, trained
-    from jes.generation import as_key
+    from jes.generation import as_key, run_label
     from jes.perturbations import LowRankWarning
 
     if args.episodes < 1:
@@ -621,7 +655,9 @@ def _eval(args: argparse.Namespace) -> int:
         # a run given an optax object, schedules or a strategy class of your own: evaluated with stand-ins for them
         # (evaluation never reads them)
         trainer, state = ckpt.centre_for_evaluation(allow_modules=args.allow_module)
-    label = trainer.run_label
+    # the run's own optimizer as its file records it: the stand-in trainer's is "sgd" wherever the run had an optax
+    # object or a schedule (a trial: `jes eval` named "sgd" for an optax.chain(...) run)
+    label = run_label(trainer.strategy.name, ckpt.meta.get("optimizer"), trainer.config)
     if not ckpt.rebuilds_its_strategy():  # the stand-in's label would name OpenAI-ES's "sgd": the file's strategy
         ran = ckpt.meta["strategy"]
         label = f"strategy {ran['name']}" + (f" ({ran['class']})" if ran.get("class") else "")

@@ -297,13 +297,7 @@ class Generation(CompiledPrograms):
     def run_label(self) -> str:
         """``"adam"`` for OpenAI-ES (as before strategies existed), else ``"pgpe-clipup"``, ``"snes"``, ...; a low-rank
         run adds its rank (``"adam-lowrank-r2"``), so its summary and default run directory say which it was."""
-        if self.strategy.name == "openai_es":
-            label = self.optimizer_name
-        else:
-            label = f"{self.strategy.name}-{self.optimizer_name}" if self.optimizer_name else self.strategy.name
-        if self.config.perturbation == "low_rank":
-            label += f"-lowrank-r{self.config.perturbation_rank}"
-        return label
+        return run_label(self.strategy.name, self.optimizer_name, self.config)
 
     def place(self, state: TrainState) -> TrainState:
         """Put a state (fresh, restored, or from another process) replicated on this run's devices.
@@ -641,6 +635,17 @@ def check_parameter_dtypes(name: str, variables: Any) -> None:
         raise TypeError(f"policy {name}'s variable {where} is {dtype}{list(leaf.shape)}: jes evolves every variable "
                         f"as float32 parameters (it would perturb and train it); make a fixed {dtype} value a "
                         f"constant of the module (a field, or an array built in __call__), not a variable")
+
+
+def run_label(strategy_name: str, optimizer_name: str | None, config: ESConfig) -> str:
+    """:attr:`Trainer.run_label` of a run of these (a checkpoint's recorded optimizer, say)."""
+    if strategy_name == "openai_es":
+        label = optimizer_name
+    else:
+        label = f"{strategy_name}-{optimizer_name}" if optimizer_name else strategy_name
+    if config.perturbation == "low_rank":
+        label += f"-lowrank-r{config.perturbation_rank}"
+    return label
 
 
 class Trainer(Generation):

@@ -961,6 +961,10 @@ def _overwrite_problem(checkpoint_path: str, resume: str | None) -> str | None:
     same ``log_dir``), which could then no longer be resumed, evaluated or read. ``None``: nothing is there."""
     if not os.path.exists(checkpoint_path):
         return None
+    if os.path.isdir(checkpoint_path):  # (it said "a file this run did not write ... delete that file", a trial)
+        return (f"checkpoint {checkpoint_path!r} is a folder, not a checkpoint file: give checkpoint_path the file's "
+                f"path (jes train: --checkpoint {os.path.join(checkpoint_path, 'checkpoint.ckpt')}), or give the "
+                f"folder as the run's log_dir (--log-dir {checkpoint_path}), whose checkpoint.ckpt is the default")
     if resume is not None and os.path.exists(resume) and os.path.samefile(checkpoint_path, resume):
         return None  # the run it continues
     remedy = "pass another log_dir (or checkpoint_path), or delete that file to start over"

@@ -165,18 +165,24 @@ class GRUPolicy(nn.Module):
         return new_carry, out
 
 
+# MLPPolicy's activations by name (flax.linen's functions of these names)
+ACTIVATIONS = ("tanh", "relu", "gelu", "elu", "selu", "silu", "swish", "sigmoid", "softplus", "leaky_relu", "celu",
+               "relu6", "hard_tanh", "hard_sigmoid", "hard_silu", "log_sigmoid", "soft_sign")
+
+
 class MLPPolicy(nn.Module):
     """Feed-forward policy: ``hidden_sizes`` dense layers with ``activation``, then a linear head.
 
     Attributes:
         hidden_sizes: widths of the hidden layers; ``()`` is a linear policy (the head alone).
         num_outputs: head size; ``None`` lets :func:`jes.train` fill it in.
-        activation: nonlinearity between layers.
+        activation: nonlinearity between layers: a function, or the name of one of Flax's (``"relu"``, ``"gelu"``,
+            ...: :data:`ACTIVATIONS`, which the command line's ``--policy-arg activation=relu`` gives).
     """
 
     hidden_sizes: Sequence[int] = (32, 32)
     num_outputs: int | None = None
-    activation: Callable[[jax.Array], jax.Array] = jnp.tanh
+    activation: Callable[[jax.Array], jax.Array] | str = jnp.tanh
 
     def __post_init__(self):
         if isinstance(self.hidden_sizes, (str, bytes)) or not isinstance(self.hidden_sizes, Sequence):
@@ -185,6 +191,12 @@ class MLPPolicy(nn.Module):
         for index, width in enumerate(self.hidden_sizes):
             _check_count(self, f"hidden_sizes[{index}]", width, "a hidden layer's width; () for no hidden layer")
         _check_count(self, "num_outputs", self.num_outputs, "the head's size; None: set from the env", optional=True)
+        if isinstance(self.activation, str) and self.activation not in ACTIVATIONS:
+            raise ValueError(f"MLPPolicy activation {self.activation!r} is not one of Flax's activations by name: "
+                             f"{', '.join(ACTIVATIONS)} (or pass a function)")
+        if not isinstance(self.activation, str) and not callable(self.activation):  # ('str' object is not callable,
+            raise TypeError(f"MLPPolicy activation must be a function or a name of {', '.join(ACTIVATIONS)}, got "
+                            f"{self.activation!r}")  # at the first step, before: a trial)
         super().__post_init__()
 
     @nn.compact
@@ -193,9 +205,10 @@ class MLPPolicy(nn.Module):
             raise ValueError(
                 "MLPPolicy.num_outputs is None: pass num_outputs=..., or let jes.train set it from the env"
             )
+        activation = getattr(nn, self.activation) if isinstance(self.activation, str) else self.activation
         x = jnp.ravel(obs).astype(jnp.float32)
         for width in self.hidden_sizes:
-            x = self.activation(nn.Dense(width)(x))
+            x = activation(nn.Dense(width)(x))
         return nn.Dense(self.num_outputs, name="head")(x)
 
 

@@ -336,8 +336,15 @@ class TrainedPolicy:
         envs)."""
         variables = self.variables
         apply = self._env_apply
+        obs_shape = tuple(self.obs_shape)
 
         def fn(carry, obs):
+            # Shapes are static: a batch given to fn was one observation to a policy that flattens it (CartPole's
+            # [8, 4] as one input: action 15 of 2, silently, a trial) or failed inside Flax
+            if tuple(jnp.shape(obs)) != obs_shape:
+                raise ValueError(f"policy_fn's function takes one observation of shape {obs_shape}, got shape "
+                                 f"{tuple(jnp.shape(obs))}; for a batch of envs use jax.vmap(fn)(carries, "
+                                 f"observations)")
             return apply(variables, carry, obs)
 
         return fn

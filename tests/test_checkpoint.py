@@ -912,6 +912,42 @@ def test_resuming_with_an_optax_object_or_a_schedule_warns_that_it_is_unchecked(
     assert resumed("adam") == []
 
 
+def test_a_schedule_left_out_or_added_on_resume_and_a_folder_as_checkpoint_say_what_to_do(tmp_path, capsys):
+    """A trial: a run with a learning_rate schedule resumed with a number (or none, or the other way round) was refused
+    with "schedules: checkpoint has ['learning_rate'], this run has []" next to "a resumed run may change
+    learning_rate"; --checkpoint naming a folder said "already holds a file this run did not write ... delete that
+    file"; jes eval named the optimizer of a run with an optax object or a schedule "sgd"."""
+    import optax
+
+    from jes import cli
+
+    path = str(tmp_path / "sch.ckpt")
+    schedule = optax.linear_schedule(0.1, 0.01, 10)
+    run = dict(log_dir=None, progress=False, **SMALL | {"num_generations": 1})
+    jes.train(POLICY, "CartPole-v1", "adam", checkpoint_path=path, learning_rate=schedule, **run)
+    for given in ({}, {"learning_rate": 0.2}):
+        with pytest.raises(jes.checkpoint.CheckpointError,
+                           match=r"config.learning_rate: the checkpoint's run had a schedule, this run .*pass it again, "
+                                 r"jes.train\(..., learning_rate=your_schedule, resume=path\)"):
+            jes.train(POLICY, "CartPole-v1", "adam", resume=path, **run | given)
+    plain = str(tmp_path / "plain.ckpt")
+    jes.train(POLICY, "CartPole-v1", "adam", checkpoint_path=plain, **run)
+    with pytest.raises(jes.checkpoint.CheckpointError, match=r"config.noise_std: the checkpoint's run had 0.\d+, this "
+                                                            r"run a schedule"):
+        jes.train(POLICY, "CartPole-v1", "adam", resume=plain, noise_std=optax.linear_schedule(0.1, 0.05, 5), **run)
+    (tmp_path / "folder").mkdir()
+    with pytest.raises(FileExistsError, match=r"checkpoint '.*folder' is a folder, not a checkpoint file: give "
+                                              r"checkpoint_path the file's path"):
+        jes.train(POLICY, "CartPole-v1", "adam", **dict(run, checkpoint_path=str(tmp_path / "folder")))
+    chained = str(tmp_path / "chained.ckpt")
+    jes.train(POLICY, "CartPole-v1", optax.chain(optax.clip_by_global_norm(1.0), optax.adam(0.1)),
+              checkpoint_path=chained, **run)
+    for ckpt, name in ((path, "adam"), (chained, "GradientTransformationExtraArgs")):
+        assert cli.main(["eval", ckpt, "--episodes", "2"]) == 0
+        out = capsys.readouterr().out
+        assert f", {name}, generation 1:" in out and "sgd" not in out, out
+
+
 def test_an_optimizers_alias_or_case_resumes_and_numpy_scalars_are_numbers(tmp_path):
     """Resuming an "amsgrad" run with "adamm" (its alias) or "AMSGrad" was refused as another optimizer; a numpy
     float noise_std / learning_rate was "not a positive number"; strategy="adam" was an unknown strategy, no hint."""

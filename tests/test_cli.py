@@ -10,6 +10,7 @@ import sys
 import warnings
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -891,6 +892,53 @@ def test_device_worker_and_shaping_errors_name_the_flags(flags, message, capsys)
     assert message in err and "num_workers" not in err and "fitness_shaping=" not in err, err
     with pytest.raises(ValueError, match=r"devices must be a positive number of local devices \(None: all"):
         jes.arrays.resolve_devices(0)
+
+
+def test_resume_takes_the_policy_flags_left_out_from_the_checkpoint(tmp_path, capsys):
+    """A trial: `--resume CKPT --policy mlp` of an MLP 16 x 1 run was refused as "hidden_sizes [5, 5]" (the flags
+    left out were the defaults), and `--hidden 16 --layers 1` as a GRUPolicy; they come from the checkpoint now, and
+    a flag given that differs is still refused, named."""
+    ckpt = str(tmp_path / "mlp.ckpt")
+    flags = ["--population", "8", "--eval-episodes", "2", "--log-dir", "none", "--no-progress"]
+    assert cli.main(["train", "--policy", "mlp", "--hidden", "16", "--layers", "1", "--generations", "1",
+                     "--checkpoint", ckpt, *flags]) == 0
+    for generation, given in ((2, ["--policy", "mlp"]), (3, ["--hidden", "16"]), (4, ["--layers", "1"]),
+                              (5, ["--hidden", "16", "--layers", "1"])):
+        assert cli.main(["train", "--resume", ckpt, *given, "--generations", str(generation), *flags]) == 0, given
+        assert checkpoint.read(ckpt).generation == generation
+    capsys.readouterr()
+    assert cli.main(["train", "--resume", ckpt, "--hidden", "8", "--generations", "6", *flags]) == 2
+    assert "hidden_sizes" in capsys.readouterr().err
+
+
+def test_an_activation_by_name_and_conflicting_size_flags(tmp_path, capsys):
+    """A trial: `--policy mlp --policy-arg activation=relu` failed at the first step with "'str' object is not
+    callable" (no way to pick an activation from the command line), and `--hidden 7 --policy-arg
+    hidden_sizes=(32,32)` ignored --hidden silently."""
+    ckpt = str(tmp_path / "relu.ckpt")
+    flags = ["--population", "8", "--eval-episodes", "2", "--log-dir", "none", "--no-progress", "--generations", "1"]
+    assert cli.main(["train", "--policy", "mlp", "--hidden", "4", "--layers", "1", "--policy-arg", "activation=relu",
+                     "--checkpoint", ckpt, *flags]) == 0
+    assert checkpoint.read(ckpt).meta["policy"]["fields"]["activation"] == "relu"
+    assert cli.main(["eval", ckpt, "--episodes", "2"]) == 0
+    capsys.readouterr()
+    assert cli.main(["train", "--policy", "mlp", "--policy-arg", "activation=rleu", *flags]) == 2
+    assert "activation 'rleu' is not one of Flax's activations by name: tanh, relu" in capsys.readouterr().err
+    assert cli.main(["train", "--policy", "mlp", "--hidden", "7", "--policy-arg", "hidden_sizes=(32,32)", *flags]) == 2
+    assert "--policy-arg hidden_sizes=... and --hidden/--layers both size the policy" in capsys.readouterr().err
+    x = jnp.linspace(-1.0, 1.0, 4)
+    by_name, by_function = jes.MLPPolicy((3,), 2, "relu"), jes.MLPPolicy((3,), 2, jax.nn.relu)
+    variables = by_name.init(jax.random.key(0), x)
+    assert np.array_equal(by_name.apply(variables, x), by_function.apply(variables, x))
+    with pytest.raises(TypeError, match="activation must be a function or a name"):
+        jes.MLPPolicy((3,), 2, 5)
+
+
+def test_version_flag(capsys):
+    """A trial: `jes --version` was an error, though jes.__version__ exists."""
+    with pytest.raises(SystemExit) as done:
+        cli.main(["--version"])
+    assert done.value.code == 0 and capsys.readouterr().out.strip() == f"jes {jes.__version__}"
 
 
 def test_master_options_reach_a_run_with_local_workers(monkeypatch, capsys):

@@ -55,6 +55,14 @@ def test_policy_fn_is_self_contained_and_matches_act(result):
     else:
         low, high = result.trainer.spec.action_low, result.trainer.spec.action_high
         assert a1.shape == result.trainer.spec.action_shape and np.all(low <= a1) and np.all(a1 <= high)
+    # A batch is refused with act's advice (a trial: CartPole's [8, 4] to a policy that flattens its input gave the
+    # scalar action 15 of 2, silently)
+    batch = jnp.zeros((8, *result.trainer.spec.obs_shape))
+    with pytest.raises(ValueError, match=r"policy_fn's function takes one observation of shape \(\d+,\), got "
+                                         r"shape \(8, \d+\); for a batch of envs use jax.vmap\(fn\)"):
+        fn(carry, batch)
+    _, actions = jax.vmap(result.policy_fn(), in_axes=(None, 0))(carry, batch)
+    assert actions.shape[0] == 8
 
 
 @pytest.mark.parametrize("env", ["CartPole-v1", "Pendulum-v1"])
