@@ -839,6 +839,7 @@ def sweep(
     finally:
         _let_go(lock, made)
 
+
 # The lock a sweep holds on its out_dir while it runs: out_dir/sweep.jes-lock (jes.checkpoint.WriterLock's file)
 LOCK_NAME = "sweep"
 
