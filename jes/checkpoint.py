@@ -997,7 +997,7 @@ class Checkpoint:
             if field == "env_name" and mine[field] != theirs[field] \
                     and gymnasium_envs.legacy_factory_name(mine[field]) == theirs[field]:
                 warnings.warn(f"checkpoint {self.path} names its env {theirs[field]!r}, as jes did before it named a "
-                              f"gymnasium.Env class or factory of your own by its module and qualified name: it "
+                              f"gymnasium.Env class, factory or instance of your own by its module and qualified name: it "
                               f"cannot say whether it ran {mine[field]!r}; resuming on it as given", stacklevel=3)
                 continue
             if field == "env_name" and mine[field] != theirs[field] \

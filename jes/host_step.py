@@ -199,6 +199,13 @@ class _HostChunks:
         return self.host._cache_size()
 
 
+def close_programs(programs: Programs | None) -> None:
+    """Close the env instances a host env's :func:`programs` made (a MuJoCo renderer, an EnvPool's threads), where
+    their owner (a master, a worker given another run) is done with them; compiled programs hold none."""
+    if programs is not None and isinstance(programs.chunks, _HostChunks):
+        programs.chunks.host.close()
+
+
 def programs(trainer: Trainer) -> Programs:
     """The :class:`Programs` a device, a worker or a master evaluates with, for any env: jitted programs for
     compiled envs, one :class:`HostGeneration`'s host rollouts for host envs."""

@@ -7,6 +7,7 @@ the ZeroMQ master. Host services are imported here, never by the core.
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import math
@@ -38,6 +39,7 @@ from jes import strategies
 from jes.strategies.base import both_sigmas, given_noise_std, ignored_settings
 from jes.strategy_context import run_learning_rate
 from jes.host_step import HostGeneration
+from jes.perturbations import LowRankWarning
 from jes.policies import evolved_variances
 from jes.rollout import offset_warning
 from jes.trained import ActionMap, TrainedPolicy
@@ -372,6 +374,8 @@ class TrainResult(CentrePolicy):
         """Draw one centre episode to ``path`` (``.gif`` for gymnax CartPole/Pendulum and Gymnasium envs, ``.html`` for brax).
 
         Needs the ``viz`` extra for GIFs (``pip install ".[viz]"`` in jes's clone); see :func:`jes.render.render`.
+        ``key`` is the episode's own key (:meth:`evaluate` draws its episodes' keys from its key: ``render(key=k)`` is
+        not the episode ``evaluate(1, key=k)`` scores).
         """
         from jes.render import render as render_episode  # matplotlib/pillow only when asked for
 
@@ -401,8 +405,15 @@ class TrainResult(CentrePolicy):
             + (f" ({self.compile_time:.1f}s compile)" if self.compile_time else "")
             + (f"; best member {self.best.fitness:.1f} (generation {self.best.generation})" if self.best else "")
             + (f"; stopped by a callback: {self.stopped}" if self.stopped is not None else "")
-            + f"; logs: {self.log_dir or 'off'}; checkpoint: {self.checkpoint_path or 'off'}"
+            + f"; logs: {self._logs_note()}; checkpoint: {self.checkpoint_path or 'none'}"
         )
+
+    def _logs_note(self) -> str:
+        """The log dir, or why there is none: logging off, or a run stopped before it wrote one (interrupted while
+        compiling: its folder was named but never made)."""
+        if not self.log_dir:
+            return "off"
+        return self.log_dir if os.path.isdir(self.log_dir) else f"none written (would have been {self.log_dir})"
 
 
     def _sessions_note(self) -> str:
@@ -678,8 +689,14 @@ def train(
             # process that cannot read it, before any of them raises
         if restored is not None:
             config = _resumed_learning_rate(config, restored)
-    trainer = Trainer(policy, env, optimizer, config, env_params=env_params, devices=devices,
-                      rollout_min_batch=rollout_min_batch, strategy=strategy)
+    # A resume's low-rank warnings (a rank no smaller than a matrix, a leaf it cannot factor) wait for the checkpoint's
+    # check: a resume refused for another rank printed the rebuilt policy's warning first, as if it were the problem
+    held = warnings.catch_warnings(record=True) if restored is not None and jax.process_count() == 1 else None
+    with held if held is not None else contextlib.nullcontext() as caught:
+        if caught is not None:
+            warnings.simplefilter("always", LowRankWarning)
+        trainer = Trainer(policy, env, optimizer, config, env_params=env_params, devices=devices,
+                          rollout_min_batch=rollout_min_batch, strategy=strategy)
     ignored = ignored_settings(trainer.strategy, config.learning_rate, config.weight_decay, config.fitness_shaping,
                                config.antithetic)
     if ignored is not None and resume is None:
@@ -694,6 +711,8 @@ def train(
         # Before the step's compile: a checkpoint of another run is refused at once, not after a compile (the
         # processes of a multi-process run first check that they resume the same file, below)
         restored.check_compatible(trainer)
+    for w in caught or ():  # (the check passed: the warnings held back above, as they were given)
+        warnings.warn_explicit(w.message, w.category, w.filename, w.lineno, source=w.source)
     if log_dir == "runs/<auto>" and resume is not None and jes_logging.has_event_files(os.path.dirname(resume) or "."):
         log_dir = os.path.dirname(resume) or "."  # the checkpoint sits in its run's log dir: continue the curves there
     auto_name = None  # the auto log dir's name: a run started in the same second that took it first moves this one on
@@ -836,7 +855,7 @@ def train(
         raise
     try:
         if num_workers and not nothing_left:  # (nothing left: no workers to start, compile and wait for)
-            _check_workers_can_rebuild(trainer, f"num_workers={num_workers}")
+            _check_workers_can_rebuild(trainer, f"num_workers={num_workers}", local=True)
             local_secret = new_secret()
             try:
                 server = Master(trainer, "127.0.0.1:0", secret=local_secret, env=env, optimizer=optimizer,
@@ -925,13 +944,24 @@ def run_hparams(trainer: Trainer, config: ESConfig, optimizer: Any) -> dict:
                 optimizer=trainer.optimizer_name or "")
 
 
-def _check_workers_can_rebuild(trainer: Trainer, how: str) -> None:
-    """Refuse a Python env that worker processes cannot rebuild (they rebuild it from its registered id)."""
-    if trainer.spec.host and getattr(trainer.spec.env, "env_id", "") is None:
+def _check_workers_can_rebuild(trainer: Trainer, how: str, local: bool = False) -> None:
+    """Refuse a Python env that worker processes cannot rebuild (they rebuild it from its registered id); ``local``:
+    jes's own worker processes, which import no ``__main__`` (a remote worker's ``--import`` may register the id)."""
+    if not trainer.spec.host:
+        return
+    env_id = getattr(trainer.spec.env, "env_id", "")
+    if env_id is None:
         raise ValueError(f"{how}: worker processes rebuild a Python env from its registered id, and env "
                          f"{trainer.spec.name!r} is your own class, instance or factory, which cannot travel to "
                          f"them: pass it by a registered id ('gymnasium:<id>', registered where every worker "
                          f"imports it), or run without workers")
+    if local and env_id and gymnasium_envs.entry_point_module(env_id) == "__main__":
+        # (the workers started, compiled, each refused the id, and the run went on on the master alone, warned)
+        raise ValueError(f"{how}: worker processes rebuild a Python env from its registered id, and {env_id!r} is "
+                         f"registered with an entry point in your script or notebook (__main__), which they do not "
+                         f"run: register it in a module of yours (gymnasium.register(..., entry_point='mymodule:"
+                         f"MyEnv')), imported by the workers too (jes train --import mymodule), or run without "
+                         f"workers")
 
 
 def _unwritable_problem(log_dir: str | None, checkpoint_path: str | None, resume: str | None) -> str | None:
@@ -1306,8 +1336,10 @@ def _run(trainer: Trainer, state: TrainState, *, key: Any = 0, callbacks: Iterab
     t_start = time.perf_counter() if started is None else started
 
     state = trainer.place(state)
+    own_host = None  # a Python simulator's generation made here: its env instances closed when the run ends
     if step_fn is None and trainer.spec.host and start_gen < total:
-        step_fn = HostGeneration(trainer).step  # a Python simulator: envs stepped here, the update compiled
+        own_host = HostGeneration(trainer)
+        step_fn = own_host.step  # a Python simulator: envs stepped here, the update compiled
     if step_fn is None and start_gen >= total:  # nothing left to train: nothing to compile (the step is never called)
         step_fn, compile_time = None, 0.0
     elif step_fn is None:
@@ -1316,6 +1348,7 @@ def _run(trainer: Trainer, state: TrainState, *, key: Any = 0, callbacks: Iterab
         except KeyboardInterrupt as interrupt:  # while compiling: the run as it started (fresh, or the checkpoint's)
             _attach_result(interrupt, lambda: _result(trainer, state, history, key, solved_generation, 0.0, t_start,
                                                       best, None, log_dir))
+            _note_interrupt(interrupt, start_gen, None)
             raise
         # Placed once like the state (in a multi-process run a host bool would be checked across processes each call).
         flags = {flag: jax.device_put(np.bool_(flag), trainer.replicated) for flag in (False, True)}
@@ -1502,6 +1535,7 @@ def _run(trainer: Trainer, state: TrainState, *, key: Any = 0, callbacks: Iterab
                     if saved_in is not None:
                         interrupt.checkpoint_path = saved_in  # `jes train` names it (an interrupt before here saved none)
                 _attach_result(interrupt, lambda: so_far(saved_in))
+                _note_interrupt(interrupt, int(fetch(state.generation)), saved_in)
         except KeyboardInterrupt:
             pass
         raise
@@ -1530,6 +1564,9 @@ def _run(trainer: Trainer, state: TrainState, *, key: Any = 0, callbacks: Iterab
         except Exception:  # noqa: BLE001  the run's error goes on whatever keeping its state raised
             pass
         raise
+    finally:
+        if own_host is not None:  # (a notebook's runs left every run's instances open: MuJoCo renderers, EnvPool's threads)
+            own_host.close()
     result = _result(trainer, state, history, key, solved_generation, compile_time, t_start, best, checkpoint_path,
                      log_dir)
     result.stopped = stopped
@@ -1725,6 +1762,19 @@ def _first_solved(history: dict, solved_return: float | None) -> int | None:
         if score >= solved_return:
             return int(generation)
     return None
+
+
+def _note_interrupt(interrupt: BaseException, generation: int, saved_in: str | None) -> None:
+    """Say on a Ctrl-C's traceback where the run went (a notebook cell showed a bare ``KeyboardInterrupt:``, its result
+    unassigned, and where the auto-named checkpoint was said nowhere). Python 3.11+; once per interrupt."""
+    if not hasattr(interrupt, "add_note") or getattr(interrupt, "_jes_noted", False) or not hasattr(interrupt, "result"):
+        return
+    interrupt._jes_noted = True
+    where = (f"; the checkpoint {saved_in} holds it too (resume={saved_in!r})" if saved_in else
+             "; no checkpoint holds it (checkpoint_path=None, or none was written yet)")
+    interrupt.add_note(f"jes: interrupted after generation {generation}. The run so far is this exception's .result "
+                       f"(`except KeyboardInterrupt as e: result = e.result`; in Jupyter/IPython, after the cell: "
+                       f"`result = sys.last_value.result`){where}")
 
 
 def _attach_result(interrupt: BaseException, make: Callable[[], TrainResult]) -> None:

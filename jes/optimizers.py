@@ -30,6 +30,10 @@ DEFAULT_LEARNING_RATES = {
 }
 ALIASES = {"adamm": "amsgrad"}
 
+# The global L2 norm of a pytree: optax.tree.norm, which optax.global_norm (deprecated since optax 0.2.5, a
+# DeprecationWarning per trace) calls, so ClipUp's bits are the same either way; older optax has only global_norm.
+_global_norm = getattr(getattr(optax, "tree", None), "norm", None) or optax.global_norm
+
 
 def _builders() -> dict[str, Callable[..., optax.GradientTransformation]]:
     return {
@@ -73,10 +77,10 @@ def clipup(learning_rate: LearningRate, max_speed: float | None = None, momentum
         del params
         lr = learning_rate(state.count) if scheduled else learning_rate
         limit = 2.0 * lr if max_speed_value is None else max_speed_value
-        norm = optax.global_norm(grads)
+        norm = _global_norm(grads)
         scale = jnp.where(norm > 0, lr / jnp.where(norm > 0, norm, 1.0), 0.0)
         velocity = jax.tree.map(lambda v, g: momentum * v - scale * g, state.velocity, grads)
-        speed = optax.global_norm(velocity)
+        speed = _global_norm(velocity)
         clip = jnp.where(speed > limit, limit / jnp.where(speed > 0, speed, 1.0), 1.0)
         velocity = jax.tree.map(lambda v: v * clip, velocity)
         if scheduled:

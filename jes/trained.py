@@ -290,12 +290,28 @@ class TrainedPolicy:
         """
         obs = jnp.asarray(self._flat_observation(obs), jnp.float32)
         if tuple(obs.shape) != tuple(self.obs_shape):
-            raise ValueError(f"act takes one observation of shape {tuple(self.obs_shape)}, got shape {tuple(obs.shape)}; "
-                             f"for a batch of envs use jax.vmap(policy.policy_fn())(carries, observations)")
+            batch = (tuple(obs.shape[1:]) == tuple(self.obs_shape) and
+                     "; for a batch of envs use jax.vmap(policy.policy_fn())(carries, observations)")
+            raise ValueError(f"act takes one observation of shape {tuple(self.obs_shape)}, got shape "
+                             f"{tuple(obs.shape)}" + (batch or f" (the env {self.env_name!r} gives "
+                                                               f"{tuple(self.obs_shape)})"))
+        self._check_carry(carry)
         carry, action = self._act(self.variables, carry, obs)
         if self.action_map.integer and np.dtype(self.action_map.integer) != action.dtype:  # int64 without x64
             action = np.asarray(action).astype(self.action_map.integer)  # exact: within +-2**24
         return carry, action
+
+    def _check_carry(self, carry: Any) -> None:
+        """Refuse what is not this policy's carry (``None`` for a recurrent one, as Stable-Baselines3's
+        ``predict(obs, state=None)`` starts an episode: a raw "'NoneType' object is not subscriptable" before)."""
+        expected = self.__dict__.get("_carry_structure")
+        if expected is None:
+            expected = self.__dict__["_carry_structure"] = jax.tree.structure(self.initial_carry())
+        if jax.tree.structure(carry) == expected or (carry is None and expected.num_leaves == 0):
+            return  # (None for a feed-forward policy's empty carry: it reads none)
+        raise ValueError(f"act(carry, obs) takes this policy's carry, shaped as initial_carry()'s "
+                         f"({type(self.policy).__name__}: {expected}), got {jax.tree.structure(carry)}: start each "
+                         f"episode with carry = policy.initial_carry(), then pass the carry act returned")
 
     def _flat_observation(self, obs: Any) -> Any:
         """``obs`` as training gave it to the policy: a raw observation of a space Gymnasium flattens, flattened by its
@@ -397,7 +413,8 @@ class TrainedPolicy:
 
         Args:
             path: output file; its suffix picks the format.
-            key: an int seed or a PRNG key for the episode.
+            key: an int seed or a PRNG key: the episode's own key. (:meth:`evaluate` draws its episodes' keys from
+                its key, so ``render(key=k)`` is not the episode ``evaluate(1, key=k)`` scores.)
             max_steps: steps to show at most (default: the env's episode limit).
             env: an env (id, gymnax object or :class:`EnvSpec`) instead of the recorded one, as :meth:`evaluate`.
 

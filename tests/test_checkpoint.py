@@ -166,6 +166,11 @@ def test_keyboard_interrupt_saves_then_resume_is_bit_identical(trainer, full_run
     # The run so far rides on the interrupt too (a notebook without a checkpoint lost it): the checkpoint's centre.
     so_far = interrupted.value.result
     assert list(so_far.history["generation"]) == [1]
+    # ... and its traceback says so (a notebook cell showed a bare "KeyboardInterrupt:"; a trial)
+    assert interrupted.value.__notes__ == [f"jes: interrupted after generation 1. The run so far is this exception's "
+                                           f".result (`except KeyboardInterrupt as e: result = e.result`; in "
+                                           f"Jupyter/IPython, after the cell: `result = sys.last_value.result`); the "
+                                           f"checkpoint {path} holds it too (resume={path!r})"]
     np.testing.assert_array_equal(so_far.flat_params, np.asarray(ckpt.restore_state(trainer).params))
     seen = []
     resumed = run(trainer, ckpt.restore_state(trainer), key=ckpt.key, history=ckpt.history,
@@ -182,10 +187,13 @@ def test_an_interrupt_while_the_step_compiles_carries_the_run_as_it_started(tmp_
         raise KeyboardInterrupt
     monkeypatch.setattr(jes.Trainer, "compiled_step", ctrl_c)
     with pytest.raises(KeyboardInterrupt) as interrupted:
-        jes.train(POLICY, "CartPole-v1", "adam", key=5, log_dir=None, progress=False, **SMALL)
+        jes.train(POLICY, "CartPole-v1", "adam", key=5, log_dir=str(tmp_path / "logs"), progress=False, **SMALL)
     so_far = interrupted.value.result
     fresh = jes.Trainer(POLICY, "CartPole-v1", "adam", jes.ESConfig(**SMALL)).init_state(5)
     assert list(so_far.history["generation"]) == [] and so_far.solved_generation is None
+    assert "interrupted after generation 0" in interrupted.value.__notes__[0]
+    # (its summary named a log dir never made and "checkpoint: off" of a run with checkpoints on; a trial)
+    assert so_far.summary().endswith(f"; logs: none written (would have been {tmp_path / 'logs'}); checkpoint: none")
     np.testing.assert_array_equal(so_far.flat_params, np.asarray(fresh.params))
 
 

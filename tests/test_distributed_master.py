@@ -250,6 +250,31 @@ def test_a_worker_that_slowed_down_gets_ranges_it_can_finish_after_one_missed_de
         master.close()
 
 
+def test_a_fast_workers_range_is_never_more_than_one_result_message_holds(trainer):
+    """A review: a range's results (fitness, observation sums) were sized by speed alone, so a fast worker's range of
+    image observations' sums (2 x 113 KB a chunk at 84x84x4) went over the master's 16 MiB message limit: its socket
+    dropped every such result with the connection, and the range was reissued. A range now holds what fits."""
+    clock = Clock()
+    master = make_master(trainer, clock)
+    try:
+        fake = FakeWorker(b"fast")
+        connect(master, fake, clock)
+        sent = []
+        master._send = lambda worker, message: sent.append(message)
+        master._begin(None, 0, "h")
+        master.workers[b"fast"].chunks_per_second = 1e5  # speed alone: every chunk in one range
+        per_chunk = sum(a[0].nbytes for a in master._results)
+        master.max_message_bytes = 4096 + 3 * per_chunk + per_chunk // 2  # 3 chunks' arrays and 4 KiB for the rest
+        master._handle(b"fast", request_message(fake))
+        work = [m for m in sent if m["type"] == "work"][-1]
+        k = work["stop"] - work["start"]
+        assert k == 3 < trainer.num_chunks, work
+        message = dict(result_message(trainer, 1, 0, k), name="fast" * 64, last_aid=0)  # a 256-character name
+        assert len(protocol.encode(message, b"k" * 32)[0]) <= master.max_message_bytes
+    finally:
+        master.close()
+
+
 def test_a_state_too_large_for_a_workers_message_is_said_once_and_never_sent(trainer, monkeypatch, caplog):
     """A review: a snapshot over the workers' message limit (protocol.MAX_TO_WORKER_BYTES) was sent all the same:
     the worker's socket dropped it with the connection, it reconnected every master_timeout, and both logs blamed

@@ -142,6 +142,44 @@ def test_user_env_subclass_trains_and_improves():
     assert np.isfinite(scores).all() and scores[-1] > scores[0] + 1.0, scores
 
 
+class Counted(Target):
+    """Target counting its open instances (a MuJoCo renderer's, an EnvPool's threads stand for what an open one holds)."""
+
+    open = 0
+
+    def __init__(self):
+        super().__init__()
+        Counted.open += 1
+
+    def close(self):
+        Counted.open -= 1
+
+
+@pytest.mark.hard_timeout(300)
+def test_a_run_closes_the_env_instances_it_made_whether_it_ends_or_fails():
+    """Review: each jes.train of a Python simulator left its instances open (a notebook's runs kept every run's), and so
+    did a master evaluating one."""
+    Counted.open = 0
+    small_train(Counted, num_generations=1, eval_episodes=2)
+    assert Counted.open == 0
+
+    class Failing(Counted):
+        def step(self, action):
+            raise RuntimeError("simulator exploded")
+
+    with pytest.raises(HostEnvError, match="simulator exploded"):
+        small_train(Failing, num_generations=1, eval_episodes=2)
+    assert Counted.open == 0
+    gymnasium.register("JesTestCounted-v0", entry_point=Counted, max_episode_steps=10)
+    trainer = Trainer(jes.GRUPolicy(**POLICY), "gymnasium:JesTestCounted-v0", "adam",
+                      jes.ESConfig(num_members=8, chunk_size=4))
+    master = Master(trainer, "127.0.0.1:0", secret=new_secret(), env="gymnasium:JesTestCounted-v0", optimizer="adam")
+    master._programs.chunks(trainer.init_state(0), np.arange(2, dtype=np.int32))  # both chunks evaluated here
+    assert Counted.open > 0
+    master.close()
+    assert Counted.open == 0
+
+
 @pytest.mark.hard_timeout(600)
 @pytest.mark.hard_timeout(300)
 def test_the_summary_of_a_host_env_run_claims_no_compile_time_it_did_not_measure():
@@ -200,6 +238,13 @@ def test_zero_vs_two_local_workers_and_resume_bit_identical(tmp_path):
 def test_an_env_workers_cannot_build_is_refused_or_ends_the_wait_on_their_refusals(monkeypatch):
     with pytest.raises(ValueError, match="is your own class, instance or factory, which cannot travel to them"):
         small_train(Target, num_workers=2)  # refused before any worker starts
+    # An id whose entry point is in a script or notebook (__main__): workers started, compiled and each refused it,
+    # the run going on alone with a warning (a trial); refused before any starts, saying where to register it.
+    gymnasium.register("JesTestInMain-v0", entry_point=type("InMain", (Target,), {"__module__": "__main__"}),
+                       max_episode_steps=10)
+    with pytest.raises(ValueError, match=r"num_workers=2: .*'JesTestInMain-v0' is registered with an entry point in "
+                                         r"your script or notebook \(__main__\).*jes train --import mymodule"):
+        small_train("gymnasium:JesTestInMain-v0", num_workers=2)
     # An id registered in this process only: each worker refuses the run, and the wait for them ends on their
     # refusals (it waited out LOCAL_WORKERS_TIMEOUT, here longer than this test's hard timeout).
     gymnasium.register("JesTestTargetOnlyHere-v0", entry_point=Target, max_episode_steps=10)
@@ -671,6 +716,8 @@ class Misbehaving(Target):
             return obs, reward, terminated or truncated, info
         if self.how == "none":
             return obs, None, terminated, truncated, info
+        if self.how == "column":  # (2, 1) for a (2,) space: the right size, another shape
+            return obs[:, None], reward, terminated, truncated, info
         return obs[:1], reward, terminated, truncated, info
 
 
@@ -680,6 +727,8 @@ class Misbehaving(Target):
              r"returned a tuple of 4"),
     ("none", r"step's reward does not fit: TypeError: the reward is None, not a number in .* after 1 step$"),
     ("shape", r"step's observation \(against the env's observation_space\) does not fit: ValueError.* after 1 step$"),
+    ("column", r"step's observation \(against the env's observation_space\) does not fit: ValueError: the "
+               r"observation's shape is \(2, 1\), the observation_space's \(2,\) .* after 1 step$"),  # (a trial: taken)
 ])
 def test_an_env_breaking_gymnasiums_api_is_named_as_the_envs_fault(how, message, monkeypatch):
     """Conversions of what the env returned failed as "step raised ...", blaming the call. The first step's bad reward
@@ -820,6 +869,45 @@ def test_a_class_or_factory_of_ones_own_is_named_by_where_it_is_and_resumes_only
     rewrite_meta(path, env_name="Target")
     with pytest.warns(UserWarning, match="cannot say whether it ran"):
         again = small_train(Target, num_generations=2, resume=path, **train)
+    np.testing.assert_array_equal(whole.flat_params, again.flat_params)
+
+
+def test_a_vector_env_or_envpool_pool_is_refused_with_what_to_pass():
+    """Trial: an EnvPool pool was refused as "cannot be copied", advising a factory, and a factory of one failed deep in
+    a step ("'int' object has no attribute 'dtype'") after EnvPool had ignored every episode's seed."""
+    from jes.envs.gymnasium import make as gym_make
+
+    pool = type("CartPoleGymnasiumEnvPool", (Target,), {"__module__": "envpool.python.lax", "num_envs": 4})
+    vector = gymnasium.make_vec("CartPole-v1", num_envs=2)
+    for env, what in ((pool(), r"env CartPoleGymnasiumEnvPool, an EnvPool pool of 4 env"),
+                      (lambda: pool(), r"env factory for .*<lambda>.* returned CartPoleGymnasiumEnvPool, an EnvPool"),
+                      (vector, r"env CartPoleVectorEnv, a vector env \(gymnasium.make_vec / a VectorEnv\) of 2 env")):
+        with pytest.raises(TypeError, match=what + r".*Pass the single env: its id \('gymnasium:CartPole-v1'\)"):
+            gym_make(env)
+    vector.close()
+
+
+@pytest.mark.hard_timeout(600)
+def test_instances_of_two_classes_of_one_name_are_told_apart_on_resume(tmp_path):
+    """Trial: an instance was named by its class's bare name, so mypkg.envs.Corridor() resumed a checkpoint of
+    otherpkg.envs.Corridor() (other dynamics) with only the warning every instance gets. It is named by module and
+    qualified name, as a class is; a checkpoint of an older jes (the bare name) resumes with a warning."""
+    from jes import checkpoint
+
+    mine = type("Corridor", (Target,), {"__module__": "mypkg.envs"})
+    theirs = type("Corridor", (Target,), {"__module__": "otherpkg.envs"})
+    assert make_env(mine(), max_steps=10).name == "mypkg.envs.Corridor (a gymnasium.Env instance)"
+    train = dict(max_episode_steps=10, eval_episodes=2, key=5)
+    path = str(tmp_path / "corridor.ckpt")
+    small_train(mine(), num_generations=1, checkpoint_path=path, **train)
+    with pytest.raises(checkpoint.CheckpointError, match=r"env: checkpoint has mypkg\.envs\.Corridor \(a gymnasium"
+                       r"\.Env instance\), this run has otherpkg\.envs\.Corridor \(a gymnasium\.Env instance\)"):
+        small_train(theirs(), num_generations=2, resume=path, **train)
+    whole = small_train(mine(), num_generations=2, **train)
+    rewrite_meta(path, env_name="Corridor (a gymnasium.Env instance)")  # as an older jes named it
+    with pytest.warns(UserWarning, match=r"names its env 'Corridor \(a gymnasium.Env instance\)', as jes did before "
+                                         r"it named a gymnasium.Env class, factory or instance"):
+        again = small_train(mine(), num_generations=2, resume=path, **train)
     np.testing.assert_array_equal(whole.flat_params, again.flat_params)
 
 

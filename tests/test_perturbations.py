@@ -975,6 +975,31 @@ def test_a_low_rank_run_interrupted_and_resumed_is_bit_identical(tmp_path):
     assert jes.checkpoint.read(path).meta["config"]["perturbation"] == "low_rank"
 
 
+def test_a_resume_refused_for_another_rank_says_only_why(tmp_path):
+    """Trial: ``jes train --resume CKPT --rank 8`` printed the rebuilt policy's "no smaller than the matrix" warning
+    before refusing the checkpoint of a rank-1 run, as if the rank's size were the problem; a resume that passes the
+    check still gives the warning."""
+    kwargs = dict(key=0, log_dir=None, progress=False, num_members=8, chunk_size=8, eval_episodes=1)
+    policy = jes.MLPPolicy((4,))  # kernels 3x4 and 4x1
+    path = str(tmp_path / "r1.ckpt")
+    jes.train(policy, "Pendulum-v1", "adam", num_generations=1, checkpoint_path=path, perturbation=jes.LowRank(1),
+              **kwargs)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with pytest.raises(jes.checkpoint.CheckpointError, match=r"checkpoint has 'low_rank' \(rank 1\), this run has "
+                           r"'low_rank' \(rank 2\)"):
+            jes.train(policy, "Pendulum-v1", "adam", num_generations=2, resume=path, checkpoint_path=None,
+                      perturbation=jes.LowRank(2), **kwargs)
+    assert not [w for w in caught if issubclass(w.category, perturbations.LowRankWarning)]
+    wide = str(tmp_path / "r2.ckpt")
+    with pytest.warns(perturbations.LowRankWarning, match=r"LowRank\(rank=2\): a member's factors"):
+        jes.train(policy, "Pendulum-v1", "adam", num_generations=1, checkpoint_path=wide, perturbation=jes.LowRank(2),
+                  **kwargs)
+    with pytest.warns(perturbations.LowRankWarning, match=r"LowRank\(rank=2\): a member's factors"):
+        jes.train(policy, "Pendulum-v1", "adam", num_generations=2, resume=wide, checkpoint_path=None,
+                  perturbation=jes.LowRank(2), **kwargs)
+
+
 @pytest.mark.hard_timeout(300)
 def test_a_low_rank_run_without_mirrored_pairs_matches_its_materialised_members_and_trains():
     policy, obs_shape = POLICIES["mlp (Dense)"]

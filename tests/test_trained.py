@@ -103,12 +103,31 @@ def test_save_and_load_policy_round_trip(result, tmp_path):
     obs = jnp.ones(result.trainer.spec.obs_shape) * 0.1
     np.testing.assert_array_equal(np.asarray(loaded.act(loaded.initial_carry(), obs)[1]),
                                   np.asarray(result.act(result.initial_carry(), obs)[1]))
-    for batch in (jnp.stack([obs, obs, obs]), obs[None], jnp.ones(obs.size + 2)):  # a batch (even of one), another shape
+    for batch in (jnp.stack([obs, obs, obs]), obs[None]):  # a batch (even of one)
         with pytest.raises(ValueError, match=rf"act takes one observation of shape "
                                              rf"{re.escape(str(tuple(obs.shape)))}, got shape "
                                              rf"{re.escape(str(tuple(batch.shape)))}; for a batch of envs use "
                                              rf"jax.vmap\(policy.policy_fn\(\)\)"):
             loaded.act(loaded.initial_carry(), batch)
+    # another shape is not a batch: no vmap advice (a trial: CartPole given 3 numbers was told to vmap)
+    with pytest.raises(ValueError, match=rf"got shape \({obs.size + 2},\) \(the env '{result.env_name}' gives "
+                                         rf"{re.escape(str(tuple(obs.shape)))}\)$"):
+        loaded.act(loaded.initial_carry(), jnp.ones(obs.size + 2))
+
+
+def test_act_names_a_carry_that_is_not_the_policys():
+    """Trial: act(None, obs) of a GRU (Stable-Baselines3's predict(obs, state=None)) raised "'NoneType' object is not
+    subscriptable"; a feed-forward policy's empty carry may still be given as None."""
+    gru = jes.train(jes.GRUPolicy(hidden=3, layers=1), "CartPole-v1", key=1, **SMALL)
+    obs = np.ones(4, np.float32)
+    with pytest.raises(ValueError, match=r"act\(carry, obs\) takes this policy's carry, shaped as initial_carry\(\)'s "
+                                         r"\(GRUPolicy: PyTreeDef\(\*\)\), got PyTreeDef\(None\): start each episode "
+                                         r"with carry = policy.initial_carry\(\)"):
+        gru.act(None, obs)
+    carry, action = gru.act(gru.initial_carry(), obs)
+    assert gru.act(carry, obs)[0].shape == carry.shape
+    mlp = jes.train(jes.MLPPolicy(hidden_sizes=(4,)), "CartPole-v1", key=1, **SMALL)
+    assert int(mlp.act(None, obs)[1]) == int(mlp.act(mlp.initial_carry(), obs)[1])
 
 
 def test_a_policy_no_program_could_rebuild_is_not_saved_to_a_file(tmp_path):

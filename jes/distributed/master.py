@@ -90,6 +90,7 @@ log = logging.getLogger("jes.distributed.master")
 # plus TIMING_SLACK_SECONDS for clocks of other hosts, is impossible: the worker is distrusted.
 TIMING_SLACK_FACTOR = 2.0
 TIMING_SLACK_SECONDS = 1.0
+RESULT_HEADER_BYTES = 4096  # a result message's bytes besides its arrays' data (fields, array headers; < 1 KiB)
 MIN_SECONDS = 1e-6                  # times are clamped to at least this before they divide anything
 MIN_RATE, MAX_RATE = 1e-6, 1e6      # chunks per second, the bounds of any speed estimate
 
@@ -319,6 +320,7 @@ class Master:
     # ----------------------------------------------------------- lifecycle
     def close(self) -> None:
         """Stop listening. Workers keep running and reconnect to the next master on this address."""
+        host_step.close_programs(getattr(self, "_programs", None))  # a host env's instances (Gymnasium)
         if not self.socket.closed:
             self.socket.close(0)
         gatekeeper = getattr(self, "gatekeeper", None)
@@ -989,7 +991,15 @@ class Master:
         total = sum(max(w.chunks_per_second or rate, floor) for w in ready) or rate
         share = math.ceil(len(self._pending) * rate / total)
         size = max(1, min(share, round(rate * self.target_range_seconds)))
+        size = min(size, self._most_chunks_per_message())
         return min(size, self.max_range_chunks) if self.max_range_chunks else size
+
+    def _most_chunks_per_message(self) -> int:
+        """Most chunks whose results fit in one message to the master (its socket drops a larger one, and with it the
+        worker's connection: a range of image observations' sums, 2 x 113 KB a chunk at 84x84x4, went over 16 MiB
+        from 74 chunks on, every result dropped and reissued). At least 1 (a chunk too large alone: said by _assign)."""
+        per_chunk = sum(a[0].nbytes for a in self._results)  # (a range's arrays are packed whole: their headers, the
+        return max(1, (self.max_message_bytes - RESULT_HEADER_BYTES) // max(1, per_chunk))  # message's fields, < 4 KiB)
 
     def _assign(self, worker: _Worker) -> None:
         """Answer an idle worker: the run to build, a snapshot, a range of chunks, or 'wait'."""

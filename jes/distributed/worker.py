@@ -667,6 +667,7 @@ class Worker:
         devices = resolve_devices(self.devices_arg)
         trainer = protocol.build_run(description, devices=devices[:1], allow=self.allow)
         self.devices = devices
+        host_step.close_programs(getattr(self, "programs", None))  # the last run's host env instances (Gymnasium)
         self.programs = host_step.programs(trainer)  # jitted, or a host env's (Gymnasium) host rollouts
         self.evaluate = self.programs.chunks
         self.apply = UnrolledJit(lambda s, *r: trainer.apply_chunk_results(s, ChunkResults(*r)),

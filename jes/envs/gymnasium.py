@@ -145,6 +145,7 @@ class GymnasiumEnv:
                 raise
             raise TypeError(f"could not build env {name!r} with no arguments ({err}): jes builds one env per episode "
                             f"slot; pass jes.envs.gymnasium.make(lambda: YourEnv(...)) with the arguments") from err
+        _refuse_vector_env(probe, f"env factory for {name!r} returned", gymnasium)
         if not isinstance(probe, gymnasium.Env):
             raise TypeError(f"env factory for {name!r} returned {type(probe).__name__}, not a gymnasium.Env")
         missing = [a for a in ("observation_space", "action_space") if getattr(probe, a, None) is None]
@@ -207,6 +208,11 @@ class GymnasiumEnv:
         """One observation as the policy's flat float32 array of :attr:`obs_shape`."""
         if self._flatten is not None:
             obs = self._flatten(obs)
+        elif np.shape(obs) != self.obs_shape:  # (a reshape took any array of its size: a (2, 3) for a (3, 2) space,
+            # scrambling a conv policy's input silently)
+            raise ValueError(f"the observation's shape is {np.shape(obs)}, the observation_space's "
+                             f"{self.obs_shape} ({self.observation_space}): return arrays of the space's shape, or "
+                             f"declare the shape it returns")
         with np.errstate(over="ignore", invalid="ignore"):  # said below, naming the values
             out = np.asarray(obs, np.float32).reshape(self.obs_shape)
         if not np.isfinite(out).all():
@@ -324,13 +330,19 @@ def missing_package(name: str, err: Exception) -> ImportError:
                        f"every worker too)")
 
 
+def entry_point_module(env_id: str) -> str | None:
+    """The module of a registered Gymnasium id's entry point (``"__main__"`` for a class or function of a script or
+    notebook), ``None`` for an unregistered id."""
+    spec = import_gymnasium().registry.get(env_id)
+    entry = getattr(spec, "entry_point", None)
+    return entry.partition(":")[0] if isinstance(entry, str) else getattr(entry, "__module__", None)
+
+
 def registering_module(env_id: str) -> str | None:
     """The module of the user's own behind a registered Gymnasium id (its entry point's), which a worker process
     imports to have the id registered too (``jes-worker --import``); ``None`` for Gymnasium's own ids and entry
     points defined in ``__main__``."""
-    spec = import_gymnasium().registry.get(env_id)
-    entry = getattr(spec, "entry_point", None)
-    module = entry.partition(":")[0] if isinstance(entry, str) else getattr(entry, "__module__", None)
+    module = entry_point_module(env_id)
     if not module or module == "__main__" or module.split(".")[0] == "gymnasium" or module not in sys.modules:
         return None
     return module
@@ -367,11 +379,15 @@ def factory_name(factory: Any) -> str:
 
 
 def legacy_factory_name(name: str) -> str | None:
-    """The bare name jes recorded before :func:`factory_name` for the class or factory that ``name`` names (its
-    ``__name__``: ``"Corridor"``, ``"<lambda>"``), ``None`` when ``name`` names no class or factory."""
+    """The name jes recorded before it named them by module and qualified name for the class, factory or instance of
+    a class of one's own that ``name`` names (a class's or factory's ``__name__``: ``"Corridor"``, ``"<lambda>"``; an
+    instance's class's with :data:`INSTANCE_SUFFIX`), ``None`` when ``name`` names none of them."""
     for suffix in (CLASS_SUFFIX, FACTORY_SUFFIX):
         if name.endswith(suffix):
             return name.removesuffix(suffix).rpartition(".")[2].partition(":")[0]
+    label = name.removesuffix(INSTANCE_SUFFIX)
+    if label != name and "." in label and ":" not in label:  # (a registered id's instance keeps its id: "CartPole-v1")
+        return label.rpartition(".")[2] + INSTANCE_SUFFIX
     return None
 
 
@@ -484,6 +500,20 @@ def _copier(template: Any) -> Callable[[], Any]:
     return lambda: copy.deepcopy(template)
 
 
+def _refuse_vector_env(env: Any, what: str, gymnasium: Any) -> None:
+    """Refuse a vector env (EnvPool's, ``gymnasium.make_vec``'s): a batch of envs stepped and seeded as a pool, which
+    jes's per-slot host rollout cannot use (EnvPool's failed deep in a step, after ignoring each episode's seed)."""
+    vector = getattr(getattr(gymnasium, "vector", None), "VectorEnv", None)
+    envpool = any(c.__module__.split(".")[0] == "envpool" for c in type(env).__mro__)
+    if not envpool and not (vector is not None and isinstance(env, vector)):
+        return
+    kind = "an EnvPool pool" if envpool else "a vector env (gymnasium.make_vec / a VectorEnv)"
+    raise TypeError(f"{what} {type(env).__name__}, {kind} of {getattr(env, 'num_envs', '?')} env(s) stepped and "
+                    f"seeded together: jes steps one gymnasium.Env per episode slot and seeds each episode from its "
+                    f"key (reset(seed=...), which a pool ignores), batching the policy itself. Pass the single env: "
+                    f"its id ('gymnasium:CartPole-v1'), its class, or a factory of one env")
+
+
 def make(env: Any, max_steps: int | None = None, render_mode: str | None = None) -> GymnasiumEnv:
     """A :class:`GymnasiumEnv` for a ``gymnasium:`` id, an env instance, an env class or a factory.
 
@@ -497,12 +527,16 @@ def make(env: Any, max_steps: int | None = None, render_mode: str | None = None)
     if isinstance(env, str):
         return _from_id(env, max_steps, render_mode)
     gymnasium = import_gymnasium()
+    _refuse_vector_env(env, "env", gymnasium)
     if isinstance(env, gymnasium.Env):
         env_id = _registered_id(env, gymnasium)
         if env_id is not None:  # as gymnasium.make(id) makes it: the id's env, named (and rebuilt) by the id
             return _from_id(PREFIX + env_id, max_steps, render_mode)
         template = env
-        label = getattr(getattr(env, "spec", None), "id", None) or type(env.unwrapped).__name__
+        # an instance of a class of one's own by the class's module and qualified name, as the class itself is named
+        # (by its bare name, mypkg.envs.Corridor() and otherpkg.envs.Corridor() resumed each other's checkpoints)
+        own = type(env.unwrapped)
+        label = getattr(getattr(env, "spec", None), "id", None) or f"{own.__module__}.{own.__qualname__}"
         return GymnasiumEnv(_copier(template), label + INSTANCE_SUFFIX)
     if callable(env):
         return GymnasiumEnv(env, factory_name(env))
