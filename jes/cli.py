@@ -741,6 +741,9 @@ def _log_distributed() -> None:
         logger.addHandler(handler)
     if logger.level == logging.NOTSET or logger.level > logging.INFO:
         logger.setLevel(logging.INFO)
+    root = logging.getLogger()
+    if not root.handlers:  # a library's logging.info() (MuJoCo MJX's, building a brax env) would give the root logger
+        root.addHandler(logging.NullHandler())  # a handler of its own, and every master line twice (a trial)
 
 
 def _starts_with(path: str, magic: bytes) -> bool:
@@ -824,6 +827,15 @@ def _launch(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``jes`` console script."""
+    status = _main(argv)
+    if status and "jax" in sys.modules:
+        from jes.distributed import jax_runtime
+
+        jax_runtime.end_now_if_multi_process(status)
+    return status
+
+
+def _main(argv: list[str] | None) -> int:
     args = _parser().parse_args(argv)
     if args.command == "keys":
         return _keys(args)  # needs no JAX

@@ -26,6 +26,45 @@ def usable_cores() -> int:
     return os.cpu_count() or 1
 
 
+_LAPACK_THREADS_PINNED = False
+
+
+def pin_lapack_threads() -> None:
+    """Run the LAPACK that JAX's CPU linear algebra calls (``jnp.linalg.eigh``: jaxlib takes its routines from
+    scipy's OpenBLAS) on one thread, once per process.
+
+    OpenBLAS splits a large problem's work among as many threads as the process has cores, and the split changes
+    the bits: ``cma_es``'s eigendecomposition of a covariance of 256 or more dimensions (a 367-parameter GRU's)
+    gave other means on one core than on two, so ``jes launch`` (one core per process) and ``jes-worker --cores``
+    computed other runs than one process (a trial; below ~200 dimensions, bbob's, OpenBLAS runs one thread
+    anyway). Called where a ``cma_es`` run is built; it leaves numpy's own OpenBLAS alone, and scipy's
+    ``scipy.linalg`` calls of the process run on one thread from then on. A scipy without its OpenBLAS's
+    ``set_num_threads`` (another BLAS) is left as it is."""
+    global _LAPACK_THREADS_PINNED
+    if _LAPACK_THREADS_PINNED:
+        return
+    _LAPACK_THREADS_PINNED = True
+    try:
+        import scipy
+        import scipy.linalg.cython_lapack  # noqa: F401 - loads the OpenBLAS jaxlib's LAPACK kernels call
+    except ImportError:  # no scipy: jaxlib has no LAPACK of its own to thread
+        return
+    import ctypes
+    import glob
+
+    folder = os.path.join(os.path.dirname(os.path.dirname(scipy.__file__)), "scipy.libs")
+    for path in sorted(glob.glob(os.path.join(folder, "*openblas*"))):
+        try:
+            library = ctypes.CDLL(path)
+        except OSError:
+            continue
+        for name in ("scipy_openblas_set_num_threads", "openblas_set_num_threads"):
+            setter = getattr(library, name, None)
+            if setter is not None:
+                setter(1)
+                break
+
+
 def _backends_initialized() -> bool:
     try:
         from jax._src import xla_bridge

@@ -413,7 +413,10 @@ class TrainResult(CentrePolicy):
         compiling: its folder was named but never made)."""
         if not self.log_dir:
             return "off"
-        return self.log_dir if os.path.isdir(self.log_dir) else f"none written (would have been {self.log_dir})"
+        # (looked up by its absolute path as the run ended: a relative log_dir read from another folder; a run
+        # interrupted while compiling removes the folder its logger made)
+        where = self.__dict__.get("_log_dir_path") or self.log_dir
+        return self.log_dir if os.path.isdir(where) else f"none written (would have been {self.log_dir})"
 
 
     def _sessions_note(self) -> str:
@@ -674,6 +677,7 @@ def train(
     if overrides:
         _check_mirrored_population(strategy, overrides)
     config = checked_config(config)
+    check_keywords(overrides, train)
     config = config.replace(**overrides) if overrides else config
     own_checkpoint = resume is True  # (a requeued job's run: what it finds in its folder is its own earlier start)
     resume = own_checkpoint_to_resume(resume, log_dir, checkpoint_path)
@@ -691,10 +695,12 @@ def train(
             config = _resumed_learning_rate(config, restored)
     # A resume's low-rank warnings (a rank no smaller than a matrix, a leaf it cannot factor) wait for the checkpoint's
     # check: a resume refused for another rank printed the rebuilt policy's warning first, as if it were the problem
-    held = warnings.catch_warnings(record=True) if restored is not None and jax.process_count() == 1 else None
-    with held if held is not None else contextlib.nullcontext() as caught:
-        if caught is not None:
-            warnings.simplefilter("always", LowRankWarning)
+    # (they are given again by a second look at the layout once it passed, from where they are given: the user's
+    # filters and registries apply as to any warning; every other warning is given as it comes)
+    quiet = restored is not None and jax.process_count() == 1
+    with warnings.catch_warnings() if quiet else contextlib.nullcontext():
+        if quiet:
+            warnings.simplefilter("ignore", LowRankWarning)
         trainer = Trainer(policy, env, optimizer, config, env_params=env_params, devices=devices,
                           rollout_min_batch=rollout_min_batch, strategy=strategy)
     ignored = ignored_settings(trainer.strategy, config.learning_rate, config.weight_decay, config.fitness_shaping,
@@ -711,8 +717,8 @@ def train(
         # Before the step's compile: a checkpoint of another run is refused at once, not after a compile (the
         # processes of a multi-process run first check that they resume the same file, below)
         restored.check_compatible(trainer)
-    for w in caught or ():  # (the check passed: the warnings held back above, as they were given)
-        warnings.warn_explicit(w.message, w.category, w.filename, w.lineno, source=w.source)
+    if quiet and trainer.perturbation.structured:  # (the check passed: the low-rank warnings held back above)
+        trainer.perturbation_layout()
     if log_dir == "runs/<auto>" and resume is not None and jes_logging.has_event_files(os.path.dirname(resume) or "."):
         log_dir = os.path.dirname(resume) or "."  # the checkpoint sits in its run's log dir: continue the curves there
     auto_name = None  # the auto log dir's name: a run started in the same second that took it first moves this one on
@@ -942,6 +948,36 @@ def run_hparams(trainer: Trainer, config: ESConfig, optimizer: Any) -> dict:
                        if f.init and f.name not in ("parent", "name")) if dataclasses.is_dataclass(policy) else "..."
     return dict(hparams, env=trainer.spec.name, policy=f"{type(policy).__name__}({fields})",
                 optimizer=trainer.optimizer_name or "")
+
+
+# Other libraries' names for train's arguments and ESConfig's fields (difflib's nearest name is not always the one meant:
+# population -> perturbation)
+KEYWORD_SYNONYMS = {"population": "num_members", "popsize": "num_members", "pop_size": "num_members",
+                    "population_size": "num_members", "generations": "num_generations", "sigma": "noise_std",
+                    "sigma_init": "noise_std", "lr": "learning_rate", "seed": "key", "checkpoint": "checkpoint_path",
+                    "workers": "num_workers", "episodes": "episodes_per_member", "rank": "perturbation_rank"}
+
+
+def check_keywords(overrides: dict, function: Callable) -> None:
+    """Refuse keywords that are neither ``function``'s own nor ESConfig fields, naming the nearest of either (a trial:
+    ``checkpoint="x"`` listed only ESConfig's fields, not ``checkpoint_path``)."""
+    fields = [f.name for f in dataclasses.fields(ESConfig)]
+    unknown = sorted(set(overrides) - set(fields))
+    if not unknown:
+        return
+    import difflib
+    import inspect
+
+    own = [name for name, p in inspect.signature(function).parameters.items() if p.kind is p.KEYWORD_ONLY
+           or p.kind is p.POSITIONAL_OR_KEYWORD]
+    hints = []
+    for name in unknown:
+        near = ([KEYWORD_SYNONYMS[name]] if KEYWORD_SYNONYMS.get(name) in own + fields else
+                difflib.get_close_matches(name, own + fields, n=1, cutoff=0.6) or
+                [candidate for candidate in own + fields if candidate.startswith(name) or name in candidate][:1])
+        hints.append(f"{name!r}" + (f" (did you mean {near[0]!r}?)" if near else ""))
+    raise TypeError(f"jes.{function.__name__}() got unknown keyword argument(s) {', '.join(hints)}: it takes its own "
+                    f"({', '.join(own)}) and ESConfig's fields ({', '.join(fields)})")
 
 
 def _check_workers_can_rebuild(trainer: Trainer, how: str, local: bool = False) -> None:
@@ -1348,7 +1384,7 @@ def _run(trainer: Trainer, state: TrainState, *, key: Any = 0, callbacks: Iterab
         except KeyboardInterrupt as interrupt:  # while compiling: the run as it started (fresh, or the checkpoint's)
             _attach_result(interrupt, lambda: _result(trainer, state, history, key, solved_generation, 0.0, t_start,
                                                       best, None, log_dir))
-            _note_interrupt(interrupt, start_gen, None)
+            _note_interrupt(interrupt, start_gen, compiling=True)
             raise
         # Placed once like the state (in a multi-process run a host bool would be checked across processes each call).
         flags = {flag: jax.device_put(np.bool_(flag), trainer.replicated) for flag in (False, True)}
@@ -1535,7 +1571,8 @@ def _run(trainer: Trainer, state: TrainState, *, key: Any = 0, callbacks: Iterab
                     if saved_in is not None:
                         interrupt.checkpoint_path = saved_in  # `jes train` names it (an interrupt before here saved none)
                 _attach_result(interrupt, lambda: so_far(saved_in))
-                _note_interrupt(interrupt, int(fetch(state.generation)), saved_in)
+                _note_interrupt(interrupt, int(fetch(state.generation)), saved_in, saved_generation,
+                                getattr(interrupt, "save_error", None))
         except KeyboardInterrupt:
             pass
         raise
@@ -1566,7 +1603,8 @@ def _run(trainer: Trainer, state: TrainState, *, key: Any = 0, callbacks: Iterab
         raise
     finally:
         if own_host is not None:  # (a notebook's runs left every run's instances open: MuJoCo renderers, EnvPool's threads)
-            own_host.close()
+            with interrupts.interrupts_deferred():  # (a second Ctrl-C here must not replace the run's interrupt)
+                own_host.close()
     result = _result(trainer, state, history, key, solved_generation, compile_time, t_start, best, checkpoint_path,
                      log_dir)
     result.stopped = stopped
@@ -1764,17 +1802,28 @@ def _first_solved(history: dict, solved_return: float | None) -> int | None:
     return None
 
 
-def _note_interrupt(interrupt: BaseException, generation: int, saved_in: str | None) -> None:
+def _note_interrupt(interrupt: BaseException, generation: int, saved_in: str | None = None,
+                    saved_generation: int | None = None, save_error: BaseException | None = None,
+                    compiling: bool = False) -> None:
     """Say on a Ctrl-C's traceback where the run went (a notebook cell showed a bare ``KeyboardInterrupt:``, its result
     unassigned, and where the auto-named checkpoint was said nowhere). Python 3.11+; once per interrupt."""
     if not hasattr(interrupt, "add_note") or getattr(interrupt, "_jes_noted", False) or not hasattr(interrupt, "result"):
         return
     interrupt._jes_noted = True
-    where = (f"; the checkpoint {saved_in} holds it too (resume={saved_in!r})" if saved_in else
-             "; no checkpoint holds it (checkpoint_path=None, or none was written yet)")
-    interrupt.add_note(f"jes: interrupted after generation {generation}. The run so far is this exception's .result "
-                       f"(`except KeyboardInterrupt as e: result = e.result`; in Jupyter/IPython, after the cell: "
-                       f"`result = sys.last_value.result`){where}")
+    result = ("this exception's .result (`except KeyboardInterrupt as e: result = e.result`; in Jupyter/IPython, "
+              "after the cell: `result = sys.last_value.result`)")
+    if compiling:  # nothing trained in this session: the run as it started (fresh, a checkpoint's, a given state)
+        interrupt.add_note(f"jes: interrupted while the generation step compiled, before generation {generation + 1}: "
+                           f"nothing was trained; the run as it started is {result}")
+        return
+    if saved_in and save_error is not None:  # an earlier checkpoint of this run, not the newest generations
+        where = (f"; saving it failed ({getattr(save_error, 'reason', None) or save_error}): the checkpoint "
+                 f"{saved_in} holds generation {saved_generation} (resume={saved_in!r})")
+    elif saved_in:
+        where = f"; the checkpoint {saved_in} holds it too (resume={saved_in!r})"
+    else:
+        where = "; no checkpoint holds it (checkpoint_path=None, or none was written)"
+    interrupt.add_note(f"jes: interrupted after generation {generation}. The run so far is {result}{where}")
 
 
 def _attach_result(interrupt: BaseException, make: Callable[[], TrainResult]) -> None:
@@ -1791,7 +1840,7 @@ def _result(trainer, state, history, key, solved_generation, compile_time, t_sta
     state = localize(state)  # this process's replica: usable on its own, in every process alike
     trainer.note_run_key(state, key)  # jes.run(trainer, result.state) finds it
     flat = np.asarray(fetch(state.params))
-    return TrainResult(
+    result = TrainResult(
         params=trainer.params_tree(flat),
         flat_params=flat,
         policy=trainer.policy,
@@ -1810,3 +1859,6 @@ def _result(trainer, state, history, key, solved_generation, compile_time, t_sta
         checkpoint_path=checkpoint_path,
         log_dir=log_dir,
     )
+    # (where the run's log dir is, whatever folder the summary is read from later)
+    result._log_dir_path = os.path.abspath(log_dir) if log_dir else None
+    return result

@@ -52,8 +52,8 @@ from jes.config import ESConfig, checked_config
 from jes.logging import TensorBoardLogger, claim_dir, default_run_name, event_files, has_event_files
 from jes.policies import GRUPolicy, MLPPolicy
 from jes.generation import Trainer, TrainState
-from jes.loop import (HISTORY_KEYS, Callback, CentrePolicy, _count, _take_sigterm, call_callbacks, evaluates_centre,
-                      run_hparams, trained_policy)
+from jes.loop import (HISTORY_KEYS, Callback, CentrePolicy, _count, _take_sigterm, call_callbacks, check_keywords,
+                      evaluates_centre, run_hparams, trained_policy)
 from jes.optimizers import DEFAULT_LEARNING_RATES, resolve_name
 from jes.strategies.base import both_sigmas, given_noise_std, ignored_settings
 from jes.strategy_context import build_context, check_strategy_supports
@@ -729,6 +729,7 @@ def sweep(
     """
     base = checked_config(config)
     if overrides:  # (as jes.train: sweep(..., perturbation=jes.LowRank(2)) was a TypeError)
+        check_keywords(overrides, sweep)
         base = base.replace(**overrides)
     seeds = _checked_seeds(seeds)
     points = _without_full_rank_duplicates(expand_grid(dict(grid)), base)

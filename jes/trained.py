@@ -23,6 +23,7 @@ import hashlib
 import json
 import struct
 import warnings
+import weakref
 from typing import Any, Callable
 
 import flax.linen as nn
@@ -304,14 +305,23 @@ class TrainedPolicy:
     def _check_carry(self, carry: Any) -> None:
         """Refuse what is not this policy's carry (``None`` for a recurrent one, as Stable-Baselines3's
         ``predict(obs, state=None)`` starts an episode: a raw "'NoneType' object is not subscriptable" before)."""
-        expected = self.__dict__.get("_carry_structure")
-        if expected is None:
-            expected = self.__dict__["_carry_structure"] = jax.tree.structure(self.initial_carry())
-        if jax.tree.structure(carry) == expected or (carry is None and expected.num_leaves == 0):
-            return  # (None for a feed-forward policy's empty carry: it reads none)
+        initial = self.__dict__.get("_initial_carry_shapes")
+        if initial is None:
+            initial = self.__dict__["_initial_carry_shapes"] = jax.eval_shape(self.initial_carry)
+        expected = jax.tree.structure(initial)
+        if expected.num_leaves == 0:
+            return  # a feed-forward policy reads no carry: (), None, {} alike
+        shapes = lambda tree: [(tuple(np.shape(x)), jnp.result_type(x)) for x in jax.tree.leaves(tree)]
+        if jax.tree.structure(carry) == expected and shapes(carry) == shapes(initial):
+            return
+        got = (f"{jax.tree.structure(carry)}" if jax.tree.structure(carry) != expected else
+               ", ".join(f"{d}{list(sh)}" for sh, d in shapes(carry)))
+        want = (f"{expected}" if jax.tree.structure(carry) != expected else
+                ", ".join(f"{d}{list(sh)}" for sh, d in shapes(initial)))
         raise ValueError(f"act(carry, obs) takes this policy's carry, shaped as initial_carry()'s "
-                         f"({type(self.policy).__name__}: {expected}), got {jax.tree.structure(carry)}: start each "
-                         f"episode with carry = policy.initial_carry(), then pass the carry act returned")
+                         f"({type(self.policy).__name__}: {want}), got {got}: start each episode with carry = "
+                         f"policy.initial_carry(), then pass the carry act returned (for a batch of envs: "
+                         f"jax.vmap(policy.policy_fn())(carries, observations))")
 
     def _flat_observation(self, obs: Any) -> Any:
         """``obs`` as training gave it to the policy: a raw observation of a space Gymnasium flattens, flattened by its
@@ -552,6 +562,9 @@ def _host_evaluate(fns: PolicyFns, spec: EnvSpec, action_map: ActionMap) -> Call
                             np.asarray(seeds_of(key, num_episodes)), lambda slot: f"evaluation episode {slot}")
         return returns
 
+    # The instances are kept for the next evaluation, and closed with the policy that holds this (a notebook's
+    # results kept every evaluation's open: MuJoCo renderers, an env's own threads)
+    weakref.finalize(run, pool.close)
     return run
 
 

@@ -8,7 +8,8 @@ abruptly (status 3) after generation G, as a crashed host would; ``JES_TEST_PERT
 with low-rank members, ``JES_TEST_SCHEDULE=1`` with a learning-rate schedule; ``JES_TEST_KEY_PER_PROCESS=1`` gives each process its own key (a mistake jes refuses),
 ``JES_TEST_PROCESSES_OF_1=N`` launches process 1 as one of N processes (another host's ``jes launch --processes N``),
 ``JES_TEST_STOP_AT=G`` makes process 1's callback alone raise ``jes.StopTraining`` at generation G,
-``JES_TEST_ERROR_AT=G`` a ``RuntimeError`` (each process then writes what it raised to ``OUT_DIR/error<process id>.txt``:
+``JES_TEST_ENV`` names the env (default CartPole-v1), ``JES_TEST_FAIL_COMPILING=1`` makes process 1's step compile
+raise, ``JES_TEST_ERROR_AT=G`` a ``RuntimeError`` (each process then writes what it raised to ``OUT_DIR/error<process id>.txt``:
 its type, message and the generations of the run it carries).
 """
 import os
@@ -26,7 +27,8 @@ def small_run(num_generations: int) -> dict:
     perturbation = os.environ.get("JES_TEST_PERTURBATION", "full_rank")
     # a schedule's repr holds a memory address, which differs from process to process
     rate = optax.linear_schedule(0.1, 0.01, 10) if os.environ.get("JES_TEST_SCHEDULE") else None
-    return dict(policy=jes.MLPPolicy(hidden_sizes=(8,)), env="CartPole-v1", optimizer="adam", key=7,
+    return dict(policy=jes.MLPPolicy(hidden_sizes=(8,)), env=os.environ.get("JES_TEST_ENV", "CartPole-v1"),
+                optimizer="adam", key=7,
                 config=jes.ESConfig(num_members=16, chunk_size=4, num_generations=num_generations, eval_every=1,
                                     eval_episodes=2, max_episode_steps=60, perturbation=perturbation,
                                     perturbation_rank=2 if perturbation == "low_rank" else 1, learning_rate=rate))
@@ -50,6 +52,11 @@ def main(out: str, generations: int, resume: str | None = None) -> None:
         if record["generation"] == error_at and jax.process_index() == 1:
             raise RuntimeError("a callback's bug")
 
+    if os.environ.get("JES_TEST_FAIL_COMPILING") and os.environ["JES_PROCESS_ID"] == "1":
+        def fails(self, state):  # as a compile error on one host: the other process waits for this one's step
+            raise RuntimeError("process 1's compile failed")
+
+        jes.Trainer.compiled_step = fails
     kwargs = small_run(generations)
     if os.environ.get("JES_TEST_PROCESSES_OF_1") and os.environ["JES_PROCESS_ID"] == "1":  # its host's other count
         os.environ["JES_NUM_PROCESSES"] = os.environ["JES_TEST_PROCESSES_OF_1"]

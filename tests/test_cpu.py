@@ -129,10 +129,12 @@ SAME_RUN_ON_CORES = """
             "openai_es r1 2048": ("openai_es", "adam", jes.LowRank(1), wide),
             "openai_es r1 conv": ("openai_es", "adam", jes.LowRank(1), {}),
             "openai_es": ("openai_es", "adam", None, {}),
-            "sep_cma_es": ("sep_cma_es", None, None, {}), "pgpe": ("pgpe", "adam", None, {})}
+            "sep_cma_es": ("sep_cma_es", None, None, {}), "pgpe": ("pgpe", "adam", None, {}),
+            # 353 parameters: the covariance's eigendecomposition (generation 3 on) threads its LAPACK from ~256 on
+            "cma_es": ("cma_es", None, None, {})}
     for name, (strategy, optimizer, perturbation, fields) in runs.items():
         run = config.replace(**fields) if perturbation is None else config.replace(perturbation=perturbation, **fields)
-        policy = ConvNet() if name.endswith("conv") else jes.MLPPolicy((256, 256))
+        policy = ConvNet() if name.endswith("conv") else jes.MLPPolicy((16, 16) if name == "cma_es" else (256, 256))
         result = jes.train(policy, "Pendulum-v1", optimizer, strategy=strategy, config=run,
                            progress=False, log_dir=None)
         history = {k: [float(x).hex() for x in np.asarray(v).reshape(-1)] for k, v in result.history.items()
@@ -150,7 +152,8 @@ def test_a_run_gives_the_same_bits_on_one_core_and_on_two():
     loop fusions, compiled for low rank), so a sum's bits could depend on the cores a process may use: a rank-4
     run's parameters from its third generation on, a low-rank update over 1,024 pairs (its A^T diag(w) B products),
     and every run's param_norm / grad_norm / update_norm / noise_std metrics. ``jes launch`` gives each process its
-    own cores, and workers run on machines of any size."""
+    own cores, and workers run on machines of any size. cma_es's eigendecomposition (LAPACK, scipy's OpenBLAS)
+    split among threads too from ~256 dimensions (a trial: jes launch's processes computed another run)."""
     two = sorted(os.sched_getaffinity(0))[:2]
     runs = {}
     for cores in ([two[0]], two):
@@ -160,7 +163,7 @@ def test_a_run_gives_the_same_bits_on_one_core_and_on_two():
         assert proc.returncode == 0, proc.stderr[-3000:]
         runs[len(cores)] = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith('{"run"')]
     assert [r["run"] for r in runs[1]] == ["openai_es r4", "openai_es r1", "openai_es r1 2048", "openai_es r1 conv",
-                                           "openai_es", "sep_cma_es", "pgpe"]
+                                           "openai_es", "sep_cma_es", "pgpe", "cma_es"]
     for one, both in zip(runs[1], runs[2]):
         assert one["params"] == both["params"], f"{one['run']}: parameters differ between one core and two"
         differ = [k for k in one["history"] if one["history"][k] != both["history"].get(k)]

@@ -250,7 +250,7 @@ def test_a_worker_that_slowed_down_gets_ranges_it_can_finish_after_one_missed_de
         master.close()
 
 
-def test_a_fast_workers_range_is_never_more_than_one_result_message_holds(trainer):
+def test_a_fast_workers_range_is_never_more_than_one_result_message_holds(trainer, caplog):
     """A review: a range's results (fitness, observation sums) were sized by speed alone, so a fast worker's range of
     image observations' sums (2 x 113 KB a chunk at 84x84x4) went over the master's 16 MiB message limit: its socket
     dropped every such result with the connection, and the range was reissued. A range now holds what fits."""
@@ -271,6 +271,19 @@ def test_a_fast_workers_range_is_never_more_than_one_result_message_holds(traine
         assert k == 3 < trainer.num_chunks, work
         message = dict(result_message(trainer, 1, 0, k), name="fast" * 64, last_aid=0)  # a 256-character name
         assert len(protocol.encode(message, b"k" * 32)[0]) <= master.max_message_bytes
+        # Not even one chunk fits (a review: assigned all the same, its result dropped every time): said once, no
+        # worker is sent work, the master evaluates alone.
+        master.max_message_bytes = 4096 + per_chunk // 2
+        other = FakeWorker(b"other")
+        connect(master, other, clock)
+        master._send = lambda worker, message: sent.append(message)
+        sent.clear()
+        with caplog.at_level("ERROR", logger="jes.distributed.master"):
+            for _ in range(3):
+                master._handle(b"other", request_message(other))
+        assert [m["type"] for m in sent] == ["wait"] * 3, sent
+        errors = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+        assert len(errors) == 1 and "one chunk's results are" in errors[0] and "smaller chunk_size" in errors[0], errors
     finally:
         master.close()
 

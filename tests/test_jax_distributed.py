@@ -29,12 +29,13 @@ LAUNCH_TIMEOUT = 360  # seconds for one launched run (two processes compiling on
 pytestmark = pytest.mark.hard_timeout(2 * LAUNCH_TIMEOUT + 120)
 
 
-def launch(out_dir, processes, devices_per_process, generations, *extra, env=None):
-    """``jes launch`` the test script; (status, output). Fails the test (and kills every process) past the timeout."""
+def launch(out_dir, processes, devices_per_process, generations, *extra, env=None, command=None):
+    """``jes launch`` the test script (or ``command``); (status, output). Fails the test (and kills every process) past
+    the timeout."""
     os.makedirs(out_dir, exist_ok=True)
+    command = command or [sys.executable, SCRIPT, str(out_dir), str(generations), *extra]
     cmd = [sys.executable, "-m", "jes.cli", "launch", "--processes", str(processes),
-           "--devices-per-process", str(devices_per_process), "--", sys.executable, SCRIPT, str(out_dir),
-           str(generations), *extra]
+           "--devices-per-process", str(devices_per_process), "--", *command]
     child_env = checkout_env(**(env or {}))
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=child_env,
                             start_new_session=True)
@@ -101,6 +102,40 @@ def test_two_processes_of_a_low_rank_run_are_bit_identical_to_one_process(tmp_pa
         np.testing.assert_array_equal(got["flat"], one.flat_params)
         np.testing.assert_array_equal(got["pop_mean"], one.history["pop_mean"])
         np.testing.assert_array_equal(got["centre"], one.history["centre_return"])
+
+
+def test_two_processes_of_a_brax_run_are_bit_identical_to_one_process(tmp_path, monkeypatch):
+    """A trial: every brax env failed to compile on process 1 (MuJoCo MJX put its model on jax.devices()[0], process
+    0's device: "Closing over jax.Array that spans non-addressable devices")."""
+    monkeypatch.setenv("JES_TEST_ENV", "brax/inverted_pendulum?backend=spring")
+    one = reference(2)
+    status, output = launch(tmp_path / "brax", 2, 1, 2)
+    assert status == 0, output
+    for got in results(tmp_path / "brax", 2):
+        np.testing.assert_array_equal(got["flat"], one.flat_params)
+        np.testing.assert_array_equal(got["pop_mean"], one.history["pop_mean"])
+        np.testing.assert_array_equal(got["centre"], one.history["centre_return"])
+
+
+def test_a_process_that_fails_ends_at_once_and_jes_launch_names_it(tmp_path, monkeypatch):
+    """A trial: a process that failed (a compile error on process 1) waited in JAX's shutdown barrier while the
+    others waited for it in a collective: the launch hung 5 minutes, until JAX aborted process 0, which jes launch
+    then named. A failed process now ends at once: a script's uncaught error (status 1), jes train's error (2)."""
+    status, output = launch(tmp_path / "script", 2, 1, 2, env={"JES_TEST_FAIL_COMPILING": "1"})
+    assert "RuntimeError: process 1's compile failed" in output, output
+    assert status == 1 and "jes launch: process 1 exited with status 1; stopping the other 1 process(es)" in output, \
+        output
+    module = tmp_path / "jes_test_fails_in_process_1.py"  # jes train --import runs it: the same failure
+    module.write_text("import os, jes\n\ndef fails(self, state):\n    raise RuntimeError('compile failed here')\n\n"
+                      "if os.environ['JES_PROCESS_ID'] == '1':\n    jes.Trainer.compiled_step = fails\n")
+    command = [sys.executable, "-m", "jes.cli", "train", "--distributed", "--import", module.stem, "--policy", "mlp",
+               "--hidden", "4", "--layers", "1", "--generations", "2", "--population", "16", "--log-dir", "none",
+               "--checkpoint", "none", "--no-progress"]
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))  # (after the checkout's own path: jes_launch's env)
+    status, output = launch(tmp_path / "cli", 2, 1, 2, command=command)
+    assert "unexpected RuntimeError: compile failed here" in output, output
+    assert status == 2 and "jes launch: process 1 exited with status 2; stopping the other 1 process(es)" in output, \
+        output
 
 
 def test_a_run_with_a_schedule_passes_the_processes_check_and_is_bit_identical(tmp_path, monkeypatch):

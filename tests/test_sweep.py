@@ -1236,6 +1236,7 @@ def test_a_sweep_takes_config_fields_as_keywords_as_train_does(monkeypatch):
     assert [row["num_members"] for row in result.rows] == [16, 24] and len(bases) == 2
     for base, config in bases:
         assert (base.perturbation_rank, base.num_generations, config.perturbation_rank) == (2, 2, 2), (base, config)
-    with pytest.raises(TypeError, match="unknown ESConfig field"):
+    with pytest.raises(TypeError, match=r"jes.sweep\(\) got unknown keyword argument\(s\) 'num_member' \(did you mean "
+                                        r"'num_members'\?\)"):
         jes_sweep.sweep(POLICY, "CartPole-v1", "adam", config=BASE, seeds=[0], log_dir=None,
                         grid={"num_members": [16]}, num_member=8)

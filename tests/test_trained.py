@@ -124,10 +124,15 @@ def test_act_names_a_carry_that_is_not_the_policys():
                                          r"\(GRUPolicy: PyTreeDef\(\*\)\), got PyTreeDef\(None\): start each episode "
                                          r"with carry = policy.initial_carry\(\)"):
         gru.act(None, obs)
+    for wrong in (np.zeros(3, np.float32), np.zeros((2, 1, 3), np.float32)):  # unbatched, or a batch (a review)
+        with pytest.raises(ValueError, match=rf"\(GRUPolicy: float32\[1, 3\]\), got float32\{list(wrong.shape)}: "
+                                             r".*jax.vmap\(policy.policy_fn\(\)\)"):
+            gru.act(wrong, obs)
     carry, action = gru.act(gru.initial_carry(), obs)
     assert gru.act(carry, obs)[0].shape == carry.shape
     mlp = jes.train(jes.MLPPolicy(hidden_sizes=(4,)), "CartPole-v1", key=1, **SMALL)
-    assert int(mlp.act(None, obs)[1]) == int(mlp.act(mlp.initial_carry(), obs)[1])
+    for empty in (None, 0, {}, []):  # it reads none (a review: 0, {} and [] were taken before)
+        assert int(mlp.act(empty, obs)[1]) == int(mlp.act(mlp.initial_carry(), obs)[1])
 
 
 def test_a_policy_no_program_could_rebuild_is_not_saved_to_a_file(tmp_path):

@@ -296,7 +296,8 @@ def test_bad_config_values_raise_clear_errors(overrides, match):
 
 
 def test_unknown_config_field():
-    with pytest.raises(TypeError, match="valid fields"):
+    with pytest.raises(TypeError, match=r"'population' \(did you mean 'num_members'\?\).* and ESConfig's fields "
+                                        r"\(num_members, "):
         jes.train(jes.MLPPolicy(), "CartPole-v1", "adam", population=8)
 
 
@@ -590,6 +591,46 @@ def test_a_save_failing_on_ctrl_c_still_carries_the_run_and_says_why_none_was_sa
     assert isinstance(interrupt.save_error, jes.CheckpointSaveError) and interrupt.save_error.generation == 1
     assert getattr(interrupt, "checkpoint_path", None) is None and int(interrupt.result.state.generation) == 1
     assert os.listdir(tmp_path) == []
+    assert interrupt.__notes__[0].endswith("; no checkpoint holds it (checkpoint_path=None, or none was written)")
+
+
+def test_the_summary_names_the_log_dir_the_run_wrote_from_any_folder(tmp_path, monkeypatch):
+    """A review: whether the log dir was written was looked up when the summary was read, so a relative log_dir read
+    from another folder was called "none written"."""
+    monkeypatch.chdir(tmp_path)
+    result = jes.train(jes.MLPPolicy(hidden_sizes=(4,)), "CartPole-v1", "adam", log_dir="logs_rel", progress=False,
+                       checkpoint_path=None, **dict(SMALL, num_generations=1))
+    monkeypatch.chdir("/")
+    assert result.summary().endswith("; logs: logs_rel; checkpoint: none")
+
+
+def test_a_ctrl_c_whose_save_failed_names_the_generation_its_earlier_checkpoint_holds(tmp_path, monkeypatch):
+    """A review: the interrupt's note said the checkpoint "holds it too" where the save at the interrupt had failed and
+    the file held an earlier generation."""
+    from jes import checkpoint
+
+    write, calls = checkpoint._write_payload, []
+
+    def fills_up(f, payload):  # the first save (generation 1) is written, the disk is full from then on
+        calls.append(1)
+        if len(calls) > 1:
+            raise OSError(28, "No space left on device")
+        return write(f, payload)
+
+    def interrupt_at_4(record):  # the state is generation 3's, the checkpoint generation 2's: saved at the interrupt
+        if record["generation"] == 4:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(checkpoint, "_write_payload", fills_up)
+    path = str(tmp_path / "run.ckpt")
+    with pytest.raises(KeyboardInterrupt) as info:
+        jes.train(jes.MLPPolicy(hidden_sizes=(4,)), "CartPole-v1", "adam", log_dir=None, progress=False,
+                  checkpoint_path=path, checkpoint_every=2, callbacks=[interrupt_at_4], **dict(SMALL, num_generations=5))
+    monkeypatch.undo()
+    note = info.value.__notes__[0]
+    assert note.startswith("jes: interrupted after generation 3.") and "saving it failed (" in note, note
+    assert checkpoint.read(path).generation == 2
+    assert note.endswith(f"the checkpoint {path} holds generation 2 (resume={path!r})")
 
 
 
@@ -997,3 +1038,12 @@ def test_every_state_the_trainer_made_restored_or_returned_is_known(small_traine
     assert [small_trainer.known_run_key(s) for s in kept] == [20, None, 22, 20, 23]
     with pytest.raises(ValueError, match="cannot tell this state's run key.*pass key="):
         jes.run(small_trainer, kept[1])
+
+
+def test_an_unknown_keyword_of_train_names_the_nearest_argument_or_field():
+    """A trial: ``checkpoint="x"`` said "unknown ESConfig field(s) checkpoint; valid fields are: ..." without the
+    argument meant (``checkpoint_path``), which is train's own, not a field."""
+    for given, meant in (("checkpoint", "checkpoint_path"), ("num_member", "num_members"), ("workers", "num_workers")):
+        with pytest.raises(TypeError, match=rf"jes.train\(\) got unknown keyword argument\(s\) '{given}' \(did you "
+                                            rf"mean '{meant}'\?\): it takes its own \(policy, .*checkpoint_path"):
+            jes.train(jes.MLPPolicy(hidden_sizes=(4,)), "CartPole-v1", **{given: 1})

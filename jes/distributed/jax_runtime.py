@@ -26,6 +26,7 @@ import errno
 import ipaddress
 import os
 import socket
+import sys
 from typing import Sequence
 
 import jax
@@ -182,7 +183,43 @@ def initialize(coordinator: str | None = None, num_processes: int | None = None,
             f"could not join the multi-process JAX runtime at {coordinator or 'the detected coordinator'} "
             f"as process {process_id} of {num_processes}: {err}. Check that every process was started, that "
             f"process 0 can listen on that address and the others reach it") from err
+    _end_at_once_on_an_uncaught_error()
     return info()
+
+
+def end_now_if_multi_process(status: int) -> None:
+    """End a failed process of a multi-process run at once, with ``status``.
+
+    JAX's shutdown at exit waits at a barrier for every process, while the others wait for this one in a collective:
+    a process that failed (a compile error on one host) hung for 5 minutes, until JAX aborted another process, which
+    ``jes launch`` then named as the one that failed (a trial). Ended at once, the launcher (or the cluster) sees this
+    process exit and stops the others, naming it. Output is flushed first; nothing of the run is left to save (its
+    checkpoint is written by then, or it never will be)."""
+    if not is_initialized():
+        return
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:  # noqa: BLE001 - a closed stream: nothing to flush
+            pass
+    os._exit(status)
+
+
+def _end_at_once_on_an_uncaught_error() -> None:
+    """A script's uncaught exception in a process of a multi-process run ends it at once, after Python prints it
+    (:func:`end_now_if_multi_process`, status 1): it otherwise hung in JAX's shutdown. Ctrl-C and ``sys.exit`` are left
+    as they are. Installed once, by :func:`initialize`."""
+    previous = sys.excepthook
+    if getattr(previous, "_jes_ends_at_once", False):
+        return
+
+    def hook(kind, value, traceback):
+        previous(kind, value, traceback)
+        if issubclass(kind, Exception):
+            end_now_if_multi_process(1)
+
+    hook._jes_ends_at_once = True
+    sys.excepthook = hook
 
 
 def bind_address(coordinator: str, explicit: str | None = None) -> str | None:

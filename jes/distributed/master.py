@@ -271,6 +271,7 @@ class Master:
         self._hash = ""
         self._snapshot = None
         self._snapshot_too_large = False  # said once (see _assign)
+        self._results_too_large = False  # likewise
         self._update: dict | None = None       # previous generation's results, for workers one generation behind
         self._last_state = None
         self._last_hash = ""
@@ -991,15 +992,15 @@ class Master:
         total = sum(max(w.chunks_per_second or rate, floor) for w in ready) or rate
         share = math.ceil(len(self._pending) * rate / total)
         size = max(1, min(share, round(rate * self.target_range_seconds)))
-        size = min(size, self._most_chunks_per_message())
+        size = max(1, min(size, self._most_chunks_per_message()))
         return min(size, self.max_range_chunks) if self.max_range_chunks else size
 
     def _most_chunks_per_message(self) -> int:
         """Most chunks whose results fit in one message to the master (its socket drops a larger one, and with it the
         worker's connection: a range of image observations' sums, 2 x 113 KB a chunk at 84x84x4, went over 16 MiB
-        from 74 chunks on, every result dropped and reissued). At least 1 (a chunk too large alone: said by _assign)."""
+        from 74 chunks on, every result dropped and reissued). 0: not even one (said by _assign, which sends none)."""
         per_chunk = sum(a[0].nbytes for a in self._results)  # (a range's arrays are packed whole: their headers, the
-        return max(1, (self.max_message_bytes - RESULT_HEADER_BYTES) // max(1, per_chunk))  # message's fields, < 4 KiB)
+        return max(0, self.max_message_bytes - RESULT_HEADER_BYTES) // max(1, per_chunk)  # message's fields, < 4 KiB)
 
     def _assign(self, worker: _Worker) -> None:
         """Answer an idle worker: the run to build, a snapshot, a range of chunks, or 'wait'."""
@@ -1024,6 +1025,15 @@ class Master:
             return
         if (not self._pending and audit is None) or self._benched(worker):
             # Nothing to do, or a worker that keeps failing to sync (it sits this generation out).
+            self._send(worker, {"type": "wait"})
+            return
+        if self._most_chunks_per_message() < 1:  # one chunk's results are more than a message to the master holds
+            if not self._results_too_large:
+                self._results_too_large = True
+                log.error("one chunk's results are %d bytes, more than a worker can send the master in one message "
+                          "(%d): no worker's result could arrive, so the master evaluates every chunk itself; train "
+                          "without workers, or with a smaller chunk_size", sum(a[0].nbytes for a in self._results),
+                          self.max_message_bytes - RESULT_HEADER_BYTES)
             self._send(worker, {"type": "wait"})
             return
         update = None

@@ -524,6 +524,10 @@ class Worker:
             self.link.send({"type": "bye", "name": self.name, "aid": None})
         finally:
             self.link.stop()
+            if getattr(self, "programs", None) is not None:  # the last run's host env instances (Gymnasium)
+                from jes import host_step
+
+                host_step.close_programs(self.programs)
             log.info("worker %s disconnected", self.name)
 
     def _give_up_left(self) -> float:
@@ -908,8 +912,12 @@ def main(argv: list[str] | None = None) -> int:
             else:  # accepted, it refused every run the master sent, and stayed in the fleet
                 devices, local = int(args.devices), jax.local_devices()
                 if devices > len(local):
+                    cpu = all(d.platform == "cpu" for d in local) and (
+                        f" (JAX shows one CPU device unless asked for more: start the worker with "
+                        f"XLA_FLAGS=--xla_force_host_platform_device_count={devices} for {devices}, one per core; the "
+                        f"results' bits are the same)")
                     raise ValueError(f"--devices {devices}: this host has {len(local)} local device(s) "
-                                     f"({', '.join(str(d) for d in local)}); pass at most {len(local)}")
+                                     f"({', '.join(str(d) for d in local)}); pass at most {len(local)}{cpu or ''}")
         if args.allow_module:
             describe.current_directory_importable()  # the operator's modules import from where they run jes-worker
         describe.import_modules(args.imports)

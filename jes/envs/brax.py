@@ -281,11 +281,40 @@ def _parse_query(name: str, query: str) -> dict[str, Any]:
 
 
 def _build(base: str, options: dict[str, Any]) -> Any:
-    """``brax.envs.get_environment(base, **options)``, without brax's notice that it is not maintained."""
+    """``brax.envs.get_environment(base, **options)``, without brax's notice that it is not maintained, its model on
+    this process's own device (:func:`_mjx_models_on_a_local_device`)."""
     envs = _import_brax_envs()
-    with warnings.catch_warnings():
+    with warnings.catch_warnings(), _mjx_models_on_a_local_device():
         warnings.filterwarnings("ignore", message=_BRAX_NOTICE)
         return envs.get_environment(base, **options)
+
+
+@contextlib.contextmanager
+def _mjx_models_on_a_local_device():
+    """In a multi-process JAX run, MuJoCo MJX's ``put_model`` (brax's ``mjcf.load``) places a model on its own process's
+    first device, not on ``jax.devices()[0]``, MJX's default: process 0's device, which process 1 cannot hold, so every
+    brax env failed to compile there ("Closing over jax.Array that spans non-addressable devices"; a trial). One
+    process: nothing changes (its first device is ``jax.devices()[0]``)."""
+    import jax
+
+    from jes.distributed.jax_runtime import is_initialized  # (not jax.process_count(): it would start the backends)
+
+    mjx = sys.modules.get("mujoco.mjx")
+    if mjx is None or not hasattr(mjx, "put_model") or not is_initialized() or jax.process_count() == 1:
+        yield
+        return
+    put_model = mjx.put_model
+
+    def local_put_model(*args, **kwargs):
+        if kwargs.get("device") is None and len(args) < 2:  # (m, device, impl, ...): a device given is kept
+            kwargs["device"] = jax.local_devices()[0]
+        return put_model(*args, **kwargs)
+
+    mjx.put_model = local_put_model
+    try:
+        yield
+    finally:
+        mjx.put_model = put_model
 
 
 def supported_backends(base: str) -> list[str]:

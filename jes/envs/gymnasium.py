@@ -145,13 +145,20 @@ class GymnasiumEnv:
                 raise
             raise TypeError(f"could not build env {name!r} with no arguments ({err}): jes builds one env per episode "
                             f"slot; pass jes.envs.gymnasium.make(lambda: YourEnv(...)) with the arguments") from err
-        _refuse_vector_env(probe, f"env factory for {name!r} returned", gymnasium)
-        if not isinstance(probe, gymnasium.Env):
-            raise TypeError(f"env factory for {name!r} returned {type(probe).__name__}, not a gymnasium.Env")
-        missing = [a for a in ("observation_space", "action_space") if getattr(probe, a, None) is None]
-        if missing:
-            raise TypeError(f"env {name!r} has no {' or '.join(missing)}: a gymnasium.Env sets both in its "
-                            f"constructor (gymnasium.spaces.Box / Discrete ...)")
+        try:  # (refused, the probe is closed: a vector env's worker processes, an EnvPool's threads)
+            _refuse_vector_env(probe, f"env factory for {name!r} returned", gymnasium)
+            if not isinstance(probe, gymnasium.Env):
+                raise TypeError(f"env factory for {name!r} returned {type(probe).__name__}, not a gymnasium.Env")
+            missing = [a for a in ("observation_space", "action_space") if getattr(probe, a, None) is None]
+            if missing:
+                raise TypeError(f"env {name!r} has no {' or '.join(missing)}: a gymnasium.Env sets both in its "
+                                f"constructor (gymnasium.spaces.Box / Discrete ...)")
+        except BaseException:
+            try:
+                probe.close()
+            except Exception:  # noqa: BLE001 - closing is best effort; the refusal is the news
+                pass
+            raise
         self.observation_space, self.action_space = probe.observation_space, probe.action_space
         self.spec_max_steps = getattr(getattr(probe, "spec", None), "max_episode_steps", None)
         self.reward_threshold = getattr(getattr(probe, "spec", None), "reward_threshold", None)
@@ -208,8 +215,9 @@ class GymnasiumEnv:
         """One observation as the policy's flat float32 array of :attr:`obs_shape`."""
         if self._flatten is not None:
             obs = self._flatten(obs)
-        elif np.shape(obs) != self.obs_shape:  # (a reshape took any array of its size: a (2, 3) for a (3, 2) space,
-            # scrambling a conv policy's input silently)
+        elif np.shape(obs) != self.obs_shape and _squeezed(np.shape(obs)) != _squeezed(self.obs_shape):
+            # (a reshape took any array of its size: a (2, 3) for a (3, 2) space, scrambling a conv policy's input
+            # silently; size-1 axes aside, as a (4, 1) for a (4,) space or a number for a (1,) one, which keep the order)
             raise ValueError(f"the observation's shape is {np.shape(obs)}, the observation_space's "
                              f"{self.obs_shape} ({self.observation_space}): return arrays of the space's shape, or "
                              f"declare the shape it returns")
@@ -500,12 +508,23 @@ def _copier(template: Any) -> Callable[[], Any]:
     return lambda: copy.deepcopy(template)
 
 
+def _squeezed(shape: tuple) -> tuple:
+    return tuple(d for d in shape if d != 1)
+
+
 def _refuse_vector_env(env: Any, what: str, gymnasium: Any) -> None:
     """Refuse a vector env (EnvPool's, ``gymnasium.make_vec``'s): a batch of envs stepped and seeded as a pool, which
     jes's per-slot host rollout cannot use (EnvPool's failed deep in a step, after ignoring each episode's seed)."""
     vector = getattr(getattr(gymnasium, "vector", None), "VectorEnv", None)
-    envpool = any(c.__module__.split(".")[0] == "envpool" for c in type(env).__mro__)
-    if not envpool and not (vector is not None and isinstance(env, vector)):
+    layers, layer = [], env
+    while layer is not None and len(layers) < 64 and all(layer is not seen for seen in layers):  # through wrappers
+        layers.append(layer)
+        layer = getattr(layer, "env", None)
+    for env in layers:
+        envpool = any(c.__module__.split(".")[0] == "envpool" for c in type(env).__mro__)
+        if envpool or (vector is not None and isinstance(env, vector)):
+            break
+    else:
         return
     kind = "an EnvPool pool" if envpool else "a vector env (gymnasium.make_vec / a VectorEnv)"
     raise TypeError(f"{what} {type(env).__name__}, {kind} of {getattr(env, 'num_envs', '?')} env(s) stepped and "

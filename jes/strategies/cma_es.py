@@ -15,6 +15,7 @@ from flax import struct
 
 from jes.strategies.base import (Context, Strategy, check_optimizer_free, check_positive_field, info, sorted_utilities,
                                 unit_noise)
+from jes.cpu import pin_lapack_threads
 from jes.strategies.noise import rows_product
 
 # Above this many parameters the [P, P] matrices (covariance, eigenbasis, one rank-mu statistic per chunk)
@@ -70,6 +71,7 @@ class CMAES(Strategy):
         return False  # mirrored samples bias the rank-mu estimate of the covariance
 
     def validate(self, ctx: Context) -> None:
+        pin_lapack_threads()  # (where the run is built: a program from jes's cache is not traced again)
         check_optimizer_free(self, ctx.optimizer)
         if ctx.num_members < 4:
             raise ValueError(f"cma_es needs num_members >= 4 (it recombines the best half), got {ctx.num_members}")
@@ -174,6 +176,7 @@ class CMAES(Strategy):
         sigma = state.sigma * jnp.exp(jnp.minimum(1.0, (c_s / c["d_sigma"]) * (norm * (1.0 / c["chi_n"]) - 1)))
 
         def decompose(cov):
+            pin_lapack_threads()  # (traced here: the bits of eigh's LAPACK call must not depend on the cores)
             eigenvalues, basis = jnp.linalg.eigh(cov)
             # A covariance that float rounding made indefinite keeps its basis; its tiny eigenvalues are floored.
             floor = jnp.finfo(cov.dtype).eps * jnp.max(eigenvalues)
