@@ -405,8 +405,13 @@ class TrainResult(CentrePolicy):
             + (f" ({self.compile_time:.1f}s compile)" if self.compile_time else "")
             + (f"; best member {self.best.fitness:.1f} (generation {self.best.generation})" if self.best else "")
             + (f"; stopped by a callback: {self.stopped}" if self.stopped is not None else "")
-            + f"; logs: {self._logs_note()}; checkpoint: {self.checkpoint_path or 'none'}"
+            + f"; logs: {self._logs_note()}; checkpoint: {self.checkpoint_path or self._no_checkpoint_note()}"
         )
+
+    def _no_checkpoint_note(self) -> str:
+        """'off', or 'none written' for a run with checkpoints on that stopped before it wrote one (interrupted while
+        compiling: "off" said otherwise)."""
+        return "none written" if self.__dict__.get("_checkpointing") else "off"
 
     def _logs_note(self) -> str:
         """The log dir, or why there is none: logging off, or a run stopped before it wrote one (interrupted while
@@ -1384,6 +1389,8 @@ def _run(trainer: Trainer, state: TrainState, *, key: Any = 0, callbacks: Iterab
         except KeyboardInterrupt as interrupt:  # while compiling: the run as it started (fresh, or the checkpoint's)
             _attach_result(interrupt, lambda: _result(trainer, state, history, key, solved_generation, 0.0, t_start,
                                                       best, None, log_dir))
+            if getattr(interrupt, "result", None) is not None:
+                interrupt.result._checkpointing = checkpoint_path is not None
             _note_interrupt(interrupt, start_gen, compiling=True)
             raise
         # Placed once like the state (in a multi-process run a host bool would be checked across processes each call).

@@ -194,7 +194,8 @@ def test_an_interrupt_while_the_step_compiles_carries_the_run_as_it_started(tmp_
     assert interrupted.value.__notes__[0].startswith("jes: interrupted while the generation step compiled, before "
                                                      "generation 1: nothing was trained; the run as it started is")
     # (its summary named a log dir never made and "checkpoint: off" of a run with checkpoints on; a trial)
-    assert so_far.summary().endswith(f"; logs: none written (would have been {tmp_path / 'logs'}); checkpoint: none")
+    assert so_far.summary().endswith(f"; logs: none written (would have been {tmp_path / 'logs'}); checkpoint: none "
+                                     f"written")
     np.testing.assert_array_equal(so_far.flat_params, np.asarray(fresh.params))
 
 

@@ -601,7 +601,7 @@ def test_the_summary_names_the_log_dir_the_run_wrote_from_any_folder(tmp_path, m
     result = jes.train(jes.MLPPolicy(hidden_sizes=(4,)), "CartPole-v1", "adam", log_dir="logs_rel", progress=False,
                        checkpoint_path=None, **dict(SMALL, num_generations=1))
     monkeypatch.chdir("/")
-    assert result.summary().endswith("; logs: logs_rel; checkpoint: none")
+    assert result.summary().endswith("; logs: logs_rel; checkpoint: off")
 
 
 def test_a_ctrl_c_whose_save_failed_names_the_generation_its_earlier_checkpoint_holds(tmp_path, monkeypatch):

@@ -27,6 +27,7 @@ import ipaddress
 import os
 import socket
 import sys
+import time
 from typing import Sequence
 
 import jax
@@ -187,6 +188,9 @@ def initialize(coordinator: str | None = None, num_processes: int | None = None,
     return info()
 
 
+END_DELAY_SECONDS = 1.0
+
+
 def end_now_if_multi_process(status: int) -> None:
     """End a failed process of a multi-process run at once, with ``status``.
 
@@ -202,6 +206,9 @@ def end_now_if_multi_process(status: int) -> None:
             stream.flush()
         except Exception:  # noqa: BLE001 - a closed stream: nothing to flush
             pass
+    # A moment first: a process whose error is another's failure (a collective's "connection closed by peer") then
+    # ends that long after the process that failed first, which jes launch names (both ended within its 50 ms poll)
+    time.sleep(END_DELAY_SECONDS)
     os._exit(status)
 
 

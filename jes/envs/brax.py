@@ -297,10 +297,9 @@ def _mjx_models_on_a_local_device():
     process: nothing changes (its first device is ``jax.devices()[0]``)."""
     import jax
 
-    from jes.distributed.jax_runtime import is_initialized  # (not jax.process_count(): it would start the backends)
-
     mjx = sys.modules.get("mujoco.mjx")
-    if mjx is None or not hasattr(mjx, "put_model") or not is_initialized() or jax.process_count() == 1:
+    running = getattr(jax.distributed, "is_initialized", None)  # (not process_count(): it starts the backends)
+    if mjx is None or not hasattr(mjx, "put_model") or running is None or not running() or jax.process_count() == 1:
         yield
         return
     put_model = mjx.put_model
