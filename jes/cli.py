@@ -739,11 +739,12 @@ def _log_distributed() -> None:
         handler = logging.StreamHandler(sys.stderr)
         handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
         logger.addHandler(handler)
+        # Not on to the root logger too: a library's logging.info() (MuJoCo MJX's, building a brax env) gives the root
+        # a handler of its own, and every master line came twice (a trial). The root is left alone: a handler put on
+        # it silenced every library's warnings (JAX's among them), which Python prints while the root has none.
+        logger.propagate = False
     if logger.level == logging.NOTSET or logger.level > logging.INFO:
         logger.setLevel(logging.INFO)
-    root = logging.getLogger()
-    if not root.handlers:  # a library's logging.info() (MuJoCo MJX's, building a brax env) would give the root logger
-        root.addHandler(logging.NullHandler())  # a handler of its own, and every master line twice (a trial)
 
 
 def _starts_with(path: str, magic: bytes) -> bool:
@@ -827,16 +828,16 @@ def _launch(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``jes`` console script."""
-    status = _main(argv)
+    args = _parser().parse_args(argv)
+    status = _main(args)
     if status and "jax" in sys.modules:
         from jes.distributed import jax_runtime
 
-        jax_runtime.end_now_if_multi_process(status)
+        jax_runtime.end_now_if_multi_process(status, getattr(args, "error", None))
     return status
 
 
-def _main(argv: list[str] | None) -> int:
-    args = _parser().parse_args(argv)
+def _main(args: argparse.Namespace) -> int:
     if args.command == "keys":
         return _keys(args)  # needs no JAX
     if args.command == "launch":
@@ -892,18 +893,21 @@ def _main(argv: list[str] | None) -> int:
         print(f"\n{'terminated' if terminated else 'interrupted'}{_saved_note(args, interrupt)}", file=sys.stderr)
         return 128 + signal.SIGTERM if terminated else 130
     except (OSError, ValueError, ImportError) as err:  # a busy --listen port, a missing file, a bad value
+        args.error = err  # (main: whether every process of a --distributed run stopped with it)
         # (or one that stopped a run midway, a full log disk: jes.train saved the run so far)
         print(f"jes {args.command}: {_for_command(str(err), args.command)}"
               f"{_kept_note(args, err, 'continue with --resume {path} once its cause is fixed')}", file=sys.stderr)
         _print_run_so_far(args, err)
         return 2
     except HostEnvError as err:  # a Python simulator's step or reset raised: its message names env, member, generation
+        args.error = err  # (main: whether every process of a --distributed run stopped with it)
         print(f"jes {args.command}: {err}{_kept_note(args, err, 'fix the env, then continue with --resume {path}')}",
               file=sys.stderr)
         _print_run_so_far(args, err)
         return 2
     except Exception as err:  # noqa: BLE001  unexpected (a bug, an XLA runtime error): an error all the same, with its
         # traceback; 2 as any error that stopped the command, never 1, which says jes sweep's runs failed
+        args.error = err
         traceback.print_exc()
         print(f"jes {args.command}: unexpected {type(err).__name__}: {err}"
               f"{_kept_note(args, err, 'continue with --resume {path} once its cause is fixed')}", file=sys.stderr)

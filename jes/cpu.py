@@ -74,6 +74,17 @@ def _backends_initialized() -> bool:
     return bool(check()) if check is not None else False
 
 
+def distributed_initialized() -> bool:
+    """Whether ``jax.distributed`` has been initialised in this process (by jes or by the user); here, in a module
+    the core may import (:func:`jes.distributed.jax_runtime.is_initialized` is this)."""
+    check = getattr(jax.distributed, "is_initialized", None)
+    if check is not None:
+        return bool(check())
+    from jax._src import distributed as _distributed  # older jax: no public probe
+
+    return _distributed.global_state.client is not None
+
+
 def use_cpu_cores(count: int | None = None) -> int | None:
     """Ask JAX for ``count`` CPU devices (default: ``$JES_CPU_DEVICES``, else one per usable core).
 

@@ -891,15 +891,17 @@ def train(
                                   f"rest in this process (same bits)", stacklevel=2)
                 return ran(_run(trainer, state, key=key, callbacks=[*loggers, *callbacks], history=history,
                                checkpoint_path=checkpoint_path, checkpoint_every=checkpoint_every,
-                               step_fn=server.step, log_dir=log_dir, best=best, started=started))
+                               step_fn=server.step, log_dir=log_dir, best=best, started=started,
+                               resumed_from=resume))
         if server is not None:
             with server:
                 return ran(_run(trainer, state, key=key, callbacks=[*loggers, *callbacks], history=history,
                                checkpoint_path=checkpoint_path, checkpoint_every=checkpoint_every,
-                               step_fn=server.step, log_dir=log_dir, best=best, started=started))
+                               step_fn=server.step, log_dir=log_dir, best=best, started=started,
+                               resumed_from=resume))
         return ran(_run(trainer, state, key=key, callbacks=[*loggers, *callbacks], history=history,
                        checkpoint_path=checkpoint_path, checkpoint_every=checkpoint_every, log_dir=log_dir, best=best,
-                       started=started))
+                       started=started, resumed_from=resume))
     except BaseException as err:
         failed = err
         trainer.finish_compiling()  # a failure before the step was compiled (already joined after it)
@@ -1356,8 +1358,9 @@ def _state_run_key(trainer: Trainer, state: TrainState, key: Any) -> Any:
 def _run(trainer: Trainer, state: TrainState, *, key: Any = 0, callbacks: Iterable[Callback] = (),
          history: dict | None = None, num_generations: int | None = None, step_fn: StepFn | None = None,
          checkpoint_path: str | None = None, checkpoint_every: int = 0, log_dir: str | None = None,
-         best: BestMember | None = None, started: float | None = None) -> TrainResult:
-    """:func:`run` once its checkpoint is locked (:func:`train` holds the lock from before the step's compile)."""
+         best: BestMember | None = None, started: float | None = None, resumed_from: str | None = None) -> TrainResult:
+    """:func:`run` once its checkpoint is locked (:func:`train` holds the lock from before the step's compile);
+    ``resumed_from``: the checkpoint :func:`train` resumed, which holds the run as it starts."""
     # In a multi-process run only process 0 writes the checkpoint (every process computes the same state).
     save_to = checkpoint_path if jax.process_index() == 0 else None
 
@@ -1378,6 +1381,7 @@ def _run(trainer: Trainer, state: TrainState, *, key: Any = 0, callbacks: Iterab
 
     state = trainer.place(state)
     own_host = None  # a Python simulator's generation made here: its env instances closed when the run ends
+    finished, late_interrupt = False, None  # (a Ctrl-C while they close, after the run finished)
     if step_fn is None and trainer.spec.host and start_gen < total:
         own_host = HostGeneration(trainer)
         step_fn = own_host.step  # a Python simulator: envs stepped here, the update compiled
@@ -1387,11 +1391,14 @@ def _run(trainer: Trainer, state: TrainState, *, key: Any = 0, callbacks: Iterab
         try:
             compiled, compile_time = trainer.compiled_step(state)
         except KeyboardInterrupt as interrupt:  # while compiling: the run as it started (fresh, or the checkpoint's)
+            held = resumed_from if resumed_from is not None and os.path.isfile(resumed_from) else None
             _attach_result(interrupt, lambda: _result(trainer, state, history, key, solved_generation, 0.0, t_start,
-                                                      best, None, log_dir))
+                                                      best, held, log_dir))
             if getattr(interrupt, "result", None) is not None:
                 interrupt.result._checkpointing = checkpoint_path is not None
-            _note_interrupt(interrupt, start_gen, compiling=True)
+            if held is not None:
+                interrupt.checkpoint_path = held
+            _note_interrupt(interrupt, start_gen, held, compiling=True)
             raise
         # Placed once like the state (in a multi-process run a host bool would be checked across processes each call).
         flags = {flag: jax.device_put(np.bool_(flag), trainer.replicated) for flag in (False, True)}
@@ -1557,6 +1564,7 @@ def _run(trainer: Trainer, state: TrainState, *, key: Any = 0, callbacks: Iterab
         # program compiles then) is raised once it is written, and one just before it still saves.
         if save_to is not None and saved_generation != int(fetch(state.generation)):
             save_checkpoint()
+        finished = True
     except KeyboardInterrupt as interrupt:
         mark_if_ended(interrupt)
         try:
@@ -1579,12 +1587,15 @@ def _run(trainer: Trainer, state: TrainState, *, key: Any = 0, callbacks: Iterab
                         interrupt.checkpoint_path = saved_in  # `jes train` names it (an interrupt before here saved none)
                 _attach_result(interrupt, lambda: so_far(saved_in))
                 _note_interrupt(interrupt, int(fetch(state.generation)), saved_in, saved_generation,
-                                getattr(interrupt, "save_error", None))
+                                getattr(interrupt, "save_error", None),
+                                process_0_saves=checkpoint_path if save_to is None else None)
         except KeyboardInterrupt:
             pass
         raise
     except (NonFiniteFitnessError, NonFiniteUpdateError, CheckpointSaveError) as error:
         mark_if_ended(error)
+        if not isinstance(error, CheckpointSaveError):  # (every process's metrics say it; process 0 alone saves)
+            _stops_every_process(error)
         raise  # each saved what it could and carries the run so far
     except Exception as error:
         mark_if_ended(error)
@@ -1610,11 +1621,20 @@ def _run(trainer: Trainer, state: TrainState, *, key: Any = 0, callbacks: Iterab
         raise
     finally:
         if own_host is not None:  # (a notebook's runs left every run's instances open: MuJoCo renderers, EnvPool's threads)
-            with interrupts.interrupts_deferred():  # (a second Ctrl-C here must not replace the run's interrupt)
-                own_host.close()
+            try:
+                with interrupts.interrupts_deferred():  # raised once they are closed
+                    own_host.close()
+            except KeyboardInterrupt as interrupt:  # a Ctrl-C while they closed: never in place of the run's own error
+                late_interrupt = interrupt if finished else None  # (or interrupt, which goes on as it was)
     result = _result(trainer, state, history, key, solved_generation, compile_time, t_start, best, checkpoint_path,
                      log_dir)
     result.stopped = stopped
+    if late_interrupt is not None:  # the run finished, its checkpoint saved: it goes on with the interrupt
+        late_interrupt.result = result
+        if save_to is not None:
+            late_interrupt.checkpoint_path = save_to
+        _note_interrupt(late_interrupt, int(fetch(state.generation)), save_to)
+        raise late_interrupt
     return result
 
 
@@ -1705,18 +1725,30 @@ def _stop_in_any_process(stop: StopTraining | None, error: BaseException | None 
         return bytes(everyone[process, 1:]).rstrip(b"\0").decode("utf-8", "replace")
 
     if error is not None:
-        raise error  # its own, with its traceback (the others heard of it)
+        raise _stops_every_process(error)  # its own, with its traceback (the others heard of it)
     errored = np.flatnonzero(everyone[:, 0] == _ERRORED)
     if errored.size:
-        raise CallbackFailedInAnotherProcess(
+        raise _stops_every_process(CallbackFailedInAnotherProcess(
             f"a callback of process {errored[0]} of this jax.distributed run raised {message(errored[0])} at "
             f"generation {generation}: every process stops there, as a run stops at a callback's error (the run is "
             f"kept at generation {generation - 1}, in process 0's checkpoint and error.result); see process "
-            f"{errored[0]}'s output for its traceback")
+            f"{errored[0]}'s output for its traceback"))
     raised = np.flatnonzero(everyone[:, 0] == _STOPPED)
     if not raised.size:
         return None
     return StopTraining(message(raised[0]) if raised[0] == 0 else f"{message(raised[0])} (process {raised[0]})")
+
+
+def _stops_every_process(error: BaseException) -> BaseException:
+    """``error``, marked as one every process of a multi-process run raises at this generation: ``jes train
+    --distributed`` and a script's uncaught error then leave the process to JAX's shutdown, which waits for process 0
+    to write the checkpoint (:func:`jes.distributed.jax_runtime.end_now_if_multi_process`), where an error of one
+    process alone ends it at once."""
+    try:
+        error.stops_every_process = True
+    except Exception:  # noqa: BLE001 - an exception that takes no attributes: ended as one of its process alone
+        pass
+    return error
 
 
 def _last_record(history: dict | None, generation: int) -> dict | None:
@@ -1811,23 +1843,27 @@ def _first_solved(history: dict, solved_return: float | None) -> int | None:
 
 def _note_interrupt(interrupt: BaseException, generation: int, saved_in: str | None = None,
                     saved_generation: int | None = None, save_error: BaseException | None = None,
-                    compiling: bool = False) -> None:
+                    compiling: bool = False, process_0_saves: str | None = None) -> None:
     """Say on a Ctrl-C's traceback where the run went (a notebook cell showed a bare ``KeyboardInterrupt:``, its result
-    unassigned, and where the auto-named checkpoint was said nowhere). Python 3.11+; once per interrupt."""
+    unassigned, and where the auto-named checkpoint was said nowhere). Python 3.11+; once per interrupt.
+    ``process_0_saves``: the run's checkpoint, which process 0 of a multi-process run writes (not this process)."""
     if not hasattr(interrupt, "add_note") or getattr(interrupt, "_jes_noted", False) or not hasattr(interrupt, "result"):
         return
     interrupt._jes_noted = True
     result = ("this exception's .result (`except KeyboardInterrupt as e: result = e.result`; in Jupyter/IPython, "
               "after the cell: `result = sys.last_value.result`)")
     if compiling:  # nothing trained in this session: the run as it started (fresh, a checkpoint's, a given state)
+        held = f"; the checkpoint {saved_in} it resumed holds it too (resume={saved_in!r})" if saved_in else ""
         interrupt.add_note(f"jes: interrupted while the generation step compiled, before generation {generation + 1}: "
-                           f"nothing was trained; the run as it started is {result}")
+                           f"nothing was trained; the run as it started is {result}{held}")
         return
     if saved_in and save_error is not None:  # an earlier checkpoint of this run, not the newest generations
         where = (f"; saving it failed ({getattr(save_error, 'reason', None) or save_error}): the checkpoint "
                  f"{saved_in} holds generation {saved_generation} (resume={saved_in!r})")
     elif saved_in:
         where = f"; the checkpoint {saved_in} holds it too (resume={saved_in!r})"
+    elif process_0_saves:
+        where = f"; process 0 of this multi-process run saves it to the checkpoint {process_0_saves}"
     else:
         where = "; no checkpoint holds it (checkpoint_path=None, or none was written)"
     interrupt.add_note(f"jes: interrupted after generation {generation}. The run so far is {result}{where}")

@@ -10,7 +10,9 @@ with low-rank members, ``JES_TEST_SCHEDULE=1`` with a learning-rate schedule; ``
 ``JES_TEST_STOP_AT=G`` makes process 1's callback alone raise ``jes.StopTraining`` at generation G,
 ``JES_TEST_ENV`` names the env (default CartPole-v1), ``JES_TEST_FAIL_COMPILING=1`` makes process 1's step compile
 raise, ``JES_TEST_ERROR_AT=G`` a ``RuntimeError`` (each process then writes what it raised to ``OUT_DIR/error<process id>.txt``:
-its type, message and the generations of the run it carries).
+its type, message and the generations of the run it carries; process 1 waits for process 0's file unless
+``JES_TEST_NO_WAIT=1``). ``JES_TEST_CHECKPOINT_EVERY=N`` sets checkpoint_every (default 1) and ``JES_TEST_SLOW_SAVE=S``
+makes process 0's checkpoint saves take S seconds more, as a large checkpoint or a slow disk would.
 """
 import os
 import sys
@@ -57,6 +59,18 @@ def main(out: str, generations: int, resume: str | None = None) -> None:
             raise RuntimeError("process 1's compile failed")
 
         jes.Trainer.compiled_step = fails
+    if os.environ.get("JES_TEST_SLOW_SAVE") and os.environ["JES_PROCESS_ID"] == "0":
+        import time
+
+        from jes import checkpoint
+
+        save = checkpoint.save
+
+        def slow_save(*args, **kwargs):
+            time.sleep(float(os.environ["JES_TEST_SLOW_SAVE"]))
+            return save(*args, **kwargs)
+
+        checkpoint.save = slow_save
     kwargs = small_run(generations)
     if os.environ.get("JES_TEST_PROCESSES_OF_1") and os.environ["JES_PROCESS_ID"] == "1":  # its host's other count
         os.environ["JES_NUM_PROCESSES"] = os.environ["JES_TEST_PROCESSES_OF_1"]
@@ -64,7 +78,8 @@ def main(out: str, generations: int, resume: str | None = None) -> None:
         kwargs["key"] += int(os.environ["JES_PROCESS_ID"])
     try:
         result = jes.train(kwargs.pop("policy"), kwargs.pop("env"), kwargs.pop("optimizer"), distributed=True,
-                           log_dir=os.path.join(out, "runs"), checkpoint_every=1, progress=False,
+                           log_dir=os.path.join(out, "runs"),
+                           checkpoint_every=int(os.environ.get("JES_TEST_CHECKPOINT_EVERY", "1")), progress=False,
                            callbacks=[maybe_die], resume=resume, **kwargs)
     except Exception as err:
         if not error_at:
@@ -77,7 +92,7 @@ def main(out: str, generations: int, resume: str | None = None) -> None:
         generations = [int(g) for g in carried.history["generation"]] if carried is not None else None
         with open(os.path.join(out, f"error{jax.process_index()}.txt"), "w") as f:
             f.write(f"{type(err).__name__}: {err}\n{generations}\n")
-        if jax.process_index() == 1:  # the other process writes its file before jes launch stops it (once this
+        if jax.process_index() == 1 and not os.environ.get("JES_TEST_NO_WAIT"):  # the other process writes its file before jes launch stops it (once this
             other = os.path.join(out, "error0.txt")  # one exits): wait for it, boundedly (the test's own timeout)
             deadline = time.monotonic() + 240
             while not os.path.exists(other) and time.monotonic() < deadline:

@@ -199,6 +199,39 @@ def test_an_interrupt_while_the_step_compiles_carries_the_run_as_it_started(tmp_
     np.testing.assert_array_equal(so_far.flat_params, np.asarray(fresh.params))
 
 
+def test_a_resumed_run_interrupted_while_compiling_names_the_checkpoint_it_resumed(tmp_path, monkeypatch):
+    """A review: its summary said "checkpoint: none written" and its note named no checkpoint, though the file it
+    resumed holds the run as it started."""
+    path = str(tmp_path / "run.ckpt")
+    jes.train(POLICY, "CartPole-v1", "adam", key=5, checkpoint_path=path, log_dir=None, progress=False,
+              **{**SMALL, "num_generations": 1})
+
+    def ctrl_c(self, state):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(jes.Trainer, "compiled_step", ctrl_c)
+    with pytest.raises(KeyboardInterrupt) as interrupted:
+        jes.train(POLICY, "CartPole-v1", "adam", num_generations=3, resume=path, log_dir=None, progress=False,
+                  **{k: v for k, v in SMALL.items() if k != "num_generations"})
+    so_far = interrupted.value.result
+    assert list(so_far.history["generation"]) == [1] and so_far.checkpoint_path == path
+    assert so_far.summary().endswith(f"; checkpoint: {path}"), so_far.summary()
+    assert interrupted.value.__notes__[0].endswith(f"the checkpoint {path} it resumed holds it too (resume={path!r})")
+    assert interrupted.value.checkpoint_path == path
+
+
+def test_the_ctrl_c_note_of_another_process_names_the_checkpoint_process_0_saves():
+    """A review: process 1's note said "no checkpoint holds it" while process 0 saved the run's checkpoint."""
+    from jes.loop import _note_interrupt
+
+    interrupt = KeyboardInterrupt()
+    interrupt.result = None
+    _note_interrupt(interrupt, 3, None, process_0_saves="run.ckpt")
+    assert interrupt.__notes__[0].endswith("after generation 3. The run so far is this exception's .result (`except "
+                                           "KeyboardInterrupt as e: result = e.result`; in Jupyter/IPython, after the "
+                                           "cell: `result = sys.last_value.result`); process 0 of this multi-process "
+                                           "run saves it to the checkpoint run.ckpt")
+
+
 INTERRUPTED_WHILE_COMPILING = """
 import os, signal, threading, time
 import jes

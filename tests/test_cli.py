@@ -1163,10 +1163,13 @@ def test_resume_true_in_python_needs_the_runs_own_folder_or_checkpoint():
 
 def test_a_masters_log_is_printed_once_whatever_a_library_logs_at_the_root():
     """A trial: with a brax env, every master line came twice (MuJoCo MJX's logging.info gave the root logger a
-    handler of its own, and jes.distributed's records reached both)."""
-    code = ("import logging, sys; from jes import cli; cli._log_distributed(); logging.info('a library'); "
+    handler of its own, and jes.distributed's records reached both). A review: the fix (a handler on the root) hid
+    every library's warnings, which Python prints while the root has no handler."""
+    code = ("import logging, sys; from jes import cli; cli._log_distributed(); "
+            "logging.getLogger('jax._src.xla_bridge').warning('a library warning'); logging.info('a library'); "
             "logging.getLogger('jes.distributed.master').info('a master line')")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
                           env=checkout_env())
     assert proc.returncode == 0, proc.stderr
     assert proc.stderr.count("a master line") == 1, proc.stderr
+    assert "a library warning" in proc.stderr, proc.stderr

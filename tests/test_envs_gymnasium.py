@@ -180,13 +180,46 @@ def test_a_run_closes_the_env_instances_it_made_whether_it_ends_or_fails():
     trainer = Trainer(jes.GRUPolicy(**POLICY), "gymnasium:JesTestCounted-v0", "adam",
                       jes.ESConfig(num_members=8, chunk_size=4))
     master = Master(trainer, "127.0.0.1:0", secret=new_secret(), env="gymnasium:JesTestCounted-v0", optimizer="adam")
-    master._programs.chunks(trainer.init_state(0), np.arange(2, dtype=np.int32))  # both chunks evaluated here
-    assert Counted.open > 0
-    master.close()
+    try:
+        master._programs.chunks(trainer.init_state(0), np.arange(2, dtype=np.int32))  # both chunks evaluated here
+        assert Counted.open > 0
+    finally:
+        master.close()
     assert Counted.open == 0
 
 
-@pytest.mark.hard_timeout(600)
+class InterruptedWhileClosing(Counted):
+    """The user's second Ctrl-C, landing while the run closes its instances."""
+    armed = False
+
+    def close(self):
+        super().close()
+        if InterruptedWhileClosing.armed:
+            InterruptedWhileClosing.armed = False
+            os.kill(os.getpid(), signal.SIGINT)
+
+
+@pytest.mark.hard_timeout(300)
+def test_a_ctrl_c_while_the_instances_close_keeps_the_run_it_interrupts_or_ends():
+    """A review: a Ctrl-C while the run closed its instances was raised in their place: a run interrupted in a
+    callback lost its .result and note, and one that had finished raised a bare KeyboardInterrupt."""
+    def interrupted(record):
+        InterruptedWhileClosing.armed = True
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt) as caught:
+        small_train(InterruptedWhileClosing, num_generations=3, eval_episodes=1, callbacks=[interrupted])
+    assert len(caught.value.result.history["generation"]) == 0 and any("interrupted" in n for n in caught.value.__notes__)
+
+    def arms(record):
+        InterruptedWhileClosing.armed = True
+
+    with pytest.raises(KeyboardInterrupt) as caught:
+        small_train(InterruptedWhileClosing, num_generations=2, eval_episodes=1, callbacks=[arms])
+    assert len(caught.value.result.history["generation"]) == 2 and any("after generation 2" in n for n in caught.value.__notes__)
+    assert not InterruptedWhileClosing.armed  # (the Ctrl-C was sent)
+
+
 @pytest.mark.hard_timeout(300)
 def test_the_summary_of_a_host_env_run_claims_no_compile_time_it_did_not_measure():
     result = small_train(num_generations=1)

@@ -185,6 +185,32 @@ def test_an_error_in_one_process_callback_stops_every_process_at_that_generation
     assert jes.checkpoint.read(str(tmp_path / "error" / "runs" / "checkpoint.ckpt")).generation == 2
 
 
+def test_the_other_processes_of_a_run_all_stop_at_wait_for_process_0s_checkpoint(tmp_path):
+    """A review: since processes that failed end at once, one whose callback raised (so every process stops there)
+    ended 1 s later, and jes launch then killed process 0 while it saved the run's checkpoint (a save that takes
+    seconds: here made 8 s slower, beyond jes launch's 5 s grace after its SIGTERM), which was lost. An error every
+    process stops at is left to JAX's shutdown, which waits for process 0."""
+    status, output = launch(tmp_path / "error", 2, 1, 6, env={"JES_TEST_ERROR_AT": "3", "JES_TEST_NO_WAIT": "1",
+                                                              "JES_TEST_CHECKPOINT_EVERY": "100",
+                                                              "JES_TEST_SLOW_SAVE": "8"})
+    assert status != 0, output
+    assert (tmp_path / "error" / "runs" / "checkpoint.ckpt").exists(), output
+    assert jes.checkpoint.read(str(tmp_path / "error" / "runs" / "checkpoint.ckpt")).generation == 2, output
+    assert open(tmp_path / "error" / "error0.txt").read().startswith("CallbackFailedInAnotherProcess"), output
+
+
+def test_an_error_in_a_one_process_runtime_ends_the_script_as_python_does(tmp_path):
+    """A review: a script's uncaught error after jes.distributed.initialize() ended the process at once with one
+    process too (a Slurm job of one task), where nothing waits for it: its atexit handlers never ran."""
+    script = tmp_path / "one_process.py"
+    script.write_text("import atexit, sys\nimport jes\n\njes.distributed.initialize()\n"
+                      "atexit.register(lambda: open(sys.argv[1], 'w').write('atexit ran'))\n"
+                      "raise ValueError('the script failed')\n")
+    status, output = launch(tmp_path / "one", 1, 1, 0, command=[sys.executable, str(script), str(tmp_path / "ran")])
+    assert status == 1 and "ValueError: the script failed" in output, output
+    assert (tmp_path / "ran").read_text() == "atexit ran", output
+
+
 def test_a_failed_process_gets_advice_for_a_refusal_and_for_a_run_that_had_begun():
     """No exit status tells a refusal before the first generation (status 2 from jes train, 1 from a script, a busy
     port's crash) from a failure mid-run: the advice says to fix the error first, and to resume a run that had begun."""

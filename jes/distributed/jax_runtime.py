@@ -25,6 +25,7 @@ import dataclasses
 import errno
 import ipaddress
 import os
+import signal
 import socket
 import sys
 import time
@@ -74,12 +75,9 @@ class ProcessInfo:
 
 def is_initialized() -> bool:
     """Whether ``jax.distributed`` has been initialised in this process (by jes or by the user)."""
-    check = getattr(jax.distributed, "is_initialized", None)
-    if check is not None:
-        return bool(check())
-    from jax._src import distributed as _distributed  # older jax: no public probe
+    from jes.cpu import distributed_initialized
 
-    return _distributed.global_state.client is not None
+    return distributed_initialized()
 
 
 def _backends_started() -> bool:
@@ -191,15 +189,28 @@ def initialize(coordinator: str | None = None, num_processes: int | None = None,
 END_DELAY_SECONDS = 1.0
 
 
-def end_now_if_multi_process(status: int) -> None:
-    """End a failed process of a multi-process run at once, with ``status``.
+def end_now_if_multi_process(status: int, error: BaseException | None = None) -> None:
+    """End a process that failed alone in a multi-process run at once, with ``status``.
 
     JAX's shutdown at exit waits at a barrier for every process, while the others wait for this one in a collective:
     a process that failed (a compile error on one host) hung for 5 minutes, until JAX aborted another process, which
     ``jes launch`` then named as the one that failed (a trial). Ended at once, the launcher (or the cluster) sees this
-    process exit and stops the others, naming it. Output is flushed first; nothing of the run is left to save (its
-    checkpoint is written by then, or it never will be)."""
+    process exit and stops the others, naming it. Output is flushed first.
+
+    Left to JAX's shutdown, which waits for every process: an ``error`` every process of the run raised at the same
+    generation (``error.stops_every_process``: a callback's error, which each process hears of, non-finite values),
+    and Ctrl-C or SIGTERM (``status`` 130 or 143, which a launcher or a cluster sends every process). There process 0
+    is still saving the run's checkpoint (seconds in a multi-process run), and a process ended first would have had
+    a launcher (jes launch, Slurm's --kill-on-bad-exit) kill process 0 in the save (a review). One process:
+    nothing waits for it, and ``atexit`` handlers and open files are left to end as they do."""
+    if status in (128 + signal.SIGINT, 128 + signal.SIGTERM) or getattr(error, "stops_every_process", False):
+        return
     if not is_initialized():
+        return
+    try:
+        if jax.process_count() < 2:
+            return
+    except Exception:  # noqa: BLE001 - a runtime that cannot say: as one process
         return
     for stream in (sys.stdout, sys.stderr):
         try:
@@ -214,8 +225,8 @@ def end_now_if_multi_process(status: int) -> None:
 
 def _end_at_once_on_an_uncaught_error() -> None:
     """A script's uncaught exception in a process of a multi-process run ends it at once, after Python prints it
-    (:func:`end_now_if_multi_process`, status 1): it otherwise hung in JAX's shutdown. Ctrl-C and ``sys.exit`` are left
-    as they are. Installed once, by :func:`initialize`."""
+    (:func:`end_now_if_multi_process`, status 1): it otherwise hung in JAX's shutdown. Ctrl-C, ``sys.exit`` and an
+    error every process raised (``stops_every_process``) are left as they are. Installed once, by :func:`initialize`."""
     previous = sys.excepthook
     if getattr(previous, "_jes_ends_at_once", False):
         return
@@ -223,7 +234,7 @@ def _end_at_once_on_an_uncaught_error() -> None:
     def hook(kind, value, traceback):
         previous(kind, value, traceback)
         if issubclass(kind, Exception):
-            end_now_if_multi_process(1)
+            end_now_if_multi_process(1, value)
 
     hook._jes_ends_at_once = True
     sys.excepthook = hook

@@ -297,9 +297,11 @@ def _mjx_models_on_a_local_device():
     process: nothing changes (its first device is ``jax.devices()[0]``)."""
     import jax
 
+    from jes.cpu import distributed_initialized
+
     mjx = sys.modules.get("mujoco.mjx")
-    running = getattr(jax.distributed, "is_initialized", None)  # (not process_count(): it starts the backends)
-    if mjx is None or not hasattr(mjx, "put_model") or running is None or not running() or jax.process_count() == 1:
+    # (distributed_initialized first, not process_count(), which starts the backends)
+    if mjx is None or not hasattr(mjx, "put_model") or not distributed_initialized() or jax.process_count() == 1:
         yield
         return
     put_model = mjx.put_model
