@@ -1367,3 +1367,17 @@ def test_arguments_a_trial_found_taken_silently_or_refused_from_deep_inside():
                      num_generations=15, callbacks=[records.append])
     assert [int(g) for g in r.history["run_generation"]] == [rec["run_generation"] for rec in records]
     assert set(r.history["run"].tolist()) == {0, 1} and r.history["run_generation"][0] == 1
+
+
+def test_raw_fitness_shaping_keeps_float64_fitness_in_x64_mode():
+    """fitness_shaping="raw" rounded float64 fitness to float32 (z_score kept it): in a float64 search an offset of
+    1e6 (float32 spacing 0.0625) swallowed the mirrored pairs' differences, and the step was rounding noise."""
+    with jax.enable_x64(True):
+        es = jes.AskTell("openai_es", x0=jnp.full(4, 0.3, jnp.float64), num_members=8, minimize=True, noise_std=0.01,
+                         fitness_shaping="raw", optimizer="sgd", learning_rate=1e-3)
+        state = es.init(0)
+        losses = np.sum(np.asarray(es.ask(state), np.float64) ** 2, axis=1)
+        plain, _ = es.tell(state, losses)
+        offset, _ = es.tell(state, losses + 1e6)
+        step = np.asarray(es.mean(plain)) - 0.3
+        np.testing.assert_allclose(np.asarray(es.mean(offset)) - 0.3, step, rtol=1e-6)

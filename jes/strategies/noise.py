@@ -180,8 +180,8 @@ def shape_fitness(fitness: jax.Array, method: str) -> jax.Array:
         return sorted_utilities(fitness, nes_utilities(fitness.shape[0]))
     if method == "z_score":
         return z_score(fitness)
-    if method == "raw":
-        return fitness.astype(jnp.float32)
+    if method == "raw":  # float64 fitness (x64 mode) kept: rounded to float32, an offset of 1e6 swallowed the differences
+        return fitness if fitness.dtype == jnp.float64 else fitness.astype(jnp.float32)
     raise ValueError(f"unknown fitness_shaping {method!r}; choose one of {', '.join(FITNESS_SHAPINGS)}")
 
 
