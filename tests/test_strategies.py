@@ -412,3 +412,12 @@ def test_initial_sigmas_and_pgpe_center_lr_must_be_positive_and_finite(strategy,
     with a number derived from stdev_init or center_lr. Each names its own field."""
     with pytest.raises(ValueError, match=rf"{strategy} {field} must be positive and finite \(or None for "):
         jes.AskTell(jes.strategies.get(strategy, **{field: value}), jnp.zeros(4), num_members=8)
+
+
+@pytest.mark.parametrize("value", [-1.0, float("nan"), float("inf"), "0.1"])
+def test_snes_sigma_lr_must_be_a_finite_number_at_least_zero(value):
+    """SNES(sigma_lr=-1) ran and diverged (sigma grew every generation, f 1e15 from 3); NaN stopped the run as "the
+    strategy's update is not finite", naming no field."""
+    with pytest.raises(ValueError, match=r"snes sigma_lr must be a finite number >= 0 \(0 keeps sigma fixed"):
+        jes.AskTell(jes.strategies.SNES(sigma_lr=value), jnp.zeros(4), num_members=8)
+    jes.AskTell(jes.strategies.SNES(sigma_lr=0.0), jnp.zeros(4), num_members=8)  # a fixed sigma: allowed

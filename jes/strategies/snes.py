@@ -93,6 +93,12 @@ class SNES(Strategy):
         check_optimizer_free(self, ctx.optimizer)
         self.check_per_use_defaults()
         check_positive_field(self, "sigma_init")
+        # (a negative rate grew sigma on every generation and diverged; NaN stopped as "the update is not finite")
+        value = self.sigma_lr
+        number = isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, bool)
+        if value is not None and not (number and math.isfinite(value) and value >= 0):
+            raise ValueError(f"snes sigma_lr must be a finite number >= 0 (0 keeps sigma fixed; None for the paper's "
+                             f"(3 + ln d) / (5 sqrt d)), got {value!r}")
 
     def _sigma_lr(self, d: int) -> float:
         return (3 + math.log(d)) / (5 * math.sqrt(d)) if self.sigma_lr is None else float(self.sigma_lr)
