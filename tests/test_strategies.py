@@ -296,8 +296,9 @@ def test_per_use_defaults(name, field, for_policies, for_functions):
     assert getattr(strategy.for_functions(), field) == for_functions
     assert getattr(jes.strategies.get(name, **{field: 0.3}).for_functions(), field) == 0.3
     assert getattr(jes.AskTell(name, jnp.zeros(4), num_members=8).problem.strategy, field) == for_functions
-    with pytest.raises(ValueError, match=f"{name} {field} must be positive"):
-        jes.AskTell(jes.strategies.get(name, **{field: 0.0}), jnp.zeros(4), num_members=8)
+    for value in (0.0, float("inf"), float("nan")):  # inf was taken: the first update was "not finite"
+        with pytest.raises(ValueError, match=f"{name} {field} must be positive and finite"):
+            jes.AskTell(jes.strategies.get(name, **{field: value}), jnp.zeros(4), num_members=8)
 
 
 def test_snes_policy_defaults_weigh_members_by_linear_ranks():

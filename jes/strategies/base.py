@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import numbers
 from collections.abc import Mapping
 from typing import Any, Callable, ClassVar
 
@@ -147,8 +148,10 @@ class Strategy:
             if isinstance(for_policies, bool):
                 if not isinstance(value, bool):
                     raise ValueError(f"{self.name} {name} must be True or False (or None for the default), got {value!r}")
-            elif not value > 0:
-                raise ValueError(f"{self.name} {name} must be positive (or None for the default), got {value}")
+            elif not (isinstance(value, numbers.Real) and not isinstance(value, bool) and 0 < value < math.inf):
+                # (an infinite rate was taken, and the run stopped as "the strategy's update is not finite")
+                raise ValueError(f"{self.name} {name} must be positive and finite (or None for the default), "
+                                 f"got {value!r}")
 
     def own_sigma(self) -> float | None:
         """The initial sigma this strategy object sets itself (its :attr:`sigma_field`, e.g.
