@@ -422,3 +422,12 @@ def test_snes_sigma_lr_must_be_a_finite_number_at_least_zero(value):
     with pytest.raises(ValueError, match=r"snes sigma_lr must be a finite number >= 0 \(0 keeps sigma fixed"):
         jes.AskTell(jes.strategies.SNES(sigma_lr=value), jnp.zeros(4), num_members=8)
     jes.AskTell(jes.strategies.SNES(sigma_lr=0.0), jnp.zeros(4), num_members=8)  # a fixed sigma: allowed
+
+
+@pytest.mark.parametrize("value", [2.5, 2.0, True, 0, 5])
+def test_ars_top_directions_must_be_a_whole_number_of_directions(value):
+    """ARS(top_directions=2.5) was taken and failed in the weights with "'float' object cannot be interpreted as an
+    integer"."""
+    with pytest.raises(ValueError, match=r"ars top_directions must be in 1..4 \(the number of directions\)"):
+        jes.AskTell(jes.strategies.ARS(top_directions=value), jnp.zeros(4), num_members=8)
+    jes.AskTell(jes.strategies.ARS(top_directions=np.int64(2)), jnp.zeros(4), num_members=8)

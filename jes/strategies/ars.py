@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
+import numbers
 from typing import ClassVar
 
 import jax
@@ -68,7 +69,9 @@ class ARS(Strategy):
         if ctx.num_members % 2:
             raise ValueError(f"ars samples mirrored directions; num_members={ctx.num_members} must be even")
         pairs = ctx.num_members // 2
-        if self.top_directions is not None and not 1 <= self.top_directions <= pairs:
+        b = self.top_directions  # (a float such as 2.5 failed deep in the weights: "cannot be interpreted as an integer")
+        whole = isinstance(b, numbers.Integral) and not isinstance(b, bool)
+        if b is not None and not (whole and 1 <= b <= pairs):
             raise ValueError(f"ars top_directions must be in 1..{pairs} (the number of directions), "
                              f"got {self.top_directions}")
 
