@@ -472,8 +472,9 @@ class StopCriteria:
       of the generations' best and median values is no better than that of the oldest 30 %
       (``stagnation=False`` turns it off).
     - ``max_condition``: the covariance's condition number exceeds it (cma_es: ``max(D)^2 / min(D)^2``;
-      sep_cma_es: ``max(diag_c) / min(diag_c)``). ``None``: 1e14 for float64 states, 1e7 for float32 ones,
-      where the eigendecomposition stops resolving the small axes.
+      sep_cma_es: ``max(diag_c) / min(diag_c)``). ``None``: 1e14 for float64 states and for sep_cma_es's diagonal
+      covariance, 1e7 for cma_es's float32 ones, where the eigendecomposition stops resolving the small axes (a
+      diagonal covariance has none: float32 holds its variances' ratios far beyond 1e7).
     - ``flat_fitness``: every member of the generation had the same value, in more than ``flat_fitness``
       generations in a row (as pycma's ``tolflatfitness``, whose default is 1; ``None``, jes's default, turns it
       off). A flat generation carries no ranking: the strategies' step-size rules then shrink the search on no
@@ -506,9 +507,11 @@ class StopCriteria:
         if not isinstance(self.stagnation, (bool, np.bool_)):
             raise ValueError(f"StopCriteria.stagnation must be True or False, got {self.stagnation!r}")
 
-    def check(self, rows: list, num_params: int, num_members: int, condition: float | None, dtype) -> str | None:
+    def check(self, rows: list, num_params: int, num_members: int, condition: float | None, dtype,
+              diagonal: bool = False) -> str | None:
         """The name of the criterion that fires after the newest of ``rows`` (per generation: best value,
-        lowest value, median-like ``pop_mean``, ``noise_std``, signed to maximise), else ``None``."""
+        lowest value, median-like ``pop_mean``, ``noise_std``, signed to maximise), else ``None``; ``diagonal``:
+        the condition is a diagonal covariance's (no eigendecomposition limits it)."""
         g = len(rows)
         best, worst, middle, noise_std = rows[-1]
         window = 10 + -(-30 * num_params // num_members)
@@ -520,7 +523,7 @@ class StopCriteria:
             return "tolx"
         limit = self.max_condition
         if limit is None:
-            limit = 1e14 if np.dtype(dtype) == np.float64 else 1e7
+            limit = 1e14 if np.dtype(dtype) == np.float64 or diagonal else 1e7
         if condition is not None and not condition <= limit:
             return "max_condition"
         if self.flat_fitness is not None and g > self.flat_fitness:
@@ -544,6 +547,11 @@ def _condition_source(strategy_state: Any) -> jax.Array | None:
     if hasattr(strategy_state, "diag_c"):
         return strategy_state.diag_c
     return None
+
+
+def _diagonal(strategy_state: Any) -> bool:
+    """Whether the condition number is a diagonal covariance's (sep_cma_es), not read from an eigendecomposition."""
+    return not hasattr(strategy_state, "scales") and hasattr(strategy_state, "diag_c")
 
 
 def _condition(values: np.ndarray | None, strategy_state: Any) -> float | None:
@@ -1159,7 +1167,7 @@ def _run_compiled(problem: FunctionProblem, key: Any, num_generations: int, stop
             if stop is not None:
                 rows.append((m["pop_max"], m["pop_min"], m["pop_mean"], m["noise_std"]))
                 reason = stop.check(rows, problem.num_params, num_members, _condition(condition, after.strategy),
-                                    after.params.dtype)
+                                    after.params.dtype, _diagonal(after.strategy))
                 if reason is not None:  # the generations dispatched after this one are discarded
                     stop_reason, num_generations, head = reason, gen, after
                     break
@@ -1295,7 +1303,8 @@ def _run_in_blocks(problem, state, num_generations, stop_reason, target, callbac
                 condition = None
                 if "cond_max" in col:
                     condition = _condition(np.array([col["cond_max"][i], col["cond_min"][i]]), state.strategy)
-                reason = stop.check(rows, problem.num_params, num_members, condition, state.params.dtype)
+                reason = stop.check(rows, problem.num_params, num_members, condition, state.params.dtype,
+                                    _diagonal(state.strategy))
                 if reason is not None:
                     stop_reason, num_generations, stopped_at = reason, gen, i
                     break
@@ -1515,7 +1524,8 @@ def _run_on_host(problem: HostFunctionProblem, key: Any, num_generations: int, s
                 condition = None
                 if "cond_max" in info:
                     condition = _condition(np.array([info["cond_max"], info["cond_min"]]), state.strategy)
-                reason = stop.check(rows, problem.num_params, num_members, condition, state.params.dtype)
+                reason = stop.check(rows, problem.num_params, num_members, condition, state.params.dtype,
+                                    _diagonal(state.strategy))
                 if reason is not None:
                     stop_reason = reason
                     break

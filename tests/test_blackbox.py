@@ -1381,3 +1381,20 @@ def test_raw_fitness_shaping_keeps_float64_fitness_in_x64_mode():
         offset, _ = es.tell(state, losses + 1e6)
         step = np.asarray(es.mean(plain)) - 0.3
         np.testing.assert_allclose(np.asarray(es.mean(offset)) - 0.3, step, rtol=1e-6)
+
+
+@pytest.mark.parametrize("host", [False, True])
+def test_sep_cma_es_float32_is_not_stopped_by_the_eigendecomposition_condition_limit(host):
+    """max_condition's float32 default (1e7, where an eigendecomposition stops resolving the small axes) applied to
+    sep_cma_es's diagonal covariance, which has none: IPOP on a separable ellipsoid of condition 1e10 (d = 5) ended
+    every one of its 10 runs by max_condition and never got below f = 44, where one run without the limit reaches
+    1e-8 in ~250 generations. Its default is 1e14, as for float64; cma_es's float32 one stays 1e7."""
+    scales = 10.0 ** (10 * np.arange(5) / 4)
+    fn = (lambda x: float(np.sum(scales * np.asarray(x, np.float64) ** 2))) if host else (
+        lambda x: jnp.sum(jnp.asarray(scales, jnp.float32) * x ** 2))
+    r = jes.optimize(fn, np.ones(5, np.float32), "sep_cma_es", minimize=True, noise_std=0.5, restarts="ipop",
+                     max_restarts=1, target=1e-8, host=host)
+    assert r.stop_reason == "target", r.runs
+    assert StopCriteria().check([(0.0, -1.0, -0.5, 1.0)], 5, 8, 1e8, np.float32, diagonal=True) is None
+    assert StopCriteria().check([(0.0, -1.0, -0.5, 1.0)], 5, 8, 1e8, np.float32) == "max_condition"
+    assert StopCriteria().check([(0.0, -1.0, -0.5, 1.0)], 5, 8, 1e15, np.float32, diagonal=True) == "max_condition"
