@@ -473,8 +473,10 @@ class StopCriteria:
       (``stagnation=False`` turns it off).
     - ``max_condition``: the covariance's condition number exceeds it (cma_es: ``max(D)^2 / min(D)^2``;
       sep_cma_es: ``max(diag_c) / min(diag_c)``). ``None``: 1e14 for float64 states and for sep_cma_es's diagonal
-      covariance, 1e7 for cma_es's float32 ones, where the eigendecomposition stops resolving the small axes (a
-      diagonal covariance has none: float32 holds its variances' ratios far beyond 1e7).
+      covariance; for cma_es's float32 ones ``1 / (2 eps)`` (4.2e6), before the eigendecomposition stops resolving
+      the small axes (its eigenvalues are floored at ``eps`` times the largest, so ``D``'s ratio squared never
+      exceeds ``1 / eps``, 8.4e6; past it float32 rounding makes the covariance indefinite). A diagonal covariance
+      has no eigendecomposition: float32 holds its variances' ratios far beyond that.
     - ``flat_fitness``: every member of the generation had the same value, in more than ``flat_fitness``
       generations in a row (as pycma's ``tolflatfitness``, whose default is 1; ``None``, jes's default, turns it
       off). A flat generation carries no ranking: the strategies' step-size rules then shrink the search on no
@@ -523,7 +525,9 @@ class StopCriteria:
             return "tolx"
         limit = self.max_condition
         if limit is None:
-            limit = 1e14 if np.dtype(dtype) == np.float64 or diagonal else 1e7
+            # (1e7 for a float32 full covariance was out of reach of its floored eigenvalues: never fired, and runs
+            # went on with an indefinite covariance, NaN noise_std, until a non-finite update ended a restart loop)
+            limit = 1e14 if np.dtype(dtype) == np.float64 or diagonal else 0.5 / float(np.finfo(np.float32).eps)
         if condition is not None and not condition <= limit:
             return "max_condition"
         if self.flat_fitness is not None and g > self.flat_fitness:

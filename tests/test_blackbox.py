@@ -1388,7 +1388,7 @@ def test_sep_cma_es_float32_is_not_stopped_by_the_eigendecomposition_condition_l
     """max_condition's float32 default (1e7, where an eigendecomposition stops resolving the small axes) applied to
     sep_cma_es's diagonal covariance, which has none: IPOP on a separable ellipsoid of condition 1e10 (d = 5) ended
     every one of its 10 runs by max_condition and never got below f = 44, where one run without the limit reaches
-    1e-8 in ~250 generations. Its default is 1e14, as for float64; cma_es's float32 one stays 1e7."""
+    1e-8 in ~250 generations. Its default is 1e14, as for float64."""
     scales = 10.0 ** (10 * np.arange(5) / 4)
     fn = (lambda x: float(np.sum(scales * np.asarray(x, np.float64) ** 2))) if host else (
         lambda x: jnp.sum(jnp.asarray(scales, jnp.float32) * x ** 2))
@@ -1396,5 +1396,22 @@ def test_sep_cma_es_float32_is_not_stopped_by_the_eigendecomposition_condition_l
                      max_restarts=1, target=1e-8, host=host)
     assert r.stop_reason == "target", r.runs
     assert StopCriteria().check([(0.0, -1.0, -0.5, 1.0)], 5, 8, 1e8, np.float32, diagonal=True) is None
-    assert StopCriteria().check([(0.0, -1.0, -0.5, 1.0)], 5, 8, 1e8, np.float32) == "max_condition"
+    assert StopCriteria().check([(0.0, -1.0, -0.5, 1.0)], 5, 8, 5e6, np.float32) == "max_condition"
     assert StopCriteria().check([(0.0, -1.0, -0.5, 1.0)], 5, 8, 1e15, np.float32, diagonal=True) == "max_condition"
+
+
+def test_cma_es_float32_stops_on_max_condition_before_its_covariance_becomes_indefinite():
+    """The float32 default max_condition (1e7) was above what cma_es's condition source can reach: its eigenvalues
+    are floored at eps * the largest, so max(D)^2 / min(D)^2 <= 1 / eps = 8.4e6. On a d = 5 ellipsoid of
+    condition 1e10 the run never stopped; from generation 121 its covariance had a negative diagonal entry (noise_std
+    NaN, so tolx could not fire either), and IPOP ended in a NonFiniteValueError. A bbob-like condition of 1e6
+    (d = 10) still reaches 1e-8 with the default criteria."""
+    stop = StopCriteria(tolfun=0.0, tolx=0.0, stagnation=False)
+    steep = lambda x: jnp.sum(10.0 ** (10 * jnp.arange(5) / 4) * x ** 2)
+    r = jes.optimize(steep, jnp.ones(5), "cma_es", minimize=True, noise_std=0.5, num_generations=300, stop=stop)
+    assert r.stop_reason == "max_condition" and np.isfinite(r.history["noise_std"]).all(), len(r.history["generation"])
+    assert (np.diagonal(np.asarray(r.state.strategy.cov)) > 0).all()
+    bbob_like = lambda x: jnp.sum(10.0 ** (6 * jnp.arange(10) / 9) * x ** 2)
+    r = jes.optimize(bbob_like, jnp.ones(10), "cma_es", minimize=True, noise_std=0.5, num_generations=1000, stop=stop,
+                     target=1e-8)
+    assert r.stop_reason == "target", r.stop_reason
