@@ -1331,6 +1331,9 @@ def load_sweep_file(path: str) -> dict:
         raise ValueError(f"sweep file {path} cannot be parsed: {err}") from err
     except RecursionError:
         raise ValueError(f"sweep file {path} cannot be parsed: it is nested too deeply") from None
+    if not isinstance(spec, Mapping):  # a JSON list or value ("sequence item 0: expected str instance" before)
+        raise ValueError(f"sweep file {path} must hold a table of keys (env, seeds, config, ...): a JSON object, "
+                         f"got {type(spec).__name__} {spec!r:.60}")
     allowed = {"env", "optimizer", "strategy", "seeds", "log_dir", "out_dir", "policy", "config"}
     unknown = sorted(set(spec) - allowed)
     if unknown:

@@ -198,6 +198,21 @@ def test_bad_sweep_file(tmp_path):
             jes_sweep.load_sweep_file(str(path))
 
 
+@pytest.mark.parametrize("text", ["[1, 2]", '["env", "CartPole-v1"]', "3", '"CartPole-v1"', "null"])
+def test_a_json_sweep_file_that_is_no_object_is_named(tmp_path, text, capsys):
+    # a JSON list or value at the top of the file was an unexpected TypeError with a traceback (jes sweep)
+    path = tmp_path / "bad.json"
+    path.write_text(text + "\n")
+    with pytest.raises(ValueError, match=rf"^sweep file {path} must hold a table of keys \(env, seeds, config, "
+                                         rf"\.\.\.\): a JSON object, got "):
+        jes_sweep.load_sweep_file(str(path))
+    from jes.cli import main
+
+    capsys.readouterr()
+    assert main(["sweep", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and f"jes sweep: sweep file {path} must hold a table of keys" in err
+
 def test_bad_seeds_are_named_before_anything_runs(tmp_path):
     for seeds, message in ((3, "got 3"), (["a"], "'a' is not an integer"), ([1.5], "1.5 is not an integer"),
                            ([True], "True is not an integer")):
