@@ -1293,6 +1293,18 @@ def build_policy(spec: Mapping[str, Any]) -> nn.Module:
     raise ValueError(f"unknown policy type {kind!r}; use 'gru' or 'mlp'")
 
 
+def _without_repeated_keys(pairs: list[tuple[str, Any]]) -> dict:
+    """A JSON object as a dict, refusing a key given twice (``json`` keeps the last one silently: a grid's
+    ``"learning_rate": [0.1]`` dropped for a later ``"learning_rate": [0.2, 0.3]``), as TOML refuses one."""
+    seen: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in seen:
+            raise ValueError(f"the key {key!r} is given twice in one object (JSON would keep only the last): give it "
+                             f"once, with a list of its values to sweep them")
+        seen[key] = value
+    return seen
+
+
 def load_sweep_file(path: str) -> dict:
     """Read a JSON or TOML sweep description into :func:`sweep` keyword arguments.
 
@@ -1324,7 +1336,7 @@ def load_sweep_file(path: str) -> dict:
                 import tomli as tomllib
             spec = tomllib.loads(raw.decode())
         elif path.endswith(".json"):
-            spec = json.loads(raw)
+            spec = json.loads(raw, object_pairs_hook=_without_repeated_keys)
         else:
             raise ValueError(f"sweep file {path} must end in .json or .toml")
     except (ValueError, UnicodeDecodeError) as err:

@@ -213,6 +213,19 @@ def test_a_json_sweep_file_that_is_no_object_is_named(tmp_path, text, capsys):
     err = capsys.readouterr().err
     assert "Traceback" not in err and f"jes sweep: sweep file {path} must hold a table of keys" in err
 
+@pytest.mark.parametrize("text, key", [
+    ('{"env": "CartPole-v1", "config": {"learning_rate": [0.1], "learning_rate": [0.2, 0.3]}}', "learning_rate"),
+    ('{"env": "CartPole-v1", "seeds": [0], "seeds": [1, 2]}', "seeds"),
+    ('{"env": "CartPole-v1", "policy": {"hidden": 4, "hidden": 8}}', "hidden"),
+])
+def test_a_json_sweep_file_key_given_twice_is_refused(tmp_path, text, key):
+    # json keeps the last of a repeated key: the first value (part of the grid) was dropped silently; TOML refuses
+    path = tmp_path / "twice.json"
+    path.write_text(text + "\n")
+    with pytest.raises(ValueError, match=rf"^sweep file {path} cannot be parsed: the key '{key}' is given twice in "
+                                         rf"one object"):
+        jes_sweep.load_sweep_file(str(path))
+
 def test_bad_seeds_are_named_before_anything_runs(tmp_path):
     for seeds, message in ((3, "got 3"), (["a"], "'a' is not an integer"), ([1.5], "1.5 is not an integer"),
                            ([True], "True is not an integer")):
