@@ -765,8 +765,10 @@ def sweep(
             log_dir = claim_dir(os.path.join("runs", "sweep-" + default_run_name("", "", "").strip("-")))
             made.append(log_dir)
         if log_dir is not None:
-            _check_writable(log_dir, "log_dir", "pass a log_dir in a folder you can write (jes sweep: --log-dir DIR), or "
-                                                "log_dir=None (--log-dir none) to log nothing")
+            # (jes sweep has no --log-dir: its sweep file's log_dir says where)
+            _check_writable(log_dir, "log_dir", "pass a log_dir in a folder you can write (a sweep file: log_dir = "
+                                                "\"DIR\"), or log_dir=None (a sweep file: log_dir = \"none\") to log "
+                                                "nothing")
         run_names = [_run_name({k: p[k] for k in swept}, grid) for p in points]
         if log_dir is not None:
             _check_run_names(log_dir, run_names, points)

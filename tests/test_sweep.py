@@ -226,6 +226,21 @@ def test_a_json_sweep_file_key_given_twice_is_refused(tmp_path, text, key):
                                          rf"one object"):
         jes_sweep.load_sweep_file(str(path))
 
+def test_a_log_dir_that_cannot_be_written_is_refused_naming_what_jes_sweep_takes(tmp_path, capsys):
+    # jes sweep was told to pass --log-dir DIR or --log-dir none, flags it does not have (its file's log_dir says)
+    (tmp_path / "afile").write_text("")
+    path = tmp_path / "s.toml"
+    path.write_text(f'env = "CartPole-v1"\nseeds = [0]\nlog_dir = "{tmp_path / "afile" / "logs"}"\n'
+                    f'out_dir = "{tmp_path / "out"}"\n[config]\nnum_members = 8\nnum_generations = 1\n')
+    from jes.cli import main
+
+    capsys.readouterr()
+    assert main(["sweep", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "is a file, not a folder" in err and "--log-dir" not in err
+    assert 'a sweep file: log_dir = "DIR"), or log_dir=None (a sweep file: log_dir = "none") to log nothing' in err
+    assert not (tmp_path / "out").exists() or not os.listdir(tmp_path / "out")
+
 def test_bad_seeds_are_named_before_anything_runs(tmp_path):
     for seeds, message in ((3, "got 3"), (["a"], "'a' is not an integer"), ([1.5], "1.5 is not an integer"),
                            ([True], "True is not an integer")):
