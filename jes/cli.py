@@ -212,7 +212,7 @@ def _parser() -> argparse.ArgumentParser:
                                formatter_class=_HelpFormatter)
     plot.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="TensorBoard run directories written by jes train")
     plot.add_argument("-o", "--output", default="curves.png", help="PNG file to write")
-    plot.add_argument("--labels", default=None, help="comma-separated legend labels (default: directory names)")
+    plot.add_argument("--labels", default=None, help="comma-separated legend labels (default: directory names, with the folders above them where two share a name)")
 
     sweep = commands.add_parser(
         "sweep", help="grid search described by a JSON or TOML file",

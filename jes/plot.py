@@ -64,12 +64,30 @@ def load_curves(run_dir: str) -> dict[str, np.ndarray]:
     return runs[0]
 
 
+def default_labels(run_dirs: Sequence[str]) -> list[str]:
+    """Each run directory's legend label: its folder's name, with as many folders above it as tell it apart from the
+    others' (two sweeps' ``learning_rate=0.01`` are ``sweep-a/learning_rate=0.01`` and ``sweep-b/learning_rate=0.01``,
+    not two curves of one name)."""
+    parts = [os.path.normpath(os.path.abspath(d)).split(os.sep) for d in run_dirs]
+    depth = [1] * len(parts)
+    while True:
+        labels = ["/".join(p[-n:]) for p, n in zip(parts, depth)]
+        # (the same folder given twice keeps its name: nothing tells it apart)
+        clashing = [i for i, label in enumerate(labels)
+                    if any(other == label and parts[j] != parts[i] for j, other in enumerate(labels))]
+        if not clashing:
+            return labels
+        for i in clashing:
+            depth[i] += 1
+
+
 def plot_runs(run_dirs: Sequence[str] | str, path: str, labels: Sequence[str] | None = None,
               size: tuple[float, float] = (10, 4), dpi: int = 100) -> str:
     """Draw the learning curves of ``run_dirs`` (a list of run directories, or one) into the PNG ``path``; the image
     is ``size * dpi`` pixels.
 
-    A resumed run's sessions are one curve. A directory that holds separate runs (a fresh run logged into a folder
+    Without ``labels``, each run is labelled by its directory's name, with the folders above it where two runs'
+    names are the same (:func:`default_labels`). A resumed run's sessions are one curve. A directory that holds separate runs (a fresh run logged into a folder
     that held another, which TensorBoard would draw as one line) gets a curve per run, labelled ``name (run 1)``,
     ``name (run 2)``... oldest first, with a warning.
 
@@ -100,7 +118,7 @@ def plot_runs(run_dirs: Sequence[str] | str, path: str, labels: Sequence[str] | 
     if labels is not None and len(labels) != len(run_dirs):
         raise ValueError(f"labels: {len(labels)} for {len(run_dirs)} run directories; give one label per run "
                          f"(or none: each run is labelled by its directory's name)")
-    labels = labels if labels else [os.path.basename(os.path.normpath(d)) for d in run_dirs]
+    labels = labels if labels else default_labels(run_dirs)
     check_writable(path)
     curves, curve_labels = [], []
     for run_dir, label in zip(run_dirs, labels):

@@ -188,6 +188,35 @@ def test_plot_runs_refuses_labels_that_are_not_one_per_run(trained_run, tmp_path
     assert not (tmp_path / "x.png").exists()
 
 
+def test_plot_labels_runs_of_one_name_by_the_folders_that_tell_them_apart(trained_run, tmp_path, monkeypatch):
+    # Two sweeps' configurations (sweep-a/learning_rate=0.01, sweep-b/learning_rate=0.01) were both labelled
+    # learning_rate=0.01: two curves of one name in the legend
+    import shutil
+
+    import matplotlib.axes
+
+    from jes.plot import plot_runs
+
+    root, _ = trained_run
+    for sweep in ("sweep-a", "sweep-b"):
+        shutil.copytree(root / "run", tmp_path / sweep / "learning_rate=0.01")
+    shutil.copytree(root / "run", tmp_path / "other")
+    drawn, plot = [], matplotlib.axes.Axes.plot
+
+    def recording(self, *args, **kwargs):
+        drawn.append(kwargs.get("label"))
+        return plot(self, *args, **kwargs)
+
+    monkeypatch.setattr(matplotlib.axes.Axes, "plot", recording)
+    runs = [str(tmp_path / "sweep-a" / "learning_rate=0.01"), str(tmp_path / "sweep-b" / "learning_rate=0.01"),
+            str(tmp_path / "other")]
+    plot_runs(runs, str(tmp_path / "x.png"))
+    names = {label.split(": ")[0] for label in drawn if label}
+    assert names == {"sweep-a/learning_rate=0.01", "sweep-b/learning_rate=0.01", "other"}
+    drawn.clear()
+    plot_runs([runs[2], runs[2] + "/"], str(tmp_path / "y.png"))  # one folder twice: nothing tells it apart
+    assert {label.split(": ")[0] for label in drawn if label} == {"other"}
+
 def test_brax_renders_to_html(tmp_path):
     pytest.importorskip("brax")
     trainer = jes.Trainer(jes.MLPPolicy(hidden_sizes=(2,)), "brax/inverted_pendulum", "adam",
