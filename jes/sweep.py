@@ -1255,7 +1255,7 @@ def _log_configuration(log_dir: str, history: dict, point: dict, base: ESConfig,
 def write_table(rows: list[dict], out_dir: str) -> tuple[str, str]:
     """Write ``rows`` as ``sweep.csv`` and ``sweep.json`` in ``out_dir``, each atomically (a file killed midway
     leaves the one before); returns both paths."""
-    os.makedirs(out_dir, exist_ok=True)
+    os.makedirs(out_dir or ".", exist_ok=True)  # ("": the current folder, as for the lock and sweep.resume.json)
     csv_path, json_path = os.path.join(out_dir, "sweep.csv"), os.path.join(out_dir, "sweep.json")
     columns = list(dict.fromkeys(k for row in rows for k in row))
     text = io.StringIO(newline="")

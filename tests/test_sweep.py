@@ -241,6 +241,16 @@ def test_a_log_dir_that_cannot_be_written_is_refused_naming_what_jes_sweep_takes
     assert 'a sweep file: log_dir = "DIR"), or log_dir=None (a sweep file: log_dir = "none") to log nothing' in err
     assert not (tmp_path / "out").exists() or not os.listdir(tmp_path / "out")
 
+def test_an_empty_out_dir_is_the_current_folder(tmp_path, monkeypatch):
+    # out_dir="" (a sweep file's out_dir = "") trained every run, then lost the table to "[Errno 2] No such file or
+    # directory: ''" (its sweep.resume.json was written in the current folder, its lock taken there)
+    monkeypatch.chdir(tmp_path)
+    result = jes_sweep.sweep(POLICY, "CartPole-v1", "adam", config=BASE.replace(num_generations=1), seeds=[0],
+                             grid={}, log_dir=None, out_dir="")
+    assert result.csv_path == "sweep.csv" and result.json_path == "sweep.json"
+    assert {"sweep.csv", "sweep.json", jes_sweep.RESUME_FILE} <= set(os.listdir(tmp_path))
+    assert json.load(open(tmp_path / "sweep.json"))[0]["status"] == "completed"
+
 def test_bad_seeds_are_named_before_anything_runs(tmp_path):
     for seeds, message in ((3, "got 3"), (["a"], "'a' is not an integer"), ([1.5], "1.5 is not an integer"),
                            ([True], "True is not an integer")):
