@@ -159,7 +159,9 @@ class SweepResult:
 
     def __repr__(self) -> str:
         # The dataclass repr printed every run's parameters, history and state: 33 kB for a 2x2 sweep of a small GRU
-        seeds = len({r.seed for r in self.runs})
+        # Over the rows (each names its seeds): a resumed sweep's runs are only the ones its call ran ("x 0 seed(s)")
+        seeds = len({seed for row in self.rows for seed in str(row.get("seeds", "")).split()}
+                    | {str(r.seed) for r in self.runs})
         scores = [(row.get("final_centre_return_mean", math.nan), index) for index, row in enumerate(self.rows)]
         scores = [(score, index) for score, index in scores if isinstance(score, float) and math.isfinite(score)]
         best = ""
@@ -167,7 +169,7 @@ class SweepResult:
             score, index = max(scores)
             best = (f"; best: configuration {index}, final centre return {score:.1f} +/- "
                     f"{self.rows[index].get('final_centre_return_std', math.nan):.1f}")
-        failed = sum(r.status == "failed" for r in self.runs)
+        failed = sum(int(row.get("failed") or 0) for row in self.rows)  # (the kept rows' failed runs too)
         best += f"; {failed} run(s) failed" if failed else ""
         return (f"SweepResult({len(self.rows)} configuration(s) x {seeds} seed(s): {len(self.runs)} runs{best}; "
                 f"table: {self.csv_path or 'not written'})")
@@ -177,7 +179,8 @@ class SweepResult:
         for r in self.runs:
             if r.config_index == config_index and r.seed == seed:
                 return r
-        kept = 0 <= config_index < len(self.rows) and not any(r.config_index == config_index for r in self.runs)
+        kept = (0 <= config_index < len(self.rows) and not any(r.config_index == config_index for r in self.runs)
+                and str(seed) in str(self.rows[config_index].get("seeds", "")).split())  # (not a seed it never ran)
         raise KeyError(f"no run for configuration {config_index} and seed {seed}" + (
             " (its row was kept from the table of the sweep this result resumed: a resumed sweep's runs are the ones "
             "its call ran)" if kept else ""))

@@ -936,6 +936,10 @@ def test_resuming_a_finished_sweep_runs_nothing_and_rewrites_its_table_byte_for_
     assert not trained and again.runs == [] and len(again.rows) == 4
     with pytest.raises(KeyError, match=r"its row was kept from the table of the sweep this result resumed"):
         again.run(0, 0)
+    # Its seeds and failures are its rows' (it said "x 0 seed(s)"), and a seed the sweep never ran is not "kept"
+    assert repr(again).startswith("SweepResult(4 configuration(s) x 2 seed(s): 0 runs; best: configuration ")
+    with pytest.raises(KeyError, match=r"^'no run for configuration 0 and seed 7'$"):
+        again.run(0, 7)
     assert {name: open(os.path.join(out_dir, name), "rb").read() for name in tables} == before
 
 
