@@ -226,7 +226,7 @@ def _parser() -> argparse.ArgumentParser:
                "       written as for 2 (the table is rewritten after each compile group, so a sweep killed\n"
                "       outright keeps every group but the running one): continue it with --resume")
     sweep.add_argument("config", help="sweep file (.json or .toml); see jes.sweep.load_sweep_file")
-    sweep.add_argument("--out-dir", default=None, help="where sweep.csv/sweep.json go (overrides the file's out_dir; default: the file's, else sweep_results/)")
+    sweep.add_argument("--out-dir", default=None, help="where sweep.csv/sweep.json go (overrides the file's out_dir; default: the file's, else sweep_results/); 'none': no table")
     sweep.add_argument("--resume", action="store_true",
                        help="continue the interrupted sweep whose table is in the out dir (give the same sweep file): "
                             "the compile groups whose every configuration finished are kept, the others run whole, "
@@ -772,7 +772,7 @@ def _sweep(args: argparse.Namespace) -> int:
 
     kwargs = load_sweep_file(args.config)
     if args.out_dir is not None:
-        kwargs["out_dir"] = args.out_dir
+        kwargs["out_dir"] = _none(args.out_dir)  # --out-dir none: no table, as --log-dir none is no logs
     result = sweep(**kwargs, vmap=args.vmap and not args.no_vmap, resume=args.resume)
     # the grid's values that differ between rows (a file's fixed [config] values are in the grid too)
     keys = [k for k in result.rows[0] if k in kwargs["grid"] and len({repr(r.get(k)) for r in result.rows}) > 1]
@@ -786,7 +786,8 @@ def _sweep(args: argparse.Namespace) -> int:
         over = f" over {seeds - failed} of {seeds} seeds ({failed} failed: {row['error']})" if failed else ""
         print(f"{values}: final centre return {score:.1f} +/- {row['final_centre_return_std']:.1f}{over}"
               if math.isfinite(score) else f"{values}: no centre evaluation{over}")
-    print(f"table: {result.csv_path} and {result.json_path}")
+    print(f"table: {result.csv_path} and {result.json_path}" if result.csv_path else
+          "table: not written (out_dir none)")  # (it said "table: None and None")
     # The table is written; sweep() said which runs failed and where the reasons are (the rows: a resumed sweep's
     # result holds only the runs it ran)
     return 1 if any(row.get("failed") for row in result.rows) else 0

@@ -861,7 +861,7 @@ def _lock_out_dir(out_dir: str | None) -> WriterLock | None:
     if out_dir is None:
         return None
     _check_writable(out_dir, "out_dir", "pass an out_dir in a folder you can write (jes sweep: --out-dir DIR), or "
-                                        "out_dir=None to write no table")
+                                        "out_dir=None (jes sweep: --out-dir none) to write no table")
     lock = WriterLock(os.path.join(out_dir, LOCK_NAME))
     try:
         return lock.acquire()
@@ -1314,7 +1314,7 @@ def load_sweep_file(path: str) -> dict:
     """Read a JSON or TOML sweep description into :func:`sweep` keyword arguments.
 
     The file has ``env``, ``optimizer`` (a name or list), ``seeds``, optional ``log_dir`` (``"none"``: no
-    TensorBoard logs, as ``jes train --log-dir none``) and ``out_dir``, a ``policy`` table (``type``, ``hidden``, ``layers``) and a ``config`` table of
+    TensorBoard logs, as ``jes train --log-dir none``) and ``out_dir`` (``"none"``: no table), a ``policy`` table (``type``, ``hidden``, ``layers``) and a ``config`` table of
     :class:`ESConfig` fields whose values may be lists. For example (TOML)::
 
         env = "CartPole-v1"
@@ -1363,8 +1363,8 @@ def load_sweep_file(path: str) -> dict:
         "optimizer": (lambda v: v is None or names(v), 'an optimizer name or a list of names, e.g. optimizer = "adam" or ["adam", "sgd"]'),
         "strategy": (lambda v: v is None or names(v),
                      'a strategy name or a list of names, e.g. strategy = "openai_es" or ["openai_es", "pgpe"]'),
-        "out_dir": (lambda v: v is None or isinstance(v, str), 'a directory, e.g. out_dir = "sweeps/cartpole" (JSON '
-                                                               'null: no table)'),
+        "out_dir": (lambda v: v is None or isinstance(v, str), 'a directory, e.g. out_dir = "sweeps/cartpole" '
+                                                               '("none", or JSON null: no table)'),
         "config": (lambda v: isinstance(v, Mapping), "a table of ESConfig fields ([config] in TOML, an object in JSON)"),
         "policy": (lambda v: isinstance(v, Mapping), "a table of type, hidden and layers ([policy] in TOML, an object "
                                                      "in JSON)"),
@@ -1392,6 +1392,8 @@ def load_sweep_file(path: str) -> dict:
     kwargs = dict(policy=policy, env=spec["env"], optimizer=optimizer, grid=grid,
                   strategy=strategy,
                   seeds=spec.get("seeds", [0]), out_dir=spec.get("out_dir", "sweep_results"))
+    if isinstance(kwargs["out_dir"], str) and kwargs["out_dir"].lower() == "none":  # as log_dir's (TOML has no null)
+        kwargs["out_dir"] = None
     try:
         kwargs["seeds"] = _checked_seeds(kwargs["seeds"])
     except (TypeError, ValueError) as err:

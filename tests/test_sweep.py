@@ -251,6 +251,24 @@ def test_an_empty_out_dir_is_the_current_folder(tmp_path, monkeypatch):
     assert {"sweep.csv", "sweep.json", jes_sweep.RESUME_FILE} <= set(os.listdir(tmp_path))
     assert json.load(open(tmp_path / "sweep.json"))[0]["status"] == "completed"
 
+@pytest.mark.hard_timeout(300)
+def test_out_dir_none_writes_no_table_as_log_dir_none_writes_no_logs(tmp_path, monkeypatch, capsys):
+    # TOML has no null: out_dir = "none" wrote the table into a folder named none (log_dir = "none" is no logs), and
+    # JSON's null printed "table: None and None"
+    monkeypatch.chdir(tmp_path)
+    path = tmp_path / "s.toml"
+    for line, flag in (('out_dir = "none"', []), ('out_dir = "None"', []), ("", ["--out-dir", "none"])):
+        path.write_text(f'env = "CartPole-v1"\nlog_dir = "none"\n{line}\n'
+                        f'[config]\nnum_members = 8\nnum_generations = 1\neval_episodes = 1\n')
+        if line:
+            assert jes_sweep.load_sweep_file(str(path))["out_dir"] is None
+        from jes.cli import main
+
+        capsys.readouterr()
+        assert main(["sweep", str(path), *flag]) == 0
+        assert "table: not written (out_dir none)" in capsys.readouterr().out
+        assert sorted(os.listdir(tmp_path)) == ["s.toml"]
+
 def test_bad_seeds_are_named_before_anything_runs(tmp_path):
     for seeds, message in ((3, "got 3"), (["a"], "'a' is not an integer"), ([1.5], "1.5 is not an integer"),
                            ([True], "True is not an integer")):
