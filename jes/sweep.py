@@ -403,6 +403,19 @@ def _check_run_names(log_dir: str, run_names: list[str], points: list[dict]) -> 
         first[name] = i
 
 
+def _check_repeated_points(names: list[str], points: list[dict]) -> None:
+    """Before anything trains, without a log_dir: no two grid points are one configuration (``names``: each point's
+    swept values as :func:`value_name` names them)."""
+    first: dict[str, int] = {}
+    shown = lambda point: ", ".join(f"{k}={v!r}" for k, v in point.items()) or "the base config"
+    for i, name in enumerate(names):
+        if name in first:
+            raise ValueError(f"sweep grid points ({shown(points[first[name]])}) and ({shown(points[i])}) are one "
+                             f"configuration, which would run (and fill the table) twice: remove the repeated value "
+                             f"from the grid")
+        first[name] = i
+
+
 def _parents(path: str):
     """``path`` and the folders above it, up to the current directory's."""
     while True:
@@ -775,6 +788,9 @@ def sweep(
         run_names = [_run_name({k: p[k] for k in swept}, grid) for p in points]
         if log_dir is not None:
             _check_run_names(log_dir, run_names, points)
+        else:  # no folders to share, but a repeated value still runs (and tabulates) one configuration twice
+            lists = _grid_lists(grid)  # (by the values' names, not the folder names: "a/b" and "a_b" differ)
+            _check_repeated_points([repr([(k, value_name(p[k], lists[k])) for k in swept]) for p in points], points)
 
         # Group grid points by everything that changes the compiled program.
         groups: dict[tuple, list[int]] = {}

@@ -269,6 +269,16 @@ def test_out_dir_none_writes_no_table_as_log_dir_none_writes_no_logs(tmp_path, m
         assert "table: not written (out_dir none)" in capsys.readouterr().out
         assert sorted(os.listdir(tmp_path)) == ["s.toml"]
 
+def test_a_value_repeated_in_the_grid_is_refused_without_a_log_dir_too(tmp_path, monkeypatch):
+    # With log_dir=None (a sweep file's log_dir = "none") [0.1, 0.1] ran one configuration twice, two rows of one
+    # point (jes sweep printed "base: ..." twice); with a log_dir it was refused, the two sharing a folder
+    trained = _no_training(monkeypatch)
+    with pytest.raises(ValueError, match=r"sweep grid points \(learning_rate=0.1\) and \(learning_rate=0.1\) are one "
+                                         r"configuration.*remove the repeated value from the grid"):
+        jes_sweep.sweep(POLICY, "CartPole-v1", "adam", config=BASE, seeds=[0], grid={"learning_rate": [0.1, 0.1]},
+                        log_dir=None, out_dir=str(tmp_path / "out"))
+    assert not trained and not os.path.exists(tmp_path / "out" / "sweep.csv")
+
 def test_bad_seeds_are_named_before_anything_runs(tmp_path):
     for seeds, message in ((3, "got 3"), (["a"], "'a' is not an integer"), ([1.5], "1.5 is not an integer"),
                            ([True], "True is not an integer")):
