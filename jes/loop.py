@@ -724,6 +724,8 @@ def train(
         restored.check_compatible(trainer)
     if quiet and trainer.perturbation.structured:  # (the check passed: the low-rank warnings held back above)
         trainer.perturbation_layout()
+    if log_dir == "":  # the current folder (it trained, then stopped at its first write: "No such file or directory: ''")
+        log_dir = "."
     if log_dir == "runs/<auto>" and resume is not None and jes_logging.has_event_files(os.path.dirname(resume) or "."):
         log_dir = os.path.dirname(resume) or "."  # the checkpoint sits in its run's log dir: continue the curves there
     auto_name = None  # the auto log dir's name: a run started in the same second that took it first moves this one on

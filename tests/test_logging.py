@@ -692,3 +692,15 @@ def test_resuming_a_finished_run_compiles_nothing_and_adds_no_event_file(tmp_pat
         np.testing.assert_array_equal(again.history["pop_mean"], first.history["pop_mean"])
         assert again.compile_time == 0.0 and again.log_dir == log_dir
     assert compiles == [] and jes_logging.event_files(log_dir) == files
+
+
+@pytest.mark.hard_timeout(300)
+def test_an_empty_log_dir_is_the_current_folder(tmp_path, monkeypatch):
+    # log_dir="" (jes train --log-dir "") compiled and trained, then stopped at its first log write with "[Errno 2] No
+    # such file or directory: ''", its summary saying "logs: off" beside a checkpoint it had saved in the current folder
+    monkeypatch.chdir(tmp_path)
+    result = jes.train(jes.GRUPolicy(hidden=2, layers=1), "CartPole-v1", "adam", log_dir="", progress=False,
+                       **dict(SMALL, num_generations=2))
+    assert result.history["generation"].tolist() == [1, 2]
+    assert [g for g, _ in jes_logging.read_scalars(str(tmp_path))["population/mean_return"]] == [1, 2]
+    assert (tmp_path / "checkpoint.ckpt").exists() and "logs: .;" in result.summary()
