@@ -143,10 +143,13 @@ class TensorBoardLogger(Logger):
     Args:
         log_dir: directory for the event file (created if missing).
         hparams: flat mapping of hyperparameter names to values.
+        final: final metrics (``hparams/final_pop_mean``, ...) to write instead of the ones the records give (a
+            sweep's configuration: its row's means over seeds); a non-finite one is left as the records give it.
     """
 
     def __init__(self, log_dir: str, hparams: Mapping[str, Any] | None = None, best_centre: float = -math.inf,
-                 purge_from: int | None = None, again: Mapping[str, Any] | None = None):
+                 purge_from: int | None = None, again: Mapping[str, Any] | None = None,
+                 final: Mapping[str, float] | None = None):
         self.log_dir = log_dir
         self.hparams = {k: _hparam_value(v) for k, v in (hparams or {}).items()}
         self._writer: _EventFile | None = None  # opened at the first write (see the writer property)
@@ -156,6 +159,8 @@ class TensorBoardLogger(Logger):
         self._pending: dict | None = None  # the newest record, not written yet (see flush)
         self._flushed_at = time.monotonic()
         self._best_centre = best_centre  # a resumed run's: the best centre return of its earlier sessions
+        # Final metrics given by the caller (a sweep's: its table row's aggregates over seeds, not its mean curve's)
+        self._final = {k: float(v) for k, v in (final or {}).items() if v is not None and math.isfinite(float(v))}
 
     @property
     def writer(self) -> "_EventFile":
@@ -242,6 +247,7 @@ class TensorBoardLogger(Logger):
                 "hparams/best_centre_return": self._best_centre if math.isfinite(self._best_centre) else math.nan,
                 "hparams/generations": float(self._last.get("generation", 0)),
             }
+            metrics.update((k, v) for k, v in self._final.items() if k in metrics)
             # Written into this run's own event file (SummaryWriter.add_hparams would start a sub-run).
             for summary in hparams_summary(self.hparams, metrics):
                 self.writer.add_summary(summary)

@@ -972,7 +972,7 @@ def _run_group(trainer: Trainer, indices: list[int], points: list[dict], seeds: 
             logged.append((folder, set(event_files(folder))))
             try:
                 _log_configuration(folder, ran, points[i], base, trainer, seeds, points[i].get("optimizer", optimizer),
-                                   seed_ends)
+                                   seed_ends, finished[i])
             except BaseException:
                 # Cut short (Ctrl-C): the group's event files written so far go, as its rows stay out of the table,
                 # so that its rerun on resume logs each configuration once (TensorBoard showed both before)
@@ -1244,17 +1244,22 @@ SEEDS_TAG = "sweep/seeds"  # how many seeds each point of a configuration's curv
 
 
 def _log_configuration(log_dir: str, history: dict, point: dict, base: ESConfig, trainer: Trainer, seeds: list,
-                       optimizer: Any = None, ends: Sequence[RunEnd] | None = None) -> None:
+                       optimizer: Any = None, ends: Sequence[RunEnd] | None = None,
+                       row: Mapping[str, Any] | None = None) -> None:
     """One TensorBoard run: each generation's metrics averaged over the seeds that did not fail (those the row
     aggregates), so a seed that diverges midway never makes the curves jump; over every seed when each one failed.
     A seed a callback stopped leaves the mean after its last generation; ``sweep/seeds`` says how many seeds each
-    generation's mean holds."""
+    generation's mean holds. The HPARAMS entry's final metrics are ``row``'s (the table's means over seeds: the best
+    centre return of the mean curve is lower than the mean of each seed's best), where it is given and finite."""
     hparams = dict(run_hparams(trainer, point_config(base, point), optimizer), strategy=trainer.strategy.name,
                    seeds=" ".join(map(str, seeds)))
     finished = np.array([end.status != "failed" for end in ends]) if ends is not None else None
     if finished is not None and finished.any():
         history = {k: v[:, finished] for k, v in history.items()}
-    logger = TensorBoardLogger(log_dir, hparams)
+    final = None if row is None else {"hparams/final_pop_mean": row.get("final_pop_mean_mean"),
+                                      "hparams/best_centre_return": row.get("best_centre_return_mean"),
+                                      "hparams/generations": row.get("generations")}
+    logger = TensorBoardLogger(log_dir, hparams, final=final)
     try:
         for g in range(len(history["generation"])):
             ran = np.isfinite(history["pop_mean"][g])  # the seeds that ran this generation (NaN after a seed's end)
