@@ -290,6 +290,20 @@ class Generation(CompiledPrograms):
             obs_sumsq=jnp.full(self.obs_shape, OBS_EPS, jnp.float32),
         )
 
+    def _policy_obs_dtype(self) -> Any:
+        """The dtype of the observations the rollout applies the policy to: float32, or a wider float an env gives
+        with jax_enable_x64 (gymnax's CartPole and Pendulum give float64 then; normalised with float32 statistics,
+        they stay float64). A check with float32 observations passed a recurrent policy whose carry follows its
+        input's dtype (nn.GRUCell's), which then failed inside the rollout's while_loop with JAX's own error."""
+        if self.spec.host:
+            return jnp.float32
+        try:
+            reset = jax.eval_shape(lambda k: self.spec.env.reset_env(k, self.spec.params), jax.random.key(0))[0]
+        except Exception:  # noqa: BLE001 - the env's own checks say what is wrong with it, elsewhere
+            return jnp.float32
+        dtype = jnp.dtype(getattr(reset, "dtype", jnp.float32))
+        return dtype if jnp.issubdtype(dtype, jnp.floating) and dtype.itemsize > 4 else jnp.float32
+
     def initial_mean(self, init_key: jax.Array) -> jax.Array:
         raise NotImplementedError
 
@@ -740,10 +754,10 @@ class Trainer(Generation):
                 raise ValueError(f"policy {name}'s initialize_carry(rng, input_shape) failed ({type(err).__name__}: "
                                  f"{err}); jes calls it as Flax's recurrent cells take it, with a key and the "
                                  f"observation shape {self.spec.obs_shape}") from err
+        obs = jax.ShapeDtypeStruct(self.spec.obs_shape, self._policy_obs_dtype())
         try:
             variables = init(self.fns.init, key)
             carry = self.fns.initial_carry()
-            obs = jax.ShapeDtypeStruct(self.spec.obs_shape, jnp.float32)
             if self.fns.recurrent:
                 returned = jax.eval_shape(self.policy.apply, variables, carry, obs)
                 if not (isinstance(returned, tuple) and len(returned) == 2):
@@ -766,9 +780,12 @@ class Trainer(Generation):
             nnx_refusal(self.policy, err)  # (a KeyError: nnx.Dropout's missing RNG stream; otherwise as any error)
             if isinstance(err, KeyError):
                 raise
+            wide = obs.dtype != jnp.float32  # (x64: the env's float64 observations, which the rollout applies it to)
             raise ValueError(
                 f"policy {name} cannot be applied to one observation of env "
-                f"{self.spec.name!r} (shape {self.spec.obs_shape}): {err}"
+                f"{self.spec.name!r} (shape {self.spec.obs_shape}"
+                + (f", {obs.dtype} as the env gives it with jax_enable_x64: cast it in the policy, "
+                   f"obs.astype(jnp.float32), to compute in float32" if wide else "") + f"): {err}"
             ) from err
         expected = (self.spec.num_outputs,)
         if tuple(out.shape) != expected:

@@ -264,3 +264,30 @@ def test_a_recurrent_policy_whose_cell_is_made_in_setup_trains():
     assert np.isfinite(result.history["pop_mean"]).all() and result.flat_params.size == 4 * 12 + 3 * 12 + 12 + 3 * 2 + 2
     carry = result.trained_policy().initial_carry()
     assert [np.shape(c) for c in carry] == [(3,), (3,)]
+
+
+X64_CELL = """
+import jax, flax.linen as nn, jes
+assert jax.config.jax_enable_x64
+try:
+    jes.train(nn.GRUCell(2), "CartPole-v1", num_members=8, num_generations=1, eval_episodes=2, log_dir=None,
+              progress=False)
+except ValueError as err:
+    print(err)
+"""
+
+
+def test_a_recurrent_cell_in_x64_mode_is_refused_up_front_naming_the_envs_float64_observations():
+    """With jax_enable_x64, gymnax's CartPole gives float64 observations and the rollout applies the policy to them;
+    the up-front check applied float32 ones, so nn.GRUCell (whose carry follows its input's dtype) passed it and failed
+    inside the rollout's while_loop with JAX's own TypeError. x64 cannot be turned on and off safely mid-suite, so a
+    process of its own runs it."""
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, JAX_ENABLE_X64="1", JAX_PLATFORMS="cpu")
+    out = subprocess.run([sys.executable, "-c", X64_CELL], capture_output=True, text=True, env=env, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "float64 as the env gives it with jax_enable_x64" in out.stdout, out.stdout
+    assert "returns the carry of shape (2,) float64, but its initialize_carry gives (2,) float32" in out.stdout
