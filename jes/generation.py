@@ -44,7 +44,7 @@ from jes.compiled import CompiledPrograms
 from jes.config import ESConfig
 from jes.cpu import compiler_options
 from jes.envs import EnvSpec, make_env
-from jes.policies import PolicyFns, check_carry, fit_to_outputs, kind_of, nnx_refusal
+from jes.policies import PolicyFns, check_carry, fit_to_outputs, kind_of, nnx_refusal, nnx_updates
 from jes.rollout import OBS_EPS, obs_mean_std, obs_normaliser, run_episodes, run_slots, sum_obs_stats
 from jes.strategies import noise
 from jes.strategies.base import Context, Strategy
@@ -787,6 +787,14 @@ class Trainer(Generation):
                 + (f", {obs.dtype} as the env gives it with jax_enable_x64: cast it in the policy, "
                    f"obs.astype(jnp.float32), to compute in float32" if wide else "") + f"): {err}"
             ) from err
+        updates = [] if self.fns.recurrent else nnx_updates(self.policy, variables, obs)
+        if updates:  # the bridge drops them: a training-mode nnx.BatchNorm's outputs ignore the observation
+            raise ValueError(
+                f"policy ToLinen ({getattr(self.policy.nnx_class, '__qualname__', self.policy.nnx_class)}) "
+                f"updates {', '.join(updates[:4])}{' ...' if len(updates) > 4 else ''} as it acts, which "
+                f"Flax's bridge drops without a word (an nnx.BatchNorm in training mode then normalises each "
+                f"observation by itself: every output is its bias); jes evaluates members as pure functions "
+                f"of their parameters: give nnx.BatchNorm use_running_average=True")
         expected = (self.spec.num_outputs,)
         if tuple(out.shape) != expected:
             kind = "one logit per discrete action" if self.spec.discrete else f"one value per action dimension {self.spec.action_shape}"

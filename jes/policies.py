@@ -267,6 +267,25 @@ def nnx_refusal(policy: nn.Module, err: BaseException, recurrent: bool = False) 
                          f"out of the policy, and give nnx.BatchNorm use_running_average=True") from err
 
 
+def nnx_updates(policy: nn.Module, variables: Any, obs: Any) -> list[str]:
+    """The variables a flax.nnx module behind Flax's bridge would update as it acts (an ``nnx.BatchNorm`` left in
+    training mode: its ``batch_stats``), which the bridge drops without a word where the collection is not mutable:
+    the paths of those its call, traced with every collection mutable, returns as other than the variable it was
+    given. Empty for any other policy."""
+    if not is_to_linen(policy):
+        return []
+    leaves, treedef = jax.tree_util.tree_flatten_with_path(variables)
+
+    def call(values, o):
+        return policy.apply(jax.tree.unflatten(treedef, values), o, mutable=True)[1]
+
+    closed, returned = jax.make_jaxpr(call, return_shape=True)([leaf for _, leaf in leaves], obs)
+    given = {jax.tree_util.keystr(path): var for (path, _), var in zip(leaves, closed.jaxpr.invars)}
+    return [jax.tree_util.keystr(path) for (path, _), var in zip(jax.tree_util.tree_flatten_with_path(returned)[0],
+                                                                  closed.jaxpr.outvars)
+            if given.get(jax.tree_util.keystr(path)) is not var]
+
+
 def kind_of(value: Any) -> str:
     """A returned value's kind in an error: ``a tuple of 2``, ``a dict``, ``an array of shape (2,)``."""
     if isinstance(value, tuple):

@@ -62,6 +62,18 @@ class NnxRecurrent(nnx.Module):
         return carry, self.head(hidden)
 
 
+class NnxBatchNorm(NnxMLP):
+    """An NnxMLP with an nnx.BatchNorm on its hidden layer, in training mode unless ``running``: its statistics'
+    update Flax's bridge drops without a word, and each observation is normalised by itself (every output its bias)."""
+
+    def __init__(self, num_outputs: int, *, running: bool = False, rngs: nnx.Rngs):
+        super().__init__(num_outputs, rngs=rngs)
+        self.norm = nnx.BatchNorm(num_outputs, use_running_average=running, rngs=rngs)
+
+    def __call__(self, obs):
+        return self.norm(super().__call__(obs))
+
+
 class NnxDropout(NnxMLP):
     """An NnxMLP with nnx.Dropout, whose RNG stream jes does not give."""
 

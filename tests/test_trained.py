@@ -605,6 +605,9 @@ def test_a_flax_nnx_class_no_program_can_import_is_not_saved_to_a_policy_file(tm
                      r"initialize_carry outside a call .*written with flax.linen"),
     ("NnxDropout", r"policy ToLinen \(NnxDropout\) cannot be built as a pure function of its parameters \(KeyError: "
                    r".*leave nnx.Dropout out of the policy"),
+    ("NnxBatchNorm", r"policy ToLinen \(NnxBatchNorm\) updates \['batch_stats'\]\['norm'\]\['mean'\], "
+                     r"\['batch_stats'\]\['norm'\]\['var'\] as it acts, which Flax's bridge drops without a word "
+                     r".*give nnx.BatchNorm use_running_average=True"),
 ])
 def test_what_flaxs_bridge_cannot_run_for_jes_is_said(name, message):
     """A review: a recurrent nnx module failed with Flax's CallCompactUnboundModuleError, and nnx.Dropout with a raw
@@ -615,6 +618,20 @@ def test_what_flaxs_bridge_cannot_run_for_jes_is_said(name, message):
 
     with pytest.raises(ValueError, match=message):
         jes.train(nnx.bridge.ToLinen(getattr(mine, name), args=(2,)), "CartPole-v1", "adam", **SMALL)
+
+
+def test_an_nnx_batchnorm_with_running_averages_trains_and_acts_on_the_observation():
+    """The refusal above is of a training-mode nnx.BatchNorm only: with use_running_average=True the policy trains
+    (its statistics evolved as batch_stats), and its output depends on the observation."""
+    from flax import nnx
+
+    import policies_for_tests as mine
+
+    policy = nnx.bridge.ToLinen(mine.NnxBatchNorm, args=(2,), kwargs={"running": True})
+    result = jes.train(policy, "CartPole-v1", "adam", **SMALL)
+    outs = {tuple(np.asarray(policy.apply(result.params, np.asarray(obs, np.float32))).tolist())
+            for obs in ([0.1, 0.2, 0.3, 0.4], [-3.0, 1.0, 2.0, -1.0])}
+    assert "batch_stats" in result.params and len(outs) == 2
 
 
 def test_the_command_line_trains_an_nnx_class_with_its_arguments_and_the_envs_output_size(tmp_path):
