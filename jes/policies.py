@@ -323,15 +323,18 @@ class PolicyFns:
         if not self.recurrent:
             return ()
         try:
-            return self.policy.initialize_carry(jax.random.key(0), self.obs_shape)
+            carry = self.policy.initialize_carry(jax.random.key(0), self.obs_shape)
         except AttributeError as unbound:
             # A cell made in setup() (self.cell.initialize_carry) exists only in a bound module: bound without
             # variables, as Flax's apply(method=) binds it (setup runs; nothing is initialised)
             try:
-                return self.policy.apply({}, jax.random.key(0), self.obs_shape,
-                                         method=type(self.policy).initialize_carry)
+                carry = self.policy.apply({}, jax.random.key(0), self.obs_shape,
+                                          method=type(self.policy).initialize_carry)
             except Exception:  # noqa: BLE001 - not that: the error of the call as given is the one to show
                 raise unbound from None
+        # Arrays, whatever initialize_carry built its leaves as: a Python number ((h, 0), a step counter) failed
+        # in the rollout's broadcast of the carry over its slots ('int' object has no attribute 'shape')
+        return jax.tree.map(jnp.asarray, carry)
 
     def init(self, key: jax.Array) -> Any:
         """Initial Flax variables for one observation of ``obs_shape``."""

@@ -291,3 +291,30 @@ def test_a_recurrent_cell_in_x64_mode_is_refused_up_front_naming_the_envs_float6
     assert out.returncode == 0, out.stderr[-3000:]
     assert "float64 as the env gives it with jax_enable_x64" in out.stdout, out.stdout
     assert "returns the carry of shape (2,) float64, but its initialize_carry gives (2,) float32" in out.stdout
+
+
+class _CountingGRU(nn.Module):
+    """A recurrent policy whose carry holds a Python number: a step counter started at ``0``, as ``(h, 0)``."""
+
+    num_outputs: int = 2
+
+    @nn.compact
+    def __call__(self, carry, obs):
+        h, steps = carry
+        h, out = nn.GRUCell(4)(h, obs)
+        return (h, steps + 1), nn.Dense(self.num_outputs)(out) + 0.0 * steps
+
+    def initialize_carry(self, rng, input_shape):
+        return jnp.zeros(4), 0
+
+
+def test_a_carry_holding_a_python_number_trains_and_acts_counting_its_steps():
+    """initialize_carry's leaves may be Python numbers (its check took them, as jax.eval_shape does): the rollout's
+    broadcast of the carry over its slots failed with "'int' object has no attribute 'shape'"."""
+    small = dict(num_members=8, num_generations=1, eval_episodes=2, log_dir=None, progress=False)
+    for perturbation in (jes.FullRank(), jes.LowRank(1)):
+        result = jes.train(_CountingGRU(), "CartPole-v1", "adam", perturbation=perturbation, **small)
+        carry = result.initial_carry()
+        for _ in range(3):
+            carry, _ = result.act(carry, np.zeros(4, np.float32))
+        assert int(carry[1]) == 3 and carry[1].dtype == jnp.int32
