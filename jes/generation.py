@@ -295,7 +295,7 @@ class Generation(CompiledPrograms):
         with jax_enable_x64 (gymnax's CartPole and Pendulum give float64 then; normalised with float32 statistics,
         they stay float64). A check with float32 observations passed a recurrent policy whose carry follows its
         input's dtype (nn.GRUCell's), which then failed inside the rollout's while_loop with JAX's own error."""
-        if self.spec.host:
+        if self.spec.host or not jax.config.jax_enable_x64:  # (float32 observations: nothing to trace)
             return jnp.float32
         try:
             reset = jax.eval_shape(lambda k: self.spec.env.reset_env(k, self.spec.params), jax.random.key(0))[0]
