@@ -48,6 +48,7 @@ import json
 import os
 import sys
 import types
+from collections.abc import Mapping
 from typing import Any, Callable, Iterable, Sequence
 
 # Library packages whose buildable objects are the registry's, never "everything in the package":
@@ -392,7 +393,12 @@ def describe_value(value: Any, what: str, *, lenient: bool = False) -> Any:
         )
     if lenient:
         return {"__repr__": repr(value)}
-    raise DescriptionError(f"{what} holds {type(value).__name__} {value!r}, which is not plain data")
+    # (a dict "was not plain data": a file describes numbers, strings, lists, tuples, importable functions and classes
+    # and dataclasses, no mappings)
+    kind = "a dict" if isinstance(value, Mapping) else type(value).__name__
+    raise DescriptionError(f"{what} holds {kind} {value!r}, which a policy file or checkpoint cannot describe (it holds "
+                           f"numbers, strings, lists, tuples, importable functions and classes, and dataclasses)"
+                           + ("; give it as a tuple of (key, value) pairs" if isinstance(value, Mapping) else ""))
 
 
 def describe_object(obj: Any, what: str, *, lenient: bool = False) -> dict:

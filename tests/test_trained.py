@@ -146,6 +146,15 @@ def test_a_policy_no_program_could_rebuild_is_not_saved_to_a_file(tmp_path):
     assert not os.listdir(tmp_path)
 
 
+def test_a_dict_field_that_no_file_describes_is_named_with_what_to_give():
+    """A trial: a dict field was refused as "not plain data"; a file holds no mappings, and a tuple of pairs saves."""
+    with pytest.raises(jes.describe.DescriptionError, match=r"policy.extra holds a dict \{'a': 1\}, which a policy "
+                                                            r"file or checkpoint cannot describe .*; give it as a "
+                                                            r"tuple of \(key, value\) pairs"):
+        jes.describe.describe_value({"a": 1}, "policy.extra")
+    assert jes.describe.describe_value((("a", 1),), "policy.extra")["tuple"]
+
+
 def test_a_trained_policy_pickles_as_its_policy_file(result, tmp_path):
     """pickle (a worker process's return) and deepcopy: the policy file's bytes, read back as load_policy reads them
     (the Flax module's jnp.tanh is named, not pickled); parameters and normaliser bit for bit, the same actions and
