@@ -280,6 +280,14 @@ def _path(key: str) -> str | None:
     return None if directory is None else os.path.join(directory, f"{key}.jesprog")
 
 
+def _own(fd: int) -> bool:
+    """Whether the open file ``fd`` belongs to this process's user. Its checksum proves only that it is intact: anyone
+    who can write a shared cache folder can compute a key (from the same installed files and configuration) and store
+    a program of their own under it, which a run would call. A file another user made is never read (where the OS has
+    no owners, every file passes)."""
+    return not hasattr(os, "geteuid") or os.fstat(fd).st_uid == os.geteuid()
+
+
 def load(key: str) -> Any:
     """The :class:`jax.export.Exported` stored under ``key``, or ``None`` (missing, corrupt, unreadable)."""
     path = _path(key)
@@ -287,6 +295,8 @@ def load(key: str) -> Any:
         return None
     try:
         with open(path, "rb") as f:
+            if not _own(f.fileno()):  # planted by another user of a shared cache folder: never called
+                return None
             blob = f.read()
         header, _, payload = blob.partition(b"\n\n")
         magic, stored_key, digest = header.split(b"\n")[:3]

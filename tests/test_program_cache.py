@@ -308,3 +308,19 @@ def test_two_devices_hit_miss_and_no_cache_agree(tmp_path):
         assert out[f"hit/{devices}"] == out[f"off/{devices}"]
     assert out["off/1"][:2] == out["off/2"][:2]
     assert len(entries(tmp_path / "xla" / program_cache.SUBDIR)) == 6  # init, step and member, for 1 and 2 devices
+
+
+def _tiny_exported(offset=1.0):
+    return jax.export.export(jax.jit(lambda x: x + offset))(jax.ShapeDtypeStruct((3,), np.float32))
+
+
+def test_an_entry_another_user_made_is_never_called(cache_dir, monkeypatch):
+    """A shared cache folder: whoever can write it can compute a run's key and store a program of theirs under it,
+    with a checksum that matches (it proves only that the file is intact). Only this user's own entries are read."""
+    key = "0" * 64
+    assert program_cache.store(key, _tiny_exported())
+    assert program_cache.load(key) is not None  # this user's own entry
+    mine = os.geteuid()
+    monkeypatch.setattr(program_cache.os, "geteuid", lambda: mine + 1)  # the same file, as another user sees it
+    assert program_cache.load(key) is None
+
