@@ -31,6 +31,7 @@ import importlib.util
 import json
 import os
 import sys
+import tempfile
 import types
 from typing import Any
 
@@ -316,8 +317,10 @@ def store(key: str, exported: Any) -> bool:
     try:
         payload = bytes(exported.serialize())
         os.makedirs(os.path.dirname(path), exist_ok=True)
-        temp = f"{path}.{os.getpid()}.tmp"
-        with open(temp, "wb") as f:
+        # A fresh name, created exclusively: a predictable one ("<path>.<pid>.tmp") let anyone who can write the folder
+        # plant a link there to a file of this user's, which the write then overwrote
+        fd, temp = tempfile.mkstemp(prefix=os.path.basename(path) + ".", suffix=".tmp", dir=os.path.dirname(path))
+        with os.fdopen(fd, "wb") as f:
             f.write(_MAGIC + key.encode() + b"\n" + hashlib.sha256(payload).hexdigest().encode() + b"\n\n" + payload)
         os.replace(temp, path)
         return True

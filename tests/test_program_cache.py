@@ -324,3 +324,18 @@ def test_an_entry_another_user_made_is_never_called(cache_dir, monkeypatch):
     monkeypatch.setattr(program_cache.os, "geteuid", lambda: mine + 1)  # the same file, as another user sees it
     assert program_cache.load(key) is None
 
+
+
+def test_store_never_writes_through_a_link_planted_in_the_folder(cache_dir, tmp_path):
+    """The temp file a store writes first has a fresh, exclusively created name: a link planted under a predictable
+    name (``<entry>.<pid>.tmp``) to a file of this user's made the store overwrite that file."""
+    key = "1" * 64
+    os.makedirs(cache_dir, exist_ok=True)
+    precious = tmp_path / "precious.txt"
+    precious.write_text("keep me")
+    entry = os.path.join(cache_dir, f"{key}.jesprog")
+    for pid in {os.getpid(), *range(os.getpid() - 2, os.getpid() + 3)}:
+        os.symlink(precious, f"{entry}.{pid}.tmp")
+    assert program_cache.store(key, _tiny_exported())
+    assert precious.read_text() == "keep me"
+    assert program_cache.load(key) is not None
