@@ -804,6 +804,11 @@ def train(
                               f"bounds (CHANGELOG.md), so the resumed run is not the run it continues", stacklevel=2)
             state = restored.restore_state(trainer, checked=jax.process_count() == 1)  # checked above with one
             history, key = restored.history, restored.key
+            problem = _history_problem(history)
+            if problem is not None:  # (it failed once the first generation had run: a KeyError, a TypeError)
+                raise checkpoint.CheckpointError(f"checkpoint {resume} cannot be resumed: its history {problem}; jes "
+                                                 f"writes one 1-d array of numbers for each of {', '.join(HISTORY_KEYS)}. "
+                                                 f"The file was edited or is corrupt: use an earlier checkpoint")
             best = _best_from_checkpoint(trainer, restored.best)
             state = _apply_new_learning_rate(trainer, state, restored.meta["config"].get("learning_rate"), resume)
             _warn_unchecked_on_resume(optimizer, config, resume)
@@ -1638,6 +1643,23 @@ def _run(trainer: Trainer, state: TrainState, *, key: Any = 0, callbacks: Iterab
         _note_interrupt(late_interrupt, int(fetch(state.generation)), save_to)
         raise late_interrupt
     return result
+
+
+def _history_problem(history: dict) -> str | None:
+    """What makes a checkpoint's ``history`` one no run continues (``None``: it continues it): each of
+    :data:`HISTORY_KEYS` is a 1-d array of numbers in every history jes writes (an empty one: a run saved before its
+    first generation)."""
+    if not history:
+        return None
+    missing = [k for k in HISTORY_KEYS if k not in history]
+    if missing:
+        return f"lacks {', '.join(missing)}"
+    for k in HISTORY_KEYS:
+        values = history[k]
+        if not isinstance(values, np.ndarray) or values.ndim != 1 or values.dtype.kind not in "biuf":
+            shown = f"{values.dtype}{list(values.shape)}" if isinstance(values, np.ndarray) else type(values).__name__
+            return f"{k} is {shown}, not a 1-d array of numbers"
+    return None
 
 
 def _nothing_left(generation: int, history: dict, config: ESConfig) -> bool:

@@ -1907,3 +1907,17 @@ def test_a_lambda_edited_on_its_line_resumes_with_a_warning(tmp_path):
         warnings.simplefilter("error")
         warnings.simplefilter("ignore", DeprecationWarning)
         checkpoint.read(saved).restore_state(trainer)
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda h: h.pop("generation"), "its history lacks generation"),
+    (lambda h: h.__setitem__("env_steps", np.zeros((2, 3), np.int64)), r"its history env_steps is int64\[2, 3\]"),
+])
+def test_a_history_no_run_continues_is_refused_before_resuming(saved, tmp_path, change, message):
+    """A history without a column the run appends to, or of 2-d arrays, passed the reader's checks: the resumed run
+    failed once its first generation had run (a bare KeyError: 'generation', a TypeError), not naming the file."""
+    path = _rewrite_meta(saved, str(tmp_path / "history.ckpt"), lambda meta: None,
+                         lambda content: change(content["history"]))
+    with pytest.raises(checkpoint.CheckpointError, match=f"checkpoint {re.escape(path)} cannot be resumed: {message}"):
+        jes.train(POLICY, "CartPole-v1", "adam", resume=path, log_dir=None, progress=False, **SMALL)
+    assert checkpoint.read(path).generation == 2  # the file is left as it was
