@@ -1052,8 +1052,11 @@ def _resumed(out_dir: str, identity: dict) -> tuple[dict[int, dict], str | None]
             saved = json.load(f)
         rows = {int(index): row for index, row in saved["rows"]}
         there = saved["identity"]
+        # (the parts a difference is shown from too: a config that is not a map, or grid points not a list, raised a
+        # bare AttributeError or TypeError while the message was made)
         if not (isinstance(there, dict) and all(isinstance(row, dict) for row in rows.values())
-                and isinstance(saved.get("log_dir"), (str, type(None)))):
+                and isinstance(saved.get("log_dir"), (str, type(None))) and isinstance(there.get("config", {}), dict)
+                and isinstance(there.get("grid points", []), list)):
             raise TypeError("its identity, rows or log_dir are not what a sweep writes")
     except (OSError, ValueError, KeyError, TypeError) as err:
         raise ValueError(f"{start}: its {RESUME_FILE} cannot be read ({type(err).__name__}: {err}); pass another "
@@ -1062,8 +1065,9 @@ def _resumed(out_dir: str, identity: dict) -> tuple[dict[int, dict], str | None]
     if differs:
         key = differs[0]
         if key == "config":
-            fields = [k for k in identity[key] if there[key].get(k) != identity[key][k]]
-            detail = "; ".join(f"{k}: {there[key].get(k)!r} there, {identity[key][k]!r} here" for k in fields)
+            theirs = there.get(key) or {}  # (a file without one: a bare KeyError before)
+            fields = [k for k in identity[key] if theirs.get(k) != identity[key][k]]
+            detail = "; ".join(f"{k}: {theirs.get(k)!r} there, {identity[key][k]!r} here" for k in fields)
         elif key == "grid points":
             detail = f"{len(there.get(key) or [])} there, {len(identity[key])} here; the first that differs: " + next(
                 f"{a} there, {b} here" for a, b in itertools.zip_longest(there.get(key) or [], identity[key])

@@ -1342,3 +1342,21 @@ def test_a_sweep_takes_config_fields_as_keywords_as_train_does(monkeypatch):
                                         r"'num_members'\?\)"):
         jes_sweep.sweep(POLICY, "CartPole-v1", "adam", config=BASE, seeds=[0], log_dir=None,
                         grid={"num_members": [16]}, num_member=8)
+
+
+@pytest.mark.parametrize("there", [{"config": "not a map"}, {"config": {"num_members": 8}, "grid points": 5}])
+def test_a_resume_file_whose_parts_are_not_a_sweeps_is_said_to_be_unreadable(tmp_path, there):
+    """A config that is not a map, or grid points that are not a list (an edited file, another tool's): a bare
+    AttributeError or TypeError came while the message naming what differs was made."""
+    (tmp_path / jes_sweep.RESUME_FILE).write_text(json.dumps({"rows": [], "identity": there, "log_dir": None}))
+    identity = {"config": {"num_members": 8}, "grid points": [{"learning_rate": 0.1}]}
+    with pytest.raises(ValueError, match=r"its sweep.resume.json cannot be read \(TypeError: its identity, rows or "
+                                         r"log_dir are not what a sweep writes\)"):
+        jes_sweep._resumed(str(tmp_path), identity)
+
+
+def test_a_resume_file_without_a_config_names_what_differs(tmp_path):
+    (tmp_path / jes_sweep.RESUME_FILE).write_text(json.dumps({"rows": [], "identity": {}, "log_dir": None}))
+    with pytest.raises(ValueError, match=r"its table is of another sweep: its config differs \(num_members: None there, "
+                                         r"8 here\)"):
+        jes_sweep._resumed(str(tmp_path), {"config": {"num_members": 8}})
