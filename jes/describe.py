@@ -631,6 +631,10 @@ def resolve(path: Any, allow: Allowlist, what: str, kind: str = "class") -> Any:
     if family:
         from gymnax.environments.environment import Environment  # gymnax is a dependency of jes
 
+        from jes.lazy_gymnax import keep_mnist_private
+
+        keep_mnist_private()  # MNISTBandit, built here, reads MNIST from the user's own folder, not /tmp's
+
         is_env = isinstance(obj, type) and issubclass(obj, Environment)
         if not (isinstance(defined_in, str) and _under(defined_in, _ENV_FAMILY) and isinstance(obj, type)
                 and (is_env or dataclasses.is_dataclass(obj))):

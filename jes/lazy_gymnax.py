@@ -16,6 +16,7 @@ from __future__ import annotations
 import importlib
 import importlib.abc
 import importlib.machinery
+import os
 import sys
 import threading
 import types
@@ -96,13 +97,41 @@ class _LazyFinder(importlib.abc.MetaPathFinder):
 
 
 def import_gymnax() -> types.ModuleType:
-    """``import gymnax``, with its plotting imports made lazy; returns the gymnax module."""
+    """``import gymnax``, with its plotting imports made lazy (and MNIST read from a folder of the user's own:
+    :func:`keep_mnist_private`); returns the gymnax module."""
     if "gymnax" in sys.modules:
+        keep_mnist_private()
         return sys.modules["gymnax"]
     with _lock:
         finder = _LazyFinder()
         sys.meta_path.insert(0, finder)
         try:
-            return importlib.import_module("gymnax")
+            gymnax = importlib.import_module("gymnax")
         finally:
             sys.meta_path.remove(finder)
+    keep_mnist_private()
+    return gymnax
+
+
+# Where gymnax's MNISTBandit reads MNIST unless told otherwise: a folder of the machine's shared /tmp.
+SHARED_MNIST_FOLDER = "/tmp/mnist"
+
+
+def mnist_folder() -> str:
+    """``$XDG_CACHE_HOME/jes/mnist`` (``~/.cache/jes/mnist``): where MNISTBandit reads MNIST in a process of jes's."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "jes", "mnist")
+
+
+def keep_mnist_private() -> None:
+    """Point gymnax's ``load_mnist(directory="/tmp/mnist")`` at :func:`mnist_folder`.
+
+    MNISTBandit (``"MNISTBandit-bsuite"``, which a checkpoint, a ``.policy`` file or a master's run description can
+    name) calls it when it is made, and it downloads only the files missing from that folder and reads what is
+    there: in a shared /tmp, files another user put there first were read as MNIST (a few MiB of gzip that inflate
+    to more memory than the machine has, or data of their choosing). Only the default changes: a folder given is
+    kept."""
+    module = sys.modules.get("gymnax.utils.load_mnist")
+    load = getattr(module, "load_mnist", None)
+    if getattr(load, "__defaults__", None) == (SHARED_MNIST_FOLDER,):
+        load.__defaults__ = (mnist_folder(),)

@@ -444,3 +444,25 @@ def test_resuming_a_run_that_normalised_discrete_ids_says_that_it_now_sees_the_i
     assert not [w for w in caught if "normalised env" in str(w.message)]
     with pytest.warns(UserWarning, match="normalised env FrozenLake-misc's Discrete observations"):
         jes.checkpoint.load(path)  # evaluated, too
+
+
+@pytest.mark.parametrize("build", ["gymnax id", "described class"])
+def test_mnist_bandit_reads_mnist_from_the_users_own_folder_not_the_shared_tmp(monkeypatch, build):
+    """gymnax's MNISTBandit (an id a checkpoint, a .policy file or a master's run description can name) reads MNIST
+    from ``load_mnist(directory="/tmp/mnist")``, downloading only the files missing there: files another user of the
+    machine put in /tmp/mnist were read (a decompression bomb, data of their choosing). In jes it reads the user's own
+    cache folder."""
+    import sys
+
+    from jes import describe
+    from jes.lazy_gymnax import SHARED_MNIST_FOLDER, import_gymnax, mnist_folder
+
+    import_gymnax()
+    load = sys.modules["gymnax.utils.load_mnist"].load_mnist
+    monkeypatch.setattr(load, "__defaults__", (SHARED_MNIST_FOLDER,))  # gymnax's own default (imported by a user)
+    if build == "gymnax id":
+        import_gymnax()  # what jes.envs.gymnax.make calls before gymnax.make (which would download MNIST here)
+    else:
+        describe.resolve("gymnax.environments.bsuite.mnist:MNISTBandit", describe.allowlist(), "env")
+    assert load.__defaults__ == (mnist_folder(),)
+    assert not mnist_folder().startswith("/tmp")
