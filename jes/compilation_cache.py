@@ -9,6 +9,8 @@ The library itself never changes JAX's global configuration: ``python -m jes`` a
 from __future__ import annotations
 
 import os
+import stat
+import warnings
 
 import jax
 
@@ -40,7 +42,29 @@ def enable_compilation_cache(path: str | None = None, min_compile_seconds: float
         os.makedirs(path, exist_ok=True)
     except OSError:
         return None
+    shared = shared_with_others(path)
+    if shared is not None:
+        warnings.warn(f"compilation cache {path} is {shared}: its entries are compiled native code that JAX runs "
+                      f"without asking who wrote them, so it is off for this process; keep the cache in a folder "
+                      f"only you can write (JES_COMPILATION_CACHE=DIR, or the default ~/.cache/jes/xla), or "
+                      f"JES_COMPILATION_CACHE=off", stacklevel=2)
+        return None
     jax.config.update("jax_compilation_cache_dir", path)
     jax.config.update("jax_persistent_cache_min_compile_time_secs", min_compile_seconds)
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", -1)
     return path
+
+
+def shared_with_others(path: str) -> str | None:
+    """Why a cache folder is not this user's alone (owned by another user, or writable by every user), else ``None``:
+    anyone who can write it can put a program there under the key of a run of yours (a security review). A group
+    writable folder of your own is yours to share. ``None`` where the OS has no owners."""
+    try:
+        info = os.stat(path)
+    except OSError:
+        return None
+    if hasattr(os, "geteuid") and info.st_uid != os.geteuid():
+        return f"owned by another user (uid {info.st_uid})"
+    if info.st_mode & stat.S_IWOTH:
+        return "writable by every user"
+    return None

@@ -1638,9 +1638,11 @@ def _run(trainer: Trainer, state: TrainState, *, key: Any = 0, callbacks: Iterab
     result.stopped = stopped
     if late_interrupt is not None:  # the run finished, its checkpoint saved: it goes on with the interrupt
         late_interrupt.result = result
+        late_interrupt._jes_reached_end = True  # train() closes its logs as completed (the final metrics written)
         if save_to is not None:
             late_interrupt.checkpoint_path = save_to
-        _note_interrupt(late_interrupt, int(fetch(state.generation)), save_to)
+        _note_interrupt(late_interrupt, int(fetch(state.generation)), save_to,
+                        process_0_saves=checkpoint_path if save_to is None else None)
         raise late_interrupt
     return result
 

@@ -268,10 +268,11 @@ def nnx_refusal(policy: nn.Module, err: BaseException, recurrent: bool = False) 
 
 
 def nnx_updates(policy: nn.Module, variables: Any, obs: Any) -> list[str]:
-    """The variables a flax.nnx module behind Flax's bridge would update as it acts (an ``nnx.BatchNorm`` left in
-    training mode: its ``batch_stats``), which the bridge drops without a word where the collection is not mutable:
-    the paths of those its call, traced with every collection mutable, returns as other than the variable it was
-    given. Empty for any other policy."""
+    """The normalisation statistics a flax.nnx module behind Flax's bridge would update as it acts (an
+    ``nnx.BatchNorm`` left in training mode: its ``batch_stats``), which the bridge drops without a word where the
+    collection is not mutable: the paths of those its call, traced with every collection mutable, returns as other
+    than the variable it was given. Other collections a call updates (a counter, ``sow``'s intermediates, an
+    ``nnx.Rngs`` count) are left alone: dropped, they change no output. Empty for any other policy."""
     if not is_to_linen(policy):
         return []
     leaves, treedef = jax.tree_util.tree_flatten_with_path(variables)
@@ -283,7 +284,7 @@ def nnx_updates(policy: nn.Module, variables: Any, obs: Any) -> list[str]:
     given = {jax.tree_util.keystr(path): var for (path, _), var in zip(leaves, closed.jaxpr.invars)}
     return [jax.tree_util.keystr(path) for (path, _), var in zip(jax.tree_util.tree_flatten_with_path(returned)[0],
                                                                   closed.jaxpr.outvars)
-            if given.get(jax.tree_util.keystr(path)) is not var]
+            if getattr(path[0], "key", None) == "batch_stats" and given.get(jax.tree_util.keystr(path)) is not var]
 
 
 def kind_of(value: Any) -> str:

@@ -74,6 +74,22 @@ class NnxBatchNorm(NnxMLP):
         return self.norm(super().__call__(obs))
 
 
+class Calls(nnx.Variable):
+    """A state variable of one's own: how many times the module was called."""
+
+
+class NnxCounter(NnxMLP):
+    """An NnxMLP that counts its calls in a variable of its own (an update Flax's bridge drops, changing no output)."""
+
+    def __init__(self, num_outputs: int, *, rngs: nnx.Rngs):
+        super().__init__(num_outputs, rngs=rngs)
+        self.calls = Calls(jnp.zeros((), jnp.float32))
+
+    def __call__(self, obs):
+        self.calls.value += 1
+        return super().__call__(obs)
+
+
 class NnxDropout(NnxMLP):
     """An NnxMLP with nnx.Dropout, whose RNG stream jes does not give."""
 

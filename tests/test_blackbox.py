@@ -1383,6 +1383,7 @@ def test_raw_fitness_shaping_keeps_float64_fitness_in_x64_mode():
         np.testing.assert_allclose(np.asarray(es.mean(offset)) - 0.3, step, rtol=1e-6)
 
 
+@pytest.mark.hard_timeout(600)
 @pytest.mark.parametrize("host", [False, True])
 def test_sep_cma_es_float32_is_not_stopped_by_the_eigendecomposition_condition_limit(host):
     """max_condition's float32 default (1e7, where an eigendecomposition stops resolving the small axes) applied to
@@ -1400,6 +1401,7 @@ def test_sep_cma_es_float32_is_not_stopped_by_the_eigendecomposition_condition_l
     assert StopCriteria().check([(0.0, -1.0, -0.5, 1.0)], 5, 8, 1e15, np.float32, diagonal=True) == "max_condition"
 
 
+@pytest.mark.hard_timeout(600)
 def test_cma_es_float32_stops_on_max_condition_before_its_covariance_becomes_indefinite():
     """The float32 default max_condition (1e7) was above what cma_es's condition source can reach: its eigenvalues
     are floored at eps * the largest, so max(D)^2 / min(D)^2 <= 1 / eps = 8.4e6. On a d = 5 ellipsoid of

@@ -199,6 +199,7 @@ def test_an_interrupt_while_the_step_compiles_carries_the_run_as_it_started(tmp_
     np.testing.assert_array_equal(so_far.flat_params, np.asarray(fresh.params))
 
 
+@pytest.mark.hard_timeout(600)
 def test_a_resumed_run_interrupted_while_compiling_names_the_checkpoint_it_resumed(tmp_path, monkeypatch):
     """A review: its summary said "checkpoint: none written" and its note named no checkpoint, though the file it
     resumed holds the run as it started."""

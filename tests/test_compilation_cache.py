@@ -31,3 +31,26 @@ def test_off_and_unwritable_leave_jax_alone(tmp_path, monkeypatch, restore_cache
     blocker.write_text("x")
     assert enable_compilation_cache(str(blocker / "sub")) is None
     assert jax.config.jax_compilation_cache_dir == before
+
+
+def test_a_cache_folder_others_can_write_is_left_off_with_a_warning(tmp_path, monkeypatch, restore_cache_config):
+    """A security review: JAX runs the compiled native code it finds in its cache, whoever wrote it; a folder every
+    user can write (or another user's) let them plant a program under the key of a run of yours."""
+    import os
+
+    from jes import compilation_cache
+
+    before = jax.config.jax_compilation_cache_dir
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    os.chmod(shared, 0o777)
+    with pytest.warns(UserWarning, match=r"is writable by every user: its entries are compiled native code"):
+        assert enable_compilation_cache(str(shared)) is None
+    os.chmod(shared, 0o775)  # a group-writable folder of one's own: one's to share
+    mine = os.geteuid()
+    monkeypatch.setattr(compilation_cache.os, "geteuid", lambda: mine + 1)  # the same folder, as another user sees it
+    with pytest.warns(UserWarning, match=r"is owned by another user"):
+        assert enable_compilation_cache(str(shared)) is None
+    assert jax.config.jax_compilation_cache_dir == before
+    monkeypatch.setattr(compilation_cache.os, "geteuid", lambda: mine)
+    assert enable_compilation_cache(str(shared)) == str(shared)

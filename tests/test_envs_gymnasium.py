@@ -200,7 +200,7 @@ class InterruptedWhileClosing(Counted):
 
 
 @pytest.mark.hard_timeout(300)
-def test_a_ctrl_c_while_the_instances_close_keeps_the_run_it_interrupts_or_ends():
+def test_a_ctrl_c_while_the_instances_close_keeps_the_run_it_interrupts_or_ends(tmp_path):
     """A review: a Ctrl-C while the run closed its instances was raised in their place: a run interrupted in a
     callback lost its .result and note, and one that had finished raised a bare KeyboardInterrupt."""
     def interrupted(record):
@@ -215,9 +215,13 @@ def test_a_ctrl_c_while_the_instances_close_keeps_the_run_it_interrupts_or_ends(
         InterruptedWhileClosing.armed = True
 
     with pytest.raises(KeyboardInterrupt) as caught:
-        small_train(InterruptedWhileClosing, num_generations=2, eval_episodes=1, callbacks=[arms])
+        jes.train(jes.GRUPolicy(**POLICY), InterruptedWhileClosing, "adam", log_dir=str(tmp_path / "logs"),
+                  progress=False, checkpoint_path=None, **{**SMALL, "num_generations": 2, "eval_episodes": 1},
+                  callbacks=[arms])
     assert len(caught.value.result.history["generation"]) == 2 and any("after generation 2" in n for n in caught.value.__notes__)
     assert not InterruptedWhileClosing.armed  # (the Ctrl-C was sent)
+    # (a review: the finished run's logs were closed as interrupted, its final metrics never written)
+    assert "hparams/generations" in jes.logging.read_scalars(str(tmp_path / "logs"))
 
 
 @pytest.mark.hard_timeout(300)

@@ -211,6 +211,22 @@ def test_an_error_in_a_one_process_runtime_ends_the_script_as_python_does(tmp_pa
     assert (tmp_path / "ran").read_text() == "atexit ran", output
 
 
+def test_a_process_interrupted_alone_ends_after_its_grace_not_jaxs_deadline(tmp_path):
+    """A review: a process that got Ctrl-C (or SIGTERM) alone waited in JAX's shutdown barrier for the others, which
+    waited for it in the next collective, until JAX's 5-minute deadline aborted both. It waits
+    $JES_END_GRACE_SECONDS (here 2 s) for process 0's save, then ends; jes launch names it."""
+    script = tmp_path / "interrupted_alone.py"
+    script.write_text("import sys\nimport jes\n\njes.distributed.initialize()\nimport jax\n"
+                      "from jax.experimental import multihost_utils\n\n"
+                      "multihost_utils.sync_global_devices('first')\n"
+                      "if jax.process_index() == 1:\n"
+                      "    raise KeyboardInterrupt  # Ctrl-C in this process's terminal alone\n"
+                      "multihost_utils.sync_global_devices('second')  # process 0 waits for process 1 here\n")
+    status, output = launch(tmp_path / "alone", 2, 1, 0, command=[sys.executable, str(script)],
+                            env={"JES_END_GRACE_SECONDS": "2"})
+    assert status == 130 and "jes launch: process 1 exited with status 130" in output, output
+
+
 def test_a_failed_process_gets_advice_for_a_refusal_and_for_a_run_that_had_begun():
     """No exit status tells a refusal before the first generation (status 2 from jes train, 1 from a script, a busy
     port's crash) from a failure mid-run: the advice says to fix the error first, and to resume a run that had begun."""

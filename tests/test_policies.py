@@ -308,6 +308,7 @@ class _CountingGRU(nn.Module):
         return jnp.zeros(4), 0
 
 
+@pytest.mark.hard_timeout(600)
 def test_a_carry_holding_a_python_number_trains_and_acts_counting_its_steps():
     """initialize_carry's leaves may be Python numbers (its check took them, as jax.eval_shape does): the rollout's
     broadcast of the carry over its slots failed with "'int' object has no attribute 'shape'"."""

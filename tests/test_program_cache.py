@@ -325,7 +325,6 @@ def test_an_entry_another_user_made_is_never_called(cache_dir, monkeypatch):
     assert program_cache.load(key) is None
 
 
-
 def test_store_never_writes_through_a_link_planted_in_the_folder(cache_dir, tmp_path):
     """The temp file a store writes first has a fresh, exclusively created name: a link planted under a predictable
     name (``<entry>.<pid>.tmp``) to a file of this user's made the store overwrite that file."""

@@ -241,6 +241,7 @@ def test_a_log_dir_that_cannot_be_written_is_refused_naming_what_jes_sweep_takes
     assert 'a sweep file: log_dir = "DIR"), or log_dir=None (a sweep file: log_dir = "none") to log nothing' in err
     assert not (tmp_path / "out").exists() or not os.listdir(tmp_path / "out")
 
+@pytest.mark.hard_timeout(600)
 def test_an_empty_out_dir_is_the_current_folder(tmp_path, monkeypatch):
     # out_dir="" (a sweep file's out_dir = "") trained every run, then lost the table to "[Errno 2] No such file or
     # directory: ''" (its sweep.resume.json was written in the current folder, its lock taken there)

@@ -28,6 +28,7 @@ import os
 import signal
 import socket
 import sys
+import threading
 import time
 from typing import Sequence
 
@@ -199,34 +200,68 @@ def end_now_if_multi_process(status: int, error: BaseException | None = None) ->
 
     Left to JAX's shutdown, which waits for every process: an ``error`` every process of the run raised at the same
     generation (``error.stops_every_process``: a callback's error, which each process hears of, non-finite values),
-    and Ctrl-C or SIGTERM (``status`` 130 or 143, which a launcher or a cluster sends every process). There process 0
-    is still saving the run's checkpoint (seconds in a multi-process run), and a process ended first would have had
-    a launcher (jes launch, Slurm's --kill-on-bad-exit) kill process 0 in the save (a review). One process:
-    nothing waits for it, and ``atexit`` handlers and open files are left to end as they do."""
+    and Ctrl-C or SIGTERM (``status`` 130 or 143, which a launcher or a cluster usually sends every process). There
+    process 0 is still saving the run's checkpoint (seconds in a multi-process run), and a process ended first would
+    have had a launcher (jes launch, Slurm's --kill-on-bad-exit) kill process 0 in the save (a review). That wait is
+    bounded (:func:`end_grace_seconds`, 120 s): where the others never come (a signal to one process alone), the
+    process then ends with ``status``. One process: nothing waits for it, and ``atexit`` handlers and open files are
+    left to end as they do."""
+    if not _several_processes():
+        return
     if status in (128 + signal.SIGINT, 128 + signal.SIGTERM) or getattr(error, "stops_every_process", False):
+        # Waited for, boundedly: a signal one process alone got (a Ctrl-C in one host's terminal, one pod evicted),
+        # or got while the others were already in the next generation's collective, left both waiting for each other
+        # (in the barrier and in the collective) until JAX's 5-minute deadline aborted them (a review)
+        grace = end_grace_seconds()
+        ender = threading.Timer(grace, _end, (status,))
+        ender.daemon = True
+        ender.start()
         return
-    if not is_initialized():
-        return
+    # A moment first: a process whose error is another's failure (a collective's "connection closed by peer") then
+    # ends that long after the process that failed first, which jes launch names (both ended within its 50 ms poll)
+    time.sleep(END_DELAY_SECONDS)
+    _end(status)
+
+
+END_GRACE_ENV = "JES_END_GRACE_SECONDS"
+END_GRACE_SECONDS = 120.0
+
+
+def end_grace_seconds() -> float:
+    """How long a process of a multi-process run that stopped with the others (or was interrupted) waits in JAX's
+    shutdown for them, process 0's checkpoint save included, before it ends anyway: ``$JES_END_GRACE_SECONDS``, else
+    120 s."""
     try:
-        if jax.process_count() < 2:
-            return
+        value = float(os.environ.get(END_GRACE_ENV, END_GRACE_SECONDS))
+    except ValueError:
+        return END_GRACE_SECONDS
+    return value if value >= 0 else END_GRACE_SECONDS
+
+
+def _several_processes() -> bool:
+    if not is_initialized():
+        return False
+    try:
+        return jax.process_count() > 1
     except Exception:  # noqa: BLE001 - a runtime that cannot say: as one process
-        return
+        return False
+
+
+def _end(status: int) -> None:
+    """End the process now with ``status``, its output flushed (no atexit handlers: JAX's would wait)."""
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
         except Exception:  # noqa: BLE001 - a closed stream: nothing to flush
             pass
-    # A moment first: a process whose error is another's failure (a collective's "connection closed by peer") then
-    # ends that long after the process that failed first, which jes launch names (both ended within its 50 ms poll)
-    time.sleep(END_DELAY_SECONDS)
     os._exit(status)
 
 
 def _end_at_once_on_an_uncaught_error() -> None:
     """A script's uncaught exception in a process of a multi-process run ends it at once, after Python prints it
-    (:func:`end_now_if_multi_process`, status 1): it otherwise hung in JAX's shutdown. Ctrl-C, ``sys.exit`` and an
-    error every process raised (``stops_every_process``) are left as they are. Installed once, by :func:`initialize`."""
+    (:func:`end_now_if_multi_process`, status 1): it otherwise hung in JAX's shutdown. An error every process raised
+    (``stops_every_process``) and Ctrl-C wait in JAX's shutdown for the others, boundedly; ``sys.exit`` is left as it
+    is. Installed once, by :func:`initialize`."""
     previous = sys.excepthook
     if getattr(previous, "_jes_ends_at_once", False):
         return
@@ -235,6 +270,8 @@ def _end_at_once_on_an_uncaught_error() -> None:
         previous(kind, value, traceback)
         if issubclass(kind, Exception):
             end_now_if_multi_process(1, value)
+        elif issubclass(kind, KeyboardInterrupt):  # waits for the others, boundedly
+            end_now_if_multi_process(128 + signal.SIGINT, value)
 
     hook._jes_ends_at_once = True
     sys.excepthook = hook
