@@ -1213,7 +1213,8 @@ def _row(point: dict, swept: list, seeds: list, history: dict, ends: Sequence[Ru
         # Say which rate each row ran with: in a multi-optimizer sweep each optimizer has its own default.
         first = history["learning_rate"][0] if len(history["learning_rate"]) else np.array([math.nan])
         first = first[np.isfinite(first)]  # (a seed that failed at its first generation has none)
-        row["learning_rate"] = float(first[0]) if first.size else None
+        # (the rate as the float32 it ran as, shortest: adam's default read 0.20000000298023224 in the table)
+        row["learning_rate"] = float(str(np.float32(first[0]))) if first.size else None
     row["learning_rate_source"] = ("grid" if "learning_rate" in point else "config" if base_rate is not None
                                    # an optax object's rate is whatever it was built with (learning_rate is refused)
                                    else "optax object" if trainer.optimizer_name and not isinstance(optimizer, str)
