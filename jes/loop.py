@@ -423,7 +423,6 @@ class TrainResult(CentrePolicy):
         where = self.__dict__.get("_log_dir_path") or self.log_dir
         return self.log_dir if os.path.isdir(where) else f"none written (would have been {self.log_dir})"
 
-
     def _sessions_note(self) -> str:
         """For a resumed run (its history's training time past this call's wall time): that the wall time is this
         call's, with the training time of all its sessions (the history's ``wall_time``, compiles excluded)."""

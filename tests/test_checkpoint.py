@@ -78,7 +78,6 @@ def test_the_checkpoint_keeps_the_best_member_for_a_resume(saved, full_run, tmp_
     assert resumed.best.policy.obs_stats is not None  # it acts with the normaliser it was evaluated with
 
 
-
 def test_a_checkpoints_own_best_member_saves_and_its_repr_is_one_line(saved, tmp_path):
     """jes.checkpoint.save(..., best=ckpt.best) with what checkpoint.load gives raised a raw AttributeError ('dict'
     object has no attribute 'generation'): it writes that best member as the file kept it; another dict or object is
@@ -109,6 +108,7 @@ def test_a_resumed_runs_summary_says_its_wall_time_is_this_calls(full_run):
     resumed = dataclasses.replace(full_run, history=history, wall_time=7.61)
     assert (f"7.6s wall in this call ({float(history['wall_time'][-1]):.1f}s training over the run's sessions)"
             in resumed.summary())
+
 
 def test_a_manual_resume_keeps_the_checkpoints_best_member(saved, full_run, tmp_path):
     """The public route (jes.checkpoint.load, then jes.run) had no way to pass the checkpoint's best member on (run()
@@ -855,6 +855,7 @@ def test_a_file_naming_a_strategy_class_never_imports_or_builds_it(saved, tmp_pa
 
 
 SMALL_RUN = dict(num_members=16, chunk_size=8, num_generations=3, eval_episodes=4, eval_every=2)
+
 
 def test_resuming_a_run_that_already_has_all_its_generations_says_there_is_nothing_left(tmp_path):
     ckpt = str(tmp_path / "c.ckpt")

@@ -339,7 +339,6 @@ def test_a_new_run_into_a_log_dir_with_event_files_warns_and_a_resumed_one_does_
                   **dict(common, num_generations=SMALL["num_generations"] + 1))
 
 
-
 def test_a_ctrl_c_while_an_event_is_written_leaves_no_torn_record(tmp_path, monkeypatch):
     """Events are written in the caller's (main) thread: a KeyboardInterrupt between a record's four writes (length,
     CRC, event, CRC) left a torn record, and every event after it (the generation re-written by the interrupt's

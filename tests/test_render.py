@@ -217,6 +217,7 @@ def test_plot_labels_runs_of_one_name_by_the_folders_that_tell_them_apart(traine
     plot_runs([runs[2], runs[2] + "/"], str(tmp_path / "y.png"))  # one folder twice: nothing tells it apart
     assert {label.split(": ")[0] for label in drawn if label} == {"other"}
 
+
 def test_brax_renders_to_html(tmp_path):
     pytest.importorskip("brax")
     trainer = jes.Trainer(jes.MLPPolicy(hidden_sizes=(2,)), "brax/inverted_pendulum", "adam",

@@ -213,6 +213,7 @@ def test_a_json_sweep_file_that_is_no_object_is_named(tmp_path, text, capsys):
     err = capsys.readouterr().err
     assert "Traceback" not in err and f"jes sweep: sweep file {path} must hold a table of keys" in err
 
+
 @pytest.mark.parametrize("text, key", [
     ('{"env": "CartPole-v1", "config": {"learning_rate": [0.1], "learning_rate": [0.2, 0.3]}}', "learning_rate"),
     ('{"env": "CartPole-v1", "seeds": [0], "seeds": [1, 2]}', "seeds"),
@@ -225,6 +226,7 @@ def test_a_json_sweep_file_key_given_twice_is_refused(tmp_path, text, key):
     with pytest.raises(ValueError, match=rf"^sweep file {path} cannot be parsed: the key '{key}' is given twice in "
                                          rf"one object"):
         jes_sweep.load_sweep_file(str(path))
+
 
 def test_a_log_dir_that_cannot_be_written_is_refused_naming_what_jes_sweep_takes(tmp_path, capsys):
     # jes sweep was told to pass --log-dir DIR or --log-dir none, flags it does not have (its file's log_dir says)
@@ -241,6 +243,7 @@ def test_a_log_dir_that_cannot_be_written_is_refused_naming_what_jes_sweep_takes
     assert 'a sweep file: log_dir = "DIR"), or log_dir=None (a sweep file: log_dir = "none") to log nothing' in err
     assert not (tmp_path / "out").exists() or not os.listdir(tmp_path / "out")
 
+
 @pytest.mark.hard_timeout(600)
 def test_an_empty_out_dir_is_the_current_folder(tmp_path, monkeypatch):
     # out_dir="" (a sweep file's out_dir = "") trained every run, then lost the table to "[Errno 2] No such file or
@@ -251,6 +254,7 @@ def test_an_empty_out_dir_is_the_current_folder(tmp_path, monkeypatch):
     assert result.csv_path == "sweep.csv" and result.json_path == "sweep.json"
     assert {"sweep.csv", "sweep.json", jes_sweep.RESUME_FILE} <= set(os.listdir(tmp_path))
     assert json.load(open(tmp_path / "sweep.json"))[0]["status"] == "completed"
+
 
 @pytest.mark.hard_timeout(300)
 def test_out_dir_none_writes_no_table_as_log_dir_none_writes_no_logs(tmp_path, monkeypatch, capsys):
@@ -270,6 +274,7 @@ def test_out_dir_none_writes_no_table_as_log_dir_none_writes_no_logs(tmp_path, m
         assert "table: not written (out_dir none)" in capsys.readouterr().out
         assert sorted(os.listdir(tmp_path)) == ["s.toml"]
 
+
 def test_a_value_repeated_in_the_grid_is_refused_without_a_log_dir_too(tmp_path, monkeypatch):
     # With log_dir=None (a sweep file's log_dir = "none") [0.1, 0.1] ran one configuration twice, two rows of one
     # point (jes sweep printed "base: ..." twice); with a log_dir it was refused, the two sharing a folder
@@ -279,6 +284,7 @@ def test_a_value_repeated_in_the_grid_is_refused_without_a_log_dir_too(tmp_path,
         jes_sweep.sweep(POLICY, "CartPole-v1", "adam", config=BASE, seeds=[0], grid={"learning_rate": [0.1, 0.1]},
                         log_dir=None, out_dir=str(tmp_path / "out"))
     assert not trained and not os.path.exists(tmp_path / "out" / "sweep.csv")
+
 
 def test_bad_seeds_are_named_before_anything_runs(tmp_path):
     for seeds, message in ((3, "got 3"), (["a"], "'a' is not an integer"), ([1.5], "1.5 is not an integer"),
@@ -837,6 +843,7 @@ def test_a_configurations_hparams_final_metrics_are_its_rows(tmp_path):
     assert scalars["hparams/best_centre_return"] == [(4, float(np.float32(row["best_centre_return_mean"])))]
     assert scalars["hparams/final_pop_mean"] == [(4, float(np.float32(row["final_pop_mean_mean"])))]
     assert scalars["hparams/generations"] == [(4, 4.0)] and row["generations"] == 4
+
 
 def test_a_sweep_callback_that_returns_a_value_is_warned_once(recwarn):
     """The sweep's callbacks go through jes.train's own calling (StopTraining, errors, returned values)."""

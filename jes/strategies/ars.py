@@ -53,7 +53,6 @@ class ARS(Strategy):
     def antithetic(self, requested: bool) -> bool:
         return True
 
-
     def uses_obs_norm(self, requested: bool) -> bool:
         return requested and self.version == "v2"
 
