@@ -26,14 +26,14 @@ import statistics
 import subprocess
 import sys
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from provenance import print_load, print_provenance  # noqa: E402
+
 CHILD = r"""
 import hashlib, inspect, json, statistics, sys, time
 import numpy as np
 import jax, jax.numpy as jnp
 import jes
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from provenance import print_load, print_provenance  # noqa: E402
 jes.use_cpu_cores()
 min_batch, options, workload, eval_every = int(sys.argv[1]), json.loads(sys.argv[2]), sys.argv[3], int(sys.argv[4])
 policy, env = {"cartpole": (jes.GRUPolicy(hidden=5, layers=2), "CartPole-v1"),
