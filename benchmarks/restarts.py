@@ -25,10 +25,10 @@ def main() -> None:
     parser.add_argument("--seeds", default="0,1,2,3,4,5,6,7,8,9", help="keys, comma-separated")
     parser.add_argument("--dim", type=int, default=10)
     parser.add_argument("--max-evaluations", type=int, default=200_000)
-    parser.add_argument("--restarts", default="ipop,bipop", help="ipop, bipop or both")
+    parser.add_argument("--restarts", default="ipop,bipop", help="ipop, bipop, or both: ipop,bipop (the default) or the word both")
     args = parser.parse_args()
     seeds = [int(s) for s in args.seeds.split(",")]
-    schemes = args.restarts.split(",")
+    schemes = ["ipop", "bipop"] if args.restarts == "both" else args.restarts.split(",")
     if not seeds or any(s not in ("ipop", "bipop") for s in schemes):
         parser.error("--seeds needs at least one key and --restarts takes ipop and/or bipop")
 
