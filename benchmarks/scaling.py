@@ -271,6 +271,8 @@ def main() -> None:
                         help="jax: a gymnax env over devices, processes and workers, and the model; gymnasium: a "
                              "Python simulator over worker processes and its N-host model")
     args = parser.parse_args()
+    if args.generations < 3:  # timed() leaves out the first and the last generation
+        parser.error("--generations must be at least 3: the first generation (compile) and the last are not timed")
     gens, pop = args.generations, args.population
     seeds = [int(x) for x in args.seeds.split(",")]
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
