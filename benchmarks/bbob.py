@@ -366,7 +366,8 @@ def main() -> None:
     args = parser.parse_args()
     needed = "cocopp" if args.post else "cocoex"
     if importlib.util.find_spec(needed) is None:  # before any run, not after
-        parser.error(f"{needed} is not importable here: pip install coco-experiment (COCO's cocoex and cocopp; a "
+        package = "cocopp" if args.post else "coco-experiment"  # cocoex is in coco-experiment, cocopp its own
+        parser.error(f"{needed} is not importable here: pip install {package} (COCO's {needed}; a "
                      f"benchmark tool, never a jes dependency)")
     print_provenance()
     if args.post:
