@@ -41,7 +41,7 @@ from jes.generation import Trainer  # noqa: E402
 from jes.host_step import HostGeneration  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from provenance import print_load, print_provenance  # noqa: E402
+from provenance import print_load, print_provenance, seeds_or_count  # noqa: E402
 
 ENV = "gymnasium:CartPole-v1"
 NAN = float("nan")
@@ -281,14 +281,14 @@ def main() -> None:
     parser.add_argument("--mujoco-generations", type=int, default=10)
     parser.add_argument("--mujoco-members", type=int, default=64)
     parser.add_argument("--table", action="store_true", help="the portable-es table on Gymnasium CartPole-v1 instead")
-    parser.add_argument("--table-seeds", type=int, default=5)
+    parser.add_argument("--table-seeds", type=seeds_or_count, default="5",
+                        help="--table: a comma list of seeds (0,1,2 or 0-4) or a count N, seeds 0..N-1 (default 5)")
     parser.add_argument("--table-optimizers", default=None, help="comma-separated (default: the five)")
     args = parser.parse_args()
     if not args.table and not args.no_evotorch and importlib.util.find_spec("evotorch") is None:
         parser.error("evotorch is not importable here: pip install evotorch (a peer for comparison, never a jes "
                      "dependency), or pass --no-evotorch to time jes alone")
-    print_provenance()
-    if args.table:
+    if args.table:  # portable_es.benchmark prints the provenance, its seeds included
         spec = importlib.util.spec_from_file_location("portable_es", os.path.join(_HERE, "portable_es.py"))
         portable_es = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(portable_es)
@@ -297,6 +297,7 @@ def main() -> None:
                                    generations=25, pairs=256, eval_episodes=64)
         portable_es.benchmark(ENV, jes.GRUPolicy(hidden=5, layers=2), table)
         return
+    print_provenance()
     print(f"machine: {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} at start")
     seeds = [int(s) for s in args.seeds.split(",")]
     for env_id in args.envs.split(","):
