@@ -39,7 +39,8 @@ def provenance(seeds: list[int]) -> None:
     import datetime
     stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     one, five, fifteen = os.getloadavg()
-    print(f"# command: python {os.path.relpath(os.path.abspath(sys.argv[0]))} {' '.join(sys.argv[1:])}".rstrip())
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository, as provenance.py's ROOT
+    print(f"# command: python {os.path.relpath(os.path.abspath(sys.argv[0]), root)} {' '.join(sys.argv[1:])}".rstrip())
     if seeds:
         print(f"# seeds: {','.join(map(str, seeds))} ({len(seeds)})")
     print(f"# {stamp}, load average {one:.2f} / {five:.2f} / {fifteen:.2f} on {os.cpu_count()} CPUs", flush=True)
