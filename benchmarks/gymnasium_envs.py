@@ -297,12 +297,19 @@ def main() -> None:
                                    generations=25, pairs=256, eval_episodes=64)
         portable_es.benchmark(ENV, jes.GRUPolicy(hidden=5, layers=2), table)
         return
+    for env_id in args.envs.split(","):  # before any run: not after the envs before it have run for minutes
+        if env_id not in WORKLOADS:
+            parser.error(f"--envs: unknown env {env_id!r}; choose from {', '.join(WORKLOADS)}")
+    for env_id in dict.fromkeys([*args.envs.split(","), *([args.mujoco] if args.mujoco else [])]):
+        try:  # a MuJoCo env needs gymnasium[mujoco] (mujoco, imageio): said now, not as a traceback mid-run
+            gymnasium.make(env_id).close()
+        except Exception as err:  # noqa: BLE001 - any reason it cannot be made
+            parser.error(f"cannot make Gymnasium's {env_id!r} here: {type(err).__name__}: {err} (MuJoCo envs need "
+                         f"pip install \"gymnasium[mujoco]\")")
     print_provenance()
     print(f"machine: {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} at start")
     seeds = [int(s) for s in args.seeds.split(",")]
     for env_id in args.envs.split(","):
-        if env_id not in WORKLOADS:
-            parser.error(f"--envs: unknown env {env_id!r}; choose from {', '.join(WORKLOADS)}")
         members = args.members if env_id == "CartPole-v1" else args.mujoco_members
         throughput(env_id, members, args.repeats, seeds, args.warm_generations, not args.no_evotorch)
     if args.mujoco:
