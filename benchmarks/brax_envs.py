@@ -114,13 +114,13 @@ def main() -> None:
           "final centre return (mean +- std) | env steps/s (median) | compile | wall per seed (median) |")
     print("|---|---|---|---|---|---|---|---|---|---|---|", flush=True)
     gpu = [name for name, wanted in (("humanoid", args.gpu_humanoid), ("ant", args.gpu_ant)) if wanted]
+    overrides = dict(num_members=args.population, learning_rate=args.learning_rate)
     if gpu:
         if jax.default_backend() == "cpu":
             print("# warning: no GPU found; this configuration takes days on a CPU", file=sys.stderr)
-        for name in gpu:
-            run_task(f"gpu-{name}", *salimans_config(name, args.backend), args.generations, seeds)
+        for name in gpu:  # --generations, --population and --learning-rate override these runs' as the CPU tasks'
+            run_task(f"gpu-{name}", *salimans_config(name, args.backend), args.generations, seeds, overrides)
         return
-    overrides = dict(num_members=args.population, learning_rate=args.learning_rate)
     for name in args.task or list(CPU_TASKS):
         run_task(name, *CPU_TASKS[name], args.generations, seeds, overrides)
     provenance([])
