@@ -47,7 +47,7 @@ def start_workers(port: int, cores: list[str | None]) -> list[subprocess.Popen]:
     procs = []
     for i, core in enumerate(cores):
         cmd = [sys.executable, "-m", "jes.distributed.worker", "--master", f"127.0.0.1:{port}", "--name", f"bench{i}",
-               "--log-level", "WARNING"]
+               "--log-level", "WARNING", "--exit-with", str(os.getpid())]  # no orphan if this process is killed
         if core is not None:
             cmd += ["--cores", core]
         procs.append(subprocess.Popen(cmd, env=dict(os.environ, JES_SECRET=SECRET)))
