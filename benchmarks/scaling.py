@@ -282,6 +282,7 @@ def main() -> None:
     if args.part in ("gymnasium", "all"):
         gymnasium_part(gens, pop, seeds)
         if args.part == "gymnasium":
+            print_load()
             return
     setups = (("1 process, 1 device", lambda seed: run_local(1, gens, pop, seed)),
               ("1 process, 2 devices (1 per core)", lambda seed: run_local(2, gens, pop, seed)),
