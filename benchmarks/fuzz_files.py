@@ -29,7 +29,13 @@ def main() -> None:
     args = parser.parse_args()
     trainer = jes.Trainer(jes.MLPPolicy(hidden_sizes=(3,)), "CartPole-v1", "adam",
                           jes.ESConfig(num_members=8, chunk_size=4, eval_episodes=2, num_generations=1))
-    directory = tempfile.mkdtemp(prefix="jes-fuzz-")
+    with tempfile.TemporaryDirectory(prefix="jes-fuzz-") as directory:  # removed after, not left in /tmp per run
+        total_raw = fuzz(args, trainer, directory)
+    sys.exit(1 if total_raw else 0)
+
+
+def fuzz(args, trainer, directory: str) -> int:
+    """Every reader over ``args.count`` malformed files written in ``directory``; the raw exceptions' count."""
     ckpt = checkpoint.save(os.path.join(directory, "valid.ckpt"), trainer, trainer.init_state(0))
     trained = jes.TrainedPolicy(trainer.policy, trainer.init_state(0).strategy.mean, trainer.spec.obs_shape,
                                 ActionMap.from_spec(trainer.spec), env_name="CartPole-v1", max_steps=50)
@@ -55,7 +61,7 @@ def main() -> None:
         print(f"| {kind} | {seen} | {len(raw)} | {time.perf_counter() - start:.1f} |")
         for line in raw[:10]:
             print("   ", line[:300])
-    sys.exit(1 if total_raw else 0)
+    return total_raw
 
 
 if __name__ == "__main__":
