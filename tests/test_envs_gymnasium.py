@@ -203,6 +203,15 @@ class InterruptedWhileClosing(Counted):
 def test_a_ctrl_c_while_the_instances_close_keeps_the_run_it_interrupts_or_ends(tmp_path):
     """A review: a Ctrl-C while the run closed its instances was raised in their place: a run interrupted in a
     callback lost its .result and note, and one that had finished raised a bare KeyboardInterrupt."""
+    # (Python's own Ctrl-C handler, whatever the test runner set: pytest-xdist's workers ignore SIGINT)
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        _ctrl_c_while_closing(tmp_path)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def _ctrl_c_while_closing(tmp_path):
     def interrupted(record):
         InterruptedWhileClosing.armed = True
         raise KeyboardInterrupt
