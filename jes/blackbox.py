@@ -468,9 +468,10 @@ class StopCriteria:
       generation's values all lie within ``tolfun`` of each other.
     - ``tolx``: the search distribution's mean standard deviation (``history["noise_std"]``) is below ``tolx``.
       (``tolfun=0`` and ``tolx=0`` turn those two off; ``max_condition=float("inf")`` the condition's.)
-    - ``stagnation``: over the last ``120 + 30 d / n`` generations (at least), the median of the newest 30 %
-      of the generations' best and median values is no better than that of the oldest 30 %
-      (``stagnation=False`` turns it off).
+    - ``stagnation``: over the last ``120 + 30 d / n`` generations, the median of the newest 30 % of the
+      generations' best and median values is no better than that of the oldest 30 % (``stagnation=False`` turns it
+      off). That span is the least of Hansen's (2009) window, which grows to 20 % of the generations run (at most
+      20,000); jes keeps it fixed, so a long run is stopped on the recent generations alone.
     - ``max_condition``: the covariance's condition number exceeds it (cma_es: ``max(D)^2 / min(D)^2``;
       sep_cma_es: ``max(diag_c) / min(diag_c)``). ``None``: 1e14 for float64 states and for sep_cma_es's diagonal
       covariance; for cma_es's float32 ones ``1 / (2 eps)`` (4.2e6), before the eigendecomposition stops resolving

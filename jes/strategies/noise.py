@@ -146,8 +146,9 @@ def centered_ranks(fitness: jax.Array) -> jax.Array:
 def sorted_utilities(fitness: jax.Array, utilities: jax.Array) -> jax.Array:
     """Assign ``utilities`` (best first, ``[n]``) to members by fitness rank; ties share their utility's mean.
 
-    Averaging tied utilities makes members with equal fitness weigh the same, so an
-    all-equal population moves nothing.
+    Averaging tied utilities makes members with equal fitness weigh the same, so an all-equal population
+    moves nothing where the utilities sum to zero (centred ranks, ``nes_utilities``); weights that do not (cma_es's
+    and sep_cma_es's recombination weights) still move it.
     """
     low, high = tie_bounds(-fitness)
     cumulative = jnp.concatenate([jnp.zeros(1, utilities.dtype), jnp.cumsum(utilities)])
