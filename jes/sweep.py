@@ -388,32 +388,44 @@ def _check_run_names(log_dir: str, run_names: list[str], points: list[dict]) -> 
         limit = os.pathconf(next(p for p in _parents(log_dir) if os.path.isdir(p)), "PC_NAME_MAX")
     except (OSError, ValueError, AttributeError, StopIteration):  # no such setting here (Windows)
         limit = NAME_MAX
-    shown = lambda point: ", ".join(f"{k}={v!r}" for k, v in point.items()) or "the base config"
     for name, point in zip(run_names, points):
         if len(os.fsencode(name)) > limit:
-            raise ValueError(f"sweep grid point ({shown(point)}): its TensorBoard folder name {name!r} is "
+            raise ValueError(f"sweep grid point ({_point_text(point)}): its TensorBoard folder name {name!r} is "
                              f"{len(os.fsencode(name))} bytes, longer than the {limit} this file system takes; "
                              f"sweep fewer keys in one grid (fixed values are left out of the name), or pass "
                              f"log_dir=None (jes sweep: log_dir = \"none\")")
-    first: dict[str, int] = {}
-    for i, name in enumerate(run_names):
-        if name in first:
-            raise ValueError(f"sweep grid points ({shown(points[first[name]])}) and ({shown(points[i])}) would both "
-                             f"log into {os.path.join(log_dir, name)!r}: remove the repeated value from the grid")
-        first[name] = i
+    repeat = _first_repeat(run_names)
+    if repeat is not None:
+        first, again = repeat
+        raise ValueError(f"sweep grid points ({_point_text(points[first])}) and ({_point_text(points[again])}) would "
+                         f"both log into {os.path.join(log_dir, run_names[again])!r}: remove the repeated value from "
+                         f"the grid")
 
 
 def _check_repeated_points(names: list[str], points: list[dict]) -> None:
     """Before anything trains, without a log_dir: no two grid points are one configuration (``names``: each point's
     swept values as :func:`value_name` names them)."""
+    repeat = _first_repeat(names)
+    if repeat is not None:
+        first, again = repeat
+        raise ValueError(f"sweep grid points ({_point_text(points[first])}) and ({_point_text(points[again])}) are "
+                         f"one configuration, which would run (and fill the table) twice: remove the repeated value "
+                         f"from the grid")
+
+
+def _first_repeat(names: list[str]) -> tuple[int, int] | None:
+    """The indices of the first name given again and of its first occurrence, ``(first, again)``, else ``None``."""
     first: dict[str, int] = {}
-    shown = lambda point: ", ".join(f"{k}={v!r}" for k, v in point.items()) or "the base config"
     for i, name in enumerate(names):
         if name in first:
-            raise ValueError(f"sweep grid points ({shown(points[first[name]])}) and ({shown(points[i])}) are one "
-                             f"configuration, which would run (and fill the table) twice: remove the repeated value "
-                             f"from the grid")
+            return first[name], i
         first[name] = i
+    return None
+
+
+def _point_text(point: dict) -> str:
+    """A grid point's swept values as an error names them."""
+    return ", ".join(f"{k}={v!r}" for k, v in point.items()) or "the base config"
 
 
 def _parents(path: str):
